@@ -1,0 +1,42 @@
+# One entry point for set-up, tests, the default job and benchmarks.
+# Everything installs into .venv from nothing; override versions on the command line:
+#   make install TORCH_SPEC='torch==2.5.1' DEEPSPEED_SPEC='deepspeed==0.16.0'
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+DEEPSPEED_SPEC ?= deepspeed==0.19.8
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+PYTEST_ARGS ?=
+
+.PHONY: install test test-unit run report plan bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel ninja
+	# torch first, from TORCH_SPEC, so nothing below can pull a CUDA build.
+	$(PIP) install -q "$(TORCH_SPEC)"
+	# DeepSpeed compiles against the torch above: no build isolation.
+	$(PIP) install -q --no-build-isolation "$(DEEPSPEED_SPEC)"
+	$(PIP) install -q --no-build-isolation -e ".[train,deepspeed,export,test]"
+	touch $@
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+test-unit: install
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests/unit
+
+run: install
+	./launch_distributed_training.sh --config configs/default_config.yaml
+
+report: install
+	$(PY) -m autotune.hardware report
+
+bench: install
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) runs wandb .pytest_cache

@@ -1,0 +1,3 @@
+"""One module per command: ``add_parser(subparsers)`` and ``run(args) -> int``."""
+
+COMMANDS = ("check", "report", "plan", "export", "launch")

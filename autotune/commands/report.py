@@ -1,0 +1,55 @@
+"""`python -m autotune.hardware report` / `python -m autotune report`: what this machine is,
+and what autotune would do on it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from autotune.errors import run_cli
+
+HELP = "show the detected hardware (or a preset/profile) and the training settings autotune would choose"
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    from autotune.commands.common import DEFAULT_CONFIG
+
+    p.add_argument("--json", action="store_true", help="print the hardware profile as JSON (stable field names)")
+    p.add_argument("--profile", "--hardware", dest="profile", metavar="PRESET|PATH",
+                   help="report a preset (cpu-only, 4xL4, 8xH100-80GB, ...) or a saved profile instead of this machine")
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), metavar="FILE",
+                   help="config used for the OPTIMAL TRAINING SETTINGS section (default: configs/default_config.yaml)")
+    p.add_argument("--no-plan", dest="with_plan", action="store_false", help="omit the OPTIMAL TRAINING SETTINGS section")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("report", help=HELP, description=HELP)
+    configure(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, out=None) -> int:
+    from autotune.commands.common import prepare_run, resolve_hardware
+    from autotune.config import load_config
+    from autotune.report import render_plan, render_profile
+
+    out = out or sys.stdout
+    hw = resolve_hardware(args.profile)
+    if args.json:
+        out.write(hw.to_json() + "\n")
+        return 0
+    render_profile(hw, out)
+    if args.with_plan:
+        cfg = load_config(args.config)
+        plan, _, _ = prepare_run(cfg, {}, hardware=hw)
+        render_plan(plan, out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry for `python -m autotune.hardware report [...]`."""
+    p = argparse.ArgumentParser(prog="python -m autotune.hardware", description=HELP)
+    sub = p.add_subparsers(dest="command", metavar="report", required=True)
+    add_parser(sub)
+    args = p.parse_args(argv)
+    return run_cli(lambda: args.func(args))

@@ -1,0 +1,221 @@
+"""The training config: a YAML file validated by strict pydantic v2 models.
+
+Unknown keys are rejected; every problem in a file is reported at once with
+its dotted field path, what is allowed and what was given. Fields that the
+planner can choose accept ``auto``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError
+
+from autotune.errors import UserError, validation_problems
+
+AUTO = "auto"
+
+
+# -- field types that accept "auto" ------------------------------------------------
+
+def _auto_or_int(minimum: int, what: str):
+    def check(v: Any):
+        if v is None or v == AUTO:
+            return AUTO
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ValueError(f'must be {what} or "auto"')
+        return v
+
+    return check
+
+
+def _auto_or_bool(v: Any):
+    if v is None or v == AUTO:
+        return AUTO
+    if isinstance(v, bool):
+        return v
+    raise ValueError('must be true, false or "auto"')
+
+
+def _auto_or_choice(*choices: str):
+    def check(v: Any):
+        if v is None or v == AUTO:
+            return AUTO
+        if v in choices:
+            return v
+        raise ValueError(f'must be one of {", ".join(repr(c) for c in (AUTO,) + choices)}')
+
+    return check
+
+
+def _zero_stage(v: Any):
+    if v is None or v == AUTO:
+        return AUTO
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 3:
+        raise ValueError('must be 0, 1, 2, 3 or "auto" (DeepSpeed ZeRO stages)')
+    return v
+
+
+_ser = PlainSerializer(lambda v: v)
+AutoPosInt = Annotated[Union[int, str], PlainValidator(_auto_or_int(1, "a positive integer")), _ser]
+AutoNonNegInt = Annotated[Union[int, str], PlainValidator(_auto_or_int(0, "an integer >= 0")), _ser]
+AutoBool = Annotated[Union[bool, str], PlainValidator(_auto_or_bool), _ser]
+Precision = Annotated[str, PlainValidator(_auto_or_choice("bf16", "fp16", "fp32")), _ser]
+Backend = Annotated[str, PlainValidator(_auto_or_choice("single", "ddp", "deepspeed")), _ser]
+ZeroStage = Annotated[Union[int, str], PlainValidator(_zero_stage), _ser]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    """The built-in model (a small GPT); ignored by user entrypoints except num_parameters."""
+
+    name: Literal["gpt"] = "gpt"
+    n_layer: int = Field(2, ge=1, description="transformer blocks")
+    n_head: int = Field(4, ge=1, description="attention heads")
+    n_embd: int = Field(64, ge=8, description="embedding width, divisible by n_head")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    # For bring-your-own scripts: the parameter count the memory estimate should use.
+    num_parameters: int | None = Field(None, ge=1)
+
+
+class DataConfig(_Section):
+    """The built-in generated task: sort a sequence of digits."""
+
+    task: Literal["sort"] = "sort"
+    seq_len: int = Field(8, ge=2, le=256, description="digits to sort")
+    vocab_size: int = Field(10, ge=2, le=1000, description="distinct digit values")
+    num_samples: int | None = Field(16384, ge=1, description="training samples per epoch (None = unknown)")
+    num_val_samples: int = Field(1024, ge=0)
+    seed: int = 1234
+    num_workers: AutoNonNegInt = AUTO
+    max_workers_per_process: int = Field(3, ge=0)
+    pin_memory: AutoBool = AUTO
+    prefetch_factor: AutoPosInt = AUTO
+
+
+class TrainingConfig(_Section):
+    global_batch_size: int = Field(256, ge=1, description="target effective batch per optimizer step")
+    base_batch_size: int = Field(256, ge=1, description="batch size the learning_rate was tuned for")
+    learning_rate: float = Field(3e-3, gt=0)
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    warmup_steps: int = Field(20, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine decay floor, fraction of peak")
+    weight_decay: float = Field(0.01, ge=0.0)
+    gradient_clipping: float | None = Field(1.0, gt=0)
+    epochs: int | None = Field(4, ge=1)
+    max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps (wins over epochs)")
+    batch_size_per_gpu: AutoPosInt = AUTO
+    gradient_accumulation_steps: AutoPosInt = AUTO
+    mixed_precision: Precision = AUTO
+    gradient_checkpointing: AutoBool = AUTO
+    seed: int = 42
+    eval_every_steps: int = Field(50, ge=1)
+    log_every_steps: int = Field(10, ge=1)
+    entrypoint: str | None = Field(None, description="user script path or package.module:function")
+
+
+class DistributedConfig(_Section):
+    backend: Backend = AUTO
+    zero_stage: ZeroStage = AUTO
+    offload_optimizer: AutoBool = AUTO
+    num_gpus: AutoNonNegInt = AUTO
+    nproc_per_node: AutoPosInt = AUTO
+    num_nodes: int = Field(1, ge=1)
+    node_rank: int = Field(0, ge=0)
+    master_addr: str = "127.0.0.1"
+    master_port: int = Field(29500, ge=1, le=65535)
+    timeout_s: int = Field(1800, ge=10, description="process-group (NCCL/gloo) timeout")
+
+
+class LoggingConfig(_Section):
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "autotune"
+    wandb_entity: str | None = None
+    progress_bar: AutoBool = AUTO
+
+
+class CheckpointConfig(_Section):
+    save_every_steps: int | None = Field(100, ge=1)
+    keep_last: int = Field(3, ge=1)
+    save_at_end: bool = True
+
+
+class TrainConfig(_Section):
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    training: TrainingConfig = TrainingConfig()
+    distributed: DistributedConfig = DistributedConfig()
+    logging: LoggingConfig = LoggingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+
+def _cross_checks(cfg: TrainConfig) -> list[str]:
+    problems = []
+    if cfg.model.n_embd % cfg.model.n_head:
+        problems.append(
+            f"model.n_embd: must be divisible by model.n_head ({cfg.model.n_head}), got {cfg.model.n_embd}"
+        )
+    if cfg.training.epochs is None and cfg.training.max_steps is None:
+        problems.append("training.epochs: set training.epochs or training.max_steps (both are empty)")
+    if cfg.distributed.node_rank >= cfg.distributed.num_nodes:
+        problems.append(
+            f"distributed.node_rank: must be below distributed.num_nodes ({cfg.distributed.num_nodes}), "
+            f"got {cfg.distributed.node_rank}"
+        )
+    return problems
+
+
+def parse_config(data: Any, origin: str = "<config>") -> TrainConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"{origin}: the top level must be a mapping of sections (model, data, training, ...), got {type(data).__name__}")
+    try:
+        cfg = TrainConfig.model_validate(data)
+    except ValidationError as e:
+        problems = [p.replace("Value error, ", "") for p in validation_problems(e)]
+        raise UserError(f"{origin}: {len(problems)} problem(s) in the config", problems) from None
+    problems = _cross_checks(cfg)
+    if problems:
+        raise UserError(f"{origin}: {len(problems)} problem(s) in the config", problems)
+    return cfg
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    """Read and validate a YAML config; every problem is listed in one UserError."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"--config: no such file {str(p)!r} (the shipped example is configs/default_config.yaml)")
+    if p.is_dir():
+        raise UserError(f"--config: {str(p)!r} is a directory, expected a YAML file")
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--config: cannot read {str(p)!r}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise UserError(f"{p}: invalid YAML{where}: {problem}") from None
+    return parse_config(data, origin=str(p))
+
+
+def config_to_dict(cfg: TrainConfig) -> dict:
+    return cfg.model_dump(mode="json")
+
+
+def apply_overrides(cfg: TrainConfig, updates: dict[str, Any]) -> TrainConfig:
+    """Return a copy with dotted-path updates applied and re-validated."""
+    data = config_to_dict(cfg)
+    for dotted, value in updates.items():
+        section, key = dotted.split(".")
+        data[section][key] = value
+    return parse_config(data, origin="command line")

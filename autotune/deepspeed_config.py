@@ -1,0 +1,92 @@
+"""TrainingPlan -> DeepSpeed config dict (pure; no deepspeed import).
+
+Key names are DeepSpeed's own (https://www.deepspeed.ai/docs/config-json/).
+``check_keys`` guards our own spelling: DeepSpeed ignores unknown top-level
+keys silently, so a typo here would otherwise go unnoticed.
+"""
+
+from __future__ import annotations
+
+from autotune.policy import TrainingPlan
+
+# Top-level keys this module may emit; all are documented DeepSpeed keys.
+KNOWN_TOP_LEVEL_KEYS = frozenset({
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+    "gradient_clipping", "steps_per_print", "zero_optimization", "bf16", "fp16",
+    "optimizer", "activation_checkpointing", "wall_clock_breakdown", "zero_allow_untested_optimizer",
+})
+
+_MIN_BUCKET, _MAX_BUCKET = 50_000_000, 500_000_000
+
+
+def bucket_size(gpu_memory_gib: float | None) -> int:
+    """Reduce/allgather bucket in elements: 5e8 (DeepSpeed's default) needs ~1 GB of
+    fp16 buffers per bucket, too much for a small GPU; scale with memory, 10M elements
+    per GiB, clamped to [5e7, 5e8]."""
+    if gpu_memory_gib is None:
+        return _MIN_BUCKET
+    return int(min(_MAX_BUCKET, max(_MIN_BUCKET, gpu_memory_gib * 10_000_000)))
+
+
+def deepspeed_config(plan: TrainingPlan) -> dict:
+    cfg = plan.config
+    train = cfg["training"]
+    stage = plan.zero_stage if plan.zero_stage is not None else 0
+    bucket = bucket_size(plan.gpu_memory_gib)
+    zero: dict = {
+        "stage": stage,
+        "overlap_comm": plan.device == "cuda",  # overlap needs CUDA streams
+        "contiguous_gradients": True,
+        "reduce_bucket_size": bucket,
+    }
+    if stage in (1, 2):
+        zero.update(allgather_bucket_size=bucket, reduce_scatter=True)
+    if stage == 3:
+        zero.update(stage3_prefetch_bucket_size=bucket, stage3_param_persistence_threshold=100_000)
+    if plan.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": plan.device == "cuda"}
+    out: dict = {
+        "train_batch_size": plan.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+        "steps_per_print": max(1, int(train["log_every_steps"])) * 100,
+        "wall_clock_breakdown": False,
+        "zero_optimization": zero,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": plan.learning_rate,
+                "betas": [0.9, 0.95],
+                "eps": 1e-8,
+                "weight_decay": float(train["weight_decay"]),
+                # torch's AdamW needs no JIT build; ZeRO-Offload uses DeepSpeed's CPU Adam instead.
+                "torch_adam": not plan.offload_optimizer,
+            },
+        },
+    }
+    if train.get("gradient_clipping"):
+        out["gradient_clipping"] = float(train["gradient_clipping"])
+    if plan.precision == "bf16":
+        out["bf16"] = {"enabled": True}
+    elif plan.precision == "fp16":
+        # loss_scale 0 = dynamic loss scaling, starting at 2^16.
+        out["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
+                       "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+    if plan.gradient_checkpointing:
+        out["activation_checkpointing"] = {
+            "partition_activations": False,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+            "number_checkpoints": None,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        }
+    check_keys(out)
+    return out
+
+
+def check_keys(ds: dict) -> None:
+    """Raise on a top-level key DeepSpeed does not know (it would ignore it silently)."""
+    unknown = set(ds) - KNOWN_TOP_LEVEL_KEYS
+    if unknown:
+        raise ValueError(f"unknown DeepSpeed top-level keys: {sorted(unknown)}")

@@ -1,0 +1,83 @@
+"""User-facing errors: one exception type, one exit code, no tracebacks."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+EXIT_USAGE = 2
+
+
+class UserError(Exception):
+    """Bad input from the user (config, flags, profile, checkpoint).
+
+    The message must name the field or flag and say what is allowed; the CLI
+    prints it without a traceback and exits with code 2.
+    """
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        self.problems = problems or []
+        super().__init__(message)
+
+    def render(self) -> str:
+        if not self.problems:
+            return f"error: {self}"
+        lines = [f"error: {self}"] + [f"  - {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<root>"
+
+
+def validation_problems(err, prefix: str = "") -> list[str]:
+    """Turn a pydantic ValidationError into 'field.path: message, got X' lines."""
+    problems = []
+    for e in err.errors(include_url=False):
+        # Union errors repeat the path with the tried type appended; keep the field path.
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and (p.startswith(("literal[", "function-", "constrained-")) or p in {"int", "float", "str", "bool", "list[int]"})))
+        path = _loc(loc)
+        if prefix:
+            path = f"{prefix}.{path}" if path != "<root>" else prefix
+        msg = e.get("msg", "invalid")
+        if e.get("type") == "extra_forbidden":
+            problems.append(f"{path}: unknown key (check the spelling; allowed keys are listed in configs/default_config.yaml)")
+            continue
+        if e.get("type") == "missing":
+            problems.append(f"{path}: required field is missing")
+            continue
+        got = e.get("input")
+        problems.append(f"{path}: {msg}, got {got!r}")
+    # de-duplicate while keeping order (union members report the same field several times)
+    seen, out = set(), []
+    for p in problems:
+        key = p.split(":", 1)[0]
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(p)
+    return out
+
+
+def format_validation_error(err, header: str) -> str:
+    return header + "\n" + "\n".join(f"  - {p}" for p in validation_problems(err))
+
+
+def run_cli(fn: Callable[[], int]) -> int:
+    """Run a CLI body: UserError -> message on stderr, exit 2, no traceback."""
+    try:
+        return fn()
+    except UserError as e:
+        print(e.render(), file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,160 @@
+"""Launching is data first: ``launch_spec(plan, ...) -> LaunchSpec(cmd, env)`` is pure;
+``execute(spec)`` is the one place that spawns a process.
+
+Backends map to launchers in one table (``LAUNCHERS`` below):
+- ``single``    -> ``python -m autotune.train`` (or the user's script) in one process;
+- ``ddp``       -> ``torchrun`` (as ``python -m torch.distributed.run``, so the same interpreter);
+- ``deepspeed`` -> ``torchrun`` as well. DeepSpeed's engine reads torchrun's RANK/LOCAL_RANK/
+  WORLD_SIZE through ``deepspeed.init_distributed``; one launcher for both engines means the
+  same flags, the same multi-node rendezvous and the same signal handling, and no dependency
+  on the ``deepspeed`` launcher's pdsh/ssh hostfile machinery for single-node runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+from autotune.policy import TrainingPlan
+
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
+
+
+def redact(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: ("<redacted>" if SECRET_NAME.search(k) else v) for k, v in env.items()}
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    cmd: list[str]
+    env: dict[str, str]  # the variables autotune sets (final values; the user's exported ones win)
+    env_sources: dict[str, str] = field(default_factory=dict)  # name -> "autotune" | "user"
+    cwd: str | None = None
+
+    def to_record(self) -> dict:
+        """What command.json holds: argv and the variables set, never a secret."""
+        return {
+            "argv": list(self.cmd),
+            "env": redact(self.env),
+            "env_sources": {k: v for k, v in self.env_sources.items() if k in self.env},
+            "cwd": self.cwd,
+        }
+
+    def shell(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact(self.env).items()))
+        return f"{env} {shlex.join(self.cmd)}".strip()
+
+
+def default_cache_dir(environ: Mapping[str, str]) -> str:
+    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME", "/tmp")) / ".cache")
+    return str(Path(base) / "autotune")
+
+
+def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str], has_infiniband: bool | None,
+             wandb: bool) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment the plan asks for; a value the user exported wins and is recorded as theirs."""
+    want: dict[str, str] = {
+        "OMP_NUM_THREADS": str(plan.omp_num_threads),
+        "AUTOTUNE_DIST_TIMEOUT_S": str(plan.config["distributed"]["timeout_s"]),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        # Elastic restarts are flaky with the shared rendezvous TCP store (PyTorch issue 135712).
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "TORCH_EXTENSIONS_DIR": str(Path(default_cache_dir(environ)) / "torch_extensions"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if not has_infiniband:
+        want["NCCL_IB_DISABLE"] = "1"
+    if plan.device == "cuda":
+        want["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    else:
+        want["DS_ACCELERATOR"] = "cpu"
+    if wandb and not environ.get("WANDB_API_KEY"):
+        want["WANDB_MODE"] = "offline"
+    env, sources = {}, {}
+    for k, v in want.items():
+        if k in environ:
+            env[k], sources[k] = environ[k], "user"
+        else:
+            env[k], sources[k] = v, "autotune"
+    # Where this run's files are: always ours, never inherited from an outer run.
+    for k, v in (("AUTOTUNE_PLAN", str(Path(run_dir) / "plan.json")), ("AUTOTUNE_RUN_DIR", str(run_dir))):
+        env[k], sources[k] = v, "autotune"
+    return env, sources
+
+
+def _program(plan: TrainingPlan, run_dir: str, script_args: list[str]) -> list[str]:
+    """What each rank runs: the user's script, or the built-in runtime."""
+    entry = plan.config["training"].get("entrypoint")
+    if entry and entry.endswith(".py"):
+        return [entry, *script_args]
+    return ["-m", "autotune.train", "--plan", str(Path(run_dir) / "plan.json"), *script_args]
+
+
+def torchrun_flags(plan: TrainingPlan) -> list[str]:
+    """torchrun's flags for the plan: standalone on one node, static rendezvous across nodes."""
+    d = plan.config["distributed"]
+    flags = [f"--nproc_per_node={plan.nproc_per_node}"]
+    if plan.num_nodes == 1:
+        return flags + ["--standalone"]
+    return flags + [
+        f"--nnodes={plan.num_nodes}",
+        f"--node_rank={d['node_rank']}",
+        f"--master_addr={d['master_addr']}",
+        f"--master_port={d['master_port']}",
+    ]
+
+
+def _single(plan: TrainingPlan, python: str, program: list[str]) -> list[str]:
+    return [python, *program]
+
+
+def _torchrun(plan: TrainingPlan, python: str, program: list[str]) -> list[str]:
+    cmd = [python, "-m", "torch.distributed.run", *torchrun_flags(plan)]
+    if program[0] == "-m":
+        return cmd + ["--module", *program[1:]]
+    return cmd + program
+
+
+LAUNCHERS: dict[str, Callable[[TrainingPlan, str, list[str]], list[str]]] = {
+    "single": _single,
+    "ddp": _torchrun,
+    "deepspeed": _torchrun,
+}
+
+
+def launch_spec(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str], *, python: str | None = None,
+                has_infiniband: bool | None = None, script_args: list[str] | None = None,
+                wandb: bool = False, cwd: str | None = None) -> LaunchSpec:
+    """Build the command and environment for ``plan``. Pure: reads only its arguments."""
+    python = python or sys.executable
+    program = _program(plan, run_dir, list(script_args or []))
+    cmd = LAUNCHERS[plan.backend](plan, python, program)
+    env, sources = plan_env(plan, run_dir, environ, has_infiniband, wandb)
+    return LaunchSpec(cmd=cmd, env=env, env_sources=sources, cwd=cwd)
+
+
+def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
+    """Run the spec; forward SIGINT/SIGTERM to the child; return its exit code (128+N if killed by N)."""
+    full_env = {**(os.environ if environ is None else environ), **spec.env}
+    proc = subprocess.Popen(spec.cmd, env=full_env, cwd=spec.cwd, start_new_session=True)
+
+    def forward(signum, _frame):
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return 128 - rc if rc < 0 else rc

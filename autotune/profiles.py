@@ -1,0 +1,160 @@
+"""The hardware profile: a frozen, JSON round-tripping snapshot of one machine.
+
+Detection (``autotune.hardware``) produces it; the planner and the report read it.
+Presets in ``configs/hardware/*.json`` are the same model written by hand from
+vendor figures, so users can plan for machines they do not have.
+
+"Unknown" is a value: a probe that fails leaves its field ``None`` and records
+why in ``unknown`` (dotted field path -> reason). Field names follow NVML /
+nvidia-smi vocabulary with units at the end (``memory_total_mib``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from autotune.errors import UserError, format_validation_error
+
+SCHEMA_VERSION = 1
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GPUInfo(_Frozen):
+    """One visible GPU, numbered as CUDA numbers it after CUDA_VISIBLE_DEVICES."""
+
+    index: int
+    nvml_index: int | None = None
+    uuid: str | None = None
+    name: str | None = None
+    memory_total_mib: int | None = None
+    memory_free_mib: int | None = None
+    compute_capability: str | None = None  # "8.9"
+    pci_bus_id: str | None = None
+    mig_mode: bool | None = None
+    error: str | None = None  # set when the device failed to answer at all
+
+    def compute_capability_tuple(self) -> tuple[int, int] | None:
+        if not self.compute_capability:
+            return None
+        major, _, minor = self.compute_capability.partition(".")
+        return int(major), int(minor or 0)
+
+
+Interconnect = Literal["nvlink", "pcie", "none", "unknown"]
+
+
+class GPUSection(_Frozen):
+    available: bool = False
+    reason: str | None = None  # why no GPUs (library missing, CUDA_VISIBLE_DEVICES="", ...)
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    cuda_visible_devices: str | None = None
+    devices: tuple[GPUInfo, ...] = ()
+    # Pairs of visible indices (i < j) linked by NVLink, as NVML reports it.
+    nvlink_pairs: tuple[tuple[int, int], ...] = ()
+    # Pairs that NVML says can read each other's memory directly (P2P over PCIe or NVLink).
+    p2p_pairs: tuple[tuple[int, int], ...] = ()
+    interconnect: Interconnect = "none"
+    interconnect_reason: str | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.devices)
+
+
+class CPUInfo(_Frozen):
+    model_name: str | None = None
+    physical_cores: int | None = None
+    logical_cores: int | None = None
+    affinity_cores: int | None = None  # len(sched_getaffinity)
+    cgroup_quota_cores: float | None = None  # cpu.max / cfs_quota_us, None if unlimited/unknown
+    cgroup_version: int | None = None
+    effective_cores: int = 1
+    effective_cores_reason: str = ""
+
+
+class MemoryInfo(_Frozen):
+    total_mib: int | None = None
+    available_mib: int | None = None
+    cgroup_limit_mib: int | None = None
+    effective_mib: int | None = None
+    effective_reason: str = ""
+
+
+class SlurmInfo(_Frozen):
+    job_id: str | None = None
+    num_nodes: int | None = None
+    nodelist: str | None = None
+    ntasks: int | None = None
+    ntasks_per_node: str | None = None
+    cpus_per_task: int | None = None
+    gpus: str | None = None
+    partition: str | None = None
+
+
+class HardwareProfile(_Frozen):
+    schema_version: int = SCHEMA_VERSION
+    source: str = "detected"  # "detected" or "preset:<name>" or a file path
+    description: str | None = None
+    hostname: str | None = None
+    num_nodes: int = Field(1, ge=1)  # identical nodes this profile stands for
+    gpus: GPUSection = GPUSection()
+    cpu: CPUInfo = CPUInfo()
+    memory: MemoryInfo = MemoryInfo()
+    infiniband: tuple[str, ...] | None = None  # None = unknown, () = none present
+    slurm: SlurmInfo | None = None
+    software: dict[str, str | None] = {}
+    unknown: dict[str, str] = {}  # dotted field -> why it is unknown
+
+    # -- convenience -------------------------------------------------------
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus.count
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return self.model_dump_json(indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str, origin: str = "<profile>") -> "HardwareProfile":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{origin}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise UserError(format_validation_error(e, f"{origin}: not a valid hardware profile")) from None
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def load_profile(spec: str) -> HardwareProfile:
+    """Load a profile from a preset name (``4xL4``) or a JSON file path."""
+    path = Path(spec)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise UserError(f"--hardware/--profile: no such file {spec!r}")
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise UserError(f"--hardware/--profile: cannot read {spec!r}: {e.strerror}") from None
+        return HardwareProfile.from_json(text, origin=str(path))
+    preset = PRESET_DIR / f"{spec}.json"
+    if not preset.is_file():
+        raise UserError(
+            f"--hardware/--profile: unknown preset {spec!r}; choose one of "
+            f"{', '.join(preset_names())} or give a path to a profile JSON "
+            "(write one with `python -m autotune.hardware report --json > my.json`)"
+        )
+    profile = HardwareProfile.from_json(preset.read_text(), origin=str(preset))
+    return profile.model_copy(update={"source": f"preset:{spec}"})

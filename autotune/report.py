@@ -1,0 +1,144 @@
+"""Text rendering of a hardware profile and a plan (pure; writes to a stream)."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from autotune.profiles import HardwareProfile
+
+RULE = "=" * 72
+
+
+def _v(value, unit: str = "", unknown_key: str | None = None, unknown: dict | None = None) -> str:
+    if value is None:
+        why = (unknown or {}).get(unknown_key or "", "")
+        return f"unknown ({why})" if why else "unknown"
+    return f"{value}{unit}"
+
+
+def _gib(mib: int | None) -> str | None:
+    return None if mib is None else f"{mib / 1024:.1f} GiB ({mib} MiB)"
+
+
+def render_profile(hw: HardwareProfile, out: TextIO) -> None:
+    u = hw.unknown
+    w = out.write
+    w(f"{RULE}\nHARDWARE DETECTION RESULTS\n{RULE}\n")
+    w(f"Source:        {hw.source}" + (f" - {hw.description}" if hw.description else "") + "\n")
+    if hw.hostname:
+        w(f"Hostname:      {hw.hostname}\n")
+    w(f"Nodes:         {hw.num_nodes}\n")
+    w(f"GPUs:          {hw.num_gpus}" + ("" if hw.gpus.available else f" ({hw.gpus.reason or 'none'})") + "\n")
+    if hw.gpus.driver_version or "gpus.driver_version" in u:
+        w(f"Driver:        {_v(hw.gpus.driver_version, unknown_key='gpus.driver_version', unknown=u)}"
+          f" (CUDA {_v(hw.gpus.cuda_driver_version, unknown_key='gpus.cuda_driver_version', unknown=u)})\n")
+    if hw.gpus.cuda_visible_devices is not None:
+        w(f"CUDA_VISIBLE_DEVICES: {hw.gpus.cuda_visible_devices!r}\n")
+    if "gpus.cuda_visible_devices" in u:
+        w(f"  note: {u['gpus.cuda_visible_devices']}\n")
+    if hw.gpus.devices:
+        w(f"\n{RULE}\nGPU CONFIGURATION\n{RULE}\n")
+        for g in hw.gpus.devices:
+            k = f"gpus.devices[{g.index}]"
+            w(f"GPU {g.index}: {_v(g.name, unknown_key=k + '.name', unknown=u)}\n")
+            if g.error:
+                w(f"  error:              {g.error}\n")
+                continue
+            w(f"  memory total:       {_v(_gib(g.memory_total_mib), unknown_key=k + '.memory_total_mib', unknown=u)}\n")
+            w(f"  memory free:        {_v(_gib(g.memory_free_mib), unknown_key=k + '.memory_free_mib', unknown=u)}\n")
+            w(f"  compute capability: {_v(g.compute_capability, unknown_key=k + '.compute_capability', unknown=u)}\n")
+            if g.pci_bus_id:
+                w(f"  PCI bus id:         {g.pci_bus_id}\n")
+            if g.mig_mode:
+                w("  MIG:                enabled (CUDA sees MIG instances; select one with CUDA_VISIBLE_DEVICES=MIG-...)\n")
+            if g.uuid:
+                w(f"  UUID:               {g.uuid}\n")
+        w(f"Interconnect:  {hw.gpus.interconnect}" + (f" - {hw.gpus.interconnect_reason}" if hw.gpus.interconnect_reason else "") + "\n")
+    c, m = hw.cpu, hw.memory
+    w(f"\n{RULE}\nCPU AND MEMORY\n{RULE}\n")
+    if c.model_name:
+        w(f"CPU:             {c.model_name}\n")
+    w(f"Physical cores:  {_v(c.physical_cores, unknown_key='cpu.physical_cores', unknown=u)}\n")
+    w(f"Logical cores:   {_v(c.logical_cores, unknown_key='cpu.logical_cores', unknown=u)}\n")
+    w(f"CPU affinity:    {_v(c.affinity_cores, ' cores', 'cpu.affinity_cores', u)}\n")
+    quota = "none" if c.cgroup_quota_cores is None else f"{c.cgroup_quota_cores:g} cores"
+    if "cpu.cgroup_quota_cores" in u:
+        quota = f"unknown ({u['cpu.cgroup_quota_cores']})"
+    w(f"cgroup quota:    {quota}" + (f" (cgroup v{c.cgroup_version})" if c.cgroup_version else "") + "\n")
+    w(f"Effective cores: {c.effective_cores} - {c.effective_cores_reason}\n")
+    w(f"RAM total:       {_v(_gib(m.total_mib), unknown_key='memory.total_mib', unknown=u)}\n")
+    w(f"RAM available:   {_v(_gib(m.available_mib), unknown_key='memory.available_mib', unknown=u)}\n")
+    lim = "none" if m.cgroup_limit_mib is None else _gib(m.cgroup_limit_mib)
+    if "memory.cgroup_limit_mib" in u:
+        lim = f"unknown ({u['memory.cgroup_limit_mib']})"
+    w(f"cgroup limit:    {lim}\n")
+    w(f"Effective RAM:   {_v(_gib(m.effective_mib))} - {m.effective_reason}\n")
+    ib = "unknown" if hw.infiniband is None else (", ".join(hw.infiniband) or "none")
+    w(f"InfiniBand:      {ib}\n")
+    if hw.slurm:
+        s = hw.slurm
+        w(f"SLURM job:       {s.job_id} on {s.num_nodes} node(s) [{s.nodelist}], tasks {s.ntasks}, "
+          f"cpus/task {s.cpus_per_task}, gpus {s.gpus}\n")
+    if hw.software:
+        sw = ", ".join(f"{k} {v}" for k, v in hw.software.items() if v)
+        missing = ", ".join(k for k, v in hw.software.items() if not v)
+        w(f"Software:        {sw}\n")
+        if missing:
+            w(f"Not installed:   {missing}\n")
+    other = {k: v for k, v in u.items() if not k.startswith(("gpus.devices", "cpu.", "memory."))}
+    if other:
+        w("\nUnknown values:\n")
+        for k, v in other.items():
+            w(f"  {k}: {v}\n")
+
+
+def _size(gib: float) -> str:
+    return f"{gib:.2f} GiB" if gib >= 0.1 else f"{gib * 1024:.1f} MiB"
+
+
+_PLAN_ROWS = (
+    ("Batch size per GPU", "micro_batch_size"),
+    ("Gradient accumulation", "gradient_accumulation_steps"),
+    ("Effective batch size", "global_batch_size"),
+    ("DataLoader workers", "num_workers"),
+    ("Mixed precision", "precision"),
+    ("Gradient checkpointing", "gradient_checkpointing"),
+    ("Distributed engine", "backend"),
+    ("ZeRO stage", "zero_stage"),
+    ("Optimizer offload", "offload_optimizer"),
+    ("Processes per node", "nproc_per_node"),
+    ("World size", "world_size"),
+    ("Threads per process", "omp_num_threads"),
+    ("Learning rate", "learning_rate"),
+    ("Steps per epoch", "steps_per_epoch"),
+    ("Total steps", "total_steps"),
+)
+
+
+def render_plan(plan, out: TextIO) -> None:
+    w = out.write
+    w(f"\n{RULE}\nOPTIMAL TRAINING SETTINGS\n{RULE}\n")
+    w(f"Planned for: {plan.hardware}" + ("" if plan.auto_optimize else "  [--no_auto_optimize: config verbatim]")
+      + ("  [--debug]" if plan.debug else "") + "\n")
+    for label, key in _PLAN_ROWS:
+        value = getattr(plan, key)
+        if isinstance(value, bool):
+            value = "on" if value else "off"
+        elif isinstance(value, float):
+            value = f"{value:.6g}"
+        elif value is None:
+            value = "-"
+        reason = plan.reasons.get(key, "")
+        w(f"{label + ':':<26}{str(value):<10} {reason}\n")
+    if plan.memory_estimate:
+        e = plan.memory_estimate
+        acts = "n/a" if e.activations_gib is None else _size(e.activations_gib)
+        budget = f" of a {e.budget_gib:.1f} GiB budget" if e.budget_gib else ""
+        w(f"{'Memory estimate:':<26}{_size(e.total_gib)} per GPU{budget} "
+          f"(model states {_size(e.model_states_gib)} + activations {acts}; {e.num_parameters:,} parameters)\n")
+    if plan.overrides:
+        w("\nYour settings (beat auto):\n")
+        for k, o in plan.overrides.items():
+            w(f"  {k}: auto would choose {o.auto}, you set {o.chosen}\n")
+    for warning in plan.warnings:
+        w(f"warning: {warning}\n")

@@ -1,0 +1,123 @@
+"""Atomic, rotating checkpoints that any world size can read back.
+
+Layout of ``<run_dir>/checkpoints/step-00000100/``:
+- ``model.pt``    unwrapped weights (no ``module.`` prefix), fp32, written by rank 0;
+- ``trainer.pt``  optimizer, scheduler and grad-scaler state (single/DDP; DDP
+                  state is identical on every rank, so one copy serves any world size);
+- ``engine/``     DeepSpeed's own checkpoint (deepspeed backend only);
+- ``rng-rank<N>.pt`` each rank's RNG states;
+- ``meta.json``   step, micro-batches consumed, backend, world size, batch sizes.
+
+A checkpoint is written into ``step-XXXXXXXX.tmp`` and renamed when complete, so
+a crash mid-save never leaves a directory that looks finished.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from autotune.errors import UserError
+from autotune.runtime.dist import DistContext, wait_for_everyone
+from autotune.runtime_paths import PREFIX, list_checkpoints
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class CheckpointManager:
+    def __init__(self, run_dir: str | Path, ctx: DistContext, keep_last: int = 3):
+        self.dir = Path(run_dir) / "checkpoints"
+        self.ctx, self.keep_last = ctx, keep_last
+
+    def save(self, engine, step: int, consumed: int, extra: dict | None = None) -> Path:
+        final = self.dir / f"{PREFIX}{step:08d}"
+        tmp = final.with_name(final.name + ".tmp")
+        if self.ctx.is_main:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+        wait_for_everyone(self.ctx)
+        if engine.name == "deepspeed":
+            engine.model.save_checkpoint(str(tmp / "engine"), tag="state")
+        torch.save(_rng_state(), tmp / f"rng-rank{self.ctx.rank}.pt")
+        if self.ctx.is_main:
+            weights = {k: v.detach().float().cpu() for k, v in engine.module.state_dict().items()}
+            torch.save(weights, tmp / "model.pt")
+            if engine.name != "deepspeed":
+                torch.save(engine.trainer_state(), tmp / "trainer.pt")
+            s = engine.settings
+            meta = {"step": step, "micro_batches_consumed": consumed, "backend": engine.name,
+                    "world_size": self.ctx.world_size, "micro_batch_size": s.micro_batch_size,
+                    "gradient_accumulation_steps": s.gradient_accumulation_steps,
+                    "global_batch_size": s.global_batch_size, **(extra or {})}
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        wait_for_everyone(self.ctx)
+        if self.ctx.is_main:
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+            for old in list_checkpoints(self.dir.parent)[:-self.keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+        wait_for_everyone(self.ctx)
+        return final
+
+    def load(self, engine, path: str | Path) -> dict:
+        """Restore ``engine`` from ``path``; returns the checkpoint's meta."""
+        p = Path(path)
+        meta_file = p / "meta.json"
+        if not meta_file.exists():
+            raise UserError(f"--resume_from: {p} is not an autotune checkpoint (no meta.json); "
+                            f"checkpoints live in <run_dir>/checkpoints/step-NNNNNNNN")
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise UserError(f"--resume_from: cannot read {meta_file}: {e}") from None
+        saved_by = meta.get("backend")
+        s = engine.settings
+        if (saved_by == "deepspeed") != (engine.name == "deepspeed"):
+            raise UserError(
+                f"--resume_from: {p} was written by the {saved_by} backend and this run uses {engine.name}; "
+                f"resume with the same engine ({'--deepspeed' if saved_by == 'deepspeed' else '--ddp or single'})"
+            )
+        if meta.get("global_batch_size") != s.global_batch_size:
+            raise UserError(
+                f"--resume_from: {p} was trained with global batch {meta.get('global_batch_size')}, this plan has "
+                f"{s.global_batch_size}; set --global_batch_size {meta.get('global_batch_size')} to continue the same run"
+            )
+        try:
+            if engine.name == "deepspeed":
+                engine.model.load_checkpoint(str(p / "engine"), tag="state")
+            else:
+                weights = torch.load(p / "model.pt", map_location=self.ctx.device, weights_only=True)
+                engine.module.load_state_dict(weights)
+                engine.load_trainer_state(torch.load(p / "trainer.pt", map_location=self.ctx.device, weights_only=False))
+        except (OSError, RuntimeError, KeyError, EOFError) as e:
+            raise UserError(f"--resume_from: {p} is damaged or incompatible with this model: {e}") from None
+        rng = p / f"rng-rank{self.ctx.rank}.pt"
+        if rng.exists() and meta.get("world_size") == self.ctx.world_size:
+            _set_rng_state(torch.load(rng, weights_only=False))
+        # Consumed micro-batches are per rank; rescale if the world size changed.
+        old_world = meta.get("world_size") or self.ctx.world_size
+        consumed = meta["micro_batches_consumed"]
+        accum_old = meta.get("gradient_accumulation_steps") or s.gradient_accumulation_steps
+        if old_world != self.ctx.world_size or accum_old != s.gradient_accumulation_steps:
+            consumed = meta["step"] * s.gradient_accumulation_steps
+        meta["micro_batches_consumed"] = consumed
+        return meta

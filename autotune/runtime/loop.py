@@ -1,0 +1,134 @@
+"""The training loop of the built-in workload, read top to bottom."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from autotune.runtime.checkpoint import CheckpointManager
+from autotune.runtime_paths import latest_checkpoint
+from autotune.runtime.data import BatchStream, eval_batches
+from autotune.runtime.dist import DistContext, all_reduce_sum, cleanup, init, wait_for_everyone
+from autotune.runtime.engine import make_engine
+from autotune.runtime.logging import Progress, make_logger
+from autotune.runtime.settings import Settings
+from autotune.workload import build_model, eval_sums, make_datasets
+
+
+def evaluate(engine, val_ds, ctx: DistContext, batch_size: int) -> dict:
+    """Validation over every sample once; sums all-reduced, so it equals a 1-process evaluation."""
+    engine.eval()
+    sums = eval_sums(engine.module, eval_batches(val_ds, ctx.rank, ctx.world_size, batch_size), ctx.device,
+                     engine.autocast)
+    engine.train()
+    sums = all_reduce_sum(ctx, sums.cpu() if ctx.device.type == "cpu" else sums).tolist()
+    loss, correct, tokens, exact, seqs = sums
+    return {"val/loss": loss / max(1, tokens), "val/accuracy": correct / max(1, tokens),
+            "val/exact_match": exact / max(1, seqs), "val/samples": int(seqs)}
+
+
+def _resolve_resume(resume_from: str | None, run_dir: Path) -> Path | None:
+    if not resume_from:
+        return None
+    if resume_from == "auto":
+        return latest_checkpoint(run_dir)  # None: nothing yet, start fresh
+    return Path(resume_from)
+
+
+def train(settings: Settings, run_dir: str | Path, resume_from: str | None = None) -> dict:
+    run_dir = Path(run_dir)
+    ctx = init(settings)
+    try:
+        return _train(settings, ctx, run_dir, resume_from)
+    finally:
+        cleanup(ctx)
+
+
+def _train(settings: Settings, ctx: DistContext, run_dir: Path, resume_from: str | None) -> dict:
+    cfg = settings.config
+    t = cfg["training"]
+    model = build_model(cfg, settings.gradient_checkpointing)  # same seed -> same init on every rank
+    train_ds, val_ds = make_datasets(cfg["data"])
+    engine = make_engine(settings, model, ctx)
+    ckpts = CheckpointManager(run_dir, ctx, keep_last=cfg["checkpoint"]["keep_last"])
+    step, consumed = 0, 0
+    resume_path = _resolve_resume(resume_from, run_dir)
+    if resume_path is not None:
+        meta = ckpts.load(engine, resume_path)
+        step, consumed = meta["step"], meta["micro_batches_consumed"]
+    stream = BatchStream(train_ds, settings.micro_batch_size, ctx.rank, ctx.world_size, int(t["seed"]),
+                         settings.num_workers, settings.pin_memory, settings.prefetch_factor,
+                         start_micro_batch=consumed)
+    logger = make_logger(settings, ctx, run_dir)
+    total = settings.total_steps
+    progress = Progress(total, step, ctx.is_main, cfg["logging"].get("progress_bar", "auto"))
+    if ctx.is_main:
+        progress.write(
+            f"autotune: {settings.backend} x{ctx.world_size} on {settings.device}, micro-batch "
+            f"{settings.micro_batch_size} x accumulation {settings.gradient_accumulation_steps} x "
+            f"{ctx.world_size} = {settings.global_batch_size} per step, {settings.precision}, "
+            f"{total} steps" + (f", resumed at step {step} from {resume_path}" if resume_path else "")
+        )
+    accum = settings.gradient_accumulation_steps
+    log_every, eval_every = int(t["log_every_steps"]), int(t["eval_every_steps"])
+    save_every = cfg["checkpoint"].get("save_every_steps")
+    history: list[dict] = []
+    batches = iter(stream)
+    engine.train()
+    window_loss, window_steps, window_t0 = torch.zeros((), dtype=torch.float64), 0, time.perf_counter()
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    metrics: dict = {}
+    while step < total:
+        t0 = time.perf_counter()
+        step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        for k in range(accum):
+            step_loss += engine.forward_backward(next(batches), boundary=(k == accum - 1)).double()
+        grad_norm = engine.step()
+        step += 1
+        window_loss += (step_loss / accum).cpu()
+        window_steps += 1
+        step_time = time.perf_counter() - t0
+        if step % log_every == 0 or step == total or step == 1:
+            loss = all_reduce_sum(ctx, window_loss.clone()).item() / (window_steps * ctx.world_size)
+            elapsed = time.perf_counter() - window_t0
+            metrics = {"train/loss": loss, "train/lr": engine.lr(), "train/grad_norm": grad_norm,
+                       "train/samples_per_s": window_steps * settings.global_batch_size / max(elapsed, 1e-9),
+                       "train/step_time_s": step_time, "train/epoch": stream.consumed / stream.per_epoch}
+            if ctx.device.type == "cuda":
+                metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2**30
+            logger.log(metrics, step)
+            history.append({"step": step, **metrics})
+            progress.write(
+                f"step {step}/{total} | loss {loss:.4f} | lr {metrics['train/lr']:.2e} | grad_norm {grad_norm:.3f} | "
+                f"{metrics['train/samples_per_s']:.0f} samples/s | {step_time * 1000:.0f} ms/step"
+            )
+            window_loss.zero_()
+            window_steps, window_t0 = 0, time.perf_counter()
+        progress.update(1, {"loss": f"{metrics.get('train/loss', float('nan')):.3f}"})
+        if step % eval_every == 0 or step == total:
+            wait_for_everyone(ctx)
+            val = evaluate(engine, val_ds, ctx, max(settings.micro_batch_size, 64))
+            logger.log(val, step)
+            history.append({"step": step, **val})
+            progress.write(f"step {step}/{total} | val loss {val['val/loss']:.4f} | "
+                           f"val accuracy {val['val/accuracy']:.3f} | exact match {val['val/exact_match']:.3f}")
+            wait_for_everyone(ctx)
+        if (save_every and step % save_every == 0) or (step == total and cfg["checkpoint"].get("save_at_end", True)):
+            path = ckpts.save(engine, step, stream.consumed)
+            progress.write(f"checkpoint: {path}")
+    progress.close()
+    logger.close()
+    final = {k: v for k, v in history[-1].items()} if history else {}
+    if ctx.is_main:
+        summary = {"steps": step, "history": history, "final": final}
+        (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2, default=_nan_safe))
+    return final
+
+
+def _nan_safe(x):
+    return None if isinstance(x, float) and math.isnan(x) else str(x)
