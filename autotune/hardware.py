@@ -418,7 +418,12 @@ def _probe_device(nvml: Any, h: Any, cuda_index: int, v: Visible, unknown: dict[
     if "memory_total_mib" not in vals:
         unknown[f"{key}.memory_free_mib"] = unknown[f"{key}.memory_total_mib"]
     # A MIG instance shares its parent's compute capability and PCI address.
-    parent = nvml.nvmlDeviceGetHandleByIndex(v.nvml_index) if mig_instance else h
+    parent = h
+    if mig_instance:
+        try:
+            parent = nvml.nvmlDeviceGetHandleByIndex(v.nvml_index)
+        except Exception as e:
+            unknown[f"{key}.compute_capability"] = _err(e)
 
     def cc():
         major, minor = nvml.nvmlDeviceGetCudaComputeCapability(parent)
@@ -510,7 +515,7 @@ def probe_cpu(psutil: Any, cg: CgroupLimits, unknown: dict[str, str]) -> CPUInfo
     except Exception as e:
         unknown["cpu.physical_cores"] = _err(e)
     try:
-        affinity = len(os.sched_getaffinity(0))
+        affinity = len(psutil.Process().cpu_affinity())
     except Exception as e:
         unknown["cpu.affinity_cores"] = _err(e)
     if "cpu" in cg.errors:

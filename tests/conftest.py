@@ -1,0 +1,30 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def run_cli(*args, env=None, timeout=120, cwd=None):
+    """Run `python -m <args>` in a fresh interpreter; returns CompletedProcess (text)."""
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=full_env,
+                          timeout=timeout, cwd=cwd or ROOT)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+@pytest.fixture(scope="session")
+def default_config():
+    from autotune.config import load_config
+
+    return load_config(ROOT / "configs" / "default_config.yaml")

@@ -1,0 +1,194 @@
+"""A fake pynvml driven by a recorded hardware profile (the gpustat way).
+
+``FakeNVML.from_profile(profile)`` answers NVML calls with the GPUs of a preset;
+scenario knobs reproduce the failures detection must survive:
+
+- ``library_missing``: nvmlInit raises NVMLError_LibraryNotFound (no driver);
+- ``init_error``: nvmlInit raises another NVMLError (driver/library mismatch);
+- ``failing_queries``: {(nvml_index, "nvmlDeviceGetMemoryInfo"), ...} raise for one GPU;
+- ``dead_gpus``: {nvml_index}: every query on that GPU raises (GPU fallen off the bus);
+- ``mig``: {nvml_index: [(mig_uuid, mig_name, total_mib, free_mib), ...]}: MIG enabled;
+- ``p2p_error``: nvmlDeviceGetP2PStatus raises (old driver).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+NVML_P2P_CAPS_INDEX_READ = 0
+NVML_P2P_CAPS_INDEX_NVLINK = 2
+NVML_P2P_STATUS_OK = 0
+NVML_P2P_STATUS_NOT_SUPPORTED = 5
+MIB = 1024 * 1024
+
+
+class NVMLError(Exception):
+    pass
+
+
+class NVMLError_LibraryNotFound(NVMLError):
+    def __str__(self):
+        return "NVML Shared Library Not Found"
+
+
+class NVMLError_DriverNotLoaded(NVMLError):
+    def __str__(self):
+        return "Driver Not Loaded"
+
+
+class NVMLError_Unknown(NVMLError):
+    def __str__(self):
+        return "Unknown Error"
+
+
+class NVMLError_GpuIsLost(NVMLError):
+    def __str__(self):
+        return "GPU is lost"
+
+
+class NVMLError_NotSupported(NVMLError):
+    def __str__(self):
+        return "Not Supported"
+
+
+@dataclass
+class _Dev:
+    uuid: str
+    name: str
+    total_mib: int
+    free_mib: int
+    cc: tuple[int, int]
+    bus_id: str
+
+
+@dataclass
+class _Handle:
+    index: int
+    mig: int | None = None
+
+
+@dataclass
+class FakeNVML:
+    devices: list[_Dev]
+    nvlink_pairs: set = field(default_factory=set)
+    p2p_pairs: set = field(default_factory=set)
+    library_missing: bool = False
+    init_error: bool = False
+    failing_queries: set = field(default_factory=set)
+    dead_gpus: set = field(default_factory=set)
+    mig: dict = field(default_factory=dict)
+    p2p_error: bool = False
+    driver: str = "550.54.15"
+    cuda: int = 12040
+    mig_not_supported: bool = False
+    calls: list = field(default_factory=list)
+    initialised: int = 0
+
+    NVML_P2P_CAPS_INDEX_READ = NVML_P2P_CAPS_INDEX_READ
+    NVML_P2P_CAPS_INDEX_NVLINK = NVML_P2P_CAPS_INDEX_NVLINK
+    NVML_P2P_STATUS_OK = NVML_P2P_STATUS_OK
+    NVMLError = NVMLError
+
+    @classmethod
+    def from_profile(cls, profile, **knobs) -> "FakeNVML":
+        devs = []
+        for g in profile.gpus.devices:
+            major, minor = (int(x) for x in g.compute_capability.split("."))
+            devs.append(_Dev(g.uuid, g.name, g.memory_total_mib, g.memory_free_mib, (major, minor), g.pci_bus_id))
+        return cls(devs, {tuple(p) for p in profile.gpus.nvlink_pairs}, {tuple(p) for p in profile.gpus.p2p_pairs},
+                   **knobs)
+
+    # -- helpers -------------------------------------------------------------
+    def _check(self, name: str, h: _Handle | None = None):
+        self.calls.append(name)
+        if not self.initialised:
+            raise NVMLError_Unknown()
+        if h is not None:
+            if h.index in self.dead_gpus:
+                raise NVMLError_GpuIsLost()
+            if (h.index, name) in self.failing_queries:
+                raise NVMLError_Unknown()
+
+    # -- the NVML surface detection uses --------------------------------------
+    def nvmlInit(self):
+        if self.library_missing:
+            raise NVMLError_LibraryNotFound()
+        if self.init_error:
+            raise NVMLError_DriverNotLoaded()
+        self.initialised += 1
+
+    def nvmlShutdown(self):
+        self.initialised -= 1
+
+    def nvmlSystemGetDriverVersion(self):
+        self._check("nvmlSystemGetDriverVersion")
+        return self.driver
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        self._check("nvmlSystemGetCudaDriverVersion")
+        return self.cuda
+
+    def nvmlDeviceGetCount(self):
+        self._check("nvmlDeviceGetCount")
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        self._check("nvmlDeviceGetHandleByIndex")
+        if not 0 <= i < len(self.devices):
+            raise NVMLError_Unknown()
+        return _Handle(i)
+
+    def nvmlDeviceGetUUID(self, h):
+        self._check("nvmlDeviceGetUUID", h)
+        if h.mig is not None:
+            return self.mig[h.index][h.mig][0]
+        return self.devices[h.index].uuid
+
+    def nvmlDeviceGetName(self, h):
+        self._check("nvmlDeviceGetName", h)
+        if h.mig is not None:
+            return self.mig[h.index][h.mig][1]
+        return self.devices[h.index].name.encode()  # old bindings return bytes
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        self._check("nvmlDeviceGetMemoryInfo", h)
+        if h.mig is not None:
+            _, _, total, free = self.mig[h.index][h.mig]
+        else:
+            d = self.devices[h.index]
+            total, free = d.total_mib, d.free_mib
+        return SimpleNamespace(total=total * MIB, free=free * MIB, used=(total - free) * MIB)
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):
+        self._check("nvmlDeviceGetCudaComputeCapability", h)
+        return self.devices[h.index].cc
+
+    def nvmlDeviceGetPciInfo(self, h):
+        self._check("nvmlDeviceGetPciInfo", h)
+        return SimpleNamespace(busId=self.devices[h.index].bus_id)
+
+    def nvmlDeviceGetMigMode(self, h):
+        self._check("nvmlDeviceGetMigMode", h)
+        if self.mig_not_supported:
+            raise NVMLError_NotSupported()
+        on = 1 if h.index in self.mig else 0
+        return [on, on]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h):
+        self._check("nvmlDeviceGetMaxMigDeviceCount", h)
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, k):
+        self._check("nvmlDeviceGetMigDeviceHandleByIndex", h)
+        if k >= len(self.mig.get(h.index, [])):
+            raise NVMLError_NotSupported()
+        return _Handle(h.index, k)
+
+    def nvmlDeviceGetP2PStatus(self, h1, h2, cap):
+        self._check("nvmlDeviceGetP2PStatus")
+        if self.p2p_error:
+            raise NVMLError_NotSupported()
+        pair = (min(h1.index, h2.index), max(h1.index, h2.index))
+        table = self.nvlink_pairs if cap == NVML_P2P_CAPS_INDEX_NVLINK else self.p2p_pairs
+        return NVML_P2P_STATUS_OK if pair in table else NVML_P2P_STATUS_NOT_SUPPORTED

@@ -1,0 +1,362 @@
+"""Detection through a fake NVML driven by the presets, recorded cgroup files, and the report."""
+
+import json
+
+import pytest
+
+from autotune.hardware import (
+    PhysicalGPU, Visible, detect, effective_cores, parse_cfs_quota, parse_cpu_max, parse_memory_limit,
+    parse_proc_self_cgroup, parse_slurm_env, read_cgroup_limits, select_visible,
+)
+from autotune.profiles import HardwareProfile, load_profile, preset_names
+from fake_nvml import FakeNVML
+
+REQUIRED_PRESETS = {"cpu-only", "1xT4", "4xT4", "4xL4", "4xA100-80GB", "8xA100-40GB", "8xH100-80GB",
+                    "2xRTX4090", "2x4xL4"}
+
+
+class FakePsutil:
+    def __init__(self, logical=8, physical=4, total_mib=32768, avail_mib=30000, fail=False):
+        self.logical, self.physical, self.total, self.avail, self.fail = logical, physical, total_mib, avail_mib, fail
+
+    def cpu_count(self, logical=True):
+        if self.fail:
+            raise OSError("no /proc")
+        return self.logical if logical else self.physical
+
+    def Process(self):
+        from types import SimpleNamespace
+        return SimpleNamespace(cpu_affinity=lambda: list(range(self.logical)))
+
+    def virtual_memory(self):
+        if self.fail:
+            raise OSError("no /proc/meminfo")
+        from types import SimpleNamespace
+        return SimpleNamespace(total=self.total * 2**20, available=self.avail * 2**20)
+
+
+def run_detect(tmp_path, nvml, environ=None, **kw):
+    return detect(nvml=nvml, environ=environ or {}, cgroup_root=tmp_path / "nocgroup",
+                  proc_self_cgroup=tmp_path / "nocgroup" / "self", sys_class=tmp_path / "sysclass",
+                  psutil_module=kw.pop("psutil_module", FakePsutil()), **kw)
+
+
+# -- presets ---------------------------------------------------------------------------
+
+def test_required_presets_exist_and_load():
+    assert REQUIRED_PRESETS <= set(preset_names())
+    for name in preset_names():
+        p = load_profile(name)
+        assert p.source == f"preset:{name}"
+        assert HardwareProfile.from_json(p.to_json()) == p  # JSON round trip
+
+
+@pytest.mark.parametrize("name, model, mib, cc", [
+    ("4xL4", "NVIDIA L4", 23034, "8.9"), ("1xT4", "Tesla T4", 15360, "7.5"),
+    ("8xA100-40GB", "NVIDIA A100-SXM4-40GB", 40960, "8.0"), ("8xH100-80GB", "NVIDIA H100 80GB HBM3", 81559, "9.0"),
+    ("2xRTX4090", "NVIDIA GeForce RTX 4090", 24564, "8.9"),
+])
+def test_preset_figures_are_real(name, model, mib, cc):
+    g = load_profile(name).gpus.devices[0]
+    assert (g.name, g.memory_total_mib, g.compute_capability) == (model, mib, cc)
+
+
+def test_unknown_preset_is_a_user_error():
+    from autotune.errors import UserError
+    with pytest.raises(UserError, match="unknown preset 'nope'.*4xL4"):
+        load_profile("nope")
+
+
+# -- NVML through the fake --------------------------------------------------------------
+
+@pytest.mark.parametrize("preset", ["4xL4", "8xH100-80GB", "2xRTX4090", "1xT4", "8xA100-40GB"])
+def test_detect_reproduces_preset_gpus(tmp_path, preset):
+    prof = load_profile(preset)
+    hw = run_detect(tmp_path, FakeNVML.from_profile(prof))
+    assert hw.gpus.available and hw.num_gpus == prof.num_gpus
+    for got, want in zip(hw.gpus.devices, prof.gpus.devices):
+        assert (got.name, got.memory_total_mib, got.memory_free_mib, got.compute_capability, got.uuid, got.pci_bus_id) == \
+               (want.name, want.memory_total_mib, want.memory_free_mib, want.compute_capability, want.uuid, want.pci_bus_id)
+    assert hw.gpus.interconnect == prof.gpus.interconnect
+    assert hw.gpus.nvlink_pairs == prof.gpus.nvlink_pairs
+    assert hw.gpus.driver_version == "550.54.15" and hw.gpus.cuda_driver_version == "12.4"
+    assert not [k for k in hw.unknown if k.startswith("gpus")]
+
+
+def test_h100_nvlink_and_rtx4090_without_p2p(tmp_path):
+    h100 = run_detect(tmp_path, FakeNVML.from_profile(load_profile("8xH100-80GB")))
+    assert h100.gpus.interconnect == "nvlink" and len(h100.gpus.nvlink_pairs) == 28
+    rtx = run_detect(tmp_path, FakeNVML.from_profile(load_profile("2xRTX4090")))
+    assert rtx.gpus.interconnect == "pcie" and rtx.gpus.p2p_pairs == ()
+    assert "without peer-to-peer" in rtx.gpus.interconnect_reason
+
+
+def test_library_missing_is_a_cpu_machine_not_an_error(tmp_path):
+    hw = run_detect(tmp_path, FakeNVML([], library_missing=True))
+    assert not hw.gpus.available and hw.num_gpus == 0
+    assert "NVML library not found" in hw.gpus.reason
+    assert "gpus" not in hw.unknown
+    assert hw.cpu.effective_cores == 8  # the rest still works
+
+
+def test_init_failure_marks_gpus_unknown(tmp_path):
+    hw = run_detect(tmp_path, FakeNVML([], init_error=True))
+    assert hw.num_gpus == 0 and hw.gpus.interconnect == "unknown"
+    assert "NVML failed to initialise" in hw.unknown["gpus"] and "Driver Not Loaded" in hw.unknown["gpus"]
+
+
+def test_one_gpu_failing_one_query(tmp_path):
+    fake = FakeNVML.from_profile(load_profile("4xL4"), failing_queries={(2, "nvmlDeviceGetMemoryInfo")})
+    hw = run_detect(tmp_path, fake)
+    assert hw.num_gpus == 4
+    bad = hw.gpus.devices[2]
+    assert bad.memory_total_mib is None and bad.memory_free_mib is None and bad.name == "NVIDIA L4"
+    assert "Unknown Error" in hw.unknown["gpus.devices[2].memory_total_mib"]
+    assert hw.gpus.devices[1].memory_total_mib == 23034
+
+
+def test_dead_gpu_becomes_placeholder(tmp_path):
+    fake = FakeNVML.from_profile(load_profile("4xL4"), dead_gpus={1})
+    hw = run_detect(tmp_path, fake)
+    assert hw.num_gpus == 4
+    assert hw.gpus.devices[1].error == "device did not answer NVML queries"
+    assert hw.gpus.devices[0].error is None and hw.gpus.devices[3].name == "NVIDIA L4"
+    # peer links cannot be asked of a lost GPU: unknown, treated as PCIe, and said so
+    assert hw.gpus.interconnect in ("unknown", "pcie")
+
+
+def test_p2p_query_failure_is_unknown_treated_as_pcie(tmp_path):
+    hw = run_detect(tmp_path, FakeNVML.from_profile(load_profile("8xH100-80GB"), p2p_error=True))
+    assert hw.gpus.interconnect == "unknown"
+    assert "treated as PCIe" in hw.unknown["gpus.interconnect"]
+
+
+def test_pre_ampere_mig_not_supported_is_false_not_unknown(tmp_path):
+    hw = run_detect(tmp_path, FakeNVML.from_profile(load_profile("1xT4"), mig_not_supported=True))
+    assert hw.gpus.devices[0].mig_mode is False
+    assert not any("mig" in k for k in hw.unknown)
+
+
+def test_mig_instances_selected_by_id(tmp_path):
+    mig = {0: [("MIG-aaaa-1111", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 19968, 19800),
+               ("MIG-bbbb-2222", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 19968, 19700)]}
+    fake = FakeNVML.from_profile(load_profile("8xA100-40GB"), mig=mig)
+    hw = run_detect(tmp_path, fake, environ={"CUDA_VISIBLE_DEVICES": "MIG-bbbb-2222"})
+    assert hw.num_gpus == 1
+    g = hw.gpus.devices[0]
+    assert g.index == 0 and g.nvml_index == 0 and g.mig_mode is True
+    assert g.name.endswith("MIG 3g.20gb") and g.memory_total_mib == 19968 and g.memory_free_mib == 19700
+    assert g.compute_capability == "8.0"
+    # without a MIG id the physical GPU is listed, flagged as MIG-enabled
+    hw_all = run_detect(tmp_path, fake)
+    assert hw_all.gpus.devices[0].mig_mode is True and hw_all.gpus.devices[1].mig_mode is False
+
+
+@pytest.mark.parametrize("value, expect_nvml, note", [
+    (None, [0, 1, 2, 3], None),
+    ("", [], "empty"),
+    ("  ", [], "empty"),
+    ("2,0", [2, 0], None),
+    ("1, 3", [1, 3], None),
+    ("0,7,1", [0], "'7' is not a valid device"),
+    ("0,0", [0], "duplicate"),
+    ("-1", [], "not a valid"),
+    ("GPU-l40000-0003", [3], None),
+    ("GPU-l4", [], "not a valid"),  # ambiguous prefix
+    ("GPU-nope", [], "not a valid"),
+    ("3,GPU-l40000-0001", [3, 1], None),
+])
+def test_cuda_visible_devices_rules(tmp_path, value, expect_nvml, note):
+    fake = FakeNVML.from_profile(load_profile("4xL4"))
+    env = {} if value is None else {"CUDA_VISIBLE_DEVICES": value}
+    hw = run_detect(tmp_path, fake, environ=env)
+    assert [g.nvml_index for g in hw.gpus.devices] == expect_nvml
+    assert [g.index for g in hw.gpus.devices] == list(range(len(expect_nvml)))  # renumbered as CUDA does
+    if note:
+        text = hw.unknown.get("gpus.cuda_visible_devices", "") + (hw.gpus.reason or "")
+        assert note in text
+    if value == "":
+        assert hw.gpus.reason.startswith("CUDA_VISIBLE_DEVICES is empty")
+
+
+def test_select_visible_is_pure():
+    gpus = [PhysicalGPU(0, "GPU-a"), PhysicalGPU(1, "GPU-b", ("MIG-x",))]
+    assert select_visible("1,MIG-x", gpus) == ([Visible(1), Visible(1, 0)], None)
+
+
+# -- cgroups (recorded file contents) ------------------------------------------------------
+
+def test_cgroup_text_parsers():
+    assert parse_cpu_max("max 100000\n") is None
+    assert parse_cpu_max("200000 100000\n") == 2.0
+    assert parse_cpu_max("150000 100000") == 1.5
+    assert parse_cfs_quota("-1\n", "100000\n") is None
+    assert parse_cfs_quota("400000\n", "100000\n") == 4.0
+    assert parse_memory_limit("max\n") is None
+    assert parse_memory_limit("9223372036854771712\n") is None  # v1 "unlimited"
+    assert parse_memory_limit("8589934592\n") == 8 * 2**30
+    assert parse_proc_self_cgroup("12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n") == \
+        {"cpu": "/docker/abc", "cpuacct": "/docker/abc", "memory": "/docker/abc", "": "/"}
+    with pytest.raises(ValueError):
+        parse_cpu_max("")
+
+
+def test_cgroup_v2_tree_takes_tightest_ancestor(tmp_path):
+    root = tmp_path / "cg"
+    leaf = root / "kubepods" / "pod1"
+    leaf.mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    (root / "kubepods" / "cpu.max").write_text("300000 100000\n")
+    (root / "kubepods" / "memory.max").write_text("max\n")
+    (leaf / "cpu.max").write_text("max 100000\n")
+    (leaf / "memory.max").write_text(str(6 * 2**30) + "\n")
+    self_cg = tmp_path / "self"
+    self_cg.write_text("0::/kubepods/pod1\n")
+    lim = read_cgroup_limits(root, self_cg)
+    assert lim.version == 2 and lim.cpu_quota_cores == 3.0 and lim.memory_limit_bytes == 6 * 2**30
+
+
+def test_cgroup_v1_tree(tmp_path):
+    root = tmp_path / "cg"
+    (root / "cpu,cpuacct" / "docker" / "abc").mkdir(parents=True)
+    (root / "memory" / "docker" / "abc").mkdir(parents=True)
+    d = root / "cpu,cpuacct" / "docker" / "abc"
+    (d / "cpu.cfs_quota_us").write_text("150000\n")
+    (d / "cpu.cfs_period_us").write_text("100000\n")
+    (root / "memory" / "docker" / "abc" / "memory.limit_in_bytes").write_text(str(4 * 2**30))
+    (root / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712")
+    self_cg = tmp_path / "self"
+    self_cg.write_text("5:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n")
+    lim = read_cgroup_limits(root, self_cg)
+    assert lim.version == 1 and lim.cpu_quota_cores == 1.5 and lim.memory_limit_bytes == 4 * 2**30
+
+
+def test_cgroup_limits_drive_effective_cores_and_ram(tmp_path):
+    root = tmp_path / "cg"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    (root / "cpu.max").write_text("200000 100000\n")
+    (root / "memory.max").write_text(str(4 * 2**30))
+    hw = detect(nvml=FakeNVML([], library_missing=True), environ={}, cgroup_root=root,
+                proc_self_cgroup=tmp_path / "missing", sys_class=tmp_path, psutil_module=FakePsutil(logical=16))
+    assert hw.cpu.effective_cores == 2 and "cgroup CPU quota is 2 cores" in hw.cpu.effective_cores_reason
+    assert hw.memory.cgroup_limit_mib == 4096 and hw.memory.effective_mib == 4096
+    assert "cgroup memory limit" in hw.memory.effective_reason
+
+
+def test_unreadable_cgroup_file_is_unknown_not_a_crash(tmp_path):
+    root = tmp_path / "cg"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    (root / "cpu.max").write_text("garbage here\n")
+    (root / "memory.max").mkdir()  # reading a directory fails
+    hw = detect(nvml=FakeNVML([], library_missing=True), environ={}, cgroup_root=root,
+                proc_self_cgroup=tmp_path / "missing", sys_class=tmp_path, psutil_module=FakePsutil())
+    assert "cpu.cgroup_quota_cores" in hw.unknown and "memory.cgroup_limit_mib" in hw.unknown
+    assert hw.cpu.effective_cores == 8
+
+
+def test_psutil_failure_is_unknown(tmp_path):
+    hw = run_detect(tmp_path, FakeNVML([], library_missing=True), psutil_module=FakePsutil(fail=True))
+    assert hw.memory.total_mib is None and "memory.total_mib" in hw.unknown
+    assert hw.cpu.effective_cores >= 1
+
+
+def test_effective_cores_rule():
+    assert effective_cores(64, 16, 3.5)[0] == 3
+    assert effective_cores(8, None, None) == (8, "8 logical cores")
+    assert effective_cores(None, None, None)[0] == 1
+    assert effective_cores(8, 8, 0.5)[0] == 1
+
+
+def test_infiniband_and_slurm(tmp_path):
+    (tmp_path / "sysclass" / "infiniband" / "mlx5_0").mkdir(parents=True)
+    (tmp_path / "sysclass" / "infiniband" / "mlx5_1").mkdir(parents=True)
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]",
+           "SLURM_NTASKS": "8", "SLURM_CPUS_PER_TASK": "6", "SLURM_GPUS_ON_NODE": "4"}
+    hw = run_detect(tmp_path, FakeNVML([], library_missing=True), environ=env)
+    assert hw.infiniband == ("mlx5_0", "mlx5_1")
+    assert hw.slurm.job_id == "42" and hw.slurm.num_nodes == 2 and hw.num_nodes == 2
+    assert parse_slurm_env({}) is None
+
+
+def test_real_detect_on_this_machine_never_raises():
+    hw = detect()
+    assert hw.cpu.effective_cores >= 1
+    assert hw.software["python"]
+    assert HardwareProfile.from_json(hw.to_json()) == hw
+
+
+# -- the report CLI --------------------------------------------------------------------------
+
+PROFILE_KEYS = {"schema_version", "source", "description", "hostname", "num_nodes", "gpus", "cpu", "memory",
+                "infiniband", "slurm", "software", "unknown"}
+GPU_KEYS = {"index", "nvml_index", "uuid", "name", "memory_total_mib", "memory_free_mib", "compute_capability",
+            "pci_bus_id", "mig_mode", "error"}
+
+
+def test_report_json_schema_is_pinned(cli):
+    r = cli("autotune.hardware", "report", "--json", "--profile", "4xL4")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert set(data) == PROFILE_KEYS
+    assert set(data["gpus"]) == {"available", "reason", "driver_version", "cuda_driver_version",
+                                 "cuda_visible_devices", "devices", "nvlink_pairs", "p2p_pairs", "interconnect",
+                                 "interconnect_reason"}
+    assert set(data["gpus"]["devices"][0]) == GPU_KEYS
+    assert set(data["cpu"]) == {"model_name", "physical_cores", "logical_cores", "affinity_cores",
+                                "cgroup_quota_cores", "cgroup_version", "effective_cores", "effective_cores_reason"}
+    assert set(data["memory"]) == {"total_mib", "available_mib", "cgroup_limit_mib", "effective_mib",
+                                   "effective_reason"}
+
+
+def test_report_on_this_machine_text_and_json(cli):
+    r = cli("autotune.hardware", "report")
+    assert r.returncode == 0, r.stderr
+    for section in ("HARDWARE DETECTION RESULTS", "CPU AND MEMORY", "OPTIMAL TRAINING SETTINGS"):
+        assert section in r.stdout
+    j = cli("autotune.hardware", "report", "--json")
+    assert j.returncode == 0 and HardwareProfile.model_validate_json(j.stdout).source == "detected"
+
+
+@pytest.mark.parametrize("preset", sorted(REQUIRED_PRESETS))
+def test_report_every_preset(preset):
+    import io
+
+    from autotune.commands.report import run
+    from argparse import Namespace
+    from conftest import ROOT
+
+    buf = io.StringIO()
+    assert run(Namespace(json=False, profile=preset, config=str(ROOT / "configs/default_config.yaml"),
+                         with_plan=True), out=buf) == 0
+    text = buf.getvalue()
+    assert "OPTIMAL TRAINING SETTINGS" in text and "Batch size per GPU" in text
+    if preset != "cpu-only":
+        assert "GPU CONFIGURATION" in text and "compute capability" in text
+
+
+def test_report_bad_profile_exit_2(cli, tmp_path):
+    bad = tmp_path / "p.json"
+    bad.write_text('{"gpus": {"devices": [{"index": "x"}]}}')
+    r = cli("autotune.hardware", "report", "--profile", str(bad))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "gpus.devices[0].index" in r.stderr
+    r2 = cli("autotune.hardware", "report", "--profile", "9xB200")
+    assert r2.returncode == 2 and "unknown preset" in r2.stderr
+
+
+def test_report_does_not_import_torch_or_deepspeed(cli):
+    code = ("import sys, io, contextlib\n"
+            "from autotune.commands.report import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    rc = main(['report'])\n"
+            "print('RC', rc, 'IMPORTED', [m for m in ('torch', 'deepspeed') if m in sys.modules])\n")
+    r = cli("autotune.hardware", "report")
+    assert r.returncode == 0 and "torch" in r.stdout  # torch is installed and reported by version...
+    import subprocess, sys, os
+    from conftest import ROOT
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr
+    assert "RC 0 IMPORTED []" in p.stdout  # ...but never imported
