@@ -351,20 +351,25 @@ def _plan_auto(p: _Planner) -> TrainingPlan:
     devs = hw.gpus.devices[:n_gpus]
 
     # -- engine -------------------------------------------------------------
+    num_nodes = max(d.num_nodes, hw.num_nodes)
+    p.reasons["num_nodes"] = (
+        f"the hardware profile describes {hw.num_nodes} node(s)" if num_nodes == hw.num_nodes and d.num_nodes == 1
+        else f"distributed.num_nodes={d.num_nodes}"
+    )
     if on_gpu:
         nproc = n_gpus
-        if n_gpus == 1:
+        if n_gpus == 1 and num_nodes == 1:
             auto_backend, why = "single", "one GPU: no process group needed"
         elif p.ds_installed:
-            auto_backend, why = "deepspeed", f"{n_gpus} GPUs and DeepSpeed is installed: ZeRO-2 shards gradients and optimizer state"
+            auto_backend, why = "deepspeed", f"{n_gpus * num_nodes} GPUs and DeepSpeed is installed: ZeRO-2 shards gradients and optimizer state"
         else:
-            auto_backend, why = "ddp", f"{n_gpus} GPUs; DeepSpeed is not installed (pip install --no-build-isolation deepspeed), so DDP via torchrun"
+            auto_backend, why = "ddp", f"{n_gpus * num_nodes} GPUs; DeepSpeed is not installed (pip install --no-build-isolation deepspeed), so DDP via torchrun"
     else:
         nproc = 1 if d.nproc_per_node == AUTO else d.nproc_per_node
-        if nproc == 1:
+        if nproc == 1 and num_nodes == 1:
             auto_backend, why = "single", f"no GPU: one process using {hw.cpu.effective_cores} effective core(s)"
         else:
-            auto_backend, why = "ddp", f"no GPU and nproc_per_node={nproc}: DDP over gloo"
+            auto_backend, why = "ddp", f"no GPU and {nproc} process(es) x {num_nodes} node(s): DDP over gloo"
     backend = p.choose("backend", d.backend, auto_backend, why)
     if backend == "deepspeed" and not p.ds_installed:
         raise UserError(
@@ -376,11 +381,6 @@ def _plan_auto(p: _Planner) -> TrainingPlan:
             f"distributed.backend: single runs one process, but {nproc} processes per node were asked for "
             f"({'GPUs' if on_gpu else 'nproc_per_node'}); use --ddp or --deepspeed, or --num_gpus 1"
         )
-    num_nodes = max(d.num_nodes, hw.num_nodes)
-    p.reasons["num_nodes"] = (
-        f"the hardware profile describes {hw.num_nodes} node(s)" if num_nodes == hw.num_nodes and d.num_nodes == 1
-        else f"distributed.num_nodes={d.num_nodes}"
-    )
     if backend == "single" and num_nodes > 1:
         raise UserError(f"distributed.backend: single cannot span {num_nodes} nodes; use ddp or deepspeed")
     world = nproc * num_nodes
@@ -454,6 +454,11 @@ def _plan_auto(p: _Planner) -> TrainingPlan:
         auto_micro = min(auto_micro, 4)
         target = auto_micro * world
         band_why = f"--debug: a tiny micro-batch of {auto_micro}"
+    if target < world:
+        p.warnings.append(
+            f"the target global batch {target} is smaller than the world size {world}: every process needs at "
+            f"least one sample per step, so the global batch is at least {world}"
+        )
     if not p.debug and target < auto_micro * world:
         reduced = max(1, round(target / world))
         band_why += f", reduced to {reduced} because the target global batch {target} < {auto_micro} x {world} processes"

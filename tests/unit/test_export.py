@@ -1,0 +1,52 @@
+"""Exports: DeepSpeed JSON, an Accelerate config Accelerate's own loader accepts, a torchrun line."""
+
+import json
+
+import pytest
+import yaml
+
+from autotune.config import TrainConfig, apply_overrides
+from autotune.exports import accelerate_config, torchrun_command
+from autotune.policy import plan
+from autotune.profiles import load_profile, preset_names
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_accelerate_config_loads_with_accelerate(name, tmp_path):
+    config_args = pytest.importorskip("accelerate.commands.config.config_args", reason="accelerate is not installed")
+    p = plan(load_profile(name), TrainConfig(), deepspeed_installed=True)
+    f = tmp_path / "acc.yaml"
+    f.write_text(yaml.safe_dump(accelerate_config(p)))
+    loaded = config_args.load_config_from_file(str(f))
+    assert loaded.num_processes == p.world_size
+    assert loaded.num_machines == p.num_nodes
+    assert str(loaded.mixed_precision).lower().endswith({"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[p.precision])
+    dist_type = str(loaded.distributed_type)
+    if p.backend == "deepspeed":
+        assert "DEEPSPEED" in dist_type and loaded.deepspeed_config["zero_stage"] == p.zero_stage
+    elif p.world_size == 1:
+        assert dist_type.endswith("NO")
+
+
+def test_torchrun_command_single_and_multi_node():
+    one = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)
+    assert torchrun_command(one, "train.py") == ["torchrun", "--nproc_per_node=4", "--standalone", "train.py"]
+    two = plan(load_profile("2x4xL4"), apply_overrides(TrainConfig(), {"distributed.master_addr": "10.0.0.1"}),
+               deepspeed_installed=True)
+    cmd = torchrun_command(two, "train.py")
+    assert "--nnodes=2" in cmd and "--node_rank=0" in cmd and "--master_addr=10.0.0.1" in cmd
+
+
+def test_export_cli(cli, tmp_path):
+    r = cli("autotune", "export", "--format", "deepspeed", "--hardware", "4xL4")
+    assert r.returncode == 0, r.stderr
+    ds = json.loads(r.stdout)
+    assert ds["train_batch_size"] == 256 and ds["zero_optimization"]["stage"] == 2
+    r = cli("autotune", "export", "--format", "torchrun", "--hardware", "4xL4", "--script", "my.py")
+    assert r.stdout.strip() == "torchrun --nproc_per_node=4 --standalone my.py"
+    out = tmp_path / "acc.yaml"
+    out.write_text("mine")
+    r = cli("autotune", "export", "--format", "accelerate", "--hardware", "4xL4", "-o", str(out))
+    assert r.returncode == 2 and "--force" in r.stderr and out.read_text() == "mine"
+    r = cli("autotune", "export", "--format", "accelerate", "--hardware", "4xL4", "-o", str(out), "--force")
+    assert r.returncode == 0 and yaml.safe_load(out.read_text())["num_processes"] == 4

@@ -1,0 +1,267 @@
+"""The planner: table, accumulation, precision, engine, offload, workers, LR, overrides, errors."""
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from autotune.config import TrainConfig, apply_overrides, parse_config
+from autotune.errors import UserError
+from autotune.policy import _accumulation, load_policy, plan as _plan
+from autotune.profiles import load_profile, preset_names
+from profiles_util import A100, L4, T4, V100, make_profile, preset_with_gpus
+
+CFG = TrainConfig()
+
+
+def plan(hw, cfg, **kw):
+    """Presets carry no software list: plan as if DeepSpeed were installed unless a test says otherwise."""
+    kw.setdefault("deepspeed_installed", True)
+    return _plan(hw, cfg, **kw)
+
+
+def cfg_with(**dotted):
+    return apply_overrides(CFG, dotted)
+
+
+@pytest.mark.parametrize("hw, micro, acc, world, gb", [
+    (load_profile("4xL4"), 16, 4, 4, 256),
+    (load_profile("4xT4"), 12, 5, 4, 240),
+    (preset_with_gpus("4xL4", 8), 16, 2, 8, 256),
+    (load_profile("2x4xL4"), 16, 2, 8, 256),
+    (load_profile("1xT4"), 12, 21, 1, 252),
+    (load_profile("cpu-only"), 64, 4, 1, 256),
+])
+def test_issue_examples(hw, micro, acc, world, gb):
+    p = plan(hw, CFG)
+    assert (p.micro_batch_size, p.gradient_accumulation_steps, p.world_size, p.global_batch_size) == (micro, acc, world, gb)
+    assert p.target_global_batch_size == 256 and p.global_batch_deviation == gb - 256
+    assert str(gb) in p.reasons["global_batch_size"]
+
+
+def test_policy_bands_reproduce_the_users_table():
+    pol = load_policy()
+    for gb, micro in [(24, 16), (20, 16), (16, 12), (14, 12), (12, 8), (10, 8), (8, 4), (6, 4), (5.9, 2), (2, 2),
+                      (45, 32), (85, 64)]:
+        assert pol.band_for(gb).micro_batch_size == micro, gb
+
+
+def test_accumulation_ties_go_smaller():
+    assert _accumulation(256, 16, 4) == 4
+    assert _accumulation(256, 12, 4) == 5  # 240 vs 288
+    assert _accumulation(100, 8, 5) == 2 or _accumulation(100, 8, 5) == 3  # 80 vs 120: 80 closer
+    assert _accumulation(100, 8, 5) == 2
+    assert _accumulation(60, 8, 5) == 1  # 40 vs 80: tie -> smaller
+    assert _accumulation(1, 64, 8) == 1
+
+
+def test_mixed_gpus_plan_to_smallest_free_memory():
+    hw = make_profile([A100, T4])
+    p = plan(hw, CFG)
+    assert p.micro_batch_size == 12
+    assert any("planning every rank to the smallest free memory, GPU 1" in w for w in p.warnings)
+    assert p.precision == "fp16"  # lowest compute capability 7.5
+
+
+@pytest.mark.parametrize("gpus, prec, tf32", [([L4, L4], "bf16", True), ([A100], "bf16", True),
+                                              ([T4], "fp16", False), ([V100, V100], "fp16", False),
+                                              ([A100, V100], "fp16", False)])
+def test_precision_rule(gpus, prec, tf32):
+    p = plan(make_profile(gpus), CFG)
+    assert (p.precision, p.tf32) == (prec, tf32)
+
+
+def test_cpu_is_fp32_and_bf16_on_old_gpu_is_an_error_naming_it():
+    assert plan(load_profile("cpu-only"), CFG).precision == "fp32"
+    with pytest.raises(UserError, match=r"GPU 1 \(Tesla V100-SXM2-16GB, compute capability 7.0\)"):
+        plan(make_profile([A100, V100]), cfg_with(**{"training.mixed_precision": "bf16"}))
+    with pytest.raises(UserError, match="fp16 needs a GPU"):
+        plan(load_profile("cpu-only"), cfg_with(**{"training.mixed_precision": "fp16"}))
+
+
+def test_engine_rule():
+    assert plan(load_profile("cpu-only"), CFG).backend == "single"
+    cpu2 = plan(load_profile("cpu-only"), cfg_with(**{"distributed.nproc_per_node": 2}))
+    assert (cpu2.backend, cpu2.world_size, cpu2.device) == ("ddp", 2, "cpu")
+    assert plan(load_profile("1xT4"), CFG).backend == "single"
+    four = plan(load_profile("4xL4"), CFG, deepspeed_installed=True)
+    assert (four.backend, four.zero_stage) == ("deepspeed", 2)
+    no_ds = plan(load_profile("4xL4"), CFG, deepspeed_installed=False)
+    assert (no_ds.backend, no_ds.zero_stage) == ("ddp", None)
+    assert "DeepSpeed is not installed" in no_ds.reasons["backend"]
+
+
+def test_forcing_deepspeed_without_it_is_a_clear_error():
+    with pytest.raises(UserError, match="pip install --no-build-isolation deepspeed"):
+        plan(load_profile("4xL4"), cfg_with(**{"distributed.backend": "deepspeed"}), deepspeed_installed=False)
+
+
+def test_offload_only_when_memory_requires_and_ram_allows():
+    small = plan(load_profile("4xL4"), CFG)
+    assert small.offload_optimizer is False and "fit" in small.reasons["offload_optimizer"]
+    # 5B parameters on 4x L4: ZeRO-2 states 2*5e9 + 14*5e9/4 bytes = 25.6 GiB > the 18.7 GiB budget;
+    # offloaded, 2*5e9 + 2*5e9/4 = 11.6 GiB fits, and 4 ranks x 15e9 bytes x 1.5 = 84 GiB of host RAM is there.
+    big = cfg_with(**{"model.num_parameters": 5_000_000_000, "training.entrypoint": "train.py"})
+    p = plan(load_profile("4xL4"), big)
+    assert p.offload_optimizer is True, p.reasons["offload_optimizer"]
+    assert "host RAM" in p.reasons["offload_optimizer"]
+    tight = make_profile([L4] * 4, ram_gib=16)
+    q = plan(tight, big)
+    assert q.offload_optimizer is False and "cannot hold" in q.reasons["offload_optimizer"]
+    assert any("cannot hold" in w for w in q.warnings)
+
+
+def test_big_model_turns_on_checkpointing_then_shrinks_micro_batch():
+    cfg = cfg_with(**{"model.n_layer": 24, "model.n_embd": 1024, "model.n_head": 16, "data.seq_len": 256,
+                      "data.vocab_size": 1000})
+    p = plan(load_profile("1xT4"), cfg)
+    assert p.gradient_checkpointing is True
+    assert "memory estimate" in p.reasons["gradient_checkpointing"]
+    assert p.memory_estimate.total_gib <= p.memory_estimate.budget_gib
+
+
+def test_workers_threads_and_prefetch():
+    p = plan(load_profile("4xL4"), CFG)  # 48 cores, 4 ranks
+    assert p.num_workers == 3 and p.omp_num_threads == 12 and p.pin_memory is True and p.prefetch_factor == 4
+    q = plan(make_profile([L4] * 4, cores=6, ram_gib=8), CFG)
+    assert q.num_workers == 0 and q.prefetch_factor is None and q.omp_num_threads == 1
+    cpu = plan(load_profile("cpu-only"), cfg_with(**{"distributed.nproc_per_node": 2}))
+    assert cpu.omp_num_threads * cpu.nproc_per_node <= 8 and cpu.pin_memory is False
+
+
+def test_lr_scaling_arithmetic():
+    base = {"training.base_batch_size": 64, "training.learning_rate": 0.001}
+    lin = plan(load_profile("4xL4"), cfg_with(**base, **{"training.lr_scaling": "linear"}))
+    assert lin.learning_rate == pytest.approx(0.004)
+    assert "0.001 x 256/64 = 0.004" in lin.reasons["learning_rate"]
+    sq = plan(load_profile("4xL4"), cfg_with(**base, **{"training.lr_scaling": "sqrt"}))
+    assert sq.learning_rate == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize("gb, steps", [(4, 7375), (8, 3688)])
+def test_steps_per_epoch(gb, steps):
+    cfg = cfg_with(**{"data.num_samples": 29500, "training.global_batch_size": gb})
+    p = plan(load_profile("cpu-only"), cfg)
+    assert p.global_batch_size == gb and p.steps_per_epoch == steps
+    assert plan(load_profile("cpu-only"), cfg_with(**{"data.num_samples": None})).steps_per_epoch is None
+
+
+def test_overrides_win_and_are_recorded():
+    cfg = cfg_with(**{"training.batch_size_per_gpu": 8, "distributed.zero_stage": 3, "training.mixed_precision": "fp16"})
+    p = plan(load_profile("4xL4"), cfg)
+    assert p.micro_batch_size == 8 and p.gradient_accumulation_steps == 8 and p.global_batch_size == 256
+    assert p.overrides["micro_batch_size"].auto == 16 and p.overrides["micro_batch_size"].chosen == 8
+    assert p.overrides["zero_stage"].auto == 2 and p.zero_stage == 3
+    assert p.overrides["precision"].auto == "bf16" and p.precision == "fp16"
+    assert "auto would choose 16" in p.reasons["micro_batch_size"]
+
+
+def test_mismatched_explicit_batch_is_an_error_with_the_fix():
+    cfg = cfg_with(**{"training.batch_size_per_gpu": 8, "training.gradient_accumulation_steps": 2})
+    with pytest.raises(UserError, match=r"8 x gradient_accumulation_steps 2 x world size 4 = 64.*--global_batch_size 64"):
+        plan(load_profile("4xL4"), cfg)
+    ok = plan(load_profile("4xL4"), apply_overrides(cfg, {"training.global_batch_size": 64}))
+    assert ok.global_batch_size == 64
+
+
+def test_impossible_gpu_counts():
+    with pytest.raises(UserError, match="8 GPUs requested but only 4 are visible"):
+        plan(load_profile("4xL4"), cfg_with(**{"distributed.num_gpus": 8}))
+    with pytest.raises(UserError, match="this machine has none"):
+        plan(load_profile("cpu-only"), cfg_with(**{"distributed.num_gpus": 2}))
+    two = plan(load_profile("4xL4"), cfg_with(**{"distributed.num_gpus": 2}))
+    assert two.world_size == 2 and two.micro_batch_size == 16 and two.gradient_accumulation_steps == 8
+    cpu = plan(load_profile("4xL4"), cfg_with(**{"distributed.num_gpus": 0}))
+    assert cpu.device == "cpu" and cpu.backend == "single"
+
+
+def test_no_auto_optimize_uses_config_verbatim_and_names_missing_values():
+    with pytest.raises(UserError) as e:
+        plan(load_profile("4xL4"), CFG, auto_optimize=False)
+    text = e.value.render()
+    for field in ("training.batch_size_per_gpu", "training.gradient_accumulation_steps",
+                  "training.mixed_precision", "distributed.backend"):
+        assert field in text
+    cfg = parse_config({"training": {"batch_size_per_gpu": 5, "gradient_accumulation_steps": 3, "mixed_precision": "fp32"},
+                        "distributed": {"backend": "ddp", "nproc_per_node": 2}})
+    p = plan(load_profile("4xL4"), cfg, auto_optimize=False)
+    assert (p.micro_batch_size, p.gradient_accumulation_steps, p.world_size, p.global_batch_size) == (5, 3, 2, 30)
+    assert p.precision == "fp32" and p.backend == "ddp" and not p.auto_optimize and p.overrides == {}
+
+
+def test_debug_plans_a_tiny_run():
+    p = plan(load_profile("4xL4"), CFG, debug=True)
+    assert p.micro_batch_size <= 4 and p.gradient_accumulation_steps == 1
+    assert p.total_steps == 20 and p.config["training"]["max_steps"] == 20 and p.debug
+
+
+def test_every_preset_by_every_mode():
+    verbatim = parse_config({"training": {"batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+                                          "mixed_precision": "fp32"},
+                             "distributed": {"backend": "single"}})
+    for name in preset_names():
+        hw = load_profile(name)
+        for p in (plan(hw, CFG), plan(hw, CFG, debug=True), plan(hw, verbatim, auto_optimize=False),
+                  plan(hw, cfg_with(**{"distributed.backend": "ddp"})) if name not in ("cpu-only", "1xT4") else plan(hw, CFG),
+                  plan(hw, cfg_with(**{"distributed.backend": "deepspeed"}), deepspeed_installed=True)):
+            assert p.global_batch_size == p.micro_batch_size * p.gradient_accumulation_steps * p.world_size
+            assert set(p.reasons) >= {"backend", "micro_batch_size", "global_batch_size", "learning_rate"}
+
+
+def test_planner_json_has_the_promised_keys():
+    import json
+    data = json.loads(plan(load_profile("4xL4"), CFG).model_dump_json())
+    for k in ("backend", "zero_stage", "num_nodes", "nproc_per_node", "world_size", "micro_batch_size",
+              "gradient_accumulation_steps", "global_batch_size", "target_global_batch_size", "precision",
+              "gradient_checkpointing", "offload_optimizer", "num_workers", "learning_rate", "steps_per_epoch",
+              "reasons", "overrides"):
+        assert k in data
+
+
+def test_unknown_memory_and_cc_are_conservative():
+    hw = make_profile([("Mystery GPU", None, None, None), ("Mystery GPU", None, None, None)])
+    p = plan(hw, CFG)
+    assert p.micro_batch_size == 2 and p.precision == "fp16"
+    assert any("unknown" in w for w in p.warnings)
+
+
+gpu_st = st.tuples(st.just("GPU"), st.integers(1024, 200_000), st.integers(0, 200_000),
+                   st.sampled_from(["6.1", "7.0", "7.5", "8.0", "8.6", "8.9", "9.0", "10.0"]))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(0, 16), gpu=gpu_st, cores=st.integers(1, 256), ram=st.integers(1, 4096),
+       nodes=st.integers(1, 4), target=st.integers(1, 8192), ds=st.booleans())
+def test_property_random_profiles(n, gpu, cores, ram, nodes, target, ds):
+    name, total, free, cc = gpu
+    hw = make_profile([(name, total, min(free, total), cc)] * n, cores=cores, ram_gib=ram, nodes=nodes,
+                      deepspeed="1" if ds else None)
+    cfg = cfg_with(**{"training.global_batch_size": target})
+    p = _plan(hw, cfg)
+    assert p.global_batch_size == p.micro_batch_size * p.gradient_accumulation_steps * p.world_size
+    if target >= p.world_size:
+        assert abs(p.global_batch_size - target) <= p.micro_batch_size * p.world_size / 2
+    else:  # every process needs one sample per step: the smallest possible global batch, and a warning
+        assert p.global_batch_size == p.world_size
+        assert any("smaller than the world size" in w for w in p.warnings)
+    assert p.micro_batch_size >= 1 and p.gradient_accumulation_steps >= 1
+    assert p.omp_num_threads * p.nproc_per_node <= max(cores, p.nproc_per_node)
+    assert p.precision in ("bf16", "fp16", "fp32")
+    if n and float(cc) < 8.0:
+        assert p.precision == "fp16"
+    if n >= 2:
+        assert p.backend == ("deepspeed" if ds else "ddp")
+    assert math.isfinite(p.learning_rate)
+
+
+def test_plan_is_fast_and_never_imports_torch(cli):
+    r = cli("autotune", "plan", "--hardware", "4xL4", "--json")
+    assert r.returncode == 0, r.stderr
+    import subprocess, sys, os
+    from conftest import ROOT
+    code = ("import sys, io, contextlib\nfrom autotune.__main__ import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    rc = main(['plan', '--hardware', '8xH100-80GB'])\n"
+            "print('RC', rc, [m for m in ('torch', 'deepspeed') if m in sys.modules])")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "RC 0 []" in p.stdout, p.stderr
