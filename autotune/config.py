@@ -163,11 +163,6 @@ def _cross_checks(cfg: TrainConfig) -> list[str]:
         )
     if cfg.training.epochs is None and cfg.training.max_steps is None:
         problems.append("training.epochs: set training.epochs or training.max_steps (both are empty)")
-    if cfg.distributed.node_rank >= cfg.distributed.num_nodes:
-        problems.append(
-            f"distributed.node_rank: must be below distributed.num_nodes ({cfg.distributed.num_nodes}), "
-            f"got {cfg.distributed.node_rank}"
-        )
     return problems
 
 

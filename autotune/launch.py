@@ -57,8 +57,8 @@ def default_cache_dir(environ: Mapping[str, str]) -> str:
     return str(Path(base) / "autotune")
 
 
-def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str], has_infiniband: bool | None,
-             wandb: bool) -> tuple[dict[str, str], dict[str, str]]:
+def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
+             has_infiniband: bool | None) -> tuple[dict[str, str], dict[str, str]]:
     """The environment the plan asks for; a value the user exported wins and is recorded as theirs."""
     want: dict[str, str] = {
         "OMP_NUM_THREADS": str(plan.omp_num_threads),
@@ -75,7 +75,7 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str], has_i
         want["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     else:
         want["DS_ACCELERATOR"] = "cpu"
-    if wandb and not environ.get("WANDB_API_KEY"):
+    if plan.config["logging"]["wandb"] and not environ.get("WANDB_API_KEY"):
         want["WANDB_MODE"] = "offline"
     env, sources = {}, {}
     for k, v in want.items():
@@ -131,12 +131,12 @@ LAUNCHERS: dict[str, Callable[[TrainingPlan, str, list[str]], list[str]]] = {
 
 def launch_spec(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str], *, python: str | None = None,
                 has_infiniband: bool | None = None, script_args: list[str] | None = None,
-                wandb: bool = False, cwd: str | None = None) -> LaunchSpec:
+                cwd: str | None = None) -> LaunchSpec:
     """Build the command and environment for ``plan``. Pure: reads only its arguments."""
     python = python or sys.executable
     program = _program(plan, run_dir, list(script_args or []))
     cmd = LAUNCHERS[plan.backend](plan, python, program)
-    env, sources = plan_env(plan, run_dir, environ, has_infiniband, wandb)
+    env, sources = plan_env(plan, run_dir, environ, has_infiniband)
     return LaunchSpec(cmd=cmd, env=env, env_sources=sources, cwd=cwd)
 
 

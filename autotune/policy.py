@@ -381,6 +381,8 @@ def _plan_auto(p: _Planner) -> TrainingPlan:
             f"distributed.backend: single runs one process, but {nproc} processes per node were asked for "
             f"({'GPUs' if on_gpu else 'nproc_per_node'}); use --ddp or --deepspeed, or --num_gpus 1"
         )
+    if d.node_rank >= num_nodes:
+        raise UserError(f"distributed.node_rank: must be below the number of nodes ({num_nodes}), got {d.node_rank}")
     if backend == "single" and num_nodes > 1:
         raise UserError(f"distributed.backend: single cannot span {num_nodes} nodes; use ddp or deepspeed")
     world = nproc * num_nodes

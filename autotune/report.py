@@ -134,7 +134,8 @@ def render_plan(plan, out: TextIO) -> None:
         e = plan.memory_estimate
         acts = "n/a" if e.activations_gib is None else _size(e.activations_gib)
         budget = f" of a {e.budget_gib:.1f} GiB budget" if e.budget_gib else ""
-        w(f"{'Memory estimate:':<26}{_size(e.total_gib)} per GPU{budget} "
+        unit = "GPU" if plan.device == "cuda" else "process"
+        w(f"{'Memory estimate:':<26}{_size(e.total_gib)} per {unit}{budget} "
           f"(model states {_size(e.model_states_gib)} + activations {acts}; {e.num_parameters:,} parameters)\n")
     if plan.overrides:
         w("\nYour settings (beat auto):\n")

@@ -85,8 +85,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.resume_from == "auto" and not plan.config["training"].get("entrypoint"):
         script_args = ["--resume_from", "auto", *script_args]
     spec = launch_spec(plan, str(run_dir), os.environ, python=sys.executable,
-                       has_infiniband=bool(hw.infiniband), script_args=script_args,
-                       wandb=bool(plan.config["logging"]["wandb"]))
+                       has_infiniband=bool(hw.infiniband), script_args=script_args)
     if args.dry_run:
         if args.json:
             data = {"plan": json.loads(plan.model_dump_json()), "launch": spec.to_record(),
@@ -106,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     rc = execute(spec)
     if rc == 0:
         print(f"\nDone. Run directory: {run_dir}")
-        if plan.config["logging"]["tensorboard"]:
+        if (run_dir / "tensorboard").is_dir():
             print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
         metrics = run_dir / "metrics.json"
         if metrics.exists():

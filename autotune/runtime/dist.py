@@ -81,6 +81,13 @@ def all_reduce_sum(ctx: DistContext, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def cleanup(ctx: DistContext | None = None) -> None:
+def cleanup(ctx: DistContext | None = None, barrier: bool = True) -> None:
+    """Leave the process group together (a rank tearing down while another still talks
+    to it makes gloo abort). After an error pass ``barrier=False``: the other ranks may
+    never reach the barrier, and torchrun stops them once this rank exits."""
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            if barrier:
+                dist.barrier()
+        finally:
+            dist.destroy_process_group()

@@ -40,8 +40,8 @@ class Engine:
 
     name = "single"
 
-    def __init__(self, settings: Settings, model: nn.Module, ctx: DistContext):
-        self.settings, self.ctx = settings, ctx
+    def __init__(self, settings: Settings, model: nn.Module, ctx: DistContext, loss_fn: Callable | None = None):
+        self.settings, self.ctx, self.loss_fn = settings, ctx, loss_fn
         self.module = model.to(ctx.device)
         self.model = self._wrap(self.module)
         t = settings.config["training"]
@@ -70,9 +70,15 @@ class Engine:
         x, y = (t.to(self.ctx.device, non_blocking=True) for t in batch)
         with self._sync_context(boundary):
             with self.autocast():
-                loss = self.model(x, y)
+                loss = self._loss(x, y)
             self.scaler.scale(loss / self.accum).backward()
         return loss.detach()
+
+    def _loss(self, x, y) -> torch.Tensor:
+        """model(x, y) returns the loss, or loss_fn(model(x), y) when a loss_fn was given."""
+        if self.loss_fn is None:
+            return self.model(x, y)
+        return self.loss_fn(self.model(x), y)
 
     def step(self) -> float:
         self.scaler.unscale_(self.optimizer)
@@ -124,10 +130,12 @@ class DDPEngine(Engine):
 class DeepSpeedEngine(Engine):
     name = "deepspeed"
 
-    def __init__(self, settings: Settings, model: nn.Module, ctx: DistContext, ds_config: dict):
+    def __init__(self, settings: Settings, model: nn.Module, ctx: DistContext, ds_config: dict,
+                 loss_fn: Callable | None = None):
         import deepspeed
 
-        self.settings, self.ctx, self.accum = settings, ctx, settings.gradient_accumulation_steps
+        self.settings, self.ctx, self.loss_fn = settings, ctx, loss_fn
+        self.accum = settings.gradient_accumulation_steps
         t = settings.config["training"]
         sched = lr_lambda(settings.warmup_steps, settings.total_steps, t["min_lr_ratio"])
         self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
@@ -141,7 +149,7 @@ class DeepSpeedEngine(Engine):
 
     def forward_backward(self, batch, boundary: bool) -> torch.Tensor:
         x, y = (t.to(self.ctx.device, non_blocking=True) for t in batch)
-        loss = self.model(x, y)
+        loss = self._loss(x, y)
         self.model.backward(loss)
         self.model.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
         return loss.detach().float()
@@ -160,8 +168,12 @@ class DeepSpeedEngine(Engine):
         pass
 
 
-def make_engine(settings: Settings, model: nn.Module, ctx: DistContext, ds_config: dict | None = None) -> Engine:
-    """Dispatch on the plan's backend (the one place that chooses an engine)."""
+def make_engine(settings: Settings, model: nn.Module, ctx: DistContext, loss_fn: Callable | None = None,
+                ds_config: dict | None = None) -> Engine:
+    """Dispatch on the plan's backend (the one place that chooses an engine).
+
+    ``model(x, y)`` must return the loss, unless ``loss_fn(model(x), y)`` is given.
+    """
     if settings.backend == "deepspeed":
         if ds_config is None:
             import json
@@ -171,7 +183,7 @@ def make_engine(settings: Settings, model: nn.Module, ctx: DistContext, ds_confi
                 raise RuntimeError("deepspeed backend but no deepspeed_config.json beside plan.json")
             with open(path) as f:
                 ds_config = json.load(f)
-        return DeepSpeedEngine(settings, model, ctx, ds_config)
+        return DeepSpeedEngine(settings, model, ctx, ds_config, loss_fn)
     if settings.backend == "ddp":
-        return DDPEngine(settings, model, ctx)
-    return Engine(settings, model, ctx)
+        return DDPEngine(settings, model, ctx, loss_fn)
+    return Engine(settings, model, ctx, loss_fn)

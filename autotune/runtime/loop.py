@@ -43,9 +43,12 @@ def train(settings: Settings, run_dir: str | Path, resume_from: str | None = Non
     run_dir = Path(run_dir)
     ctx = init(settings)
     try:
-        return _train(settings, ctx, run_dir, resume_from)
-    finally:
-        cleanup(ctx)
+        result = _train(settings, ctx, run_dir, resume_from)
+    except BaseException:
+        cleanup(ctx, barrier=False)
+        raise
+    cleanup(ctx)
+    return result
 
 
 def _train(settings: Settings, ctx: DistContext, run_dir: Path, resume_from: str | None) -> dict:
@@ -77,6 +80,14 @@ def _train(settings: Settings, ctx: DistContext, run_dir: Path, resume_from: str
     log_every, eval_every = int(t["log_every_steps"]), int(t["eval_every_steps"])
     save_every = cfg["checkpoint"].get("save_every_steps")
     history: list[dict] = []
+    jsonl = run_dir / "metrics.jsonl"
+
+    def record(entry: dict) -> None:
+        """Keep the entry; rank 0 appends it to metrics.jsonl (survives resumes)."""
+        history.append(entry)
+        if ctx.is_main:
+            with jsonl.open("a") as f:
+                f.write(json.dumps(entry, default=_nan_safe) + "\n")
     batches = iter(stream)
     engine.train()
     window_loss, window_steps, window_t0 = torch.zeros((), dtype=torch.float64), 0, time.perf_counter()
@@ -102,7 +113,7 @@ def _train(settings: Settings, ctx: DistContext, run_dir: Path, resume_from: str
             if ctx.device.type == "cuda":
                 metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2**30
             logger.log(metrics, step)
-            history.append({"step": step, **metrics})
+            record({"step": step, **metrics})
             progress.write(
                 f"step {step}/{total} | loss {loss:.4f} | lr {metrics['train/lr']:.2e} | grad_norm {grad_norm:.3f} | "
                 f"{metrics['train/samples_per_s']:.0f} samples/s | {step_time * 1000:.0f} ms/step"
@@ -114,7 +125,7 @@ def _train(settings: Settings, ctx: DistContext, run_dir: Path, resume_from: str
             wait_for_everyone(ctx)
             val = evaluate(engine, val_ds, ctx, max(settings.micro_batch_size, 64))
             logger.log(val, step)
-            history.append({"step": step, **val})
+            record({"step": step, **val})
             progress.write(f"step {step}/{total} | val loss {val['val/loss']:.4f} | "
                            f"val accuracy {val['val/accuracy']:.3f} | exact match {val['val/exact_match']:.3f}")
             wait_for_everyone(ctx)

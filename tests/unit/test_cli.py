@@ -1,0 +1,60 @@
+"""The CLI surface is frozen here: removing or renaming a flag users type must fail a test."""
+
+import subprocess
+
+import pytest
+
+from autotune.__main__ import build_parser
+from conftest import ROOT
+
+PLAN_FLAGS = {"--config", "--hardware", "--policy", "--num_gpus", "--nproc_per_node", "--num_nodes", "--batch_size",
+              "--grad_accum", "--global_batch_size", "--epochs", "--max_steps", "--deepspeed", "--ddp", "--single",
+              "--zero_stage", "--precision", "--debug", "--no_auto_optimize"}
+SURFACE = {
+    "check": {"--config", "--json"},
+    "report": {"--json", "--profile", "--config", "--no-plan"},
+    "plan": PLAN_FLAGS | {"--json"},
+    "export": PLAN_FLAGS | {"--format", "--output", "--force", "--script"},
+    "launch": PLAN_FLAGS | {"--dry-run", "--run_dir", "--resume_from", "--wandb", "--json"},
+}
+
+
+def _flags(parser):
+    return {s for a in parser._actions for s in a.option_strings if s.startswith("--") and s != "--help"}
+
+
+def test_cli_surface_is_frozen():
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert set(sub.choices) == set(SURFACE)
+    for name, flags in SURFACE.items():
+        assert flags <= _flags(sub.choices[name]), (name, flags - _flags(sub.choices[name]))
+
+
+@pytest.mark.parametrize("cmd", list(SURFACE))
+def test_help_teaches(cli, cmd):
+    r = cli("autotune", cmd, "--help")
+    assert r.returncode == 0 and "usage:" in r.stdout
+    assert len(r.stdout.splitlines()) > 5
+
+
+def test_launcher_script_help_and_bad_flags():
+    r = subprocess.run([str(ROOT / "launch_distributed_training.sh"), "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "--resume_from" in r.stdout and "examples:" in r.stdout
+    bad = subprocess.run([str(ROOT / "launch_distributed_training.sh"), "--batch_size", "-3", "--dry-run"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "must be a positive integer" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["plan", "--zero_stage", "5"], "ZeRO stage must be 0, 1, 2 or 3"),
+    (["plan", "--hardware", "4xL4", "--num_gpus", "9"], "9 GPUs requested but only 4 are visible"),
+    (["plan", "--precision", "fp8"], "invalid choice"),
+    (["plan", "--deepspeed", "--ddp"], "not allowed with"),
+    (["launch", "--dry-run", "extra"], "put script arguments after `--`"),
+    (["launch", "--dry-run", "--resume_from", "/no/such/ckpt"], "no checkpoint directory"),
+    (["plan", "--hardware", "4xT4", "--precision", "bf16"], "GPU 0 (Tesla T4, compute capability 7.5)"),
+])
+def test_bad_flags_exit_2_with_a_clear_message(cli, args, msg):
+    r = cli("autotune", *args)
+    assert r.returncode == 2, r.stdout
+    assert msg in r.stderr and "Traceback" not in r.stderr

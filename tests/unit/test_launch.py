@@ -1,0 +1,149 @@
+"""LaunchSpec is pure data; execute() propagates exit codes and forwards signals; --dry-run starts nothing."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from autotune.config import TrainConfig, apply_overrides
+from autotune.launch import LaunchSpec, execute, launch_spec
+from autotune.policy import plan
+from autotune.profiles import load_profile, preset_names
+
+
+def spec_for(preset, environ=None, **over):
+    cfg = apply_overrides(TrainConfig(), over) if over else TrainConfig()
+    p = plan(load_profile(preset), cfg, deepspeed_installed=True)
+    hw = load_profile(preset)
+    return p, launch_spec(p, "runs/x", environ or {"HOME": "/home/u"}, python="/py",
+                          has_infiniband=bool(hw.infiniband))
+
+
+def test_single_backend_runs_the_runtime_in_one_process():
+    p, s = spec_for("cpu-only")
+    assert s.cmd == ["/py", "-m", "autotune.train", "--plan", "runs/x/plan.json"]
+    assert s.env["OMP_NUM_THREADS"] == str(p.omp_num_threads) and s.env["DS_ACCELERATOR"] == "cpu"
+    assert s.env["AUTOTUNE_PLAN"] == "runs/x/plan.json" and s.env["NCCL_IB_DISABLE"] == "1"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in s.env
+
+
+def test_deepspeed_and_ddp_go_through_torchrun():
+    _, s = spec_for("4xL4")
+    assert s.cmd[:4] == ["/py", "-m", "torch.distributed.run", "--nproc_per_node=4"]
+    assert "--standalone" in s.cmd and s.cmd[s.cmd.index("--module") + 1] == "autotune.train"
+    assert s.env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert s.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and "DS_ACCELERATOR" not in s.env
+    _, d = spec_for("4xL4", **{"distributed.backend": "ddp"})
+    assert d.cmd[:4] == s.cmd[:4]
+
+
+def test_multi_node_uses_static_rendezvous_and_infiniband_keeps_nccl_ib():
+    _, s = spec_for("2x4xL4", **{"distributed.node_rank": 1, "distributed.master_addr": "10.1.2.3"})
+    assert "--nnodes=2" in s.cmd and "--node_rank=1" in s.cmd and "--master_addr=10.1.2.3" in s.cmd
+    assert "--standalone" not in s.cmd
+    _, h = spec_for("8xH100-80GB")
+    assert "NCCL_IB_DISABLE" not in h.env
+
+
+def test_user_exported_values_win_and_are_recorded_as_theirs():
+    env = {"HOME": "/h", "OMP_NUM_THREADS": "3", "AUTOTUNE_PLAN": "/elsewhere.json"}
+    _, s = spec_for("4xL4", environ=env)
+    assert s.env["OMP_NUM_THREADS"] == "3" and s.env_sources["OMP_NUM_THREADS"] == "user"
+    assert s.env["AUTOTUNE_PLAN"] == "runs/x/plan.json"  # the run's own file always
+    assert s.env_sources["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "autotune"
+    assert s.env["TORCH_EXTENSIONS_DIR"] == "/h/.cache/autotune/torch_extensions"
+
+
+def test_spec_is_pure_and_never_leaks_secrets():
+    env = {"HOME": "/h", "WANDB_API_KEY": "sekrit-123", "HF_TOKEN": "hf_sekrit"}
+    before = dict(env)
+    p, s = spec_for("cpu-only", environ=env, **{"logging.wandb": True})
+    assert env == before
+    rec = json.dumps(s.to_record()) + s.shell()
+    assert "sekrit" not in rec
+    assert "WANDB_MODE" not in s.env  # a key is present: online is the user's call
+    _, s2 = spec_for("cpu-only", **{"logging.wandb": True})
+    assert s2.env["WANDB_MODE"] == "offline"
+    red = LaunchSpec(cmd=["x"], env={"MY_TOKEN": "abc"}).to_record()
+    assert red["env"]["MY_TOKEN"] == "<redacted>"
+
+
+def test_user_script_entrypoint_runs_directly_with_script_args():
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "examples/autotune_train.py"})
+    p = plan(load_profile("cpu-only"), cfg)
+    s = launch_spec(p, "r", {}, python="/py", script_args=["--lr", "3"])
+    assert s.cmd == ["/py", "examples/autotune_train.py", "--lr", "3"]
+
+
+def _script(tmp_path, body, name="child.py"):
+    f = tmp_path / name
+    f.write_text(textwrap.dedent(body))
+    return f
+
+
+def test_execute_propagates_exit_code_and_env(tmp_path):
+    f = _script(tmp_path, """
+        import os, sys
+        sys.exit(int(os.environ["WANT_RC"]))
+    """)
+    assert execute(LaunchSpec(cmd=[sys.executable, str(f)], env={"WANT_RC": "7"})) == 7
+
+
+def test_execute_forwards_sigterm_to_the_child(tmp_path):
+    mark = tmp_path / "got"
+    f = _script(tmp_path, f"""
+        import signal, sys, time, pathlib
+        def h(s, f):
+            pathlib.Path({str(mark)!r}).write_text(str(s)); sys.exit(42)
+        signal.signal(signal.SIGTERM, h)
+        pathlib.Path({str(mark)!r} + ".ready").write_text("1")
+        time.sleep(30)
+    """)
+    runner = _script(tmp_path, f"""
+        import sys
+        sys.path.insert(0, {os.getcwd()!r})
+        from autotune.launch import LaunchSpec, execute
+        sys.exit(execute(LaunchSpec(cmd=[sys.executable, {str(f)!r}], env={{}})))
+    """, name="runner.py")
+    proc = subprocess.Popen([sys.executable, str(runner)])
+    for _ in range(200):
+        if (tmp_path / "got.ready").exists():
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 42
+    assert mark.read_text() == str(int(signal.SIGTERM))
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_dry_run_every_preset_shows_the_command_and_starts_nothing(cli, preset, tmp_path):
+    r = cli("autotune", "launch", "--dry-run", "--json", "--hardware", preset, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    p, argv = data["plan"], data["launch"]["argv"]
+    if p["backend"] == "single":
+        assert argv[1:3] == ["-m", "autotune.train"]
+    else:
+        assert argv[1:3] == ["-m", "torch.distributed.run"]
+        assert f"--nproc_per_node={p['nproc_per_node']}" in argv
+        assert ("--standalone" in argv) == (p["num_nodes"] == 1)
+        assert p["world_size"] == p["nproc_per_node"] * p["num_nodes"]
+    if p["backend"] == "deepspeed":
+        assert data["deepspeed_config"]["train_batch_size"] == p["global_batch_size"]
+    assert not (tmp_path / "runs").exists()  # nothing written
+    text = cli("autotune", "launch", "--dry-run", "--hardware", preset, cwd=tmp_path)
+    assert "OPTIMAL TRAINING SETTINGS" in text.stdout and "Command:" in text.stdout
+
+
+def test_launch_refuses_to_overwrite_an_existing_run(cli, tmp_path):
+    run = tmp_path / "old"
+    run.mkdir()
+    (run / "plan.json").write_text("{}")
+    r = cli("autotune", "launch", "--run_dir", str(run), "--max_steps", "1")
+    assert r.returncode == 2 and "already holds a run" in r.stderr
+    assert (run / "plan.json").read_text() == "{}"
