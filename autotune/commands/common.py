@@ -142,14 +142,21 @@ def new_run_dir_name() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def write_run_files(run_dir: Path, plan, hw, ds: dict | None, spec) -> None:
+    """Write the run's records; plan.json last, so its presence means the rest is there."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "plan.json").write_text(plan.model_dump_json(indent=2) + "\n")
-    (run_dir / "hardware.json").write_text(hw.to_json() + "\n")
+    _write_atomic(run_dir / "hardware.json", hw.to_json() + "\n")
     if ds is not None:
-        (run_dir / "deepspeed_config.json").write_text(json.dumps(ds, indent=2) + "\n")
+        _write_atomic(run_dir / "deepspeed_config.json", json.dumps(ds, indent=2) + "\n")
     if spec is not None:
-        (run_dir / "command.json").write_text(json.dumps(spec.to_record(), indent=2) + "\n")
+        _write_atomic(run_dir / "command.json", json.dumps(spec.to_record(), indent=2) + "\n")
+    _write_atomic(run_dir / "plan.json", plan.model_dump_json(indent=2) + "\n")
 
 
 def check_run_dir_free(run_dir: Path, resuming: bool) -> None:
