@@ -1,0 +1,235 @@
+"""Real launches on CPU through launch_distributed_training.sh: single, DDP (2 processes),
+DeepSpeed ZeRO-2 (2 processes); equivalence, resume, cross-world checkpoints, user scripts.
+
+Every run has a timeout; torchrun runs carry TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (set by the launcher).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.dist
+
+SMALL = """
+model: {n_layer: 1, n_head: 2, n_embd: 32}
+data: {seq_len: 6, num_samples: 2048, num_val_samples: 256}
+training:
+  global_batch_size: 32
+  base_batch_size: 32
+  learning_rate: 0.003
+  warmup_steps: 3
+  max_steps: 12
+  log_every_steps: 1
+  eval_every_steps: 6
+checkpoint: {save_every_steps: 5, keep_last: 5}
+"""
+
+
+@pytest.fixture(scope="module")
+def small_config(tmp_path_factory):
+    p = tmp_path_factory.mktemp("cfg") / "small.yaml"
+    p.write_text(SMALL)
+    return p
+
+
+def launch(*args, env=None, timeout=300):
+    full = {**os.environ, **(env or {})}
+    full.pop("AUTOTUNE_PLAN", None)
+    r = subprocess.run([str(ROOT / "launch_distributed_training.sh"), *map(str, args)], capture_output=True,
+                       text=True, timeout=timeout, env=full, cwd=ROOT)
+    assert r.returncode == 0, f"launch failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    return r
+
+
+def losses(run_dir):
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if "train/loss" in e:
+            out[e["step"]] = e["train/loss"]
+    return out
+
+
+def final_val(run_dir):
+    return json.loads((run_dir / "metrics.json").read_text())["final"]
+
+
+def check_run_dir(run_dir, backend, world):
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["backend"] == backend and plan["world_size"] == world
+    cmd = json.loads((run_dir / "command.json").read_text())
+    assert cmd["env"]["AUTOTUNE_PLAN"].endswith("plan.json")
+    assert json.loads((run_dir / "hardware.json").read_text())["source"] == "detected"
+    assert (run_dir / "deepspeed_config.json").exists() == (backend == "deepspeed")
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    ckpts = sorted((run_dir / "checkpoints").glob("step-*"))
+    assert [c.name for c in ckpts] == ["step-00000005", "step-00000010", "step-00000012"]
+    assert (ckpts[-1] / "model.pt").exists() and (ckpts[-1] / "meta.json").exists()
+    for r in range(world):
+        assert (ckpts[-1] / f"rng-rank{r}.pt").exists()
+    loss = losses(run_dir)
+    assert sorted(loss) == list(range(1, 13))
+    assert loss[12] < loss[1] * 0.9, loss  # the loss falls
+    return loss
+
+
+@pytest.fixture(scope="module")
+def runs(small_config, tmp_path_factory):
+    """The reference runs, shared by several tests (each is a real launch)."""
+    base = tmp_path_factory.mktemp("runs")
+    # 1 process x accumulation 2 and 2 processes x accumulation 1: the same global batch of 32
+    launch("--config", small_config, "--run_dir", base / "single", "--batch_size", 16, "--grad_accum", 2)
+    launch("--config", small_config, "--run_dir", base / "ddp", "--nproc_per_node", 2, "--batch_size", 16,
+           "--grad_accum", 1)
+    launch("--config", small_config, "--run_dir", base / "ds", "--nproc_per_node", 2, "--deepspeed",
+           "--zero_stage", 2, "--batch_size", 16, "--grad_accum", 1, timeout=600)
+    return base
+
+
+def test_single_process_run(runs):
+    check_run_dir(runs / "single", "single", 1)
+    cmd = json.loads((runs / "single" / "command.json").read_text())
+    assert cmd["argv"][1:3] == ["-m", "autotune.train"]
+
+
+def test_ddp_two_processes(runs):
+    check_run_dir(runs / "ddp", "ddp", 2)
+    argv = json.loads((runs / "ddp" / "command.json").read_text())["argv"]
+    assert "torch.distributed.run" in argv and "--nproc_per_node=2" in argv
+
+
+def test_deepspeed_zero2_two_processes(runs):
+    check_run_dir(runs / "ds", "deepspeed", 2)
+    ds = json.loads((runs / "ds" / "deepspeed_config.json").read_text())
+    assert ds["zero_optimization"]["stage"] == 2 and ds["train_batch_size"] == 32
+    assert (runs / "ds" / "checkpoints" / "step-00000012" / "engine").is_dir()
+
+
+def test_equivalence_one_process_accum2_vs_two_processes_accum1(runs):
+    a, b, c = losses(runs / "single"), losses(runs / "ddp"), losses(runs / "ds")
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-4, abs=1e-6), (step, a[step], b[step])
+        assert c[step] == pytest.approx(a[step], rel=1e-3, abs=1e-5), (step, a[step], c[step])
+    va, vb = final_val(runs / "single"), final_val(runs / "ddp")
+    # validation is all-reduced by sample count: equal to a one-process evaluation
+    assert vb["val/samples"] == va["val/samples"] == 256
+    assert vb["val/loss"] == pytest.approx(va["val/loss"], rel=1e-4)
+
+
+def test_resume_continues_the_same_trajectory(runs, small_config, tmp_path):
+    ref = losses(runs / "single")
+    # A run stopped after its step-5 checkpoint: copy, drop what came later, resume "auto".
+    stopped = tmp_path / "stopped"
+    shutil.copytree(runs / "single", stopped)
+    for later in ("step-00000010", "step-00000012"):
+        shutil.rmtree(stopped / "checkpoints" / later)
+    (stopped / "metrics.jsonl").write_text("")
+    r = launch("--config", small_config, "--run_dir", stopped, "--batch_size", 16, "--grad_accum", 2,
+               "--resume_from", "auto")
+    assert "resumed at step 5" in r.stdout
+    got = losses(stopped)
+    assert sorted(got) == list(range(6, 13))
+    for step, v in got.items():
+        assert v == pytest.approx(ref[step], rel=1e-6, abs=1e-7), (step, v, ref[step])
+
+
+def test_ddp_checkpoint_loads_in_one_process(runs, small_config, tmp_path):
+    ref = losses(runs / "ddp")
+    ckpt = runs / "ddp" / "checkpoints" / "step-00000005"
+    r = launch("--config", small_config, "--run_dir", tmp_path / "one", "--batch_size", 16, "--grad_accum", 2,
+               "--resume_from", ckpt)
+    assert "resumed at step 5" in r.stdout
+    import torch
+
+    weights = torch.load(ckpt / "model.pt", weights_only=True)
+    assert not any(k.startswith("module.") for k in weights)  # unwrapped
+    got = losses(tmp_path / "one")
+    for step, v in got.items():
+        assert v == pytest.approx(ref[step], rel=1e-4), (step, v, ref[step])
+
+
+def test_resume_refuses_a_mismatched_checkpoint_without_touching_it(runs, small_config, tmp_path):
+    ckpt = runs / "single" / "checkpoints" / "step-00000005"
+    before = sorted(p.name for p in ckpt.iterdir())
+    full = {**os.environ}
+    r = subprocess.run([str(ROOT / "launch_distributed_training.sh"), "--config", str(small_config),
+                        "--run_dir", str(tmp_path / "x"), "--global_batch_size", "64", "--resume_from", str(ckpt)],
+                       capture_output=True, text=True, timeout=300, env=full, cwd=ROOT)
+    assert r.returncode != 0
+    assert "trained with global batch 32" in r.stderr and "Traceback" not in r.stderr
+    assert sorted(p.name for p in ckpt.iterdir()) == before
+
+
+def test_default_workload_learns(tmp_path):
+    """The README's main job, shortened: validation accuracy well above chance (10%)."""
+    r = launch("--run_dir", tmp_path / "default", "--max_steps", 120)
+    acc = final_val(tmp_path / "default")["val/accuracy"]
+    assert acc > 0.5, acc
+    assert "Final validation accuracy" in r.stdout and "TensorBoard: tensorboard --logdir" in r.stdout
+
+
+def test_wandb_offline_and_no_secret_anywhere(small_config, tmp_path):
+    pytest.importorskip("wandb", reason="wandb is not installed")
+    secret = "sekrit-value-0123456789"
+    env = {"MY_SERVICE_TOKEN": secret, "HF_TOKEN": secret, "WANDB_API_KEY": ""}
+    run = tmp_path / "wb"
+    r = launch("--config", small_config, "--run_dir", run, "--wandb", "--max_steps", 6, env=env)
+    assert list((run / "wandb").glob("offline-run-*")), "W&B did not write an offline run"
+    assert "wandb sync" in r.stdout
+    assert json.loads((run / "command.json").read_text())["env"]["WANDB_MODE"] == "offline"
+    assert secret not in r.stdout + r.stderr
+    for f in run.rglob("*"):
+        if f.is_file():
+            assert secret.encode() not in f.read_bytes(), f
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_bring_your_own_script(nproc, tmp_path):
+    plain = subprocess.run([sys.executable, str(ROOT / "examples" / "plain_train.py"), "--epochs", "2"],
+                           capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0 and "final accuracy" in plain.stdout
+    r = launch("--config", ROOT / "examples" / "byo_config.yaml", "--run_dir", tmp_path / "byo",
+               "--nproc_per_node", nproc)
+    acc = float(r.stdout.rsplit("final accuracy", 1)[1].split()[0])
+    assert acc > 0.8, r.stdout[-2000:]
+    plan = json.loads((tmp_path / "byo" / "plan.json").read_text())
+    assert plan["world_size"] == nproc and plan["global_batch_size"] == 64
+
+
+def test_module_function_entrypoint(small_config, tmp_path):
+    mod = tmp_path / "my_entry.py"
+    mod.write_text("import json, os\n"
+                   "def main():\n"
+                   "    plan = json.load(open(os.environ['AUTOTUNE_PLAN']))\n"
+                   "    print('ENTRY micro', plan['micro_batch_size'], 'world', plan['world_size'])\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(SMALL.replace("training:\n", "training:\n  entrypoint: my_entry:main\n"))
+    r = launch("--config", cfg, "--run_dir", tmp_path / "run", env={"PYTHONPATH": f"{tmp_path}:{ROOT}"})
+    assert "ENTRY micro 32 world 1" in r.stdout
+
+
+def test_train_module_directly_single_and_under_torchrun(small_config, tmp_path):
+    """`python -m autotune.train --config F` plans for this machine itself, with or without torchrun."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    env.pop("AUTOTUNE_PLAN", None)
+    env.pop("AUTOTUNE_RUN_DIR", None)
+    one = subprocess.run([sys.executable, "-m", "autotune.train", "--config", str(small_config), "--max_steps", "6",
+                          "--batch_size", "8", "--run_dir", str(tmp_path / "one")],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    plan = json.loads((tmp_path / "one" / "plan.json").read_text())
+    assert (plan["backend"], plan["micro_batch_size"], plan["total_steps"]) == ("single", 8, 6)
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "-m", "autotune.train", "--config", str(small_config), "--max_steps", "6",
+                          "--run_dir", str(tmp_path / "two")],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert two.returncode == 0, two.stderr[-3000:]
+    plan2 = json.loads((tmp_path / "two" / "plan.json").read_text())
+    assert (plan2["backend"], plan2["world_size"]) == ("ddp", 2)
+    assert sorted(losses(tmp_path / "two")) == list(range(1, 7))
