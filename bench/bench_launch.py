@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import PY, ROOT, env, machine, med
+from common import ROOT, env, machine, med
 
 CONFIG = """
 model: {n_layer: 2, n_head: 4, n_embd: 64}

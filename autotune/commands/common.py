@@ -169,5 +169,3 @@ def check_run_dir_free(run_dir: Path, resuming: bool) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--run_dir: {run_dir} exists and is not a directory")
 
-
-__all__ = ["UserError"]

@@ -53,8 +53,9 @@ def _latest_run_with_checkpoint(root: Path) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.commands.common import (check_run_dir_free, load_config, new_run_dir_name, overrides_from_args,
-                                          prepare_run, write_run_files)
+    from autotune.commands.common import (check_run_dir_free, new_run_dir_name, overrides_from_args, prepare_run,
+                                          write_run_files)
+    from autotune.config import load_config
     from autotune.errors import UserError
     from autotune.launch import execute, launch_spec
     from autotune.report import render_plan
