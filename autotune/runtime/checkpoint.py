@@ -108,7 +108,9 @@ class CheckpointManager:
                 weights = torch.load(p / "model.pt", map_location=self.ctx.device, weights_only=True)
                 engine.module.load_state_dict(weights)
                 engine.load_trainer_state(torch.load(p / "trainer.pt", map_location=self.ctx.device, weights_only=False))
-        except (OSError, RuntimeError, KeyError, EOFError) as e:
+        except Exception as e:  # unpickling errors, truncated files, shape mismatches
+            if isinstance(e, UserError):
+                raise
             raise UserError(f"--resume_from: {p} is damaged or incompatible with this model: {e}") from None
         rng = p / f"rng-rank{self.ctx.rank}.pt"
         if rng.exists() and meta.get("world_size") == self.ctx.world_size:

@@ -233,3 +233,15 @@ def test_train_module_directly_single_and_under_torchrun(small_config, tmp_path)
     plan2 = json.loads((tmp_path / "two" / "plan.json").read_text())
     assert (plan2["backend"], plan2["world_size"]) == ("ddp", 2)
     assert sorted(losses(tmp_path / "two")) == list(range(1, 7))
+
+
+def test_deepspeed_resume_through_its_own_checkpoint(runs, small_config, tmp_path):
+    ref = losses(runs / "ds")
+    ckpt = runs / "ds" / "checkpoints" / "step-00000005"
+    r = launch("--config", small_config, "--run_dir", tmp_path / "ds2", "--nproc_per_node", 2, "--deepspeed",
+               "--zero_stage", 2, "--batch_size", 16, "--grad_accum", 1, "--resume_from", ckpt, timeout=600)
+    assert "resumed at step 5" in r.stdout
+    got = losses(tmp_path / "ds2")
+    assert sorted(got) == list(range(6, 13))
+    for step, v in got.items():
+        assert v == pytest.approx(ref[step], rel=1e-5), (step, v, ref[step])
