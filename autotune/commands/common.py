@@ -56,6 +56,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num_gpus", type=non_negative_int, help="GPUs to use on each node (0 = CPU)")
     g.add_argument("--nproc_per_node", type=positive_int, help="processes per node (on CPU: >1 means DDP over gloo)")
     g.add_argument("--num_nodes", type=positive_int, help="nodes in the job")
+    g.add_argument("--node_rank", type=non_negative_int, help="this node's rank, 0 .. num_nodes-1")
+    g.add_argument("--master_addr", help="address of the rank-0 node (multi-node)")
+    g.add_argument("--master_port", type=positive_int, help="rendezvous port on the rank-0 node")
     g.add_argument("--batch_size", type=positive_int, help="micro-batch per process (training.batch_size_per_gpu)")
     g.add_argument("--grad_accum", type=positive_int, help="gradient accumulation steps")
     g.add_argument("--global_batch_size", type=positive_int, help="target effective batch per optimizer step")
@@ -76,6 +79,9 @@ _FLAG_TO_FIELD = {
     "num_gpus": "distributed.num_gpus",
     "nproc_per_node": "distributed.nproc_per_node",
     "num_nodes": "distributed.num_nodes",
+    "node_rank": "distributed.node_rank",
+    "master_addr": "distributed.master_addr",
+    "master_port": "distributed.master_port",
     "batch_size": "training.batch_size_per_gpu",
     "grad_accum": "training.gradient_accumulation_steps",
     "global_batch_size": "training.global_batch_size",

@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.errors import UserError
     from autotune.launch import execute, launch_spec
     from autotune.report import render_plan
+    from autotune.runtime_paths import check_compatible, latest_checkpoint, read_meta
 
     script_args = list(args.script_args or [])
     if script_args and script_args[0] == "--":
@@ -79,8 +80,17 @@ def run(args: argparse.Namespace) -> int:
         run_dir = _latest_run_with_checkpoint(Path("runs")) or Path("runs") / new_run_dir_name()
     else:
         run_dir = Path("runs") / new_run_dir_name()
+    if args.hardware and not args.dry_run:
+        raise UserError(
+            f"--hardware {args.hardware}: a launch runs on this machine, so it plans for the detected hardware; "
+            "use --hardware with --dry-run (or `autotune plan`) to look at other machines"
+        )
     if args.resume_from not in (None, "auto") and not Path(args.resume_from).is_dir():
         raise UserError(f"--resume_from: no checkpoint directory {args.resume_from!r}")
+    resume_path = Path(args.resume_from) if args.resume_from not in (None, "auto") else \
+        (latest_checkpoint(run_dir) if args.resume_from == "auto" else None)
+    if resume_path is not None and not plan.config["training"].get("entrypoint"):
+        check_compatible(read_meta(resume_path), resume_path, plan.backend, plan.global_batch_size)
     if args.resume_from not in (None, "auto"):
         script_args = ["--resume_from", str(Path(args.resume_from).resolve()), *script_args]
     elif args.resume_from == "auto" and not plan.config["training"].get("entrypoint"):

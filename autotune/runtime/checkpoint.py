@@ -24,7 +24,7 @@ import torch
 
 from autotune.errors import UserError
 from autotune.runtime.dist import DistContext, wait_for_everyone
-from autotune.runtime_paths import PREFIX, list_checkpoints
+from autotune.runtime_paths import PREFIX, check_compatible, list_checkpoints, read_meta
 
 def _rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
@@ -81,26 +81,9 @@ class CheckpointManager:
     def load(self, engine, path: str | Path) -> dict:
         """Restore ``engine`` from ``path``; returns the checkpoint's meta."""
         p = Path(path)
-        meta_file = p / "meta.json"
-        if not meta_file.exists():
-            raise UserError(f"--resume_from: {p} is not an autotune checkpoint (no meta.json); "
-                            f"checkpoints live in <run_dir>/checkpoints/step-NNNNNNNN")
-        try:
-            meta = json.loads(meta_file.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise UserError(f"--resume_from: cannot read {meta_file}: {e}") from None
-        saved_by = meta.get("backend")
+        meta = read_meta(p)
         s = engine.settings
-        if (saved_by == "deepspeed") != (engine.name == "deepspeed"):
-            raise UserError(
-                f"--resume_from: {p} was written by the {saved_by} backend and this run uses {engine.name}; "
-                f"resume with the same engine ({'--deepspeed' if saved_by == 'deepspeed' else '--ddp or single'})"
-            )
-        if meta.get("global_batch_size") != s.global_batch_size:
-            raise UserError(
-                f"--resume_from: {p} was trained with global batch {meta.get('global_batch_size')}, this plan has "
-                f"{s.global_batch_size}; set --global_batch_size {meta.get('global_batch_size')} to continue the same run"
-            )
+        check_compatible(meta, p, engine.name, s.global_batch_size)
         try:
             if engine.name == "deepspeed":
                 engine.model.load_checkpoint(str(p / "engine"), tag="state")

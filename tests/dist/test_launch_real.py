@@ -161,7 +161,7 @@ def test_resume_refuses_a_mismatched_checkpoint_without_touching_it(runs, small_
     r = subprocess.run([str(ROOT / "launch_distributed_training.sh"), "--config", str(small_config),
                         "--run_dir", str(tmp_path / "x"), "--global_batch_size", "64", "--resume_from", str(ckpt)],
                        capture_output=True, text=True, timeout=300, env=full, cwd=ROOT)
-    assert r.returncode != 0
+    assert r.returncode == 2  # refused by the launcher before any rank starts
     assert "trained with global batch 32" in r.stderr and "Traceback" not in r.stderr
     assert sorted(p.name for p in ckpt.iterdir()) == before
 

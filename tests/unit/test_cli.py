@@ -7,7 +7,8 @@ import pytest
 from autotune.__main__ import build_parser
 from conftest import ROOT
 
-PLAN_FLAGS = {"--config", "--hardware", "--policy", "--num_gpus", "--nproc_per_node", "--num_nodes", "--batch_size",
+PLAN_FLAGS = {"--config", "--hardware", "--policy", "--num_gpus", "--nproc_per_node", "--num_nodes", "--node_rank",
+              "--master_addr", "--master_port", "--batch_size",
               "--grad_accum", "--global_batch_size", "--epochs", "--max_steps", "--deepspeed", "--ddp", "--single",
               "--zero_stage", "--precision", "--debug", "--no_auto_optimize"}
 SURFACE = {
@@ -53,6 +54,8 @@ def test_launcher_script_help_and_bad_flags():
     (["launch", "--dry-run", "extra"], "put script arguments after `--`"),
     (["launch", "--dry-run", "--resume_from", "/no/such/ckpt"], "no checkpoint directory"),
     (["plan", "--hardware", "4xT4", "--precision", "bf16"], "GPU 0 (Tesla T4, compute capability 7.5)"),
+    (["launch", "--hardware", "4xL4"], "use --hardware with --dry-run"),
+    (["plan", "--hardware", "2x4xL4", "--node_rank", "2"], "distributed.node_rank: must be below the number of nodes (2)"),
 ])
 def test_bad_flags_exit_2_with_a_clear_message(cli, args, msg):
     r = cli("autotune", *args)
