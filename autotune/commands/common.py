@@ -154,9 +154,27 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+RUN_RECORDS = ("plan.json", "hardware.json", "deepspeed_config.json", "command.json")
+
+
+def archive_run_files(run_dir: Path) -> Path | None:
+    """Move an earlier launch's records to previous/<time>/ so a resume never overwrites them."""
+    present = [run_dir / n for n in RUN_RECORDS if (run_dir / n).exists()]
+    if not present:
+        return None
+    dest = run_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
+    while dest.exists():
+        dest = dest.with_name(dest.name + "-1")
+    dest.mkdir(parents=True)
+    for f in present:
+        f.rename(dest / f.name)
+    return dest
+
+
 def write_run_files(run_dir: Path, plan, hw, ds: dict | None, spec) -> None:
     """Write the run's records; plan.json last, so its presence means the rest is there."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    archive_run_files(run_dir)
     _write_atomic(run_dir / "hardware.json", hw.to_json() + "\n")
     if ds is not None:
         _write_atomic(run_dir / "deepspeed_config.json", json.dumps(ds, indent=2) + "\n")

@@ -123,6 +123,11 @@ def run(args: argparse.Namespace) -> int:
             final = json.loads(metrics.read_text()).get("final", {})
             if "val/accuracy" in final:
                 print(f"Final validation accuracy: {final['val/accuracy']:.3f} (loss {final['val/loss']:.4f})")
+    elif rc in (128 + 2, 128 + 15):
+        print(f"\nInterrupted ({'SIGINT' if rc == 130 else 'SIGTERM'}). Run directory: {run_dir}", file=sys.stderr)
+        if latest_checkpoint(run_dir) is not None:
+            print(f"To continue from its newest checkpoint, run the same command with "
+                  f"--run_dir {run_dir} --resume_from auto", file=sys.stderr)
     else:
         print(f"\nTraining exited with code {rc}. Run directory: {run_dir}", file=sys.stderr)
     return rc

@@ -245,3 +245,44 @@ def test_deepspeed_resume_through_its_own_checkpoint(runs, small_config, tmp_pat
     assert sorted(got) == list(range(6, 13))
     for step, v in got.items():
         assert v == pytest.approx(ref[step], rel=1e-5), (step, v, ref[step])
+
+
+def test_ctrl_c_stops_every_rank_and_the_run_resumes(small_config, tmp_path):
+    """SIGINT to the launcher reaches torchrun and both ranks; exit 130; resume finishes the run."""
+    import signal
+    import time
+
+    import psutil
+
+    cfg = tmp_path / "long.yaml"
+    cfg.write_text(SMALL.replace("max_steps: 12", "max_steps: 100000").replace("save_every_steps: 5", "save_every_steps: 3"))
+    run = tmp_path / "run"
+    env = {**os.environ}
+    env.pop("AUTOTUNE_PLAN", None)
+    proc = subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(cfg), "--run_dir", str(run),
+                             "--nproc_per_node", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=ROOT)
+    deadline = time.time() + 240
+    while time.time() < deadline and not list((run / "checkpoints").glob("step-*[0-9]")):
+        time.sleep(0.2)
+    assert list((run / "checkpoints").glob("step-*[0-9]")), "no checkpoint appeared"
+    ranks = [p for p in psutil.process_iter(["cmdline"]) if str(run) in " ".join(p.info["cmdline"] or [])
+             and "autotune.train" in " ".join(p.info["cmdline"] or [])]
+    assert len(ranks) >= 2  # torchrun agent + 2 workers
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Interrupted (SIGINT)" in err and "--resume_from auto" in err
+    gone, alive = psutil.wait_procs(ranks, timeout=30)
+    assert not alive, f"ranks left running: {alive}"
+    # The same command with --resume_from auto continues from the newest complete checkpoint.
+    newest = sorted(p for p in (run / "checkpoints").glob("step-*") if not p.name.endswith(".tmp"))[-1]
+    step = int(newest.name.split("-")[1])
+    cfg.write_text(SMALL.replace("max_steps: 12", f"max_steps: {step + 3}").replace("save_every_steps: 5", "save_every_steps: 3"))
+    # the plan's total steps changed, so this continues the weights and data position on a new schedule
+    r = launch("--config", cfg, "--run_dir", run, "--nproc_per_node", 2, "--resume_from", "auto")
+    assert f"resumed at step {step}" in r.stdout
+    assert json.loads((run / "metrics.json").read_text())["steps"] == step + 3
+    # the first launch's records are kept, not overwritten
+    (prev,) = (run / "previous").iterdir()
+    assert json.loads((prev / "plan.json").read_text())["total_steps"] == 100000
