@@ -101,15 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             plan, run_dir = _plan_here(args)
             plan_path = str(run_dir / "plan.json")
         else:
+            from autotune.runtime.settings import read_plan
+
             plan_path = args.plan or os.environ.get("AUTOTUNE_PLAN")
-            if not plan_path:
-                raise UserError("give --plan PATH or --config FILE (or launch with `python -m autotune launch`)")
-            try:
-                plan = json.loads(Path(plan_path).read_text())
-            except FileNotFoundError:
-                raise UserError(f"--plan: no such file {plan_path!r}") from None
-            except json.JSONDecodeError as e:
-                raise UserError(f"--plan: {plan_path} is not valid JSON: {e}") from None
+            plan = read_plan(plan_path)
             run_dir = Path(args.run_dir or os.environ.get("AUTOTUNE_RUN_DIR") or Path(plan_path).parent)
         os.environ["AUTOTUNE_PLAN"] = plan_path
         entry = plan["config"]["training"].get("entrypoint")

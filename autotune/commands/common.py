@@ -16,24 +16,21 @@ from autotune.profiles import HardwareProfile, load_profile
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent.parent / "configs" / "default_config.yaml"
 
 
-def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return v
+def _int_at_least(minimum: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = minimum - 1
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return v
+
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return v
+positive_int = _int_at_least(1, "a positive integer")
+non_negative_int = _int_at_least(0, "an integer >= 0")
 
 
 def zero_stage(text: str) -> int:
@@ -53,22 +50,22 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="plan for a preset (e.g. 4xL4, 8xH100-80GB) or a profile JSON instead of this machine")
     p.add_argument("--policy", metavar="FILE", help="planning policy YAML (default: configs/policy.yaml)")
     g = p.add_argument_group("overrides (each beats the planner and is listed as 'auto would choose X')")
-    g.add_argument("--num_gpus", type=non_negative_int, help="GPUs to use on each node (0 = CPU)")
-    g.add_argument("--nproc_per_node", type=positive_int, help="processes per node (on CPU: >1 means DDP over gloo)")
-    g.add_argument("--num_nodes", type=positive_int, help="nodes in the job")
-    g.add_argument("--node_rank", type=non_negative_int, help="this node's rank, 0 .. num_nodes-1")
-    g.add_argument("--master_addr", help="address of the rank-0 node (multi-node)")
-    g.add_argument("--master_port", type=positive_int, help="rendezvous port on the rank-0 node")
-    g.add_argument("--batch_size", type=positive_int, help="micro-batch per process (training.batch_size_per_gpu)")
-    g.add_argument("--grad_accum", type=positive_int, help="gradient accumulation steps")
-    g.add_argument("--global_batch_size", type=positive_int, help="target effective batch per optimizer step")
-    g.add_argument("--epochs", type=positive_int, help="training epochs")
-    g.add_argument("--max_steps", type=positive_int, help="stop after this many optimizer steps")
+    g.add_argument("--num_gpus", type=non_negative_int, metavar="N", help="GPUs to use on each node (0 = CPU)")
+    g.add_argument("--nproc_per_node", type=positive_int, metavar="N", help="processes per node (on CPU: >1 means DDP over gloo)")
+    g.add_argument("--num_nodes", type=positive_int, metavar="N", help="nodes in the job")
+    g.add_argument("--node_rank", type=non_negative_int, metavar="N", help="this node's rank, 0 .. num_nodes-1")
+    g.add_argument("--master_addr", metavar="HOST", help="address of the rank-0 node (multi-node)")
+    g.add_argument("--master_port", type=positive_int, metavar="N", help="rendezvous port on the rank-0 node")
+    g.add_argument("--batch_size", type=positive_int, metavar="N", help="micro-batch per process (training.batch_size_per_gpu)")
+    g.add_argument("--grad_accum", type=positive_int, metavar="N", help="gradient accumulation steps")
+    g.add_argument("--global_batch_size", type=positive_int, metavar="N", help="target effective batch per optimizer step")
+    g.add_argument("--epochs", type=positive_int, metavar="N", help="training epochs")
+    g.add_argument("--max_steps", type=positive_int, metavar="N", help="stop after this many optimizer steps")
     eng = g.add_mutually_exclusive_group()
     eng.add_argument("--deepspeed", action="store_true", help="force the DeepSpeed engine")
     eng.add_argument("--ddp", action="store_true", help="force DDP via torchrun")
     eng.add_argument("--single", action="store_true", help="force one process")
-    g.add_argument("--zero_stage", type=zero_stage, help="DeepSpeed ZeRO stage 0-3")
+    g.add_argument("--zero_stage", type=zero_stage, metavar="{0,1,2,3}", help="DeepSpeed ZeRO stage 0-3")
     g.add_argument("--precision", choices=["bf16", "fp16", "fp32"], help="mixed precision")
     g.add_argument("--debug", action="store_true", help="plan a tiny, fast run (small batch, 20 steps)")
     g.add_argument("--no_auto_optimize", action="store_true",

@@ -54,15 +54,21 @@ def settings_from_plan(plan: dict, plan_path: str | None = None) -> Settings:
     )
 
 
-def load_settings(path: str | None = None) -> Settings:
-    """Read plan.json (``path`` or $AUTOTUNE_PLAN) once."""
+def read_plan(path: str | None) -> dict:
+    """plan.json (``path`` or $AUTOTUNE_PLAN) as a dict; a missing or broken file is a UserError."""
     path = path or os.environ.get("AUTOTUNE_PLAN")
     if not path:
-        raise UserError("AUTOTUNE_PLAN is not set: launch through `python -m autotune launch` or pass --plan")
+        raise UserError("no plan: pass --plan PATH or --config FILE, or launch with `python -m autotune launch` "
+                        "(which sets AUTOTUNE_PLAN)")
     try:
-        data = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise UserError(f"--plan: no such file {path!r}") from None
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"--plan: cannot read {path!r}: {e}") from None
-    return settings_from_plan(data, str(path))
+
+
+def load_settings(path: str | None = None) -> Settings:
+    """Read plan.json (``path`` or $AUTOTUNE_PLAN) once."""
+    path = path or os.environ.get("AUTOTUNE_PLAN")
+    return settings_from_plan(read_plan(path), path)
