@@ -140,18 +140,18 @@ def launch_spec(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str], *,
     return LaunchSpec(cmd=cmd, env=env, env_sources=sources, cwd=cwd)
 
 
-def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
-    """Run the spec; forward SIGINT/SIGTERM to the child; return its exit code.
+def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarded: list[int] | None = None) -> int:
+    """Run the spec; forward SIGINT/SIGTERM to the child; return its exit code (128+N if killed by N).
 
-    A child killed by signal N gives 128+N; so does a child that fails after we forwarded
-    signal N to it (torchrun exits 1 on SIGINT), so callers can tell an interruption apart.
+    Signals forwarded are appended to ``forwarded`` when given, so a caller can tell an
+    interruption from a failure (torchrun exits 1 when interrupted).
     """
     full_env = {**(os.environ if environ is None else environ), **spec.env}
     proc = subprocess.Popen(spec.cmd, env=full_env, cwd=spec.cwd, start_new_session=True)
-    forwarded: list[int] = []
+    seen = forwarded if forwarded is not None else []
 
     def forward(signum, _frame):
-        forwarded.append(signum)
+        seen.append(signum)
         try:
             proc.send_signal(signum)
         except ProcessLookupError:
@@ -163,8 +163,4 @@ def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None) -> int:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    if rc < 0:
-        return 128 - rc
-    if rc != 0 and forwarded:
-        return 128 + forwarded[0]
-    return rc
+    return 128 - rc if rc < 0 else rc

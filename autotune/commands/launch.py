@@ -113,7 +113,10 @@ def run(args: argparse.Namespace) -> int:
     write_run_files(run_dir, plan, hw, ds, spec)
     render_plan(plan, sys.stdout)
     print(f"\nRun directory: {run_dir}\nCommand: {spec.shell()}\n", flush=True)
-    rc = execute(spec)
+    signals: list[int] = []
+    rc = execute(spec, forwarded=signals)
+    if rc != 0 and signals:  # interrupted: the shell convention 128+N, whatever torchrun made of it
+        rc = 128 + signals[0]
     if rc == 0:
         print(f"\nDone. Run directory: {run_dir}")
         if (run_dir / "tensorboard").is_dir():
