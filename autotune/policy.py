@@ -343,14 +343,10 @@ def _estimate(cfg: TrainConfig, micro: int, world: int, zero: int | None, offloa
 # Auto planning
 # ---------------------------------------------------------------------------
 
-def _plan_auto(p: _Planner) -> TrainingPlan:
-    hw, cfg, policy = p.hw, p.cfg, p.policy
-    t, d = cfg.training, cfg.distributed
-    n_gpus = _gpus_used(p)
+def _choose_engine(p: _Planner, n_gpus: int) -> tuple[str, int, int, int, int | None]:
+    """backend, processes per node, nodes, world size, ZeRO stage."""
+    hw, d = p.hw, p.cfg.distributed
     on_gpu = n_gpus > 0
-    devs = hw.gpus.devices[:n_gpus]
-
-    # -- engine -------------------------------------------------------------
     num_nodes = max(d.num_nodes, hw.num_nodes)
     p.reasons["num_nodes"] = (
         f"the hardware profile describes {hw.num_nodes} node(s)" if num_nodes == hw.num_nodes and d.num_nodes == 1
@@ -400,7 +396,12 @@ def _plan_auto(p: _Planner) -> TrainingPlan:
     else:
         p.reasons["zero_stage"] = f"not used by the {backend} backend"
 
-    # -- precision ----------------------------------------------------------
+    return backend, nproc, num_nodes, world, zero
+
+
+def _choose_precision(p: _Planner, devs, on_gpu: bool) -> tuple[str, bool]:
+    """precision and TF32, from the lowest compute capability among the job's GPUs."""
+    t, policy = p.cfg.training, p.policy
     if on_gpu:
         cc = _lowest_cc(devs)
         if cc is None:
@@ -434,6 +435,19 @@ def _plan_auto(p: _Planner) -> TrainingPlan:
         if precision == "fp16":
             raise UserError("training.mixed_precision: fp16 needs a GPU (loss-scaled fp16 is a CUDA feature); use bf16 or fp32 on CPU")
     p.reasons["tf32"] = "TF32 matmuls on compute capability >= 8.0" if tf32 else "TF32 needs compute capability >= 8.0 GPUs"
+
+    return precision, tf32
+
+
+def _plan_auto(p: _Planner) -> TrainingPlan:
+    hw, cfg, policy = p.hw, p.cfg, p.policy
+    t, d = cfg.training, cfg.distributed
+    n_gpus = _gpus_used(p)
+    on_gpu = n_gpus > 0
+    devs = hw.gpus.devices[:n_gpus]
+
+    backend, nproc, num_nodes, world, zero = _choose_engine(p, n_gpus)
+    precision, tf32 = _choose_precision(p, devs, on_gpu)
 
     # -- micro-batch, checkpointing, offload --------------------------------
     mem_mib = _planning_memory_mib(p, n_gpus) if on_gpu else None
