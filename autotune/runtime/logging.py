@@ -97,7 +97,13 @@ class Progress:
         if enabled and use_bar:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+            # A terminal that reports a 0x0 size (some pseudo-terminals) would make tqdm draw nothing.
+            try:
+                cols = os.get_terminal_size(sys.stderr.fileno()).columns
+            except (OSError, ValueError):
+                cols = 0
+            width = {"dynamic_ncols": True} if cols > 0 else {"ncols": 100, "nrows": 40}
+            self.bar = tqdm(total=total, initial=initial, unit="step", **width)
 
     def update(self, n: int, postfix: dict) -> None:
         if self.bar is not None:

@@ -286,3 +286,41 @@ def test_ctrl_c_stops_every_rank_and_the_run_resumes(small_config, tmp_path):
     # the first launch's records are kept, not overwritten
     (prev,) = (run / "previous").iterdir()
     assert json.loads((prev / "plan.json").read_text())["total_steps"] == 100000
+
+
+@pytest.mark.parametrize("rows, cols", [(40, 120), (0, 0)])  # 0x0: some pseudo-terminals report no size
+def test_progress_bar_on_a_terminal_plain_lines_otherwise(small_config, tmp_path, rows, cols):
+    """tqdm when stdout is a TTY (run under a pseudo-terminal here); plain step lines in logs."""
+    import pty
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120"}
+    env.pop("AUTOTUNE_PLAN", None)
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "autotune.train", "--config", str(small_config),
+                             "--run_dir", str(tmp_path / "tty"), "--max_steps", "6"],
+                            stdin=slave, stdout=slave, stderr=slave, env=env, cwd=tmp_path, close_fds=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=120) == 0
+    os.close(master)
+    tty_out = b"".join(chunks).decode(errors="replace")
+    assert "6/6" in tty_out and "step/s" in tty_out  # tqdm's bar
+    plain = losses(tmp_path / "tty")  # the same metrics either way
+    assert sorted(plain) == list(range(1, 7))
+    piped = subprocess.run([sys.executable, "-m", "autotune.train", "--config", str(small_config),
+                            "--run_dir", str(tmp_path / "pipe"), "--max_steps", "6"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert piped.returncode == 0 and "step 6/6 | loss" in piped.stdout and "step/s" not in piped.stdout
