@@ -14,7 +14,6 @@ import importlib
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from autotune.errors import UserError, run_cli
@@ -42,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _plan_here(args) -> tuple[dict, Path]:
+def _plan_here(args) -> tuple[dict, Path, dict | None]:
     """--config mode: detect, plan and write the run dir like the launcher would."""
     from autotune.commands.common import prepare_run, write_run_files
     from autotune.config import load_config
@@ -66,14 +65,11 @@ def _plan_here(args) -> tuple[dict, Path]:
             overrides["distributed.backend"] = "ddp"
     plan_obj, hw, ds = prepare_run(cfg, overrides, auto_optimize=args.auto_optimize)
     run_dir = Path(args.run_dir or os.environ.get("AUTOTUNE_RUN_DIR") or _default_run_dir(world))
-    if int(os.environ.get("RANK", "0")) == 0:
+    # Every rank planned the same thing from the same inputs and keeps its own copy (no waiting
+    # on another rank's files); one process per node writes the records.
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         write_run_files(run_dir, plan_obj, hw, ds, None)
-    else:  # other ranks wait for rank 0's files
-        for _ in range(600):
-            if (run_dir / "plan.json").exists():
-                break
-            time.sleep(0.1)
-    return json.loads(plan_obj.model_dump_json()), run_dir
+    return json.loads(plan_obj.model_dump_json()), run_dir, ds
 
 
 def _default_run_dir(world: int) -> str:
@@ -84,7 +80,7 @@ def _default_run_dir(world: int) -> str:
     return f"runs/{new_run_dir_name()}"
 
 
-def _call_entrypoint(entry: str, plan_path: str) -> int:
+def _call_entrypoint(entry: str) -> int:
     mod, _, fn = entry.partition(":")
     try:
         func = getattr(importlib.import_module(mod), fn or "main")
@@ -97,8 +93,9 @@ def _call_entrypoint(entry: str, plan_path: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = build_parser().parse_args(argv)
+        ds_config = None
         if args.config:
-            plan, run_dir = _plan_here(args)
+            plan, run_dir, ds_config = _plan_here(args)
             plan_path = str(run_dir / "plan.json")
         else:
             from autotune.runtime.settings import read_plan
@@ -109,12 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["AUTOTUNE_PLAN"] = plan_path
         entry = plan["config"]["training"].get("entrypoint")
         if entry and ":" in entry:
-            return _call_entrypoint(entry, plan_path)
+            return _call_entrypoint(entry)
         from autotune.runtime.settings import settings_from_plan
         from autotune.runtime.loop import train
 
         settings = settings_from_plan(plan, plan_path)
-        train(settings, run_dir, resume_from=args.resume_from)
+        train(settings, run_dir, resume_from=args.resume_from, ds_config=ds_config)
         return 0
 
     return run_cli(body)

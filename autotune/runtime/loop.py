@@ -39,11 +39,13 @@ def _resolve_resume(resume_from: str | None, run_dir: Path) -> Path | None:
     return Path(resume_from)
 
 
-def train(settings: Settings, run_dir: str | Path, resume_from: str | None = None) -> dict:
+def train(settings: Settings, run_dir: str | Path, resume_from: str | None = None,
+          ds_config: dict | None = None) -> dict:
+    """Train the built-in workload under ``settings``; ``ds_config`` defaults to the run's JSON."""
     run_dir = Path(run_dir)
     ctx = init(settings)
     try:
-        result = _train(settings, ctx, run_dir, resume_from)
+        result = _train(settings, ctx, run_dir, resume_from, ds_config)
     except BaseException:
         cleanup(ctx, barrier=False)
         raise
@@ -51,12 +53,14 @@ def train(settings: Settings, run_dir: str | Path, resume_from: str | None = Non
     return result
 
 
-def _train(settings: Settings, ctx: DistContext, run_dir: Path, resume_from: str | None) -> dict:
+def _train(settings: Settings, ctx: DistContext, run_dir: Path, resume_from: str | None,
+           ds_config: dict | None) -> dict:
     cfg = settings.config
     t = cfg["training"]
     model = build_model(cfg, settings.gradient_checkpointing)  # same seed -> same init on every rank
     train_ds, val_ds = make_datasets(cfg["data"])
-    engine = make_engine(settings, model, ctx)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings, model, ctx, ds_config=ds_config)
     ckpts = CheckpointManager(run_dir, ctx, keep_last=cfg["checkpoint"]["keep_last"])
     step, consumed = 0, 0
     resume_path = _resolve_resume(resume_from, run_dir)
