@@ -100,8 +100,12 @@ class GPT(nn.Module):
                 x = blk(x)
         return F.linear(self.ln_f(x), self.tok.weight)  # head tied to the embedding
 
-    def forward(self, idx, targets):
+    def forward(self, idx, targets=None):
+        """The loss, or the logits when no targets are given. Evaluation goes through here
+        too: DeepSpeed ZeRO-3 gathers partitioned weights only inside forward calls."""
         logits = self.logits(idx)
+        if targets is None:
+            return logits
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1), ignore_index=IGNORE)
 
 
@@ -118,7 +122,7 @@ def eval_sums(model: GPT, batches, device, autocast) -> torch.Tensor:
     for x, y in batches:
         x, y = x.to(device), y.to(device)
         with autocast():
-            logits = model.logits(x).float()
+            logits = model(x).float()
         mask = y != IGNORE
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.view(-1), ignore_index=IGNORE, reduction="sum")
         correct = (logits.argmax(-1) == y) & mask

@@ -57,8 +57,13 @@ class CheckpointManager:
         if engine.name == "deepspeed":
             engine.model.save_checkpoint(str(tmp / "engine"), tag="state")
         torch.save(_rng_state(), tmp / f"rng-rank{self.ctx.rank}.pt")
+        if engine.name == "deepspeed" and engine.settings.zero_stage == 3:
+            # ZeRO-3 partitions the weights: gather them (a collective every rank joins) for model.pt.
+            state = engine.model._zero3_consolidated_16bit_state_dict()
+        else:
+            state = engine.module.state_dict() if self.ctx.is_main else None
         if self.ctx.is_main:
-            weights = {k: v.detach().float().cpu() for k, v in engine.module.state_dict().items()}
+            weights = {k: v.detach().float().cpu() for k, v in state.items()}
             torch.save(weights, tmp / "model.pt")
             if engine.name != "deepspeed":
                 torch.save(engine.trainer_state(), tmp / "trainer.pt")
