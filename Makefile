@@ -1,9 +1,11 @@
 # One entry point for set-up, tests, the default job and benchmarks.
 # Everything installs into .venv from nothing; override versions on the command line:
 #   make install TORCH_SPEC='torch==2.5.1' DEEPSPEED_SPEC='deepspeed==0.16.0'
+#   make install TORCH_SPEC='torch==2.5.1' TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cu124'
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
 DEEPSPEED_SPEC ?= deepspeed==0.19.8
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
@@ -17,7 +19,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel ninja
 	# torch first, from TORCH_SPEC, so nothing below can pull a CUDA build.
-	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
 	# DeepSpeed compiles against the torch above: no build isolation.
 	$(PIP) install -q --no-build-isolation "$(DEEPSPEED_SPEC)"
 	$(PIP) install -q --no-build-isolation -e ".[train,deepspeed,export,test]"

@@ -80,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
         run_dir = _latest_run_with_checkpoint(Path("runs")) or Path("runs") / new_run_dir_name()
     else:
         run_dir = Path("runs") / new_run_dir_name()
+    entry = plan.config["training"].get("entrypoint")
+    if entry and entry.endswith(".py") and not Path(entry).is_file():
+        raise UserError(f"training.entrypoint: no such script {entry!r} (paths are relative to {Path.cwd()})")
     if args.hardware and not args.dry_run:
         raise UserError(
             f"--hardware {args.hardware}: a launch runs on this machine, so it plans for the detected hardware; "

@@ -46,6 +46,14 @@ def test_launcher_script_help_and_bad_flags():
     assert bad.returncode == 2 and "must be a positive integer" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_missing_entrypoint_script_is_refused_before_launch(cli, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("training:\n  entrypoint: nowhere/train.py\n")
+    r = cli("autotune", "launch", "--config", str(cfg), "--run_dir", str(tmp_path / "run"))
+    assert r.returncode == 2 and "training.entrypoint: no such script 'nowhere/train.py'" in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("args, msg", [
     (["plan", "--zero_stage", "5"], "ZeRO stage must be 0, 1, 2 or 3"),
     (["plan", "--hardware", "4xL4", "--num_gpus", "9"], "9 GPUs requested but only 4 are visible"),
