@@ -339,3 +339,18 @@ def test_deepspeed_zero3_saves_whole_unwrapped_weights(runs, small_config, tmp_p
         assert z3[k].shape == ref[k].shape and torch.isfinite(z3[k]).all(), k
     loss = losses(tmp_path / "z3")
     assert loss[6] < loss[1]
+
+
+def test_training_works_without_deepspeed_installed(small_config, tmp_path):
+    """DeepSpeed is an optional extra: with it unimportable, a CPU run still trains."""
+    code = ("import sys\n"
+            "sys.modules['deepspeed'] = None  # any `import deepspeed` now raises ImportError\n"
+            "from autotune.train import main\n"
+            f"rc = main(['--config', {str(small_config)!r}, '--max_steps', '3', '--run_dir', {str(tmp_path / 'r')!r}])\n"
+            "assert 'deepspeed' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+            "sys.exit(rc)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("AUTOTUNE_PLAN", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(losses(tmp_path / "r")) == [1, 2, 3]

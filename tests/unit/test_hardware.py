@@ -360,3 +360,21 @@ def test_report_does_not_import_torch_or_deepspeed(cli):
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr
     assert "RC 0 IMPORTED []" in p.stdout  # ...but never imported
+
+
+def test_report_text_says_what_is_unknown_and_why(tmp_path):
+    import io
+
+    from autotune.report import render_profile
+
+    fake = FakeNVML.from_profile(load_profile("4xL4"), failing_queries={(1, "nvmlDeviceGetMemoryInfo")},
+                                 dead_gpus={3}, p2p_error=True)
+    hw = run_detect(tmp_path, fake, psutil_module=FakePsutil(fail=True))
+    buf = io.StringIO()
+    render_profile(hw, buf)
+    text = buf.getvalue()
+    assert "GPU 1: NVIDIA L4" in text and "memory total:       unknown (NVMLError_Unknown: Unknown Error)" in text
+    assert "GPU 3: unknown" in text and "device did not answer NVML queries" in text
+    assert "Interconnect:  unknown" in text and "treated as PCIe" in text
+    assert "RAM total:       unknown (OSError: no /proc/meminfo)" in text
+    assert "GPU 0: NVIDIA L4" in text and "22.5 GiB (23034 MiB)" in text  # the rest still prints
