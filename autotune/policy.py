@@ -514,10 +514,11 @@ def _plan_auto(p: _Planner) -> TrainingPlan:
                 auto_micro //= 2
             if auto_micro != start:
                 band_why += f"; halved to {auto_micro} so the memory estimate fits {budget_gib:.1f} GiB"
-        if est(micro_eff if micro_user != AUTO else auto_micro, ckpt_eff, off_eff) > budget_gib:
+        final_gib = est(auto_micro if micro_user == AUTO else micro_user, ckpt_eff, off_eff)
+        if final_gib > budget_gib:
             p.warnings.append(
-                f"estimated {est(micro_eff if micro_user != AUTO else auto_micro, ckpt_eff, off_eff):.1f} GiB per GPU "
-                f"exceeds the {budget_gib:.1f} GiB budget: expect out-of-memory errors"
+                f"estimated {final_gib:.1f} GiB per GPU exceeds the {budget_gib:.1f} GiB budget: "
+                "expect out-of-memory errors"
             )
     micro = p.choose("micro_batch_size", micro_user, auto_micro, band_why)
     ckpt = p.choose("gradient_checkpointing", ckpt_user, auto_ckpt, ckpt_why)
