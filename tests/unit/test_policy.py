@@ -265,3 +265,13 @@ def test_plan_is_fast_and_never_imports_torch(cli):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert "RC 0 []" in p.stdout, p.stderr
+
+
+def test_explicit_micro_batch_that_cannot_fit_is_kept_with_a_warning():
+    cfg = cfg_with(**{"model.n_layer": 24, "model.n_embd": 1024, "model.n_head": 16, "data.seq_len": 256,
+                      "data.vocab_size": 1000, "training.batch_size_per_gpu": 64,
+                      "training.gradient_checkpointing": False})
+    p = plan(load_profile("1xT4"), cfg)
+    assert p.micro_batch_size == 64 and p.gradient_checkpointing is False  # the user's values win
+    assert any("expect out-of-memory errors" in w for w in p.warnings)
+    assert p.memory_estimate.total_gib > p.memory_estimate.budget_gib
