@@ -5,13 +5,14 @@ an L4 sold as 24 GB shows 23034 MiB (22.5 GiB). Compute capabilities from
 https://developer.nvidia.com/cuda-gpus. Host figures are the common cloud
 shapes for each GPU (GCP g2-standard-48 for 4xL4, AWS g4dn.12xlarge for 4xT4,
 GCP a2-ultragpu-4g for 4xA100-80GB, AWS p4d.24xlarge for 8xA100-40GB,
-DGX H100 for 8xH100). Run: python tools/make_presets.py
+DGX H100 for 8xH100). Run: python tools/make_presets.py [--out DIR]
 """
+import argparse
 import json
 from itertools import combinations
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "configs" / "hardware"
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "configs" / "hardware"
 
 GPU = {  # name, memory.total MiB, typical free MiB right after boot, cc
     "T4": ("Tesla T4", 15360, 14930, "7.5"),
@@ -77,9 +78,20 @@ PRESETS = {
     "2x4xL4": ("Two nodes, each 4x L4 24 GB (GCP g2-standard-48), Ethernet between nodes", 2, gpus("L4", 4, "pcie"), cpu(24, 48), mem(192), []),
 }
 
-for name, (desc, nodes, g, c, m, ib) in PRESETS.items():
-    prof = {"schema_version": 1, "source": f"preset:{name}", "description": desc, "hostname": None,
-            "num_nodes": nodes, "gpus": g, "cpu": c, "memory": m, "infiniband": ib, "slurm": None,
-            "software": {}, "unknown": {}}
-    (OUT / f"{name}.json").write_text(json.dumps(prof, indent=2) + "\n")
-    print("wrote", name)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="write configs/hardware/*.json from the figures above")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    out = ap.parse_args(argv).out
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (desc, nodes, g, c, m, ib) in PRESETS.items():
+        prof = {"schema_version": 1, "source": f"preset:{name}", "description": desc, "hostname": None,
+                "num_nodes": nodes, "gpus": g, "cpu": c, "memory": m, "infiniband": ib, "slurm": None,
+                "software": {}, "unknown": {}}
+        (out / f"{name}.json").write_text(json.dumps(prof, indent=2) + "\n")
+        print("wrote", out / f"{name}.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -378,3 +378,20 @@ def test_report_text_says_what_is_unknown_and_why(tmp_path):
     assert "Interconnect:  unknown" in text and "treated as PCIe" in text
     assert "RAM total:       unknown (OSError: no /proc/meminfo)" in text
     assert "GPU 0: NVIDIA L4" in text and "22.5 GiB (23034 MiB)" in text  # the rest still prints
+
+
+def test_shipped_presets_match_their_generator(tmp_path):
+    """configs/hardware/*.json are what tools/make_presets.py writes from its vendor figures."""
+    import subprocess
+    import sys
+
+    from autotune.profiles import PRESET_DIR
+    from conftest import ROOT
+
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "make_presets.py"), "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    generated = sorted(p.name for p in tmp_path.glob("*.json"))
+    assert generated == sorted(p.name for p in PRESET_DIR.glob("*.json"))
+    for name in generated:
+        assert (tmp_path / name).read_text() == (PRESET_DIR / name).read_text(), name
