@@ -52,6 +52,15 @@ class LaunchSpec:
         return f"{env} {shlex.join(self.cmd)}".strip()
 
 
+def records_dir(plan: TrainingPlan, run_dir: str | Path) -> Path:
+    """Where this node's launch records (plan.json, command.json, ...) go. Node 0 writes into the
+    run directory itself; on a multi-node job each other node writes into ``node<rank>/`` beside
+    it, so nodes sharing a file system never overwrite each other's records. Checkpoints, metrics
+    and TensorBoard events stay in the run directory (rank 0 writes them)."""
+    node_rank = plan.config["distributed"]["node_rank"] if plan.num_nodes > 1 else 0
+    return Path(run_dir) if node_rank == 0 else Path(run_dir) / f"node{node_rank}"
+
+
 def default_cache_dir(environ: Mapping[str, str]) -> str:
     base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME", "/tmp")) / ".cache")
     return str(Path(base) / "autotune")
@@ -84,7 +93,7 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
         else:
             env[k], sources[k] = v, "autotune"
     # Where this run's files are: always ours, never inherited from an outer run.
-    for k, v in (("AUTOTUNE_PLAN", str(Path(run_dir) / "plan.json")), ("AUTOTUNE_RUN_DIR", str(run_dir))):
+    for k, v in (("AUTOTUNE_PLAN", str(records_dir(plan, run_dir) / "plan.json")), ("AUTOTUNE_RUN_DIR", str(run_dir))):
         env[k], sources[k] = v, "autotune"
     return env, sources
 
@@ -94,7 +103,7 @@ def _program(plan: TrainingPlan, run_dir: str, script_args: list[str]) -> list[s
     entry = plan.config["training"].get("entrypoint")
     if entry and entry.endswith(".py"):
         return [entry, *script_args]
-    return ["-m", "autotune.train", "--plan", str(Path(run_dir) / "plan.json"), *script_args]
+    return ["-m", "autotune.train", "--plan", str(records_dir(plan, run_dir) / "plan.json"), *script_args]
 
 
 def torchrun_flags(plan: TrainingPlan) -> list[str]:

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                                           write_run_files)
     from autotune.config import load_config
     from autotune.errors import UserError
-    from autotune.launch import execute, launch_spec
+    from autotune.launch import execute, launch_spec, records_dir
     from autotune.report import render_plan
     from autotune.runtime_paths import check_compatible, latest_checkpoint, read_meta
 
@@ -112,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
             print("Command:")
             print(f"  {spec.shell()}")
         return 0
-    check_run_dir_free(run_dir, resuming)
-    write_run_files(run_dir, plan, hw, ds, spec)
+    check_run_dir_free(records_dir(plan, run_dir), resuming)
+    write_run_files(records_dir(plan, run_dir), plan, hw, ds, spec)
     render_plan(plan, sys.stdout)
     print(f"\nRun directory: {run_dir}\nCommand: {spec.shell()}\n", flush=True)
     signals: list[int] = []

@@ -54,6 +54,7 @@ class CheckpointManager:
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
         wait_for_everyone(self.ctx)
+        tmp.mkdir(parents=True, exist_ok=True)  # other nodes, when the run dir is not shared
         if engine.name == "deepspeed":
             engine.model.save_checkpoint(str(tmp / "engine"), tag="state")
         torch.save(_rng_state(), tmp / f"rng-rank{self.ctx.rank}.pt")

@@ -354,3 +354,35 @@ def test_training_works_without_deepspeed_installed(small_config, tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(losses(tmp_path / "r")) == [1, 2, 3]
+
+
+def test_two_nodes_on_one_machine(runs, small_config, tmp_path):
+    """Two launchers as node 0 and node 1 (torchrun static rendezvous on 127.0.0.1) sharing a run dir:
+    one DDP job of world size 2 that follows the 2-process single-node trajectory."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = tmp_path / "mn"
+    env = {**os.environ}
+    env.pop("AUTOTUNE_PLAN", None)
+    procs = []
+    for node in (0, 1):
+        cmd = [str(ROOT / "launch_distributed_training.sh"), "--config", str(small_config), "--run_dir", str(run),
+               "--nproc_per_node", "1", "--num_nodes", "2", "--node_rank", str(node), "--master_addr", "127.0.0.1",
+               "--master_port", str(port), "--batch_size", "16", "--grad_accum", "1"]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                      cwd=ROOT))
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, f"{out[-2000:]}\n{err[-4000:]}"
+    for plan_file in (run / "plan.json", run / "node1" / "plan.json"):
+        plan = json.loads(plan_file.read_text())
+        assert (plan["backend"], plan["num_nodes"], plan["world_size"]) == ("ddp", 2, 2)
+    argv = json.loads((run / "node1" / "command.json").read_text())["argv"]
+    assert "--nnodes=2" in argv and "--node_rank=1" in argv and f"--master_port={port}" in argv
+    ref, got = losses(runs / "ddp"), losses(run)
+    for step in ref:
+        assert got[step] == pytest.approx(ref[step], rel=1e-4), (step, got[step], ref[step])
+    assert (run / "checkpoints" / "step-00000012" / "rng-rank1.pt").exists()

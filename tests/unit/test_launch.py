@@ -46,6 +46,8 @@ def test_multi_node_uses_static_rendezvous_and_infiniband_keeps_nccl_ib():
     _, s = spec_for("2x4xL4", **{"distributed.node_rank": 1, "distributed.master_addr": "10.1.2.3"})
     assert "--nnodes=2" in s.cmd and "--node_rank=1" in s.cmd and "--master_addr=10.1.2.3" in s.cmd
     assert "--standalone" not in s.cmd
+    # node 1 keeps its records beside node 0's; checkpoints and metrics stay in the shared run dir
+    assert s.env["AUTOTUNE_PLAN"] == "runs/x/node1/plan.json" and s.env["AUTOTUNE_RUN_DIR"] == "runs/x"
     _, h = spec_for("8xH100-80GB")
     assert "NCCL_IB_DISABLE" not in h.env
 
