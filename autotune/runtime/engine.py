@@ -132,8 +132,13 @@ class DeepSpeedEngine(Engine):
 
     def __init__(self, settings: Settings, model: nn.Module, ctx: DistContext, ds_config: dict,
                  loss_fn: Callable | None = None):
+        import warnings
+
         import deepspeed
 
+        # DeepSpeed's ZeRO code calls a torch collective that torch marks deprecated; the warning is
+        # theirs to fix and would otherwise be printed by every rank of every run.
+        warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
         self.settings, self.ctx, self.loss_fn = settings, ctx, loss_fn
         self.accum = settings.gradient_accumulation_steps
         t = settings.config["training"]
