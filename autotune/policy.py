@@ -155,10 +155,10 @@ def _summary(hw: HardwareProfile) -> str:
 class _Planner:
     """Holds the bookkeeping (reasons, overrides) of one planning call."""
 
-    def __init__(self, hw: HardwareProfile, cfg: TrainConfig, policy: Policy, auto: bool, debug: bool,
+    def __init__(self, hw: HardwareProfile, cfg: TrainConfig, policy: Policy, debug: bool,
                  deepspeed_installed: bool):
         self.hw, self.cfg, self.policy = hw, cfg, policy
-        self.auto, self.debug = auto, debug
+        self.debug = debug
         self.ds_installed = deepspeed_installed
         self.reasons: dict[str, str] = {}
         self.overrides: dict[str, Override] = {}
@@ -182,7 +182,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
         deepspeed_installed = bool(hw.software.get("deepspeed"))
     if not auto_optimize:
         return _plan_verbatim(hw, cfg, policy, deepspeed_installed)
-    return _plan_auto(_Planner(hw, cfg, policy, True, debug, deepspeed_installed))
+    return _plan_auto(_Planner(hw, cfg, policy, debug, deepspeed_installed))
 
 
 # ---------------------------------------------------------------------------

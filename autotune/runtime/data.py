@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Iterator
 
-import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
@@ -59,5 +58,3 @@ def eval_batches(dataset: Dataset, rank: int, world: int, batch_size: int):
     chunks = [idx[i:i + batch_size] for i in range(0, len(idx), batch_size)]
     return DataLoader(dataset, batch_sampler=chunks) if chunks else []
 
-
-__all__ = ["BatchStream", "eval_batches", "split_for_rank", "torch"]

@@ -138,7 +138,7 @@ def _train(settings: Settings, ctx: DistContext, run_dir: Path, resume_from: str
             progress.write(f"checkpoint: {path}")
     progress.close()
     logger.close()
-    final = {k: v for k, v in history[-1].items()} if history else {}
+    final = dict(history[-1]) if history else {}
     if ctx.is_main:
         summary = {"steps": step, "history": history, "final": final}
         (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2, default=_nan_safe))

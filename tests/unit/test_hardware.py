@@ -121,8 +121,8 @@ def test_dead_gpu_becomes_placeholder(tmp_path):
     assert hw.num_gpus == 4
     assert hw.gpus.devices[1].error == "device did not answer NVML queries"
     assert hw.gpus.devices[0].error is None and hw.gpus.devices[3].name == "NVIDIA L4"
-    # peer links cannot be asked of a lost GPU: unknown, treated as PCIe, and said so
-    assert hw.gpus.interconnect in ("unknown", "pcie")
+    # the lost GPU's handle still answers peer queries here: the 4xL4 PCIe links are reported
+    assert hw.gpus.interconnect == "pcie"
 
 
 def test_p2p_query_failure_is_unknown_treated_as_pcie(tmp_path):
@@ -201,57 +201,58 @@ def test_cgroup_text_parsers():
         parse_cpu_max("")
 
 
+def write_tree(root, files):
+    """A recorded cgroup hierarchy: {relative path: file text}."""
+    for rel, text in files.items():
+        f = root / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    return root
+
+
 def test_cgroup_v2_tree_takes_tightest_ancestor(tmp_path):
-    root = tmp_path / "cg"
-    leaf = root / "kubepods" / "pod1"
-    leaf.mkdir(parents=True)
-    (root / "cgroup.controllers").write_text("cpu memory\n")
-    (root / "kubepods" / "cpu.max").write_text("300000 100000\n")
-    (root / "kubepods" / "memory.max").write_text("max\n")
-    (leaf / "cpu.max").write_text("max 100000\n")
-    (leaf / "memory.max").write_text(str(6 * 2**30) + "\n")
-    self_cg = tmp_path / "self"
-    self_cg.write_text("0::/kubepods/pod1\n")
+    root = write_tree(tmp_path / "cg", {
+        "cgroup.controllers": "cpu memory\n",
+        "kubepods/cpu.max": "300000 100000\n",
+        "kubepods/memory.max": "max\n",
+        "kubepods/pod1/cpu.max": "max 100000\n",
+        "kubepods/pod1/memory.max": f"{6 * 2**30}\n",
+    })
+    self_cg = write_tree(tmp_path, {"self": "0::/kubepods/pod1\n"}) / "self"
     lim = read_cgroup_limits(root, self_cg)
     assert lim.version == 2 and lim.cpu_quota_cores == 3.0 and lim.memory_limit_bytes == 6 * 2**30
 
 
 def test_cgroup_v1_tree(tmp_path):
-    root = tmp_path / "cg"
-    (root / "cpu,cpuacct" / "docker" / "abc").mkdir(parents=True)
-    (root / "memory" / "docker" / "abc").mkdir(parents=True)
-    d = root / "cpu,cpuacct" / "docker" / "abc"
-    (d / "cpu.cfs_quota_us").write_text("150000\n")
-    (d / "cpu.cfs_period_us").write_text("100000\n")
-    (root / "memory" / "docker" / "abc" / "memory.limit_in_bytes").write_text(str(4 * 2**30))
-    (root / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712")
-    self_cg = tmp_path / "self"
-    self_cg.write_text("5:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n")
+    root = write_tree(tmp_path / "cg", {
+        "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "150000\n",
+        "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+        "memory/docker/abc/memory.limit_in_bytes": str(4 * 2**30),
+        "memory/memory.limit_in_bytes": "9223372036854771712",
+    })
+    self_cg = write_tree(tmp_path, {"self": "5:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n"}) / "self"
     lim = read_cgroup_limits(root, self_cg)
     assert lim.version == 1 and lim.cpu_quota_cores == 1.5 and lim.memory_limit_bytes == 4 * 2**30
 
 
+def detect_with_cgroup(tmp_path, root, **psutil_kw):
+    return detect(nvml=FakeNVML([], library_missing=True), environ={}, cgroup_root=root,
+                  proc_self_cgroup=tmp_path / "missing", sys_class=tmp_path, psutil_module=FakePsutil(**psutil_kw))
+
+
 def test_cgroup_limits_drive_effective_cores_and_ram(tmp_path):
-    root = tmp_path / "cg"
-    root.mkdir()
-    (root / "cgroup.controllers").write_text("cpu memory\n")
-    (root / "cpu.max").write_text("200000 100000\n")
-    (root / "memory.max").write_text(str(4 * 2**30))
-    hw = detect(nvml=FakeNVML([], library_missing=True), environ={}, cgroup_root=root,
-                proc_self_cgroup=tmp_path / "missing", sys_class=tmp_path, psutil_module=FakePsutil(logical=16))
+    root = write_tree(tmp_path / "cg", {"cgroup.controllers": "cpu memory\n", "cpu.max": "200000 100000\n",
+                                        "memory.max": str(4 * 2**30)})
+    hw = detect_with_cgroup(tmp_path, root, logical=16)
     assert hw.cpu.effective_cores == 2 and "cgroup CPU quota is 2 cores" in hw.cpu.effective_cores_reason
     assert hw.memory.cgroup_limit_mib == 4096 and hw.memory.effective_mib == 4096
     assert "cgroup memory limit" in hw.memory.effective_reason
 
 
 def test_unreadable_cgroup_file_is_unknown_not_a_crash(tmp_path):
-    root = tmp_path / "cg"
-    root.mkdir()
-    (root / "cgroup.controllers").write_text("cpu memory\n")
-    (root / "cpu.max").write_text("garbage here\n")
+    root = write_tree(tmp_path / "cg", {"cgroup.controllers": "cpu memory\n", "cpu.max": "garbage here\n"})
     (root / "memory.max").mkdir()  # reading a directory fails
-    hw = detect(nvml=FakeNVML([], library_missing=True), environ={}, cgroup_root=root,
-                proc_self_cgroup=tmp_path / "missing", sys_class=tmp_path, psutil_module=FakePsutil())
+    hw = detect_with_cgroup(tmp_path, root)
     assert "cpu.cgroup_quota_cores" in hw.unknown and "memory.cgroup_limit_mib" in hw.unknown
     assert hw.cpu.effective_cores == 8
 
