@@ -7,7 +7,7 @@ keys silently, so a typo here would otherwise go unnoticed.
 
 from __future__ import annotations
 
-from autotune.policy import TrainingPlan
+from autotune.plan import TrainingPlan
 
 # Top-level keys this module may emit; all are documented DeepSpeed keys.
 KNOWN_TOP_LEVEL_KEYS = frozenset({
@@ -29,13 +29,13 @@ def bucket_size(gpu_memory_gib: float | None) -> int:
 
 
 def deepspeed_config(plan: TrainingPlan) -> dict:
-    cfg = plan.config
-    train = cfg["training"]
-    stage = plan.zero_stage if plan.zero_stage is not None else 0
-    bucket = bucket_size(plan.gpu_memory_gib)
+    """The engine flavour: batch sizes, ZeRO, precision, and the optimizer from ``plan.optimizer``."""
+    eng, opt = plan.engine, plan.optimizer
+    stage = eng.zero_stage if eng.zero_stage is not None else 0
+    bucket = bucket_size(plan.memory.gpu_memory_gib)
     zero: dict = {
         "stage": stage,
-        "overlap_comm": plan.device == "cuda",  # overlap needs CUDA streams
+        "overlap_comm": eng.device == "cuda",  # overlap needs CUDA streams
         "contiguous_gradients": True,
         "reduce_bucket_size": bucket,
     }
@@ -43,36 +43,36 @@ def deepspeed_config(plan: TrainingPlan) -> dict:
         zero.update(allgather_bucket_size=bucket, reduce_scatter=True)
     if stage == 3:
         zero.update(stage3_prefetch_bucket_size=bucket, stage3_param_persistence_threshold=100_000)
-    if plan.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": plan.device == "cuda"}
+    if eng.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": eng.device == "cuda"}
     out: dict = {
-        "train_batch_size": plan.global_batch_size,
-        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
-        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
-        "steps_per_print": max(1, int(train["log_every_steps"])) * 100,
+        "train_batch_size": plan.batch.global_batch_size,
+        "train_micro_batch_size_per_gpu": plan.batch.micro_batch_size,
+        "gradient_accumulation_steps": plan.batch.gradient_accumulation_steps,
+        # DeepSpeed clips at 1.0 when the key is absent: 0.0 is its word for "no clipping".
+        "gradient_clipping": float(opt.gradient_clipping or 0.0),
+        "steps_per_print": max(1, plan.run.log_every_steps) * 100,
         "wall_clock_breakdown": False,
         "zero_optimization": zero,
         "optimizer": {
             "type": "AdamW",
             "params": {
-                "lr": plan.learning_rate,
-                "betas": [0.9, 0.95],
-                "eps": 1e-8,
-                "weight_decay": float(train["weight_decay"]),
+                "lr": plan.schedule.learning_rate,
+                "betas": list(opt.betas),
+                "eps": opt.eps,
+                "weight_decay": opt.weight_decay,
                 # torch's AdamW needs no JIT build; ZeRO-Offload uses DeepSpeed's CPU Adam instead.
-                "torch_adam": not plan.offload_optimizer,
+                "torch_adam": not eng.offload_optimizer,
             },
         },
     }
-    if train.get("gradient_clipping"):
-        out["gradient_clipping"] = float(train["gradient_clipping"])
-    if plan.precision == "bf16":
+    if plan.numerics.precision == "bf16":
         out["bf16"] = {"enabled": True}
-    elif plan.precision == "fp16":
+    elif plan.numerics.precision == "fp16":
         # loss_scale 0 = dynamic loss scaling, starting at 2^16.
         out["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
                        "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
-    if plan.gradient_checkpointing:
+    if plan.memory.gradient_checkpointing:
         out["activation_checkpointing"] = {
             "partition_activations": False,
             "contiguous_memory_optimization": False,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from autotune.policy import TrainingPlan
+from autotune.plan import TrainingPlan
 
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
 
@@ -57,7 +57,7 @@ def records_dir(plan: TrainingPlan, run_dir: str | Path) -> Path:
     run directory itself; on a multi-node job each other node writes into ``node<rank>/`` beside
     it, so nodes sharing a file system never overwrite each other's records. Checkpoints, metrics
     and TensorBoard events stay in the run directory (rank 0 writes them)."""
-    node_rank = plan.config["distributed"]["node_rank"] if plan.num_nodes > 1 else 0
+    node_rank = plan.engine.node_rank if plan.engine.num_nodes > 1 else 0
     return Path(run_dir) if node_rank == 0 else Path(run_dir) / f"node{node_rank}"
 
 
@@ -70,8 +70,7 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
              has_infiniband: bool | None) -> tuple[dict[str, str], dict[str, str]]:
     """The environment the plan asks for; a value the user exported wins and is recorded as theirs."""
     want: dict[str, str] = {
-        "OMP_NUM_THREADS": str(plan.omp_num_threads),
-        "AUTOTUNE_DIST_TIMEOUT_S": str(plan.config["distributed"]["timeout_s"]),
+        "OMP_NUM_THREADS": str(plan.loader.omp_num_threads),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         # Elastic restarts are flaky with the shared rendezvous TCP store (PyTorch issue 135712).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
@@ -80,11 +79,11 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
     }
     if not has_infiniband:
         want["NCCL_IB_DISABLE"] = "1"
-    if plan.device == "cuda":
+    if plan.engine.device == "cuda":
         want["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     else:
         want["DS_ACCELERATOR"] = "cpu"
-    if plan.config["logging"]["wandb"] and not environ.get("WANDB_API_KEY"):
+    if plan.run.wandb and not environ.get("WANDB_API_KEY"):
         want["WANDB_MODE"] = "offline"
     env, sources = {}, {}
     for k, v in want.items():
@@ -100,7 +99,7 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
 
 def _program(plan: TrainingPlan, run_dir: str, script_args: list[str]) -> list[str]:
     """What each rank runs: the user's script, or the built-in runtime."""
-    entry = plan.config["training"].get("entrypoint")
+    entry = plan.run.entrypoint
     if entry and entry.endswith(".py"):
         return [entry, *script_args]
     return ["-m", "autotune.train", "--plan", str(records_dir(plan, run_dir) / "plan.json"), *script_args]
@@ -108,15 +107,15 @@ def _program(plan: TrainingPlan, run_dir: str, script_args: list[str]) -> list[s
 
 def torchrun_flags(plan: TrainingPlan) -> list[str]:
     """torchrun's flags for the plan: standalone on one node, static rendezvous across nodes."""
-    d = plan.config["distributed"]
-    flags = [f"--nproc_per_node={plan.nproc_per_node}"]
-    if plan.num_nodes == 1:
+    eng = plan.engine
+    flags = [f"--nproc_per_node={eng.nproc_per_node}"]
+    if eng.num_nodes == 1:
         return flags + ["--standalone"]
     return flags + [
-        f"--nnodes={plan.num_nodes}",
-        f"--node_rank={d['node_rank']}",
-        f"--master_addr={d['master_addr']}",
-        f"--master_port={d['master_port']}",
+        f"--nnodes={eng.num_nodes}",
+        f"--node_rank={eng.node_rank}",
+        f"--master_addr={eng.master_addr}",
+        f"--master_port={eng.master_port}",
     ]
 
 
@@ -144,7 +143,7 @@ def launch_spec(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str], *,
     """Build the command and environment for ``plan``. Pure: reads only its arguments."""
     python = python or sys.executable
     program = _program(plan, run_dir, list(script_args or []))
-    cmd = LAUNCHERS[plan.backend](plan, python, program)
+    cmd = LAUNCHERS[plan.engine.backend](plan, python, program)
     env, sources = plan_env(plan, run_dir, environ, has_infiniband)
     return LaunchSpec(cmd=cmd, env=env, env_sources=sources, cwd=cwd)
 

@@ -116,12 +116,15 @@ _PLAN_ROWS = (
 
 
 def render_plan(plan, out: TextIO) -> None:
+    from autotune.plan import public_dict
+
+    flat = public_dict(plan)
     w = out.write
     w(f"\n{RULE}\nOPTIMAL TRAINING SETTINGS\n{RULE}\n")
-    w(f"Planned for: {plan.hardware}" + ("" if plan.auto_optimize else "  [--no_auto_optimize: config verbatim]")
-      + ("  [--debug]" if plan.debug else "") + "\n")
+    w(f"Planned for: {plan.hardware}" + ("" if plan.run.auto_optimize else "  [--no_auto_optimize: config verbatim]")
+      + ("  [--debug]" if plan.run.debug else "") + "\n")
     for label, key in _PLAN_ROWS:
-        value = getattr(plan, key)
+        value = flat[key]
         if isinstance(value, bool):
             value = "on" if value else "off"
         elif isinstance(value, float):
@@ -130,11 +133,11 @@ def render_plan(plan, out: TextIO) -> None:
             value = "-"
         reason = plan.reasons.get(key, "")
         w(f"{label + ':':<26}{str(value):<10} {reason}\n")
-    if plan.memory_estimate:
-        e = plan.memory_estimate
+    e = plan.memory.estimate
+    if e:
         acts = "n/a" if e.activations_gib is None else _size(e.activations_gib)
         budget = f" of a {e.budget_gib:.1f} GiB budget" if e.budget_gib else ""
-        unit = "GPU" if plan.device == "cuda" else "process"
+        unit = "GPU" if plan.engine.device == "cuda" else "process"
         w(f"{'Memory estimate:':<26}{_size(e.total_gib)} per {unit}{budget} "
           f"(model states {_size(e.model_states_gib)} + activations {acts}; {e.num_parameters:,} parameters)\n")
     if plan.overrides:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 from pathlib import Path
 
 from autotune.errors import UserError, run_cli
+from autotune.plan import TrainingPlan, load_plan
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,16 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, help="epochs (with --config)")
     p.add_argument("--max_steps", type=int, help="optimizer steps (with --config)")
     p.add_argument("--run_dir", help="run directory (default: $AUTOTUNE_RUN_DIR or a new runs/<id>)")
-    p.add_argument("--resume_from", help="checkpoint dir, or 'auto' for the newest in the run dir")
+    p.add_argument("--resume_from", help="with --config: checkpoint dir, or 'auto' for the newest in the run dir")
     return p
 
 
-def _plan_here(args) -> tuple[dict, Path, dict | None]:
+def _plan_here(args) -> tuple[TrainingPlan, Path, dict | None]:
     """--config mode: detect, plan and write the run dir like the launcher would."""
-    from autotune.commands.common import prepare_run, write_run_files
     from autotune.config import load_config
+    from autotune.runs import plan_for, resolve_resume, write_records
 
-    cfg = load_config(args.config)
     overrides = {}
     if args.batch_size:
         overrides["training.batch_size_per_gpu"] = args.batch_size
@@ -63,19 +62,22 @@ def _plan_here(args) -> tuple[dict, Path, dict | None]:
         overrides["distributed.num_nodes"] = world // local
         if overrides.get("distributed.backend") != "deepspeed":
             overrides["distributed.backend"] = "ddp"
-    plan_obj, hw, ds = prepare_run(cfg, overrides, auto_optimize=args.auto_optimize)
+    plan, hw, ds = plan_for(load_config(args.config), overrides, auto_optimize=args.auto_optimize)
     run_dir = Path(args.run_dir or os.environ.get("AUTOTUNE_RUN_DIR") or _default_run_dir(world))
+    resume = resolve_resume(args.resume_from, run_dir)
+    if resume is not None:
+        plan = plan.model_copy(update={"run": plan.run.model_copy(update={"resume_from": str(resume)})})
     # Every rank planned the same thing from the same inputs and keeps its own copy (no waiting
     # on another rank's files); one process per node writes the records.
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-        write_run_files(run_dir, plan_obj, hw, ds, None)
-    return json.loads(plan_obj.model_dump_json()), run_dir, ds
+        write_records(run_dir, plan, hw, ds)
+    return plan, run_dir, ds
 
 
 def _default_run_dir(world: int) -> str:
     if world > 1:
         return f"runs/torchrun-{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}"
-    from autotune.commands.common import new_run_dir_name
+    from autotune.runs import new_run_dir_name
 
     return f"runs/{new_run_dir_name()}"
 
@@ -98,20 +100,19 @@ def main(argv: list[str] | None = None) -> int:
             plan, run_dir, ds_config = _plan_here(args)
             plan_path = str(run_dir / "plan.json")
         else:
-            from autotune.runtime.settings import read_plan
-
+            if args.resume_from:
+                raise UserError("--resume_from: with --plan the launcher has already resolved the resume point "
+                                "(plan.run.resume_from); use it with --config, or launch with --resume_from")
             plan_path = args.plan or os.environ.get("AUTOTUNE_PLAN")
-            plan = read_plan(plan_path)
+            plan = load_plan(plan_path)
             run_dir = Path(args.run_dir or os.environ.get("AUTOTUNE_RUN_DIR") or Path(plan_path).parent)
         os.environ["AUTOTUNE_PLAN"] = plan_path
-        entry = plan["config"]["training"].get("entrypoint")
+        entry = plan.run.entrypoint
         if entry and ":" in entry:
             return _call_entrypoint(entry)
-        from autotune.runtime.settings import settings_from_plan
         from autotune.runtime.loop import train
 
-        settings = settings_from_plan(plan, plan_path)
-        train(settings, run_dir, resume_from=args.resume_from, ds_config=ds_config)
+        train(plan, run_dir, ds_config=ds_config, plan_path=plan_path)
         return 0
 
     return run_cli(body)

@@ -39,11 +39,11 @@ class SortDataset(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
-def make_datasets(data_cfg: dict) -> tuple[SortDataset, SortDataset]:
-    n = data_cfg["num_samples"] or 16384
-    train = SortDataset(n, data_cfg["seq_len"], data_cfg["vocab_size"], data_cfg["seed"])
-    val = SortDataset(max(1, data_cfg["num_val_samples"]), data_cfg["seq_len"], data_cfg["vocab_size"],
-                      data_cfg["seed"] + 1_000_003)
+def make_datasets(data) -> tuple[SortDataset, SortDataset]:
+    """Train and validation sets from the plan's ``workload.data``."""
+    n = data.num_samples or 16384
+    train = SortDataset(n, data.seq_len, data.vocab_size, data.seed)
+    val = SortDataset(max(1, data.num_val_samples), data.seq_len, data.vocab_size, data.seed + 1_000_003)
     return train, val
 
 
@@ -109,10 +109,10 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1), ignore_index=IGNORE)
 
 
-def build_model(cfg: dict, gradient_checkpointing: bool = False) -> GPT:
-    m, d = cfg["model"], cfg["data"]
-    return GPT(d["vocab_size"], 2 * d["seq_len"] - 1, m["n_layer"], m["n_head"], m["n_embd"], m["dropout"],
-               gradient_checkpointing)
+def build_model(workload, gradient_checkpointing: bool = False) -> GPT:
+    """The GPT of the plan's ``workload`` section."""
+    m, d = workload.model, workload.data
+    return GPT(d.vocab_size, 2 * d.seq_len - 1, m.n_layer, m.n_head, m.n_embd, m.dropout, gradient_checkpointing)
 
 
 @torch.no_grad()

@@ -7,7 +7,6 @@ Per-step cost is the slope between a short and a long run, so start-up cancels o
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -17,54 +16,53 @@ import torch
 from common import machine, med
 
 from autotune.config import TrainConfig, apply_overrides
-from autotune.policy import plan
+from autotune.planner import plan
 from autotune.profiles import load_profile
 from autotune.runtime.engine import lr_lambda
 from autotune.runtime.loop import train
-from autotune.runtime.settings import settings_from_plan
 from autotune.workload import build_model, make_datasets
 
 STEPS_SHORT, STEPS_LONG = 20, 120
 
 
-def settings_for(steps: int):
+def plan_for(steps: int):
     cfg = apply_overrides(TrainConfig(), {
         "training.max_steps": steps, "training.eval_every_steps": 10_000, "training.log_every_steps": 10,
         "checkpoint.save_every_steps": None, "checkpoint.save_at_end": False, "logging.tensorboard": False,
         "data.num_workers": 0, "training.batch_size_per_gpu": 64, "training.gradient_accumulation_steps": 2,
         "training.global_batch_size": 128})
     p = plan(load_profile("cpu-only"), cfg, deepspeed_installed=False)
-    return settings_from_plan(json.loads(p.model_dump_json()))
+    return p
 
 
 def runtime_seconds(steps: int) -> float:
-    s = settings_for(steps)
+    p = plan_for(steps)
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
-        train(s, Path(d))
+        train(p, Path(d))
         return time.perf_counter() - t0
 
 
 def bare_seconds(steps: int) -> float:
-    s = settings_for(steps)
-    cfg = s.config
+    p = plan_for(steps)
+    accum = p.batch.gradient_accumulation_steps
     t0 = time.perf_counter()
-    torch.manual_seed(cfg["training"]["seed"])
-    model = build_model(cfg)
-    train_ds, _ = make_datasets(cfg["data"])
-    opt = torch.optim.AdamW(model.parameters(), lr=s.learning_rate, betas=(0.9, 0.95), eps=1e-8,
-                            weight_decay=cfg["training"]["weight_decay"])
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(s.warmup_steps, steps, cfg["training"]["min_lr_ratio"]))
-    loader = torch.utils.data.DataLoader(train_ds, batch_size=s.micro_batch_size, shuffle=True, drop_last=True)
+    torch.manual_seed(p.run.seed)
+    model = build_model(p.workload)
+    train_ds, _ = make_datasets(p.workload.data)
+    opt = torch.optim.AdamW(model.parameters(), lr=p.schedule.learning_rate, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=p.optimizer.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(p.schedule.warmup_steps, steps, p.schedule.min_lr_ratio))
+    loader = torch.utils.data.DataLoader(train_ds, batch_size=p.batch.micro_batch_size, shuffle=True, drop_last=True)
     it = iter(loader)
     for _ in range(steps):
-        for _ in range(s.gradient_accumulation_steps):
+        for _ in range(accum):
             try:
                 x, y = next(it)
             except StopIteration:
                 it = iter(loader)
                 x, y = next(it)
-            loss = model(x, y) / s.gradient_accumulation_steps
+            loss = model(x, y) / accum
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -20,13 +20,13 @@ from autotune import runtime  # autotune  # noqa: E402
 
 
 def main():
-    settings = runtime.load_settings()  # autotune: reads $AUTOTUNE_PLAN
-    ctx = runtime.init(settings)  # autotune: process group, device, seed
+    plan = runtime.load_plan()  # autotune: the typed plan from $AUTOTUNE_PLAN
+    ctx = runtime.init(plan)  # autotune: process group, device, seed
     model = make_model()
-    engine = runtime.make_engine(settings, model, ctx, loss_fn=F.cross_entropy)  # autotune: optimizer, DDP/DeepSpeed
-    batches = iter(runtime.BatchStream(make_data(), settings.micro_batch_size, ctx.rank, ctx.world_size, seed=0))  # autotune
-    acc = settings.gradient_accumulation_steps
-    for step in range(1, settings.total_steps + 1):
+    engine = runtime.make_engine(plan, model, ctx, loss_fn=F.cross_entropy)  # autotune: optimizer, DDP/DeepSpeed
+    batches = iter(runtime.BatchStream(make_data(), plan.batch.micro_batch_size, ctx.rank, ctx.world_size, seed=0))  # autotune
+    acc = plan.batch.gradient_accumulation_steps
+    for step in range(1, plan.schedule.total_steps + 1):
         for k in range(acc):
             loss = engine.forward_backward(next(batches), boundary=k == acc - 1)  # autotune
         engine.step()  # autotune

@@ -1,17 +1,11 @@
-"""Flags shared by plan/export/launch, and the run-directory writer."""
+"""Flags shared by plan/export/launch (parsing only; run setup lives in autotune.runs)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import secrets
-import time
-from importlib import metadata
 from pathlib import Path
 
-from autotune.config import TrainConfig, apply_overrides, load_config
-from autotune.errors import UserError
-from autotune.profiles import HardwareProfile, load_profile
+from autotune.config import load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent.parent / "configs" / "default_config.yaml"
 
@@ -97,96 +91,10 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     return out
 
 
-def deepspeed_installed_locally() -> bool:
-    try:
-        metadata.version("deepspeed")
-        return True
-    except metadata.PackageNotFoundError:
-        return False
-
-
-def resolve_hardware(spec: str | None) -> HardwareProfile:
-    if spec:
-        return load_profile(spec)
-    from autotune.hardware import detect
-
-    return detect()
-
-
-def prepare_run(cfg: TrainConfig, overrides: dict, *, auto_optimize: bool = True, debug: bool = False,
-                hardware: str | HardwareProfile | None = None, policy: str | None = None):
-    """config + flags + hardware -> (plan, profile, deepspeed dict or None).
-
-    ``hardware`` is a preset name or profile path, an already resolved profile, or None to detect.
-    """
-    from autotune.deepspeed_config import deepspeed_config
-    from autotune.policy import load_policy, plan
-
-    if overrides:
-        cfg = apply_overrides(cfg, overrides)
-    hw = hardware if isinstance(hardware, HardwareProfile) else resolve_hardware(hardware)
-    # A preset says nothing about installed software: the plan will run with what is installed here.
-    if "deepspeed" in hw.software:
-        ds_installed = bool(hw.software["deepspeed"])
-    else:
-        ds_installed = deepspeed_installed_locally()
-    p = plan(hw, cfg, auto_optimize=auto_optimize, debug=debug, policy=load_policy(policy),
-             deepspeed_installed=ds_installed)
-    return p, hw, (deepspeed_config(p) if p.backend == "deepspeed" else None)
-
-
 def plan_from_args(args: argparse.Namespace):
+    """The plan/export path: (plan, profile, DeepSpeed dict or None) from the shared flags."""
+    from autotune.runs import plan_for
+
     cfg = load_config(args.config)
-    return prepare_run(cfg, overrides_from_args(args), auto_optimize=not args.no_auto_optimize,
-                       debug=args.debug, hardware=args.hardware, policy=args.policy)
-
-
-def new_run_dir_name() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-RUN_RECORDS = ("plan.json", "hardware.json", "deepspeed_config.json", "command.json")
-
-
-def archive_run_files(run_dir: Path) -> Path | None:
-    """Move an earlier launch's records to previous/<time>/ so a resume never overwrites them."""
-    present = [run_dir / n for n in RUN_RECORDS if (run_dir / n).exists()]
-    if not present:
-        return None
-    dest = run_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
-    while dest.exists():
-        dest = dest.with_name(dest.name + "-1")
-    dest.mkdir(parents=True)
-    for f in present:
-        f.rename(dest / f.name)
-    return dest
-
-
-def write_run_files(run_dir: Path, plan, hw, ds: dict | None, spec) -> None:
-    """Write the run's records; plan.json last, so its presence means the rest is there."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    archive_run_files(run_dir)
-    _write_atomic(run_dir / "hardware.json", hw.to_json() + "\n")
-    if ds is not None:
-        _write_atomic(run_dir / "deepspeed_config.json", json.dumps(ds, indent=2) + "\n")
-    if spec is not None:
-        _write_atomic(run_dir / "command.json", json.dumps(spec.to_record(), indent=2) + "\n")
-    _write_atomic(run_dir / "plan.json", plan.model_dump_json(indent=2) + "\n")
-
-
-def check_run_dir_free(run_dir: Path, resuming: bool) -> None:
-    """Never overwrite a user's finished run by accident."""
-    if run_dir.exists() and (run_dir / "plan.json").exists() and not resuming:
-        raise UserError(
-            f"--run_dir: {run_dir} already holds a run (plan.json); add --resume_from auto to continue it, "
-            "or choose another directory"
-        )
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"--run_dir: {run_dir} exists and is not a directory")
-
+    return plan_for(cfg, overrides_from_args(args), args.hardware, auto_optimize=not args.no_auto_optimize,
+                    debug=args.debug, policy=args.policy)

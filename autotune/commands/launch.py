@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
 HELP = "detect the hardware, plan, write the run directory and launch training"
 EPILOG = """examples:
@@ -42,82 +41,73 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _latest_run_with_checkpoint(root: Path) -> Path | None:
-    from autotune.runtime_paths import latest_checkpoint
+def _script_args(raw: list[str]) -> list[str]:
+    if raw and raw[0] == "--":
+        return raw[1:]
+    if raw:
+        from autotune.errors import UserError
 
-    runs = sorted((d for d in root.glob("*") if d.is_dir()), key=lambda d: d.stat().st_mtime, reverse=True)
-    for d in runs:
-        if latest_checkpoint(d) is not None:
-            return d
-    return None
+        raise UserError(f"unrecognised arguments: {' '.join(raw)} (put script arguments after `--`)")
+    return []
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.commands.common import (check_run_dir_free, new_run_dir_name, overrides_from_args, prepare_run,
-                                          write_run_files)
+    from autotune.commands.common import overrides_from_args
     from autotune.config import load_config
     from autotune.errors import UserError
-    from autotune.launch import execute, launch_spec, records_dir
-    from autotune.report import render_plan
-    from autotune.runtime_paths import check_compatible, latest_checkpoint, read_meta
+    from autotune.runs import check_run_dir_free, prepare, write_records
 
-    script_args = list(args.script_args or [])
-    if script_args and script_args[0] == "--":
-        script_args = script_args[1:]
-    elif script_args:
-        raise UserError(f"unrecognised arguments: {' '.join(script_args)} (put script arguments after `--`)")
-    cfg = load_config(args.config)
-    overrides = overrides_from_args(args)
-    if args.wandb:
-        overrides["logging.wandb"] = True
-    plan, hw, ds = prepare_run(cfg, overrides, auto_optimize=not args.no_auto_optimize, debug=args.debug,
-                               hardware=args.hardware, policy=args.policy)
-
-    resuming = bool(args.resume_from)
-    if args.run_dir:
-        run_dir = Path(args.run_dir)
-    elif args.resume_from == "auto":
-        run_dir = _latest_run_with_checkpoint(Path("runs")) or Path("runs") / new_run_dir_name()
-    else:
-        run_dir = Path("runs") / new_run_dir_name()
-    entry = plan.config["training"].get("entrypoint")
-    if entry and entry.endswith(".py") and not Path(entry).is_file():
-        raise UserError(f"training.entrypoint: no such script {entry!r} (paths are relative to {Path.cwd()})")
+    script_args = _script_args(list(args.script_args or []))
     if args.hardware and not args.dry_run:
         raise UserError(
             f"--hardware {args.hardware}: a launch runs on this machine, so it plans for the detected hardware; "
             "use --hardware with --dry-run (or `autotune plan`) to look at other machines"
         )
-    if args.resume_from not in (None, "auto") and not Path(args.resume_from).is_dir():
-        raise UserError(f"--resume_from: no checkpoint directory {args.resume_from!r}")
-    resume_path = Path(args.resume_from) if args.resume_from not in (None, "auto") else \
-        (latest_checkpoint(run_dir) if args.resume_from == "auto" else None)
-    if resume_path is not None and not plan.config["training"].get("entrypoint"):
-        check_compatible(read_meta(resume_path), resume_path, plan.backend, plan.global_batch_size)
-    if args.resume_from not in (None, "auto"):
-        script_args = ["--resume_from", str(Path(args.resume_from).resolve()), *script_args]
-    elif args.resume_from == "auto" and not plan.config["training"].get("entrypoint"):
-        script_args = ["--resume_from", "auto", *script_args]
-    spec = launch_spec(plan, str(run_dir), os.environ, python=sys.executable,
-                       has_infiniband=bool(hw.infiniband), script_args=script_args)
+    overrides = overrides_from_args(args)
+    if args.wandb:
+        overrides["logging.wandb"] = True
+    setup = prepare(load_config(args.config), overrides, args.hardware, auto_optimize=not args.no_auto_optimize,
+                    debug=args.debug, policy=args.policy, run_dir=args.run_dir, resume_from=args.resume_from,
+                    script_args=script_args, environ=os.environ, python=sys.executable)
     if args.dry_run:
-        if args.json:
-            data = {"plan": json.loads(plan.model_dump_json()), "launch": spec.to_record(),
-                    "deepspeed_config": ds, "run_dir": str(run_dir)}
-            data["plan"].pop("config")
-            print(json.dumps(data, indent=2))
-        else:
-            render_plan(plan, sys.stdout)
-            print(f"\nRun directory: {run_dir} (not created: --dry-run)")
-            print("Command:")
-            print(f"  {spec.shell()}")
+        _print_dry_run(setup, args.json)
         return 0
-    check_run_dir_free(records_dir(plan, run_dir), resuming)
-    write_run_files(records_dir(plan, run_dir), plan, hw, ds, spec)
-    render_plan(plan, sys.stdout)
-    print(f"\nRun directory: {run_dir}\nCommand: {spec.shell()}\n", flush=True)
+    check_run_dir_free(setup.records_dir, resuming=bool(args.resume_from))
+    write_records(setup.records_dir, setup.plan, setup.hardware, setup.deepspeed_config, setup.launch_spec)
+    return _execute(setup)
+
+
+def _print_dry_run(setup, as_json: bool) -> None:
+    from autotune.plan import public_dict
+    from autotune.report import render_plan
+
+    if as_json:
+        data = {"plan": public_dict(setup.plan), "launch": setup.launch_spec.to_record(),
+                "deepspeed_config": setup.deepspeed_config, "run_dir": str(setup.run_dir),
+                "resume_from": setup.plan.run.resume_from}
+        print(json.dumps(data, indent=2))
+        return
+    render_plan(setup.plan, sys.stdout)
+    print(f"\nRun directory: {setup.run_dir} (not created: --dry-run)")
+    if setup.resume_path:
+        print(f"Resume from: {setup.resume_path}")
+    print("Command:")
+    print(f"  {setup.launch_spec.shell()}")
+
+
+def _execute(setup) -> int:
+    """Run the spec; report how it ended."""
+    from autotune.launch import execute
+    from autotune.report import render_plan
+    from autotune.runtime_paths import latest_checkpoint
+
+    run_dir = setup.run_dir
+    render_plan(setup.plan, sys.stdout)
+    if setup.resume_path:
+        print(f"\nResuming from {setup.resume_path}")
+    print(f"\nRun directory: {run_dir}\nCommand: {setup.launch_spec.shell()}\n", flush=True)
     signals: list[int] = []
-    rc = execute(spec, forwarded=signals)
+    rc = execute(setup.launch_spec, forwarded=signals)
     if rc != 0 and signals:  # interrupted: the shell convention 128+N, whatever torchrun made of it
         rc = 128 + signals[0]
     if rc == 0:

@@ -35,9 +35,9 @@ def run(args: argparse.Namespace) -> int:
 
     plan, _, _ = plan_from_args(args)
     if args.json:
-        data = json.loads(plan.model_dump_json())
-        data.pop("config")
-        print(json.dumps(data, indent=2))
+        from autotune.plan import public_dict
+
+        print(json.dumps(public_dict(plan), indent=2))
     else:
         render_plan(plan, sys.stdout)
     return 0

@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace, out=None) -> int:
-    from autotune.commands.common import prepare_run, resolve_hardware
+    from autotune.runs import plan_for, resolve_hardware
     from autotune.config import load_config
     from autotune.report import render_plan, render_profile
 
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace, out=None) -> int:
     render_profile(hw, out)
     if args.with_plan:
         cfg = load_config(args.config)
-        plan, _, _ = prepare_run(cfg, {}, hardware=hw)
+        plan, _, _ = plan_for(cfg, {}, hw, with_deepspeed=False)
         render_plan(plan, out)
     return 0
 

@@ -55,24 +55,16 @@ class CheckpointManager:
             tmp.mkdir(parents=True)
         wait_for_everyone(self.ctx)
         tmp.mkdir(parents=True, exist_ok=True)  # other nodes, when the run dir is not shared
-        if engine.name == "deepspeed":
-            engine.model.save_checkpoint(str(tmp / "engine"), tag="state")
+        engine.save_state(tmp, self.ctx.is_main)
         torch.save(_rng_state(), tmp / f"rng-rank{self.ctx.rank}.pt")
-        if engine.name == "deepspeed" and engine.settings.zero_stage == 3:
-            # ZeRO-3 partitions the weights: gather them (a collective every rank joins) for model.pt.
-            state = engine.model._zero3_consolidated_16bit_state_dict()
-        else:
-            state = engine.module.state_dict() if self.ctx.is_main else None
+        state = engine.full_state_dict()  # a collective under ZeRO-3: every rank calls it
         if self.ctx.is_main:
-            weights = {k: v.detach().float().cpu() for k, v in state.items()}
-            torch.save(weights, tmp / "model.pt")
-            if engine.name != "deepspeed":
-                torch.save(engine.trainer_state(), tmp / "trainer.pt")
-            s = engine.settings
+            torch.save({k: v.detach().float().cpu() for k, v in state.items()}, tmp / "model.pt")
+            b = engine.plan.batch
             meta = {"step": step, "micro_batches_consumed": consumed, "backend": engine.name,
-                    "world_size": self.ctx.world_size, "micro_batch_size": s.micro_batch_size,
-                    "gradient_accumulation_steps": s.gradient_accumulation_steps,
-                    "global_batch_size": s.global_batch_size, **(extra or {})}
+                    "world_size": self.ctx.world_size, "micro_batch_size": b.micro_batch_size,
+                    "gradient_accumulation_steps": b.gradient_accumulation_steps,
+                    "global_batch_size": b.global_batch_size, **(extra or {})}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         wait_for_everyone(self.ctx)
         if self.ctx.is_main:
@@ -88,15 +80,10 @@ class CheckpointManager:
         """Restore ``engine`` from ``path``; returns the checkpoint's meta."""
         p = Path(path)
         meta = read_meta(p)
-        s = engine.settings
-        check_compatible(meta, p, engine.name, s.global_batch_size)
+        b = engine.plan.batch
+        check_compatible(meta, p, engine.name, b.global_batch_size)
         try:
-            if engine.name == "deepspeed":
-                engine.model.load_checkpoint(str(p / "engine"), tag="state")
-            else:
-                weights = torch.load(p / "model.pt", map_location=self.ctx.device, weights_only=True)
-                engine.module.load_state_dict(weights)
-                engine.load_trainer_state(torch.load(p / "trainer.pt", map_location=self.ctx.device, weights_only=False))
+            engine.load_state(p)
         except Exception as e:  # unpickling errors, truncated files, shape mismatches
             if isinstance(e, UserError):
                 raise
@@ -107,8 +94,8 @@ class CheckpointManager:
         # Consumed micro-batches are per rank; rescale if the world size changed.
         old_world = meta.get("world_size") or self.ctx.world_size
         consumed = meta["micro_batches_consumed"]
-        accum_old = meta.get("gradient_accumulation_steps") or s.gradient_accumulation_steps
-        if old_world != self.ctx.world_size or accum_old != s.gradient_accumulation_steps:
-            consumed = meta["step"] * s.gradient_accumulation_steps
+        accum_old = meta.get("gradient_accumulation_steps") or b.gradient_accumulation_steps
+        if old_world != self.ctx.world_size or accum_old != b.gradient_accumulation_steps:
+            consumed = meta["step"] * b.gradient_accumulation_steps
         meta["micro_batches_consumed"] = consumed
         return meta

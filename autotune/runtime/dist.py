@@ -1,4 +1,4 @@
-"""Process-group set-up and tear-down, read from torchrun's environment once."""
+"""Process-group set-up and tear-down: torchrun's rank variables read once, every knob from the plan."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from autotune.runtime.settings import Settings
+from autotune.plan import TrainingPlan
 
 
 @dataclass(frozen=True)
@@ -33,40 +33,44 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def init(settings: Settings) -> DistContext:
-    """Join the process group (nccl on GPU, gloo on CPU) when launched by torchrun."""
+def init(plan: TrainingPlan) -> DistContext:
+    """Join the process group (nccl on GPU, gloo on CPU) when launched by torchrun.
+
+    The device, TF32, threads, process-group timeout and seed all come from the plan."""
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != settings.world_size:
+    eng = plan.engine
+    if world != eng.world_size:
         from autotune.errors import UserError
 
         raise UserError(
-            f"the plan is for world size {settings.world_size} but this process was started with "
+            f"the plan is for world size {eng.world_size} but this process was started with "
             f"WORLD_SIZE={world}; re-plan for this launch (python -m autotune launch)"
         )
-    if settings.device == "cuda":
+    if eng.device == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-        if settings.tf32:
+        if plan.numerics.tf32:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
     else:
         device = torch.device("cpu")
-    threads = os.environ.get("OMP_NUM_THREADS")
-    if threads and threads.isdigit():
+    # OMP_NUM_THREADS is set by the launcher from plan.loader.omp_num_threads, unless the user exported one.
+    threads = os.environ.get("OMP_NUM_THREADS", str(plan.loader.omp_num_threads))
+    if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
-    distributed = world > 1 or settings.backend in ("ddp", "deepspeed")
+    distributed = world > 1 or eng.backend in ("ddp", "deepspeed")
     if distributed and not dist.is_initialized():
-        timeout = timedelta(seconds=int(os.environ.get("AUTOTUNE_DIST_TIMEOUT_S", "1800")))
-        backend = "nccl" if settings.device == "cuda" else "gloo"
-        if settings.backend == "deepspeed":
+        timeout = timedelta(seconds=eng.timeout_s)
+        backend = "nccl" if eng.device == "cuda" else "gloo"
+        if eng.backend == "deepspeed":
             import deepspeed
 
             deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
         else:
             dist.init_process_group(backend=backend, timeout=timeout)
-    seed_everything(int(settings.config["training"]["seed"]))
+    seed_everything(plan.run.seed)
     return DistContext(rank, local_rank, world, device, distributed)
 
 

@@ -1,23 +1,31 @@
-"""One engine interface over single-process, DDP and DeepSpeed.
+"""One ``Engine`` protocol over single-process, DDP and DeepSpeed.
 
-The training loop calls, per optimizer step, ``forward_backward(batch, boundary)``
-for each micro-batch (``boundary`` on the last one) and then ``step()``. Each
-backend does accumulation its own way: plain/DDP divide the loss by the
-accumulation steps (DDP skips the all-reduce with ``no_sync`` off the boundary);
-DeepSpeed scales and counts micro-steps itself.
+The training loop calls, per optimizer step, ``forward_backward(batch, boundary)`` for
+each micro-batch (``boundary`` on the last one) and then ``step()``; checkpoints call
+``save_state``/``load_state`` and ``full_state_dict``. Two classes implement it, sharing
+code by composition (``LocalOptimizer``), not inheritance: ``LocalEngine`` (single, or DDP
+with ``ddp=True``) and ``DeepSpeedEngine``.
+
+Gradient accumulation: single and DDP divide the loss by the accumulation steps (DDP
+skips the all-reduce with ``no_sync`` off the boundary). Under DeepSpeed the engine owns
+accumulation (it scales the loss and counts micro-steps from the JSON); the loop's
+``boundary`` is checked against DeepSpeed's count, so the two can never disagree silently.
+Hyperparameters come from ``plan.optimizer`` and ``plan.schedule``, the same values the
+DeepSpeed JSON carries.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn as nn
 
+from autotune.plan import TrainingPlan
 from autotune.runtime.dist import DistContext
-from autotune.runtime.settings import Settings
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -35,57 +43,63 @@ def lr_lambda(warmup_steps: int, total_steps: int, min_ratio: float) -> Callable
     return f
 
 
-class Engine:
-    """Base: the single-process engine. ``module`` is always the unwrapped model."""
+def schedule_lambda(plan: TrainingPlan) -> Callable[[int], float]:
+    s = plan.schedule
+    return lr_lambda(s.warmup_steps, s.total_steps or 1, s.min_lr_ratio)
 
-    name = "single"
 
-    def __init__(self, settings: Settings, model: nn.Module, ctx: DistContext, loss_fn: Callable | None = None):
-        self.settings, self.ctx, self.loss_fn = settings, ctx, loss_fn
-        self.module = model.to(ctx.device)
-        self.model = self._wrap(self.module)
-        t = settings.config["training"]
-        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=settings.learning_rate, betas=(0.9, 0.95),
-                                           eps=1e-8, weight_decay=t["weight_decay"])
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(settings.warmup_steps, settings.total_steps, t["min_lr_ratio"]))
-        self.clip = t.get("gradient_clipping")
-        fp16 = settings.precision == "fp16"
-        self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=fp16)
-        self.accum = settings.gradient_accumulation_steps
+class Engine(Protocol):
+    name: str
+    plan: TrainingPlan
+    module: nn.Module  # the unwrapped model
 
-    def _wrap(self, module: nn.Module) -> nn.Module:
-        return module
+    def forward_backward(self, batch: tuple[Any, ...], boundary: bool) -> torch.Tensor: ...
+    def step(self) -> float: ...
+    def lr(self) -> float: ...
+    def train(self) -> None: ...
+    def eval(self) -> None: ...
+    def autocast(self) -> contextlib.AbstractContextManager: ...
+    def full_state_dict(self) -> dict | None: ...
+    def save_state(self, directory: Path, is_main: bool) -> None: ...
+    def load_state(self, directory: Path) -> None: ...
+
+
+def _loss(model: nn.Module, loss_fn: Callable | None, x, y) -> torch.Tensor:
+    """model(x, y) returns the loss, or loss_fn(model(x), y) when a loss_fn was given."""
+    return model(x, y) if loss_fn is None else loss_fn(model(x), y)
+
+
+def _to(batch, device: torch.device):
+    return (t.to(device, non_blocking=True) for t in batch)
+
+
+class LocalOptimizer:
+    """torch.optim AdamW + warm-up/cosine schedule + clipping + fp16 loss scaling, from the plan."""
+
+    def __init__(self, plan: TrainingPlan, module: nn.Module, device: torch.device):
+        opt = plan.optimizer
+        self.module, self.device, self.precision = module, device, plan.numerics.precision
+        self.optimizer = torch.optim.AdamW(module.parameters(), lr=plan.schedule.learning_rate, betas=opt.betas,
+                                           eps=opt.eps, weight_decay=opt.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule_lambda(plan))
+        self.clip = opt.gradient_clipping
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
+        self.accum = plan.batch.gradient_accumulation_steps
 
     def autocast(self):
-        dtype = _DTYPES.get(self.settings.precision)
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.ctx.device.type, dtype=dtype)
+        dtype = _DTYPES.get(self.precision)
+        return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=self.device.type, dtype=dtype)
 
-    def _sync_context(self, boundary: bool):
-        return contextlib.nullcontext()
-
-    def forward_backward(self, batch: tuple[Any, ...], boundary: bool) -> torch.Tensor:
-        x, y = (t.to(self.ctx.device, non_blocking=True) for t in batch)
-        with self._sync_context(boundary):
-            with self.autocast():
-                loss = self._loss(x, y)
-            self.scaler.scale(loss / self.accum).backward()
-        return loss.detach()
-
-    def _loss(self, x, y) -> torch.Tensor:
-        """model(x, y) returns the loss, or loss_fn(model(x), y) when a loss_fn was given."""
-        if self.loss_fn is None:
-            return self.model(x, y)
-        return self.loss_fn(self.model(x), y)
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss / self.accum).backward()
 
     def step(self) -> float:
         self.scaler.unscale_(self.optimizer)
+        params = [p for p in self.module.parameters() if p.grad is not None]
         if self.clip:
-            norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip)
+            norm = torch.nn.utils.clip_grad_norm_(params, self.clip)
         else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in self.module.parameters() if p.grad is not None]))
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params]))
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -95,42 +109,80 @@ class Engine:
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def train(self) -> None:
-        self.model.train()
-
-    def eval(self) -> None:
-        self.model.eval()
-
-    # -- checkpoint state --------------------------------------------------
-    def trainer_state(self) -> dict:
+    def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict()}
 
-    def load_trainer_state(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
 
 
-class DDPEngine(Engine):
-    name = "ddp"
+class LocalEngine:
+    """Single process, or DDP (``ddp=True``): torch's optimizer, checkpoint files model.pt + trainer.pt."""
 
-    def _wrap(self, module: nn.Module) -> nn.Module:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+    def __init__(self, plan: TrainingPlan, model: nn.Module, ctx: DistContext, loss_fn: Callable | None = None,
+                 ddp: bool = False):
+        self.plan, self.ctx, self.loss_fn = plan, ctx, loss_fn
+        self.name = "ddp" if ddp else "single"
+        self.module = model.to(ctx.device)
+        if ddp:
+            from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ids = [self.ctx.local_rank] if self.ctx.device.type == "cuda" else None
-        return DDP(module, device_ids=ids)
+            self.model = DDP(self.module, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+        else:
+            self.model = self.module
+        self.opt = LocalOptimizer(plan, self.module, ctx.device)
 
-    def _sync_context(self, boundary: bool):
-        # Skip the gradient all-reduce on all but the last micro-step of an accumulation.
-        return contextlib.nullcontext() if boundary else self.model.no_sync()
+    def _sync(self, boundary: bool):
+        # DDP: skip the gradient all-reduce on all but the last micro-step of an accumulation.
+        if self.name == "ddp" and not boundary:
+            return self.model.no_sync()
+        return contextlib.nullcontext()
+
+    def autocast(self):
+        return self.opt.autocast()
+
+    def forward_backward(self, batch, boundary: bool) -> torch.Tensor:
+        x, y = _to(batch, self.ctx.device)
+        with self._sync(boundary):
+            with self.autocast():
+                loss = _loss(self.model, self.loss_fn, x, y)
+            self.opt.backward(loss)
+        return loss.detach()
+
+    def step(self) -> float:
+        return self.opt.step()
+
+    def lr(self) -> float:
+        return self.opt.lr()
+
+    def train(self) -> None:
+        self.model.train()
+
+    def eval(self) -> None:
+        self.model.eval()
+
+    def full_state_dict(self) -> dict | None:
+        return self.module.state_dict() if self.ctx.is_main else None
+
+    def save_state(self, directory: Path, is_main: bool) -> None:
+        if is_main:  # identical on every rank (DDP keeps replicas in step): one copy serves any world size
+            torch.save(self.opt.state_dict(), directory / "trainer.pt")
+
+    def load_state(self, directory: Path) -> None:
+        weights = torch.load(directory / "model.pt", map_location=self.ctx.device, weights_only=True)
+        self.module.load_state_dict(weights)
+        self.opt.load_state_dict(torch.load(directory / "trainer.pt", map_location=self.ctx.device,
+                                            weights_only=False))
 
 
-class DeepSpeedEngine(Engine):
+class DeepSpeedEngine:
     name = "deepspeed"
 
-    def __init__(self, settings: Settings, model: nn.Module, ctx: DistContext, ds_config: dict,
+    def __init__(self, plan: TrainingPlan, model: nn.Module, ctx: DistContext, ds_config: dict,
                  loss_fn: Callable | None = None):
         import warnings
 
@@ -139,23 +191,24 @@ class DeepSpeedEngine(Engine):
         # DeepSpeed's ZeRO code calls a torch collective that torch marks deprecated; the warning is
         # theirs to fix and would otherwise be printed by every rank of every run.
         warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
-        self.settings, self.ctx, self.loss_fn = settings, ctx, loss_fn
-        self.accum = settings.gradient_accumulation_steps
-        t = settings.config["training"]
-        sched = lr_lambda(settings.warmup_steps, settings.total_steps, t["min_lr_ratio"])
+        self.plan, self.ctx, self.loss_fn = plan, ctx, loss_fn
+        sched = schedule_lambda(plan)
         self.model, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, model_parameters=model.parameters(), config=ds_config,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, sched))
         self.module = self.model.module
 
     def autocast(self):
-        # DeepSpeed casts the module itself for bf16/fp16.
-        return contextlib.nullcontext()
+        return contextlib.nullcontext()  # DeepSpeed casts the module itself for bf16/fp16
 
     def forward_backward(self, batch, boundary: bool) -> torch.Tensor:
-        x, y = (t.to(self.ctx.device, non_blocking=True) for t in batch)
-        loss = self._loss(x, y)
+        x, y = _to(batch, self.ctx.device)
+        loss = _loss(self.model, self.loss_fn, x, y)
         self.model.backward(loss)
+        if self.model.is_gradient_accumulation_boundary() != boundary:
+            raise RuntimeError(
+                f"gradient accumulation out of step: the loop says boundary={boundary}, DeepSpeed counts "
+                f"{self.model.gradient_accumulation_steps()} micro-steps per step")
         self.model.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
         return loss.detach().float()
 
@@ -166,29 +219,49 @@ class DeepSpeedEngine(Engine):
     def lr(self) -> float:
         return float(self.model.get_lr()[0])
 
-    def trainer_state(self) -> dict:  # saved through the engine's own checkpoint
-        return {}
+    def train(self) -> None:
+        self.model.train()
 
-    def load_trainer_state(self, state: dict) -> None:
-        pass
+    def eval(self) -> None:
+        self.model.eval()
+
+    def full_state_dict(self) -> dict | None:
+        if self.plan.engine.zero_stage == 3:
+            # ZeRO-3 partitions the weights: gathering them is a collective every rank joins.
+            return self.model._zero3_consolidated_16bit_state_dict()
+        return self.module.state_dict() if self.ctx.is_main else None
+
+    def save_state(self, directory: Path, is_main: bool) -> None:
+        self.model.save_checkpoint(str(directory / "engine"), tag="state")  # every rank writes its partition
+
+    def load_state(self, directory: Path) -> None:
+        self.model.load_checkpoint(str(directory / "engine"), tag="state")
 
 
-def make_engine(settings: Settings, model: nn.Module, ctx: DistContext, loss_fn: Callable | None = None,
-                ds_config: dict | None = None) -> Engine:
+def make_engine(plan: TrainingPlan, model: nn.Module, ctx: DistContext, loss_fn: Callable | None = None,
+                ds_config: dict | None = None, plan_path: str | Path | None = None) -> Engine:
     """Dispatch on the plan's backend (the one place that chooses an engine).
 
-    ``model(x, y)`` must return the loss, unless ``loss_fn(model(x), y)`` is given.
+    ``model(x, y)`` must return the loss, unless ``loss_fn(model(x), y)`` is given. DeepSpeed reads
+    ``ds_config``, else the ``deepspeed_config.json`` beside ``plan_path`` (default $AUTOTUNE_PLAN).
     """
-    if settings.backend == "deepspeed":
+    backend = plan.engine.backend
+    if backend == "deepspeed":
         if ds_config is None:
-            import json
+            ds_config = _read_ds_config(plan_path)
+        return DeepSpeedEngine(plan, model, ctx, ds_config, loss_fn)
+    return LocalEngine(plan, model, ctx, loss_fn, ddp=backend == "ddp")
 
-            path = settings.deepspeed_config_path
-            if path is None:
-                raise RuntimeError("deepspeed backend but no deepspeed_config.json beside plan.json")
-            with open(path) as f:
-                ds_config = json.load(f)
-        return DeepSpeedEngine(settings, model, ctx, ds_config, loss_fn)
-    if settings.backend == "ddp":
-        return DDPEngine(settings, model, ctx, loss_fn)
-    return Engine(settings, model, ctx, loss_fn)
+
+def _read_ds_config(plan_path: str | Path | None) -> dict:
+    import json
+    import os
+
+    from autotune.errors import UserError
+
+    plan_path = plan_path or os.environ.get("AUTOTUNE_PLAN")
+    path = Path(plan_path).with_name("deepspeed_config.json") if plan_path else None
+    if path is None or not path.is_file():
+        raise UserError("the plan's backend is deepspeed but no deepspeed_config.json lies beside plan.json "
+                        f"({plan_path or '$AUTOTUNE_PLAN unset'}); launch with `python -m autotune launch`")
+    return json.loads(path.read_text())

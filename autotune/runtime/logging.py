@@ -62,7 +62,10 @@ class MultiLogger(NullLogger):
             s.close()
 
 
-def _safe_config(plan_config: dict) -> dict:
+def _safe_config(plan) -> dict:
+    """The plan as W&B's run config, with any secret-looking key redacted."""
+    import json
+
     from autotune.launch import SECRET_NAME
 
     def clean(d):
@@ -70,20 +73,19 @@ def _safe_config(plan_config: dict) -> dict:
             return {k: ("<redacted>" if SECRET_NAME.search(str(k)) else clean(v)) for k, v in d.items()}
         return d
 
-    return clean(plan_config)
+    return clean(json.loads(plan.model_dump_json(exclude={"reasons"})))
 
 
-def make_logger(settings, ctx, run_dir: str | Path):
+def make_logger(plan, ctx, run_dir: str | Path):
     if not ctx.is_main:
         return NullLogger()
     run_dir = Path(run_dir)
-    cfg = settings.config["logging"]
+    run = plan.run
     sinks = []
-    if cfg.get("tensorboard"):
+    if run.tensorboard:
         sinks.append(TensorBoardLogger(run_dir / "tensorboard"))
-    if cfg.get("wandb"):
-        sinks.append(WandbLogger(cfg.get("wandb_project") or "autotune", cfg.get("wandb_entity"), run_dir,
-                                 _safe_config(settings.config)))
+    if run.wandb:
+        sinks.append(WandbLogger(run.wandb_project or "autotune", run.wandb_entity, run_dir, _safe_config(plan)))
     return MultiLogger(sinks)
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import torch
 
+from autotune.errors import UserError
+from autotune.plan import TrainingPlan
 from autotune.runtime.checkpoint import CheckpointManager
-from autotune.runtime_paths import latest_checkpoint
 from autotune.runtime.data import BatchStream, eval_batches
 from autotune.runtime.dist import DistContext, all_reduce_sum, cleanup, init, wait_for_everyone
 from autotune.runtime.engine import make_engine
 from autotune.runtime.logging import Progress, make_logger
-from autotune.runtime.settings import Settings
 from autotune.workload import build_model, eval_sums, make_datasets
 
 
@@ -31,21 +31,17 @@ def evaluate(engine, val_ds, ctx: DistContext, batch_size: int) -> dict:
             "val/exact_match": exact / max(1, seqs), "val/samples": int(seqs)}
 
 
-def _resolve_resume(resume_from: str | None, run_dir: Path) -> Path | None:
-    if not resume_from:
-        return None
-    if resume_from == "auto":
-        return latest_checkpoint(run_dir)  # None: nothing yet, start fresh
-    return Path(resume_from)
+def train(plan: TrainingPlan, run_dir: str | Path, ds_config: dict | None = None,
+          plan_path: str | Path | None = None) -> dict:
+    """Train the built-in workload under ``plan``; DeepSpeed reads ``ds_config`` or the JSON beside plan_path.
 
-
-def train(settings: Settings, run_dir: str | Path, resume_from: str | None = None,
-          ds_config: dict | None = None) -> dict:
-    """Train the built-in workload under ``settings``; ``ds_config`` defaults to the run's JSON."""
+    A resume point, if any, is ``plan.run.resume_from`` (resolved once by the launcher)."""
+    if not plan.schedule.total_steps:
+        raise UserError("plan: total_steps is unknown; set training.max_steps or data.num_samples with epochs")
     run_dir = Path(run_dir)
-    ctx = init(settings)
+    ctx = init(plan)
     try:
-        result = _train(settings, ctx, run_dir, resume_from, ds_config)
+        result = _train(plan, ctx, run_dir, ds_config, plan_path)
     except BaseException:
         cleanup(ctx, barrier=False)
         raise
@@ -53,36 +49,34 @@ def train(settings: Settings, run_dir: str | Path, resume_from: str | None = Non
     return result
 
 
-def _train(settings: Settings, ctx: DistContext, run_dir: Path, resume_from: str | None,
-           ds_config: dict | None) -> dict:
-    cfg = settings.config
-    t = cfg["training"]
-    model = build_model(cfg, settings.gradient_checkpointing)  # same seed -> same init on every rank
-    train_ds, val_ds = make_datasets(cfg["data"])
+def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict | None,
+           plan_path: str | Path | None) -> dict:
+    b, run = plan.batch, plan.run
+    model = build_model(plan.workload, plan.memory.gradient_checkpointing)  # same seed -> same init on every rank
+    train_ds, val_ds = make_datasets(plan.workload.data)
     run_dir.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(settings, model, ctx, ds_config=ds_config)
-    ckpts = CheckpointManager(run_dir, ctx, keep_last=cfg["checkpoint"]["keep_last"])
+    engine = make_engine(plan, model, ctx, ds_config=ds_config, plan_path=plan_path)
+    ckpts = CheckpointManager(run_dir, ctx, keep_last=run.keep_last)
     step, consumed = 0, 0
-    resume_path = _resolve_resume(resume_from, run_dir)
+    resume_path = Path(run.resume_from) if run.resume_from else None
     if resume_path is not None:
         meta = ckpts.load(engine, resume_path)
         step, consumed = meta["step"], meta["micro_batches_consumed"]
-    stream = BatchStream(train_ds, settings.micro_batch_size, ctx.rank, ctx.world_size, int(t["seed"]),
-                         settings.num_workers, settings.pin_memory, settings.prefetch_factor,
-                         start_micro_batch=consumed)
-    logger = make_logger(settings, ctx, run_dir)
-    total = settings.total_steps
-    progress = Progress(total, step, ctx.is_main, cfg["logging"].get("progress_bar", "auto"))
+    ld = plan.loader
+    stream = BatchStream(train_ds, b.micro_batch_size, ctx.rank, ctx.world_size, run.seed,
+                         ld.num_workers, ld.pin_memory, ld.prefetch_factor, start_micro_batch=consumed)
+    logger = make_logger(plan, ctx, run_dir)
+    total = plan.schedule.total_steps
+    progress = Progress(total, step, ctx.is_main, run.progress_bar)
     if ctx.is_main:
         progress.write(
-            f"autotune: {settings.backend} x{ctx.world_size} on {settings.device}, micro-batch "
-            f"{settings.micro_batch_size} x accumulation {settings.gradient_accumulation_steps} x "
-            f"{ctx.world_size} = {settings.global_batch_size} per step, {settings.precision}, "
+            f"autotune: {plan.engine.backend} x{ctx.world_size} on {plan.engine.device}, micro-batch "
+            f"{b.micro_batch_size} x accumulation {b.gradient_accumulation_steps} x "
+            f"{ctx.world_size} = {b.global_batch_size} per step, {plan.numerics.precision}, "
             f"{total} steps" + (f", resumed at step {step} from {resume_path}" if resume_path else "")
         )
-    accum = settings.gradient_accumulation_steps
-    log_every, eval_every = int(t["log_every_steps"]), int(t["eval_every_steps"])
-    save_every = cfg["checkpoint"].get("save_every_steps")
+    accum = b.gradient_accumulation_steps
+    log_every, eval_every, save_every = run.log_every_steps, run.eval_every_steps, run.save_every_steps
     history: list[dict] = []
     jsonl = run_dir / "metrics.jsonl"
 
@@ -112,7 +106,7 @@ def _train(settings: Settings, ctx: DistContext, run_dir: Path, resume_from: str
             loss = all_reduce_sum(ctx, window_loss.clone()).item() / (window_steps * ctx.world_size)
             elapsed = time.perf_counter() - window_t0
             metrics = {"train/loss": loss, "train/lr": engine.lr(), "train/grad_norm": grad_norm,
-                       "train/samples_per_s": window_steps * settings.global_batch_size / max(elapsed, 1e-9),
+                       "train/samples_per_s": window_steps * b.global_batch_size / max(elapsed, 1e-9),
                        "train/step_time_s": step_time, "train/epoch": stream.consumed / stream.per_epoch}
             if ctx.device.type == "cuda":
                 metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2**30
@@ -127,13 +121,13 @@ def _train(settings: Settings, ctx: DistContext, run_dir: Path, resume_from: str
         progress.update(1, {"loss": f"{metrics.get('train/loss', float('nan')):.3f}"})
         if step % eval_every == 0 or step == total:
             wait_for_everyone(ctx)
-            val = evaluate(engine, val_ds, ctx, max(settings.micro_batch_size, 64))
+            val = evaluate(engine, val_ds, ctx, max(b.micro_batch_size, 64))
             logger.log(val, step)
             record({"step": step, **val})
             progress.write(f"step {step}/{total} | val loss {val['val/loss']:.4f} | "
                            f"val accuracy {val['val/accuracy']:.3f} | exact match {val['val/exact_match']:.3f}")
             wait_for_everyone(ctx)
-        if (save_every and step % save_every == 0) or (step == total and cfg["checkpoint"].get("save_at_end", True)):
+        if (save_every and step % save_every == 0) or (step == total and run.save_at_end):
             path = ckpts.save(engine, step, stream.consumed)
             progress.write(f"checkpoint: {path}")
     progress.close()

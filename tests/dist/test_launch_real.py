@@ -47,6 +47,13 @@ def launch(*args, env=None, timeout=300):
     return r
 
 
+def plan_json(path):
+    """A run's plan.json, validated as the typed plan, in the flat form `plan --json` prints."""
+    from autotune.plan import load_plan, public_dict
+
+    return public_dict(load_plan(path))
+
+
 def losses(run_dir):
     out = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
@@ -61,7 +68,7 @@ def final_val(run_dir):
 
 
 def check_run_dir(run_dir, backend, world):
-    plan = json.loads((run_dir / "plan.json").read_text())
+    plan = plan_json(run_dir / "plan.json")
     assert plan["backend"] == backend and plan["world_size"] == world
     cmd = json.loads((run_dir / "command.json").read_text())
     assert cmd["env"]["AUTOTUNE_PLAN"].endswith("plan.json")
@@ -198,7 +205,7 @@ def test_bring_your_own_script(nproc, tmp_path):
                "--nproc_per_node", nproc)
     acc = float(r.stdout.rsplit("final accuracy", 1)[1].split()[0])
     assert acc > 0.8, r.stdout[-2000:]
-    plan = json.loads((tmp_path / "byo" / "plan.json").read_text())
+    plan = plan_json(tmp_path / "byo" / "plan.json")
     assert plan["world_size"] == nproc and plan["global_batch_size"] == 64
 
 
@@ -207,7 +214,7 @@ def test_module_function_entrypoint(small_config, tmp_path):
     mod.write_text("import json, os\n"
                    "def main():\n"
                    "    plan = json.load(open(os.environ['AUTOTUNE_PLAN']))\n"
-                   "    print('ENTRY micro', plan['micro_batch_size'], 'world', plan['world_size'])\n")
+                   "    print('ENTRY micro', plan['batch']['micro_batch_size'], 'world', plan['engine']['world_size'])\n")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(SMALL.replace("training:\n", "training:\n  entrypoint: my_entry:main\n"))
     r = launch("--config", cfg, "--run_dir", tmp_path / "run", env={"PYTHONPATH": f"{tmp_path}:{ROOT}"})
@@ -223,14 +230,14 @@ def test_train_module_directly_single_and_under_torchrun(small_config, tmp_path)
                           "--batch_size", "8", "--run_dir", str(tmp_path / "one")],
                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert one.returncode == 0, one.stderr[-3000:]
-    plan = json.loads((tmp_path / "one" / "plan.json").read_text())
+    plan = plan_json(tmp_path / "one" / "plan.json")
     assert (plan["backend"], plan["micro_batch_size"], plan["total_steps"]) == ("single", 8, 6)
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           "-m", "autotune.train", "--config", str(small_config), "--max_steps", "6",
                           "--run_dir", str(tmp_path / "two")],
                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert two.returncode == 0, two.stderr[-3000:]
-    plan2 = json.loads((tmp_path / "two" / "plan.json").read_text())
+    plan2 = plan_json(tmp_path / "two" / "plan.json")
     assert (plan2["backend"], plan2["world_size"]) == ("ddp", 2)
     assert sorted(losses(tmp_path / "two")) == list(range(1, 7))
 
@@ -285,7 +292,7 @@ def test_ctrl_c_stops_every_rank_and_the_run_resumes(small_config, tmp_path):
     assert json.loads((run / "metrics.json").read_text())["steps"] == step + 3
     # the first launch's records are kept, not overwritten
     (prev,) = (run / "previous").iterdir()
-    assert json.loads((prev / "plan.json").read_text())["total_steps"] == 100000
+    assert plan_json(prev / "plan.json")["total_steps"] == 100000
 
 
 @pytest.mark.parametrize("rows, cols", [(40, 120), (0, 0)])  # 0x0: some pseudo-terminals report no size
@@ -378,7 +385,7 @@ def test_two_nodes_on_one_machine(runs, small_config, tmp_path):
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, f"{out[-2000:]}\n{err[-4000:]}"
     for plan_file in (run / "plan.json", run / "node1" / "plan.json"):
-        plan = json.loads(plan_file.read_text())
+        plan = plan_json(plan_file)
         assert (plan["backend"], plan["num_nodes"], plan["world_size"]) == ("ddp", 2, 2)
     argv = json.loads((run / "node1" / "command.json").read_text())["argv"]
     assert "--nnodes=2" in argv and "--node_rank=1" in argv and f"--master_port={port}" in argv

@@ -7,12 +7,11 @@ import torch
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
-from autotune.policy import plan
+from autotune.planner import plan
 from autotune.profiles import load_profile
 from autotune.runtime.checkpoint import CheckpointManager
 from autotune.runtime.dist import DistContext
 from autotune.runtime.engine import make_engine
-from autotune.runtime.settings import settings_from_plan
 from autotune.runtime_paths import latest_checkpoint, list_checkpoints
 from autotune.workload import build_model
 
@@ -22,9 +21,8 @@ CTX = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu")
 def engine_for(**over):
     cfg = apply_overrides(TrainConfig(), {"training.max_steps": 10, **over})
     p = plan(load_profile("cpu-only"), cfg)
-    s = settings_from_plan(json.loads(p.model_dump_json()))
     torch.manual_seed(0)
-    return make_engine(s, build_model(s.config), CTX)
+    return make_engine(p, build_model(p.workload), CTX)
 
 
 def one_step(engine):

@@ -4,7 +4,7 @@ import pytest
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.deepspeed_config import KNOWN_TOP_LEVEL_KEYS, bucket_size, check_keys, deepspeed_config
-from autotune.policy import plan
+from autotune.planner import plan
 from autotune.profiles import load_profile, preset_names
 from profiles_util import preset_with_gpus
 
@@ -41,14 +41,14 @@ def test_every_preset_world_and_stage_validates(label, hw, cfg, monkeypatch):
     p = plan(hw, cfg, deepspeed_installed=True)
     ds = deepspeed_config(p)
     check_keys(ds)
-    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * p.world_size
-    parsed = validate_with_deepspeed(ds, p.world_size, monkeypatch)
-    assert parsed.train_batch_size == p.global_batch_size
-    assert parsed.train_micro_batch_size_per_gpu == p.micro_batch_size
-    assert parsed.gradient_accumulation_steps == p.gradient_accumulation_steps
-    assert parsed.zero_optimization_stage == p.zero_stage
-    assert parsed.bfloat16_config.enabled == (p.precision == "bf16")
-    assert parsed.float16_config.enabled == (p.precision == "fp16")
+    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * p.engine.world_size
+    parsed = validate_with_deepspeed(ds, p.engine.world_size, monkeypatch)
+    assert parsed.train_batch_size == p.batch.global_batch_size
+    assert parsed.train_micro_batch_size_per_gpu == p.batch.micro_batch_size
+    assert parsed.gradient_accumulation_steps == p.batch.gradient_accumulation_steps
+    assert parsed.zero_optimization_stage == p.engine.zero_stage
+    assert parsed.bfloat16_config.enabled == (p.numerics.precision == "bf16")
+    assert parsed.float16_config.enabled == (p.numerics.precision == "fp16")
 
 
 def test_offload_debug_and_checkpointing_configs_validate(monkeypatch):
@@ -62,7 +62,7 @@ def test_offload_debug_and_checkpointing_configs_validate(monkeypatch):
     parsed = validate_with_deepspeed(ds, 4, monkeypatch)
     assert parsed.zero_config.offload_optimizer is not None
     dbg = plan(load_profile("8xH100-80GB"), TrainConfig(), debug=True, deepspeed_installed=True)
-    validate_with_deepspeed(deepspeed_config(dbg), dbg.world_size, monkeypatch)
+    validate_with_deepspeed(deepspeed_config(dbg), dbg.engine.world_size, monkeypatch)
 
 
 def test_fp16_uses_dynamic_loss_scaling_and_buckets_scale_with_memory():

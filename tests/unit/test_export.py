@@ -7,7 +7,7 @@ import yaml
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.exports import accelerate_config, torchrun_command
-from autotune.policy import plan
+from autotune.planner import plan
 from autotune.profiles import load_profile, preset_names
 
 
@@ -18,13 +18,13 @@ def test_accelerate_config_loads_with_accelerate(name, tmp_path):
     f = tmp_path / "acc.yaml"
     f.write_text(yaml.safe_dump(accelerate_config(p)))
     loaded = config_args.load_config_from_file(str(f))
-    assert loaded.num_processes == p.world_size
-    assert loaded.num_machines == p.num_nodes
-    assert str(loaded.mixed_precision).lower().endswith({"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[p.precision])
+    assert loaded.num_processes == p.engine.world_size
+    assert loaded.num_machines == p.engine.num_nodes
+    assert str(loaded.mixed_precision).lower().endswith({"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[p.numerics.precision])
     dist_type = str(loaded.distributed_type)
-    if p.backend == "deepspeed":
-        assert "DEEPSPEED" in dist_type and loaded.deepspeed_config["zero_stage"] == p.zero_stage
-    elif p.world_size == 1:
+    if p.engine.backend == "deepspeed":
+        assert "DEEPSPEED" in dist_type and loaded.deepspeed_config["zero_stage"] == p.engine.zero_stage
+    elif p.engine.world_size == 1:
         assert dist_type.endswith("NO")
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.launch import LaunchSpec, execute, launch_spec
-from autotune.policy import plan
+from autotune.planner import plan
 from autotune.profiles import load_profile, preset_names
 
 
@@ -27,7 +27,7 @@ def spec_for(preset, environ=None, **over):
 def test_single_backend_runs_the_runtime_in_one_process():
     p, s = spec_for("cpu-only")
     assert s.cmd == ["/py", "-m", "autotune.train", "--plan", "runs/x/plan.json"]
-    assert s.env["OMP_NUM_THREADS"] == str(p.omp_num_threads) and s.env["DS_ACCELERATOR"] == "cpu"
+    assert s.env["OMP_NUM_THREADS"] == str(p.loader.omp_num_threads) and s.env["DS_ACCELERATOR"] == "cpu"
     assert s.env["AUTOTUNE_PLAN"] == "runs/x/plan.json" and s.env["NCCL_IB_DISABLE"] == "1"
     assert "PYTORCH_CUDA_ALLOC_CONF" not in s.env
 

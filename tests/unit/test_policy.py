@@ -7,7 +7,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from autotune.config import TrainConfig, apply_overrides, parse_config
 from autotune.errors import UserError
-from autotune.policy import _accumulation, load_policy, plan as _plan
+from autotune.planner import plan as _plan
+from autotune.planner.deciders import accumulation as _accumulation
+from autotune.policy import load_policy
 from autotune.profiles import load_profile, preset_names
 from profiles_util import A100, L4, T4, V100, make_profile, preset_with_gpus
 
@@ -34,8 +36,8 @@ def cfg_with(**dotted):
 ])
 def test_issue_examples(hw, micro, acc, world, gb):
     p = plan(hw, CFG)
-    assert (p.micro_batch_size, p.gradient_accumulation_steps, p.world_size, p.global_batch_size) == (micro, acc, world, gb)
-    assert p.target_global_batch_size == 256 and p.global_batch_deviation == gb - 256
+    assert (p.batch.micro_batch_size, p.batch.gradient_accumulation_steps, p.engine.world_size, p.batch.global_batch_size) == (micro, acc, world, gb)
+    assert p.batch.target_global_batch_size == 256 and p.batch.global_batch_deviation == gb - 256
     assert str(gb) in p.reasons["global_batch_size"]
 
 
@@ -57,9 +59,9 @@ def test_accumulation_ties_go_smaller():
 def test_mixed_gpus_plan_to_smallest_free_memory():
     hw = make_profile([A100, T4])
     p = plan(hw, CFG)
-    assert p.micro_batch_size == 12
+    assert p.batch.micro_batch_size == 12
     assert any("planning every rank to the smallest free memory, GPU 1" in w for w in p.warnings)
-    assert p.precision == "fp16"  # lowest compute capability 7.5
+    assert p.numerics.precision == "fp16"  # lowest compute capability 7.5
 
 
 @pytest.mark.parametrize("gpus, prec, tf32", [([L4, L4], "bf16", True), ([A100], "bf16", True),
@@ -67,11 +69,11 @@ def test_mixed_gpus_plan_to_smallest_free_memory():
                                               ([A100, V100], "fp16", False)])
 def test_precision_rule(gpus, prec, tf32):
     p = plan(make_profile(gpus), CFG)
-    assert (p.precision, p.tf32) == (prec, tf32)
+    assert (p.numerics.precision, p.numerics.tf32) == (prec, tf32)
 
 
 def test_cpu_is_fp32_and_bf16_on_old_gpu_is_an_error_naming_it():
-    assert plan(load_profile("cpu-only"), CFG).precision == "fp32"
+    assert plan(load_profile("cpu-only"), CFG).numerics.precision == "fp32"
     with pytest.raises(UserError, match=r"GPU 1 \(Tesla V100-SXM2-16GB, compute capability 7.0\)"):
         plan(make_profile([A100, V100]), cfg_with(**{"training.mixed_precision": "bf16"}))
     with pytest.raises(UserError, match="fp16 needs a GPU"):
@@ -79,14 +81,14 @@ def test_cpu_is_fp32_and_bf16_on_old_gpu_is_an_error_naming_it():
 
 
 def test_engine_rule():
-    assert plan(load_profile("cpu-only"), CFG).backend == "single"
+    assert plan(load_profile("cpu-only"), CFG).engine.backend == "single"
     cpu2 = plan(load_profile("cpu-only"), cfg_with(**{"distributed.nproc_per_node": 2}))
-    assert (cpu2.backend, cpu2.world_size, cpu2.device) == ("ddp", 2, "cpu")
-    assert plan(load_profile("1xT4"), CFG).backend == "single"
+    assert (cpu2.engine.backend, cpu2.engine.world_size, cpu2.engine.device) == ("ddp", 2, "cpu")
+    assert plan(load_profile("1xT4"), CFG).engine.backend == "single"
     four = plan(load_profile("4xL4"), CFG, deepspeed_installed=True)
-    assert (four.backend, four.zero_stage) == ("deepspeed", 2)
+    assert (four.engine.backend, four.engine.zero_stage) == ("deepspeed", 2)
     no_ds = plan(load_profile("4xL4"), CFG, deepspeed_installed=False)
-    assert (no_ds.backend, no_ds.zero_stage) == ("ddp", None)
+    assert (no_ds.engine.backend, no_ds.engine.zero_stage) == ("ddp", None)
     assert "DeepSpeed is not installed" in no_ds.reasons["backend"]
 
 
@@ -97,16 +99,16 @@ def test_forcing_deepspeed_without_it_is_a_clear_error():
 
 def test_offload_only_when_memory_requires_and_ram_allows():
     small = plan(load_profile("4xL4"), CFG)
-    assert small.offload_optimizer is False and "fit" in small.reasons["offload_optimizer"]
+    assert small.engine.offload_optimizer is False and "fit" in small.reasons["offload_optimizer"]
     # 5B parameters on 4x L4: ZeRO-2 states 2*5e9 + 14*5e9/4 bytes = 25.6 GiB > the 18.7 GiB budget;
     # offloaded, 2*5e9 + 2*5e9/4 = 11.6 GiB fits, and 4 ranks x 15e9 bytes x 1.5 = 84 GiB of host RAM is there.
     big = cfg_with(**{"model.num_parameters": 5_000_000_000, "training.entrypoint": "train.py"})
     p = plan(load_profile("4xL4"), big)
-    assert p.offload_optimizer is True, p.reasons["offload_optimizer"]
+    assert p.engine.offload_optimizer is True, p.reasons["offload_optimizer"]
     assert "host RAM" in p.reasons["offload_optimizer"]
     tight = make_profile([L4] * 4, ram_gib=16)
     q = plan(tight, big)
-    assert q.offload_optimizer is False and "cannot hold" in q.reasons["offload_optimizer"]
+    assert q.engine.offload_optimizer is False and "cannot hold" in q.reasons["offload_optimizer"]
     assert any("cannot hold" in w for w in q.warnings)
 
 
@@ -114,44 +116,44 @@ def test_big_model_turns_on_checkpointing_then_shrinks_micro_batch():
     cfg = cfg_with(**{"model.n_layer": 24, "model.n_embd": 1024, "model.n_head": 16, "data.seq_len": 256,
                       "data.vocab_size": 1000})
     p = plan(load_profile("1xT4"), cfg)
-    assert p.gradient_checkpointing is True
+    assert p.memory.gradient_checkpointing is True
     assert "memory estimate" in p.reasons["gradient_checkpointing"]
-    assert p.memory_estimate.total_gib <= p.memory_estimate.budget_gib
+    assert p.memory.estimate.total_gib <= p.memory.estimate.budget_gib
 
 
 def test_workers_threads_and_prefetch():
     p = plan(load_profile("4xL4"), CFG)  # 48 cores, 4 ranks
-    assert p.num_workers == 3 and p.omp_num_threads == 12 and p.pin_memory is True and p.prefetch_factor == 4
+    assert p.loader.num_workers == 3 and p.loader.omp_num_threads == 12 and p.loader.pin_memory is True and p.loader.prefetch_factor == 4
     q = plan(make_profile([L4] * 4, cores=6, ram_gib=8), CFG)
-    assert q.num_workers == 0 and q.prefetch_factor is None and q.omp_num_threads == 1
+    assert q.loader.num_workers == 0 and q.loader.prefetch_factor is None and q.loader.omp_num_threads == 1
     cpu = plan(load_profile("cpu-only"), cfg_with(**{"distributed.nproc_per_node": 2}))
-    assert cpu.omp_num_threads * cpu.nproc_per_node <= 8 and cpu.pin_memory is False
+    assert cpu.loader.omp_num_threads * cpu.engine.nproc_per_node <= 8 and cpu.loader.pin_memory is False
 
 
 def test_lr_scaling_arithmetic():
     base = {"training.base_batch_size": 64, "training.learning_rate": 0.001}
     lin = plan(load_profile("4xL4"), cfg_with(**base, **{"training.lr_scaling": "linear"}))
-    assert lin.learning_rate == pytest.approx(0.004)
+    assert lin.schedule.learning_rate == pytest.approx(0.004)
     assert "0.001 x 256/64 = 0.004" in lin.reasons["learning_rate"]
     sq = plan(load_profile("4xL4"), cfg_with(**base, **{"training.lr_scaling": "sqrt"}))
-    assert sq.learning_rate == pytest.approx(0.002)
+    assert sq.schedule.learning_rate == pytest.approx(0.002)
 
 
 @pytest.mark.parametrize("gb, steps", [(4, 7375), (8, 3688)])
 def test_steps_per_epoch(gb, steps):
     cfg = cfg_with(**{"data.num_samples": 29500, "training.global_batch_size": gb})
     p = plan(load_profile("cpu-only"), cfg)
-    assert p.global_batch_size == gb and p.steps_per_epoch == steps
-    assert plan(load_profile("cpu-only"), cfg_with(**{"data.num_samples": None})).steps_per_epoch is None
+    assert p.batch.global_batch_size == gb and p.schedule.steps_per_epoch == steps
+    assert plan(load_profile("cpu-only"), cfg_with(**{"data.num_samples": None})).schedule.steps_per_epoch is None
 
 
 def test_overrides_win_and_are_recorded():
     cfg = cfg_with(**{"training.batch_size_per_gpu": 8, "distributed.zero_stage": 3, "training.mixed_precision": "fp16"})
     p = plan(load_profile("4xL4"), cfg)
-    assert p.micro_batch_size == 8 and p.gradient_accumulation_steps == 8 and p.global_batch_size == 256
+    assert p.batch.micro_batch_size == 8 and p.batch.gradient_accumulation_steps == 8 and p.batch.global_batch_size == 256
     assert p.overrides["micro_batch_size"].auto == 16 and p.overrides["micro_batch_size"].chosen == 8
-    assert p.overrides["zero_stage"].auto == 2 and p.zero_stage == 3
-    assert p.overrides["precision"].auto == "bf16" and p.precision == "fp16"
+    assert p.overrides["zero_stage"].auto == 2 and p.engine.zero_stage == 3
+    assert p.overrides["precision"].auto == "bf16" and p.numerics.precision == "fp16"
     assert "auto would choose 16" in p.reasons["micro_batch_size"]
 
 
@@ -160,7 +162,7 @@ def test_mismatched_explicit_batch_is_an_error_with_the_fix():
     with pytest.raises(UserError, match=r"8 x gradient_accumulation_steps 2 x world size 4 = 64.*--global_batch_size 64"):
         plan(load_profile("4xL4"), cfg)
     ok = plan(load_profile("4xL4"), apply_overrides(cfg, {"training.global_batch_size": 64}))
-    assert ok.global_batch_size == 64
+    assert ok.batch.global_batch_size == 64
 
 
 def test_impossible_gpu_counts():
@@ -169,9 +171,9 @@ def test_impossible_gpu_counts():
     with pytest.raises(UserError, match="this machine has none"):
         plan(load_profile("cpu-only"), cfg_with(**{"distributed.num_gpus": 2}))
     two = plan(load_profile("4xL4"), cfg_with(**{"distributed.num_gpus": 2}))
-    assert two.world_size == 2 and two.micro_batch_size == 16 and two.gradient_accumulation_steps == 8
+    assert two.engine.world_size == 2 and two.batch.micro_batch_size == 16 and two.batch.gradient_accumulation_steps == 8
     cpu = plan(load_profile("4xL4"), cfg_with(**{"distributed.num_gpus": 0}))
-    assert cpu.device == "cpu" and cpu.backend == "single"
+    assert cpu.engine.device == "cpu" and cpu.engine.backend == "single"
 
 
 def test_no_auto_optimize_uses_config_verbatim_and_names_missing_values():
@@ -184,14 +186,14 @@ def test_no_auto_optimize_uses_config_verbatim_and_names_missing_values():
     cfg = parse_config({"training": {"batch_size_per_gpu": 5, "gradient_accumulation_steps": 3, "mixed_precision": "fp32"},
                         "distributed": {"backend": "ddp", "nproc_per_node": 2}})
     p = plan(load_profile("4xL4"), cfg, auto_optimize=False)
-    assert (p.micro_batch_size, p.gradient_accumulation_steps, p.world_size, p.global_batch_size) == (5, 3, 2, 30)
-    assert p.precision == "fp32" and p.backend == "ddp" and not p.auto_optimize and p.overrides == {}
+    assert (p.batch.micro_batch_size, p.batch.gradient_accumulation_steps, p.engine.world_size, p.batch.global_batch_size) == (5, 3, 2, 30)
+    assert p.numerics.precision == "fp32" and p.engine.backend == "ddp" and not p.run.auto_optimize and p.overrides == {}
 
 
 def test_debug_plans_a_tiny_run():
     p = plan(load_profile("4xL4"), CFG, debug=True)
-    assert p.micro_batch_size <= 4 and p.gradient_accumulation_steps == 1
-    assert p.total_steps == 20 and p.config["training"]["max_steps"] == 20 and p.debug
+    assert p.batch.micro_batch_size <= 4 and p.batch.gradient_accumulation_steps == 1
+    assert p.schedule.total_steps == 20 and p.schedule.max_steps == 20 and p.run.debug and p.run.eval_every_steps == 10
 
 
 def test_every_preset_by_every_mode():
@@ -203,13 +205,14 @@ def test_every_preset_by_every_mode():
         for p in (plan(hw, CFG), plan(hw, CFG, debug=True), plan(hw, verbatim, auto_optimize=False),
                   plan(hw, cfg_with(**{"distributed.backend": "ddp"})) if name not in ("cpu-only", "1xT4") else plan(hw, CFG),
                   plan(hw, cfg_with(**{"distributed.backend": "deepspeed"}), deepspeed_installed=True)):
-            assert p.global_batch_size == p.micro_batch_size * p.gradient_accumulation_steps * p.world_size
+            assert p.batch.global_batch_size == p.batch.micro_batch_size * p.batch.gradient_accumulation_steps * p.engine.world_size
             assert set(p.reasons) >= {"backend", "micro_batch_size", "global_batch_size", "learning_rate"}
 
 
 def test_planner_json_has_the_promised_keys():
-    import json
-    data = json.loads(plan(load_profile("4xL4"), CFG).model_dump_json())
+    from autotune.plan import public_dict
+
+    data = public_dict(plan(load_profile("4xL4"), CFG))
     for k in ("backend", "zero_stage", "num_nodes", "nproc_per_node", "world_size", "micro_batch_size",
               "gradient_accumulation_steps", "global_batch_size", "target_global_batch_size", "precision",
               "gradient_checkpointing", "offload_optimizer", "num_workers", "learning_rate", "steps_per_epoch",
@@ -220,7 +223,7 @@ def test_planner_json_has_the_promised_keys():
 def test_unknown_memory_and_cc_are_conservative():
     hw = make_profile([("Mystery GPU", None, None, None), ("Mystery GPU", None, None, None)])
     p = plan(hw, CFG)
-    assert p.micro_batch_size == 2 and p.precision == "fp16"
+    assert p.batch.micro_batch_size == 2 and p.numerics.precision == "fp16"
     assert any("unknown" in w for w in p.warnings)
 
 
@@ -237,20 +240,20 @@ def test_property_random_profiles(n, gpu, cores, ram, nodes, target, ds):
                       deepspeed="1" if ds else None)
     cfg = cfg_with(**{"training.global_batch_size": target})
     p = _plan(hw, cfg)
-    assert p.global_batch_size == p.micro_batch_size * p.gradient_accumulation_steps * p.world_size
-    if target >= p.world_size:
-        assert abs(p.global_batch_size - target) <= p.micro_batch_size * p.world_size / 2
+    assert p.batch.global_batch_size == p.batch.micro_batch_size * p.batch.gradient_accumulation_steps * p.engine.world_size
+    if target >= p.engine.world_size:
+        assert abs(p.batch.global_batch_size - target) <= p.batch.micro_batch_size * p.engine.world_size / 2
     else:  # every process needs one sample per step: the smallest possible global batch, and a warning
-        assert p.global_batch_size == p.world_size
+        assert p.batch.global_batch_size == p.engine.world_size
         assert any("smaller than the world size" in w for w in p.warnings)
-    assert p.micro_batch_size >= 1 and p.gradient_accumulation_steps >= 1
-    assert p.omp_num_threads * p.nproc_per_node <= max(cores, p.nproc_per_node)
-    assert p.precision in ("bf16", "fp16", "fp32")
+    assert p.batch.micro_batch_size >= 1 and p.batch.gradient_accumulation_steps >= 1
+    assert p.loader.omp_num_threads * p.engine.nproc_per_node <= max(cores, p.engine.nproc_per_node)
+    assert p.numerics.precision in ("bf16", "fp16", "fp32")
     if n and float(cc) < 8.0:
-        assert p.precision == "fp16"
+        assert p.numerics.precision == "fp16"
     if n >= 2:
-        assert p.backend == ("deepspeed" if ds else "ddp")
-    assert math.isfinite(p.learning_rate)
+        assert p.engine.backend == ("deepspeed" if ds else "ddp")
+    assert math.isfinite(p.schedule.learning_rate)
 
 
 def test_plan_is_fast_and_never_imports_torch(cli):
@@ -271,6 +274,6 @@ def test_explicit_micro_batch_that_cannot_fit_is_kept_with_a_warning():
                       "data.vocab_size": 1000, "training.batch_size_per_gpu": 64,
                       "training.gradient_checkpointing": False})
     p = plan(load_profile("1xT4"), cfg)
-    assert p.micro_batch_size == 64 and p.gradient_checkpointing is False  # the user's values win
+    assert p.batch.micro_batch_size == 64 and p.memory.gradient_checkpointing is False  # the user's values win
     assert any("expect out-of-memory errors" in w for w in p.warnings)
-    assert p.memory_estimate.total_gib > p.memory_estimate.budget_gib
+    assert p.memory.estimate.total_gib > p.memory.estimate.budget_gib

@@ -1,0 +1,142 @@
+"""CPU, RAM (psutil and cgroup limits), InfiniBand, SLURM variables and package versions.
+
+Versions come from ``importlib.metadata``: this module never imports torch or deepspeed.
+"""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Mapping
+
+from autotune.hardware.cgroups import CgroupLimits
+from autotune.hardware.probe import Probes
+from autotune.profiles import CPUInfo, MemoryInfo, SlurmInfo
+
+MIB = 1024 * 1024
+
+SOFTWARE_PACKAGES = (
+    "torch",
+    "deepspeed",
+    "accelerate",
+    "nvidia-ml-py",
+    "nvidia-nccl-cu12",
+    "nvidia-nccl-cu13",
+    "psutil",
+    "pydantic",
+)
+
+
+def _cpu_model_name() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def effective_cores(logical: int | None, affinity: int | None, quota: float | None) -> tuple[int, str]:
+    """The cores this process may really use: min(logical, affinity, floor(quota)), at least 1."""
+    candidates = []
+    if logical:
+        candidates.append((logical, f"{logical} logical cores"))
+    if affinity:
+        candidates.append((affinity, f"CPU affinity allows {affinity}"))
+    if quota is not None:
+        candidates.append((max(1, int(quota)), f"cgroup CPU quota is {quota:g} cores"))
+    if not candidates:
+        return 1, "core count unknown; assuming 1"
+    value, why = min(candidates, key=lambda c: c[0])
+    others = [w for v, w in candidates if w != why]
+    tail = f" (also: {'; '.join(others)})" if others else ""
+    return value, f"{why}{tail}"
+
+
+def probe_cpu(psutil: Any, cg: CgroupLimits, unknown: dict[str, str]) -> CPUInfo:
+    pr = Probes(unknown)
+    logical = pr.get("cpu.logical_cores", lambda: psutil.cpu_count(logical=True))
+    physical = pr.get("cpu.physical_cores", lambda: psutil.cpu_count(logical=False))
+    if physical is None and "cpu.physical_cores" not in unknown:
+        pr.note("cpu.physical_cores", "psutil could not tell physical cores")
+    affinity = pr.get("cpu.affinity_cores", lambda: len(psutil.Process().cpu_affinity()))
+    if "cpu" in cg.errors:
+        pr.note("cpu.cgroup_quota_cores", cg.errors["cpu"])
+    eff, why = effective_cores(logical, affinity, cg.cpu_quota_cores)
+    return CPUInfo(
+        model_name=_cpu_model_name(),
+        physical_cores=physical,
+        logical_cores=logical,
+        affinity_cores=affinity,
+        cgroup_quota_cores=cg.cpu_quota_cores,
+        cgroup_version=cg.version,
+        effective_cores=eff,
+        effective_cores_reason=why,
+    )
+
+
+def probe_memory(psutil: Any, cg: CgroupLimits, unknown: dict[str, str]) -> MemoryInfo:
+    vm = Probes(unknown).get("memory.total_mib", psutil.virtual_memory)
+    total = avail = None
+    if vm is None:
+        unknown["memory.available_mib"] = unknown["memory.total_mib"]
+    else:
+        total, avail = vm.total // MIB, vm.available // MIB
+    limit = cg.memory_limit_bytes // MIB if cg.memory_limit_bytes is not None else None
+    if "memory" in cg.errors:
+        unknown["memory.cgroup_limit_mib"] = cg.errors["memory"]
+    candidates = [(v, w) for v, w in ((avail, "available RAM"), (limit, "the cgroup memory limit")) if v is not None]
+    if candidates:
+        eff, which = min(candidates, key=lambda c: c[0])
+        why = f"{which} ({eff / 1024:.1f} GiB) is the tighter bound"
+        if limit is None:
+            why = f"available RAM ({eff / 1024:.1f} GiB); no cgroup memory limit"
+    else:
+        eff, why = None, "RAM unknown"
+        unknown["memory.effective_mib"] = why
+    return MemoryInfo(total_mib=total, available_mib=avail, cgroup_limit_mib=limit, effective_mib=eff, effective_reason=why)
+
+
+def probe_infiniband(sys_class: str | Path, unknown: dict[str, str]) -> tuple[str, ...] | None:
+    p = Path(sys_class) / "infiniband"
+    if not p.exists():
+        return ()
+    try:
+        return tuple(sorted(x.name for x in p.iterdir()))
+    except OSError as e:
+        unknown["infiniband"] = f"cannot list {p}: {e.strerror}"
+        return None
+
+
+def _int_or_none(v: str | None) -> int | None:
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def parse_slurm_env(environ: Mapping[str, str]) -> SlurmInfo | None:
+    if "SLURM_JOB_ID" not in environ:
+        return None
+    return SlurmInfo(
+        job_id=environ.get("SLURM_JOB_ID"),
+        num_nodes=_int_or_none(environ.get("SLURM_JOB_NUM_NODES", environ.get("SLURM_NNODES"))),
+        nodelist=environ.get("SLURM_JOB_NODELIST", environ.get("SLURM_NODELIST")),
+        ntasks=_int_or_none(environ.get("SLURM_NTASKS")),
+        ntasks_per_node=environ.get("SLURM_NTASKS_PER_NODE"),
+        cpus_per_task=_int_or_none(environ.get("SLURM_CPUS_PER_TASK")),
+        gpus=environ.get("SLURM_GPUS_ON_NODE", environ.get("SLURM_GPUS")),
+        partition=environ.get("SLURM_JOB_PARTITION"),
+    )
+
+
+def software_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in SOFTWARE_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out

@@ -1,0 +1,247 @@
+"""The training plan: the one contract between the planner, the builders and the ranks.
+
+``TrainingPlan`` is what ``plan(hw, cfg)`` returns, what the launcher writes to
+``<run_dir>/plan.json``, what every rank reads back (``load_plan``, with the model's own
+JSON validation) and what users' scripts read (``autotune.current_plan()``). It is made
+of typed, frozen sections; nothing in it is a free-form dict of config values.
+
+Sections (read as ``plan.<section>.<field>``):
+
+- ``engine``    backend (single | ddp | deepspeed), zero_stage, device (cuda | cpu),
+                num_nodes, node_rank, master_addr, master_port, nproc_per_node,
+                world_size, num_gpus (per node, 0 on CPU), offload_optimizer, timeout_s
+                (process-group timeout).
+- ``batch``     micro_batch_size (per process), gradient_accumulation_steps,
+                global_batch_size (= micro x accumulation x world_size, what really runs),
+                target_global_batch_size (what the config asked for), global_batch_deviation.
+- ``numerics``  precision (bf16 | fp16 | fp32), tf32.
+- ``memory``    gradient_checkpointing, gpu_memory_gib (per-GPU memory planned for),
+                estimate (parameters, model states, activations, total, budget; GiB).
+- ``loader``    num_workers, pin_memory, prefetch_factor (DataLoader, per process),
+                omp_num_threads.
+- ``schedule``  learning_rate (peak), warmup_steps, min_lr_ratio, epochs, max_steps,
+                steps_per_epoch, total_steps.
+- ``optimizer`` name, betas, eps, weight_decay, gradient_clipping (None = off); the
+                DeepSpeed JSON and ``torch.optim`` both take them from here.
+- ``run``       seed, eval/log/save intervals, keep_last, save_at_end, logging sinks,
+                entrypoint, resume_from (a concrete checkpoint path or None),
+                auto_optimize, debug.
+- ``workload``  the built-in model and data (ignored by users' own scripts except
+                ``model.num_parameters`` and ``data.num_samples``).
+- ``reasons``   knob -> one sentence; ``overrides`` knob -> {auto, chosen} for every value
+                the user set; ``warnings``; ``hardware`` (a one-line summary).
+
+``public_dict(plan)`` is the flat view printed by ``plan --json`` (a stable interface:
+tests compare it with recorded outputs for every preset).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from autotune.errors import UserError, format_validation_error
+
+Backend = Literal["single", "ddp", "deepspeed"]
+Precision = Literal["bf16", "fp16", "fp32"]
+Device = Literal["cuda", "cpu"]
+
+# Every knob a reason or an override can be about: the flat plan keys, plus the GPU count.
+Knob = Literal[
+    "backend", "zero_stage", "num_nodes", "num_gpus", "nproc_per_node", "world_size",
+    "micro_batch_size", "gradient_accumulation_steps", "global_batch_size",
+    "precision", "tf32", "gradient_checkpointing", "offload_optimizer",
+    "num_workers", "pin_memory", "prefetch_factor", "omp_num_threads",
+    "learning_rate", "warmup_steps", "steps_per_epoch", "total_steps",
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EngineSection(_Section):
+    backend: Backend
+    zero_stage: int | None = Field(None, ge=0, le=3)
+    device: Device
+    num_nodes: int = Field(1, ge=1)
+    node_rank: int = Field(0, ge=0)
+    master_addr: str = "127.0.0.1"
+    master_port: int = Field(29500, ge=1, le=65535)
+    nproc_per_node: int = Field(ge=1)
+    world_size: int = Field(ge=1)
+    num_gpus: int = Field(0, ge=0)
+    offload_optimizer: bool = False
+    timeout_s: int = Field(1800, ge=1)
+
+
+class BatchSection(_Section):
+    micro_batch_size: int = Field(ge=1)
+    gradient_accumulation_steps: int = Field(ge=1)
+    global_batch_size: int = Field(ge=1)
+    target_global_batch_size: int = Field(ge=1)
+    global_batch_deviation: int
+
+
+class NumericsSection(_Section):
+    precision: Precision
+    tf32: bool = False
+
+
+class MemoryEstimate(_Section):
+    num_parameters: int
+    model_states_gib: float
+    activations_gib: float | None
+    total_gib: float
+    budget_gib: float | None
+
+
+class MemorySection(_Section):
+    gradient_checkpointing: bool = False
+    gpu_memory_gib: float | None = None  # per-GPU memory the plan was sized for
+    estimate: MemoryEstimate | None = None
+
+
+class LoaderSection(_Section):
+    num_workers: int = Field(0, ge=0)
+    pin_memory: bool = False
+    prefetch_factor: int | None = Field(None, ge=1)
+    omp_num_threads: int = Field(1, ge=1)
+
+
+class ScheduleSection(_Section):
+    learning_rate: float = Field(gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    epochs: int | None = None
+    max_steps: int | None = None
+    steps_per_epoch: int | None = None
+    total_steps: int | None = None
+
+
+class OptimizerSection(_Section):
+    name: Literal["adamw"] = "adamw"
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = Field(0.01, ge=0)
+    gradient_clipping: float | None = Field(1.0, gt=0)  # max global grad norm; None = no clipping
+
+
+class RunSection(_Section):
+    seed: int = 42
+    eval_every_steps: int = Field(50, ge=1)
+    log_every_steps: int = Field(10, ge=1)
+    save_every_steps: int | None = Field(100, ge=1)
+    keep_last: int = Field(3, ge=1)
+    save_at_end: bool = True
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "autotune"
+    wandb_entity: str | None = None
+    progress_bar: bool | Literal["auto"] = "auto"
+    entrypoint: str | None = None
+    resume_from: str | None = None  # resolved once by the launcher: a checkpoint directory or None
+    auto_optimize: bool = True
+    debug: bool = False
+
+
+class BuiltinModel(_Section):
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 64
+    dropout: float = 0.0
+    num_parameters: int | None = None  # a user model's size, when given
+
+
+class BuiltinData(_Section):
+    seq_len: int = 8
+    vocab_size: int = 10
+    num_samples: int | None = 16384
+    num_val_samples: int = 1024
+    seed: int = 1234
+
+
+class WorkloadSection(_Section):
+    model: BuiltinModel = BuiltinModel()
+    data: BuiltinData = BuiltinData()
+
+
+class Override(_Section):
+    auto: Any
+    chosen: Any
+
+
+class TrainingPlan(_Section):
+    engine: EngineSection
+    batch: BatchSection
+    numerics: NumericsSection
+    memory: MemorySection
+    loader: LoaderSection
+    schedule: ScheduleSection
+    optimizer: OptimizerSection
+    run: RunSection
+    workload: WorkloadSection
+    reasons: dict[Knob, str] = {}
+    overrides: dict[Knob, Override] = {}
+    warnings: tuple[str, ...] = ()
+    hardware: str = ""  # one-line summary of the profile planned for
+
+    @property
+    def is_deepspeed(self) -> bool:
+        return self.engine.backend == "deepspeed"
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+# (flat key, section, attribute) in the order `plan --json` prints them.
+PUBLIC_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("backend", "engine", "backend"), ("zero_stage", "engine", "zero_stage"), ("device", "engine", "device"),
+    ("num_nodes", "engine", "num_nodes"), ("nproc_per_node", "engine", "nproc_per_node"),
+    ("world_size", "engine", "world_size"),
+    ("micro_batch_size", "batch", "micro_batch_size"),
+    ("gradient_accumulation_steps", "batch", "gradient_accumulation_steps"),
+    ("global_batch_size", "batch", "global_batch_size"),
+    ("target_global_batch_size", "batch", "target_global_batch_size"),
+    ("global_batch_deviation", "batch", "global_batch_deviation"),
+    ("precision", "numerics", "precision"), ("tf32", "numerics", "tf32"),
+    ("gradient_checkpointing", "memory", "gradient_checkpointing"),
+    ("offload_optimizer", "engine", "offload_optimizer"),
+    ("num_workers", "loader", "num_workers"), ("pin_memory", "loader", "pin_memory"),
+    ("prefetch_factor", "loader", "prefetch_factor"), ("omp_num_threads", "loader", "omp_num_threads"),
+    ("learning_rate", "schedule", "learning_rate"), ("warmup_steps", "schedule", "warmup_steps"),
+    ("steps_per_epoch", "schedule", "steps_per_epoch"), ("total_steps", "schedule", "total_steps"),
+    ("gpu_memory_gib", "memory", "gpu_memory_gib"), ("memory_estimate", "memory", "estimate"),
+    ("auto_optimize", "run", "auto_optimize"), ("debug", "run", "debug"),
+)
+
+
+def public_dict(plan: TrainingPlan) -> dict:
+    """The flat plan of ``plan --json``: every value, then reasons, overrides, warnings, hardware."""
+    data = json.loads(plan.model_dump_json())
+    out = {flat: data[section][attr] for flat, section, attr in PUBLIC_FIELDS}
+    out.update(reasons=data["reasons"], overrides=data["overrides"], warnings=data["warnings"],
+               hardware=data["hardware"])
+    return out
+
+
+def load_plan(path: str | os.PathLike | None = None) -> TrainingPlan:
+    """Read plan.json (``path`` or $AUTOTUNE_PLAN); a missing or broken file is a UserError."""
+    path = path or os.environ.get("AUTOTUNE_PLAN")
+    if not path:
+        raise UserError("no plan: pass --plan PATH or --config FILE, or launch with `python -m autotune launch` "
+                        "(which sets AUTOTUNE_PLAN)")
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise UserError(f"--plan: no such file {str(path)!r}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--plan: cannot read {str(path)!r}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        return TrainingPlan.model_validate_json(text)
+    except ValidationError as e:
+        raise UserError(format_validation_error(e, f"--plan: {path} is not a plan written by this autotune")) from None

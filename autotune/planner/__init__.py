@@ -1,0 +1,192 @@
+"""The planner: ``plan(hw, cfg) -> TrainingPlan``, a pure function.
+
+No torch, no environment reads, no subprocesses: the same inputs always give the
+same plan, in milliseconds. Each knob is decided by a small function in
+``deciders`` (hardware, engine, precision, batch arithmetic) or ``memory_fit`` (the
+memory ladder); ``resolve.Resolver`` applies every explicit user value and records
+"auto would choose X, you set Y". ``--no_auto_optimize`` is a mode of the same
+resolution. ``--debug`` is applied here, in ``_run_section`` and the batch choice,
+and never edits the config.
+"""
+
+from __future__ import annotations
+
+from autotune import memory
+from autotune.config import TrainConfig
+from autotune.plan import (BatchSection, BuiltinData, BuiltinModel, EngineSection, LoaderSection, MemorySection,
+                           NumericsSection, OptimizerSection, RunSection, ScheduleSection, TrainingPlan,
+                           WorkloadSection)
+from autotune.planner import deciders as dec
+from autotune.planner.memory_fit import estimate, fit
+from autotune.planner.resolve import Decision, Resolver, is_set
+from autotune.policy import Policy, load_policy
+from autotune.errors import UserError
+from autotune.profiles import HardwareProfile
+
+__all__ = ["plan"]
+
+DEBUG_MAX_STEPS = 20
+
+
+def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, debug: bool = False,
+         policy: Policy | None = None, deepspeed_installed: bool | None = None) -> TrainingPlan:
+    """Decide every training knob for ``cfg`` on ``hw``; raises UserError for impossible requests."""
+    policy = policy or load_policy()
+    if deepspeed_installed is None:
+        deepspeed_installed = bool(hw.software.get("deepspeed"))
+    debug = debug and auto_optimize
+    x = dec.Inputs(hw, cfg, policy, deepspeed_installed, debug)
+    r = Resolver(auto_optimize=auto_optimize)
+    t, d = cfg.training, cfg.distributed
+
+    # -- where it runs -----------------------------------------------------------
+    n_gpus = dec.decide_num_gpus(x, r)
+    num_nodes = dec.decide_num_nodes(x, r)
+    backend, nproc, zero = dec.decide_engine(x, r, n_gpus, num_nodes)
+    devs = hw.gpus.devices[:nproc] if (n_gpus and nproc) else ()
+    precision, tf32 = dec.decide_precision(x, r, devs)
+    if not auto_optimize:  # every value the verbatim plan needs, all problems at once
+        r.resolve("micro_batch_size", t.batch_size_per_gpu, lambda: None, path="training.batch_size_per_gpu")
+        r.resolve("gradient_accumulation_steps", t.gradient_accumulation_steps, lambda: None,
+                  path="training.gradient_accumulation_steps")
+        r.raise_problems()
+    world = nproc * num_nodes
+    r.explain("world_size", f"{nproc} process(es) per node x {num_nodes} node(s) = {world}")
+
+    # -- micro-batch and memory ----------------------------------------------------
+    mem_mib = dec.planning_memory_mib(r, devs) if devs else None
+    band = dec.band_choice(x, bool(devs), mem_mib)
+    target = t.global_batch_size
+    if debug:
+        micro = min(band.micro_batch_size, 4)
+        target = micro * world
+        band = dec.BandChoice(micro, f"--debug: a tiny micro-batch of {micro}", band.gradient_checkpointing,
+                              band.checkpointing_reason)
+    if auto_optimize:
+        band = dec.fit_to_target(r, band, target, world, debug)
+    half = precision in ("bf16", "fp16")
+    budget_gib = mem_mib * dec.MIB / memory.GIB * policy.memory_headroom_fraction if mem_mib else None
+    mf = fit(x, r, band, backend=backend, world=world, nproc=nproc, zero=zero, half=half, budget_gib=budget_gib)
+    micro = mf.micro_batch_size
+
+    # -- accumulation and the global batch ---------------------------------------------
+    acc = r.resolve("gradient_accumulation_steps", t.gradient_accumulation_steps,
+                    lambda: _accumulation_decision(target, micro, world, debug),
+                    path="training.gradient_accumulation_steps")
+    global_batch = micro * acc * world
+    deviation = global_batch - target
+    if auto_optimize:
+        _check_global_batch(r, t, target, micro, acc, world, global_batch, deviation, debug)
+    else:
+        r.explain("global_batch_size", f"{micro} x {acc} x {world} = {global_batch} (no target applied)")
+
+    loader = _loader(x, r, nproc, bool(devs))
+    lr = dec.learning_rate(x, r, global_batch)
+    run = _run_section(cfg, auto_optimize, debug)
+    max_steps = min(t.max_steps or DEBUG_MAX_STEPS, DEBUG_MAX_STEPS) if debug else t.max_steps
+    num_samples = cfg.data.num_samples
+    spe, total = dec.steps(num_samples, global_batch, t.epochs, max_steps)
+    r.explain("steps_per_epoch", f"ceil({num_samples} samples / global batch {global_batch}) = {spe}" if spe
+              else "data.num_samples unknown")
+    r.explain("total_steps", f"max_steps {max_steps}" if max_steps else
+              (f"{t.epochs} epoch(s) x {spe} steps" if total else "unknown"))
+    r.explain("warmup_steps", f"training.warmup_steps {t.warmup_steps} carried over")
+    m = cfg.model
+    return TrainingPlan(
+        engine=EngineSection(backend=backend, zero_stage=zero, device="cuda" if devs else "cpu",
+                             num_nodes=num_nodes, node_rank=d.node_rank, master_addr=d.master_addr,
+                             master_port=d.master_port, nproc_per_node=nproc, world_size=world,
+                             num_gpus=len(devs), offload_optimizer=mf.offload_optimizer, timeout_s=d.timeout_s),
+        batch=BatchSection(micro_batch_size=micro, gradient_accumulation_steps=acc, global_batch_size=global_batch,
+                           target_global_batch_size=target if auto_optimize else t.global_batch_size,
+                           global_batch_deviation=deviation),
+        numerics=NumericsSection(precision=precision, tf32=tf32),
+        memory=MemorySection(
+            gradient_checkpointing=mf.gradient_checkpointing,
+            gpu_memory_gib=None if mem_mib is None else round(mem_mib / 1024, 2),
+            estimate=estimate(cfg, micro, world, zero, mf.offload_optimizer, mf.gradient_checkpointing, half,
+                              budget_gib if auto_optimize else None)),
+        loader=loader,
+        schedule=ScheduleSection(learning_rate=lr, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
+                                 epochs=t.epochs, max_steps=max_steps, steps_per_epoch=spe, total_steps=total),
+        optimizer=OptimizerSection(weight_decay=t.weight_decay, gradient_clipping=t.gradient_clipping),
+        run=run,
+        workload=WorkloadSection(
+            model=BuiltinModel(n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
+                               num_parameters=m.num_parameters),
+            data=BuiltinData(seq_len=cfg.data.seq_len, vocab_size=cfg.data.vocab_size, num_samples=num_samples,
+                             num_val_samples=min(cfg.data.num_val_samples, 256) if debug else cfg.data.num_val_samples,
+                             seed=cfg.data.seed)),
+        reasons=r.reasons, overrides=r.overrides, warnings=tuple(r.warnings), hardware=dec.summary(hw),
+    )
+
+
+def _accumulation_decision(target: int, micro: int, world: int, debug: bool) -> Decision:
+    if debug:
+        return Decision(1, "--debug: no accumulation")
+    per_step = micro * world
+    return Decision(dec.accumulation(target, micro, world),
+                    f"closest integer to target {target} / ({micro} micro x {world} processes) = {target / per_step:.2f}")
+
+
+def _check_global_batch(r: Resolver, t, target: int, micro: int, acc: int, world: int, global_batch: int,
+                        deviation: int, debug: bool) -> None:
+    both_set = is_set(t.batch_size_per_gpu) and is_set(t.gradient_accumulation_steps)
+    if both_set and global_batch != target and not debug:
+        raise UserError(
+            f"training.global_batch_size: the target is {target}, but batch_size_per_gpu {micro} x "
+            f"gradient_accumulation_steps {acc} x world size {world} = {global_batch}; set one of the two to "
+            f"auto, or set --global_batch_size {global_batch}"
+        )
+    r.explain("global_batch_size", f"{micro} x {acc} x {world} = {global_batch} (target {target}, "
+              + ("exact)" if deviation == 0 else f"off by {deviation:+d}, {100 * deviation / target:+.1f}%)"))
+    if is_set(t.batch_size_per_gpu) and abs(deviation) * 2 > micro * world and not debug:
+        r.warnings.append(f"global batch {global_batch} is far from the target {target} because you set the "
+                          f"micro-batch to {micro}")
+
+
+def _loader(x: dec.Inputs, r: Resolver, nproc: int, on_gpu: bool) -> LoaderSection:
+    """Threads per process, DataLoader workers, pinning and prefetch from effective cores and RAM."""
+    cores, d, policy = x.hw.cpu.effective_cores, x.cfg.data, x.policy
+    omp = max(1, cores // nproc)
+    r.explain("omp_num_threads", f"{cores} effective cores ({x.hw.cpu.effective_cores_reason}) / {nproc} "
+              f"process(es) per node = {omp} thread(s) each")
+    spare = max(0, cores - nproc) // nproc
+    auto_w = min(d.max_workers_per_process, spare)
+    w_reason = (f"{auto_w} DataLoader worker(s) per process: ({cores} effective cores - {nproc} kept for the rank(s)) "
+                f"/ {nproc} process(es) = {spare}, capped at data.max_workers_per_process={d.max_workers_per_process}")
+    workers = r.resolve("num_workers", d.num_workers, lambda: Decision(auto_w, w_reason), path="data.num_workers",
+                        verbatim=0)
+    pin = r.resolve("pin_memory", d.pin_memory, lambda: Decision(
+        on_gpu, "pinned host memory speeds host-to-GPU copies" if on_gpu else
+        "no GPU: pinning host memory would only cost RAM"), path="data.pin_memory", verbatim=False)
+    prefetch = None
+    if workers:
+        ram = x.hw.memory.effective_mib
+        per_worker = (ram / 1024) / (nproc * workers) if ram else None
+        limit = policy.prefetch_ram_per_worker_gib
+        if per_worker is None:
+            auto = Decision(2, "2 batches prefetched per worker: effective RAM unknown: PyTorch's default 2")
+        elif per_worker >= limit:
+            auto = Decision(4, f"4 batches prefetched per worker: {per_worker:.1f} GiB RAM per worker >= {limit:g} GiB")
+        else:
+            auto = Decision(2, f"2 batches prefetched per worker: {per_worker:.1f} GiB RAM per worker < {limit:g} GiB")
+        prefetch = r.resolve("prefetch_factor", d.prefetch_factor, lambda: auto, path="data.prefetch_factor",
+                             verbatim=2, verbatim_reason="--no_auto_optimize: PyTorch's default 2")
+    else:
+        r.explain("prefetch_factor", "no DataLoader workers, nothing to prefetch")
+    return LoaderSection(num_workers=workers, pin_memory=pin, prefetch_factor=prefetch, omp_num_threads=omp)
+
+
+def _run_section(cfg: TrainConfig, auto_optimize: bool, debug: bool) -> RunSection:
+    """Intervals, sinks and the entrypoint; --debug shortens the intervals of a tiny run."""
+    t, c, lg = cfg.training, cfg.checkpoint, cfg.logging
+    return RunSection(
+        seed=t.seed,
+        eval_every_steps=10 if debug else t.eval_every_steps,
+        log_every_steps=2 if debug else t.log_every_steps,
+        save_every_steps=10 if debug else c.save_every_steps,
+        keep_last=c.keep_last, save_at_end=c.save_at_end,
+        tensorboard=lg.tensorboard, wandb=lg.wandb, wandb_project=lg.wandb_project, wandb_entity=lg.wandb_entity,
+        progress_bar=lg.progress_bar, entrypoint=t.entrypoint, auto_optimize=auto_optimize, debug=debug,
+    )

@@ -1,0 +1,304 @@
+"""The planner's deciders: each knob in its own short function.
+
+A decider reads the hardware profile, the config and the policy, and either returns
+the resolved value (through ``Resolver.resolve``, which applies the user's value and
+records the reason) or raises ``UserError`` for a request that cannot run. Pure: no
+torch, no environment, no subprocess.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autotune.config import AUTO, TrainConfig
+from autotune.errors import UserError
+from autotune.planner.resolve import Decision, Resolver, is_set
+from autotune.policy import Policy
+from autotune.profiles import GPUInfo, HardwareProfile
+
+GB = 1e9
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What every decider reads."""
+
+    hw: HardwareProfile
+    cfg: TrainConfig
+    policy: Policy
+    deepspeed_installed: bool
+    debug: bool
+
+
+def fmt_gb(mib: float) -> str:
+    return f"{mib * MIB / GB:.1f} GB"
+
+
+def summary(hw: HardwareProfile) -> str:
+    if not hw.gpus.devices:
+        return f"{hw.num_nodes} node(s), no GPU, {hw.cpu.effective_cores} effective cores"
+    names = sorted({d.name or "unknown GPU" for d in hw.gpus.devices})
+    return f"{hw.num_nodes} node(s) x {hw.num_gpus} GPU(s) ({', '.join(names)}), interconnect {hw.gpus.interconnect}"
+
+
+# -- GPUs and engine ----------------------------------------------------------------
+
+def decide_num_gpus(x: Inputs, r: Resolver) -> int:
+    """GPUs used on each node: all visible unless the user narrows it."""
+    hw, d = x.hw, x.cfg.distributed
+    visible = hw.num_gpus
+    for name, value in (("distributed.num_gpus", d.num_gpus), ("distributed.nproc_per_node", d.nproc_per_node)):
+        if is_set(value) and visible and value > visible:
+            raise UserError(
+                f"{name}: {value} GPUs requested but only {visible} are visible on this node "
+                f"({summary(hw)}); use at most {visible} or check CUDA_VISIBLE_DEVICES"
+            )
+    if is_set(d.num_gpus):
+        if d.num_gpus > 0 and not visible:
+            raise UserError(
+                f"distributed.num_gpus: {d.num_gpus} GPUs requested but this machine has none "
+                f"({hw.gpus.reason or 'no GPU detected'}); use --num_gpus 0 or plan with --hardware PRESET"
+            )
+        n = d.num_gpus
+        if is_set(d.nproc_per_node) and n and d.nproc_per_node != n:
+            raise UserError(
+                f"distributed.nproc_per_node: {d.nproc_per_node} processes for {n} GPUs; on GPUs autotune "
+                "runs one process per GPU, so set only one of --num_gpus / --nproc_per_node"
+            )
+        r.explain("num_gpus", f"you set num_gpus={n} of {visible} visible")
+        return n
+    if is_set(d.nproc_per_node) and visible:
+        r.explain("num_gpus", f"nproc_per_node={d.nproc_per_node}: one process per GPU, {visible} visible")
+        return d.nproc_per_node
+    r.explain("num_gpus", f"all {visible} visible GPU(s)" if visible else (hw.gpus.reason or "no GPU detected"))
+    return visible
+
+
+def decide_num_nodes(x: Inputs, r: Resolver) -> int:
+    hw, d = x.hw, x.cfg.distributed
+    if not r.auto_optimize:
+        r.explain("num_nodes", "--no_auto_optimize: taken from the config verbatim")
+        return d.num_nodes
+    num_nodes = max(d.num_nodes, hw.num_nodes)
+    r.explain("num_nodes", f"the hardware profile describes {hw.num_nodes} node(s)"
+              if num_nodes == hw.num_nodes and d.num_nodes == 1 else f"distributed.num_nodes={d.num_nodes}")
+    return num_nodes
+
+
+def _auto_backend(x: Inputs, n_gpus: int, nproc: int, num_nodes: int) -> Decision:
+    if n_gpus:
+        if n_gpus == 1 and num_nodes == 1:
+            return Decision("single", "one GPU: no process group needed")
+        if x.deepspeed_installed:
+            return Decision("deepspeed", f"{n_gpus * num_nodes} GPUs and DeepSpeed is installed: ZeRO-2 shards "
+                                         "gradients and optimizer state")
+        return Decision("ddp", f"{n_gpus * num_nodes} GPUs; DeepSpeed is not installed (pip install "
+                               "--no-build-isolation deepspeed), so DDP via torchrun")
+    if nproc == 1 and num_nodes == 1:
+        return Decision("single", f"no GPU: one process using {x.hw.cpu.effective_cores} effective core(s)")
+    return Decision("ddp", f"no GPU and {nproc} process(es) x {num_nodes} node(s): DDP over gloo")
+
+
+def decide_engine(x: Inputs, r: Resolver, n_gpus: int, num_nodes: int) -> tuple[str, int, int | None]:
+    """(backend, processes per node, ZeRO stage)."""
+    d = x.cfg.distributed
+    on_gpu = n_gpus > 0
+    if on_gpu:
+        nproc = n_gpus
+    else:
+        nproc = 1 if d.nproc_per_node == AUTO else d.nproc_per_node
+    backend = r.resolve("backend", d.backend, lambda: _auto_backend(x, n_gpus, nproc, num_nodes),
+                        path="distributed.backend")
+    if not r.auto_optimize:
+        if backend == "single":
+            if is_set(d.nproc_per_node) and d.nproc_per_node != 1:
+                raise UserError("distributed.nproc_per_node: the single backend runs one process; use ddp or deepspeed")
+            nproc = 1
+        elif backend is not None:
+            nproc = r.resolve("nproc_per_node", d.nproc_per_node, lambda: Decision(None, ""),
+                              path="distributed.nproc_per_node")
+    if backend == "deepspeed" and not x.deepspeed_installed:
+        raise UserError(
+            "distributed.backend: deepspeed was requested but DeepSpeed is not installed; "
+            "install it with `pip install --no-build-isolation deepspeed` (after torch) or use --ddp"
+        )
+    if backend == "single" and nproc and nproc > 1:
+        raise UserError(
+            f"distributed.backend: single runs one process, but {nproc} processes per node were asked for "
+            f"({'GPUs' if on_gpu else 'nproc_per_node'}); use --ddp or --deepspeed, or --num_gpus 1"
+        )
+    if d.node_rank >= num_nodes:
+        raise UserError(f"distributed.node_rank: must be below the number of nodes ({num_nodes}), got {d.node_rank}")
+    if backend == "single" and num_nodes > 1:
+        raise UserError(f"distributed.backend: single cannot span {num_nodes} nodes; use ddp or deepspeed")
+    if r.auto_optimize:
+        r.explain("nproc_per_node", f"one process per GPU ({nproc})" if on_gpu else f"{nproc} CPU process(es)")
+    zero = None
+    if backend == "deepspeed":
+        zero = r.resolve("zero_stage", d.zero_stage, lambda: Decision(
+            2, "ZeRO-2 partitions gradients and optimizer state with no extra communication over DDP"),
+            path="distributed.zero_stage")
+    else:
+        if is_set(d.zero_stage) and r.auto_optimize:
+            r.warnings.append(f"distributed.zero_stage={d.zero_stage} is ignored: backend is {backend}, not deepspeed")
+        r.explain("zero_stage", f"not used by the {backend} backend")
+    return backend, nproc, zero
+
+
+# -- precision ----------------------------------------------------------------------
+
+def lowest_cc(devs: tuple[GPUInfo, ...]) -> float | None:
+    ccs = [d.compute_capability_tuple() for d in devs]
+    if any(c is None for c in ccs) or not ccs:
+        return None
+    major, minor = min(ccs)
+    return major + minor / 10
+
+
+def _auto_precision(x: Inputs, r: Resolver, cc: float | None) -> Decision:
+    policy = x.policy
+    if cc is None:
+        rule = policy.precision_for(0.0)
+        why = f"compute capability unknown for some GPU: {rule.precision}, the safe choice"
+        r.warnings.append(why)
+        return Decision(rule.precision, why)
+    rule = policy.precision_for(cc)
+    better = [p for p in policy.precision_by_compute_capability if p.min_compute_capability > cc]
+    if better:
+        nxt = min(better, key=lambda p: p.min_compute_capability)
+        why = (f"lowest compute capability {cc:.1f} is below the {nxt.min_compute_capability:.1f} "
+               f"that {nxt.precision} needs: {rule.precision}")
+    else:
+        why = f"lowest compute capability {cc:.1f} >= {rule.min_compute_capability:.1f}: {rule.precision}"
+    if rule.precision == "fp16":
+        why += " with dynamic loss scaling"
+    return Decision(rule.precision, why)
+
+
+def decide_precision(x: Inputs, r: Resolver, devs: tuple[GPUInfo, ...]) -> tuple[str, bool]:
+    """(precision, TF32) from the lowest compute capability among the job's GPUs."""
+    t = x.cfg.training
+    if devs:
+        cc = lowest_cc(devs)
+        precision = r.resolve("precision", t.mixed_precision, lambda: _auto_precision(x, r, cc),
+                              path="training.mixed_precision")
+        tf32 = bool(r.auto_optimize and cc is not None and x.policy.precision_for(cc).tf32)
+        if precision == "bf16" and (cc is None or cc < 8.0):
+            bad = [dev for dev in devs if (dev.compute_capability_tuple() or (0, 0)) < (8, 0)]
+            names = ", ".join(f"GPU {g.index} ({g.name or 'unknown'}, compute capability "
+                              f"{g.compute_capability or 'unknown'})" for g in bad)
+            raise UserError(f"training.mixed_precision: bf16 needs compute capability >= 8.0, but {names} lacks it; "
+                            "use fp16 or auto")
+    else:
+        tf32 = False
+        precision = r.resolve("precision", t.mixed_precision, lambda: Decision(
+            "fp32", "no GPU: fp32 (CPU autocast gains little for small models)"), path="training.mixed_precision")
+        if precision == "fp16":
+            raise UserError("training.mixed_precision: fp16 needs a GPU (loss-scaled fp16 is a CUDA feature); "
+                            "use bf16 or fp32 on CPU")
+    r.explain("tf32", "TF32 matmuls on compute capability >= 8.0" if tf32 else "TF32 needs compute capability >= 8.0 GPUs")
+    return precision, tf32
+
+
+# -- per-GPU memory and the policy band ---------------------------------------------
+
+def planning_memory_mib(r: Resolver, devs: tuple[GPUInfo, ...]) -> float | None:
+    """The smallest free (else total) memory among the job's GPUs; None if any is unknown."""
+    values, basis = [], []
+    for dev in devs:
+        if dev.memory_free_mib is not None:
+            values.append(dev.memory_free_mib)
+            basis.append("free")
+        elif dev.memory_total_mib is not None:
+            values.append(dev.memory_total_mib)
+            basis.append("total")
+    if len(values) < len(devs) or not values:
+        r.warnings.append("memory of some GPU is unknown (see the hardware report); planning for the smallest band")
+        return None
+    names = {d.name for d in devs}
+    if len(names) > 1 or len(set(values)) > 1:
+        i = values.index(min(values))
+        r.warnings.append(
+            f"GPUs differ ({', '.join(sorted(n or '?' for n in names))}): planning every rank to the smallest "
+            f"{basis[i]} memory, GPU {devs[i].index} with {fmt_gb(values[i])}"
+        )
+    return float(min(values))
+
+
+@dataclass(frozen=True)
+class BandChoice:
+    micro_batch_size: int
+    micro_reason: str
+    gradient_checkpointing: bool
+    checkpointing_reason: str
+
+
+def band_choice(x: Inputs, on_gpu: bool, mem_mib: float | None) -> BandChoice:
+    """The policy table's micro-batch and checkpointing default for this memory."""
+    policy = x.policy
+    if not on_gpu:
+        return BandChoice(policy.cpu_micro_batch_size, f"no GPU: policy cpu_micro_batch_size {policy.cpu_micro_batch_size}",
+                          False, "no GPU: memory is not the constraint, recomputation would only cost time")
+    if mem_mib is None:
+        band = min(policy.micro_batch_bands, key=lambda b: b.min_memory_gb)
+        why = f"GPU memory unknown: the smallest band, micro-batch {band.micro_batch_size}"
+    else:
+        gb = mem_mib * MIB / GB  # the policy's bands are in GB (10^9 bytes), like the users' table
+        band = policy.band_for(gb)
+        why = f"{gb:.1f} GB free per GPU is in the >= {band.min_memory_gb:g} GB band: micro-batch {band.micro_batch_size}"
+    return BandChoice(band.micro_batch_size, why, band.gradient_checkpointing,
+                      f"the {band.min_memory_gb:g} GB band defaults to {'on' if band.gradient_checkpointing else 'off'}")
+
+
+def fit_to_target(r: Resolver, band: BandChoice, target: int, world: int, debug: bool) -> BandChoice:
+    """Shrink the band's micro-batch when the target global batch is smaller than one step of it."""
+    if target < world:
+        r.warnings.append(
+            f"the target global batch {target} is smaller than the world size {world}: every process needs at "
+            f"least one sample per step, so the global batch is at least {world}"
+        )
+    micro = band.micro_batch_size
+    if debug or target >= micro * world:
+        return band
+    reduced = max(1, round(target / world))
+    why = f"{band.micro_reason}, reduced to {reduced} because the target global batch {target} < {micro} x {world} processes"
+    return BandChoice(reduced, why, band.gradient_checkpointing, band.checkpointing_reason)
+
+
+# -- accumulation, learning rate, steps ---------------------------------------------
+
+def accumulation(target: int, micro: int, world: int) -> int:
+    """Integer >= 1 bringing micro*accum*world closest to target; ties -> smaller."""
+    per_step = micro * world
+    lo = max(1, target // per_step)
+    return min((lo, lo + 1), key=lambda a: (abs(a * per_step - target), a))
+
+
+def learning_rate(x: Inputs, r: Resolver, global_batch: int) -> float:
+    t = x.cfg.training
+    if not r.auto_optimize:
+        r.explain("learning_rate", f"training.learning_rate {t.learning_rate:g} verbatim")
+        return t.learning_rate
+    if t.lr_scaling == "none":
+        r.explain("learning_rate", f"training.learning_rate {t.learning_rate:g} as given (lr_scaling: none)")
+        return t.learning_rate
+    ratio = global_batch / t.base_batch_size
+    factor = ratio if t.lr_scaling == "linear" else math.sqrt(ratio)
+    lr = t.learning_rate * factor
+    op = f"{global_batch}/{t.base_batch_size}" if t.lr_scaling == "linear" else f"sqrt({global_batch}/{t.base_batch_size})"
+    r.explain("learning_rate", f"{t.lr_scaling} scaling: {t.learning_rate:g} x {op} = {lr:.6g}")
+    return lr
+
+
+def steps(num_samples: int | None, global_batch: int, epochs: int | None, max_steps: int | None):
+    """(steps per epoch, total optimizer steps); None where unknown."""
+    spe = math.ceil(num_samples / global_batch) if num_samples else None
+    if max_steps:
+        total = max_steps
+    elif epochs and spe:
+        total = epochs * spe
+    else:
+        total = None
+    return spe, total

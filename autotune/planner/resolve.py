@@ -1,0 +1,76 @@
+"""One place where a user's value meets the planner's: ``Resolver.resolve``.
+
+Every knob is decided by a small function returning a ``Decision(value, reason)``;
+``resolve`` then applies the user's value if there is one and records
+"auto would choose X, you set Y". ``--no_auto_optimize`` is a mode of the same
+resolution: the config's value is taken verbatim, a value left ``auto`` either gets
+its documented verbatim default or is a problem, and every problem is listed at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from autotune.config import AUTO
+from autotune.errors import UserError
+from autotune.plan import Knob, Override
+
+VERBATIM = "--no_auto_optimize: taken from the config verbatim"
+
+
+@dataclass(frozen=True)
+class Decision:
+    value: Any
+    reason: str
+
+
+class _Required:
+    """Marker: with --no_auto_optimize this knob must be set in the config."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED = _Required()
+
+
+def is_set(value: Any) -> bool:
+    return value is not AUTO and value != AUTO
+
+
+@dataclass
+class Resolver:
+    auto_optimize: bool = True
+    reasons: dict[Knob, str] = field(default_factory=dict)
+    overrides: dict[Knob, Override] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def explain(self, knob: Knob, reason: str) -> None:
+        """A derived value's reason (nothing for the user to override)."""
+        self.reasons[knob] = reason
+
+    def resolve(self, knob: Knob, user: Any, auto: Callable[[], Decision], *, path: str,
+                verbatim: Any = REQUIRED, verbatim_reason: str | None = None) -> Any:
+        """The user's value if set, else the planner's (or, verbatim, the default or a problem)."""
+        if not self.auto_optimize:
+            if is_set(user):
+                self.reasons[knob] = VERBATIM
+                return user
+            if verbatim is REQUIRED:
+                self.problems.append(f"{path}: required with --no_auto_optimize (it is 'auto')")
+                return None
+            self.reasons[knob] = verbatim_reason or "--no_auto_optimize: 'auto' means off/0 here"
+            return verbatim
+        decision = auto()
+        if is_set(user):
+            self.overrides[knob] = Override(auto=decision.value, chosen=user)
+            self.reasons[knob] = f"you set {user} (auto would choose {decision.value}: {decision.reason})"
+            return user
+        self.reasons[knob] = decision.reason
+        return decision.value
+
+    def raise_problems(self) -> None:
+        if self.problems:
+            raise UserError("--no_auto_optimize uses the config verbatim, but values are missing", self.problems)

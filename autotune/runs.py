@@ -1,0 +1,184 @@
+"""Run setup as a library: config + overrides + hardware -> everything a launch needs.
+
+``plan_for`` is what ``plan``, ``export`` and ``report`` need (plan, profile, DeepSpeed
+dict). ``prepare`` adds the run directory, resolves ``--resume_from`` once to a concrete
+checkpoint (recorded in the plan the ranks read, so no rank resolves it again), checks
+that checkpoint against the plan, and builds the ``LaunchSpec``. ``write_records``
+writes the run's files. Nothing here spawns a process; ``launch.execute`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Mapping
+
+from autotune.config import TrainConfig, apply_overrides
+from autotune.errors import UserError
+from autotune.plan import TrainingPlan
+from autotune.profiles import HardwareProfile, load_profile
+
+RUN_RECORDS = ("plan.json", "hardware.json", "deepspeed_config.json", "command.json")
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    plan: TrainingPlan
+    hardware: HardwareProfile
+    deepspeed_config: dict | None
+    run_dir: Path
+    resume_path: Path | None
+    launch_spec: Any  # autotune.launch.LaunchSpec
+
+    @property
+    def records_dir(self) -> Path:
+        from autotune.launch import records_dir
+
+        return records_dir(self.plan, self.run_dir)
+
+
+def deepspeed_installed_locally() -> bool:
+    try:
+        metadata.version("deepspeed")
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def resolve_hardware(spec: str | HardwareProfile | None) -> HardwareProfile:
+    """A preset name or profile path, an already resolved profile, or None to detect this machine."""
+    if isinstance(spec, HardwareProfile):
+        return spec
+    if spec:
+        return load_profile(spec)
+    from autotune.hardware import detect
+
+    return detect()
+
+
+def plan_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
+             hardware: str | HardwareProfile | None = None, *, auto_optimize: bool = True, debug: bool = False,
+             policy: str | None = None, with_deepspeed: bool = True,
+             ) -> tuple[TrainingPlan, HardwareProfile, dict | None]:
+    """config + flags + hardware -> (plan, profile, DeepSpeed dict or None; None too without with_deepspeed)."""
+    from autotune.planner import plan
+    from autotune.policy import load_policy
+
+    if overrides:
+        cfg = apply_overrides(cfg, dict(overrides))
+    hw = resolve_hardware(hardware)
+    # A preset says nothing about installed software: the plan will run with what is installed here.
+    ds_installed = bool(hw.software["deepspeed"]) if "deepspeed" in hw.software else deepspeed_installed_locally()
+    p = plan(hw, cfg, auto_optimize=auto_optimize, debug=debug, policy=load_policy(policy),
+             deepspeed_installed=ds_installed)
+    if not (with_deepspeed and p.is_deepspeed):
+        return p, hw, None
+    from autotune.deepspeed_config import deepspeed_config
+
+    return p, hw, deepspeed_config(p)
+
+
+def new_run_dir_name() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def latest_run_with_checkpoint(root: Path) -> Path | None:
+    from autotune.runtime_paths import latest_checkpoint
+
+    runs = sorted((d for d in root.glob("*") if d.is_dir()), key=lambda d: d.stat().st_mtime, reverse=True)
+    return next((d for d in runs if latest_checkpoint(d) is not None), None)
+
+
+def choose_run_dir(run_dir: str | Path | None, resume_from: str | None, runs_root: Path) -> Path:
+    if run_dir:
+        return Path(run_dir)
+    if resume_from == "auto":
+        return latest_run_with_checkpoint(runs_root) or runs_root / new_run_dir_name()
+    return runs_root / new_run_dir_name()
+
+
+def resolve_resume(resume_from: str | None, run_dir: Path) -> Path | None:
+    """'auto' -> the newest complete checkpoint in run_dir (None: start fresh); a path must exist."""
+    from autotune.runtime_paths import latest_checkpoint
+
+    if resume_from is None:
+        return None
+    if resume_from == "auto":
+        return latest_checkpoint(run_dir)
+    path = Path(resume_from)
+    if not path.is_dir():
+        raise UserError(f"--resume_from: no checkpoint directory {resume_from!r}")
+    return path.resolve()
+
+
+def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
+            hardware: str | HardwareProfile | None = None, *, auto_optimize: bool = True, debug: bool = False,
+            policy: str | None = None, run_dir: str | Path | None = None, resume_from: str | None = None,
+            script_args: list[str] | tuple[str, ...] = (), environ: Mapping[str, str] | None = None,
+            python: str | None = None, runs_root: str | Path = "runs") -> RunSetup:
+    """Plan, pick the run dir, resolve the resume point once, build the launch spec. Writes nothing."""
+    from autotune.launch import launch_spec
+    from autotune.runtime_paths import check_compatible, read_meta
+
+    plan, hw, ds = plan_for(cfg, overrides, hardware, auto_optimize=auto_optimize, debug=debug, policy=policy)
+    entry = plan.run.entrypoint
+    if entry and entry.endswith(".py") and not Path(entry).is_file():
+        raise UserError(f"training.entrypoint: no such script {entry!r} (paths are relative to {Path.cwd()})")
+    rd = choose_run_dir(run_dir, resume_from, Path(runs_root))
+    resume_path = resolve_resume(resume_from, rd)
+    if resume_path is not None:
+        if not entry:  # the built-in runtime's checkpoints: refuse an incompatible one before any rank starts
+            check_compatible(read_meta(resume_path), resume_path, plan.engine.backend, plan.batch.global_batch_size)
+        plan = plan.model_copy(update={"run": plan.run.model_copy(update={"resume_from": str(resume_path)})})
+    spec = launch_spec(plan, str(rd), os.environ if environ is None else environ, python=python,
+                       has_infiniband=bool(hw.infiniband), script_args=list(script_args))
+    return RunSetup(plan=plan, hardware=hw, deepspeed_config=ds, run_dir=rd, resume_path=resume_path,
+                    launch_spec=spec)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def archive_run_files(run_dir: Path) -> Path | None:
+    """Move an earlier launch's records to previous/<time>/ so a resume never overwrites them."""
+    present = [run_dir / n for n in RUN_RECORDS if (run_dir / n).exists()]
+    if not present:
+        return None
+    dest = run_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
+    while dest.exists():
+        dest = dest.with_name(dest.name + "-1")
+    dest.mkdir(parents=True)
+    for f in present:
+        f.rename(dest / f.name)
+    return dest
+
+
+def check_run_dir_free(run_dir: Path, resuming: bool) -> None:
+    """Never overwrite a user's finished run by accident."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--run_dir: {run_dir} exists and is not a directory")
+    if (run_dir / "plan.json").exists() and not resuming:
+        raise UserError(
+            f"--run_dir: {run_dir} already holds a run (plan.json); add --resume_from auto to continue it, "
+            "or choose another directory"
+        )
+
+
+def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None, spec=None) -> None:
+    """Write the run's records; plan.json last, so its presence means the rest is there."""
+    records.mkdir(parents=True, exist_ok=True)
+    archive_run_files(records)
+    _write_atomic(records / "hardware.json", hw.to_json() + "\n")
+    if ds is not None:
+        _write_atomic(records / "deepspeed_config.json", json.dumps(ds, indent=2) + "\n")
+    if spec is not None:
+        _write_atomic(records / "command.json", json.dumps(spec.to_record(), indent=2) + "\n")
+    _write_atomic(records / "plan.json", plan.to_json() + "\n")
