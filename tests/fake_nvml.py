@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-NVML_P2P_CAPS_INDEX_READ = 0
+# The real nvidia-ml-py values (tests/unit/test_hardware.py compares them with the installed
+# module): READ is a one-element tuple there, a stray comma in the bindings.
+NVML_P2P_CAPS_INDEX_READ = (0,)
 NVML_P2P_CAPS_INDEX_NVLINK = 2
 NVML_P2P_STATUS_OK = 0
 NVML_P2P_STATUS_NOT_SUPPORTED = 5
@@ -187,8 +189,10 @@ class FakeNVML:
 
     def nvmlDeviceGetP2PStatus(self, h1, h2, cap):
         self._check("nvmlDeviceGetP2PStatus")
+        if not isinstance(cap, int):  # the real binding wraps it in ctypes.c_uint, which takes only an int
+            raise TypeError(f"an integer is required (got type {type(cap).__name__})")
         if self.p2p_error:
             raise NVMLError_NotSupported()
         pair = (min(h1.index, h2.index), max(h1.index, h2.index))
-        table = self.nvlink_pairs if cap == NVML_P2P_CAPS_INDEX_NVLINK else self.p2p_pairs
+        table = self.nvlink_pairs if cap == NVML_P2P_CAPS_INDEX_NVLINK else self.p2p_pairs  # READ: index 0
         return NVML_P2P_STATUS_OK if pair in table else NVML_P2P_STATUS_NOT_SUPPORTED

@@ -12,92 +12,9 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from dist_util import ROOT, SMALL, check_run_dir, final_val, launch, losses, plan_json  # noqa: F401
 
 pytestmark = pytest.mark.dist
-
-SMALL = """
-model: {n_layer: 1, n_head: 2, n_embd: 32}
-data: {seq_len: 6, num_samples: 2048, num_val_samples: 256}
-training:
-  global_batch_size: 32
-  base_batch_size: 32
-  learning_rate: 0.003
-  warmup_steps: 3
-  max_steps: 12
-  log_every_steps: 1
-  eval_every_steps: 6
-checkpoint: {save_every_steps: 5, keep_last: 5}
-"""
-
-
-@pytest.fixture(scope="module")
-def small_config(tmp_path_factory):
-    p = tmp_path_factory.mktemp("cfg") / "small.yaml"
-    p.write_text(SMALL)
-    return p
-
-
-def launch(*args, env=None, timeout=300):
-    full = {**os.environ, **(env or {})}
-    full.pop("AUTOTUNE_PLAN", None)
-    r = subprocess.run([str(ROOT / "launch_distributed_training.sh"), *map(str, args)], capture_output=True,
-                       text=True, timeout=timeout, env=full, cwd=ROOT)
-    assert r.returncode == 0, f"launch failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
-    return r
-
-
-def plan_json(path):
-    """A run's plan.json, validated as the typed plan, in the flat form `plan --json` prints."""
-    from autotune.plan import load_plan, public_dict
-
-    return public_dict(load_plan(path))
-
-
-def losses(run_dir):
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        e = json.loads(line)
-        if "train/loss" in e:
-            out[e["step"]] = e["train/loss"]
-    return out
-
-
-def final_val(run_dir):
-    return json.loads((run_dir / "metrics.json").read_text())["final"]
-
-
-def check_run_dir(run_dir, backend, world):
-    plan = plan_json(run_dir / "plan.json")
-    assert plan["backend"] == backend and plan["world_size"] == world
-    cmd = json.loads((run_dir / "command.json").read_text())
-    assert cmd["env"]["AUTOTUNE_PLAN"].endswith("plan.json")
-    assert json.loads((run_dir / "hardware.json").read_text())["source"] == "detected"
-    assert (run_dir / "deepspeed_config.json").exists() == (backend == "deepspeed")
-    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
-    ckpts = sorted((run_dir / "checkpoints").glob("step-*"))
-    assert [c.name for c in ckpts] == ["step-00000005", "step-00000010", "step-00000012"]
-    assert (ckpts[-1] / "model.pt").exists() and (ckpts[-1] / "meta.json").exists()
-    for r in range(world):
-        assert (ckpts[-1] / f"rng-rank{r}.pt").exists()
-    loss = losses(run_dir)
-    assert sorted(loss) == list(range(1, 13))
-    assert loss[12] < loss[1] * 0.9, loss  # the loss falls
-    return loss
-
-
-@pytest.fixture(scope="module")
-def runs(small_config, tmp_path_factory):
-    """The reference runs, shared by several tests (each is a real launch)."""
-    base = tmp_path_factory.mktemp("runs")
-    # 1 process x accumulation 2 and 2 processes x accumulation 1: the same global batch of 32
-    launch("--config", small_config, "--run_dir", base / "single", "--batch_size", 16, "--grad_accum", 2)
-    launch("--config", small_config, "--run_dir", base / "ddp", "--nproc_per_node", 2, "--batch_size", 16,
-           "--grad_accum", 1)
-    launch("--config", small_config, "--run_dir", base / "ds", "--nproc_per_node", 2, "--deepspeed",
-           "--zero_stage", 2, "--batch_size", 16, "--grad_accum", 1, timeout=600)
-    return base
-
 
 def test_single_process_run(runs):
     check_run_dir(runs / "single", "single", 1)

@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from autotune.__main__ import build_parser
-from conftest import ROOT
+from paths import ROOT
 
 PLAN_FLAGS = {"--config", "--hardware", "--policy", "--num_gpus", "--nproc_per_node", "--num_nodes", "--node_rank",
               "--master_addr", "--master_port", "--batch_size",

@@ -77,3 +77,23 @@ def test_our_own_key_check_rejects_typos():
     with pytest.raises(ValueError, match="train_micro_batch_size_per_gpus"):
         check_keys({"train_micro_batch_size_per_gpus": 4})
     assert "zero_optimization" in KNOWN_TOP_LEVEL_KEYS
+
+
+def test_fields_that_change_training_hand_derived():
+    """overlap_comm needs CUDA streams (off on CPU, on with GPUs); buckets are 10M elements per GiB of
+    the planned GPU memory, clamped to [5e7, 5e8]; clipping off is DeepSpeed's 0.0, never absent."""
+    l4 = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)  # 22563 MiB free = 22.03 GiB
+    ds = deepspeed_config(l4)
+    assert ds["zero_optimization"]["overlap_comm"] is True
+    assert ds["zero_optimization"]["reduce_bucket_size"] == 220_300_000 == ds["zero_optimization"]["allgather_bucket_size"]
+    cpu = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {"distributed.backend": "deepspeed",
+                                                                          "distributed.nproc_per_node": 2}),
+               deepspeed_installed=True)
+    cpu_ds = deepspeed_config(cpu)
+    assert cpu_ds["zero_optimization"]["overlap_comm"] is False
+    assert cpu_ds["zero_optimization"]["reduce_bucket_size"] == 50_000_000  # no GPU memory: the floor
+    assert cpu_ds["gradient_clipping"] == 1.0
+    off = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"training.gradient_clipping": None}),
+               deepspeed_installed=True)
+    assert deepspeed_config(off)["gradient_clipping"] == 0.0
+    assert bucket_size(5.0) == 50_000_000 and bucket_size(30.0) == 300_000_000 and bucket_size(80) == 500_000_000

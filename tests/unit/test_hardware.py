@@ -326,7 +326,7 @@ def test_report_every_preset(preset):
 
     from autotune.commands.report import run
     from argparse import Namespace
-    from conftest import ROOT
+    from paths import ROOT
 
     buf = io.StringIO()
     assert run(Namespace(json=False, profile=preset, config=str(ROOT / "configs/default_config.yaml"),
@@ -356,7 +356,7 @@ def test_report_does_not_import_torch_or_deepspeed(cli):
     r = cli("autotune.hardware", "report")
     assert r.returncode == 0 and "torch" in r.stdout  # torch is installed and reported by version...
     import subprocess, sys, os
-    from conftest import ROOT
+    from paths import ROOT
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr
@@ -387,7 +387,7 @@ def test_shipped_presets_match_their_generator(tmp_path):
     import sys
 
     from autotune.profiles import PRESET_DIR
-    from conftest import ROOT
+    from paths import ROOT
 
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "make_presets.py"), "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)

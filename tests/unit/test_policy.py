@@ -260,7 +260,7 @@ def test_plan_is_fast_and_never_imports_torch(cli):
     r = cli("autotune", "plan", "--hardware", "4xL4", "--json")
     assert r.returncode == 0, r.stderr
     import subprocess, sys, os
-    from conftest import ROOT
+    from paths import ROOT
     code = ("import sys, io, contextlib\nfrom autotune.__main__ import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n    rc = main(['plan', '--hardware', '8xH100-80GB'])\n"
             "print('RC', rc, [m for m in ('torch', 'deepspeed') if m in sys.modules])")

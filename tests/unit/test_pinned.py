@@ -1,0 +1,211 @@
+"""Behaviour pinned at its edges, each expectation derived by hand from the documented rule
+(the policy file, the ZeRO paper's arithmetic, CUDA's and cgroups' rules), not from the code."""
+
+import datetime
+import os
+import signal
+import sys
+
+import pytest
+
+from autotune.config import TrainConfig, apply_overrides, parse_config
+from autotune.hardware import PhysicalGPU, Visible, read_cgroup_limits, select_visible
+from autotune.planner import plan
+from autotune.profiles import load_profile
+from profiles_util import make_profile
+from test_hardware import write_tree
+
+CC80 = "8.0"
+
+
+def one_gpu(free_mib, cc=CC80, ram_gib=64, n=1):
+    return make_profile(gpus=[("GPU", free_mib + 500, free_mib, cc)] * n, ram_gib=ram_gib)
+
+
+# -- policy bands: GB (10^9 bytes) as configs/policy.yaml states --------------------------------
+# The smallest whole MiB at or above G GB is ceil(G * 10^9 / 2^20): 80 GB -> 76294 MiB,
+# 40 -> 38147, 20 -> 19074, 14 -> 13352, 10 -> 9537, 6 -> 5723. One MiB less is the band below.
+@pytest.mark.parametrize("free_mib, micro", [
+    (76294, 64), (76293, 32),
+    (38147, 32), (38146, 16),
+    (19074, 16), (19073, 12),
+    (13352, 12), (13351, 8),
+    (9537, 8), (9536, 4),
+    (5723, 4), (5722, 2),
+])
+def test_policy_band_edges_are_in_gb(free_mib, micro):
+    p = plan(one_gpu(free_mib), TrainConfig())
+    assert p.batch.micro_batch_size == micro, p.reasons["micro_batch_size"]
+
+
+@pytest.mark.parametrize("preset, micro", [("4xA100-80GB", 64), ("8xH100-80GB", 64), ("8xA100-40GB", 32),
+                                           ("4xL4", 16), ("4xT4", 12)])
+def test_80_and_40_gb_cards_land_in_their_bands(preset, micro):
+    big_target = apply_overrides(TrainConfig(), {"training.global_batch_size": 4096})  # no target reduction
+    assert plan(load_profile(preset), big_target, deepspeed_installed=True).batch.micro_batch_size == micro
+
+
+# -- the memory ladder at its thresholds ------------------------------------------------------
+# 4 GPUs with 10000 MiB free: budget 0.85 x 10000 MiB = 8,912,896,000 bytes per GPU.
+# ZeRO-2 on 4 ranks keeps 2 (fp16 weights) + 2/4 (gradients) + 12/4 (optimizer) = 5.5 bytes per
+# parameter on each GPU, and 2.5 with the optimizer offloaded. A user script (entrypoint) adds no
+# activation estimate, so the threshold is 8,912,896,000 / 5.5 = 1,620,526,545 parameters.
+# Offload needs 12 bytes/param / 4 ranks x 4 ranks x 1.5 margin = 18 bytes/param of host RAM.
+def _states_only(num_parameters):
+    return apply_overrides(TrainConfig(), {"model.num_parameters": num_parameters, "training.entrypoint": "t.py"})
+
+
+def test_offload_and_checkpointing_switch_on_just_above_the_threshold():
+    hw = one_gpu(10000, n=4, ram_gib=64)  # 18 x 1.621e9 = 29.2e9 bytes < 64 GiB
+    below = plan(hw, _states_only(1_620_000_000), deepspeed_installed=True)
+    above = plan(hw, _states_only(1_621_000_000), deepspeed_installed=True)
+    assert (below.engine.offload_optimizer, below.memory.gradient_checkpointing) == (False, False)
+    assert (above.engine.offload_optimizer, above.memory.gradient_checkpointing) == (True, True)
+    assert "host RAM" in above.reasons["offload_optimizer"]
+    assert above.memory.estimate.model_states_gib == pytest.approx(2.5 * 1_621_000_000 / 2**30, abs=1e-4)
+
+
+def test_offload_refused_when_host_ram_cannot_hold_the_optimizer():
+    hw = one_gpu(10000, n=4, ram_gib=16)  # 29.2e9 bytes needed > 16 GiB
+    p = plan(hw, _states_only(1_621_000_000), deepspeed_installed=True)
+    assert p.engine.offload_optimizer is False
+    assert any("cannot hold" in w for w in p.warnings)
+
+
+# One GPU, 30000 MiB free (31.5 GB: the >= 20 GB band, micro-batch 16): budget 0.85 x 30000 MiB =
+# 26,738,688,000 bytes. Single-process AMP keeps 16 bytes per parameter. The built-in GPT with
+# n_layer 1, n_embd 64, n_head 4, seq_len 8 (s = 15 tokens), vocab 10, in bf16 keeps per sample
+# s*h*(34 + 5*a*s/h) = 960 x 38.6875 = 37,140 bytes of layer activations plus 8*s*V = 1,200 of fp32
+# logits: 38,340 bytes; with checkpointing 2*s*h + 1,200 = 3,120 bytes.
+# With 16 x P = 26,738,228,000 (P = 1,671,139,250): micro 16 needs B + 153,440 > B, micro 8 needs B - 153,280.
+TINY = {"model.n_layer": 1, "model.n_embd": 64, "model.n_head": 4}
+
+
+def test_micro_batch_halves_exactly_when_the_estimate_crosses_the_budget():
+    fixed_ckpt = {**TINY, "training.gradient_checkpointing": False}
+    fits = plan(one_gpu(30000), apply_overrides(TrainConfig(), {**fixed_ckpt, "model.num_parameters": 1_671_100_000}))
+    over = plan(one_gpu(30000), apply_overrides(TrainConfig(), {**fixed_ckpt, "model.num_parameters": 1_671_139_250}))
+    assert fits.batch.micro_batch_size == 16
+    assert over.batch.micro_batch_size == 8 and "halved to 8" in over.reasons["micro_batch_size"]
+    assert over.batch.global_batch_size == 256  # accumulation makes up the global batch
+
+
+def test_checkpointing_comes_first_when_it_is_enough():
+    over = plan(one_gpu(30000), apply_overrides(TrainConfig(), {**TINY, "model.num_parameters": 1_671_139_250}))
+    fits = plan(one_gpu(30000), apply_overrides(TrainConfig(), {**TINY, "model.num_parameters": 1_671_100_000}))
+    assert over.memory.gradient_checkpointing is True and over.batch.micro_batch_size == 16
+    assert fits.memory.gradient_checkpointing is False
+
+
+# -- cgroups: the tightest limit along the path wins, wherever it is ------------------------------
+def test_cgroup_v2_two_finite_limits_tightest_wins_either_way(tmp_path):
+    for leaf_cpu, parent_cpu, leaf_mem, parent_mem in [("100000", "300000", 2, 6), ("400000", "200000", 8, 3)]:
+        root = write_tree(tmp_path / f"v2-{leaf_cpu}", {
+            "cgroup.controllers": "cpu memory\n",
+            "a/cpu.max": f"{parent_cpu} 100000\n", "a/memory.max": f"{parent_mem * 2**30}\n",
+            "a/b/cpu.max": f"{leaf_cpu} 100000\n", "a/b/memory.max": f"{leaf_mem * 2**30}\n",
+        })
+        self_cg = write_tree(tmp_path, {f"self-{leaf_cpu}": "0::/a/b\n"}) / f"self-{leaf_cpu}"
+        lim = read_cgroup_limits(root, self_cg)
+        assert lim.cpu_quota_cores == min(int(leaf_cpu), int(parent_cpu)) / 100000
+        assert lim.memory_limit_bytes == min(leaf_mem, parent_mem) * 2**30
+
+
+def test_cgroup_v1_two_finite_limits_tightest_wins_either_way(tmp_path):
+    for leaf, parent in [(1, 5), (6, 2)]:
+        root = write_tree(tmp_path / f"v1-{leaf}", {
+            "cpu,cpuacct/d/cpu.cfs_quota_us": f"{parent * 100000}\n", "cpu,cpuacct/d/cpu.cfs_period_us": "100000\n",
+            "cpu,cpuacct/d/e/cpu.cfs_quota_us": f"{leaf * 100000}\n", "cpu,cpuacct/d/e/cpu.cfs_period_us": "100000\n",
+            "memory/d/memory.limit_in_bytes": str(parent * 2**30),
+            "memory/d/e/memory.limit_in_bytes": str(leaf * 2**30),
+        })
+        self_cg = write_tree(tmp_path, {f"s{leaf}": "4:cpu,cpuacct:/d/e\n3:memory:/d/e\n"}) / f"s{leaf}"
+        lim = read_cgroup_limits(root, self_cg)
+        assert lim.cpu_quota_cores == min(leaf, parent) and lim.memory_limit_bytes == min(leaf, parent) * 2**30
+
+
+# -- CUDA_VISIBLE_DEVICES: UUID and MIG prefixes, as CUDA resolves them ---------------------------
+GPUS = [PhysicalGPU(0, "GPU-aaaa-1111", ("MIG-1111-aaaa", "MIG-1111-bbbb")),
+        PhysicalGPU(1, "GPU-aaab-2222", ("MIG-2222-aaaa",))]
+
+
+@pytest.mark.parametrize("value, visible, stopped", [
+    ("GPU-aaaa", [Visible(0)], False),              # a unique prefix is enough
+    ("GPU-aaa", [], True),                          # matches both GPUs: ambiguous, CUDA stops
+    ("MIG-1111-b", [Visible(0, 1)], False),
+    ("MIG-1111", [], True),                         # two MIG instances of GPU 0: ambiguous
+    ("MIG-2222-aaaa,MIG-1111-aaaa", [Visible(1, 0), Visible(0, 0)], False),
+    ("MIG-2222-aaaa,MIG-2222", [Visible(1, 0)], True),  # the second names the first again: a duplicate
+])
+def test_uuid_and_mig_prefixes(value, visible, stopped):
+    got, note = select_visible(value, GPUS)
+    assert got == visible and (note is not None) == stopped
+
+
+def test_fake_nvml_speaks_the_real_pynvml():
+    """Constants and error names of the fake used by the detection tests are the installed module's."""
+    import pynvml
+
+    import fake_nvml
+
+    for name in ("NVML_P2P_CAPS_INDEX_READ", "NVML_P2P_CAPS_INDEX_NVLINK", "NVML_P2P_STATUS_OK",
+                 "NVML_P2P_STATUS_NOT_SUPPORTED"):
+        assert getattr(fake_nvml, name) == getattr(pynvml, name), name
+    for name in ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded", "NVMLError_Unknown",
+                 "NVMLError_GpuIsLost", "NVMLError_NotSupported"):
+        assert hasattr(pynvml, name), name
+    assert str(fake_nvml.NVMLError_LibraryNotFound()) == str(pynvml.NVMLError_LibraryNotFound())
+
+
+# -- where the launcher's settings take effect ---------------------------------------------------
+def test_plan_timeout_reaches_the_process_group(monkeypatch):
+    import torch
+    import torch.distributed as dist
+
+    from autotune.runtime.dist import cleanup, init
+
+    cfg = parse_config({"distributed": {"backend": "ddp", "nproc_per_node": 1, "timeout_s": 77}})
+    p = plan(load_profile("cpu-only"), cfg)
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(29000 + os.getpid() % 1000)}.items():
+        monkeypatch.setenv(k, v)
+    ctx = init(p)
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        assert group._get_backend(torch.device("cpu")).options._timeout == datetime.timedelta(seconds=77)
+    finally:
+        cleanup(ctx)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGUSR1])
+def test_execute_returns_128_plus_n_for_a_child_killed_by_signal_n(sig):
+    from autotune.launch import LaunchSpec, execute
+
+    spec = LaunchSpec(cmd=[sys.executable, "-c", f"import os, signal; os.kill(os.getpid(), {int(sig)})"], env={})
+    assert execute(spec) == 128 + int(sig)
+
+
+def test_torchrun_rendezvous_store_setting_is_in_every_launch():
+    """PyTorch issue 135712: elastic restarts are flaky unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1."""
+    from autotune.launch import launch_spec
+
+    for backend in ("single", "ddp"):
+        cfg = parse_config({"distributed": {"backend": backend, "nproc_per_node": 2 if backend == "ddp" else 1}})
+        spec = launch_spec(plan(load_profile("cpu-only"), cfg), "/r", {"HOME": "/h"})
+        assert spec.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+@pytest.mark.parametrize("saved_by, backend, refused", [
+    ("deepspeed", "ddp", True), ("deepspeed", "single", True), ("ddp", "deepspeed", True),
+    ("single", "ddp", False), ("ddp", "single", False), ("deepspeed", "deepspeed", False),
+])
+def test_resume_across_engine_families_is_refused(saved_by, backend, refused):
+    from autotune.errors import UserError
+    from autotune.runtime_paths import check_compatible
+
+    meta = {"backend": saved_by, "global_batch_size": 32}
+    if refused:
+        with pytest.raises(UserError, match=f"written by the {saved_by} backend"):
+            check_compatible(meta, "/c", backend, 32)
+    else:
+        check_compatible(meta, "/c", backend, 32)
