@@ -3,7 +3,7 @@
 import json
 import os
 import subprocess
-from paths import ROOT
+from support import ROOT
 
 SMALL = """
 model: {n_layer: 1, n_head: 2, n_embd: 32}

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from dist_util import ROOT, SMALL, check_run_dir, final_val, launch, losses, plan_json  # noqa: F401
+from support import require
 
 pytestmark = pytest.mark.dist
 
@@ -99,7 +100,7 @@ def test_default_workload_learns(tmp_path):
 
 
 def test_wandb_offline_and_no_secret_anywhere(small_config, tmp_path):
-    pytest.importorskip("wandb", reason="wandb is not installed")
+    require("wandb", reason="wandb is not installed")
     secret = "sekrit-value-0123456789"
     env = {"MY_SERVICE_TOKEN": secret, "HF_TOKEN": secret, "WANDB_API_KEY": ""}
     run = tmp_path / "wb"

@@ -1,11 +1,13 @@
 """The CLI surface is frozen here: removing or renaming a flag users type must fail a test."""
 
+import os
 import subprocess
+import sys
 
 import pytest
 
 from autotune.__main__ import build_parser
-from paths import ROOT
+from support import ROOT
 
 PLAN_FLAGS = {"--config", "--hardware", "--policy", "--num_gpus", "--nproc_per_node", "--num_nodes", "--node_rank",
               "--master_addr", "--master_port", "--batch_size",
@@ -39,10 +41,12 @@ def test_help_teaches(cli, cmd):
 
 
 def test_launcher_script_help_and_bad_flags():
-    r = subprocess.run([str(ROOT / "launch_distributed_training.sh"), "--help"], capture_output=True, text=True)
+    env = {**os.environ, "AUTOTUNE_PYTHON": sys.executable}  # this interpreter, wherever the checkout is
+    r = subprocess.run([str(ROOT / "launch_distributed_training.sh"), "--help"], capture_output=True, text=True,
+                       env=env)
     assert r.returncode == 0 and "--resume_from" in r.stdout and "examples:" in r.stdout
     bad = subprocess.run([str(ROOT / "launch_distributed_training.sh"), "--batch_size", "-3", "--dry-run"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "must be a positive integer" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -69,3 +73,16 @@ def test_bad_flags_exit_2_with_a_clear_message(cli, args, msg):
     r = cli("autotune", *args)
     assert r.returncode == 2, r.stdout
     assert msg in r.stderr and "Traceback" not in r.stderr
+
+
+def test_required_test_dependencies_fail_in_ci_instead_of_skipping(monkeypatch):
+    import pytest as _pytest
+
+    from support import require
+
+    monkeypatch.setenv("CI", "true")
+    with _pytest.raises(ImportError):
+        require("autotune_no_such_module", reason="x")
+    monkeypatch.setenv("CI", "")
+    with _pytest.raises(_pytest.skip.Exception):
+        require("autotune_no_such_module", reason="x")

@@ -6,7 +6,7 @@ import pytest
 
 from autotune.config import AUTO, TrainConfig, apply_overrides, load_config, parse_config
 from autotune.errors import UserError
-from paths import ROOT
+from support import ROOT
 
 
 def write(tmp_path, text, name="c.yaml"):

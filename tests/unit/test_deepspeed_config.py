@@ -7,8 +7,9 @@ from autotune.deepspeed_config import KNOWN_TOP_LEVEL_KEYS, bucket_size, check_k
 from autotune.planner import plan
 from autotune.profiles import load_profile, preset_names
 from profiles_util import preset_with_gpus
+from support import require
 
-ds_config_mod = pytest.importorskip("deepspeed.runtime.config", reason="DeepSpeed is not installed")
+ds_config_mod = require("deepspeed.runtime.config", reason="DeepSpeed is not installed")
 
 
 def validate_with_deepspeed(ds: dict, world: int, monkeypatch):
@@ -97,3 +98,78 @@ def test_fields_that_change_training_hand_derived():
                deepspeed_installed=True)
     assert deepspeed_config(off)["gradient_clipping"] == 0.0
     assert bucket_size(5.0) == 50_000_000 and bucket_size(30.0) == 300_000_000 and bucket_size(80) == 500_000_000
+
+
+# -- the whole JSON, written out by hand from DeepSpeed's documented keys and the plan's numbers --
+ZERO2_STAGE = {"overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True}
+FP16_DYNAMIC = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                "hysteresis": 2, "min_loss_scale": 1}
+ADAMW = {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01,
+                                     "torch_adam": True}}
+
+
+def test_whole_json_4xl4_bf16_zero2():
+    # micro 16 (>= 20 GB band) x accumulation 4 x 4 GPUs = 256; 22563 MiB free = 22.03 GiB -> buckets of
+    # 22.03 x 10M elements; log every 10 steps -> DeepSpeed prints every 1000.
+    got = deepspeed_config(plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True))
+    assert got == {
+        "train_batch_size": 256, "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 4,
+        "gradient_clipping": 1.0, "steps_per_print": 1000, "wall_clock_breakdown": False,
+        "zero_optimization": {"stage": 2, **ZERO2_STAGE, "reduce_bucket_size": 220_300_000,
+                              "allgather_bucket_size": 220_300_000},
+        "optimizer": ADAMW, "bf16": {"enabled": True},
+    }
+
+
+def test_whole_json_4xt4_fp16_offload_checkpointing():
+    # T4: fp16 with dynamic loss scaling; micro 12 x 4 GPUs: accumulation round(256 / 48) = 5 -> 240;
+    # 14930 MiB = 14.58 GiB -> 145.8M-element buckets; offload runs DeepSpeed's CPU Adam.
+    cfg = apply_overrides(TrainConfig(), {"distributed.offload_optimizer": True,
+                                          "training.gradient_checkpointing": True})
+    got = deepspeed_config(plan(load_profile("4xT4"), cfg, deepspeed_installed=True))
+    assert got == {
+        "train_batch_size": 240, "train_micro_batch_size_per_gpu": 12, "gradient_accumulation_steps": 5,
+        "gradient_clipping": 1.0, "steps_per_print": 1000, "wall_clock_breakdown": False,
+        "zero_optimization": {"stage": 2, **ZERO2_STAGE, "reduce_bucket_size": 145_800_000,
+                              "allgather_bucket_size": 145_800_000,
+                              "offload_optimizer": {"device": "cpu", "pin_memory": True}},
+        "optimizer": {"type": "AdamW", "params": {**ADAMW["params"], "torch_adam": False}},
+        "fp16": FP16_DYNAMIC,
+        "activation_checkpointing": {"partition_activations": False, "contiguous_memory_optimization": False,
+                                     "cpu_checkpointing": False, "number_checkpoints": None,
+                                     "synchronize_checkpoint_boundary": False, "profile": False},
+    }
+
+
+def test_whole_json_8xh100_zero3_without_clipping():
+    # 64 x 8 > 256: micro reduced to 32, accumulation 1; 80994 MiB = 79.1 GiB -> 791M, clamped to 5e8;
+    # ZeRO-3 prefetches instead of all-gather buckets; clipping off is 0.0; log every 5 -> print every 500.
+    cfg = apply_overrides(TrainConfig(), {"distributed.zero_stage": 3, "training.gradient_clipping": None,
+                                          "training.learning_rate": 1e-4, "training.weight_decay": 0.1,
+                                          "training.log_every_steps": 5})
+    got = deepspeed_config(plan(load_profile("8xH100-80GB"), cfg, deepspeed_installed=True))
+    assert got == {
+        "train_batch_size": 256, "train_micro_batch_size_per_gpu": 32, "gradient_accumulation_steps": 1,
+        "gradient_clipping": 0.0, "steps_per_print": 500, "wall_clock_breakdown": False,
+        "zero_optimization": {"stage": 3, "overlap_comm": True, "contiguous_gradients": True,
+                              "reduce_bucket_size": 500_000_000, "stage3_prefetch_bucket_size": 500_000_000,
+                              "stage3_param_persistence_threshold": 100_000},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                  "weight_decay": 0.1, "torch_adam": True}},
+        "bf16": {"enabled": True},
+    }
+
+
+def test_whole_json_cpu_zero1_fp32():
+    # No GPU: fp32 (no precision section), no comm overlap, the smallest buckets; stage 1 keeps both buckets.
+    cfg = apply_overrides(TrainConfig(), {"distributed.backend": "deepspeed", "distributed.nproc_per_node": 2,
+                                          "distributed.zero_stage": 1})
+    got = deepspeed_config(plan(load_profile("cpu-only"), cfg, deepspeed_installed=True))
+    assert got == {
+        "train_batch_size": 256, "train_micro_batch_size_per_gpu": 64, "gradient_accumulation_steps": 2,
+        "gradient_clipping": 1.0, "steps_per_print": 1000, "wall_clock_breakdown": False,
+        "zero_optimization": {"stage": 1, "overlap_comm": False, "contiguous_gradients": True,
+                              "reduce_bucket_size": 50_000_000, "allgather_bucket_size": 50_000_000,
+                              "reduce_scatter": True},
+        "optimizer": ADAMW,
+    }

@@ -9,11 +9,12 @@ from autotune.config import TrainConfig, apply_overrides
 from autotune.exports import accelerate_config, torchrun_command
 from autotune.planner import plan
 from autotune.profiles import load_profile, preset_names
+from support import require
 
 
 @pytest.mark.parametrize("name", preset_names())
 def test_accelerate_config_loads_with_accelerate(name, tmp_path):
-    config_args = pytest.importorskip("accelerate.commands.config.config_args", reason="accelerate is not installed")
+    config_args = require("accelerate.commands.config.config_args", reason="accelerate is not installed")
     p = plan(load_profile(name), TrainConfig(), deepspeed_installed=True)
     f = tmp_path / "acc.yaml"
     f.write_text(yaml.safe_dump(accelerate_config(p)))

@@ -180,8 +180,12 @@ def test_cuda_visible_devices_rules(tmp_path, value, expect_nvml, note):
 
 
 def test_select_visible_is_pure():
+    """Same inputs, same answer, inputs untouched: no NVML, no environment."""
     gpus = [PhysicalGPU(0, "GPU-a"), PhysicalGPU(1, "GPU-b", ("MIG-x",))]
-    assert select_visible("1,MIG-x", gpus) == ([Visible(1), Visible(1, 0)], None)
+    before = list(gpus)
+    first = select_visible("1,MIG-x", gpus)
+    assert first == ([Visible(1), Visible(1, 0)], None) == select_visible("1,MIG-x", gpus)
+    assert gpus == before
 
 
 # -- cgroups (recorded file contents) ------------------------------------------------------
@@ -326,7 +330,7 @@ def test_report_every_preset(preset):
 
     from autotune.commands.report import run
     from argparse import Namespace
-    from paths import ROOT
+    from support import ROOT
 
     buf = io.StringIO()
     assert run(Namespace(json=False, profile=preset, config=str(ROOT / "configs/default_config.yaml"),
@@ -356,7 +360,7 @@ def test_report_does_not_import_torch_or_deepspeed(cli):
     r = cli("autotune.hardware", "report")
     assert r.returncode == 0 and "torch" in r.stdout  # torch is installed and reported by version...
     import subprocess, sys, os
-    from paths import ROOT
+    from support import ROOT
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr
@@ -387,7 +391,7 @@ def test_shipped_presets_match_their_generator(tmp_path):
     import sys
 
     from autotune.profiles import PRESET_DIR
-    from paths import ROOT
+    from support import ROOT
 
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "make_presets.py"), "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
