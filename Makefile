@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit run report plan bench clean
+.PHONY: install test test-unit run report plan bench mutation clean
 
 install: $(VENV)/.installed
 
@@ -40,5 +40,13 @@ report: install
 bench: install
 	$(PY) bench/run_all.py
 
+# Mutation testing of the pure core against tests/unit (config: [tool.mutmut] in pyproject.toml;
+# scores in QUALITY.md). Not part of `make test`: about 20 minutes on 2 cores.
+mutation: install
+	$(PIP) install -q "mutmut==3.8.1"
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children 2 || true
+	$(PY) tools/mutation_report.py
+
 clean:
-	rm -rf $(VENV) runs wandb .pytest_cache
+	rm -rf $(VENV) runs wandb .pytest_cache mutants

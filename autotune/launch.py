@@ -97,12 +97,13 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
     return env, sources
 
 
-def _program(plan: TrainingPlan, run_dir: str, script_args: list[str]) -> list[str]:
-    """What each rank runs: the user's script, or the built-in runtime."""
+def _program(plan: TrainingPlan, script_args: list[str]) -> list[str]:
+    """What each rank runs: the user's script, or the built-in runtime. Either finds the plan in
+    AUTOTUNE_PLAN, the one channel from the launcher to the ranks."""
     entry = plan.run.entrypoint
     if entry and entry.endswith(".py"):
         return [entry, *script_args]
-    return ["-m", "autotune.train", "--plan", str(records_dir(plan, run_dir) / "plan.json"), *script_args]
+    return ["-m", "autotune.train", *script_args]
 
 
 def torchrun_flags(plan: TrainingPlan) -> list[str]:
@@ -142,7 +143,7 @@ def launch_spec(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str], *,
                 cwd: str | None = None) -> LaunchSpec:
     """Build the command and environment for ``plan``. Pure: reads only its arguments."""
     python = python or sys.executable
-    program = _program(plan, run_dir, list(script_args or []))
+    program = _program(plan, list(script_args or []))
     cmd = LAUNCHERS[plan.engine.backend](plan, python, program)
     env, sources = plan_env(plan, run_dir, environ, has_infiniband)
     return LaunchSpec(cmd=cmd, env=env, env_sources=sources, cwd=cwd)

@@ -400,3 +400,31 @@ def test_shipped_presets_match_their_generator(tmp_path):
     assert generated == sorted(p.name for p in PRESET_DIR.glob("*.json"))
     for name in generated:
         assert (tmp_path / name).read_text() == (PRESET_DIR / name).read_text(), name
+
+
+def test_software_versions_agree_with_importlib_metadata():
+    from importlib import metadata
+
+    from autotune.hardware.host import SOFTWARE_PACKAGES, software_versions
+
+    got = software_versions()
+    for name in SOFTWARE_PACKAGES:
+        try:
+            want = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            want = None
+        assert got[name] == want, name
+    assert got["torch"] and got["pydantic"]  # installed here, so the comparison above compared something
+
+
+def test_installed_versions_from_recorded_folders(tmp_path):
+    from autotune.hardware.host import installed_versions
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for d, names in ((first, ["nvidia_ml_py-12.575.51.dist-info", "torch-2.5.1+cu124.dist-info", "README.md"]),
+                     (second, ["torch-2.4.0.dist-info", "Old_Pkg-1.0-py3.11.egg-info", "deepspeed.egg-info"])):
+        d.mkdir()
+        for n in names:
+            (d / n).mkdir()
+    got = installed_versions([str(first), str(second), str(tmp_path / "missing")])
+    assert got == {"nvidia-ml-py": "12.575.51", "torch": "2.5.1+cu124", "old-pkg": "1.0"}  # first path wins
