@@ -117,6 +117,8 @@ class TrainingConfig(_Section):
     eval_every_steps: int = Field(50, ge=1)
     log_every_steps: int = Field(10, ge=1)
     entrypoint: str | None = Field(None, description="user script path or package.module:function")
+    script_args: list[str] = Field(default_factory=list, description="arguments for the entrypoint; {placeholders} "
+                                   "such as {micro_batch_size} are replaced by the plan's values")
 
 
 class DistributedConfig(_Section):

@@ -144,6 +144,7 @@ class RunSection(_Section):
     wandb_entity: str | None = None
     progress_bar: bool | Literal["auto"] = "auto"
     entrypoint: str | None = None
+    script_args: tuple[str, ...] = ()  # the config's training.script_args, placeholders not yet expanded
     resume_from: str | None = None  # resolved once by the launcher: a checkpoint directory or None
     auto_optimize: bool = True
     debug: bool = False

@@ -135,8 +135,13 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
         if not entry:  # the built-in runtime's checkpoints: refuse an incompatible one before any rank starts
             check_compatible(read_meta(resume_path), resume_path, plan.engine.backend, plan.batch.global_batch_size)
         plan = plan.model_copy(update={"run": plan.run.model_copy(update={"resume_from": str(resume_path)})})
+    from autotune.launch import records_dir
+    from autotune.script_args import expand, placeholder_values
+
+    ds_path = records_dir(plan, rd) / "deepspeed_config.json" if ds is not None else None
+    args = expand([*plan.run.script_args, *script_args], placeholder_values(plan, rd, ds_path))
     spec = launch_spec(plan, str(rd), os.environ if environ is None else environ, python=python,
-                       has_infiniband=bool(hw.infiniband), script_args=list(script_args))
+                       has_infiniband=bool(hw.infiniband), script_args=args)
     return RunSetup(plan=plan, hardware=hw, deepspeed_config=ds, run_dir=rd, resume_path=resume_path,
                     launch_spec=spec)
 

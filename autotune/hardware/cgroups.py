@@ -55,7 +55,7 @@ def parse_proc_self_cgroup(text: str) -> dict[str, str]:
         if len(parts) != 3:
             continue
         _, controllers, path = parts
-        for c in controllers.split(",") if controllers else [""]:
+        for c in controllers.split(","):  # the v2 line has none: "".split(",") == [""]
             out[c] = path
     return out
 
@@ -70,14 +70,9 @@ class CgroupLimits:
 
 def _candidate_dirs(base: Path, rel: str) -> list[Path]:
     """The process's cgroup dir and its ancestors inside ``base`` (limits nest)."""
-    rel = rel.strip("/")
-    dirs = []
-    parts = rel.split("/") if rel else []
-    for i in range(len(parts), -1, -1):
-        d = base.joinpath(*parts[:i]) if i else base
-        if d.is_dir():
-            dirs.append(d)
-    return dirs or [base]
+    parts = [p for p in rel.split("/") if p]
+    dirs = [base.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
+    return [d for d in dirs if d.is_dir()] or [base]
 
 
 def _min_limit(values: list[float | int | None]) -> Any:

@@ -30,9 +30,9 @@ SOFTWARE_PACKAGES = (
 )
 
 
-def _cpu_model_name() -> str | None:
+def _cpu_model_name(cpuinfo: str | Path = "/proc/cpuinfo") -> str | None:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in Path(cpuinfo).read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
@@ -57,7 +57,7 @@ def effective_cores(logical: int | None, affinity: int | None, quota: float | No
     return value, f"{why}{tail}"
 
 
-def probe_cpu(psutil: Any, cg: CgroupLimits, unknown: dict[str, str]) -> CPUInfo:
+def probe_cpu(psutil: Any, cg: CgroupLimits, unknown: dict[str, str], cpuinfo: str | Path = "/proc/cpuinfo") -> CPUInfo:
     pr = Probes(unknown)
     logical = pr.get("cpu.logical_cores", lambda: psutil.cpu_count(logical=True))
     physical = pr.get("cpu.physical_cores", lambda: psutil.cpu_count(logical=False))
@@ -68,7 +68,7 @@ def probe_cpu(psutil: Any, cg: CgroupLimits, unknown: dict[str, str]) -> CPUInfo
         pr.note("cpu.cgroup_quota_cores", cg.errors["cpu"])
     eff, why = effective_cores(logical, affinity, cg.cpu_quota_cores)
     return CPUInfo(
-        model_name=_cpu_model_name(),
+        model_name=_cpu_model_name(cpuinfo),
         physical_cores=physical,
         logical_cores=logical,
         affinity_cores=affinity,

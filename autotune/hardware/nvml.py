@@ -63,11 +63,10 @@ def _probe_initialised(nvml: Any, visible_env: str | None, pr: Probes) -> GPUSec
         return GPUSection(reason=pr.unknown["gpus"], driver_version=driver, cuda_driver_version=cuda,
                           cuda_visible_devices=visible_env, interconnect="unknown")
 
-    scratch = Probes({})  # a device that cannot even give its handle is reported below, per visible index
-    handles = [scratch.get("h", lambda i=i: nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
-    physical = [PhysicalGPU(i, scratch.get("u", lambda h=h: text(nvml.nvmlDeviceGetUUID(h))) if h is not None else None,
-                            tuple(_mig_uuids(nvml, h)) if h is not None else ())
-                for i, h in enumerate(handles)]
+    # A device that cannot even give its handle is reported below, per visible index.
+    handles = [_try(lambda i=i: nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+    physical = [PhysicalGPU(i, _try(lambda h=h: text(nvml.nvmlDeviceGetUUID(h))), tuple(_mig_uuids(nvml, h)))
+                if h is not None else PhysicalGPU(i, None) for i, h in enumerate(handles)]
     visible, note = select_visible(visible_env, physical)
     if note:
         pr.note("gpus.cuda_visible_devices", note)
@@ -106,15 +105,22 @@ def classify_interconnect(num_devices: int, nvlink_pairs: list, p2p_pairs: list,
     return "pcie", f"no NVLink reported; PCIe {'with' if p2p_pairs else 'without'} peer-to-peer reads"
 
 
+def _try(fn):
+    """fn(), or None when NVML refuses (for probes whose failure the caller reports itself)."""
+    try:
+        return fn()
+    except Exception:  # any NVML failure here means "no answer"
+        return None
+
+
 def _mig_uuids(nvml: Any, h: Any) -> list[str]:
     """UUIDs of a GPU's MIG instances; [] when MIG is off or unsupported."""
-    pr = Probes({})
-    mode = pr.get("mig", lambda: nvml.nvmlDeviceGetMigMode(h))
+    mode = _try(lambda: nvml.nvmlDeviceGetMigMode(h))  # (current, pending)
     if not mode or not mode[0]:
         return []
     out: list[str] = []
-    for k in range(pr.get("max", lambda: int(nvml.nvmlDeviceGetMaxMigDeviceCount(h)), 0)):
-        uuid = pr.get("k", lambda k=k: text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, k))))
+    for k in range(_try(lambda: int(nvml.nvmlDeviceGetMaxMigDeviceCount(h))) or 0):
+        uuid = _try(lambda k=k: text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, k))))
         if uuid is None:
             break  # MIG slots are filled from 0; the first gap ends them
         out.append(uuid)
@@ -167,9 +173,7 @@ def _probe_links(nvml: Any, handles: list[Any]) -> tuple[list[tuple[int, int]], 
     p2p: list[tuple[int, int]] = []
     if len(handles) < 2:
         return nvlink, p2p, None
-    ok = getattr(nvml, "NVML_P2P_STATUS_OK", 0)
-    idx_nvlink = getattr(nvml, "NVML_P2P_CAPS_INDEX_NVLINK", 2)
-    idx_read = getattr(nvml, "NVML_P2P_CAPS_INDEX_READ", 0)
+    ok, idx_nvlink, idx_read = nvml.NVML_P2P_STATUS_OK, nvml.NVML_P2P_CAPS_INDEX_NVLINK, nvml.NVML_P2P_CAPS_INDEX_READ
     if isinstance(idx_read, tuple):  # nvidia-ml-py defines it with a stray comma: (0,)
         idx_read = idx_read[0]
     try:

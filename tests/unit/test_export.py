@@ -51,3 +51,43 @@ def test_export_cli(cli, tmp_path):
     assert r.returncode == 2 and "--force" in r.stderr and out.read_text() == "mine"
     r = cli("autotune", "export", "--format", "accelerate", "--hardware", "4xL4", "-o", str(out), "--force")
     assert r.returncode == 0 and yaml.safe_load(out.read_text())["num_processes"] == 4
+
+
+# -- the whole Accelerate config, written out by hand (keys of accelerate's ClusterConfig) -----------
+COMMON = {"compute_environment": "LOCAL_MACHINE", "debug": False, "main_training_function": "main",
+          "rdzv_backend": "static", "same_network": True, "downcast_bf16": "no", "tpu_env": [],
+          "tpu_use_cluster": False, "tpu_use_sudo": False}
+
+
+def _acc(preset, **over):
+    cfg = apply_overrides(TrainConfig(), over) if over else TrainConfig()
+    return accelerate_config(plan(load_profile(preset), cfg, deepspeed_installed=True))
+
+
+def test_accelerate_whole_config_cpu_one_and_two_processes():
+    assert _acc("cpu-only") == {**COMMON, "machine_rank": 0, "mixed_precision": "no", "num_machines": 1,
+                                "num_processes": 1, "use_cpu": True, "distributed_type": "NO"}
+    assert _acc("cpu-only", **{"distributed.nproc_per_node": 2}) == {
+        **COMMON, "machine_rank": 0, "mixed_precision": "no", "num_machines": 1, "num_processes": 2,
+        "use_cpu": True, "distributed_type": "MULTI_CPU"}
+
+
+def test_accelerate_whole_config_gpu_ddp_fp16_and_deepspeed_offload_without_clipping():
+    assert _acc("4xT4", **{"distributed.backend": "ddp"}) == {
+        **COMMON, "machine_rank": 0, "mixed_precision": "fp16", "num_machines": 1, "num_processes": 4,
+        "use_cpu": False, "distributed_type": "MULTI_GPU", "gpu_ids": "all"}
+    assert _acc("4xL4", **{"distributed.offload_optimizer": True, "training.gradient_clipping": None}) == {
+        **COMMON, "machine_rank": 0, "mixed_precision": "bf16", "num_machines": 1, "num_processes": 4,
+        "use_cpu": False, "distributed_type": "DEEPSPEED",
+        "deepspeed_config": {"zero_stage": 2, "gradient_accumulation_steps": 4, "gradient_clipping": 0.0,
+                             "offload_optimizer_device": "cpu", "offload_param_device": "none",
+                             "zero3_init_flag": False}}
+    assert _acc("1xT4")["distributed_type"] == "NO" and _acc("1xT4")["gpu_ids"] == "all"
+
+
+def test_accelerate_whole_config_two_nodes():
+    got = _acc("2x4xL4", **{"distributed.backend": "ddp", "distributed.master_addr": "10.0.0.1",
+                            "distributed.master_port": 29555, "distributed.node_rank": 1})
+    assert got == {**COMMON, "machine_rank": 1, "mixed_precision": "bf16", "num_machines": 2, "num_processes": 8,
+                   "use_cpu": False, "distributed_type": "MULTI_GPU", "gpu_ids": "all",
+                   "main_process_ip": "10.0.0.1", "main_process_port": 29555}

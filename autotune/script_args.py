@@ -1,0 +1,86 @@
+"""Placeholders in a user script's arguments: ``--batch_size {micro_batch_size}`` (pure).
+
+Every scalar that ``plan --json`` prints is a placeholder (``{micro_batch_size}``,
+``{gradient_accumulation_steps}``, ``{global_batch_size}``, ``{learning_rate}``,
+``{num_workers}``, ``{precision}``, ``{world_size}``, ...), plus the run's paths and
+schedule: ``{deepspeed_config}``, ``{run_dir}``, ``{checkpoint_dir}``, ``{resume_from}``,
+``{epochs}``, ``{max_steps}``, ``{seed}``. autotune replaces them itself (no shell is
+involved); ``{{`` and ``}}`` are literal braces; an unknown name is a UserError naming
+it and the known names.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from autotune.errors import UserError
+from autotune.plan import TrainingPlan, public_dict
+
+_TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
+
+
+def _text(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def placeholder_values(plan: TrainingPlan, run_dir: str | Path | None,
+                       deepspeed_config_path: str | Path | None) -> dict[str, str]:
+    """Placeholder name -> text. Paths are None-free only when the caller knows them."""
+    flat = public_dict(plan)
+    values = {k: _text(v) for k, v in flat.items() if not isinstance(v, (dict, list))}
+    values.update(
+        epochs=_text(plan.schedule.epochs), max_steps=_text(plan.schedule.max_steps), seed=_text(plan.run.seed),
+        resume_from=_text(plan.run.resume_from), node_rank=_text(plan.engine.node_rank),
+        master_addr=plan.engine.master_addr, master_port=_text(plan.engine.master_port),
+        num_gpus=_text(plan.engine.num_gpus),
+    )
+    if run_dir is not None:
+        values.update(run_dir=str(run_dir), checkpoint_dir=str(Path(run_dir) / "checkpoints"))
+    if deepspeed_config_path is not None:
+        values["deepspeed_config"] = str(deepspeed_config_path)
+    return values
+
+
+# Names that exist but need a value the caller may not have (a run directory, a DeepSpeed plan).
+_CONTEXT_NAMES = {"run_dir": "a run directory", "checkpoint_dir": "a run directory",
+                  "deepspeed_config": "the DeepSpeed engine (--deepspeed)"}
+
+
+def expand(args: list[str], values: dict[str, str], where: str = "script arguments") -> list[str]:
+    """Replace every {name} in every argument; UserError for unknown names or stray braces."""
+    out = []
+    for arg in args:
+        def sub(m: re.Match) -> str:
+            tok = m.group(0)
+            if tok == "{{":
+                return "{"
+            if tok == "}}":
+                return "}"
+            if m.group(1) is None:
+                raise UserError(f"{where}: a lone {tok!r} in {arg!r}; write {tok * 2} for a literal brace")
+            name = m.group(1).strip()
+            if name in values:
+                return values[name]
+            if name in _CONTEXT_NAMES:
+                raise UserError(f"{where}: {{{name}}} in {arg!r} needs {_CONTEXT_NAMES[name]}, which this command has not")
+            known = ", ".join("{" + k + "}" for k in sorted(values))
+            raise UserError(f"{where}: unknown placeholder {{{name}}} in {arg!r}; known: {known}")
+
+        out.append(_TOKEN.sub(sub, arg))
+    return out
+
+
+def used_placeholders(args: list[str]) -> list[str]:
+    """The placeholder names appearing in ``args`` (for the run's records)."""
+    names = []
+    for arg in args:
+        for m in _TOKEN.finditer(arg):
+            if m.group(1) is not None and m.group(1).strip() not in names:
+                names.append(m.group(1).strip())
+    return names
+
