@@ -84,6 +84,7 @@ class FakeNVML:
     driver: str = "550.54.15"
     cuda: int = 12040
     mig_not_supported: bool = False
+    mig_pending_off: bool = False  # MIG on now, off after the next reset: only "current" counts
     calls: list = field(default_factory=list)
     initialised: int = 0
 
@@ -175,7 +176,7 @@ class FakeNVML:
         if self.mig_not_supported:
             raise NVMLError_NotSupported()
         on = 1 if h.index in self.mig else 0
-        return [on, on]
+        return [on, 0 if self.mig_pending_off else on]  # (current, pending), as nvidia-ml-py returns them
 
     def nvmlDeviceGetMaxMigDeviceCount(self, h):
         self._check("nvmlDeviceGetMaxMigDeviceCount", h)

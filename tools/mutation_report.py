@@ -55,16 +55,19 @@ def main() -> int:
     for name, status in rows.items():
         kind = "equivalent" if name in equiv else ("killed" if status in KILLED else "survived")
         per[module_of(name)][kind].append(name)
-    print("| module | mutants | killed | equivalent | survived | score |")
-    print("|---|---|---|---|---|---|")
-    total_k = total_n = 0
+    print("| module | mutants | killed | (of which by timeout) | equivalent | survived | score |")
+    print("|---|---|---|---|---|---|---|")
+    total_k = total_n = total_t = 0
     for mod in sorted(per):
         k, e, s = (len(per[mod][x]) for x in ("killed", "equivalent", "survived"))
+        t = sum(1 for n in per[mod]["killed"] if rows[n] == "timeout")
         n = k + s
-        total_k, total_n = total_k + k, total_n + n
-        print(f"| `{mod}` | {k + e + s} | {k} | {e} | {s} | {100 * k / n:.1f} % |" if n else f"| `{mod}` | {e} | 0 | {e} | 0 | - |")
-    print(f"| **all** | {sum(len(v) for m in per.values() for v in m.values())} | {total_k} | {len(equiv)} | "
-          f"{total_n - total_k} | **{100 * total_k / max(1, total_n):.1f} %** |")
+        total_k, total_n, total_t = total_k + k, total_n + n, total_t + t
+        score = f"{100 * k / n:.1f} %" if n else "-"
+        print(f"| `{mod}` | {k + e + s} | {k} | {t} | {e} | {s} | {score} |")
+    print(f"| **all** | {sum(len(v) for m in per.values() for v in m.values())} | {total_k} | {total_t} | "
+          f"{sum(len(m['equivalent']) for m in per.values())} | {total_n - total_k} | "
+          f"**{100 * total_k / max(1, total_n):.1f} %** |")
     survivors = sorted(n for m in per.values() for n in m["survived"])
     if survivors:
         print("\nSurvived (`mutmut show NAME` shows the change):")

@@ -162,3 +162,163 @@ def test_offload_host_ram_threshold(n_gpus):
         p = plan(make_profile(gpus=[("G", free_mib + 500, free_mib, "8.0")] * n_gpus, ram_gib=ram), cfg,
                  deepspeed_installed=True)
         assert p.engine.offload_optimizer is expect, (n_gpus, ram, need_gib, p.reasons["offload_optimizer"])
+
+
+# -- config files: every message names the file and the place --------------------------------------------
+def test_config_file_errors_name_file_line_and_column(tmp_path):
+    from autotune.config import load_config
+    from autotune.errors import UserError
+
+    with pytest.raises(UserError) as e:
+        load_config(tmp_path / "none.yaml")
+    assert str(e.value) == (f"--config: no such file {str(tmp_path / 'none.yaml')!r} "
+                            "(the shipped example is configs/default_config.yaml)")
+    with pytest.raises(UserError) as e:
+        load_config(tmp_path)
+    assert str(e.value) == f"--config: {str(tmp_path)!r} is a directory, expected a YAML file"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("training:\n  learning_rate: [1, 2\n")  # the flow sequence never closes
+    with pytest.raises(UserError) as e:
+        load_config(bad)
+    assert str(e.value).startswith(f"{bad}: invalid YAML at line 3, column 1: expected ',' or ']'")
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("training: {epochs: 0}\n")
+    with pytest.raises(UserError) as e:
+        load_config(wrong)
+    assert str(e.value) == f"{wrong}: 1 problem(s) in the config" and e.value.problems[0].startswith("training.epochs:")
+
+
+def test_verbatim_problems_are_listed_under_one_message():
+    from autotune.config import parse_config
+    from autotune.errors import UserError
+
+    with pytest.raises(UserError) as e:
+        plan(load_profile("cpu-only"), parse_config({}), auto_optimize=False)
+    assert str(e.value) == "--no_auto_optimize uses the config verbatim, but values are missing"
+    assert [p.split(":")[0] for p in e.value.problems] == [
+        "distributed.backend", "training.mixed_precision", "training.batch_size_per_gpu",
+        "training.gradient_accumulation_steps"]
+
+
+# -- the profile model -------------------------------------------------------------------------------------
+def test_compute_capability_tuple_and_json_indent():
+    from autotune.profiles import GPUInfo
+
+    assert GPUInfo(index=0, compute_capability="8").compute_capability_tuple() == (8, 0)
+    assert GPUInfo(index=0, compute_capability="12.1").compute_capability_tuple() == (12, 1)
+    assert GPUInfo(index=0).compute_capability_tuple() is None
+    text = load_profile("cpu-only").to_json()
+    assert text.splitlines()[1].startswith('  "schema_version"')
+
+
+# -- precision rules of a custom policy; GPU memory warnings ------------------------------------------------------
+def _policy(tmp_path, rules):
+    import yaml
+
+    from autotune.policy import DEFAULT_POLICY_PATH, load_policy
+
+    data = yaml.safe_load(DEFAULT_POLICY_PATH.read_text())
+    data["precision_by_compute_capability"] = rules
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(data))
+    return load_policy(str(f))
+
+
+def test_unknown_compute_capability_takes_the_lowest_rule_and_reasons_name_the_next_rule(tmp_path):
+    pol = _policy(tmp_path, [{"min_compute_capability": 9.0, "precision": "bf16", "tf32": True},
+                             {"min_compute_capability": 7.0, "precision": "fp16", "tf32": False},
+                             {"min_compute_capability": 1.0, "precision": "fp32", "tf32": False}])
+    unknown = make_profile(gpus=[("G", 16000, 15000, None)])
+    assert plan(unknown, TrainConfig(), policy=pol).numerics.precision == "fp32"
+    volta = plan(make_profile(gpus=[("V", 16000, 15000, "7.5")]), TrainConfig(), policy=pol)
+    assert volta.numerics.precision == "fp16"
+    assert volta.reasons["precision"] == ("lowest compute capability 7.5 is below the 9.0 that bf16 needs: fp16 "
+                                          "with dynamic loss scaling")
+
+
+def test_gpu_memory_warnings():
+    from autotune.planner.deciders import fmt_gb
+
+    assert fmt_gb(95367.43) == "100.0 GB"  # 95367.43 MiB x 2^20 = 1e11 bytes
+    same_name = plan(make_profile(gpus=[("L4", 23034, 22563, "8.9"), ("L4", 23034, 20000, "8.9")]), TrainConfig(),
+                     deepspeed_installed=True)
+    assert same_name.warnings == ("GPUs differ (L4): planning every rank to the smallest free memory, GPU 1 with "
+                                  "21.0 GB",)
+    names = plan(make_profile(gpus=[("A", 23034, 22563, "8.9"), (None, 23034, 22563, "8.9")]), TrainConfig(),
+                 deepspeed_installed=True)
+    assert names.warnings[0].startswith("GPUs differ (?, A): planning every rank to the smallest free memory, GPU 0")
+    one_unknown = make_profile(gpus=[("L4", 23034, 22563, "8.9"), ("L4", None, None, "8.9")])
+    p = plan(one_unknown, TrainConfig(), deepspeed_installed=True)
+    assert p.warnings[0] == ("memory of some GPU is unknown (see the hardware report); planning for the smallest "
+                             "band") and p.batch.micro_batch_size == 2
+
+
+# -- NVML answers and failures, through the fake driven by presets -------------------------------------------
+from fake_nvml import FakeNVML, NVMLError_Unknown  # noqa: E402
+from profiles_util import preset_with_gpus  # noqa: E402
+from test_hardware import run_detect  # noqa: E402
+
+
+class NoCount(FakeNVML):
+    def nvmlDeviceGetCount(self):
+        raise NVMLError_Unknown()
+
+
+class NoHandleFor1(FakeNVML):
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if i == 1:
+            raise NVMLError_Unknown()
+        return super().nvmlDeviceGetHandleByIndex(i)
+
+
+class OddBytes(FakeNVML):
+    def nvmlDeviceGetMemoryInfo(self, h):
+        from types import SimpleNamespace
+        return SimpleNamespace(total=80 * 10**9, free=79 * 10**9, used=10**9)  # not whole MiB
+
+
+class LibraryMessageOnly(FakeNVML):
+    def nvmlInit(self):
+        raise RuntimeError("NVML Shared Library Not Found")  # an older binding's plain error, same meaning
+
+
+def test_nvml_failures_are_named(tmp_path):
+    l4 = load_profile("4xL4")
+    env = {"CUDA_VISIBLE_DEVICES": "0,1"}
+    hw = run_detect(tmp_path, NoCount.from_profile(l4), environ=env)
+    assert hw.gpus.reason == "NVML could not count devices (NVMLError_Unknown: Unknown Error)"
+    assert hw.gpus.driver_version == "550.54.15" and hw.gpus.cuda_visible_devices == "0,1"
+    missing = run_detect(tmp_path, FakeNVML.from_profile(l4, library_missing=True), environ=env)
+    assert missing.gpus.reason == "no NVIDIA driver (NVML library not found)" and "gpus" not in missing.unknown
+    assert missing.gpus.cuda_visible_devices == "0,1" and missing.gpus.interconnect == "none"
+    old = run_detect(tmp_path, LibraryMessageOnly.from_profile(l4))
+    assert old.gpus.reason == "no NVIDIA driver (NVML library not found)"
+    broken = run_detect(tmp_path, FakeNVML.from_profile(l4, init_error=True), environ=env)
+    assert broken.unknown["gpus"] == broken.gpus.reason == "NVML failed to initialise (NVMLError_DriverNotLoaded: Driver Not Loaded)"
+    assert broken.gpus.interconnect == "unknown" and broken.gpus.cuda_visible_devices == "0,1"
+    empty = run_detect(tmp_path, FakeNVML([]))
+    assert empty.gpus.reason == "NVML found no GPU" and not empty.gpus.available
+
+
+def test_a_gpu_without_handle_is_a_placeholder_and_links_are_unknown(tmp_path):
+    hw = run_detect(tmp_path, NoHandleFor1.from_profile(load_profile("4xL4")))
+    assert hw.gpus.devices[1].error == "NVML returned no handle for this device"
+    assert hw.gpus.devices[0].name == "NVIDIA L4"
+    assert hw.gpus.interconnect_reason == "NVML did not report peer links (RuntimeError: GPU 1 has no handle); treated as PCIe"
+
+
+def test_memory_in_bytes_is_floored_to_whole_mib(tmp_path):
+    hw = run_detect(tmp_path, OddBytes.from_profile(load_profile("1xT4")))
+    assert (hw.gpus.devices[0].memory_total_mib, hw.gpus.devices[0].memory_free_mib) == (76293, 75340)
+
+
+def test_two_gpus_with_nvlink(tmp_path):
+    hw = run_detect(tmp_path, FakeNVML.from_profile(preset_with_gpus("8xH100-80GB", 2)))
+    assert hw.gpus.interconnect == "nvlink" and hw.gpus.nvlink_pairs == ((0, 1),)
+
+
+def test_mig_uses_the_current_mode_not_the_pending_one(tmp_path):
+    mig = {0: [("MIG-aaaa-0", "A100 1g.10gb", 9984, 9800)]}
+    fake = FakeNVML.from_profile(load_profile("4xA100-80GB"), mig=mig, mig_pending_off=True)
+    hw = run_detect(tmp_path, fake, environ={"CUDA_VISIBLE_DEVICES": "MIG-aaaa-0"})
+    assert [(d.nvml_index, d.memory_total_mib, d.mig_mode) for d in hw.gpus.devices] == [(0, 9984, True)]
