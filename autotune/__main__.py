@@ -31,7 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        hint = " (arguments for your training script go after `--`)" if args.command == "launch" else ""
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     return run_cli(lambda: args.func(args))
 
 

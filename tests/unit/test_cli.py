@@ -86,3 +86,18 @@ def test_required_test_dependencies_fail_in_ci_instead_of_skipping(monkeypatch):
     monkeypatch.setenv("CI", "")
     with _pytest.raises(_pytest.skip.Exception):
         require("autotune_no_such_module", reason="x")
+
+
+def test_script_flag_before_the_separator_gets_a_hint(cli):
+    r = cli("autotune", "launch", "--dry-run", "--per_device_train_batch_size", "8")
+    assert r.returncode == 2 and "arguments for your training script go after `--`" in r.stderr
+    other = cli("autotune", "plan", "--per_device_train_batch_size", "8")
+    assert other.returncode == 2 and "go after" not in other.stderr
+
+
+def test_distribution_name_is_not_the_taken_autotune():
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["project"]["name"] == "autotune-train"  # `autotune` on the index is another project
+    assert meta["project"]["scripts"]["autotune"] == "autotune.__main__:main"
