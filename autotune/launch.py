@@ -103,6 +103,8 @@ def _program(plan: TrainingPlan, script_args: list[str]) -> list[str]:
     entry = plan.run.entrypoint
     if entry and entry.endswith(".py"):
         return [entry, *script_args]
+    if entry:  # package.module:function: its own argv, never autotune's
+        return ["-m", "autotune.entry", *script_args]
     return ["-m", "autotune.train", *script_args]
 
 

@@ -10,7 +10,6 @@ in one process; under torchrun it plans for the world torchrun started.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from pathlib import Path
@@ -82,16 +81,6 @@ def _default_run_dir(world: int) -> str:
     return f"runs/{new_run_dir_name()}"
 
 
-def _call_entrypoint(entry: str) -> int:
-    mod, _, fn = entry.partition(":")
-    try:
-        func = getattr(importlib.import_module(mod), fn or "main")
-    except (ImportError, AttributeError) as e:
-        raise UserError(f"training.entrypoint: cannot import {entry!r}: {e}") from None
-    result = func()
-    return int(result or 0)
-
-
 def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = build_parser().parse_args(argv)
@@ -107,9 +96,13 @@ def main(argv: list[str] | None = None) -> int:
             plan = load_plan(plan_path)
             run_dir = Path(args.run_dir or os.environ.get("AUTOTUNE_RUN_DIR") or Path(plan_path).parent)
         os.environ["AUTOTUNE_PLAN"] = plan_path
-        entry = plan.run.entrypoint
-        if entry and ":" in entry:
-            return _call_entrypoint(entry)
+        if plan.run.entrypoint:  # the user's own script or function, never the built-in workload
+            from autotune.entry import run_entrypoint
+            from autotune.script_args import expand, placeholder_values
+
+            ds_path = Path(plan_path).with_name("deepspeed_config.json") if plan.is_deepspeed else None
+            args = expand(list(plan.run.script_args), placeholder_values(plan, run_dir, ds_path))
+            return run_entrypoint(plan.run.entrypoint, args)
         from autotune.runtime.loop import train
 
         train(plan, run_dir, ds_config=ds_config, plan_path=plan_path)

@@ -129,14 +129,31 @@ def test_bring_your_own_script(nproc, tmp_path):
 
 def test_module_function_entrypoint(small_config, tmp_path):
     mod = tmp_path / "my_entry.py"
-    mod.write_text("import json, os\n"
+    mod.write_text("import json, os, sys\n"
                    "def main():\n"
                    "    plan = json.load(open(os.environ['AUTOTUNE_PLAN']))\n"
-                   "    print('ENTRY micro', plan['batch']['micro_batch_size'], 'world', plan['engine']['world_size'])\n")
+                   "    print('ENTRY micro', plan['batch']['micro_batch_size'], 'world', plan['engine']['world_size'])\n"
+                   "    print('ARGV', sys.argv)\n")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(SMALL.replace("training:\n", "training:\n  entrypoint: my_entry:main\n"))
-    r = launch("--config", cfg, "--run_dir", tmp_path / "run", env={"PYTHONPATH": f"{tmp_path}:{ROOT}"})
+    r = launch("--config", cfg, "--run_dir", tmp_path / "run", "--", "--foo", "{micro_batch_size}",
+               env={"PYTHONPATH": f"{tmp_path}:{ROOT}"})
     assert "ENTRY micro 32 world 1" in r.stdout
+    assert "ARGV ['my_entry', '--foo', '32']" in r.stdout  # its own arguments only, placeholders expanded
+
+
+def test_train_module_with_config_runs_the_entrypoint_not_the_builtin(tmp_path):
+    script = tmp_path / "mine.py"
+    script.write_text("import sys\nprint('MINE', sys.argv[1:])\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(SMALL.replace("training:\n", f"training:\n  entrypoint: {script}\n"
+                                 "  script_args: ['--bs', '{micro_batch_size}']\n"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("AUTOTUNE_PLAN", None)
+    r = subprocess.run([sys.executable, "-m", "autotune.train", "--config", str(cfg), "--run_dir", str(tmp_path / "r")],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "MINE ['--bs', '32']" in r.stdout and "step 1/" not in r.stdout
 
 
 def test_train_module_directly_single_and_under_torchrun(small_config, tmp_path):

@@ -150,3 +150,10 @@ def test_launch_refuses_to_overwrite_an_existing_run(cli, tmp_path):
     r = cli("autotune", "launch", "--run_dir", str(run), "--max_steps", "1")
     assert r.returncode == 2 and "already holds a run" in r.stderr
     assert (run / "plan.json").read_text() == "{}"
+
+
+def test_module_function_entrypoint_runs_through_autotune_entry():
+    p, s = spec_for("cpu-only", **{"training.entrypoint": "pkg.mod:main", "distributed.nproc_per_node": 2})
+    assert s.cmd[-2:] == ["--module", "autotune.entry"]
+    p, s = spec_for("cpu-only", **{"training.entrypoint": "pkg.mod:main"})
+    assert s.cmd == ["/py", "-m", "autotune.entry"]
