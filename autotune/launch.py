@@ -85,16 +85,61 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
         want["DS_ACCELERATOR"] = "cpu"
     if plan.run.wandb and not environ.get("WANDB_API_KEY"):
         want["WANDB_MODE"] = "offline"
+    want.update(accelerate_env(plan))
     env, sources = {}, {}
     for k, v in want.items():
         if k in environ:
             env[k], sources[k] = environ[k], "user"
         else:
             env[k], sources[k] = v, "autotune"
-    # Where this run's files are: always ours, never inherited from an outer run.
-    for k, v in (("AUTOTUNE_PLAN", str(records_dir(plan, run_dir) / "plan.json")), ("AUTOTUNE_RUN_DIR", str(run_dir))):
+    # This launch's facts: always ours, never inherited from an outer run.
+    for k, v in {**plan_values_env(plan, run_dir), **single_process_rank_env(plan)}.items():
         env[k], sources[k] = v, "autotune"
     return env, sources
+
+
+def plan_values_env(plan: TrainingPlan, run_dir: str) -> dict[str, str]:
+    """AUTOTUNE_PLAN (the whole plan) and its main values, for scripts that read the environment."""
+    records = records_dir(plan, run_dir)
+    out = {
+        "AUTOTUNE_PLAN": str(records / "plan.json"),
+        "AUTOTUNE_RUN_DIR": str(run_dir),
+        "AUTOTUNE_CHECKPOINT_DIR": str(Path(run_dir) / "checkpoints"),
+        "AUTOTUNE_MICRO_BATCH_SIZE": str(plan.batch.micro_batch_size),
+        "AUTOTUNE_GRADIENT_ACCUMULATION_STEPS": str(plan.batch.gradient_accumulation_steps),
+        "AUTOTUNE_GLOBAL_BATCH_SIZE": str(plan.batch.global_batch_size),
+        "AUTOTUNE_LEARNING_RATE": str(plan.schedule.learning_rate),
+        "AUTOTUNE_PRECISION": plan.numerics.precision,
+        "AUTOTUNE_NUM_WORKERS": str(plan.loader.num_workers),
+        "AUTOTUNE_BACKEND": plan.engine.backend,
+    }
+    if plan.is_deepspeed:
+        out["AUTOTUNE_DEEPSPEED_CONFIG"] = str(records / "deepspeed_config.json")
+    if plan.run.resume_from:
+        out["AUTOTUNE_RESUME_FROM"] = plan.run.resume_from
+    return out
+
+
+def single_process_rank_env(plan: TrainingPlan) -> dict[str, str]:
+    """torchrun's variables for a one-process launch too, so a script that reads RANK works unchanged
+    (under torchrun, torchrun sets them per rank)."""
+    if plan.engine.backend != "single":
+        return {}
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": plan.engine.master_addr, "MASTER_PORT": str(plan.engine.master_port)}
+
+
+def accelerate_env(plan: TrainingPlan) -> dict[str, str]:
+    """What an unmodified ``Accelerator()`` reads (names from accelerate's state.py/accelerator.py):
+    mixed precision, gradient accumulation steps (this variable beats an explicit argument), and the
+    CPU switch without which each CPU rank under torchrun trains alone. A user's exported value wins.
+    DeepSpeed through Accelerate (ACCELERATE_USE_DEEPSPEED and an Accelerate-flavoured JSON) is not set:
+    Accelerate then runs its own DDP over the ranks torchrun started."""
+    out = {"ACCELERATE_MIXED_PRECISION": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[plan.numerics.precision],
+           "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(plan.batch.gradient_accumulation_steps)}
+    if plan.engine.device == "cpu":
+        out["ACCELERATE_USE_CPU"] = "true"
+    return out
 
 
 def _program(plan: TrainingPlan, script_args: list[str]) -> list[str]:

@@ -116,3 +116,17 @@ def test_resume_refuses_a_checkpoint_of_another_engine_family(runs, small_config
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "written by the deepspeed backend" in r.stderr and "--deepspeed" in r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_unmodified_accelerate_script_follows_the_plan(tmp_path):
+    """examples/accelerate_train.py (no autotune import) reports what Accelerate really used."""
+    from autotune.plan import load_plan
+
+    r = launch("--config", ROOT / "examples" / "accelerate_config.yaml", "--nproc_per_node", 2,
+               "--run_dir", tmp_path / "acc", "--", "--batch_size", "{micro_batch_size}")
+    plan = load_plan(tmp_path / "acc" / "plan.json")
+    b = plan.batch
+    assert (b.micro_batch_size, b.gradient_accumulation_steps, plan.engine.world_size) == (8, 4, 2)
+    used = [line for line in r.stdout.splitlines() if line.startswith("USED ")]
+    assert used == [f"USED world=2 micro=8 accumulation=4 precision=no effective={b.global_batch_size} device=cpu"]
+    assert b.global_batch_size == 64

@@ -157,3 +157,21 @@ def test_module_function_entrypoint_runs_through_autotune_entry():
     assert s.cmd[-2:] == ["--module", "autotune.entry"]
     p, s = spec_for("cpu-only", **{"training.entrypoint": "pkg.mod:main"})
     assert s.cmd == ["/py", "-m", "autotune.entry"]
+
+
+def test_environment_route_for_scripts_that_read_it():
+    p, s = spec_for("cpu-only")
+    # a one-process launch gets torchrun's variables too, so a script reading RANK runs unchanged
+    assert {k: s.env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                  "MASTER_PORT")} == {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                                                      "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                                                      "MASTER_PORT": "29500"}
+    assert (s.env["AUTOTUNE_MICRO_BATCH_SIZE"], s.env["AUTOTUNE_GRADIENT_ACCUMULATION_STEPS"],
+            s.env["AUTOTUNE_GLOBAL_BATCH_SIZE"], s.env["AUTOTUNE_PRECISION"]) == ("64", "4", "256", "fp32")
+    assert (s.env["ACCELERATE_MIXED_PRECISION"], s.env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"],
+            s.env["ACCELERATE_USE_CPU"]) == ("no", "4", "true")
+    _, d = spec_for("4xL4")  # DeepSpeed x4 under torchrun: torchrun sets the rank variables itself
+    assert "RANK" not in d.env and d.env["ACCELERATE_MIXED_PRECISION"] == "bf16" and "ACCELERATE_USE_CPU" not in d.env
+    assert d.env["AUTOTUNE_DEEPSPEED_CONFIG"] == "runs/x/deepspeed_config.json"
+    _, u = spec_for("cpu-only", environ={"HOME": "/h", "ACCELERATE_MIXED_PRECISION": "bf16"})
+    assert u.env["ACCELERATE_MIXED_PRECISION"] == "bf16" and u.env_sources["ACCELERATE_MIXED_PRECISION"] == "user"
