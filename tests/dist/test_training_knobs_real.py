@@ -130,3 +130,14 @@ def test_unmodified_accelerate_script_follows_the_plan(tmp_path):
     used = [line for line in r.stdout.splitlines() if line.startswith("USED ")]
     assert used == [f"USED world=2 micro=8 accumulation=4 precision=no effective={b.global_batch_size} device=cpu"]
     assert b.global_batch_size == 64
+
+
+def test_unmodified_deepspeed_script_follows_the_plan(tmp_path):
+    """examples/deepspeed_train.py, written for the deepspeed launcher (--local_rank, DeepSpeed's own
+    flags, DeepSpeed builds the loader), gets the plan through --deepspeed_config {deepspeed_config}."""
+    r = launch("--config", ROOT / "examples" / "deepspeed_config.yaml", "--deepspeed", "--nproc_per_node", 2,
+               "--run_dir", tmp_path / "ds", "--", "--deepspeed_config", "{deepspeed_config}", timeout=600)
+    used = [line for line in r.stdout.splitlines() if line.startswith("USED ")]
+    assert len(used) == 1 and used[0].startswith("USED world=2 micro=8 accumulation=4 effective=64 train_batch_size=64")
+    argv = json.loads((tmp_path / "ds" / "command.json").read_text())["argv"]
+    assert argv[-2:] == ["--deepspeed_config", str(tmp_path / "ds" / "deepspeed_config.json")]
