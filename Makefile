@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit run report plan bench mutation clean
+.PHONY: install test test-unit test-gpu run report plan bench mutation clean
 
 install: $(VENV)/.installed
 
@@ -26,7 +26,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q $(PYTEST_ARGS) --ignore=tests/gpu tests
+
+# On a GPU machine (after `make install TORCH_SPEC=... TORCH_PIP_ARGS=...` with a CUDA build of torch):
+# every CUDA path, summary in bench/results/gpu-<name>-<date>.md. Skips with "no CUDA device" elsewhere.
+test-gpu: install
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests/gpu
 
 test-unit: install
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests/unit
