@@ -41,6 +41,13 @@ def _graph(top_level_only: bool) -> dict[str, set[str]]:
             for name, path in MODULES.items()}
 
 
+def test_no_module_is_shadowed_by_a_package_of_the_same_name():
+    """A leftover foo.py beside a foo/ package is dead code that imports never reach."""
+    files = list(PKG.rglob("*.py"))
+    assert len(files) == len(MODULES)
+    assert [p for p in files if p.with_suffix("").is_dir()] == []
+
+
 def test_no_module_is_over_the_size_limit():
     sizes = {name: len(p.read_text().splitlines()) for name, p in MODULES.items()}
     assert {n: s for n, s in sizes.items() if s > MAX_LINES} == {}
