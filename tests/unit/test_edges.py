@@ -322,3 +322,84 @@ def test_mig_uses_the_current_mode_not_the_pending_one(tmp_path):
     fake = FakeNVML.from_profile(load_profile("4xA100-80GB"), mig=mig, mig_pending_off=True)
     hw = run_detect(tmp_path, fake, environ={"CUDA_VISIBLE_DEVICES": "MIG-aaaa-0"})
     assert [(d.nvml_index, d.memory_total_mib, d.mig_mode) for d in hw.gpus.devices] == [(0, 9984, True)]
+
+
+# -- host records, whole, from recorded inputs ------------------------------------------------------------
+def test_slurm_variables_whole_record_and_fallback_names():
+    from autotune.hardware import parse_slurm_env
+    from autotune.profiles import SlurmInfo
+
+    full = {"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NTASKS": "8",
+            "SLURM_NTASKS_PER_NODE": "4", "SLURM_CPUS_PER_TASK": "6", "SLURM_GPUS_ON_NODE": "4",
+            "SLURM_JOB_PARTITION": "gpu", "SLURM_NNODES": "9", "SLURM_NODELIST": "x", "SLURM_GPUS": "9"}
+    assert parse_slurm_env(full) == SlurmInfo(job_id="42", num_nodes=2, nodelist="node[1-2]", ntasks=8,
+                                              ntasks_per_node="4", cpus_per_task=6, gpus="4", partition="gpu")
+    older = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "3", "SLURM_NODELIST": "a,b,c", "SLURM_GPUS": "a100:2",
+             "SLURM_CPUS_PER_TASK": "lots"}
+    assert parse_slurm_env(older) == SlurmInfo(job_id="7", num_nodes=3, nodelist="a,b,c", gpus="a100:2")
+
+
+def test_cpu_record_whole(tmp_path):
+    from autotune.profiles import CPUInfo
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("model name\t: Chip: v2 @ 2GHz\n")
+    unknown = {}
+    cpu = probe_cpu(FakePsutil(logical=16, physical=8), CgroupLimits(version=2, cpu_quota_cores=6.5), unknown,
+                    cpuinfo=info)
+    assert cpu == CPUInfo(model_name="Chip: v2 @ 2GHz", physical_cores=8, logical_cores=16, affinity_cores=16,
+                          cgroup_quota_cores=6.5, cgroup_version=2, effective_cores=6,
+                          effective_cores_reason="cgroup CPU quota is 6.5 cores (also: 16 logical cores; "
+                                                 "CPU affinity allows 16)")
+    assert unknown == {}
+
+    class NoPhysical(FakePsutil):
+        def cpu_count(self, logical=True):
+            return 4 if logical else None
+
+    unknown = {}
+    cpu = probe_cpu(NoPhysical(), CgroupLimits(errors={"cpu": "cannot read x"}), unknown, cpuinfo=info)
+    assert (cpu.physical_cores, cpu.logical_cores) == (None, 4)
+    assert unknown == {"cpu.physical_cores": "psutil could not tell physical cores", "cpu.cgroup_quota_cores": "cannot read x"}
+    unknown = {}
+    probe_cpu(FakePsutil(fail=True), CgroupLimits(), unknown, cpuinfo=info)
+    assert unknown == {"cpu.logical_cores": "OSError: no /proc", "cpu.physical_cores": "OSError: no /proc"}
+
+
+def test_memory_record_whole():
+    from autotune.hardware.host import probe_memory
+    from autotune.profiles import MemoryInfo
+
+    ps = FakePsutil(total_mib=32768, avail_mib=30000)
+    assert probe_memory(ps, CgroupLimits(memory_limit_bytes=8 * 2**30 + 5), {}) == MemoryInfo(
+        total_mib=32768, available_mib=30000, cgroup_limit_mib=8192, effective_mib=8192,
+        effective_reason="the cgroup memory limit (8.0 GiB) is the tighter bound")
+    assert probe_memory(ps, CgroupLimits(memory_limit_bytes=40 * 2**30), {}).effective_reason == \
+        "available RAM (29.3 GiB) is the tighter bound"
+    assert probe_memory(ps, CgroupLimits(), {}).effective_reason == "available RAM (29.3 GiB); no cgroup memory limit"
+    unknown = {}
+    m = probe_memory(FakePsutil(fail=True), CgroupLimits(errors={"memory": "cannot read y"}), unknown)
+    assert m == MemoryInfo(effective_reason="RAM unknown")
+    assert unknown == {"memory.total_mib": "OSError: no /proc/meminfo", "memory.available_mib": "OSError: no /proc/meminfo",
+                       "memory.cgroup_limit_mib": "cannot read y", "memory.effective_mib": "RAM unknown"}
+    assert probe_memory(FakePsutil(fail=True), CgroupLimits(memory_limit_bytes=2**30), {}).effective_mib == 1024
+
+
+def test_effective_cores_reasons():
+    from autotune.hardware import effective_cores
+
+    assert effective_cores(None, None, None) == (1, "core count unknown; assuming 1")
+    assert effective_cores(8, None, None) == (8, "8 logical cores")
+    assert effective_cores(8, 4, 0.5) == (1, "cgroup CPU quota is 0.5 cores (also: 8 logical cores; CPU affinity allows 4)")
+
+
+def test_software_versions_search_path_default_is_sys_path(tmp_path, monkeypatch):
+    import sys
+
+    from autotune.hardware.host import installed_versions
+
+    assert installed_versions() == installed_versions(list(sys.path))
+    assert "torch" in installed_versions()
+    (tmp_path / "mypkg-3.1.dist-info").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert installed_versions([""])["mypkg"] == "3.1"  # "" on sys.path is the current directory
