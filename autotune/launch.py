@@ -57,7 +57,7 @@ def records_dir(plan: TrainingPlan, run_dir: str | Path) -> Path:
     run directory itself; on a multi-node job each other node writes into ``node<rank>/`` beside
     it, so nodes sharing a file system never overwrite each other's records. Checkpoints, metrics
     and TensorBoard events stay in the run directory (rank 0 writes them)."""
-    node_rank = plan.engine.node_rank if plan.engine.num_nodes > 1 else 0
+    node_rank = plan.engine.node_rank  # 0 on one node: the planner refuses node_rank >= num_nodes
     return Path(run_dir) if node_rank == 0 else Path(run_dir) / f"node{node_rank}"
 
 
@@ -186,14 +186,13 @@ LAUNCHERS: dict[str, Callable[[TrainingPlan, str, list[str]], list[str]]] = {
 
 
 def launch_spec(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str], *, python: str | None = None,
-                has_infiniband: bool | None = None, script_args: list[str] | None = None,
-                cwd: str | None = None) -> LaunchSpec:
+                has_infiniband: bool | None = None, script_args: list[str] | None = None) -> LaunchSpec:
     """Build the command and environment for ``plan``. Pure: reads only its arguments."""
     python = python or sys.executable
     program = _program(plan, list(script_args or []))
     cmd = LAUNCHERS[plan.engine.backend](plan, python, program)
     env, sources = plan_env(plan, run_dir, environ, has_infiniband)
-    return LaunchSpec(cmd=cmd, env=env, env_sources=sources, cwd=cwd)
+    return LaunchSpec(cmd=cmd, env=env, env_sources=sources)
 
 
 def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarded: list[int] | None = None) -> int:

@@ -403,3 +403,67 @@ def test_software_versions_search_path_default_is_sys_path(tmp_path, monkeypatch
     (tmp_path / "mypkg-3.1.dist-info").mkdir()
     monkeypatch.chdir(tmp_path)
     assert installed_versions([""])["mypkg"] == "3.1"  # "" on sys.path is the current directory
+
+
+# -- execute: exit codes, working directory, its own session, forwarded signals ------------------------------
+def test_execute_exit_codes_cwd_and_session(tmp_path):
+    import os
+    import sys
+
+    from autotune.launch import execute
+
+    def spec(code, cwd=None):
+        return LaunchSpec(cmd=[sys.executable, "-c", code], env={"X_MARK": "1"}, cwd=cwd)
+
+    assert execute(spec("import sys; sys.exit(0)")) == 0
+    assert execute(spec("import sys; sys.exit(1)")) == 1
+    out = tmp_path / "out"
+    code = (f"import os; open({str(out)!r}, 'w').write(f'{{os.getcwd()}} {{os.getsid(0)}} {{os.environ[\"X_MARK\"]}} "
+            f"{{os.environ.get(\"X_OUTER\")}}')")
+    assert execute(spec(code, cwd=str(tmp_path)), environ={"X_OUTER": "o", "PATH": os.environ["PATH"]}) == 0
+    cwd, sid, mark, outer = out.read_text().split()
+    assert cwd == str(tmp_path) and int(sid) != os.getsid(0) and mark == "1" and outer == "o"
+
+
+def test_env_sources_and_unbuffered_output():
+    p = plan(load_profile("cpu-only"), TrainConfig())
+    s = launch_spec(p, "/r", {"HOME": "/h"})
+    assert s.env["PYTHONUNBUFFERED"] == "1" and s.env_sources["PYTHONUNBUFFERED"] == "autotune"
+    assert s.env_sources["AUTOTUNE_PLAN"] == "autotune" and s.cwd is None
+
+
+def test_deepspeed_json_for_a_non_deepspeed_plan_and_print_interval():
+    from autotune.deepspeed_config import deepspeed_config
+
+    ddp = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.backend": "ddp",
+                                                                      "training.log_every_steps": 1}))
+    ds = deepspeed_config(ddp)  # what `export --format deepspeed` writes for a DDP plan
+    assert ds["zero_optimization"]["stage"] == 0 and ds["steps_per_print"] == 100
+
+
+def test_exports_without_offload_and_default_script():
+    from autotune.exports import accelerate_config, torchrun_command
+
+    p = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)
+    assert accelerate_config(p)["deepspeed_config"]["offload_optimizer_device"] == "none"
+    assert torchrun_command(p) == ["torchrun", "--nproc_per_node=4", "--standalone", "train.py"]
+
+
+def test_yaml_reader_error_has_no_position_but_a_message(tmp_path):
+    from autotune.config import load_config
+    from autotune.errors import UserError
+
+    f = tmp_path / "ctrl.yaml"
+    f.write_text("training:\n  seed: 1\x07\n")  # a control character: yaml's reader refuses it
+    with pytest.raises(UserError) as e:
+        load_config(f)
+    msg = str(e.value)
+    assert msg.startswith(f"{f}: invalid YAML: ") and "#x0007" in msg and "at line" not in msg
+
+
+def test_cgroup_lines_after_a_malformed_one_and_quota_without_period(tmp_path):
+    assert parse_proc_self_cgroup("garbage\n4:memory:/m\n") == {"memory": "/m"}
+    root = write_tree(tmp_path / "q", {"cpu/j/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_quota_us": "300000\n",
+                                       "cpu/cpu.cfs_period_us": "100000\n"})
+    lim = read_cgroup_limits(root, _self(tmp_path, "sq", "4:cpu:/j\n5:cpuacct:/elsewhere\n"))
+    assert lim.cpu_quota_cores == 3.0 and lim.errors == {}  # the leaf has a quota but no period: not a limit
