@@ -208,8 +208,14 @@ def test_ctrl_c_stops_every_rank_and_the_run_resumes(small_config, tmp_path):
     while time.time() < deadline and not list((run / "checkpoints").glob("step-*[0-9]")):
         time.sleep(0.2)
     assert list((run / "checkpoints").glob("step-*[0-9]")), "no checkpoint appeared"
-    ranks = [p for p in psutil.process_iter(["cmdline"]) if str(run) in " ".join(p.info["cmdline"] or [])
-             and "autotune.train" in " ".join(p.info["cmdline"] or [])]
+    def this_run(p):  # the launcher hands every process its run dir in AUTOTUNE_RUN_DIR
+        try:
+            return p.environ().get("AUTOTUNE_RUN_DIR") == str(run)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return False
+
+    ranks = [p for p in psutil.process_iter(["cmdline"]) if "autotune.train" in " ".join(p.info["cmdline"] or [])
+             and this_run(p)]
     assert len(ranks) >= 2  # torchrun agent + 2 workers
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
