@@ -1,10 +1,13 @@
 """Summarise a `mutmut run` per module: killed, survived, score; list what survived.
 
-    .venv/bin/mutmut run --max-children 2 && .venv/bin/python tools/mutation_report.py [--markdown]
+    .venv/bin/mutmut run --max-children 2 && .venv/bin/python tools/mutation_report.py
 
-Mutants judged equivalent (no test can tell them apart from the original) are listed with
-their reason in tools/mutation_equivalent.txt, one per line: `<mutant name>  # <why>`; they
-leave the denominator. Everything else that did not fail a test counts against the score.
+- killed: a test failed (or the tests hung past the time limit: "by timeout", also caught);
+- undetermined: the forked test process crashed (mutmut's "segfault"); this happens on mutants that only
+  change a message, so it says nothing about the mutant: left out of the score, and counted as survived
+  in the worst-case score;
+- equivalent: listed with the reason in tools/mutation_equivalent.txt (`<mutant name>  # <why>`), left out.
+Score = killed / (killed + survived).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENT = ROOT / "tools" / "mutation_equivalent.txt"
-KILLED = {"killed", "timeout", "segfault"}  # a mutant that hangs or crashes the tests is caught too
 
 
 def results() -> dict[str, str]:
@@ -49,30 +51,45 @@ def equivalent() -> dict[str, str]:
     return out
 
 
+def kind(name: str, status: str, equiv: dict) -> str:
+    if name in equiv:
+        return "equivalent"
+    if status == "not checked":
+        return "not run"
+    return {"killed": "killed", "timeout": "killed", "segfault": "undetermined"}.get(status, "survived")
+
+
 def main() -> int:
     rows, equiv = results(), equivalent()
     per: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for name, status in rows.items():
-        kind = "equivalent" if name in equiv else ("killed" if status in KILLED else "survived")
-        per[module_of(name)][kind].append(name)
-    print("| module | mutants | killed | (of which by timeout) | equivalent | survived | score |")
-    print("|---|---|---|---|---|---|---|")
-    total_k = total_n = total_t = 0
-    for mod in sorted(per):
-        k, e, s = (len(per[mod][x]) for x in ("killed", "equivalent", "survived"))
-        t = sum(1 for n in per[mod]["killed"] if rows[n] == "timeout")
-        n = k + s
-        total_k, total_n, total_t = total_k + k, total_n + n, total_t + t
-        score = f"{100 * k / n:.1f} %" if n else "-"
-        print(f"| `{mod}` | {k + e + s} | {k} | {t} | {e} | {s} | {score} |")
-    print(f"| **all** | {sum(len(v) for m in per.values() for v in m.values())} | {total_k} | {total_t} | "
-          f"{sum(len(m['equivalent']) for m in per.values())} | {total_n - total_k} | "
-          f"**{100 * total_k / max(1, total_n):.1f} %** |")
+        per[module_of(name)][kind(name, status, equiv)].append(name)
+    not_run = sum(len(m["not run"]) for m in per.values())
+    if not_run:
+        print(f"**The run is incomplete: {not_run} mutants not run yet (left out below).**\n")
+    print("| module | mutants | killed | (by timeout) | undetermined | equivalent | survived | score | worst case |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    tot = defaultdict(int)
+    for mod in sorted(per) + ["**all**"]:
+        if mod == "**all**":
+            c = tot
+        else:
+            c = {x: len(per[mod][x]) for x in ("killed", "undetermined", "equivalent", "survived")}
+            c["timeout"] = sum(1 for n in per[mod]["killed"] if rows[n] == "timeout")
+            for x, v in c.items():
+                tot[x] += v
+        n = c["killed"] + c["survived"]
+        score = f"{100 * c['killed'] / n:.1f} %" if n else "-"
+        worst = f"{100 * c['killed'] / (n + c['undetermined']):.1f} %" if n + c["undetermined"] else "-"
+        total = c["killed"] + c["undetermined"] + c["equivalent"] + c["survived"]
+        name = mod if mod.startswith("*") else f"`{mod}`"
+        print(f"| {name} | {total} | {c['killed']} | {c['timeout']} | {c['undetermined']} | {c['equivalent']} | "
+              f"{c['survived']} | {score} | {worst} |")
     survivors = sorted(n for m in per.values() for n in m["survived"])
     if survivors:
         print("\nSurvived (`mutmut show NAME` shows the change):")
         for n in survivors:
-            print(f"- {n} ({rows[n]})")
+            print(f"- {n}")
     return 0
 
 
