@@ -111,9 +111,12 @@ def test_execute_forwards_sigterm_to_the_child(tmp_path):
         import sys
         sys.path.insert(0, {os.getcwd()!r})
         from autotune.launch import LaunchSpec, execute
-        sys.exit(execute(LaunchSpec(cmd=[sys.executable, {str(f)!r}], env={{}})))
+        seen = []
+        rc = execute(LaunchSpec(cmd=[sys.executable, {str(f)!r}], env={{}}), forwarded=seen)
+        print("FORWARDED", seen, flush=True)
+        sys.exit(rc)
     """, name="runner.py")
-    proc = subprocess.Popen([sys.executable, str(runner)])
+    proc = subprocess.Popen([sys.executable, str(runner)], stdout=subprocess.PIPE, text=True)
     for _ in range(200):
         if (tmp_path / "got.ready").exists():
             break
@@ -121,6 +124,7 @@ def test_execute_forwards_sigterm_to_the_child(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 42
     assert mark.read_text() == str(int(signal.SIGTERM))
+    assert f"FORWARDED [{int(signal.SIGTERM)}]" in proc.stdout.read()  # the caller learns it was interrupted
 
 
 @pytest.mark.parametrize("preset", preset_names())
@@ -175,3 +179,17 @@ def test_environment_route_for_scripts_that_read_it():
     assert d.env["AUTOTUNE_DEEPSPEED_CONFIG"] == "runs/x/deepspeed_config.json"
     _, u = spec_for("cpu-only", environ={"HOME": "/h", "ACCELERATE_MIXED_PRECISION": "bf16"})
     assert u.env["ACCELERATE_MIXED_PRECISION"] == "bf16" and u.env_sources["ACCELERATE_MIXED_PRECISION"] == "user"
+
+
+def test_plan_values_and_accelerate_variables_whole():
+    from autotune.launch import accelerate_env, plan_values_env
+
+    p, _ = spec_for("4xT4", **{"training.learning_rate": 0.001})  # fp16, DeepSpeed x4, micro 12 x acc 5 = 240
+    p = p.model_copy(update={"run": p.run.model_copy(update={"resume_from": "/ck/step-5"})})
+    assert plan_values_env(p, "runs/x") == {
+        "AUTOTUNE_PLAN": "runs/x/plan.json", "AUTOTUNE_RUN_DIR": "runs/x", "AUTOTUNE_CHECKPOINT_DIR": "runs/x/checkpoints",
+        "AUTOTUNE_MICRO_BATCH_SIZE": "12", "AUTOTUNE_GRADIENT_ACCUMULATION_STEPS": "5", "AUTOTUNE_GLOBAL_BATCH_SIZE": "240",
+        "AUTOTUNE_LEARNING_RATE": "0.001", "AUTOTUNE_PRECISION": "fp16", "AUTOTUNE_NUM_WORKERS": "3",
+        "AUTOTUNE_BACKEND": "deepspeed", "AUTOTUNE_DEEPSPEED_CONFIG": "runs/x/deepspeed_config.json",
+        "AUTOTUNE_RESUME_FROM": "/ck/step-5"}
+    assert accelerate_env(p) == {"ACCELERATE_MIXED_PRECISION": "fp16", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "5"}
