@@ -1,7 +1,6 @@
 """Behaviour pinned at its edges, each expectation derived by hand from the documented rule
 (the policy file, the ZeRO paper's arithmetic, CUDA's and cgroups' rules), not from the code."""
 
-import datetime
 import os
 import signal
 import sys
@@ -158,23 +157,30 @@ def test_fake_nvml_speaks_the_real_pynvml():
 
 
 # -- where the launcher's settings take effect ---------------------------------------------------
-def test_plan_timeout_reaches_the_process_group(monkeypatch):
-    import torch
-    import torch.distributed as dist
+def test_plan_timeout_reaches_the_process_group(tmp_path):
+    """Read back from the real gloo process group that init(plan) created (in a child process, so no
+    process group outlives the test in this one)."""
+    import subprocess
 
-    from autotune.runtime.dist import cleanup, init
+    from support import ROOT
 
-    cfg = parse_config({"distributed": {"backend": "ddp", "nproc_per_node": 1, "timeout_s": 77}})
-    p = plan(load_profile("cpu-only"), cfg)
-    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": str(29000 + os.getpid() % 1000)}.items():
-        monkeypatch.setenv(k, v)
-    ctx = init(p)
-    try:
-        group = dist.distributed_c10d._get_default_group()
-        assert group._get_backend(torch.device("cpu")).options._timeout == datetime.timedelta(seconds=77)
-    finally:
-        cleanup(ctx)
+    code = (
+        "import datetime, torch, torch.distributed as dist\n"
+        "from autotune.config import parse_config\n"
+        "from autotune.planner import plan\n"
+        "from autotune.profiles import load_profile\n"
+        "from autotune.runtime.dist import cleanup, init\n"
+        "p = plan(load_profile('cpu-only'), parse_config({'distributed': {'backend': 'ddp', 'nproc_per_node': 1,"
+        " 'timeout_s': 77}}))\n"
+        "ctx = init(p)\n"
+        "group = dist.distributed_c10d._get_default_group()\n"
+        "print('TIMEOUT', group._get_backend(torch.device('cpu')).options._timeout.total_seconds())\n"
+        "cleanup(ctx)\n")
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(29000 + os.getpid() % 1000), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "TIMEOUT 77.0" in r.stdout
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGUSR1])
