@@ -54,6 +54,8 @@ def main():
     accum, world = accelerator.gradient_accumulation_steps, accelerator.num_processes
     accelerator.print(f"USED world={world} micro={micro} accumulation={accum} precision={accelerator.mixed_precision} "
                       f"effective={micro * accum * world} device={accelerator.device.type}")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()  # leaves the process group together (gloo aborts a rank that exits alone)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import deepspeed
+import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,6 +48,8 @@ def main():
         print(f"USED world={world} micro={micro} accumulation={engine.gradient_accumulation_steps()} "
               f"effective={micro * engine.gradient_accumulation_steps() * world} "
               f"train_batch_size={engine.train_batch_size()} loss={loss.item():.4f}")
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()  # leave together: gloo aborts a rank that exits alone
 
 
 if __name__ == "__main__":
