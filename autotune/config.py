@@ -7,6 +7,7 @@ planner can choose accept ``auto``.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -16,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidat
 from autotune.errors import UserError, validation_problems
 
 AUTO = "auto"
+# training.sample_input as a per-sample shape: [16], float[3,32,32], int[512]<50257
+SAMPLE_SHAPE_RE = r"^(float|int)?\[(\d+(?:,\d+)*)\](?:<(\d+))?$"
 
 
 # -- field types that accept "auto" ------------------------------------------------
@@ -72,14 +75,14 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    """The built-in model (a small GPT); ignored by user entrypoints except num_parameters."""
+    """The built-in model (a small GPT); your own script's model is described in training.model."""
 
     name: Literal["gpt"] = "gpt"
     n_layer: int = Field(2, ge=1, description="transformer blocks")
     n_head: int = Field(4, ge=1, description="attention heads")
     n_embd: int = Field(64, ge=8, description="embedding width, divisible by n_head")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    # For bring-your-own scripts: the parameter count the memory estimate should use.
+    # Moved to training.num_parameters (it describes your own script's model); kept to say so.
     num_parameters: int | None = Field(None, ge=1)
 
 
@@ -117,6 +120,14 @@ class TrainingConfig(_Section):
     eval_every_steps: int = Field(50, ge=1)
     log_every_steps: int = Field(10, ge=1)
     entrypoint: str | None = Field(None, description="user script path or package.module:function")
+    # Your own script's model, for the memory estimate (the built-in workload is sized from `model`):
+    model: str | None = Field(None, description="package.module:factory returning your torch.nn.Module; built "
+                              "under PyTorch's fake-tensor mode (no memory spent) and traced")
+    sample_input: str | None = Field(None, description="package.module:function(batch_size) returning one batch "
+                                     "for training.model (a tensor, tuple or dict), to measure activations")
+    num_parameters: int | None = Field(None, ge=1, description="your model's parameter count, when it cannot be built")
+    optimizer: Literal["adamw", "sgd_momentum", "sgd"] = Field(
+        "adamw", description="your script's optimizer, for the memory estimate (the built-in workload uses adamw)")
     script_args: list[str] = Field(default_factory=list, description="arguments for the entrypoint; {placeholders} "
                                    "such as {micro_batch_size} are replaced by the plan's values")
 
@@ -127,7 +138,7 @@ class DistributedConfig(_Section):
     offload_optimizer: AutoBool = AUTO
     num_gpus: AutoNonNegInt = AUTO
     nproc_per_node: AutoPosInt = AUTO
-    num_nodes: int = Field(1, ge=1)
+    num_nodes: AutoPosInt = AUTO
     node_rank: int = Field(0, ge=0)
     master_addr: str = "127.0.0.1"
     master_port: int = Field(29500, ge=1, le=65535)
@@ -163,6 +174,27 @@ def _cross_checks(cfg: TrainConfig) -> list[str]:
         problems.append(
             f"model.n_embd: must be divisible by model.n_head ({cfg.model.n_head}), got {cfg.model.n_embd}"
         )
+    t = cfg.training
+    if cfg.model.num_parameters is not None:
+        problems.append("model.num_parameters: moved to training.num_parameters (it describes your own script's "
+                        "model; the built-in GPT's size follows from n_layer and n_embd)")
+    for name in ("model", "sample_input"):
+        value = getattr(t, name)
+        if value is None or (name == "sample_input" and re.match(SAMPLE_SHAPE_RE, value.replace(" ", ""))):
+            continue
+        if value.count(":") != 1 or not all(value.split(":")):
+            shape = " or a per-sample shape such as [3,224,224] or int[512]<50257" if name == "sample_input" else ""
+            problems.append(f"training.{name}: must look like package.module:function{shape}, got {value!r}")
+    if t.entrypoint is None:
+        for name in ("model", "sample_input", "num_parameters"):
+            if getattr(t, name) is not None:
+                problems.append(f"training.{name}: describes your own script's model, but training.entrypoint is "
+                                "empty (the built-in workload is sized from the model section); set an entrypoint "
+                                "or remove it")
+        if t.optimizer != "adamw":
+            problems.append(f"training.optimizer: the built-in workload trains with adamw, got {t.optimizer!r}")
+    if t.sample_input is not None and t.model is None:
+        problems.append("training.sample_input: needs training.model (the factory of the model it feeds)")
     if cfg.training.epochs is None and cfg.training.max_steps is None:
         problems.append("training.epochs: set training.epochs or training.max_steps (both are empty)")
     return problems

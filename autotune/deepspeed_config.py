@@ -7,6 +7,7 @@ keys silently, so a typo here would otherwise go unnoticed.
 
 from __future__ import annotations
 
+from autotune.memory import bucket_size
 from autotune.plan import TrainingPlan
 
 # Top-level keys this module may emit; all are documented DeepSpeed keys.
@@ -15,18 +16,6 @@ KNOWN_TOP_LEVEL_KEYS = frozenset({
     "gradient_clipping", "steps_per_print", "zero_optimization", "bf16", "fp16",
     "optimizer", "activation_checkpointing", "wall_clock_breakdown", "zero_allow_untested_optimizer",
 })
-
-_MIN_BUCKET, _MAX_BUCKET = 50_000_000, 500_000_000
-
-
-def bucket_size(gpu_memory_gib: float | None) -> int:
-    """Reduce/allgather bucket in elements: 5e8 (DeepSpeed's default) needs ~1 GB of
-    fp16 buffers per bucket, too much for a small GPU; scale with memory, 10M elements
-    per GiB, clamped to [5e7, 5e8]."""
-    if gpu_memory_gib is None:
-        return _MIN_BUCKET
-    return int(min(_MAX_BUCKET, max(_MIN_BUCKET, gpu_memory_gib * 10_000_000)))
-
 
 def deepspeed_config(plan: TrainingPlan) -> dict:
     """The engine flavour: batch sizes, ZeRO, precision, and the optimizer from ``plan.optimizer``."""
@@ -45,6 +34,8 @@ def deepspeed_config(plan: TrainingPlan) -> dict:
         zero.update(stage3_prefetch_bucket_size=bucket, stage3_param_persistence_threshold=100_000)
     if eng.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": eng.device == "cuda"}
+    if eng.offload_param:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": eng.device == "cuda"}
     out: dict = {
         "train_batch_size": plan.batch.global_batch_size,
         "train_micro_batch_size_per_gpu": plan.batch.micro_batch_size,

@@ -6,6 +6,28 @@ import sys
 from typing import Callable
 
 EXIT_USAGE = 2
+EXIT_REFUSED = 3  # the request is valid but no plan fits by autotune's own estimate
+
+
+class PlanRefused(Exception):
+    """No plan fits this machine by the memory estimate; the message says what was tried and
+    what would fit. ``--force`` plans anyway."""
+
+    def __init__(self, message: str, tried: list[str] | None = None, would_fit: list[str] | None = None):
+        self.tried = tried or []
+        self.would_fit = would_fit or []
+        super().__init__(message)
+
+    def render(self) -> str:
+        lines = [f"refused: {self}"]
+        if self.tried:
+            lines.append("tried:")
+            lines += [f"  - {t}" for t in self.tried]
+        if self.would_fit:
+            lines.append("what would fit:")
+            lines += [f"  - {t}" for t in self.would_fit]
+        lines.append("(exit 3; add --force to plan anyway and expect out-of-memory errors)")
+        return "\n".join(lines)
 
 
 class UserError(Exception):
@@ -76,6 +98,9 @@ def run_cli(fn: Callable[[], int]) -> int:
     except UserError as e:
         print(e.render(), file=sys.stderr)
         return EXIT_USAGE
+    except PlanRefused as e:
+        print(e.render(), file=sys.stderr)
+        return EXIT_REFUSED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

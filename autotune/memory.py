@@ -1,16 +1,32 @@
-"""Memory estimates for planning (pure arithmetic, no torch).
+"""Memory arithmetic for planning (pure, no torch): model states per strategy, activations.
 
-Model states follow the ZeRO paper (Rajbhandari et al., 2020, section 3): with
-mixed-precision Adam each parameter costs 2 bytes of half weights, 2 of half
-gradients and 12 of optimizer state (fp32 master weights, momentum, variance);
-plain PyTorch AMP keeps fp32 weights and gradients, 16 bytes in all. ZeRO
-partitions optimizer state (stage 1), gradients (2) and weights (3) over the
-data-parallel ranks.
+Model states (per GPU, Psi parameters, N data-parallel ranks, L parameters in the
+largest layer). Bytes per parameter: weights ``w`` and gradients ``g`` (2 each in mixed
+precision, 4 in fp32) and optimizer state ``o`` (Adam: fp32 master copy + m + v = 12 in
+mixed precision, m + v = 8 in fp32; SGD with momentum 8 / 4; plain SGD 4 / 0):
 
-Activations follow Korthikanti et al., 2022 ("Reducing Activation
-Recomputation in Large Transformer Models"), eq. 1: per layer
-``s*b*h*(34 + 5*a*s/h)`` bytes in half precision; with full recomputation only
-each layer's input (``2*s*b*h`` bytes) is kept. fp32 doubles both.
+- ``ddp`` (and one process): PyTorch AMP keeps fp32 weights and gradients, so
+  ``4 + 4 + o_fp32`` = 16 bytes with Adam (ZeRO paper, Rajbhandari et al. 2020, sec. 3).
+- ``zero1`` and ``zero2``: DeepSpeed's own accounting (one optimizer implements both
+  stages), which exceeds the paper's ``4 + 12/N`` and ``2 + 14/N``: a full
+  half-precision gradient buffer plus an fp32 gradient partition, ``(w + g) Psi +
+  (o + 4) Psi / N`` = ``4 Psi + 16 Psi / N`` in mixed precision
+  (``deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs``).
+- ``zero2_offload``: the optimizer (and its fp32 gradients) on the host: ``w Psi`` on the
+  GPU; host per node ``Psi * max(4 G, (o + 4) G / N)`` for G ranks per node (DeepSpeed's
+  ``max(4 * gpus, 16)`` on one node), times the policy's host margin.
+- ``zero3``: ``(w + g) L + (w + g + o + 2) Psi / N`` = ``4 L + 18 Psi / N`` in mixed
+  precision: the largest layer gathered whole, everything else partitioned
+  (``deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs``).
+- ``zero3_offload`` (optimizer and parameters on the host): ``(w + g) L`` on the GPU;
+  host per node ``(w + g + o + 2) Psi / nodes`` (DeepSpeed's ``18 Psi`` per node with
+  ``zero.Init``), times the host margin.
+
+Activations for the built-in GPT follow Korthikanti et al., 2022 ("Reducing Activation
+Recomputation in Large Transformer Models"), eq. 1: per layer ``s*b*h*(34 + 5*a*s/h)``
+bytes in half precision; with full recomputation only each layer's input (``2*s*b*h``
+bytes) is kept. fp32 doubles both. A user's model is measured instead
+(``autotune.modelinfo``): a fixed part plus a part per sample.
 """
 
 from __future__ import annotations
@@ -18,6 +34,39 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GIB = 1024**3
+
+OPTIMIZER_BYTES = {  # (mixed precision, fp32) optimizer-state bytes per parameter
+    "adamw": (12, 8),
+    "sgd_momentum": (8, 4),
+    "sgd": (4, 0),
+}
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    backend: str  # "ddp" (or "single" on one process) | "deepspeed"
+    zero_stage: int | None
+    offload_optimizer: bool = False
+    offload_param: bool = False
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.name]
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    Strategy("ddp", "ddp", None),
+    Strategy("zero0", "deepspeed", 0),
+    Strategy("zero1", "deepspeed", 1),
+    Strategy("zero2", "deepspeed", 2),
+    Strategy("zero2_offload", "deepspeed", 2, offload_optimizer=True),
+    Strategy("zero3", "deepspeed", 3),
+    Strategy("zero3_offload", "deepspeed", 3, offload_optimizer=True, offload_param=True),
+)}
+LABELS = {"ddp": "DDP", "zero0": "DeepSpeed ZeRO-0", "zero1": "ZeRO-1", "zero2": "ZeRO-2",
+          "zero2_offload": "ZeRO-2 + optimizer offload", "zero3": "ZeRO-3",
+          "zero3_offload": "ZeRO-3 + optimizer and parameter offload"}
 
 
 def gpt_num_parameters(n_layer: int, n_embd: int, vocab_size: int, block_size: int) -> int:
@@ -29,34 +78,62 @@ def gpt_num_parameters(n_layer: int, n_embd: int, vocab_size: int, block_size: i
     return n_layer * per_block + vocab_size * n_embd + block_size * n_embd + 2 * n_embd
 
 
+def gpt_largest_layer(n_embd: int, vocab_size: int, block_size: int) -> int:
+    """Parameters of the built-in GPT's largest module (own parameters only, DeepSpeed's 'layer')."""
+    return max(vocab_size * n_embd, block_size * n_embd, 4 * n_embd * n_embd + 4 * n_embd,
+               3 * n_embd * n_embd + 3 * n_embd)
+
+
 @dataclass(frozen=True)
 class ModelStates:
-    weights_bytes: float
-    gradients_bytes: float
-    optimizer_bytes: float
-
-    @property
-    def gpu_bytes(self) -> float:
-        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+    gpu_bytes: float
+    host_bytes_per_node: float  # offloaded state, before the policy's margin
 
 
-def model_state_bytes(num_params: int, world_size: int, zero_stage: int | None, offload_optimizer: bool) -> ModelStates:
-    """Per-GPU bytes of weights, gradients and optimizer state."""
+def model_state_bytes(strategy: Strategy | str, num_params: int, world_size: int, *, largest_layer: int = 0,
+                      half: bool = True, optimizer: str = "adamw", ranks_per_node: int | None = None,
+                      num_nodes: int = 1) -> ModelStates:
+    """Per-GPU bytes of weights, gradients and optimizer state under ``strategy`` (see module doc)."""
+    s = STRATEGIES[strategy] if isinstance(strategy, str) else strategy
     n = max(1, world_size)
-    p = float(num_params)
-    if zero_stage is None:  # single / DDP with AMP: fp32 weights + grads, Adam m and v
-        return ModelStates(4 * p, 4 * p, 8 * p)
-    weights = 2 * p / (n if zero_stage >= 3 else 1)
-    grads = 2 * p / (n if zero_stage >= 2 else 1)
-    optim = 12 * p / (n if zero_stage >= 1 else 1)
-    if offload_optimizer:
-        optim = 0.0
-    return ModelStates(weights, grads, optim)
+    g_node = ranks_per_node or max(1, n // max(1, num_nodes))
+    p, big = float(num_params), float(largest_layer)
+    o_half, o_full = OPTIMIZER_BYTES[optimizer]
+    if s.backend != "deepspeed":
+        return ModelStates((4 + 4 + o_full) * p, 0.0)
+    w = g = 2 if half else 4
+    o = o_half if half else o_full
+    if s.zero_stage == 0:
+        return ModelStates((w + g + o) * p, 0.0)
+    if s.zero_stage in (1, 2):
+        if s.offload_optimizer:
+            return ModelStates(w * p, p * max(4 * g_node, (o + 4) * g_node / n))
+        return ModelStates((w + g) * p + (o + 4) * p / n, 0.0)
+    per_param = w + g + o + 2
+    if s.offload_param:
+        return ModelStates((w + g) * big, per_param * p / max(1, num_nodes))
+    if s.offload_optimizer:  # optimizer only (not offered by the planner, kept for users who ask)
+        return ModelStates((w + g) * big + w * p / n, (o + 4) * p / max(1, num_nodes))
+    return ModelStates((w + g) * big + per_param * p / n, 0.0)
 
 
-def optimizer_host_bytes_per_rank(num_params: int, world_size: int) -> float:
-    """Host RAM one rank needs when ZeRO-2 offloads its optimizer partition."""
-    return 12.0 * num_params / max(1, world_size)
+_MIN_BUCKET, _MAX_BUCKET = 50_000_000, 500_000_000
+
+
+def bucket_size(gpu_memory_gib: float | None) -> int:
+    """DeepSpeed reduce/allgather bucket in elements: 5e8 (DeepSpeed's default) needs ~1 GB of
+    fp16 buffers per bucket, too much for a small GPU; scale with memory, 10M elements per
+    GiB, clamped to [5e7, 5e8]. The DeepSpeed JSON and the memory estimate both use it."""
+    if gpu_memory_gib is None:
+        return _MIN_BUCKET
+    return int(min(_MAX_BUCKET, max(_MIN_BUCKET, gpu_memory_gib * 10_000_000)))
+
+
+def bucket_bytes(strategy: Strategy, bucket_elements: int, half: bool) -> float:
+    """DeepSpeed's communication buckets actually configured (reduce + allgather or prefetch)."""
+    if strategy.backend != "deepspeed" or strategy.zero_stage == 0:
+        return 0.0
+    return 2.0 * bucket_elements * (2 if half else 4)
 
 
 def activation_bytes(micro_batch: int, seq_len: int, n_embd: int, n_head: int, n_layer: int,

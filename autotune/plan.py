@@ -9,14 +9,15 @@ Sections (read as ``plan.<section>.<field>``):
 
 - ``engine``    backend (single | ddp | deepspeed), zero_stage, device (cuda | cpu),
                 num_nodes, node_rank, master_addr, master_port, nproc_per_node,
-                world_size, num_gpus (per node, 0 on CPU), offload_optimizer, timeout_s
-                (process-group timeout).
+                world_size, num_gpus (per node, 0 on CPU), offload_optimizer, offload_param
+                (ZeRO-3), timeout_s (process-group timeout).
 - ``batch``     micro_batch_size (per process), gradient_accumulation_steps,
                 global_batch_size (= micro x accumulation x world_size, what really runs),
                 target_global_batch_size (what the config asked for), global_batch_deviation.
 - ``numerics``  precision (bf16 | fp16 | fp32), tf32.
 - ``memory``    gradient_checkpointing, gpu_memory_gib (per-GPU memory planned for),
-                estimate (parameters, model states, activations, total, budget; GiB).
+                estimate (strategy, parameters, model states, activations, overhead, total,
+                budget, host RAM of offloaded state; GiB; what is unknown and why).
 - ``loader``    num_workers, pin_memory, prefetch_factor (DataLoader, per process),
                 omp_num_threads.
 - ``schedule``  learning_rate (peak), warmup_steps, min_lr_ratio, epochs, max_steps,
@@ -27,7 +28,7 @@ Sections (read as ``plan.<section>.<field>``):
                 entrypoint, resume_from (a concrete checkpoint path or None),
                 auto_optimize, debug.
 - ``workload``  the built-in model and data (ignored by users' own scripts except
-                ``model.num_parameters`` and ``data.num_samples``).
+                ``data.num_samples``).
 - ``reasons``   knob -> one sentence; ``overrides`` knob -> {auto, chosen} for every value
                 the user set; ``warnings``; ``hardware`` (a one-line summary).
 
@@ -54,7 +55,7 @@ Device = Literal["cuda", "cpu"]
 Knob = Literal[
     "backend", "zero_stage", "num_nodes", "num_gpus", "nproc_per_node", "world_size",
     "micro_batch_size", "gradient_accumulation_steps", "global_batch_size",
-    "precision", "tf32", "gradient_checkpointing", "offload_optimizer",
+    "precision", "tf32", "gradient_checkpointing", "offload_optimizer", "offload_param", "strategy",
     "num_workers", "pin_memory", "prefetch_factor", "omp_num_threads",
     "learning_rate", "warmup_steps", "steps_per_epoch", "total_steps",
 ]
@@ -76,6 +77,7 @@ class EngineSection(_Section):
     world_size: int = Field(ge=1)
     num_gpus: int = Field(0, ge=0)
     offload_optimizer: bool = False
+    offload_param: bool = False  # ZeRO-3 parameter offload to host RAM
     timeout_s: int = Field(1800, ge=1)
 
 
@@ -93,11 +95,18 @@ class NumericsSection(_Section):
 
 
 class MemoryEstimate(_Section):
-    num_parameters: int
-    model_states_gib: float
+    """Per GPU (per process on CPU): model states + activations + overhead against the budget."""
+
+    strategy: str = ""  # e.g. "ZeRO-2", "DDP"
+    model_source: str = ""  # where the model facts come from
+    num_parameters: int | None
+    model_states_gib: float | None
     activations_gib: float | None
-    total_gib: float
+    overhead_gib: float = 0.0
+    total_gib: float | None
     budget_gib: float | None
+    host_gib_per_node: float | None = None  # offloaded state in host RAM, with the policy's margin
+    unknown: str | None = None  # what the estimate cannot know, and why
 
 
 class MemorySection(_Section):
@@ -155,7 +164,6 @@ class BuiltinModel(_Section):
     n_head: int = 4
     n_embd: int = 64
     dropout: float = 0.0
-    num_parameters: int | None = None  # a user model's size, when given
 
 
 class BuiltinData(_Section):
@@ -211,7 +219,7 @@ PUBLIC_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("global_batch_deviation", "batch", "global_batch_deviation"),
     ("precision", "numerics", "precision"), ("tf32", "numerics", "tf32"),
     ("gradient_checkpointing", "memory", "gradient_checkpointing"),
-    ("offload_optimizer", "engine", "offload_optimizer"),
+    ("offload_optimizer", "engine", "offload_optimizer"), ("offload_param", "engine", "offload_param"),
     ("num_workers", "loader", "num_workers"), ("pin_memory", "loader", "pin_memory"),
     ("prefetch_factor", "loader", "prefetch_factor"), ("omp_num_threads", "loader", "omp_num_threads"),
     ("learning_rate", "schedule", "learning_rate"), ("warmup_steps", "schedule", "warmup_steps"),

@@ -35,6 +35,18 @@ class PrecisionRule(_Strict):
     tf32: bool
 
 
+STRATEGY_NAMES = ("ddp", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
+
+
+class StrategyOption(_Strict):
+    strategy: str
+    checkpointing: bool
+
+    def model_post_init(self, _ctx) -> None:
+        if self.strategy not in STRATEGY_NAMES:
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGY_NAMES)}, got {self.strategy!r}")
+
+
 class Policy(_Strict):
     micro_batch_bands: tuple[Band, ...] = Field(min_length=1)
     cpu_micro_batch_size: int = Field(ge=1)
@@ -42,6 +54,12 @@ class Policy(_Strict):
     memory_headroom_fraction: float = Field(gt=0, le=1)
     offload_host_ram_margin: float = Field(ge=1)
     prefetch_ram_per_worker_gib: float = Field(gt=0)
+    strategy_preference: tuple[StrategyOption, ...] = Field(min_length=1)
+    cuda_context_mib: float = Field(ge=0)
+    nccl_buffers_mib: float = Field(ge=0)
+    traced_activation_margin: float = Field(ge=1)
+    host_ram_headroom_fraction: float = Field(gt=0, le=1)
+    mig_multi_process: bool = False
 
     def band_for(self, memory_gb: float) -> Band:
         for band in sorted(self.micro_batch_bands, key=lambda b: -b.min_memory_gb):

@@ -39,6 +39,10 @@ class GPUInfo(_Frozen):
     compute_capability: str | None = None  # "8.9"
     pci_bus_id: str | None = None
     mig_mode: bool | None = None
+    # This entry is a MIG instance (CUDA_VISIBLE_DEVICES=MIG-...): its memory is the slice's.
+    mig_instance: bool = False
+    # A whole GPU in MIG mode: the memory of each of its MIG instances (a process gets one).
+    mig_slices_mib: tuple[int, ...] = ()
     error: str | None = None  # set when the device failed to answer at all
 
     def compute_capability_tuple(self) -> tuple[int, int] | None:

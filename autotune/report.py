@@ -106,6 +106,7 @@ _PLAN_ROWS = (
     ("Distributed engine", "backend"),
     ("ZeRO stage", "zero_stage"),
     ("Optimizer offload", "offload_optimizer"),
+    ("Parameter offload", "offload_param"),
     ("Processes per node", "nproc_per_node"),
     ("World size", "world_size"),
     ("Threads per process", "omp_num_threads"),
@@ -135,11 +136,22 @@ def render_plan(plan, out: TextIO) -> None:
         w(f"{label + ':':<26}{str(value):<10} {reason}\n")
     e = plan.memory.estimate
     if e:
-        acts = "n/a" if e.activations_gib is None else _size(e.activations_gib)
-        budget = f" of a {e.budget_gib:.1f} GiB budget" if e.budget_gib else ""
         unit = "GPU" if plan.engine.device == "cuda" else "process"
-        w(f"{'Memory estimate:':<26}{_size(e.total_gib)} per {unit}{budget} "
-          f"(model states {_size(e.model_states_gib)} + activations {acts}; {e.num_parameters:,} parameters)\n")
+        if e.total_gib is None:
+            w(f"{'Memory estimate:':<26}unknown: {e.unknown}\n")
+        else:
+            acts = "unknown" if e.activations_gib is None else _size(e.activations_gib)
+            budget = f" of {e.budget_gib:.1f} GiB usable" if e.budget_gib else " (budget unknown)"
+            params = f"{e.num_parameters:,} parameters" if e.num_parameters else "parameters unknown"
+            w(f"{'Memory estimate:':<26}{_size(e.total_gib)} per {unit}{budget} with {e.strategy}: model states "
+              f"{_size(e.model_states_gib)} + activations {acts} + overhead {_size(e.overhead_gib)} ({params})\n")
+            if e.host_gib_per_node:
+                w(f"{'':<26}host RAM for offloaded state: {_size(e.host_gib_per_node)} per node\n")
+            w(f"{'':<26}model: {e.model_source}\n")
+            if e.unknown:
+                w(f"{'':<26}not known: {e.unknown}\n")
+        if "strategy" in plan.reasons:
+            w(f"{'Memory strategy:':<26}{plan.reasons['strategy']}\n")
     if plan.overrides:
         w("\nYour settings (beat auto):\n")
         for k, o in plan.overrides.items():

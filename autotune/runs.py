@@ -61,21 +61,61 @@ def resolve_hardware(spec: str | HardwareProfile | None) -> HardwareProfile:
     return detect()
 
 
+def model_facts(cfg: TrainConfig, policy=None, *, quiet: bool = False):
+    """The planner's model facts: the built-in GPT, a user's model traced under fake tensors
+    (``training.model``; imports torch, a few seconds), or what the config declares."""
+    from autotune.modelinfo import facts_for
+
+    t = cfg.training
+    if t.entrypoint is None or t.model is None:
+        return facts_for(cfg)
+    from autotune.policy import load_policy
+
+    margin = (policy or load_policy()).traced_activation_margin
+    return _traced(t.model, t.sample_input, margin, str(Path.cwd()), quiet)
+
+
+_TRACE_CACHE: dict = {}
+
+
+def _traced(model: str, sample: str | None, margin: float, cwd: str, quiet: bool):
+    import sys
+
+    key = (model, sample, margin, cwd)
+    if key not in _TRACE_CACHE:
+        from autotune.model_trace import trace
+
+        start = time.monotonic()
+
+        def progress(msg: str) -> None:
+            if not quiet and time.monotonic() - start > 1.0:
+                print(f"autotune: {msg}", file=sys.stderr, flush=True)
+
+        if not quiet:
+            print(f"autotune: measuring {model} under fake tensors (no memory spent) ...", file=sys.stderr, flush=True)
+        _TRACE_CACHE[key] = trace(model, sample, margin=margin, progress=progress)
+    return _TRACE_CACHE[key]
+
+
 def plan_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
              hardware: str | HardwareProfile | None = None, *, auto_optimize: bool = True, debug: bool = False,
-             policy: str | None = None, with_deepspeed: bool = True,
-             ) -> tuple[TrainingPlan, HardwareProfile, dict | None]:
-    """config + flags + hardware -> (plan, profile, DeepSpeed dict or None; None too without with_deepspeed)."""
+             policy: str | None = None, with_deepspeed: bool = True, force: bool = False, facts=None,
+             record: list | None = None) -> tuple[TrainingPlan, HardwareProfile, dict | None]:
+    """config + flags + hardware -> (plan, profile, DeepSpeed dict or None; None too without with_deepspeed).
+
+    Raises PlanRefused (exit 3) when nothing fits by the estimate, unless ``force``.
+    """
     from autotune.planner import plan
     from autotune.policy import load_policy
 
     if overrides:
         cfg = apply_overrides(cfg, dict(overrides))
     hw = resolve_hardware(hardware)
+    pol = load_policy(policy)
     # A preset says nothing about installed software: the plan will run with what is installed here.
     ds_installed = bool(hw.software["deepspeed"]) if "deepspeed" in hw.software else deepspeed_installed_locally()
-    p = plan(hw, cfg, auto_optimize=auto_optimize, debug=debug, policy=load_policy(policy),
-             deepspeed_installed=ds_installed)
+    p = plan(hw, cfg, auto_optimize=auto_optimize, debug=debug, policy=pol, deepspeed_installed=ds_installed,
+             facts=facts or model_facts(cfg, pol), force=force, record=record)
     if not (with_deepspeed and p.is_deepspeed):
         return p, hw, None
     from autotune.deepspeed_config import deepspeed_config
@@ -120,12 +160,13 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
             hardware: str | HardwareProfile | None = None, *, auto_optimize: bool = True, debug: bool = False,
             policy: str | None = None, run_dir: str | Path | None = None, resume_from: str | None = None,
             script_args: list[str] | tuple[str, ...] = (), environ: Mapping[str, str] | None = None,
-            python: str | None = None, runs_root: str | Path = "runs") -> RunSetup:
+            python: str | None = None, runs_root: str | Path = "runs", force: bool = False) -> RunSetup:
     """Plan, pick the run dir, resolve the resume point once, build the launch spec. Writes nothing."""
     from autotune.launch import launch_spec
     from autotune.runtime_paths import check_compatible, read_meta
 
-    plan, hw, ds = plan_for(cfg, overrides, hardware, auto_optimize=auto_optimize, debug=debug, policy=policy)
+    plan, hw, ds = plan_for(cfg, overrides, hardware, auto_optimize=auto_optimize, debug=debug, policy=policy,
+                            force=force)
     entry = plan.run.entrypoint
     if entry and entry.endswith(".py") and not Path(entry).is_file():
         raise UserError(f"training.entrypoint: no such script {entry!r} (paths are relative to {Path.cwd()})")

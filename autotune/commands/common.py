@@ -64,6 +64,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--debug", action="store_true", help="plan a tiny, fast run (small batch, 20 steps)")
     g.add_argument("--no_auto_optimize", action="store_true",
                    help="use the config verbatim: no policy table, no derived values")
+    g.add_argument("--force", action="store_true",
+                   help="plan even when the memory estimate says nothing fits (otherwise: exit 3 saying what would fit)")
 
 
 _FLAG_TO_FIELD = {
@@ -97,4 +99,4 @@ def plan_from_args(args: argparse.Namespace):
 
     cfg = load_config(args.config)
     return plan_for(cfg, overrides_from_args(args), args.hardware, auto_optimize=not args.no_auto_optimize,
-                    debug=args.debug, policy=args.policy)
+                    debug=args.debug, policy=args.policy, force=args.force)

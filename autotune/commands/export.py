@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("export", help=HELP, description=HELP)
     p.add_argument("--format", required=True, choices=["deepspeed", "accelerate", "torchrun"])
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (refuses to overwrite)")
-    p.add_argument("--force", action="store_true", help="allow --output to overwrite an existing file")
+    p.add_argument("--overwrite", action="store_true", help="allow --output to overwrite an existing file")
     p.add_argument("--script", default="train.py", help="training script for the torchrun line (default: train.py)")
     add_plan_args(p)
     p.set_defaults(func=run)
@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
         text = shlex.join(torchrun_command(plan, args.script)) + "\n"
     if args.output:
         out = Path(args.output)
-        if out.exists() and not args.force:
-            raise UserError(f"--output: {out} exists; add --force to overwrite it")
+        if out.exists() and not args.overwrite:
+            raise UserError(f"--output: {out} exists; add --overwrite to replace it")
         out.write_text(text)
         print(f"wrote {out}", file=sys.stderr)
     else:

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         overrides["logging.wandb"] = True
     setup = prepare(load_config(args.config), overrides, args.hardware, auto_optimize=not args.no_auto_optimize,
                     debug=args.debug, policy=args.policy, run_dir=args.run_dir, resume_from=args.resume_from,
-                    script_args=script_args, environ=os.environ, python=sys.executable)
+                    script_args=script_args, environ=os.environ, python=sys.executable, force=args.force)
     if args.dry_run:
         _print_dry_run(setup, args.json)
         return 0

@@ -17,7 +17,8 @@ from autotune.plan import (BatchSection, BuiltinData, BuiltinModel, EngineSectio
                            NumericsSection, OptimizerSection, RunSection, ScheduleSection, TrainingPlan,
                            WorkloadSection)
 from autotune.planner import deciders as dec
-from autotune.planner.memory_fit import estimate, fit
+from autotune.modelinfo import ModelFacts, facts_for
+from autotune.planner.memory_fit import Budget, fit
 from autotune.planner.resolve import Decision, Resolver, is_set
 from autotune.policy import Policy, load_policy
 from autotune.errors import UserError
@@ -29,14 +30,22 @@ DEBUG_MAX_STEPS = 20
 
 
 def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, debug: bool = False,
-         policy: Policy | None = None, deepspeed_installed: bool | None = None) -> TrainingPlan:
-    """Decide every training knob for ``cfg`` on ``hw``; raises UserError for impossible requests."""
+         policy: Policy | None = None, deepspeed_installed: bool | None = None, facts: ModelFacts | None = None,
+         force: bool = False, record: list | None = None) -> TrainingPlan:
+    """Decide every training knob for ``cfg`` on ``hw``.
+
+    Raises UserError for impossible requests and PlanRefused when nothing fits by the
+    memory estimate (unless ``force``). ``facts`` describes the model (default: the
+    built-in GPT, or what the config declares about a user's model).
+    """
     policy = policy or load_policy()
+    facts = facts or facts_for(cfg)  # (``record``, when given, receives the memory options weighed)
     if deepspeed_installed is None:
         deepspeed_installed = bool(hw.software.get("deepspeed"))
     debug = debug and auto_optimize
-    x = dec.Inputs(hw, cfg, policy, deepspeed_installed, debug)
     r = Resolver(auto_optimize=auto_optimize)
+    hw = dec.mig_view(hw, policy, r)
+    x = dec.Inputs(hw, cfg, policy, deepspeed_installed, debug)
     t, d = cfg.training, cfg.distributed
 
     # -- where it runs -----------------------------------------------------------
@@ -65,9 +74,15 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     if auto_optimize:
         band = dec.fit_to_target(r, band, target, world, debug)
     half = precision in ("bf16", "fp16")
-    budget_gib = mem_mib * dec.MIB / memory.GIB * policy.memory_headroom_fraction if mem_mib else None
-    mf = fit(x, r, band, backend=backend, world=world, nproc=nproc, zero=zero, half=half, budget_gib=budget_gib)
+    mf = fit(x, r, band, facts, default_backend=backend, default_zero=zero, world=world, nproc=nproc,
+             num_nodes=num_nodes, half=half, budget=_budget(x, mem_mib, nproc, bool(devs)),
+             bucket_elements=memory.bucket_size(None if mem_mib is None else round(mem_mib / 1024, 2)), force=force,
+             record=record)
     micro = mf.micro_batch_size
+    if mf.strategy.backend == "deepspeed":
+        backend, zero = "deepspeed", mf.strategy.zero_stage
+    elif backend == "deepspeed":
+        backend, zero = ("single" if world == 1 else "ddp"), None
 
     # -- accumulation and the global batch ---------------------------------------------
     acc = r.resolve("gradient_accumulation_steps", t.gradient_accumulation_steps,
@@ -96,7 +111,8 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
         engine=EngineSection(backend=backend, zero_stage=zero, device="cuda" if devs else "cpu",
                              num_nodes=num_nodes, node_rank=d.node_rank, master_addr=d.master_addr,
                              master_port=d.master_port, nproc_per_node=nproc, world_size=world,
-                             num_gpus=len(devs), offload_optimizer=mf.offload_optimizer, timeout_s=d.timeout_s),
+                             num_gpus=len(devs), offload_optimizer=mf.strategy.offload_optimizer,
+                             offload_param=mf.strategy.offload_param, timeout_s=d.timeout_s),
         batch=BatchSection(micro_batch_size=micro, gradient_accumulation_steps=acc, global_batch_size=global_batch,
                            target_global_batch_size=target if auto_optimize else t.global_batch_size,
                            global_batch_deviation=deviation),
@@ -104,21 +120,33 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
         memory=MemorySection(
             gradient_checkpointing=mf.gradient_checkpointing,
             gpu_memory_gib=None if mem_mib is None else round(mem_mib / 1024, 2),
-            estimate=estimate(cfg, micro, world, zero, mf.offload_optimizer, mf.gradient_checkpointing, half,
-                              budget_gib if auto_optimize else None)),
+            estimate=mf.estimate),
         loader=loader,
         schedule=ScheduleSection(learning_rate=lr, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
                                  epochs=t.epochs, max_steps=max_steps, steps_per_epoch=spe, total_steps=total),
         optimizer=OptimizerSection(weight_decay=t.weight_decay, gradient_clipping=t.gradient_clipping),
         run=run,
         workload=WorkloadSection(
-            model=BuiltinModel(n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
-                               num_parameters=m.num_parameters),
+            model=BuiltinModel(n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout),
             data=BuiltinData(seq_len=cfg.data.seq_len, vocab_size=cfg.data.vocab_size, num_samples=num_samples,
                              num_val_samples=min(cfg.data.num_val_samples, 256) if debug else cfg.data.num_val_samples,
                              seed=cfg.data.seed)),
         reasons=r.reasons, overrides=r.overrides, warnings=tuple(r.warnings), hardware=dec.summary(hw),
     )
+
+
+def _budget(x: dec.Inputs, mem_mib: float | None, nproc: int, on_gpu: bool) -> Budget:
+    """Usable memory per GPU (per process on CPU) and host RAM per node, from the policy's fractions."""
+    policy, ram = x.policy, x.hw.memory.effective_mib
+    host = None if ram is None else ram / 1024 * policy.host_ram_headroom_fraction
+    if on_gpu:
+        dev = None if mem_mib is None else mem_mib / 1024 * policy.memory_headroom_fraction
+        return Budget(dev, host, True, "per GPU: free memory x memory_headroom_fraction "
+                      f"{policy.memory_headroom_fraction}" if dev is not None else "GPU memory unknown")
+    dev = None if host is None else host / nproc
+    basis = (f"no GPU: {ram / 1024:.1f} GiB effective RAM x host_ram_headroom_fraction "
+             f"{policy.host_ram_headroom_fraction} / {nproc} process(es)" if ram is not None else "RAM unknown")
+    return Budget(dev, host, False, basis)
 
 
 def _accumulation_decision(target: int, micro: int, world: int, debug: bool) -> Decision:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from autotune.config import AUTO, TrainConfig
 from autotune.errors import UserError
+from autotune.plan import Override
 from autotune.planner.resolve import Decision, Resolver, is_set
 from autotune.policy import Policy
 from autotune.profiles import GPUInfo, HardwareProfile
@@ -45,6 +46,37 @@ def summary(hw: HardwareProfile) -> str:
 
 # -- GPUs and engine ----------------------------------------------------------------
 
+def mig_view(hw: HardwareProfile, policy: Policy, r: Resolver) -> HardwareProfile:
+    """The GPUs as a process will see them: a GPU in MIG mode is one of its slices.
+
+    CUDA gives a process one MIG instance, and instances have no peer-to-peer path; unless
+    the policy allows one process per instance, the plan uses one slice (the smallest).
+    """
+    devs = hw.gpus.devices
+    if not any(d.mig_mode or d.mig_instance for d in devs):
+        return hw
+    out, notes = [], []
+    for d in devs:
+        if d.mig_mode and not d.mig_instance:
+            if d.mig_slices_mib:
+                mib = min(d.mig_slices_mib)
+                notes.append(f"GPU {d.index} ({d.name or 'unknown'}) is in MIG mode with {len(d.mig_slices_mib)} "
+                             f"instance(s): planning for one slice of {fmt_gb(mib)}, not the whole GPU")
+                d = d.model_copy(update={"memory_total_mib": mib, "memory_free_mib": mib, "mig_instance": True,
+                                         "name": f"{d.name or 'GPU'} MIG slice"})
+            else:
+                notes.append(f"GPU {d.index} is in MIG mode but its instances are unknown: its memory is unknown")
+                d = d.model_copy(update={"memory_total_mib": None, "memory_free_mib": None, "mig_instance": True})
+        out.append(d)
+    if len(out) > 1 and not policy.mig_multi_process:
+        notes.append(f"{len(out)} MIG devices visible, but MIG instances have no peer-to-peer path and the policy "
+                     "does not plan NCCL across them (mig_multi_process: false): one process on one slice")
+        out = out[:1]
+    r.warnings.extend(notes)
+    r.explain("num_gpus", "; ".join(notes))
+    return hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"devices": tuple(out)})})
+
+
 def decide_num_gpus(x: Inputs, r: Resolver) -> int:
     """GPUs used on each node: all visible unless the user narrows it."""
     hw, d = x.hw, x.cfg.distributed
@@ -67,24 +99,24 @@ def decide_num_gpus(x: Inputs, r: Resolver) -> int:
                 f"distributed.nproc_per_node: {d.nproc_per_node} processes for {n} GPUs; on GPUs autotune "
                 "runs one process per GPU, so set only one of --num_gpus / --nproc_per_node"
             )
-        r.explain("num_gpus", f"you set num_gpus={n} of {visible} visible")
+        if r.auto_optimize:
+            r.overrides["num_gpus"] = Override(auto=visible, chosen=n)
+        r.explain("num_gpus", f"you set num_gpus={n} (auto would use all {visible} visible)")
         return n
     if is_set(d.nproc_per_node) and visible:
         r.explain("num_gpus", f"nproc_per_node={d.nproc_per_node}: one process per GPU, {visible} visible")
         return d.nproc_per_node
-    r.explain("num_gpus", f"all {visible} visible GPU(s)" if visible else (hw.gpus.reason or "no GPU detected"))
+    if "num_gpus" not in r.reasons:  # (a MIG note is already there)
+        r.explain("num_gpus", f"all {visible} visible GPU(s)" if visible else (hw.gpus.reason or "no GPU detected"))
     return visible
 
 
 def decide_num_nodes(x: Inputs, r: Resolver) -> int:
+    """Nodes in the job: the user's value wins (listed as an override), else the profile's."""
     hw, d = x.hw, x.cfg.distributed
-    if not r.auto_optimize:
-        r.explain("num_nodes", "--no_auto_optimize: taken from the config verbatim")
-        return d.num_nodes
-    num_nodes = max(d.num_nodes, hw.num_nodes)
-    r.explain("num_nodes", f"the hardware profile describes {hw.num_nodes} node(s)"
-              if num_nodes == hw.num_nodes and d.num_nodes == 1 else f"distributed.num_nodes={d.num_nodes}")
-    return num_nodes
+    return r.resolve("num_nodes", d.num_nodes, lambda: Decision(
+        hw.num_nodes, f"the hardware profile describes {hw.num_nodes} node(s)"), path="distributed.num_nodes",
+        verbatim=1, verbatim_reason="--no_auto_optimize: 'auto' means 1 node here")
 
 
 def _auto_backend(x: Inputs, n_gpus: int, nproc: int, num_nodes: int) -> Decision:

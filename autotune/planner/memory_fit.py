@@ -1,121 +1,371 @@
-"""The memory decider: fit the plan into the per-GPU budget along an explicit ladder.
+"""The memory decider: pick the best strategy that fits, or refuse.
 
-The ladder is walked in order of cost, each rung taken only when the memory estimate
-still exceeds the budget and only for values the user left ``auto``:
-
-1. ``checkpointing``: recompute activations (costs ~1/3 more compute);
-2. ``offload``: DeepSpeed ZeRO optimizer state to host RAM (needs host RAM with margin);
-3. ``halve``: halve the micro-batch until it fits or reaches 1 (accumulation makes up
-   the global batch afterwards).
-
-``LADDER`` names the rungs; the model-aware planner extends it.
+Options are (strategy, gradient checkpointing) pairs from the policy's
+``strategy_preference``, filtered by what the user fixed (backend, ZeRO stage, offload,
+checkpointing) and what the machine can run (DeepSpeed installed; on one process plain
+ZeRO saves nothing). For each option the largest micro-batch up to the band's that fits
+the budget is computed: per GPU ``model states + activations + overhead <= usable
+memory`` (on CPU: per process, against the effective RAM), and the host side of every
+offload against the host RAM. The first option reaching the band's micro-batch wins;
+otherwise the one with the largest micro-batch (ties: preference order). Every
+rejected option is in the reasons with its numbers. When nothing fits even at
+micro-batch 1 the planner raises ``PlanRefused`` (exit 3) saying what would fit, unless
+``force``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from autotune import memory
-from autotune.config import TrainConfig
-from autotune.errors import UserError
+from autotune.errors import PlanRefused, UserError
+from autotune.memory import STRATEGIES, Strategy
+from autotune.modelinfo import ModelFacts
 from autotune.plan import MemoryEstimate
 from autotune.planner.deciders import BandChoice, Inputs
 from autotune.planner.resolve import Decision, Resolver, is_set
 
-LADDER = ("checkpointing", "offload", "halve")
+GIB = memory.GIB
 
 
-def model_size(cfg: TrainConfig) -> tuple[int, bool]:
-    """(parameter count, whether the built-in activation model applies)."""
-    m, d = cfg.model, cfg.data
-    if m.num_parameters:
-        return m.num_parameters, cfg.training.entrypoint is None
-    return memory.gpt_num_parameters(m.n_layer, m.n_embd, d.vocab_size, 2 * d.seq_len - 1), True
+@dataclass(frozen=True)
+class Budget:
+    device_gib: float | None  # usable per GPU (per process on CPU); None = unknown
+    host_gib: float | None  # usable host RAM per node for offloaded state; None = unknown
+    on_gpu: bool
+    basis: str  # one phrase: what the budget is
 
 
-def estimate(cfg: TrainConfig, micro: int, world: int, zero: int | None, offload: bool, ckpt: bool,
-             half: bool, budget_gib: float | None) -> MemoryEstimate:
-    n_params, with_acts = model_size(cfg)
-    states = memory.model_state_bytes(n_params, world, zero, offload).gpu_bytes
-    acts = None
-    if with_acts:
-        acts = memory.activation_bytes(micro, 2 * cfg.data.seq_len - 1, cfg.model.n_embd, cfg.model.n_head,
-                                       cfg.model.n_layer, cfg.data.vocab_size, ckpt, half) / memory.GIB
-    total = states / memory.GIB + (acts or 0.0)
-    return MemoryEstimate(num_parameters=n_params, model_states_gib=round(states / memory.GIB, 4),
-                          activations_gib=None if acts is None else round(acts, 4),
-                          total_gib=round(total, 4), budget_gib=None if budget_gib is None else round(budget_gib, 2))
+@dataclass(frozen=True)
+class Need:
+    states_gib: float | None
+    activations_gib: float | None
+    overhead_gib: float
+    host_gib: float  # per node, with margin
+
+    @property
+    def total_gib(self) -> float | None:
+        if self.states_gib is None:
+            return None
+        return self.states_gib + (self.activations_gib or 0.0) + self.overhead_gib
+
+
+@dataclass(frozen=True)
+class Row:
+    """One option as weighed: the estimate table's line."""
+
+    strategy: Strategy
+    checkpointing: bool
+    micro: int  # largest micro-batch that fits (0: none)
+    need: Need  # at ``micro`` (or at 1 when nothing fits)
+    why_not: str | None  # None when it fits
+
+    @property
+    def label(self) -> str:
+        return self.strategy.label + (" + checkpointing" if self.checkpointing else "")
 
 
 @dataclass(frozen=True)
 class MemoryFit:
+    strategy: Strategy
     micro_batch_size: int
     gradient_checkpointing: bool
-    offload_optimizer: bool
+    estimate: MemoryEstimate | None
+    rows: tuple[Row, ...]
 
 
-def fit(x: Inputs, r: Resolver, band: BandChoice, *, backend: str, world: int, nproc: int, zero: int | None,
-        half: bool, budget_gib: float | None) -> MemoryFit:
-    """Resolve micro-batch, checkpointing and offload, walking the ladder when the estimate needs it."""
-    cfg, policy, hw = x.cfg, x.policy, x.hw
-    ckpt_user, micro_user = cfg.training.gradient_checkpointing, cfg.training.batch_size_per_gpu
-    off_user = cfg.distributed.offload_optimizer
-    micro, micro_why = band.micro_batch_size, band.micro_reason
-    ckpt, ckpt_why = band.gradient_checkpointing, band.checkpointing_reason
-    offload = False
-    off_why = ("not a DeepSpeed run: optimizer offload is a ZeRO feature" if backend != "deepspeed" else
-               "the model states fit in GPU memory without it (offload costs throughput)")
+class Sizer:
+    """Needs of one option at one micro-batch, from the model facts and the plan so far."""
 
-    if budget_gib is not None and r.auto_optimize:
-        def est(m: int, c: bool, o: bool) -> float:
-            return estimate(cfg, m, world, zero, o, c, half, budget_gib).total_gib
+    def __init__(self, x: Inputs, facts: ModelFacts, *, world: int, nproc: int, num_nodes: int, half: bool,
+                 bucket_elements: int, on_gpu: bool):
+        self.x, self.facts, self.world, self.nproc, self.num_nodes = x, facts, world, nproc, num_nodes
+        self.half, self.bucket_elements, self.on_gpu = half, bucket_elements, on_gpu
 
-        ckpt_eff = ckpt_user if is_set(ckpt_user) else ckpt
-        micro_eff = micro_user if is_set(micro_user) else micro
-        # rung 1: checkpointing
-        if not is_set(ckpt_user) and not ckpt_eff and est(micro_eff, ckpt_eff, False) > budget_gib:
-            ckpt, ckpt_eff = True, True
-            ckpt_why = f"the memory estimate exceeds {budget_gib:.1f} GiB without it"
-        # rung 2: offload the optimizer state to host RAM
-        if backend == "deepspeed" and est(micro_eff, ckpt_eff, False) > budget_gib \
-                and est(micro_eff, ckpt_eff, True) <= budget_gib:
-            n_params, _ = model_size(cfg)
-            need = memory.optimizer_host_bytes_per_rank(n_params, world) * nproc * policy.offload_host_ram_margin / memory.GIB
-            ram = (hw.memory.effective_mib or 0) / 1024
-            if hw.memory.effective_mib is not None and need <= ram:
-                offload = True
-                off_why = (f"model states exceed {budget_gib:.1f} GiB per GPU; offloading the optimizer state needs "
-                           f"{need:.1f} GiB host RAM (with {policy.offload_host_ram_margin}x margin) of {ram:.1f} GiB")
-            else:
-                off_why = (f"the model states do not fit, but host RAM ({ram:.1f} GiB effective) cannot hold the "
-                           f"optimizer state with a {policy.offload_host_ram_margin}x margin ({need:.1f} GiB)")
-                r.warnings.append(off_why)
-        off_eff = off_user if is_set(off_user) else offload
-        # rung 3: halve the micro-batch
-        if not is_set(micro_user):
-            start = micro
-            while micro > 1 and est(micro, ckpt_eff, off_eff) > budget_gib:
-                micro //= 2
-            if micro != start:
-                micro_why += f"; halved to {micro} so the memory estimate fits {budget_gib:.1f} GiB"
-        final_gib = est(micro_user if is_set(micro_user) else micro, ckpt_eff, off_eff)
-        if final_gib > budget_gib:
-            r.warnings.append(f"estimated {final_gib:.1f} GiB per GPU exceeds the {budget_gib:.1f} GiB budget: "
-                              "expect out-of-memory errors")
+    def need(self, s: Strategy, micro: int, ckpt: bool) -> Need:
+        f, policy = self.facts, self.x.policy
+        if f.num_parameters is None:
+            return Need(None, None, 0.0, 0.0)
+        st = memory.model_state_bytes(s, f.num_parameters, self.world, largest_layer=f.largest_layer_parameters,
+                                      half=self.half, optimizer=self.x.cfg.training.optimizer,
+                                      ranks_per_node=self.nproc, num_nodes=self.num_nodes)
+        acts = f.activations.bytes(micro, self.half, ckpt) if f.activations else None
+        overhead = 0.0
+        if self.on_gpu:
+            overhead = policy.cuda_context_mib * 2**20 + memory.bucket_bytes(s, self.bucket_elements, self.half)
+            if self.world > 1:
+                overhead += policy.nccl_buffers_mib * 2**20
+        host = st.host_bytes_per_node * policy.offload_host_ram_margin
+        return Need(st.gpu_bytes / GIB, None if acts is None else acts / GIB, overhead / GIB, host / GIB)
 
-    micro = r.resolve("micro_batch_size", micro_user, lambda: Decision(micro, micro_why),
-                      path="training.batch_size_per_gpu")
-    ckpt = r.resolve("gradient_checkpointing", ckpt_user, lambda: Decision(ckpt, ckpt_why),
-                     path="training.gradient_checkpointing", verbatim=False)
-    if backend == "deepspeed":
-        offload = r.resolve("offload_optimizer", off_user, lambda: Decision(offload, off_why),
-                            path="distributed.offload_optimizer", verbatim=False)
+
+def _fits(need: Need, b: Budget) -> str | None:
+    """None if it fits, else why not (with the numbers)."""
+    total = need.total_gib
+    if b.device_gib is not None and total is not None and total > b.device_gib:
+        return f"{total:.1f} GiB needed > {b.device_gib:.1f} GiB usable"
+    if need.host_gib > 0 and b.host_gib is not None and need.host_gib > b.host_gib:
+        return f"host RAM {need.host_gib:.1f} GiB needed per node > {b.host_gib:.1f} GiB usable"
+    if need.host_gib > 0 and b.host_gib is None:
+        return "host RAM unknown: offload cannot be checked"
+    return None
+
+
+def _row(sz: Sizer, b: Budget, s: Strategy, ckpt: bool, top: int, fixed_micro: bool) -> Row:
+    micros = [top] if fixed_micro else _halvings(top)
+    for m in micros:
+        need = sz.need(s, m, ckpt)
+        why = _fits(need, b)
+        if why is None:
+            return Row(s, ckpt, m, need, None)
+    return Row(s, ckpt, 0, sz.need(s, micros[-1], ckpt), why)
+
+
+def _halvings(top: int) -> list[int]:
+    out = [top]
+    while out[-1] > 1:
+        out.append(out[-1] // 2)
+    return out
+
+
+def candidates(x: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckpt_choices: tuple[bool, ...]
+               ) -> list[tuple[Strategy, bool]]:
+    """The policy's options that the user's settings and the machine allow, in preference order."""
+    d = x.cfg.distributed
+    user_backend = d.backend if is_set(d.backend) else None
+    stage = d.zero_stage if is_set(d.zero_stage) else None
+    off = d.offload_optimizer if is_set(d.offload_optimizer) else None
+    ds_ok = x.deepspeed_installed and (on_gpu or user_backend == "deepspeed")
+    if default_backend == "deepspeed" and not is_set(d.backend):
+        ds_ok = True
+    out = []
+    options = [(STRATEGIES[o.strategy], o.checkpointing) for o in x.policy.strategy_preference]
+    if stage == 0:
+        options = [(STRATEGIES["zero0"], c) for c in (False, True)] + options
+    for s, ckpt in options:
+        if ckpt not in ckpt_choices:
+            continue
+        is_ds = s.backend == "deepspeed"
+        if is_ds and not ds_ok:
+            continue
+        if user_backend is not None and (user_backend == "deepspeed") != is_ds:
+            continue
+        if stage is not None and is_ds and s.zero_stage != stage:
+            continue
+        if stage is not None and not is_ds and default_backend == "deepspeed":
+            continue
+        if off is not None and s.offload_optimizer != off:
+            continue
+        if is_ds and world == 1 and not s.offload_optimizer and stage is None:
+            continue  # plain ZeRO on one process partitions nothing
+        if (s, ckpt) not in out:
+            out.append((s, ckpt))
+    return out
+
+
+def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_backend: str, default_zero: int | None,
+        world: int, nproc: int, num_nodes: int, half: bool, budget: Budget, bucket_elements: int,
+        force: bool, record: list | None = None) -> MemoryFit:
+    """Choose strategy, micro-batch and checkpointing; refuse when nothing fits (unless ``force``)."""
+    cfg = x.cfg
+    t, d = cfg.training, cfg.distributed
+    micro_user, ckpt_user = t.batch_size_per_gpu, t.gradient_checkpointing
+    sz = Sizer(x, facts, world=world, nproc=nproc, num_nodes=num_nodes, half=half, bucket_elements=bucket_elements,
+               on_gpu=budget.on_gpu)
+    default = _default_strategy(default_backend, default_zero, d.offload_optimizer)
+
+    if not r.auto_optimize:  # the config verbatim: check it, never change it
+        micro = r.resolve("micro_batch_size", micro_user, lambda: None, path="training.batch_size_per_gpu")
+        ckpt = r.resolve("gradient_checkpointing", ckpt_user, lambda: None, path="training.gradient_checkpointing",
+                         verbatim=False)
+        row = _row(sz, budget, default, bool(ckpt), micro, fixed_micro=True)
+        if record is not None:
+            record.extend([row, budget])
+        if row.why_not and not force:
+            _refuse(x, sz, budget, [row], facts, fixed=f"the config verbatim (--no_auto_optimize): {row.label}, "
+                    f"micro-batch {micro}")
+        _explain_verbatim(r, default, row, force)
+        return MemoryFit(default, micro, bool(ckpt), _estimate(row, facts, budget, micro, bool(ckpt)), (row,))
+
+    ckpt_supported = facts.checkpointing_supported
+    if is_set(ckpt_user):
+        if ckpt_user and not ckpt_supported:
+            r.warnings.append("training.gradient_checkpointing: autotune cannot measure or apply checkpointing for "
+                              "this model; your script must turn it on itself")
+        ckpt_choices: tuple[bool, ...] = (bool(ckpt_user),)
+    elif not ckpt_supported:
+        ckpt_choices = (False,)
+    elif band.gradient_checkpointing:
+        ckpt_choices = (True,)
     else:
-        if off_user is True:
+        ckpt_choices = (False, True)
+    fixed_micro = is_set(micro_user)
+    top = micro_user if fixed_micro else band.micro_batch_size
+    opts = candidates(x, default_backend=default_backend, world=world, on_gpu=budget.on_gpu, ckpt_choices=ckpt_choices)
+    if not opts:
+        opts = [(default, ckpt_choices[0])]
+    known = facts.num_parameters is not None and (budget.device_gib is not None or budget.host_gib is not None)
+    if not known:
+        s, ckpt = opts[0]
+        row = Row(s, ckpt, top, sz.need(s, top, ckpt), None)
+        rows: tuple[Row, ...] = (row,)
+        chosen = row
+    else:
+        rows = tuple(_row(sz, budget, s, c, top, fixed_micro) for s, c in opts)
+        if record is not None:
+            record.extend(rows)
+            record.append(budget)
+        fitting = [rw for rw in rows if rw.why_not is None]
+        full = [rw for rw in fitting if rw.micro == top]
+        if full:
+            chosen = full[0]
+        elif fitting:
+            best = max(rw.micro for rw in fitting)
+            chosen = next(rw for rw in fitting if rw.micro == best)
+        elif force:
+            chosen = min(rows, key=lambda rw: rw.need.total_gib or 0.0)
+            chosen = Row(chosen.strategy, chosen.checkpointing, top if fixed_micro else 1, chosen.need, chosen.why_not)
+            r.warnings.append(f"--force: nothing fits by the estimate; planning {chosen.label} at micro-batch "
+                              f"{chosen.micro} anyway ({chosen.why_not}): EXPECT OUT-OF-MEMORY ERRORS")
+        else:
+            _refuse(x, sz, budget, list(rows), facts,
+                    fixed=f"micro-batch {micro_user} (you set it)" if fixed_micro else None)
+    _explain(r, x, chosen, rows, band, default, top, fixed_micro, facts, budget)
+    micro = chosen.micro
+    ckpt = r.resolve("gradient_checkpointing", ckpt_user, lambda: Decision(chosen.checkpointing, _ckpt_reason(
+        chosen, band, ckpt_supported, rows)), path="training.gradient_checkpointing", verbatim=False)
+    auto_micro = Decision(band.micro_batch_size, band.micro_reason) if fixed_micro else \
+        Decision(micro, _micro_reason(band, chosen, top))
+    micro = r.resolve("micro_batch_size", micro_user, lambda: auto_micro, path="training.batch_size_per_gpu")
+    return MemoryFit(chosen.strategy, micro, bool(ckpt), _estimate(chosen, facts, budget, micro, bool(ckpt)), rows)
+
+
+def _default_strategy(backend: str, zero: int | None, offload_user) -> Strategy:
+    if backend != "deepspeed":
+        if offload_user is True:
             raise UserError(
                 f"distributed.offload_optimizer: optimizer offload is a DeepSpeed ZeRO feature but the backend is "
                 f"{backend}; use --deepspeed or set offload_optimizer: auto")
-        offload = False
-        r.explain("offload_optimizer", off_why if r.auto_optimize else "--no_auto_optimize: 'auto' means off/0 here")
-    return MemoryFit(micro, bool(ckpt), bool(offload))
+        return STRATEGIES["ddp"]
+    stage = 2 if zero is None else zero
+    name = {0: "zero0", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
+    if offload_user is True:
+        if stage == 2:
+            return STRATEGIES["zero2_offload"]
+        if stage == 3:
+            return STRATEGIES["zero3_offload"]
+        raise UserError(f"distributed.offload_optimizer: autotune offloads with ZeRO-2 or ZeRO-3, not stage {stage}; "
+                        "use --zero_stage 2 or 3")
+    return STRATEGIES[name]
 
+
+def _estimate(row: Row, facts: ModelFacts, budget: Budget, micro: int, ckpt: bool) -> MemoryEstimate | None:
+    n = row.need
+    unknown = facts.unknown_reason
+    if facts.activations is not None and n.activations_gib is None and ckpt:
+        unknown = "activations with checkpointing could not be measured for this model"
+    return MemoryEstimate(
+        strategy=row.label, model_source=facts.source, num_parameters=facts.num_parameters,
+        model_states_gib=None if n.states_gib is None else round(n.states_gib, 4),
+        activations_gib=None if n.activations_gib is None else round(n.activations_gib, 4),
+        overhead_gib=round(n.overhead_gib, 4), total_gib=None if n.total_gib is None else round(n.total_gib, 4),
+        budget_gib=None if budget.device_gib is None else round(budget.device_gib, 4),
+        host_gib_per_node=round(n.host_gib, 2) if n.host_gib else None, unknown=unknown)
+
+
+def _micro_reason(band: BandChoice, chosen: Row, top: int) -> str:
+    if chosen.micro == top:
+        return band.micro_reason
+    return (f"{band.micro_reason}; {chosen.micro} is the largest that fits with {chosen.label} "
+            f"({chosen.need.total_gib:.1f} GiB estimated)")
+
+
+def _ckpt_reason(chosen: Row, band: BandChoice, supported: bool, rows: tuple[Row, ...]) -> str:
+    if not supported:
+        return "autotune cannot apply or measure checkpointing for this model: off"
+    if chosen.checkpointing and not band.gradient_checkpointing:
+        return f"needed for memory: {chosen.label} reaches micro-batch {chosen.micro}"
+    return band.checkpointing_reason
+
+
+def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], band: BandChoice, default: Strategy,
+             top: int, fixed_micro: bool, facts: ModelFacts, budget: Budget) -> None:
+    s = chosen.strategy
+    before = []
+    for rw in rows:
+        if (rw.strategy, rw.checkpointing) == (chosen.strategy, chosen.checkpointing):
+            break
+        before.append(rw)
+    rejected = [f"{rw.label}: {rw.why_not}" if rw.micro == 0 else f"{rw.label}: micro-batch {rw.micro} at most"
+                for rw in before]
+    if s != default or rejected:
+        tail = f" (rejected: {'; '.join(rejected)})" if rejected else ""
+        why = f"{s.label} is the most preferred option that fits micro-batch {chosen.micro}{tail}"
+        if not is_set(x.cfg.distributed.backend):
+            r.reasons["backend"] = why
+        if s.backend == "deepspeed" and not is_set(x.cfg.distributed.zero_stage):
+            r.reasons["zero_stage"] = why
+    r.explain("strategy", f"{chosen.label}: " + (
+        f"{chosen.need.total_gib:.2f} GiB of {budget.device_gib:.1f} GiB usable ({budget.basis})"
+        if chosen.need.total_gib is not None and budget.device_gib is not None else
+        (facts.unknown_reason or "memory budget unknown: not checked")))
+    if s.backend == "deepspeed":
+        r.explain("offload_optimizer", "needed for memory" if s.offload_optimizer else
+                  "the model states fit in GPU memory without it (offload costs throughput)")
+        r.explain("offload_param", "needed for memory: parameters live in host RAM between uses" if s.offload_param
+                  else "not needed")
+    else:
+        r.explain("offload_optimizer", f"not a DeepSpeed run: optimizer offload is a ZeRO feature")
+        r.explain("offload_param", "not a DeepSpeed run")
+    if facts.activations is None and facts.num_parameters is not None:
+        r.warnings.append(f"the memory estimate covers model states only: {facts.unknown_reason}")
+
+
+def _explain_verbatim(r: Resolver, s: Strategy, row: Row, force: bool) -> None:
+    r.explain("strategy", f"{row.label} (the config verbatim)" + (f"; {row.why_not}" if row.why_not else ""))
+    r.explain("offload_optimizer", "--no_auto_optimize: taken from the config verbatim" if s.offload_optimizer
+              else "--no_auto_optimize: 'auto' means off/0 here")
+    r.explain("offload_param", "with ZeRO-3 offload" if s.offload_param else "off")
+    if row.why_not and force:
+        r.warnings.append(f"--force: the config does not fit by the estimate ({row.why_not}): "
+                          "EXPECT OUT-OF-MEMORY ERRORS")
+
+
+def _refuse(x: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: ModelFacts, fixed: str | None) -> None:
+    tried = [f"{rw.label}: {rw.why_not}" + ("" if fixed else " even at micro-batch 1") for rw in rows]
+    would = []
+    policy = x.policy
+    host_ok = [rw for rw in rows if not rw.need.host_gib or (budget.host_gib is not None
+                                                             and rw.need.host_gib <= budget.host_gib)]
+    if host_ok and budget.device_gib is not None and host_ok[0].need.total_gib is not None:
+        best = min(host_ok, key=lambda rw: (rw.need.total_gib or 0.0))
+        per_dev = best.need.total_gib / (policy.memory_headroom_fraction if budget.on_gpu else
+                                         policy.host_ram_headroom_fraction)
+        if budget.on_gpu:
+            would.append(f"{best.label}: GPUs with at least {per_dev * GIB / 1e9:.0f} GB free each "
+                         f"({best.need.total_gib:.1f} GiB estimated / headroom {policy.memory_headroom_fraction})")
+        else:
+            would.append(f"{best.label}: at least {per_dev * sz.nproc:.1f} GiB of RAM for {sz.nproc} process(es)")
+    # more GPUs for ZeRO-3 (states shrink with the world, the largest layer and activations do not)
+    z3 = next((rw for rw in rows if rw.strategy.name == "zero3"), None)
+    if z3 is not None and budget.device_gib is not None and facts.num_parameters:
+        fixed_part = (z3.need.total_gib or 0.0) - (z3.need.states_gib or 0.0)
+        per_param = z3.need.states_gib - memory.model_state_bytes(STRATEGIES["zero3"], 0, sz.world,
+                                                                  largest_layer=facts.largest_layer_parameters,
+                                                                  half=sz.half).gpu_bytes / GIB
+        room = budget.device_gib - fixed_part - facts.largest_layer_parameters * (4 if sz.half else 8) / GIB
+        if room > 0 and per_param > 0:
+            n = math.ceil(sz.world * per_param / room)
+            would.append(f"ZeRO-3 across {n} GPUs of this size")
+    off = [rw for rw in rows if rw.strategy.offload_optimizer]
+    for rw in off:
+        if budget.host_gib is not None and rw.need.host_gib > budget.host_gib:
+            gpu_ok = rw.need.total_gib is None or budget.device_gib is None or rw.need.total_gib <= budget.device_gib
+            if gpu_ok:
+                would.append(f"{rw.label}: {rw.need.host_gib - budget.host_gib:.1f} GiB more host RAM per node "
+                             f"({rw.need.host_gib:.1f} GiB needed, {budget.host_gib:.1f} usable)")
+    what = facts.source
+    where = f"{budget.basis}"
+    raise PlanRefused(f"no plan fits: {what} on {x.hw.num_nodes} node(s), {where}"
+                      + (f", with {fixed}" if fixed else ""), tried, would or ["a machine with more memory"])

@@ -1,5 +1,6 @@
 """The CLI surface is frozen here: removing or renaming a flag users type must fail a test."""
 
+import json
 import os
 import subprocess
 import sys
@@ -12,12 +13,13 @@ from support import ROOT
 PLAN_FLAGS = {"--config", "--hardware", "--policy", "--num_gpus", "--nproc_per_node", "--num_nodes", "--node_rank",
               "--master_addr", "--master_port", "--batch_size",
               "--grad_accum", "--global_batch_size", "--epochs", "--max_steps", "--deepspeed", "--ddp", "--single",
-              "--zero_stage", "--precision", "--debug", "--no_auto_optimize"}
+              "--zero_stage", "--precision", "--debug", "--no_auto_optimize", "--force"}
 SURFACE = {
     "check": {"--config", "--json"},
     "report": {"--json", "--profile", "--config", "--no-plan"},
     "plan": PLAN_FLAGS | {"--json"},
-    "export": PLAN_FLAGS | {"--format", "--output", "--force", "--script"},
+    "estimate": PLAN_FLAGS | {"--json"},
+    "export": PLAN_FLAGS | {"--format", "--output", "--overwrite", "--script"},
     "launch": PLAN_FLAGS | {"--dry-run", "--run_dir", "--resume_from", "--wandb", "--json"},
 }
 
@@ -101,3 +103,35 @@ def test_distribution_name_is_not_the_taken_autotune():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["project"]["name"] == "autotune-train"  # `autotune` on the index is another project
     assert meta["project"]["scripts"]["autotune"] == "autotune.__main__:main"
+
+
+BIG = "training:\n  entrypoint: train.py\n  num_parameters: 7000000000\n"
+
+
+def test_plan_refuses_with_exit_3_and_force_plans_loudly(cli, tmp_path):
+    cfg = tmp_path / "big.yaml"
+    cfg.write_text(BIG)
+    (tmp_path / "train.py").write_text("")
+    r = cli("autotune", "plan", "--config", str(cfg), "--hardware", "4xL4", cwd=tmp_path)
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    assert "refused: no plan fits" in r.stderr and "what would fit:" in r.stderr and "ZeRO-3 across" in r.stderr
+    f = cli("autotune", "plan", "--config", str(cfg), "--hardware", "4xL4", "--force", "--json", cwd=tmp_path)
+    assert f.returncode == 0 and any("EXPECT OUT-OF-MEMORY" in w for w in json.loads(f.stdout)["warnings"])
+    d = cli("autotune", "launch", "--config", str(cfg), "--hardware", "4xL4", "--dry-run", cwd=tmp_path)
+    assert d.returncode == 3
+
+
+def test_estimate_table_and_json(cli, tmp_path):
+    r = cli("autotune", "estimate", "--hardware", "8xA100-40GB", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert [o["chosen"] for o in data["options"]].count(True) == 1 and data["options"][0]["strategy"] == "ZeRO-2"
+    cfg = tmp_path / "big.yaml"
+    cfg.write_text(BIG)
+    (tmp_path / "train.py").write_text("")
+    t = cli("autotune", "estimate", "--config", str(cfg), "--hardware", "8xA100-40GB", cwd=tmp_path)
+    assert t.returncode == 0 and "<- plan" in t.stdout
+    line = next(ln for ln in t.stdout.splitlines() if ln.startswith("ZeRO-2 "))
+    assert "no: 41.4 GiB needed > 33.5 GiB usable" in line  # 4P + 16P/8 = 39.1 GiB + 2.3 GiB overhead
+    refused = cli("autotune", "estimate", "--config", str(cfg), "--hardware", "4xL4", cwd=tmp_path)
+    assert refused.returncode == 3 and "refused" in refused.stderr and "ZeRO-3" in refused.stdout

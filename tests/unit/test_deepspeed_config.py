@@ -53,7 +53,7 @@ def test_every_preset_world_and_stage_validates(label, hw, cfg, monkeypatch):
 
 
 def test_offload_debug_and_checkpointing_configs_validate(monkeypatch):
-    cfg = apply_overrides(TrainConfig(), {"model.num_parameters": 5_000_000_000, "training.entrypoint": "t.py",
+    cfg = apply_overrides(TrainConfig(), {"training.num_parameters": 5_000_000_000, "training.entrypoint": "t.py",
                                           "training.gradient_checkpointing": True})
     p = plan(load_profile("4xL4"), cfg, deepspeed_installed=True)
     ds = deepspeed_config(p)
@@ -62,6 +62,16 @@ def test_offload_debug_and_checkpointing_configs_validate(monkeypatch):
     assert "activation_checkpointing" in ds
     parsed = validate_with_deepspeed(ds, 4, monkeypatch)
     assert parsed.zero_config.offload_optimizer is not None
+    # 7B on 8 x 16 GB with 512 GiB of RAM: ZeRO-3 with optimizer and parameter offload (test_strategies)
+    from profiles_util import make_profile
+
+    hw = make_profile([("V100", 16500, 16000, "7.0")] * 8, ram_gib=512)
+    z3 = plan(hw, apply_overrides(TrainConfig(), {"training.num_parameters": 7_000_000_000,
+                                                  "training.entrypoint": "t.py"}), deepspeed_installed=True)
+    ds3 = deepspeed_config(z3)
+    assert ds3["zero_optimization"]["stage"] == 3 and ds3["zero_optimization"]["offload_param"]["device"] == "cpu"
+    parsed3 = validate_with_deepspeed(ds3, 8, monkeypatch)
+    assert parsed3.zero_config.offload_param is not None and parsed3.zero_config.offload_optimizer is not None
     dbg = plan(load_profile("8xH100-80GB"), TrainConfig(), debug=True, deepspeed_installed=True)
     validate_with_deepspeed(deepspeed_config(dbg), dbg.engine.world_size, monkeypatch)
 

@@ -48,8 +48,8 @@ def test_export_cli(cli, tmp_path):
     out = tmp_path / "acc.yaml"
     out.write_text("mine")
     r = cli("autotune", "export", "--format", "accelerate", "--hardware", "4xL4", "-o", str(out))
-    assert r.returncode == 2 and "--force" in r.stderr and out.read_text() == "mine"
-    r = cli("autotune", "export", "--format", "accelerate", "--hardware", "4xL4", "-o", str(out), "--force")
+    assert r.returncode == 2 and "--overwrite" in r.stderr and out.read_text() == "mine"
+    r = cli("autotune", "export", "--format", "accelerate", "--hardware", "4xL4", "-o", str(out), "--overwrite")
     assert r.returncode == 0 and yaml.safe_load(out.read_text())["num_processes"] == 4
 
 

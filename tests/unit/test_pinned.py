@@ -44,58 +44,6 @@ def test_80_and_40_gb_cards_land_in_their_bands(preset, micro):
     assert plan(load_profile(preset), big_target, deepspeed_installed=True).batch.micro_batch_size == micro
 
 
-# -- the memory ladder at its thresholds ------------------------------------------------------
-# 4 GPUs with 10000 MiB free: budget 0.85 x 10000 MiB = 8,912,896,000 bytes per GPU.
-# ZeRO-2 on 4 ranks keeps 2 (fp16 weights) + 2/4 (gradients) + 12/4 (optimizer) = 5.5 bytes per
-# parameter on each GPU, and 2.5 with the optimizer offloaded. A user script (entrypoint) adds no
-# activation estimate, so the threshold is 8,912,896,000 / 5.5 = 1,620,526,545 parameters.
-# Offload needs 12 bytes/param / 4 ranks x 4 ranks x 1.5 margin = 18 bytes/param of host RAM.
-def _states_only(num_parameters):
-    return apply_overrides(TrainConfig(), {"model.num_parameters": num_parameters, "training.entrypoint": "t.py"})
-
-
-def test_offload_and_checkpointing_switch_on_just_above_the_threshold():
-    hw = one_gpu(10000, n=4, ram_gib=64)  # 18 x 1.621e9 = 29.2e9 bytes < 64 GiB
-    below = plan(hw, _states_only(1_620_000_000), deepspeed_installed=True)
-    above = plan(hw, _states_only(1_621_000_000), deepspeed_installed=True)
-    assert (below.engine.offload_optimizer, below.memory.gradient_checkpointing) == (False, False)
-    assert (above.engine.offload_optimizer, above.memory.gradient_checkpointing) == (True, True)
-    assert "host RAM" in above.reasons["offload_optimizer"]
-    assert above.memory.estimate.model_states_gib == pytest.approx(2.5 * 1_621_000_000 / 2**30, abs=1e-4)
-
-
-def test_offload_refused_when_host_ram_cannot_hold_the_optimizer():
-    hw = one_gpu(10000, n=4, ram_gib=16)  # 29.2e9 bytes needed > 16 GiB
-    p = plan(hw, _states_only(1_621_000_000), deepspeed_installed=True)
-    assert p.engine.offload_optimizer is False
-    assert any("cannot hold" in w for w in p.warnings)
-
-
-# One GPU, 30000 MiB free (31.5 GB: the >= 20 GB band, micro-batch 16): budget 0.85 x 30000 MiB =
-# 26,738,688,000 bytes. Single-process AMP keeps 16 bytes per parameter. The built-in GPT with
-# n_layer 1, n_embd 64, n_head 4, seq_len 8 (s = 15 tokens), vocab 10, in bf16 keeps per sample
-# s*h*(34 + 5*a*s/h) = 960 x 38.6875 = 37,140 bytes of layer activations plus 8*s*V = 1,200 of fp32
-# logits: 38,340 bytes; with checkpointing 2*s*h + 1,200 = 3,120 bytes.
-# With 16 x P = 26,738,228,000 (P = 1,671,139,250): micro 16 needs B + 153,440 > B, micro 8 needs B - 153,280.
-TINY = {"model.n_layer": 1, "model.n_embd": 64, "model.n_head": 4}
-
-
-def test_micro_batch_halves_exactly_when_the_estimate_crosses_the_budget():
-    fixed_ckpt = {**TINY, "training.gradient_checkpointing": False}
-    fits = plan(one_gpu(30000), apply_overrides(TrainConfig(), {**fixed_ckpt, "model.num_parameters": 1_671_100_000}))
-    over = plan(one_gpu(30000), apply_overrides(TrainConfig(), {**fixed_ckpt, "model.num_parameters": 1_671_139_250}))
-    assert fits.batch.micro_batch_size == 16
-    assert over.batch.micro_batch_size == 8 and "halved to 8" in over.reasons["micro_batch_size"]
-    assert over.batch.global_batch_size == 256  # accumulation makes up the global batch
-
-
-def test_checkpointing_comes_first_when_it_is_enough():
-    over = plan(one_gpu(30000), apply_overrides(TrainConfig(), {**TINY, "model.num_parameters": 1_671_139_250}))
-    fits = plan(one_gpu(30000), apply_overrides(TrainConfig(), {**TINY, "model.num_parameters": 1_671_100_000}))
-    assert over.memory.gradient_checkpointing is True and over.batch.micro_batch_size == 16
-    assert fits.memory.gradient_checkpointing is False
-
-
 # -- cgroups: the tightest limit along the path wins, wherever it is ------------------------------
 def test_cgroup_v2_two_finite_limits_tightest_wins_either_way(tmp_path):
     for leaf_cpu, parent_cpu, leaf_mem, parent_mem in [("100000", "300000", 2, 6), ("400000", "200000", 8, 3)]:

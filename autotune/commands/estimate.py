@@ -1,0 +1,95 @@
+"""`python -m autotune estimate`: the memory table behind the plan's strategy choice."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+HELP = "show the memory estimate of every strategy the planner weighs (and which fits)"
+EPILOG = """For each option (DDP, ZeRO-1/2/3, with offload, with and without gradient
+checkpointing) the table shows the model states, activations and overhead per GPU at the
+largest micro-batch that fits (up to the policy band's), the host RAM that offload needs,
+and why an option does not fit. The plan takes the first option, in the order of
+configs/policy.yaml's strategy_preference, that reaches the band's micro-batch.
+
+Your own model: set training.model (package.module:factory) and training.sample_input in
+the config; it is built and traced under fake tensors (no memory spent, a few seconds).
+
+examples:
+  python -m autotune estimate --hardware 8xA100-40GB
+  python -m autotune estimate --config my.yaml --hardware 1xT4 --json
+
+exit codes: 0 a plan fits, 3 nothing fits (the table says what was tried), 2 bad input."""
+
+
+def add_parser(sub) -> None:
+    from autotune.commands.common import add_plan_args
+
+    p = sub.add_parser("estimate", help=HELP, description=HELP, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_plan_args(p)
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    p.set_defaults(func=run)
+
+
+def _gib(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if v >= 0.01 or v == 0 else f"{v * 1024:.2f}M"
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotune.config import load_config
+    from autotune.commands.common import overrides_from_args
+    from autotune.errors import EXIT_REFUSED, PlanRefused
+    from autotune.planner.memory_fit import Budget
+    from autotune.runs import plan_for
+
+    record: list = []
+    refused = None
+    plan = None
+    try:
+        plan, _, _ = plan_for(load_config(args.config), overrides_from_args(args), args.hardware,
+                              auto_optimize=not args.no_auto_optimize, debug=args.debug, policy=args.policy,
+                              force=args.force, record=record, with_deepspeed=False)
+    except PlanRefused as e:
+        refused = e
+    budget = next((b for b in record if isinstance(b, Budget)), None)
+    rows = [r for r in record if not isinstance(r, Budget)]
+    chosen = None if plan is None else plan.memory.estimate.strategy if plan.memory.estimate else None
+    table = [{
+        "strategy": r.label, "checkpointing": r.checkpointing, "largest_micro_batch": r.micro,
+        "model_states_gib": r.need.states_gib, "activations_gib": r.need.activations_gib,
+        "overhead_gib": r.need.overhead_gib, "total_gib": r.need.total_gib,
+        "host_gib_per_node": r.need.host_gib or None, "fits": r.why_not is None, "why_not": r.why_not,
+        "chosen": chosen == r.label and plan is not None
+        and plan.memory.gradient_checkpointing == r.checkpointing,
+    } for r in rows]
+    if args.json:
+        out = {"budget_gib": None if budget is None else budget.device_gib,
+               "host_budget_gib": None if budget is None else budget.host_gib,
+               "basis": None if budget is None else budget.basis, "options": table,
+               "model": None if plan is None or plan.memory.estimate is None else plan.memory.estimate.model_source,
+               "refused": None if refused is None else {"message": str(refused), "tried": refused.tried,
+                                                         "would_fit": refused.would_fit}}
+        print(json.dumps(out, indent=2))
+    else:
+        w = sys.stdout.write
+        if budget is not None:
+            dev = "unknown" if budget.device_gib is None else f"{budget.device_gib:.1f} GiB"
+            host = "unknown" if budget.host_gib is None else f"{budget.host_gib:.1f} GiB"
+            w(f"usable: {dev} ({budget.basis}); host RAM for offload: {host} per node\n")
+        if plan is not None and plan.memory.estimate is not None:
+            w(f"model: {plan.memory.estimate.model_source}\n")
+        w(f"\n{'option':<58}{'micro':>6}{'states':>9}{'acts':>8}{'over':>7}{'total':>8}{'host':>8}  fits\n")
+        for t in table:
+            label = t["strategy"] + (" + ckpt" if t["checkpointing"] and "checkpointing" not in t["strategy"] else "")
+            mark = "<- plan" if t["chosen"] else ("yes" if t["fits"] else f"no: {t['why_not']}")
+            w(f"{label:<58}{t['largest_micro_batch']:>6}{_gib(t['model_states_gib']):>9}"
+              f"{_gib(t['activations_gib']):>8}{_gib(t['overhead_gib']):>7}{_gib(t['total_gib']):>8}"
+              f"{_gib(t['host_gib_per_node']):>8}  {mark}\n")
+        w("(GiB per GPU, per process on CPU; micro = largest micro-batch that fits, up to the band's)\n")
+        if refused is not None:
+            print(refused.render(), file=sys.stderr)
+    return EXIT_REFUSED if refused is not None else 0

@@ -1,0 +1,176 @@
+"""Measure a user's model without spending memory: build it and trace training steps under
+PyTorch's fake-tensor mode (tensors with shapes and dtypes but meta storage).
+
+``trace(factory, sample_input)`` returns ``ModelFacts``:
+
+- parameters: counted once per ``Parameter`` object (tied weights count once), trainable
+  separately; the largest layer as DeepSpeed counts it (a module's own parameters);
+- activations: one forward + backward at micro-batch 1, 2, 4, ... 64 under PyTorch's
+  ``MemTracker`` (``torch.distributed._tools``), peak bytes minus parameters and
+  gradients at that peak; the planner interpolates between the points (and extrapolates
+  beyond 64 along the last segment). The peak is not linear at small batches (weight
+  gradient temporaries dominate there), hence the many points.
+  Traced in fp32 and under bf16 autocast (for fp16/bf16 plans), and with gradient
+  checkpointing when the model offers ``gradient_checkpointing_enable()`` (Hugging Face
+  models do).
+
+This module imports torch; the planner never does (it receives the facts). Where tracing
+fails (data-dependent shapes, custom ops) the facts say so and the planner falls back to
+model states only, with the reason in the plan.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from autotune.config import SAMPLE_SHAPE_RE
+from autotune.errors import UserError
+from autotune.modelinfo import ActivationModel, LinearBytes, ModelFacts
+
+SHAPE_RE = re.compile(SAMPLE_SHAPE_RE)
+MICRO_POINTS = (1, 2, 4, 8, 16, 32, 64)  # fake tensors cost the same at any size: measure, then interpolate
+
+
+def load_callable(spec: str, field: str) -> Callable:
+    """``package.module:function`` -> the function; the working directory is importable."""
+    mod_name, _, fn_name = spec.partition(":")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as e:  # noqa: BLE001 - the user's module: any failure is theirs to see
+        raise UserError(f"{field}: cannot import {mod_name!r} ({type(e).__name__}: {e}); the module must be "
+                        f"importable from {Path.cwd()}") from None
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        raise UserError(f"{field}: {mod_name!r} has no function {fn_name!r}")
+    return fn
+
+
+def sample_maker(spec: str) -> Callable[[int], Any]:
+    """``[16]`` / ``float[3,32,32]`` (random floats) or ``int[128]<50257`` (token ids), per sample;
+    anything else is ``package.module:function(batch_size)``."""
+    import torch
+
+    m = SHAPE_RE.match(spec.replace(" ", ""))
+    if m is None:
+        return load_callable(spec, "training.sample_input")
+    kind, dims, high = m.group(1) or "float", tuple(int(v) for v in m.group(2).split(",")), int(m.group(3) or 2)
+    if kind == "int":
+        return lambda b: torch.randint(0, high, (b, *dims))
+    return lambda b: torch.randn(b, *dims)
+
+
+def _loss(out: Any):
+    """A scalar to call backward on: ``.loss`` (Hugging Face), ``['loss']``, the first tensor, summed."""
+    import torch
+
+    if getattr(out, "loss", None) is not None:
+        return out.loss
+    if isinstance(out, dict):
+        out = out.get("loss", next(iter(out.values())))
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"the model returned {type(out).__name__}, not a tensor")
+    return out.float().mean()
+
+
+def _call(model, batch):
+    if isinstance(batch, dict):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
+
+
+def count_parameters(model) -> tuple[int, int, int]:
+    """(all parameters once each, trainable, largest module's own parameters)."""
+    seen: dict[int, Any] = {}
+    for p in model.parameters():  # parameters() already yields a shared Parameter once; be explicit
+        seen.setdefault(id(p), p)
+    total = sum(p.numel() for p in seen.values())
+    trainable = sum(p.numel() for p in seen.values() if p.requires_grad)
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    return total, trainable, largest
+
+
+def _activation_peak(model, make_batch, b: int, autocast: bool) -> float:
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    batch = make_batch(b)
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        if autocast:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = _loss(_call(model, batch))
+        else:
+            loss = _loss(_call(model, batch))
+        loss.backward()
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    by_kind = {str(k).rsplit(".", 1)[-1]: v for k, v in peak.items()}
+    for p in model.parameters():
+        p.grad = None
+    return float(by_kind["Total"] - by_kind.get("PARAM", 0) - by_kind.get("GRAD", 0) - by_kind.get("OPT", 0))
+
+
+def _line(model, make_batch, autocast: bool) -> LinearBytes:
+    return LinearBytes(points=tuple((b, _activation_peak(model, make_batch, b, autocast)) for b in MICRO_POINTS))
+
+
+def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
+          progress: Callable[[str], None] | None = None) -> ModelFacts:
+    """Build ``model_spec`` under fake tensors, count it, and trace its activations."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    say = progress or (lambda _msg: None)
+    factory = load_callable(model_spec, "training.model")
+    make_batch = sample_maker(sample_spec) if sample_spec else None
+    t0 = time.monotonic()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        try:
+            model = factory()
+        except Exception as e:  # noqa: BLE001
+            raise UserError(f"training.model: {model_spec}() failed while building under fake tensors "
+                            f"({type(e).__name__}: {e})") from None
+        if not isinstance(model, torch.nn.Module):
+            raise UserError(f"training.model: {model_spec}() returned {type(model).__name__}, not a torch.nn.Module")
+        total, trainable, largest = count_parameters(model)
+        say(f"built {model_spec}: {total:,} parameters ({time.monotonic() - t0:.1f} s)")
+        source = f"training.model {model_spec} (built under fake tensors)"
+        if make_batch is None:
+            return ModelFacts(source=source, num_parameters=total, trainable_parameters=trainable,
+                              largest_layer_parameters=largest,
+                              unknown_reason="activations unknown: give training.sample_input (a per-sample shape "
+                                             "such as [3,224,224] or int[512]<50257, or package.module:function)")
+        try:
+            model.train()
+            fp32 = _line(model, make_batch, autocast=False)
+            say(f"traced fp32 activations ({time.monotonic() - t0:.1f} s)")
+            half = _line(model, make_batch, autocast=True)
+            say(f"traced bf16-autocast activations ({time.monotonic() - t0:.1f} s)")
+            fp32_c = half_c = None
+            enable = getattr(model, "gradient_checkpointing_enable", None)
+            if callable(enable):
+                enable()
+                fp32_c, half_c = _line(model, make_batch, False), _line(model, make_batch, True)
+                say(f"traced with gradient checkpointing ({time.monotonic() - t0:.1f} s)")
+        except Exception as e:  # noqa: BLE001 - data-dependent shapes, custom ops, bad sample input
+            return ModelFacts(source=source, num_parameters=total, trainable_parameters=trainable,
+                              largest_layer_parameters=largest,
+                              unknown_reason=f"activations could not be traced ({type(e).__name__}: "
+                                             f"{str(e).splitlines()[0][:200] if str(e) else ''}); the estimate "
+                                             "covers model states only")
+    acts = ActivationModel(fp32=fp32, half=half, fp32_checkpointed=fp32_c, half_checkpointed=half_c,
+                           source="traced", margin=margin)
+    return ModelFacts(source=source + f", activations traced at micro-batch {', '.join(map(str, MICRO_POINTS))}",
+                      num_parameters=total, trainable_parameters=trainable, largest_layer_parameters=largest,
+                      activations=acts)

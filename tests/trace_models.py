@@ -1,0 +1,50 @@
+"""Small models for the tracing tests (importable as trace_models:<factory>)."""
+
+import torch
+import torch.nn as nn
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
+
+
+def cnn():
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+
+class TiedLM(nn.Module):
+    """A small transformer language model whose output head shares the embedding's weight."""
+
+    def __init__(self, vocab=500, d=64, layers=2):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True)
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x):
+        return self.head(self.blocks(self.emb(x)))
+
+
+def tied_lm():
+    return TiedLM()
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y[y > 0]  # a shape that depends on the values: fake tensors cannot know it
+
+
+def data_dependent():
+    return DataDependent()
+
+
+def broken():
+    raise RuntimeError("no weights here")

@@ -1,0 +1,223 @@
+"""Model-aware planning: the chosen strategy, at its thresholds, and the refusal.
+
+Every number below is derived by hand from the documented rules (autotune/memory.py's
+docstring: DeepSpeed's estimators and the ZeRO paper; configs/policy.yaml: headroom 0.85,
+CUDA context 600 MiB, NCCL 256 MiB with more than one rank, host margin 1.5, host headroom
+0.85; DeepSpeed buckets: 10M elements per GiB of GPU memory, two buckets of 2-byte elements).
+"""
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autotune.config import TrainConfig, apply_overrides
+from autotune.errors import PlanRefused
+from autotune.memory import model_state_bytes
+from autotune.modelinfo import ActivationModel, LinearBytes, ModelFacts
+from autotune.planner import plan
+from autotune.profiles import GPUInfo, load_profile
+from profiles_util import make_profile
+
+MIB, GIB = 2**20, 2**30
+
+
+def user_model(params, **extra):
+    return apply_overrides(TrainConfig(), {"training.entrypoint": "train.py", "training.num_parameters": params,
+                                           **extra})
+
+
+def gpus(n, free_mib, cc="8.0", ram_gib=64, deepspeed="0.19.8"):
+    return make_profile(gpus=[("GPU", free_mib + 500, free_mib, cc)] * n, ram_gib=ram_gib, deepspeed=deepspeed)
+
+
+# -- the arithmetic, by hand ---------------------------------------------------------------------
+# GPT-2 small: 124,439,808 parameters; its largest layer is the token embedding, 50257 x 768.
+PSI, LARGEST = 124_439_808, 50257 * 768
+
+
+def test_model_state_bytes_for_gpt2_small_by_hand():
+    assert model_state_bytes("ddp", PSI, 8).gpu_bytes == 16 * PSI  # fp32 weights+grads (8) + Adam m, v (8)
+    assert model_state_bytes("zero2", PSI, 8).gpu_bytes == 4 * PSI + 16 * PSI / 8  # DeepSpeed's estimator
+    assert model_state_bytes("zero3", PSI, 8, largest_layer=LARGEST).gpu_bytes == 4 * LARGEST + 18 * PSI / 8
+    off = model_state_bytes("zero2_offload", PSI, 8, ranks_per_node=8)
+    assert off.gpu_bytes == 2 * PSI and off.host_bytes_per_node == PSI * max(4 * 8, 16 * 8 / 8)
+    z3o = model_state_bytes("zero3_offload", PSI, 8, largest_layer=LARGEST)
+    assert z3o.gpu_bytes == 4 * LARGEST and z3o.host_bytes_per_node == 18 * PSI
+    # fp32 under DeepSpeed: 4-byte weights and grads, Adam without a master copy (8)
+    assert model_state_bytes("zero2", PSI, 8, half=False).gpu_bytes == 8 * PSI + 12 * PSI / 8
+    # optimizers beyond Adam: SGD with momentum keeps 4 bytes (fp32), plain SGD none
+    assert model_state_bytes("ddp", PSI, 1, optimizer="sgd_momentum").gpu_bytes == 12 * PSI
+    assert model_state_bytes("ddp", PSI, 1, optimizer="sgd").gpu_bytes == 8 * PSI
+
+
+# -- 4 GPUs x 10000 MiB free, bf16, DeepSpeed installed, a user model of P parameters ------------
+# budget 0.85 x 10000 MiB = 8,912,896,000 B; overhead 856 MiB = 897,581,056 B + buckets
+# 2 x 97,700,000 x 2 B = 390,800,000 B (gpu_memory_gib 9.77) -> 7,624,514,944 B for the states.
+# ZeRO-2: 4P + 16P/4 = 8P  -> P <= 953,064,368
+# ZeRO-3 (largest layer unknown: 0): 18P/4 = 4.5P -> P <= 1,694,336,654
+# ZeRO-2 + offload: 2P on the GPU; host 16P x 1.5 = 24P per node, usable 0.85 x RAM
+ROOM = int(0.85 * 10000 * MIB) - (856 * MIB + 390_800_000)
+
+
+def test_room_derivation_is_what_the_comment_says():
+    assert ROOM == 7_624_514_944 and ROOM // 8 == 953_064_368 and math.floor(ROOM / 4.5) == 1_694_336_654
+
+
+def test_zero2_up_to_its_threshold_then_zero3():
+    hw = gpus(4, 10000)
+    at = plan(hw, user_model(953_064_368))
+    over = plan(hw, user_model(953_064_369))
+    assert (at.engine.backend, at.engine.zero_stage) == ("deepspeed", 2)
+    assert (over.engine.zero_stage, over.engine.offload_optimizer) == (3, False)
+    assert "ZeRO-2:" in over.reasons["zero_stage"] and "GiB needed >" in over.reasons["zero_stage"]
+    top = plan(hw, user_model(1_694_336_654))
+    assert top.engine.zero_stage == 3 and top.memory.estimate.total_gib <= top.memory.estimate.budget_gib
+
+
+@pytest.mark.parametrize("ram_gib, outcome", [(45, "zero2_offload"), (44, "refused")])
+def test_offload_beyond_zero3_and_its_host_ram_threshold(ram_gib, outcome):
+    # P = 1,694,336,655: host need 24P = 40,664,079,720 B; 0.85 x 45 GiB = 41,070,624,768 fits,
+    # 0.85 x 44 GiB = 40,157,944,217 does not, and ZeRO-3 offload needs 27P = 45.7e9 B: refused.
+    hw = gpus(4, 10000, ram_gib=ram_gib)
+    cfg = user_model(1_694_336_655)
+    if outcome == "refused":
+        with pytest.raises(PlanRefused) as e:
+            plan(hw, cfg)
+        text = e.value.render()
+        assert "ZeRO-2 + optimizer offload: host RAM 37.9 GiB needed per node > 37.4 GiB usable" in text
+        assert "more host RAM per node" in text and "exit 3" in text
+        forced = plan(hw, cfg, force=True)
+        assert any("EXPECT OUT-OF-MEMORY" in w for w in forced.warnings)
+    else:
+        p = plan(hw, cfg)
+        assert (p.engine.zero_stage, p.engine.offload_optimizer, p.engine.offload_param) == (2, True, False)
+        assert p.memory.estimate.host_gib_per_node == pytest.approx(24 * 1_694_336_655 / GIB, abs=0.01)
+
+
+# -- one GPU, 30000 MiB free, bf16, no DeepSpeed, a traced-like model ----------------------------
+# budget 0.85 x 30000 MiB = 26,738,688,000 B; overhead 600 MiB (one rank, no buckets) -> room
+# 26,109,542,400 B. One process keeps 16 B/param; activations 1,000,000 B per sample (100,000 with
+# checkpointing). Micro 16 without checkpointing fits iff 16P + 16,000,000 <= room: P <= 1,630,846,400.
+def facts(params, per_sample=1_000_000, ckpt_per_sample=100_000):
+    lin = LinearBytes.line(0, per_sample)
+    lc = LinearBytes.line(0, ckpt_per_sample)
+    acts = ActivationModel(fp32=LinearBytes.line(0, 2 * per_sample), half=lin,
+                           fp32_checkpointed=LinearBytes.line(0, 2 * ckpt_per_sample),
+                           half_checkpointed=lc, source="traced")
+    return ModelFacts(source="test model", num_parameters=params, largest_layer_parameters=0, activations=acts)
+
+
+def test_checkpointing_first_then_halving_at_the_exact_threshold():
+    hw, cfg = gpus(1, 30000, deepspeed=None), apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"})
+    fits = plan(hw, cfg, facts=facts(1_630_846_400))
+    assert (fits.batch.micro_batch_size, fits.memory.gradient_checkpointing) == (16, False)
+    over = plan(hw, cfg, facts=facts(1_630_846_401))  # checkpointing is preferred to a smaller batch
+    assert (over.batch.micro_batch_size, over.memory.gradient_checkpointing) == (16, True)
+    assert "needed for memory" in over.reasons["gradient_checkpointing"]
+    no_ckpt = apply_overrides(cfg, {"training.gradient_checkpointing": False})
+    halved = plan(hw, no_ckpt, facts=facts(1_630_846_401))  # 16(P+1) + 8,000,000 <= room
+    assert halved.batch.micro_batch_size == 8 and halved.batch.global_batch_size == 256
+    assert "largest that fits" in halved.reasons["micro_batch_size"]
+
+
+def test_an_explicit_micro_batch_that_cannot_fit_is_refused_with_what_would():
+    hw = gpus(1, 30000, deepspeed=None)
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py", "training.batch_size_per_gpu": 64,
+                                          "training.gradient_checkpointing": False})
+    with pytest.raises(PlanRefused) as e:
+        plan(hw, cfg, facts=facts(1_630_846_400))
+    assert "micro-batch 64 (you set it)" in str(e.value)
+    forced = plan(hw, cfg, facts=facts(1_630_846_400), force=True)
+    assert forced.batch.micro_batch_size == 64  # --force keeps the user's values, loudly
+    assert forced.memory.estimate.total_gib > forced.memory.estimate.budget_gib
+
+
+# -- realistic machines: 1.3B and 7B ----------------------------------------------------------------
+# 7B on 1 x 80 GB (81050 MiB free): one process needs 16 x 7e9 = 112e9 B: no. ZeRO-2 offload on the
+# GPU: 2 x 7e9 = 13.0 GiB (+ 600 MiB + buckets 2e9 B) fits 67.3 GiB; host 24 x 7e9 = 156.5 GiB per node.
+# 7B on 8 x 16 GB (16000 MiB free, budget 13.28 GiB): ZeRO-3 is 18 x 7e9 / 8 = 14.7 GiB: no; ZeRO-2
+# offload is 13.0 GiB + overhead: no; ZeRO-3 offload: host 27 x 7e9 = 176 GiB.
+# 1.3B on 1 x 16 GB T4 (fp16): one process 20.8e9 B > 13.3e9: no; ZeRO-2 offload: 2.6e9 B on the GPU,
+# host 24 x 1.3e9 = 29.1 GiB.
+@pytest.mark.parametrize("n, free_mib, cc, ram_gib, params, expect", [
+    (1, 81050, "8.0", 256, 7_000_000_000, ("deepspeed", 2, True, False)),
+    (1, 81050, "8.0", 128, 7_000_000_000, "refused"),  # 108.8 GiB usable < 156.5 (and < 176)
+    (8, 16000, "7.0", 512, 7_000_000_000, ("deepspeed", 3, True, True)),
+    (8, 16000, "7.0", 64, 7_000_000_000, "refused"),
+    (1, 14930, "7.5", 64, 1_300_000_000, ("deepspeed", 2, True, False)),
+    (1, 14930, "7.5", 16, 1_300_000_000, "refused"),  # 13.6 GiB usable < 29.1
+    (8, 16000, "7.0", 64, 1_300_000_000, ("deepspeed", 2, False, False)),  # 4P + 2P = 7.8e9 B fits
+])
+def test_big_models_on_realistic_machines(n, free_mib, cc, ram_gib, params, expect):
+    hw = gpus(n, free_mib, cc=cc, ram_gib=ram_gib)
+    if expect == "refused":
+        with pytest.raises(PlanRefused):
+            plan(hw, user_model(params))
+        return
+    p = plan(hw, user_model(params))
+    e = p.engine
+    assert (e.backend, e.zero_stage, e.offload_optimizer, e.offload_param) == expect, p.reasons.get("strategy")
+
+
+def test_refusal_suggests_more_gpus_for_zero3():
+    with pytest.raises(PlanRefused) as e:
+        plan(gpus(8, 16000, cc="7.0", ram_gib=64), user_model(7_000_000_000))
+    assert any("ZeRO-3 across" in w for w in e.value.would_fit)
+
+
+def test_cpu_plans_are_checked_against_ram():
+    cpu = make_profile(gpus=(), ram_gib=8, cores=8)
+    with pytest.raises(PlanRefused) as e:  # 16 B x 1.3e9 = 19.4 GiB > 0.85 x 8 GiB
+        plan(cpu, user_model(1_300_000_000))
+    assert "GiB of RAM" in e.value.render()
+    ok = plan(cpu, TrainConfig())  # the built-in workload fits
+    assert ok.memory.estimate.total_gib <= ok.memory.estimate.budget_gib
+
+
+def test_unknown_model_says_so_instead_of_showing_the_builtin_gpt():
+    p = plan(gpus(4, 20000), apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"}))
+    e = p.memory.estimate
+    assert e.num_parameters is None and e.total_gib is None and "not described" in e.unknown
+
+
+# -- MIG and explicit machine flags ----------------------------------------------------------------
+def test_mig_plans_for_the_slice_and_one_process():
+    a100 = GPUInfo(index=0, nvml_index=0, name="NVIDIA A100-SXM4-80GB", memory_total_mib=81920,
+                   memory_free_mib=81050, compute_capability="8.0", mig_mode=True, mig_slices_mib=(9728,) * 7)
+    hw = make_profile(gpus=[("x", 1, 1, "8.0")])
+    hw = hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"devices": (a100,)})})
+    p = plan(hw, TrainConfig())
+    assert p.memory.gpu_memory_gib == 9.5 and p.batch.micro_batch_size == 8  # 10.2 GB: the >= 10 GB band
+    assert "MIG" in p.reasons["num_gpus"]
+    inst = [GPUInfo(index=i, name="MIG 1g.10gb", memory_total_mib=9728, memory_free_mib=9728,
+                    compute_capability="8.0", mig_instance=True) for i in range(2)]
+    hw2 = hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"devices": tuple(inst)})})
+    q = plan(hw2, TrainConfig())
+    assert q.engine.world_size == 1 and q.engine.backend == "single"
+
+
+def test_explicit_machine_flags_win_and_are_listed():
+    p = plan(load_profile("2x4xL4"), apply_overrides(TrainConfig(), {"distributed.num_nodes": 1}))
+    assert p.engine.num_nodes == 1 and p.overrides["num_nodes"].auto == 2
+    q = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.num_gpus": 1}))
+    assert q.engine.world_size == 1 and q.overrides["num_gpus"].auto == 4 and q.overrides["num_gpus"].chosen == 1
+
+
+# -- the rule, as a property: fits by its own estimate, or refuses ----------------------------------
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(0, 8), free=st.integers(500, 90_000), ram=st.integers(1, 1024),
+       params=st.integers(1_000_000, 70_000_000_000), ds=st.booleans(), micro=st.one_of(st.none(), st.integers(1, 64)))
+def test_property_a_plan_fits_or_is_refused(n, free, ram, params, ds, micro):
+    hw = gpus(n, free, ram_gib=ram, deepspeed="0.19.8" if ds else None) if n else make_profile(gpus=(), ram_gib=ram)
+    extra = {} if micro is None else {"training.batch_size_per_gpu": micro}
+    try:
+        p = plan(hw, user_model(params, **extra))
+    except PlanRefused as e:
+        assert e.tried and e.would_fit
+        return
+    est = p.memory.estimate
+    assert est.total_gib <= est.budget_gib + 1e-3
+    if est.host_gib_per_node:
+        assert est.host_gib_per_node <= ram * 0.85 + 1e-2
