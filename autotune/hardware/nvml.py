@@ -127,6 +127,17 @@ def _mig_uuids(nvml: Any, h: Any) -> list[str]:
     return out
 
 
+def _mig_slices_mib(nvml: Any, h: Any) -> list[int]:
+    """Memory of each MIG instance of a GPU in MIG mode (a process gets one of them)."""
+    out: list[int] = []
+    for k in range(_try(lambda: int(nvml.nvmlDeviceGetMaxMigDeviceCount(h))) or 0):
+        mem = _try(lambda k=k: nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, k)))
+        if mem is None:
+            break
+        out.append(int(mem.total) // MIB)
+    return out
+
+
 def _probe_device(nvml: Any, h: Any, cuda_index: int, v: Visible, pr: Probes) -> GPUInfo:
     key = f"gpus.devices[{cuda_index}]"
     if h is None:
@@ -162,6 +173,10 @@ def _probe_device(nvml: Any, h: Any, cuda_index: int, v: Visible, pr: Probes) ->
         # GPUs before Ampere have no MIG at all: that is a "no", not an unknown.
         pr.unknown.pop(f"{key}.mig_mode")
         vals["mig_mode"] = False
+    if v.mig_index is not None:
+        vals["mig_instance"] = True
+    elif vals.get("mig_mode"):
+        vals["mig_slices_mib"] = tuple(_mig_slices_mib(nvml, h))
     failed = [k for k in ("name", "memory_total_mib", "compute_capability") if k not in vals]
     error = "device did not answer NVML queries" if len(failed) == 3 else None
     return GPUInfo(index=cuda_index, nvml_index=v.nvml_index, error=error, **vals)

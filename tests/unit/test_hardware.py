@@ -150,6 +150,24 @@ def test_mig_instances_selected_by_id(tmp_path):
     # without a MIG id the physical GPU is listed, flagged as MIG-enabled
     hw_all = run_detect(tmp_path, fake)
     assert hw_all.gpus.devices[0].mig_mode is True and hw_all.gpus.devices[1].mig_mode is False
+    # ...with the memory of each of its slices, and the selected instance marked as one
+    assert hw_all.gpus.devices[0].mig_slices_mib == (19968, 19968) and hw_all.gpus.devices[1].mig_slices_mib == ()
+    assert g.mig_instance is True and hw_all.gpus.devices[0].mig_instance is False
+
+
+def test_a_mig_gpu_is_planned_as_its_slice_end_to_end(tmp_path):
+    from autotune.planner import plan
+    from autotune.config import TrainConfig
+
+    mig = {0: [("MIG-aaaa-1111", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 19968, 19800),
+               ("MIG-bbbb-2222", "NVIDIA A100-SXM4-40GB MIG 2g.10gb", 9856, 9800)]}
+    one = load_profile("8xA100-40GB")
+    one = one.model_copy(update={"gpus": one.gpus.model_copy(update={"devices": one.gpus.devices[:1]})})
+    hw = run_detect(tmp_path, FakeNVML.from_profile(one, mig=mig))
+    p = plan(hw, TrainConfig())
+    # the smallest slice: 9856 MiB = 10.3 GB, the >= 10 GB band (micro 8), never the 40 GB parent
+    assert p.memory.gpu_memory_gib == round(9856 / 1024, 2) and p.batch.micro_batch_size == 8
+    assert any("MIG mode" in w for w in p.warnings)
 
 
 @pytest.mark.parametrize("value, expect_nvml, note", [
