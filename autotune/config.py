@@ -130,6 +130,8 @@ class TrainingConfig(_Section):
         "adamw", description="your script's optimizer, for the memory estimate (the built-in workload uses adamw)")
     script_args: list[str] = Field(default_factory=list, description="arguments for the entrypoint; {placeholders} "
                                    "such as {micro_batch_size} are replaced by the plan's values")
+    wire: Literal["none", "auto"] = Field("none", description="auto: fill the script's own argparse flags "
+                                          "(--batch_size, --lr, ...) with the plan's values; flags you pass win")
 
 
 class DistributedConfig(_Section):

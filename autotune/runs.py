@@ -23,7 +23,7 @@ from autotune.errors import UserError
 from autotune.plan import TrainingPlan
 from autotune.profiles import HardwareProfile, load_profile
 
-RUN_RECORDS = ("plan.json", "hardware.json", "deepspeed_config.json", "command.json")
+RUN_RECORDS = ("plan.json", "hardware.json", "deepspeed_config.json", "command.json", "delivery.json")
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class RunSetup:
     run_dir: Path
     resume_path: Path | None
     launch_spec: Any  # autotune.launch.LaunchSpec
+    delivery: Any = None  # autotune.wiring.Delivery: how each plan value reaches the script
 
     @property
     def records_dir(self) -> Path:
@@ -165,7 +166,9 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     from autotune.launch import launch_spec
     from autotune.runtime_paths import check_compatible, read_meta
 
-    plan, hw, ds = plan_for(cfg, overrides, hardware, auto_optimize=auto_optimize, debug=debug, policy=policy,
+    if overrides:
+        cfg = apply_overrides(cfg, dict(overrides))
+    plan, hw, ds = plan_for(cfg, None, hardware, auto_optimize=auto_optimize, debug=debug, policy=policy,
                             force=force)
     entry = plan.run.entrypoint
     if entry and entry.endswith(".py") and not Path(entry).is_file():
@@ -179,12 +182,43 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     from autotune.launch import records_dir
     from autotune.script_args import expand, placeholder_values
 
+    from autotune.script_args import used_placeholders
+    from autotune.wiring import delivery, wire_flags
+
     ds_path = records_dir(plan, rd) / "deepspeed_config.json" if ds is not None else None
-    args = expand([*plan.run.script_args, *script_args], placeholder_values(plan, rd, ds_path))
+    raw = [*plan.run.script_args, *script_args]
+    values = placeholder_values(plan, rd, ds_path)
+    args = expand(raw, values)
+    facts = script_facts(entry)
+    wired: dict[str, str] = {}
+    if cfg.training.wire == "auto" and facts is not None:
+        extra, wired = wire_flags(facts, plan, values, args)
+        args += extra
+    route = delivery(plan, facts, used_placeholders(raw), wired, args, ds is not None) if entry else \
+        delivery(plan, None, [], {}, args, ds is not None)
     spec = launch_spec(plan, str(rd), os.environ if environ is None else environ, python=python,
                        has_infiniband=bool(hw.infiniband), script_args=args)
     return RunSetup(plan=plan, hardware=hw, deepspeed_config=ds, run_dir=rd, resume_path=resume_path,
-                    launch_spec=spec)
+                    launch_spec=spec, delivery=route)
+
+
+def script_facts(entry: str | None):
+    """What a user's entrypoint declares (syntax tree only; never run); None for autotune's runtime."""
+    from autotune.wiring import ScriptFacts, scan_script
+
+    if not entry:
+        return None
+    if entry.endswith(".py"):
+        return scan_script(entry)
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(entry.partition(":")[0])
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return ScriptFacts(entry, error="source not found: not scanned")
+    return scan_script(spec.origin)
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -218,10 +252,13 @@ def check_run_dir_free(run_dir: Path, resuming: bool) -> None:
         )
 
 
-def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None, spec=None) -> None:
+def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None, spec=None,
+                  delivery=None) -> None:
     """Write the run's records; plan.json last, so its presence means the rest is there."""
     records.mkdir(parents=True, exist_ok=True)
     archive_run_files(records)
+    if delivery is not None:
+        _write_atomic(records / "delivery.json", json.dumps(delivery.to_record(), indent=2) + "\n")
     _write_atomic(records / "hardware.json", hw.to_json() + "\n")
     if ds is not None:
         _write_atomic(records / "deepspeed_config.json", json.dumps(ds, indent=2) + "\n")

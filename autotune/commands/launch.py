@@ -36,6 +36,10 @@ def add_parser(sub) -> None:
                         "(or in the newest run under runs/)")
     p.add_argument("--wandb", action="store_true", help="log to Weights & Biases (offline unless WANDB_API_KEY is set)")
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan and spec as JSON")
+    p.add_argument("--wire", choices=["none", "auto"],
+                   help="auto: fill your script's own argparse flags (--batch_size, --lr, --gradient_accumulation_steps, "
+                        "--deepspeed_config, --bf16, ...) with the plan's values, read from its source (never run); "
+                        "flags you pass after `--` win (training.wire)")
     p.add_argument("script_args", nargs=argparse.REMAINDER,
                    help="after `--`: arguments passed to the training script")
     p.set_defaults(func=run)
@@ -66,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = overrides_from_args(args)
     if args.wandb:
         overrides["logging.wandb"] = True
+    if args.wire:
+        overrides["training.wire"] = args.wire
     setup = prepare(load_config(args.config), overrides, args.hardware, auto_optimize=not args.no_auto_optimize,
                     debug=args.debug, policy=args.policy, run_dir=args.run_dir, resume_from=args.resume_from,
                     script_args=script_args, environ=os.environ, python=sys.executable, force=args.force)
@@ -73,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         _print_dry_run(setup, args.json)
         return 0
     check_run_dir_free(setup.records_dir, resuming=bool(args.resume_from))
-    write_records(setup.records_dir, setup.plan, setup.hardware, setup.deepspeed_config, setup.launch_spec)
+    write_records(setup.records_dir, setup.plan, setup.hardware, setup.deepspeed_config, setup.launch_spec,
+                  setup.delivery)
     return _execute(setup)
 
 
@@ -84,7 +91,8 @@ def _print_dry_run(setup, as_json: bool) -> None:
     if as_json:
         data = {"plan": public_dict(setup.plan), "launch": setup.launch_spec.to_record(),
                 "deepspeed_config": setup.deepspeed_config, "run_dir": str(setup.run_dir),
-                "resume_from": setup.plan.run.resume_from}
+                "resume_from": setup.plan.run.resume_from,
+                "delivery": None if setup.delivery is None else setup.delivery.to_record()}
         print(json.dumps(data, indent=2))
         return
     render_plan(setup.plan, sys.stdout)
@@ -93,6 +101,22 @@ def _print_dry_run(setup, as_json: bool) -> None:
         print(f"Resume from: {setup.resume_path}")
     print("Command:")
     print(f"  {setup.launch_spec.shell()}")
+    _print_delivery(setup)
+
+
+def _print_delivery(setup, out=None) -> None:
+    out = out or sys.stdout
+    d = setup.delivery
+    if d is None or not setup.plan.run.entrypoint:
+        return
+    print("How the plan reaches your script:", file=out)
+    for k, routes in d.routes.items():
+        print(f"  {k}: {'; '.join(routes) if routes else 'NO ROUTE (advisory)'}", file=out)
+    for line in d.summary():
+        print(f"warning: {line}", file=out)
+    if d.advisory:
+        print("  (pass them as placeholders after `--`, e.g. --batch_size {micro_batch_size}, or use --wire auto)",
+              file=out)
 
 
 def _execute(setup) -> int:
@@ -105,13 +129,17 @@ def _execute(setup) -> int:
     render_plan(setup.plan, sys.stdout)
     if setup.resume_path:
         print(f"\nResuming from {setup.resume_path}")
-    print(f"\nRun directory: {run_dir}\nCommand: {setup.launch_spec.shell()}\n", flush=True)
+    print(f"\nRun directory: {run_dir}\nCommand: {setup.launch_spec.shell()}", flush=True)
+    _print_delivery(setup)
+    print(flush=True)
     signals: list[int] = []
     rc = execute(setup.launch_spec, forwarded=signals)
     if rc != 0 and signals:  # interrupted: the shell convention 128+N, whatever torchrun made of it
         rc = 128 + signals[0]
     if rc == 0:
-        print(f"\nDone. Run directory: {run_dir}")
+        advisory = setup.delivery.advisory if setup.delivery is not None and setup.plan.run.entrypoint else []
+        print(f"\nDone. Run directory: {run_dir}" + (f" (advisory, never reached the script: {', '.join(advisory)})"
+                                                     if advisory else ""))
         if (run_dir / "tensorboard").is_dir():
             print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
         metrics = run_dir / "metrics.json"

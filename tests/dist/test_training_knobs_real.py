@@ -141,3 +141,29 @@ def test_unmodified_deepspeed_script_follows_the_plan(tmp_path):
     assert len(used) == 1 and used[0].startswith("USED world=2 micro=8 accumulation=4 effective=64 train_batch_size=64")
     argv = json.loads((tmp_path / "ds" / "command.json").read_text())["argv"]
     assert argv[-2:] == ["--deepspeed_config", str(tmp_path / "ds" / "deepspeed_config.json")]
+
+
+def test_unmodified_torchrun_script_gets_the_plan_through_its_own_flags(tmp_path):
+    """examples/torchrun_train.py (argparse + DistributedSampler, no autotune import) under --wire auto:
+    the flags it declares carry the plan; it reports what it really used."""
+    r = launch("--config", ROOT / "examples" / "torchrun_config.yaml", "--nproc_per_node", 2, "--batch_size", 8,
+               "--wire", "auto", "--run_dir", tmp_path / "tr")
+    from autotune.plan import load_plan
+
+    plan = load_plan(tmp_path / "tr" / "plan.json")
+    b = plan.batch
+    assert (b.micro_batch_size, b.gradient_accumulation_steps, b.global_batch_size) == (8, 4, 64)  # not its defaults
+    used = [line for line in r.stdout.splitlines() if line.startswith("used ")]
+    assert used == [f"used micro_batch_size=8 gradient_accumulation_steps=4 world_size=2 effective_batch=64 "
+                    f"lr={plan.schedule.learning_rate * 2:g} num_workers={plan.loader.num_workers}"]
+    record = json.loads((tmp_path / "tr" / "delivery.json").read_text())
+    assert record["advisory"] == [] and record["routes"]["micro_batch_size"] == ["recognised flag --batch_size"]
+    assert "advisory" not in r.stdout.split("Done.")[-1]
+
+
+def test_a_script_given_nothing_is_told_its_plan_is_advisory(tmp_path):
+    r = launch("--config", ROOT / "examples" / "torchrun_config.yaml", "--run_dir", tmp_path / "adv")
+    record = json.loads((tmp_path / "adv" / "delivery.json").read_text())
+    assert "micro_batch_size" in record["advisory"] and "gradient_accumulation_steps" in record["advisory"]
+    assert "the script was given no batch size: the plan's micro_batch_size is advisory" in r.stdout
+    assert "advisory, never reached the script: micro_batch_size" in r.stdout.split("Done.")[-1]

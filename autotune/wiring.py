@@ -1,0 +1,223 @@
+"""How the plan reaches a user's script, and the honest record of it (pure; no torch).
+
+``scan_script(path)`` reads the script's syntax tree (never runs it): the argparse flags
+it declares (``add_argument``), ``deepspeed.add_config_arguments`` (``--deepspeed``,
+``--deepspeed_config``), Hugging Face ``HfArgumentParser``/``TrainingArguments`` (their
+flags), and whether it uses Accelerate's ``Accelerator``, ``deepspeed.initialize``,
+``autotune`` itself, or reads ``AUTOTUNE_*`` variables.
+
+``wire_flags`` (``--wire auto``) adds the recognised flags with the plan's values; a flag
+the user passed wins. ``delivery`` records, for each plan value a script can act on, every
+route by which it reached the script (placeholder, recognised flag, environment read by
+Accelerate or the script, DeepSpeed JSON, Python API); a value with no route is
+*advisory*, and the launch says so.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.plan import TrainingPlan
+
+# plan value -> flag names a script may declare for it (first declared one is used)
+FLAGS: dict[str, tuple[str, ...]] = {
+    "micro_batch_size": ("--per_device_train_batch_size", "--micro_batch_size", "--batch_size", "--batch-size",
+                         "--micro-batch-size"),
+    "gradient_accumulation_steps": ("--gradient_accumulation_steps", "--grad_accum", "--gradient-accumulation-steps",
+                                    "--grad-accum"),
+    "learning_rate": ("--learning_rate", "--lr", "--learning-rate"),
+    "num_workers": ("--num_workers", "--dataloader_num_workers", "--num-workers", "--workers"),
+    "deepspeed_config": ("--deepspeed_config", "--deepspeed-config"),
+    "epochs": ("--num_train_epochs", "--epochs", "--num_epochs", "--num-epochs"),
+    "max_steps": ("--max_steps", "--max-steps"),
+    "precision": ("--mixed_precision", "--mixed-precision", "--precision"),
+}
+# Values a script acts on (the launch reports each one's routes)
+DELIVERED = ("micro_batch_size", "gradient_accumulation_steps", "learning_rate", "precision", "num_workers",
+             "world_size")
+HF_FLAGS = {"--per_device_train_batch_size": False, "--gradient_accumulation_steps": False,
+            "--learning_rate": False, "--dataloader_num_workers": False, "--num_train_epochs": False,
+            "--max_steps": False, "--deepspeed": False, "--bf16": True, "--fp16": True, "--output_dir": False,
+            "--seed": False}
+
+
+@dataclass
+class ScriptFacts:
+    path: str
+    flags: dict[str, bool] = field(default_factory=dict)  # declared flag -> is a switch (store_true)
+    uses_accelerate: bool = False
+    accelerator_kwargs: set[str] = field(default_factory=set)  # explicit Accelerator(...) arguments
+    reads_deepspeed_micro_batch: bool = False  # engine.train_micro_batch_size_per_gpu() or training_data=
+    uses_deepspeed_initialize: bool = False
+    deepspeed_launcher_args: bool = False  # deepspeed.add_config_arguments: --deepspeed is a switch
+    uses_hf_trainer: bool = False
+    uses_autotune: bool = False
+    env_reads: set[str] = field(default_factory=set)  # AUTOTUNE_* names found as string literals
+    error: str | None = None
+
+
+def scan_script(path: str | Path) -> ScriptFacts:
+    facts = ScriptFacts(str(path))
+    try:
+        tree = ast.parse(Path(path).read_text(), filename=str(path))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as e:
+        facts.error = f"could not read {path}: {e}"
+        return facts
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if any(m == "autotune" or m.startswith("autotune.") for m in mods):
+                facts.uses_autotune = True
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("AUTOTUNE_"):
+            facts.env_reads.add(node.value)
+        elif isinstance(node, ast.Call):
+            name = _call_name(node.func)
+            if name.endswith("add_argument"):
+                switch = any(k.arg == "action" and isinstance(k.value, ast.Constant)
+                             and k.value.value in ("store_true", "store_false") for k in node.keywords)
+                for a in node.args:
+                    if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--"):
+                        facts.flags[a.value] = switch
+            elif name.endswith("add_config_arguments"):
+                facts.deepspeed_launcher_args = True
+                facts.flags.update({"--deepspeed": True, "--deepspeed_config": False})
+            elif name.split(".")[-1] in ("HfArgumentParser", "TrainingArguments", "Seq2SeqTrainingArguments"):
+                facts.uses_hf_trainer = True
+                if name.split(".")[-1] == "HfArgumentParser":
+                    for flag, switch in HF_FLAGS.items():
+                        facts.flags.setdefault(flag, switch)
+            elif name.split(".")[-1] == "Accelerator":
+                facts.uses_accelerate = True
+                facts.accelerator_kwargs.update(k.arg for k in node.keywords if k.arg)
+            elif name.endswith("deepspeed.initialize") or name == "initialize" and "deepspeed" in _imports(tree):
+                facts.uses_deepspeed_initialize = True
+                if any(k.arg == "training_data" for k in node.keywords):
+                    facts.reads_deepspeed_micro_batch = True
+        elif isinstance(node, ast.Attribute) and node.attr == "train_micro_batch_size_per_gpu":
+            facts.reads_deepspeed_micro_batch = True
+    if facts.uses_hf_trainer and "--deepspeed" in facts.flags and not facts.deepspeed_launcher_args:
+        facts.flags["--deepspeed"] = False  # HF's --deepspeed takes the JSON's path
+    return facts
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def _call_name(func: ast.AST) -> str:
+    parts = []
+    while isinstance(func, ast.Attribute):
+        parts.append(func.attr)
+        func = func.value
+    if isinstance(func, ast.Name):
+        parts.append(func.id)
+    return ".".join(reversed(parts))
+
+
+def _passed(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], user_args: list[str]
+               ) -> tuple[list[str], dict[str, str]]:
+    """(extra arguments, plan value -> flag used) for the flags the script declares and the user left out."""
+    extra: list[str] = []
+    used: dict[str, str] = {}
+    for key, names in FLAGS.items():
+        flag = next((n for n in names if n in facts.flags), None)
+        if flag is None or any(_passed(user_args, n) for n in names):
+            continue
+        if key == "precision":
+            continue  # below: switches or a value
+        if key == "deepspeed_config" and "deepspeed_config" not in values:
+            continue
+        if key in ("epochs", "max_steps") and not values.get(key):
+            continue
+        extra += [flag, values[key]]
+        used[key] = flag
+    # HF's --deepspeed takes the JSON's path; the DeepSpeed launcher's --deepspeed is a switch
+    if "deepspeed_config" in values and "--deepspeed" in facts.flags and not _passed(user_args, "--deepspeed"):
+        if facts.flags["--deepspeed"]:
+            extra.append("--deepspeed")
+        elif "deepspeed_config" not in used:
+            extra += ["--deepspeed", values["deepspeed_config"]]
+            used["deepspeed_config"] = "--deepspeed"
+    precision = plan.numerics.precision
+    switches = {"bf16": "--bf16", "fp16": "--fp16"}
+    value_flag = next((n for n in FLAGS["precision"] if n in facts.flags), None)
+    if any(_passed(user_args, f) for f in (*switches.values(), *FLAGS["precision"])):
+        pass
+    elif value_flag is not None and not facts.flags[value_flag]:
+        extra += [value_flag, {"fp32": "no"}.get(precision, precision)]
+        used["precision"] = value_flag
+    elif precision in switches and switches[precision] in facts.flags:
+        extra.append(switches[precision])
+        used["precision"] = switches[precision]
+    elif precision == "fp32" and any(f in facts.flags for f in switches.values()):
+        used["precision"] = "(no --bf16/--fp16: fp32)"
+    return extra, used
+
+
+@dataclass(frozen=True)
+class Delivery:
+    routes: dict[str, list[str]]  # plan value -> how it reached the script
+    advisory: list[str]  # plan values that reached the script by no route
+
+    def to_record(self) -> dict:
+        return {"routes": self.routes, "advisory": self.advisory}
+
+    def summary(self) -> list[str]:
+        words = {"micro_batch_size": "batch size", "gradient_accumulation_steps": "accumulation steps",
+                 "learning_rate": "learning rate", "precision": "precision", "num_workers": "DataLoader workers"}
+        return [f"the script was given no {words.get(k, k)}: the plan's {k} is advisory" for k in self.advisory]
+
+
+def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[str], wired: dict[str, str],
+             user_args: list[str], deepspeed_json: bool) -> Delivery:
+    """Every route by which each plan value reached the script."""
+    routes: dict[str, list[str]] = {k: [] for k in DELIVERED}
+    if facts is None:  # autotune's own runtime or a module:function entrypoint that reads the plan
+        return Delivery({k: ["Python API (autotune runtime)"] for k in DELIVERED}, [])
+    for k in DELIVERED:
+        if k in placeholders:
+            routes[k].append(f"placeholder {{{k}}}")
+        if k in wired:
+            routes[k].append(f"recognised flag {wired[k]}")
+    routes["world_size"].append("environment (WORLD_SIZE, RANK, LOCAL_RANK from the launcher)")
+    if facts.uses_accelerate:  # an explicit Accelerator(mixed_precision=...) beats the environment
+        if "mixed_precision" not in facts.accelerator_kwargs:
+            routes["precision"].append("environment (ACCELERATE_MIXED_PRECISION, read by Accelerator())")
+        routes["gradient_accumulation_steps"].append(
+            "environment (ACCELERATE_GRADIENT_ACCUMULATION_STEPS, read by Accelerator())")
+    env_names = {"micro_batch_size": "AUTOTUNE_MICRO_BATCH_SIZE",
+                 "gradient_accumulation_steps": "AUTOTUNE_GRADIENT_ACCUMULATION_STEPS",
+                 "learning_rate": "AUTOTUNE_LEARNING_RATE", "precision": "AUTOTUNE_PRECISION",
+                 "num_workers": "AUTOTUNE_NUM_WORKERS"}
+    for k, name in env_names.items():
+        if name in facts.env_reads:
+            routes[k].append(f"environment ({name}, read by the script)")
+    ds_path_given = "deepspeed_config" in placeholders or "deepspeed_config" in wired or \
+        any(a.endswith("deepspeed_config.json") for a in user_args)
+    if deepspeed_json and ds_path_given and facts.uses_deepspeed_initialize:
+        # the engine takes accumulation, precision and the optimizer from the JSON; the micro-batch
+        # reaches the data only when the script's loader asks the engine for it
+        keys = ["gradient_accumulation_steps", "precision", "learning_rate"]
+        if facts.reads_deepspeed_micro_batch:
+            keys.append("micro_batch_size")
+        for k in keys:
+            routes[k].append("DeepSpeed JSON")
+    if plan.numerics.precision == "fp32" and not routes["precision"] and not facts.uses_deepspeed_initialize \
+            and "mixed_precision" not in facts.accelerator_kwargs \
+            and not any(f in facts.flags for f in ("--bf16", "--fp16", *FLAGS["precision"])):
+        routes["precision"].append("fp32 is PyTorch's default and the script sets no precision")
+    if facts.uses_autotune:
+        for k in DELIVERED:
+            routes[k].append("Python API (the script imports autotune)")
+    advisory = [k for k in DELIVERED if not routes[k]]
+    return Delivery(routes, advisory)

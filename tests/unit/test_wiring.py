@@ -1,0 +1,94 @@
+"""Static recognition of a script's flags (never running it) and the honest delivery record."""
+
+import textwrap
+
+from autotune.config import TrainConfig, apply_overrides
+from autotune.planner import plan
+from autotune.profiles import load_profile
+from autotune.script_args import placeholder_values
+from autotune.wiring import delivery, scan_script, wire_flags
+
+
+def script(tmp_path, text, name="train.py"):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return scan_script(p)
+
+
+def a_plan(**over):
+    return plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"training.entrypoint": "train.py", **over}),
+                deepspeed_installed=True)
+
+
+ARGPARSE = """
+    import argparse, os
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--grad_accum", type=int)
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--epochs", type=int)
+    if __name__ == "__main__":
+        raise SystemExit("never run by the scan")
+"""
+
+
+def test_argparse_flags_are_read_from_the_tree_and_filled(tmp_path):
+    facts = script(tmp_path, ARGPARSE)
+    assert facts.flags == {"--batch_size": False, "--lr": False, "--grad_accum": False, "--bf16": True,
+                           "--epochs": False}
+    p = a_plan()
+    values = placeholder_values(p, tmp_path, tmp_path / "deepspeed_config.json")
+    extra, used = wire_flags(facts, p, values, [])
+    assert extra == ["--batch_size", "16", "--grad_accum", "4", "--lr", str(p.schedule.learning_rate),
+                     "--epochs", "4", "--bf16"]
+    assert used["precision"] == "--bf16" and used["micro_batch_size"] == "--batch_size"
+
+
+def test_flags_the_user_passed_win_and_a_literal_value_is_no_route(tmp_path):
+    facts = script(tmp_path, ARGPARSE)
+    p = a_plan()
+    values = placeholder_values(p, tmp_path, None)
+    extra, used = wire_flags(facts, p, values, ["--batch_size", "4", "--lr=0.1"])
+    assert "--batch_size" not in extra and "--lr" not in extra and "micro_batch_size" not in used
+    d = delivery(p, facts, [], used, ["--batch_size", "4", "--lr=0.1", *extra], deepspeed_json=True)
+    assert "micro_batch_size" in d.advisory and "learning_rate" in d.advisory
+    assert d.routes["gradient_accumulation_steps"] == ["recognised flag --grad_accum"]
+
+
+def test_deepspeed_launcher_scripts_and_hf_parsers(tmp_path):
+    ds = script(tmp_path, """
+        import argparse, deepspeed
+        p = argparse.ArgumentParser()
+        p.add_argument("--local_rank", type=int, default=-1)
+        deepspeed.add_config_arguments(p)
+        engine, *_ = deepspeed.initialize(args=p.parse_args(), model=None, training_data=None)
+    """, "ds.py")
+    assert ds.deepspeed_launcher_args and ds.uses_deepspeed_initialize and ds.reads_deepspeed_micro_batch
+    p = a_plan()
+    values = placeholder_values(p, tmp_path, tmp_path / "deepspeed_config.json")
+    extra, used = wire_flags(ds, p, values, [])
+    assert extra == ["--deepspeed_config", str(tmp_path / "deepspeed_config.json"), "--deepspeed"]
+    d = delivery(p, ds, [], used, extra, deepspeed_json=True)
+    assert d.routes["micro_batch_size"] == ["DeepSpeed JSON"] and d.advisory == ["num_workers"]
+    hf = script(tmp_path, """
+        from transformers import HfArgumentParser, TrainingArguments
+        (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+    """, "hf.py")
+    extra, used = wire_flags(hf, p, values, [])
+    assert extra[:2] == ["--per_device_train_batch_size", "16"]
+    assert ["--deepspeed", str(tmp_path / "deepspeed_config.json")] == extra[extra.index("--deepspeed"):][:2]
+    assert "--bf16" in extra and used["num_workers"] == "--dataloader_num_workers"
+
+
+def test_accelerate_env_route_unless_the_script_fixes_precision(tmp_path):
+    free = script(tmp_path, "from accelerate import Accelerator\nacc = Accelerator()\n", "a.py")
+    fixed = script(tmp_path, "from accelerate import Accelerator\nacc = Accelerator(mixed_precision='fp16')\n", "b.py")
+    p = a_plan()
+    assert "ACCELERATE_MIXED_PRECISION" in delivery(p, free, [], {}, [], False).routes["precision"][0]
+    assert "precision" in delivery(p, fixed, [], {}, [], False).advisory
+
+
+def test_unreadable_script_is_no_crash(tmp_path):
+    facts = script(tmp_path, "def broken(:\n")
+    assert facts.error and facts.flags == {}
