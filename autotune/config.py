@@ -141,8 +141,9 @@ class DistributedConfig(_Section):
     num_gpus: AutoNonNegInt = AUTO
     nproc_per_node: AutoPosInt = AUTO
     num_nodes: AutoPosInt = AUTO
-    node_rank: int = Field(0, ge=0)
-    master_addr: str = "127.0.0.1"
+    node_rank: AutoNonNegInt = AUTO  # auto: SLURM_NODEID under SLURM, else 0
+    master_addr: str = Field(AUTO, min_length=1, description="auto: the first host of the SLURM allocation, "
+                             "else 127.0.0.1 on one node")
     master_port: int = Field(29500, ge=1, le=65535)
     timeout_s: int = Field(1800, ge=10, description="process-group (NCCL/gloo) timeout")
 

@@ -1,4 +1,5 @@
-"""The plan in other tools' words (pure): Accelerate config, torchrun command."""
+"""The plan in other tools' words (pure): Accelerate config, torchrun command, sbatch script,
+DeepSpeed hostfile."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def accelerate_config(plan: TrainingPlan) -> dict:
             "gradient_accumulation_steps": plan.batch.gradient_accumulation_steps,
             "gradient_clipping": plan.optimizer.gradient_clipping or 0.0,  # 0.0 = off, as in DeepSpeed
             "offload_optimizer_device": "cpu" if eng.offload_optimizer else "none",
-            "offload_param_device": "none",
+            "offload_param_device": "cpu" if eng.offload_param else "none",
             "zero3_init_flag": False,
         }
     elif eng.world_size > 1:
@@ -50,3 +51,43 @@ def torchrun_command(plan: TrainingPlan, script: str = "train.py") -> list[str]:
     from autotune.launch import torchrun_flags
 
     return ["torchrun", *torchrun_flags(plan), script]
+
+
+def deepspeed_hostfile(plan: TrainingPlan, hosts: tuple[str, ...] | list[str]) -> str:
+    """``host slots=N`` per node, for the ``deepspeed`` launcher (--hostfile)."""
+    eng = plan.engine
+    names = list(hosts) or (["localhost"] if eng.num_nodes == 1 else [])
+    if len(names) < eng.num_nodes:
+        from autotune.errors import UserError
+
+        raise UserError(f"export --format deepspeed-hostfile: the plan has {eng.num_nodes} nodes but only "
+                        f"{len(names)} host name(s) are known; run it inside the SLURM allocation (it reads SLURM_JOB_NODELIST)")
+    return "".join(f"{h} slots={eng.nproc_per_node}\n" for h in names[:eng.num_nodes])
+
+
+def sbatch_script(plan: TrainingPlan, *, launcher: str, config: str, run_dir: str, cpus_per_task: int,
+                  time_limit: str, partition: str | None, account: str | None, job_name: str,
+                  script_args: list[str] | tuple[str, ...] = ()) -> str:
+    """An sbatch script for the plan: one launcher task per node (srun), torchrun's c10d rendezvous
+    across nodes (autotune reads the allocation on each node), logs inside the run directory,
+    SIGUSR1 two minutes before the time limit and requeue (the job resumes from its newest checkpoint)."""
+    import shlex
+
+    eng = plan.engine
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={eng.num_nodes}",
+             "#SBATCH --ntasks-per-node=1"]
+    if eng.num_gpus:
+        lines.append(f"#SBATCH --gpus-per-node={eng.num_gpus}")
+    lines += [f"#SBATCH --cpus-per-task={cpus_per_task}", f"#SBATCH --time={time_limit}"]
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    if account:
+        lines.append(f"#SBATCH --account={account}")
+    lines += [f"#SBATCH --output={run_dir}/slurm-%j.out", "#SBATCH --signal=USR1@120", "#SBATCH --requeue",
+              "#", "# Written by `python -m autotune export --format slurm`: the plan is made again on each node",
+              "# from the allocation (node rank, master = first host, GPUs), the same command on every node.",
+              "set -euo pipefail", 'cd "${SLURM_SUBMIT_DIR:-.}"',
+              "srun --ntasks-per-node=1 --kill-on-bad-exit=1 "
+              + shlex.join([launcher, "--config", config, "--run_dir", run_dir, "--resume_from", "auto",
+                            *(["--", *script_args] if script_args else [])]), ""]
+    return "\n".join(lines)

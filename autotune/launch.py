@@ -154,11 +154,15 @@ def _program(plan: TrainingPlan, script_args: list[str]) -> list[str]:
 
 
 def torchrun_flags(plan: TrainingPlan) -> list[str]:
-    """torchrun's flags for the plan: standalone on one node, static rendezvous across nodes."""
+    """torchrun's flags for the plan: standalone on one node; across nodes the c10d rendezvous
+    under SLURM (the same command on every node) or the static form (--node_rank)."""
     eng = plan.engine
     flags = [f"--nproc_per_node={eng.nproc_per_node}"]
     if eng.num_nodes == 1:
         return flags + ["--standalone"]
+    if eng.rdzv_id:
+        return flags + [f"--nnodes={eng.num_nodes}", "--rdzv_backend=c10d",
+                        f"--rdzv_endpoint={eng.master_addr}:{eng.master_port}", f"--rdzv_id={eng.rdzv_id}"]
     return flags + [
         f"--nnodes={eng.num_nodes}",
         f"--node_rank={eng.node_rank}",

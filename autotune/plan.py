@@ -53,7 +53,7 @@ Device = Literal["cuda", "cpu"]
 
 # Every knob a reason or an override can be about: the flat plan keys, plus the GPU count.
 Knob = Literal[
-    "backend", "zero_stage", "num_nodes", "num_gpus", "nproc_per_node", "world_size",
+    "backend", "zero_stage", "num_nodes", "num_gpus", "node_rank", "master_addr", "nproc_per_node", "world_size",
     "micro_batch_size", "gradient_accumulation_steps", "global_batch_size",
     "precision", "tf32", "gradient_checkpointing", "offload_optimizer", "offload_param", "strategy",
     "num_workers", "pin_memory", "prefetch_factor", "omp_num_threads",
@@ -73,6 +73,7 @@ class EngineSection(_Section):
     node_rank: int = Field(0, ge=0)
     master_addr: str = "127.0.0.1"
     master_port: int = Field(29500, ge=1, le=65535)
+    rdzv_id: str | None = None  # the SLURM job id: torchrun's c10d rendezvous (same command on every node)
     nproc_per_node: int = Field(ge=1)
     world_size: int = Field(ge=1)
     num_gpus: int = Field(0, ge=0)
@@ -210,7 +211,8 @@ class TrainingPlan(_Section):
 # (flat key, section, attribute) in the order `plan --json` prints them.
 PUBLIC_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("backend", "engine", "backend"), ("zero_stage", "engine", "zero_stage"), ("device", "engine", "device"),
-    ("num_nodes", "engine", "num_nodes"), ("nproc_per_node", "engine", "nproc_per_node"),
+    ("num_nodes", "engine", "num_nodes"), ("node_rank", "engine", "node_rank"),
+    ("master_addr", "engine", "master_addr"), ("nproc_per_node", "engine", "nproc_per_node"),
     ("world_size", "engine", "world_size"),
     ("micro_batch_size", "batch", "micro_batch_size"),
     ("gradient_accumulation_steps", "batch", "gradient_accumulation_steps"),

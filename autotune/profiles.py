@@ -102,6 +102,10 @@ class SlurmInfo(_Frozen):
     cpus_per_task: int | None = None
     gpus: str | None = None
     partition: str | None = None
+    node_id: int | None = None  # SLURM_NODEID: this node's index in the allocation
+    hosts: tuple[str, ...] = ()  # SLURM_JOB_NODELIST expanded, in order
+    gpus_per_node: int | None = None
+    mem_per_node_mib: int | None = None
 
 
 class HardwareProfile(_Frozen):

@@ -7,19 +7,61 @@ import json
 import shlex
 import sys
 
-HELP = "write the plan as a DeepSpeed JSON, an Accelerate config YAML, or a torchrun command line"
+HELP = ("write the plan as a DeepSpeed JSON, an Accelerate config YAML, a torchrun command line, an sbatch "
+        "script or a DeepSpeed hostfile")
+EPILOG = """examples:
+  python -m autotune export --format deepspeed --hardware 4xL4 -o ds.json
+  python -m autotune export --format accelerate -o accelerate.yaml
+  python -m autotune export --format torchrun --script train.py -- --batch_size {micro_batch_size}
+  python -m autotune export --format slurm --num_nodes 2 --hardware 8xA100-40GB --time 12:00:00 -o train.sbatch
+  python -m autotune export --format deepspeed-hostfile   # inside a SLURM allocation
+
+--format slurm writes an sbatch script: one launcher per node (srun --ntasks-per-node=1
+--kill-on-bad-exit=1), autotune plans again on each node from the allocation and starts
+torchrun with a c10d rendezvous on the first host; logs go to the run directory (created
+now, so SLURM can write there); SIGUSR1 120 s before the time limit, requeue, resume auto."""
 
 
 def add_parser(sub) -> None:
     from autotune.commands.common import add_plan_args
 
-    p = sub.add_parser("export", help=HELP, description=HELP)
-    p.add_argument("--format", required=True, choices=["deepspeed", "accelerate", "torchrun"])
+    p = sub.add_parser("export", help=HELP, description=HELP, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--format", required=True, choices=["deepspeed", "accelerate", "torchrun", "slurm",
+                                                       "deepspeed-hostfile"])
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (refuses to overwrite)")
     p.add_argument("--overwrite", action="store_true", help="allow --output to overwrite an existing file")
     p.add_argument("--script", default="train.py", help="training script for the torchrun line (default: train.py)")
+    s = p.add_argument_group("--format slurm")
+    s.add_argument("--run_dir", metavar="DIR", help="run directory of the job (default: runs/slurm-<job name>)")
+    s.add_argument("--time", default="24:00:00", metavar="HH:MM:SS", help="time limit (default 24:00:00)")
+    s.add_argument("--partition", metavar="NAME", help="SLURM partition")
+    s.add_argument("--account", metavar="NAME", help="SLURM account")
+    s.add_argument("--job_name", default="autotune", metavar="NAME", help="job name (default autotune)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="after `--`: the training script's arguments "
+                   "({placeholders} expanded for torchrun, kept for slurm where each node expands them)")
     add_plan_args(p)
     p.set_defaults(func=run)
+
+
+def _sbatch(args, plan, hw, script_args: list[str]) -> str:
+    import re
+    from pathlib import Path
+
+    from autotune.errors import UserError
+    from autotune.exports import sbatch_script
+
+    if not re.fullmatch(r"\d+(-\d+)?(:\d\d){0,2}", args.time):
+        raise UserError(f"--time: SLURM time limits look like 12:00:00, 1-00:00:00 or 90, got {args.time!r}")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.job_name):
+        raise UserError(f"--job_name: letters, digits, '_', '.', '-' only, got {args.job_name!r}")
+    root = Path(__file__).resolve().parent.parent.parent
+    run_dir = Path(args.run_dir or f"runs/slurm-{args.job_name}").absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)  # SLURM writes its log there before any task starts
+    return sbatch_script(plan, launcher=str(root / "launch_distributed_training.sh"),
+                         config=str(Path(args.config).absolute()), run_dir=str(run_dir),
+                         cpus_per_task=hw.cpu.effective_cores, time_limit=args.time, partition=args.partition,
+                         account=args.account, job_name=args.job_name, script_args=script_args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,15 +72,34 @@ def run(args: argparse.Namespace) -> int:
     from autotune.errors import UserError
     from autotune.exports import accelerate_config, torchrun_command
 
-    plan, _, ds = plan_from_args(args)
+    plan, hw, ds = plan_from_args(args)
+    raw = list(args.script_args or [])
+    if raw and raw[0] == "--":
+        raw = raw[1:]
+    elif raw:
+        raise UserError(f"unrecognised arguments: {' '.join(raw)} (put script arguments after `--`)")
     if args.format == "deepspeed":
         text = json.dumps(ds if ds is not None else deepspeed_config(plan), indent=2) + "\n"
     elif args.format == "accelerate":
         import yaml
 
         text = yaml.safe_dump(accelerate_config(plan), sort_keys=False)
+    elif args.format == "torchrun":
+        from autotune.script_args import expand, placeholder_values
+
+        script_args = expand(raw, placeholder_values(plan, None, None), where="export --format torchrun")
+        text = shlex.join([*torchrun_command(plan, args.script), *script_args]) + "\n"
+    elif args.format == "deepspeed-hostfile":
+        from autotune.exports import deepspeed_hostfile
+
+        import os
+
+        from autotune.slurm import allocation
+
+        alloc = allocation(os.environ)
+        text = deepspeed_hostfile(plan, alloc.hosts if alloc else (hw.slurm.hosts if hw.slurm else ()))
     else:
-        text = shlex.join(torchrun_command(plan, args.script)) + "\n"
+        text = _sbatch(args, plan, hw, raw)
     if args.output:
         out = Path(args.output)
         if out.exists() and not args.overwrite:

@@ -131,7 +131,25 @@ def parse_slurm_env(environ: Mapping[str, str]) -> SlurmInfo | None:
         cpus_per_task=_int_or_none(environ.get("SLURM_CPUS_PER_TASK")),
         gpus=environ.get("SLURM_GPUS_ON_NODE", environ.get("SLURM_GPUS")),
         partition=environ.get("SLURM_JOB_PARTITION"),
+        **_allocation_fields(environ),
     )
+
+
+def _allocation_fields(environ: Mapping[str, str]) -> dict:
+    """Node index, expanded host list, GPUs and memory per node; empty when the variables are unreadable
+    (the planner then says what is missing)."""
+    from autotune.errors import UserError
+    from autotune.slurm import allocation
+
+    try:
+        a = allocation(environ)
+    except UserError:
+        return {}
+    if a is None:
+        return {}
+    return {"node_id": a.node_rank if "SLURM_NODEID" in environ else None,
+            "hosts": a.hosts if (environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")) else (),
+            "gpus_per_node": a.gpus_per_node, "mem_per_node_mib": a.mem_per_node_mib}
 
 
 def _normalize(name: str) -> str:

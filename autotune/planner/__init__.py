@@ -51,6 +51,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     # -- where it runs -----------------------------------------------------------
     n_gpus = dec.decide_num_gpus(x, r)
     num_nodes = dec.decide_num_nodes(x, r)
+    node_rank, master_addr, rdzv_id = dec.decide_rendezvous(x, r, num_nodes)
     backend, nproc, zero = dec.decide_engine(x, r, n_gpus, num_nodes)
     devs = hw.gpus.devices[:nproc] if (n_gpus and nproc) else ()
     precision, tf32 = dec.decide_precision(x, r, devs)
@@ -109,8 +110,8 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     m = cfg.model
     return TrainingPlan(
         engine=EngineSection(backend=backend, zero_stage=zero, device="cuda" if devs else "cpu",
-                             num_nodes=num_nodes, node_rank=d.node_rank, master_addr=d.master_addr,
-                             master_port=d.master_port, nproc_per_node=nproc, world_size=world,
+                             num_nodes=num_nodes, node_rank=node_rank, master_addr=master_addr,
+                             master_port=d.master_port, rdzv_id=rdzv_id, nproc_per_node=nproc, world_size=world,
                              num_gpus=len(devs), offload_optimizer=mf.strategy.offload_optimizer,
                              offload_param=mf.strategy.offload_param, timeout_s=d.timeout_s),
         batch=BatchSection(micro_batch_size=micro, gradient_accumulation_steps=acc, global_batch_size=global_batch,

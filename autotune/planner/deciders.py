@@ -119,6 +119,39 @@ def decide_num_nodes(x: Inputs, r: Resolver) -> int:
         verbatim=1, verbatim_reason="--no_auto_optimize: 'auto' means 1 node here")
 
 
+LOOPBACK = ("127.", "localhost", "::1")
+
+
+def decide_rendezvous(x: Inputs, r: Resolver, num_nodes: int) -> tuple[int, str, str | None]:
+    """(node rank, master address, rendezvous id): flags, then the SLURM allocation, then one node."""
+    d, slurm = x.cfg.distributed, x.hw.slurm
+    in_slurm = slurm is not None and slurm.job_id is not None
+    rank = r.resolve("node_rank", d.node_rank, lambda: Decision(
+        slurm.node_id, f"SLURM_NODEID={slurm.node_id} (job {slurm.job_id})") if in_slurm and slurm.node_id is not None
+        else Decision(0, "one node" if num_nodes == 1 else "no SLURM_NODEID and no --node_rank: node 0"),
+        path="distributed.node_rank", verbatim=0, verbatim_reason="--no_auto_optimize: 'auto' means node 0")
+    if rank >= num_nodes:
+        raise UserError(f"distributed.node_rank: must be below the number of nodes ({num_nodes}), got {rank}")
+    if in_slurm and slurm.hosts and num_nodes > 1:
+        auto = Decision(slurm.hosts[0], f"first host of the SLURM allocation {slurm.nodelist} "
+                                        f"({len(slurm.hosts)} host(s))")
+    else:
+        auto = Decision("127.0.0.1", "one node: the local machine" if num_nodes == 1 else
+                        "no --master_addr and no SLURM allocation: 127.0.0.1")
+    master = d.master_addr if d.master_addr != AUTO else None
+    addr = r.resolve("master_addr", master or AUTO, lambda: auto, path="distributed.master_addr",
+                     verbatim="127.0.0.1", verbatim_reason="--no_auto_optimize: 'auto' means 127.0.0.1")
+    loopback = addr.startswith(LOOPBACK)
+    if num_nodes > 1 and loopback and master is None and rank > 0:
+        raise UserError(f"distributed.master_addr: node {rank} of {num_nodes} needs the address of node 0; pass "
+                        "--master_addr HOST (127.0.0.1 only when every node runs on this machine)")
+    if num_nodes > 1 and loopback:
+        r.warnings.append(f"master address {addr} is this machine: every one of the {num_nodes} nodes must run here "
+                          "(a test setup); on a cluster give node 0's address")
+    rdzv = slurm.job_id if in_slurm and num_nodes > 1 and master is None and d.node_rank == AUTO else None
+    return rank, addr, rdzv
+
+
 def _auto_backend(x: Inputs, n_gpus: int, nproc: int, num_nodes: int) -> Decision:
     if n_gpus:
         if n_gpus == 1 and num_nodes == 1:
@@ -161,8 +194,6 @@ def decide_engine(x: Inputs, r: Resolver, n_gpus: int, num_nodes: int) -> tuple[
             f"distributed.backend: single runs one process, but {nproc} processes per node were asked for "
             f"({'GPUs' if on_gpu else 'nproc_per_node'}); use --ddp or --deepspeed, or --num_gpus 1"
         )
-    if d.node_rank >= num_nodes:
-        raise UserError(f"distributed.node_rank: must be below the number of nodes ({num_nodes}), got {d.node_rank}")
     if backend == "single" and num_nodes > 1:
         raise UserError(f"distributed.backend: single cannot span {num_nodes} nodes; use ddp or deepspeed")
     if r.auto_optimize:

@@ -314,9 +314,11 @@ def test_slurm_variables_whole_record_and_fallback_names():
             "SLURM_NTASKS_PER_NODE": "4", "SLURM_CPUS_PER_TASK": "6", "SLURM_GPUS_ON_NODE": "4",
             "SLURM_JOB_PARTITION": "gpu", "SLURM_NNODES": "9", "SLURM_NODELIST": "x", "SLURM_GPUS": "9"}
     assert parse_slurm_env(full) == SlurmInfo(job_id="42", num_nodes=2, nodelist="node[1-2]", ntasks=8,
-                                              ntasks_per_node="4", cpus_per_task=6, gpus="4", partition="gpu")
+                                              ntasks_per_node="4", cpus_per_task=6, gpus="4", partition="gpu",
+                                              hosts=("node1", "node2"), gpus_per_node=4)
     older = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "3", "SLURM_NODELIST": "a,b,c", "SLURM_GPUS": "a100:2",
              "SLURM_CPUS_PER_TASK": "lots"}
+    # an unreadable variable leaves the allocation's details unknown (the planner then needs flags)
     assert parse_slurm_env(older) == SlurmInfo(job_id="7", num_nodes=3, nodelist="a,b,c", gpus="a100:2")
 
 

@@ -1,0 +1,117 @@
+"""SLURM allocations: host lists, variables, the plan and launch under them, the exports."""
+
+import json
+
+import pytest
+
+from autotune.config import TrainConfig, apply_overrides
+from autotune.errors import UserError
+from autotune.hardware import parse_slurm_env
+from autotune.planner import plan
+from autotune.profiles import load_profile
+from autotune.slurm import allocation, expand_hostlist, gpus_per_node
+
+
+@pytest.mark.parametrize("text, hosts", [
+    ("node01", ["node01"]),
+    ("node[01-04,07]", ["node01", "node02", "node03", "node04", "node07"]),
+    ("node[1-3],gpu-a[01,05]", ["node1", "node2", "node3", "gpu-a01", "gpu-a05"]),
+    ("gpu[008-011]", ["gpu008", "gpu009", "gpu010", "gpu011"]),
+    ("n[9-11]", ["n9", "n10", "n11"]),
+    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+    ("a,b[2-3],c", ["a", "b2", "b3", "c"]),
+    ("10.0.0.1", ["10.0.0.1"]),
+])
+def test_hostlists_expand_as_scontrol_does(text, hosts):
+    assert expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize("bad", ["node[01-", "node]1[", "node[3-1]", "node[a-b]"])
+def test_malformed_hostlists_are_errors(bad):
+    with pytest.raises(ValueError):
+        expand_hostlist(bad)
+
+
+@pytest.mark.parametrize("value, n", [("4", 4), ("a100:4", 4), ("gpu:a100:8", 8), ("2(x3)", 2), ("", None),
+                                      (None, None), ("a100", None)])
+def test_gpus_per_node_forms(value, n):
+    assert gpus_per_node(value) == n
+
+
+NODE1 = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "node[01-02]",
+         "SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "16", "SLURM_MEM_PER_NODE": "256000"}
+
+
+def test_allocation_reads_every_variable_and_names_its_source():
+    a = allocation(NODE1)
+    assert (a.num_nodes, a.node_rank, a.master_addr, a.gpus_per_node, a.cpus_per_task, a.mem_per_node_mib) == \
+        (2, 1, "node01", 4, 16, 256000)
+    assert a.sources["node_rank"] == "SLURM_NODEID" and "node[01-02]" in a.sources["master_addr"]
+    assert allocation({}) is None
+    with pytest.raises(UserError, match="names 3 host"):
+        allocation({**NODE1, "SLURM_JOB_NODELIST": "n[1-3]"})
+    with pytest.raises(UserError, match="SLURM_NODEID=2 is not below"):
+        allocation({**NODE1, "SLURM_NODEID": "2"})
+    with pytest.raises(UserError, match="SLURM_JOB_NODELIST"):
+        allocation({**NODE1, "SLURM_JOB_NODELIST": "node[01-"})
+
+
+def _in_slurm(env):
+    hw = load_profile("4xL4")
+    return hw.model_copy(update={"num_nodes": int(env["SLURM_JOB_NUM_NODES"]), "slurm": parse_slurm_env(env)})
+
+
+def test_node_1_of_a_slurm_job_plans_its_rank_and_the_first_host_as_master():
+    p = plan(_in_slurm(NODE1), TrainConfig(), deepspeed_installed=True)
+    e = p.engine
+    assert (e.num_nodes, e.node_rank, e.master_addr, e.rdzv_id, e.world_size) == (2, 1, "node01", "77", 8)
+    assert p.reasons["node_rank"].startswith("SLURM_NODEID=1") and "node[01-02]" in p.reasons["master_addr"]
+    from autotune.launch import torchrun_flags
+
+    assert torchrun_flags(p) == ["--nproc_per_node=4", "--nnodes=2", "--rdzv_backend=c10d",
+                                 "--rdzv_endpoint=node01:29500", "--rdzv_id=77"]
+    assert p.batch.global_batch_size == 256  # held across the whole world
+
+
+def test_explicit_flags_beat_the_allocation_and_give_the_static_rendezvous():
+    cfg = apply_overrides(TrainConfig(), {"distributed.node_rank": 0, "distributed.master_addr": "10.0.0.5"})
+    p = plan(_in_slurm(NODE1), cfg, deepspeed_installed=True)
+    assert (p.engine.node_rank, p.engine.master_addr, p.engine.rdzv_id) == (0, "10.0.0.5", None)
+    assert p.overrides["node_rank"].auto == 1 and p.overrides["master_addr"].auto == "node01"
+
+
+def test_a_second_node_with_no_master_is_refused_and_loopback_warned():
+    with pytest.raises(UserError, match="node 1 of 2 needs the address of node 0"):
+        plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.num_nodes": 2,
+                                                                   "distributed.node_rank": 1}))
+    p = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.num_nodes": 2, "distributed.node_rank": 1,
+                                                                   "distributed.master_addr": "127.0.0.1"}))
+    assert any("every one of the 2 nodes must run here" in w for w in p.warnings)
+
+
+def test_dry_run_under_slurm_variables_for_node_1(cli):
+    r = cli("autotune", "launch", "--dry-run", "--json", env=NODE1)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert (d["plan"]["node_rank"], d["plan"]["master_addr"], d["plan"]["num_nodes"]) == (1, "node01", 2)
+    assert "--rdzv_endpoint=node01:29500" in d["launch"]["argv"] and "--rdzv_id=77" in d["launch"]["argv"]
+
+
+def test_export_slurm_and_hostfile(cli, tmp_path):
+    run_dir = tmp_path / "job"
+    r = cli("autotune", "export", "--format", "slurm", "--hardware", "2x4xL4", "--run_dir", str(run_dir),
+            "--partition", "gpu", "--account", "proj", "--time", "02:00:00", "--", "--lr", "{learning_rate}")
+    assert r.returncode == 0, r.stderr
+    s = r.stdout
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4",
+                 "#SBATCH --partition=gpu", "#SBATCH --account=proj", "#SBATCH --time=02:00:00",
+                 f"#SBATCH --output={run_dir}/slurm-%j.out", "#SBATCH --signal=USR1@120", "#SBATCH --requeue"):
+        assert line in s.splitlines()
+    assert "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " in s and "--resume_from auto -- --lr '{learning_rate}'" in s
+    assert run_dir.is_dir()
+    bad = cli("autotune", "export", "--format", "slurm", "--time", "soon")
+    assert bad.returncode == 2 and "--time" in bad.stderr
+    h = cli("autotune", "export", "--format", "deepspeed-hostfile", "--hardware", "2x4xL4", env=NODE1)
+    assert h.returncode == 0 and h.stdout == "node01 slots=4\nnode02 slots=4\n"
+    t = cli("autotune", "export", "--format", "torchrun", "--hardware", "4xL4", "--", "--bs", "{micro_batch_size}")
+    assert t.stdout.strip().endswith("train.py --bs 16")
