@@ -67,7 +67,7 @@ def deepspeed_hostfile(plan: TrainingPlan, hosts: tuple[str, ...] | list[str]) -
 
 def sbatch_script(plan: TrainingPlan, *, launcher: str, config: str, run_dir: str, cpus_per_task: int,
                   time_limit: str, partition: str | None, account: str | None, job_name: str,
-                  script_args: list[str] | tuple[str, ...] = ()) -> str:
+                  script_args: list[str] | tuple[str, ...] = (), plan_flags: list[str] | tuple[str, ...] = ()) -> str:
     """An sbatch script for the plan: one launcher task per node (srun), torchrun's c10d rendezvous
     across nodes (autotune reads the allocation on each node), logs inside the run directory,
     SIGUSR1 two minutes before the time limit and requeue (the job resumes from its newest checkpoint)."""
@@ -83,11 +83,15 @@ def sbatch_script(plan: TrainingPlan, *, launcher: str, config: str, run_dir: st
         lines.append(f"#SBATCH --partition={partition}")
     if account:
         lines.append(f"#SBATCH --account={account}")
-    lines += [f"#SBATCH --output={run_dir}/slurm-%j.out", "#SBATCH --signal=USR1@120", "#SBATCH --requeue",
+    q = shlex.quote(run_dir)
+    lines += ["#SBATCH --output=slurm-%x-%j.out", "#SBATCH --signal=USR1@120", "#SBATCH --requeue",
               "#", "# Written by `python -m autotune export --format slurm`: the plan is made again on each node",
               "# from the allocation (node rank, master = first host, GPUs), the same command on every node.",
-              "set -euo pipefail", 'cd "${SLURM_SUBMIT_DIR:-.}"',
+              "# The job's output is also kept in the run directory (slurm-<job id>.out). Relative paths are",
+              "# relative to the directory this was exported in: submit it from there.",
+              "set -euo pipefail", 'cd "${SLURM_SUBMIT_DIR:-.}"', f"mkdir -p {q}",
+              f'exec > >(tee -a {q}/"slurm-${{SLURM_JOB_ID:-local}}.out") 2>&1',
               "srun --ntasks-per-node=1 --kill-on-bad-exit=1 "
-              + shlex.join([launcher, "--config", config, "--run_dir", run_dir, "--resume_from", "auto",
+              + shlex.join([launcher, "--config", config, *plan_flags, "--run_dir", run_dir, "--resume_from", "auto",
                             *(["--", *script_args] if script_args else [])]), ""]
     return "\n".join(lines)

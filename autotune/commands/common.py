@@ -85,6 +85,19 @@ _FLAG_TO_FIELD = {
 }
 
 
+def plan_flags_argv(args: argparse.Namespace, *, skip: tuple[str, ...] = ("hardware",)) -> list[str]:
+    """The plan flags the user gave, as argv again (for a command that plans again elsewhere)."""
+    out: list[str] = []
+    for flag in ("policy", *_FLAG_TO_FIELD):
+        value = getattr(args, flag, None)
+        if value is not None and flag not in skip:
+            out += [f"--{flag}", str(value)]
+    for flag in ("deepspeed", "ddp", "single", "debug", "no_auto_optimize", "force"):
+        if getattr(args, flag, False):
+            out.append(f"--{flag}")
+    return out
+
+
 def overrides_from_args(args: argparse.Namespace) -> dict:
     out = {field: getattr(args, flag) for flag, field in _FLAG_TO_FIELD.items() if getattr(args, flag, None) is not None}
     for flag in ("deepspeed", "ddp", "single"):

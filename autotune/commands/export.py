@@ -18,8 +18,9 @@ EPILOG = """examples:
 
 --format slurm writes an sbatch script: one launcher per node (srun --ntasks-per-node=1
 --kill-on-bad-exit=1), autotune plans again on each node from the allocation and starts
-torchrun with a c10d rendezvous on the first host; logs go to the run directory (created
-now, so SLURM can write there); SIGUSR1 120 s before the time limit, requeue, resume auto."""
+torchrun with a c10d rendezvous on the first host; the output goes to the run directory
+and to slurm-<name>-<id>.out in the submit directory); SIGUSR1 120 s before the time
+limit, requeue, resume auto."""
 
 
 def add_parser(sub) -> None:
@@ -49,6 +50,7 @@ def _sbatch(args, plan, hw, script_args: list[str]) -> str:
     from pathlib import Path
 
     from autotune.errors import UserError
+    from autotune.commands.common import plan_flags_argv
     from autotune.exports import sbatch_script
 
     if not re.fullmatch(r"\d+(-\d+)?(:\d\d){0,2}", args.time):
@@ -57,11 +59,20 @@ def _sbatch(args, plan, hw, script_args: list[str]) -> str:
         raise UserError(f"--job_name: letters, digits, '_', '.', '-' only, got {args.job_name!r}")
     root = Path(__file__).resolve().parent.parent.parent
     run_dir = Path(args.run_dir or f"runs/slurm-{args.job_name}").absolute()
-    run_dir.mkdir(parents=True, exist_ok=True)  # SLURM writes its log there before any task starts
-    return sbatch_script(plan, launcher=str(root / "launch_distributed_training.sh"),
-                         config=str(Path(args.config).absolute()), run_dir=str(run_dir),
+
+    def here(p: Path) -> str:  # relative to the submit directory when inside it: the script stays portable
+        p = p.absolute()
+        try:
+            rel = p.relative_to(Path.cwd())
+        except ValueError:
+            return str(p)
+        return str(rel) if str(rel).startswith(".") or "/" in str(rel) else f"./{rel}"
+
+    return sbatch_script(plan, launcher=here(root / "launch_distributed_training.sh"),
+                         config=here(Path(args.config)), run_dir=here(run_dir),
                          cpus_per_task=hw.cpu.effective_cores, time_limit=args.time, partition=args.partition,
-                         account=args.account, job_name=args.job_name, script_args=script_args)
+                         account=args.account, job_name=args.job_name, script_args=script_args,
+                         plan_flags=plan_flags_argv(args, skip=("hardware", "config")))
 
 
 def run(args: argparse.Namespace) -> int:

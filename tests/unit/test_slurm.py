@@ -105,10 +105,11 @@ def test_export_slurm_and_hostfile(cli, tmp_path):
     s = r.stdout
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4",
                  "#SBATCH --partition=gpu", "#SBATCH --account=proj", "#SBATCH --time=02:00:00",
-                 f"#SBATCH --output={run_dir}/slurm-%j.out", "#SBATCH --signal=USR1@120", "#SBATCH --requeue"):
+                 "#SBATCH --output=slurm-%x-%j.out", "#SBATCH --signal=USR1@120", "#SBATCH --requeue",
+                 f"mkdir -p {run_dir}"):
         assert line in s.splitlines()
     assert "srun --ntasks-per-node=1 --kill-on-bad-exit=1 " in s and "--resume_from auto -- --lr '{learning_rate}'" in s
-    assert run_dir.is_dir()
+    assert f'tee -a {run_dir}/"slurm-${{SLURM_JOB_ID:-local}}.out"' in s
     bad = cli("autotune", "export", "--format", "slurm", "--time", "soon")
     assert bad.returncode == 2 and "--time" in bad.stderr
     h = cli("autotune", "export", "--format", "deepspeed-hostfile", "--hardware", "2x4xL4", env=NODE1)

@@ -1,0 +1,146 @@
+"""A real SLURM on this machine: munged, slurmctld and slurmd started (and stopped) by the test,
+the exported sbatch script submitted unchanged, training run to completion.
+
+SLURM comes from the Debian packages ``slurm-wlm`` and ``munge``; the fixture installs them
+when missing and it may (root, apt-get present: as in CI). One node only: two ``slurmd`` on
+one host need a SLURM built with --enable-multiple-slurmd, which Debian's is not; the
+two-node path is covered by the two-launcher tests in test_launch_real.py.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from support import ROOT
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _unavailable(reason: str):
+    if IN_CI:
+        pytest.fail(f"SLURM is required in CI: {reason}")
+    pytest.skip(f"needs SLURM (slurm-wlm, munge): {reason}")
+
+
+def _install() -> None:
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        _unavailable("sbatch not found and this is not root with apt-get to install it")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "slurm-wlm", "munge"]):
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        if r.returncode != 0:
+            _unavailable(f"{' '.join(cmd)} failed: {r.stderr[-500:]}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(cond, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    if not (shutil.which("sbatch") and shutil.which("slurmctld") and shutil.which("munged")):
+        _install()
+    if os.geteuid() != 0:
+        _unavailable("the daemons are started as root here")
+    d = tmp_path_factory.mktemp("slurm")
+    (d / "munge").mkdir(mode=0o700)
+    key = d / "munge" / "key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o600)
+    for sub in ("state", "spool"):
+        (d / sub).mkdir()
+    sock = d / "munge" / "sock"
+    conf = d / "slurm.conf"
+    cpus = os.cpu_count() or 1
+    conf.write_text(f"""ClusterName=autotune-test
+SlurmctldHost=localhost
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={sock}
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd.pid
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+MpiDefault=none
+SlurmctldLogFile={d}/slurmctld.log
+SlurmdLogFile={d}/slurmd.log
+NodeName=localhost NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+""")
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    for k in [k for k in env if k.startswith("SLURM_") and k != "SLURM_CONF"]:
+        env.pop(k)  # a test run inside a SLURM job must not leak its allocation
+    started = []
+    try:
+        subprocess.run(["munged", "--force", f"--key-file={key}", f"--socket={sock}", f"--pid-file={d}/munge/pid",
+                       f"--log-file={d}/munge/log", f"--seed-file={d}/munge/seed"], check=True, timeout=30)
+        started.append(d / "munge" / "pid")
+        subprocess.run(["slurmctld", "-f", str(conf)], check=True, timeout=30, env=env)
+        started.append(d / "slurmctld.pid")
+        subprocess.run(["slurmd", "-f", str(conf), "-N", "localhost"], check=True, timeout=30, env=env)
+        started.append(d / "slurmd.pid")
+
+        def idle() -> bool:
+            r = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, env=env, timeout=10)
+            return r.returncode == 0 and r.stdout.strip() == "idle"
+
+        _wait(idle, 60, f"the node to be idle (logs in {d})")
+        yield env
+    finally:
+        subprocess.run(["scancel", "--user=root"], capture_output=True, env=env, timeout=10)
+        for pidfile in reversed(started):
+            try:
+                os.kill(int(pidfile.read_text().split()[0]), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+        time.sleep(1)
+
+
+def test_sbatch_of_the_exported_script_trains_to_completion(slurm, small_config, tmp_path):
+    run_dir, script = tmp_path / "job", tmp_path / "train.sbatch"
+    env = {**slurm, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "autotune", "export", "--format", "slurm",
+                        "--config", str(small_config), "--nproc_per_node", "2", "--time", "00:10:00",
+                        "--run_dir", str(run_dir), "-o", str(script)], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    sb = subprocess.run(["sbatch", "--wait", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                        timeout=600)  # from where it was exported: its paths are relative to that directory
+    logs = sorted(run_dir.glob("slurm-*.out"))
+    text = logs[0].read_text() if logs else "(no log in the run dir)"
+    assert sb.returncode == 0, f"sbatch --wait: {sb.returncode}\n{sb.stdout}{sb.stderr}\n{text[-4000:]}"
+    assert "Done. Run directory:" in text
+    job_id = sb.stdout.split()[-1]
+    assert logs[0].name == f"slurm-{job_id}.out"
+    import json
+
+    from dist_util import check_run_dir
+
+    check_run_dir(run_dir, "ddp", 2)  # plan, records, checkpoints 5/10/12, every step logged, the loss falls
+    hw = json.loads((run_dir / "hardware.json").read_text())
+    assert hw["slurm"]["job_id"] == job_id and hw["slurm"]["hosts"] == ["localhost"]
