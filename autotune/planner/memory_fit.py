@@ -157,8 +157,8 @@ def candidates(x: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckp
             continue
         if off is not None and s.offload_optimizer != off:
             continue
-        if is_ds and world == 1 and not s.offload_optimizer and stage is None:
-            continue  # plain ZeRO on one process partitions nothing
+        if is_ds and world == 1 and not s.offload_optimizer and stage is None and user_backend != "deepspeed":
+            continue  # plain ZeRO on one process partitions nothing: only worth it for offload
         if (s, ckpt) not in out:
             out.append((s, ckpt))
     return out

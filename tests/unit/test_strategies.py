@@ -221,3 +221,12 @@ def test_property_a_plan_fits_or_is_refused(n, free, ram, params, ds, micro):
     assert est.total_gib <= est.budget_gib + 1e-3
     if est.host_gib_per_node:
         assert est.host_gib_per_node <= ram * 0.85 + 1e-2
+
+
+def test_deepspeed_asked_for_on_one_process_is_plain_zero2_not_offload():
+    """Offload costs throughput (and a CPU-Adam build): only memory may choose it."""
+    for hw in (load_profile("1xT4"), load_profile("cpu-only")):
+        p = plan(hw, apply_overrides(TrainConfig(), {"distributed.backend": "deepspeed"}), deepspeed_installed=True)
+        assert (p.engine.backend, p.engine.zero_stage, p.engine.offload_optimizer) == ("deepspeed", 2, False)
+    auto = plan(load_profile("1xT4"), TrainConfig(), deepspeed_installed=True)
+    assert auto.engine.backend == "single"  # the planner alone never picks plain ZeRO on one GPU
