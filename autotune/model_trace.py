@@ -126,8 +126,9 @@ def _line(model, make_batch, autocast: bool) -> LinearBytes:
 
 
 def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
-          progress: Callable[[str], None] | None = None) -> ModelFacts:
-    """Build ``model_spec`` under fake tensors, count it, and trace its activations."""
+          progress: Callable[[str], None] | None = None, modes: tuple[str, ...] = ("fp32", "half")) -> ModelFacts:
+    """Build ``model_spec`` under fake tensors, count it, and trace its activations in ``modes``
+    ('fp32', 'half': bf16 autocast); the planner asks only for the numerics the plan can use."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -153,15 +154,18 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                                              "such as [3,224,224] or int[512]<50257, or package.module:function)")
         try:
             model.train()
-            fp32 = _line(model, make_batch, autocast=False)
-            say(f"traced fp32 activations ({time.monotonic() - t0:.1f} s)")
-            half = _line(model, make_batch, autocast=True)
-            say(f"traced bf16-autocast activations ({time.monotonic() - t0:.1f} s)")
-            fp32_c = half_c = None
+            fp32 = half = fp32_c = half_c = None
+            if "fp32" in modes:
+                fp32 = _line(model, make_batch, autocast=False)
+                say(f"traced fp32 activations ({time.monotonic() - t0:.1f} s)")
+            if "half" in modes:
+                half = _line(model, make_batch, autocast=True)
+                say(f"traced bf16-autocast activations ({time.monotonic() - t0:.1f} s)")
             enable = getattr(model, "gradient_checkpointing_enable", None)
             if callable(enable):
                 enable()
-                fp32_c, half_c = _line(model, make_batch, False), _line(model, make_batch, True)
+                fp32_c = _line(model, make_batch, False) if "fp32" in modes else None
+                half_c = _line(model, make_batch, True) if "half" in modes else None
                 say(f"traced with gradient checkpointing ({time.monotonic() - t0:.1f} s)")
         except Exception as e:  # noqa: BLE001 - data-dependent shapes, custom ops, bad sample input
             return ModelFacts(source=source, num_parameters=total, trainable_parameters=trainable,

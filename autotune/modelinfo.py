@@ -57,8 +57,8 @@ class LinearBytes(_Frozen):
 class ActivationModel(_Frozen):
     """Activation bytes per numeric mode ('fp32', 'half') and checkpointing (False, True)."""
 
-    fp32: LinearBytes
-    half: LinearBytes
+    fp32: LinearBytes | None = None  # None: not traced (the plan's numerics did not need it)
+    half: LinearBytes | None = None
     fp32_checkpointed: LinearBytes | None = None
     half_checkpointed: LinearBytes | None = None
     source: str  # "formula" | "traced"
@@ -71,6 +71,8 @@ class ActivationModel(_Frozen):
                 return None
         else:
             lin = self.half if half else self.fp32
+            if lin is None:
+                return None
         return lin.at(micro) * self.margin
 
 

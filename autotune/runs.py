@@ -62,9 +62,12 @@ def resolve_hardware(spec: str | HardwareProfile | None) -> HardwareProfile:
     return detect()
 
 
-def model_facts(cfg: TrainConfig, policy=None, *, quiet: bool = False):
+def model_facts(cfg: TrainConfig, policy=None, *, quiet: bool = False, hw: HardwareProfile | None = None):
     """The planner's model facts: the built-in GPT, a user's model traced under fake tensors
-    (``training.model``; imports torch, a few seconds), or what the config declares."""
+    (``training.model``; imports torch, a few seconds), or what the config declares.
+
+    With ``hw``, only the numerics a plan there can use are traced: half precision with GPUs
+    (unless fp32 is asked for), fp32 without (unless bf16 is): half the tracing time."""
     from autotune.modelinfo import facts_for
 
     t = cfg.training
@@ -73,16 +76,21 @@ def model_facts(cfg: TrainConfig, policy=None, *, quiet: bool = False):
     from autotune.policy import load_policy
 
     margin = (policy or load_policy()).traced_activation_margin
-    return _traced(t.model, t.sample_input, margin, str(Path.cwd()), quiet)
+    modes: tuple[str, ...] = ("fp32", "half")
+    if hw is not None:
+        mp = t.mixed_precision
+        half = mp in ("bf16", "fp16") or (mp == "auto" and bool(hw.gpus.devices))
+        modes = ("half",) if half else ("fp32",)
+    return _traced(t.model, t.sample_input, margin, str(Path.cwd()), quiet, modes)
 
 
 _TRACE_CACHE: dict = {}
 
 
-def _traced(model: str, sample: str | None, margin: float, cwd: str, quiet: bool):
+def _traced(model: str, sample: str | None, margin: float, cwd: str, quiet: bool, modes: tuple[str, ...]):
     import sys
 
-    key = (model, sample, margin, cwd)
+    key = (model, sample, margin, cwd, modes)
     if key not in _TRACE_CACHE:
         from autotune.model_trace import trace
 
@@ -94,7 +102,7 @@ def _traced(model: str, sample: str | None, margin: float, cwd: str, quiet: bool
 
         if not quiet:
             print(f"autotune: measuring {model} under fake tensors (no memory spent) ...", file=sys.stderr, flush=True)
-        _TRACE_CACHE[key] = trace(model, sample, margin=margin, progress=progress)
+        _TRACE_CACHE[key] = trace(model, sample, margin=margin, progress=progress, modes=modes)
     return _TRACE_CACHE[key]
 
 
@@ -116,7 +124,7 @@ def plan_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     # A preset says nothing about installed software: the plan will run with what is installed here.
     ds_installed = bool(hw.software["deepspeed"]) if "deepspeed" in hw.software else deepspeed_installed_locally()
     p = plan(hw, cfg, auto_optimize=auto_optimize, debug=debug, policy=pol, deepspeed_installed=ds_installed,
-             facts=facts or model_facts(cfg, pol), force=force, record=record)
+             facts=facts or model_facts(cfg, pol, hw=hw), force=force, record=record)
     if not (with_deepspeed and p.is_deepspeed):
         return p, hw, None
     from autotune.deepspeed_config import deepspeed_config

@@ -263,8 +263,10 @@ def _default_strategy(backend: str, zero: int | None, offload_user) -> Strategy:
 def _estimate(row: Row, facts: ModelFacts, budget: Budget, micro: int, ckpt: bool) -> MemoryEstimate | None:
     n = row.need
     unknown = facts.unknown_reason
-    if facts.activations is not None and n.activations_gib is None and ckpt:
-        unknown = "activations with checkpointing could not be measured for this model"
+    if facts.activations is not None and n.activations_gib is None:
+        unknown = ("activations with checkpointing could not be measured for this model" if ckpt else
+                   "activations were traced for another precision than the plan's; the estimate covers model "
+                   "states only")
     return MemoryEstimate(
         strategy=row.label, model_source=facts.source, num_parameters=facts.num_parameters,
         model_states_gib=None if n.states_gib is None else round(n.states_gib, 4),
