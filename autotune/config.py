@@ -145,7 +145,9 @@ class DistributedConfig(_Section):
     master_addr: str = Field(AUTO, min_length=1, description="auto: the first host of the SLURM allocation, "
                              "else 127.0.0.1 on one node")
     master_port: int = Field(29500, ge=1, le=65535)
-    timeout_s: int = Field(1800, ge=10, description="process-group (NCCL/gloo) timeout")
+    timeout_s: int = Field(1800, ge=10, le=7 * 24 * 3600, description="process-group (NCCL/gloo) timeout")
+    rendezvous_timeout_s: int = Field(60, ge=5, le=24 * 3600, description="how long the nodes of a multi-node "
+                                      "job wait for each other before giving up")
 
 
 class LoggingConfig(_Section):

@@ -162,12 +162,14 @@ def torchrun_flags(plan: TrainingPlan) -> list[str]:
         return flags + ["--standalone"]
     if eng.rdzv_id:
         return flags + [f"--nnodes={eng.num_nodes}", "--rdzv_backend=c10d",
-                        f"--rdzv_endpoint={eng.master_addr}:{eng.master_port}", f"--rdzv_id={eng.rdzv_id}"]
+                        f"--rdzv_endpoint={eng.master_addr}:{eng.master_port}", f"--rdzv_id={eng.rdzv_id}",
+                        f"--rdzv_conf=join_timeout={eng.rendezvous_timeout_s}"]
     return flags + [
         f"--nnodes={eng.num_nodes}",
         f"--node_rank={eng.node_rank}",
         f"--master_addr={eng.master_addr}",
         f"--master_port={eng.master_port}",
+        f"--rdzv_conf=timeout={eng.rendezvous_timeout_s}",  # the static store's wait for the other nodes
     ]
 
 

@@ -80,6 +80,7 @@ class EngineSection(_Section):
     offload_optimizer: bool = False
     offload_param: bool = False  # ZeRO-3 parameter offload to host RAM
     timeout_s: int = Field(1800, ge=1)
+    rendezvous_timeout_s: int = Field(60, ge=1)  # nodes waiting for each other (multi-node)
 
 
 class BatchSection(_Section):

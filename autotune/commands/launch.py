@@ -78,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         _print_dry_run(setup, args.json)
         return 0
+    from autotune.preflight import check as preflight
+
+    preflight(setup.plan)
     check_run_dir_free(setup.records_dir, resuming=bool(args.resume_from))
     write_records(setup.records_dir, setup.plan, setup.hardware, setup.deepspeed_config, setup.launch_spec,
                   setup.delivery)
@@ -132,7 +135,15 @@ def _execute(setup) -> int:
     print(f"\nRun directory: {run_dir}\nCommand: {setup.launch_spec.shell()}", flush=True)
     _print_delivery(setup)
     print(flush=True)
+    from autotune.preflight import explain_failure, waiting_line
+
+    line = waiting_line(setup.plan)
+    if line:
+        print(line, flush=True)
     signals: list[int] = []
+    import time
+
+    started = time.monotonic()
     rc = execute(setup.launch_spec, forwarded=signals)
     if rc != 0 and signals:  # interrupted: the shell convention 128+N, whatever torchrun made of it
         rc = 128 + signals[0]
@@ -154,4 +165,7 @@ def _execute(setup) -> int:
                   f"--run_dir {run_dir} --resume_from auto", file=sys.stderr)
     else:
         print(f"\nTraining exited with code {rc}. Run directory: {run_dir}", file=sys.stderr)
+        hint = explain_failure(setup.plan, time.monotonic() - started)
+        if hint:
+            print(f"hint: {hint}", file=sys.stderr)
     return rc
