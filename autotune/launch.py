@@ -201,6 +201,24 @@ def launch_spec(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str], *,
     return LaunchSpec(cmd=cmd, env=env, env_sources=sources)
 
 
+def _die_with_parent(parent_pid: int):
+    """For the child, before exec: SIGTERM when the launcher dies, whatever kills it (SIGKILL
+    included), so torchrun stops its ranks instead of training on unattended (Linux
+    PR_SET_PDEATHSIG; elsewhere nothing)."""
+    def setup() -> None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return setup if sys.platform.startswith("linux") else None
+
+
 def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarded: list[int] | None = None) -> int:
     """Run the spec; forward SIGINT/SIGTERM to the child; return its exit code (128+N if killed by N).
 
@@ -208,17 +226,19 @@ def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarde
     interruption from a failure (torchrun exits 1 when interrupted).
     """
     full_env = {**(os.environ if environ is None else environ), **spec.env}
-    proc = subprocess.Popen(spec.cmd, env=full_env, cwd=spec.cwd, start_new_session=True)
+    proc = subprocess.Popen(spec.cmd, env=full_env, cwd=spec.cwd, start_new_session=True,
+                            preexec_fn=_die_with_parent(os.getpid()))
     seen = forwarded if forwarded is not None else []
 
     def forward(signum, _frame):
         seen.append(signum)
-        try:
-            proc.send_signal(signum)
+        try:  # torchrun stops its workers on SIGTERM/SIGINT/SIGHUP; SIGUSR1 would kill it alone
+            proc.send_signal(signal.SIGTERM if signum == signal.SIGUSR1 else signum)
         except ProcessLookupError:
             pass
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
+                                                         signal.SIGUSR1)}
     try:
         rc = proc.wait()
     finally:

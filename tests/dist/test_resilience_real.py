@@ -1,0 +1,48 @@
+"""The launcher owns its process tree: whatever ends it, no rank trains on unattended."""
+
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from support import ROOT
+
+LONG = """
+model: {n_layer: 1, n_head: 2, n_embd: 32}
+data: {seq_len: 6, num_samples: 100000, num_val_samples: 64}
+training: {global_batch_size: 32, base_batch_size: 32, max_steps: 100000, log_every_steps: 1, eval_every_steps: 100000}
+checkpoint: {save_every_steps: null, save_at_end: false}
+"""
+
+
+def _start(tmp_path, name):
+    cfg = tmp_path / "long.yaml"
+    cfg.write_text(LONG)
+    env = {**os.environ}
+    env.pop("AUTOTUNE_PLAN", None)
+    run = tmp_path / name
+    p = subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(cfg), "--run_dir", str(run),
+                          "--nproc_per_node", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                         cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while not (run / "metrics.jsonl").exists():  # training has started: every rank is up
+        assert p.poll() is None and time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.5)
+    tree = psutil.Process(p.pid).children(recursive=True)
+    assert len(tree) >= 3  # torchrun and two ranks
+    return p, tree, run
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP, signal.SIGUSR1])
+def test_no_rank_outlives_the_launcher(tmp_path, sig):
+    p, tree, run = _start(tmp_path, f"r{int(sig)}")
+    os.kill(p.pid, sig)
+    gone, alive = psutil.wait_procs(tree, timeout=20)
+    assert not alive, f"still running 20 s after {sig.name} to the launcher: {[a.cmdline() for a in alive]}"
+    p.wait(timeout=30)
+    size = (run / "metrics.jsonl").stat().st_size
+    time.sleep(2)
+    assert (run / "metrics.jsonl").stat().st_size == size  # the run dir stopped changing
