@@ -62,7 +62,7 @@ def resolve_hardware(spec: str | HardwareProfile | None) -> HardwareProfile:
     return detect()
 
 
-def model_facts(cfg: TrainConfig, policy=None, *, quiet: bool = False, hw: HardwareProfile | None = None):
+def model_facts(cfg: TrainConfig, policy=None, *, hw: HardwareProfile | None = None):
     """The planner's model facts: the built-in GPT, a user's model traced under fake tensors
     (``training.model``; imports torch, a few seconds), or what the config declares.
 
@@ -81,13 +81,13 @@ def model_facts(cfg: TrainConfig, policy=None, *, quiet: bool = False, hw: Hardw
         mp = t.mixed_precision
         half = mp in ("bf16", "fp16") or (mp == "auto" and bool(hw.gpus.devices))
         modes = ("half",) if half else ("fp32",)
-    return _traced(t.model, t.sample_input, margin, str(Path.cwd()), quiet, modes)
+    return _traced(t.model, t.sample_input, margin, str(Path.cwd()), modes)
 
 
 _TRACE_CACHE: dict = {}
 
 
-def _traced(model: str, sample: str | None, margin: float, cwd: str, quiet: bool, modes: tuple[str, ...]):
+def _traced(model: str, sample: str | None, margin: float, cwd: str, modes: tuple[str, ...]):
     import sys
 
     key = (model, sample, margin, cwd, modes)
@@ -97,11 +97,10 @@ def _traced(model: str, sample: str | None, margin: float, cwd: str, quiet: bool
         start = time.monotonic()
 
         def progress(msg: str) -> None:
-            if not quiet and time.monotonic() - start > 1.0:
+            if time.monotonic() - start > 1.0:
                 print(f"autotune: {msg}", file=sys.stderr, flush=True)
 
-        if not quiet:
-            print(f"autotune: measuring {model} under fake tensors (no memory spent) ...", file=sys.stderr, flush=True)
+        print(f"autotune: measuring {model} under fake tensors (no memory spent) ...", file=sys.stderr, flush=True)
         _TRACE_CACHE[key] = trace(model, sample, margin=margin, progress=progress, modes=modes)
     return _TRACE_CACHE[key]
 

@@ -148,15 +148,14 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
         elif "deepspeed_config" not in used:
             extra += ["--deepspeed", values["deepspeed_config"]]
             used["deepspeed_config"] = "--deepspeed"
-    precision = plan.numerics.precision
-    switches = {"bf16": "--bf16", "fp16": "--fp16"}
-    value_flag = next((n for n in FLAGS["precision"] if n in facts.flags), None)
+    precision, switches = plan.numerics.precision, {"bf16": "--bf16", "fp16": "--fp16"}
     if any(_passed(user_args, f) for f in (*switches.values(), *FLAGS["precision"])):
-        pass
-    elif value_flag is not None and not facts.flags[value_flag]:
+        return extra, used  # the user chose the precision
+    value_flag = next((n for n in FLAGS["precision"] if n in facts.flags and not facts.flags[n]), None)
+    if value_flag is not None:
         extra += [value_flag, {"fp32": "no"}.get(precision, precision)]
         used["precision"] = value_flag
-    elif precision in switches and switches[precision] in facts.flags:
+    elif switches.get(precision) in facts.flags:
         extra.append(switches[precision])
         used["precision"] = switches[precision]
     elif precision == "fp32" and any(f in facts.flags for f in switches.values()):

@@ -43,7 +43,6 @@ def run(args: argparse.Namespace) -> int:
     from autotune.config import load_config
     from autotune.commands.common import overrides_from_args
     from autotune.errors import EXIT_REFUSED, PlanRefused
-    from autotune.planner.memory_fit import Budget
     from autotune.runs import plan_for
 
     record: list = []
@@ -55,16 +54,15 @@ def run(args: argparse.Namespace) -> int:
                               force=args.force, record=record, with_deepspeed=False)
     except PlanRefused as e:
         refused = e
-    budget = next((b for b in record if isinstance(b, Budget)), None)
-    rows = [r for r in record if not isinstance(r, Budget)]
+    budget = record[-1].budget if record else None
+    rows = list(record[-1].rows) if record else []
     chosen = None if plan is None else plan.memory.estimate.strategy if plan.memory.estimate else None
     table = [{
         "strategy": r.label, "checkpointing": r.checkpointing, "largest_micro_batch": r.micro,
         "model_states_gib": r.need.states_gib, "activations_gib": r.need.activations_gib,
         "overhead_gib": r.need.overhead_gib, "total_gib": r.need.total_gib,
         "host_gib_per_node": r.need.host_gib or None, "fits": r.why_not is None, "why_not": r.why_not,
-        "chosen": chosen == r.label and plan is not None
-        and plan.memory.gradient_checkpointing == r.checkpointing,
+        "chosen": chosen == r.label,  # the label names checkpointing too
     } for r in rows]
     if args.json:
         out = {"budget_gib": None if budget is None else budget.device_gib,

@@ -39,7 +39,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     built-in GPT, or what the config declares about a user's model).
     """
     policy = policy or load_policy()
-    facts = facts or facts_for(cfg)  # (``record``, when given, receives the memory options weighed)
+    facts = facts or facts_for(cfg)  # (``record``, when given, receives the memory Weighing)
     if deepspeed_installed is None:
         deepspeed_installed = bool(hw.software.get("deepspeed"))
     debug = debug and auto_optimize

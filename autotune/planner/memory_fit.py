@@ -67,6 +67,14 @@ class Row:
 
 
 @dataclass(frozen=True)
+class Weighing:
+    """What the memory decider weighed: the table of ``autotune estimate``."""
+
+    rows: tuple[Row, ...]
+    budget: Budget
+
+
+@dataclass(frozen=True)
 class MemoryFit:
     strategy: Strategy
     micro_batch_size: int
@@ -137,8 +145,6 @@ def candidates(x: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckp
     stage = d.zero_stage if is_set(d.zero_stage) else None
     off = d.offload_optimizer if is_set(d.offload_optimizer) else None
     ds_ok = x.deepspeed_installed and (on_gpu or user_backend == "deepspeed")
-    if default_backend == "deepspeed" and not is_set(d.backend):
-        ds_ok = True
     out = []
     options = [(STRATEGIES[o.strategy], o.checkpointing) for o in x.policy.strategy_preference]
     if stage == 0:
@@ -167,7 +173,9 @@ def candidates(x: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckp
 def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_backend: str, default_zero: int | None,
         world: int, nproc: int, num_nodes: int, half: bool, budget: Budget, bucket_elements: int,
         force: bool, record: list | None = None) -> MemoryFit:
-    """Choose strategy, micro-batch and checkpointing; refuse when nothing fits (unless ``force``)."""
+    """Choose strategy, micro-batch and checkpointing; refuse when nothing fits (unless ``force``).
+
+    ``record``, when given, receives one ``Weighing`` (also when the plan is refused)."""
     cfg = x.cfg
     t, d = cfg.training, cfg.distributed
     micro_user, ckpt_user = t.batch_size_per_gpu, t.gradient_checkpointing
@@ -181,7 +189,7 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
                          verbatim=False)
         row = _row(sz, budget, default, bool(ckpt), micro, fixed_micro=True)
         if record is not None:
-            record.extend([row, budget])
+            record.append(Weighing((row,), budget))
         if row.why_not and not force:
             _refuse(x, sz, budget, [row], facts, fixed=f"the config verbatim (--no_auto_optimize): {row.label}, "
                     f"micro-batch {micro}")
@@ -214,8 +222,7 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
     else:
         rows = tuple(_row(sz, budget, s, c, top, fixed_micro) for s, c in opts)
         if record is not None:
-            record.extend(rows)
-            record.append(budget)
+            record.append(Weighing(rows, budget))
         fitting = [rw for rw in rows if rw.why_not is None]
         full = [rw for rw in fitting if rw.micro == top]
         if full:
@@ -351,15 +358,13 @@ def _refuse(x: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: ModelF
             would.append(f"{best.label}: at least {per_dev * sz.nproc:.1f} GiB of RAM for {sz.nproc} process(es)")
     # more GPUs for ZeRO-3 (states shrink with the world, the largest layer and activations do not)
     z3 = next((rw for rw in rows if rw.strategy.name == "zero3"), None)
-    if z3 is not None and budget.device_gib is not None and facts.num_parameters:
-        fixed_part = (z3.need.total_gib or 0.0) - (z3.need.states_gib or 0.0)
-        per_param = z3.need.states_gib - memory.model_state_bytes(STRATEGIES["zero3"], 0, sz.world,
-                                                                  largest_layer=facts.largest_layer_parameters,
-                                                                  half=sz.half).gpu_bytes / GIB
-        room = budget.device_gib - fixed_part - facts.largest_layer_parameters * (4 if sz.half else 8) / GIB
-        if room > 0 and per_param > 0:
-            n = math.ceil(sz.world * per_param / room)
-            would.append(f"ZeRO-3 across {n} GPUs of this size")
+    if z3 is not None and budget.device_gib is not None and z3.need.total_gib is not None:
+        layer = memory.model_state_bytes(STRATEGIES["zero3"], 0, sz.world, largest_layer=facts.largest_layer_parameters,
+                                         half=sz.half).gpu_bytes / GIB
+        sharded = z3.need.states_gib - layer  # the part that shrinks as 1 / world size
+        room = budget.device_gib - (z3.need.total_gib - sharded)
+        if room > 0 and sharded > 0:
+            would.append(f"ZeRO-3 across {math.ceil(sz.world * sharded / room)} GPUs of this size")
     off = [rw for rw in rows if rw.strategy.offload_optimizer]
     for rw in off:
         if budget.host_gib is not None and rw.need.host_gib > budget.host_gib:
@@ -367,7 +372,5 @@ def _refuse(x: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: ModelF
             if gpu_ok:
                 would.append(f"{rw.label}: {rw.need.host_gib - budget.host_gib:.1f} GiB more host RAM per node "
                              f"({rw.need.host_gib:.1f} GiB needed, {budget.host_gib:.1f} usable)")
-    what = facts.source
-    where = f"{budget.basis}"
-    raise PlanRefused(f"no plan fits: {what} on {x.hw.num_nodes} node(s), {where}"
+    raise PlanRefused(f"no plan fits: {facts.source} on {x.hw.num_nodes} node(s), {budget.basis}"
                       + (f", with {fixed}" if fixed else ""), tried, would or ["a machine with more memory"])

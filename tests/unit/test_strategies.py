@@ -61,8 +61,12 @@ def test_model_state_bytes_for_gpt2_small_by_hand():
 ROOM = int(0.85 * 10000 * MIB) - (856 * MIB + 390_800_000)
 
 
-def test_room_derivation_is_what_the_comment_says():
+def test_room_derivation_is_what_the_comment_says_and_what_the_planner_uses():
     assert ROOM == 7_624_514_944 and ROOM // 8 == 953_064_368 and math.floor(ROOM / 4.5) == 1_694_336_654
+    est = plan(gpus(4, 10000), user_model(1_000_000)).memory.estimate  # ZeRO-2, activations unknown
+    assert est.budget_gib == pytest.approx(0.85 * 10000 * MIB / GIB, abs=1e-4)
+    assert est.overhead_gib == pytest.approx((856 * MIB + 390_800_000) / GIB, abs=1e-4)
+    assert est.model_states_gib == pytest.approx(8 * 1_000_000 / GIB, abs=1e-4)
 
 
 def test_zero2_up_to_its_threshold_then_zero3():
