@@ -162,6 +162,8 @@ class CheckpointConfig(_Section):
     save_every_steps: int | None = Field(100, ge=1)
     keep_last: int = Field(3, ge=1)
     save_at_end: bool = True
+    preemption_grace_s: int = Field(60, ge=5, le=3600, description="on SIGTERM/SIGUSR1/SIGINT: how long the ranks "
+                                    "may take to finish the step and save a checkpoint before they are stopped")
 
 
 class TrainConfig(_Section):

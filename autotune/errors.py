@@ -91,18 +91,30 @@ def format_validation_error(err, header: str) -> str:
     return header + "\n" + "\n".join(f"  - {p}" for p in validation_problems(err))
 
 
-def run_cli(fn: Callable[[], int]) -> int:
-    """Run a CLI body: UserError -> message on stderr, exit 2, no traceback."""
+def run_cli(fn: Callable[[], int], on_exit: Callable[[int, str], None] | None = None) -> int:
+    """Run a CLI body: UserError -> message on stderr, exit 2, no traceback.
+
+    ``on_exit(code, message)`` is told how it ended (a rank tells the launcher through it); an
+    unexpected exception is reported as code 1 and then raised with its traceback."""
+    report = on_exit or (lambda code, message: None)
     try:
-        return fn()
+        rc = fn()
     except UserError as e:
         print(e.render(), file=sys.stderr)
+        report(EXIT_USAGE, e.render())
         return EXIT_USAGE
     except PlanRefused as e:
         print(e.render(), file=sys.stderr)
+        report(EXIT_REFUSED, e.render())
         return EXIT_REFUSED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
+        report(130, "interrupted")
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as e:
+        report(1, f"{type(e).__name__}: {e}")
+        raise
+    report(rc, "")
+    return rc

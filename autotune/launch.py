@@ -77,6 +77,11 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
         "TORCH_EXTENSIONS_DIR": str(Path(default_cache_dir(environ)) / "torch_extensions"),
         "PYTHONUNBUFFERED": "1",
     }
+    if plan.engine.backend != "single":
+        # torchrun gives its ranks this long after SIGTERM before SIGKILL (their grace, plus slack),
+        # and treats SIGUSR1 (SLURM's --signal) like SIGTERM instead of dying of it.
+        want["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(plan.run.preemption_grace_s + 5)
+        want["PET_SIGNALS_TO_HANDLE"] = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
     if not has_infiniband:
         want["NCCL_IB_DISABLE"] = "1"
     if plan.engine.device == "cuda":
@@ -219,19 +224,44 @@ def _die_with_parent(parent_pid: int):
     return setup if sys.platform.startswith("linux") else None
 
 
-def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarded: list[int] | None = None) -> int:
-    """Run the spec; forward SIGINT/SIGTERM to the child; return its exit code (128+N if killed by N).
+def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarded: list[int] | None = None,
+            keep_fds: tuple[int, ...] = (), kill_after_s: float | None = None, signal_ranks: bool = False) -> int:
+    """Run the spec; forward SIGINT/SIGTERM/SIGHUP/SIGUSR1 to the child; return its exit code
+    (128+N if killed by N).
 
     Signals forwarded are appended to ``forwarded`` when given, so a caller can tell an
-    interruption from a failure (torchrun exits 1 when interrupted).
+    interruption from a failure (torchrun exits 1 when interrupted). ``kill_after_s`` after the
+    first forwarded signal (or at a second SIGINT: Ctrl-C twice), the child and every process
+    under it are killed: the ranks' grace to save a checkpoint is over.
+
+    ``signal_ranks`` (autotune's runtime, which turns the signal into "checkpoint, then stop"):
+    the signal goes to torchrun's ranks instead of torchrun, so torchrun sees its ranks finish
+    and exits cleanly; before the ranks exist, and for scripts that die of the signal (torchrun
+    would count that as a failure and restart them under --max_restarts), torchrun gets it.
     """
+    import time
+
     full_env = {**(os.environ if environ is None else environ), **spec.env}
     proc = subprocess.Popen(spec.cmd, env=full_env, cwd=spec.cwd, start_new_session=True,
-                            preexec_fn=_die_with_parent(os.getpid()))
+                            preexec_fn=_die_with_parent(os.getpid()), pass_fds=tuple(keep_fds))
     seen = forwarded if forwarded is not None else []
+    first: list[float] = []
 
     def forward(signum, _frame):
         seen.append(signum)
+        if not first:
+            first.append(time.monotonic())
+        elif signum == signal.SIGINT and seen.count(signal.SIGINT) >= 2:
+            kill_tree(proc.pid)
+            return
+        ranks = _children(proc.pid) if signal_ranks else []
+        for r in ranks:
+            try:
+                r.send_signal(signum)
+            except Exception:  # psutil.NoSuchProcess: it ended meanwhile
+                pass
+        if ranks:
+            return
         try:  # torchrun stops its workers on SIGTERM/SIGINT/SIGHUP; SIGUSR1 would kill it alone
             proc.send_signal(signal.SIGTERM if signum == signal.SIGUSR1 else signum)
         except ProcessLookupError:
@@ -240,8 +270,45 @@ def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarde
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
                                                          signal.SIGUSR1)}
     try:
-        rc = proc.wait()
+        while True:
+            try:
+                rc = proc.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                if first and kill_after_s is not None and time.monotonic() - first[0] > kill_after_s:
+                    print(f"autotune: the ranks did not stop {kill_after_s:g} s after the signal; killing them",
+                          file=sys.stderr, flush=True)
+                    kill_tree(proc.pid)
+                    first.clear()
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
     return 128 - rc if rc < 0 else rc
+
+
+def _children(pid: int) -> list:
+    try:
+        import psutil
+
+        return psutil.Process(pid).children()
+    except Exception:
+        return []
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process under it (torchrun starts its ranks in sessions of their own)."""
+    try:
+        import psutil
+
+        procs = psutil.Process(pid).children(recursive=True)
+    except Exception:  # psutil missing or the process already gone
+        procs = []
+    for p in [*procs]:
+        try:
+            p.kill()
+        except Exception:
+            pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -149,6 +149,7 @@ class RunSection(_Section):
     save_every_steps: int | None = Field(100, ge=1)
     keep_last: int = Field(3, ge=1)
     save_at_end: bool = True
+    preemption_grace_s: int = 60
     tensorboard: bool = True
     wandb: bool = False
     wandb_project: str = "autotune"

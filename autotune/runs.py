@@ -248,27 +248,52 @@ def archive_run_files(run_dir: Path) -> Path | None:
     return dest
 
 
-def check_run_dir_free(run_dir: Path, resuming: bool) -> None:
-    """Never overwrite a user's finished run by accident."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"--run_dir: {run_dir} exists and is not a directory")
-    if (run_dir / "plan.json").exists() and not resuming:
-        raise UserError(
-            f"--run_dir: {run_dir} already holds a run (plan.json); add --resume_from auto to continue it, "
-            "or choose another directory"
-        )
+def check_run_dir_free(run_dir: Path, resuming: bool, reuse: bool = False) -> None:
+    """Never overwrite a user's run or files by accident (see autotune.rundir.check_usable)."""
+    from autotune.rundir import check_usable
+
+    check_usable(run_dir, resuming, reuse)
 
 
 def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None, spec=None,
                   delivery=None) -> None:
-    """Write the run's records; plan.json last, so its presence means the rest is there."""
-    records.mkdir(parents=True, exist_ok=True)
-    archive_run_files(records)
+    """Write the run's records. They are written into a staging folder first; only when all of
+    them are safely on disk are an earlier launch's records moved to previous/ and the new ones
+    moved in, plan.json last (its presence means the rest is there). A full disk or a read-only
+    file system is one line naming the path; nothing earlier is lost."""
+    from autotune.rundir import fs_error
+
+    files: list[tuple[str, str]] = []
     if delivery is not None:
-        _write_atomic(records / "delivery.json", json.dumps(delivery.to_record(), indent=2) + "\n")
-    _write_atomic(records / "hardware.json", hw.to_json() + "\n")
+        files.append(("delivery.json", json.dumps(delivery.to_record(), indent=2) + "\n"))
+    files.append(("hardware.json", hw.to_json() + "\n"))
     if ds is not None:
-        _write_atomic(records / "deepspeed_config.json", json.dumps(ds, indent=2) + "\n")
+        files.append(("deepspeed_config.json", json.dumps(ds, indent=2) + "\n"))
     if spec is not None:
-        _write_atomic(records / "command.json", json.dumps(spec.to_record(), indent=2) + "\n")
-    _write_atomic(records / "plan.json", plan.to_json() + "\n")
+        files.append(("command.json", json.dumps(spec.to_record(), indent=2) + "\n"))
+    files.append(("plan.json", plan.to_json() + "\n"))
+    staging = records / f".records-{secrets.token_hex(4)}"
+    try:
+        records.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
+        for name, text in files:
+            with open(staging / name, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+    except OSError as e:
+        _remove_tree(staging)
+        raise fs_error(e) from None
+    try:
+        archive_run_files(records)
+        for name, _ in files:
+            (staging / name).replace(records / name)
+        staging.rmdir()
+    except OSError as e:
+        raise fs_error(e) from None
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

@@ -82,6 +82,16 @@ def _default_run_dir(world: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    where: dict = {}
+
+    def report(code: int, message: str) -> None:
+        """Tell the launcher how this rank ended (torchrun turns every failure into exit 1)."""
+        if "run_dir" in where:
+            from autotune.runtime_paths import write_status
+
+            write_status(where["run_dir"], int(os.environ.get("RANK", "0")), where.get("code", code), message,
+                         **where.get("extra", {}))
+
     def body() -> int:
         args = build_parser().parse_args(argv)
         ds_config = None
@@ -95,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             plan_path = args.plan or os.environ.get("AUTOTUNE_PLAN")
             plan = load_plan(plan_path)
             run_dir = Path(args.run_dir or os.environ.get("AUTOTUNE_RUN_DIR") or Path(plan_path).parent)
+        where["run_dir"] = run_dir
         os.environ["AUTOTUNE_PLAN"] = plan_path
         if plan.run.entrypoint:  # the user's own script or function, never the built-in workload
             from autotune.entry import run_entrypoint
@@ -105,10 +116,17 @@ def main(argv: list[str] | None = None) -> int:
             return run_entrypoint(plan.run.entrypoint, args)
         from autotune.runtime.loop import train
 
-        train(plan, run_dir, ds_config=ds_config, plan_path=plan_path)
+        result = train(plan, run_dir, ds_config=ds_config, plan_path=plan_path)
+        if result.get("preempted"):
+            from autotune.runtime_paths import EXIT_PREEMPTED
+
+            where["code"], where["extra"] = EXIT_PREEMPTED, {k: result[k] for k in ("step", "signal", "checkpoint")}
+            # Under torchrun a non-zero exit would read as a crash (and trigger --max_restarts):
+            # exit 0 there and let the status file carry the code to the launcher.
+            return 0 if "TORCHELASTIC_RUN_ID" in os.environ else EXIT_PREEMPTED
         return 0
 
-    return run_cli(body)
+    return run_cli(body, on_exit=report)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ def add_parser(sub) -> None:
                    help="checkpoint directory, or 'auto' for the newest checkpoint in --run_dir "
                         "(or in the newest run under runs/)")
     p.add_argument("--wandb", action="store_true", help="log to Weights & Biases (offline unless WANDB_API_KEY is set)")
+    p.add_argument("--force_run_dir", action="store_true",
+                   help="write into a --run_dir that is not empty and not an autotune run directory "
+                        "(files named like autotune's are replaced; never needed for a new or empty one)")
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan and spec as JSON")
     p.add_argument("--wire", choices=["none", "auto"],
                    help="auto: fill your script's own argparse flags (--batch_size, --lr, --gradient_accumulation_steps, "
@@ -75,16 +78,23 @@ def run(args: argparse.Namespace) -> int:
     setup = prepare(load_config(args.config), overrides, args.hardware, auto_optimize=not args.no_auto_optimize,
                     debug=args.debug, policy=args.policy, run_dir=args.run_dir, resume_from=args.resume_from,
                     script_args=script_args, environ=os.environ, python=sys.executable, force=args.force)
+    from autotune.rundir import RunLock, check_creatable
+
+    check_creatable(setup.records_dir)
+    check_run_dir_free(setup.records_dir, resuming=bool(args.resume_from), reuse=args.force_run_dir)
     if args.dry_run:
         _print_dry_run(setup, args.json)
         return 0
     from autotune.preflight import check as preflight
 
     preflight(setup.plan)
-    check_run_dir_free(setup.records_dir, resuming=bool(args.resume_from))
-    write_records(setup.records_dir, setup.plan, setup.hardware, setup.deepspeed_config, setup.launch_spec,
-                  setup.delivery)
-    return _execute(setup)
+    lock = RunLock(setup.records_dir).acquire(sys.argv)
+    try:
+        write_records(setup.records_dir, setup.plan, setup.hardware, setup.deepspeed_config, setup.launch_spec,
+                      setup.delivery)
+        return _execute(setup, lock)
+    finally:
+        lock.release()
 
 
 def _print_dry_run(setup, as_json: bool) -> None:
@@ -122,7 +132,7 @@ def _print_delivery(setup, out=None) -> None:
               file=out)
 
 
-def _execute(setup) -> int:
+def _execute(setup, lock=None) -> int:
     """Run the spec; report how it ended."""
     from autotune.launch import execute
     from autotune.report import render_plan
@@ -143,8 +153,30 @@ def _execute(setup) -> int:
     signals: list[int] = []
     import time
 
+    import shutil
+    import tempfile
+
+    from autotune.runtime_paths import EXIT_PREEMPTED, combined_exit, read_statuses
+
     started = time.monotonic()
-    rc = execute(setup.launch_spec, forwarded=signals)
+    statuses = tempfile.mkdtemp(prefix="autotune-status-")  # how each rank ended, outside the run dir
+    try:
+        rc = execute(setup.launch_spec, environ={**os.environ, "AUTOTUNE_STATUS_DIR": statuses},
+                     forwarded=signals, keep_fds=lock.fds() if lock is not None else (),
+                     kill_after_s=setup.plan.run.preemption_grace_s + 10,
+                     signal_ranks=setup.plan.run.entrypoint is None and setup.plan.engine.backend != "single")
+        ranks_code, decider = combined_exit(read_statuses(statuses))
+    finally:
+        shutil.rmtree(statuses, ignore_errors=True)
+    if ranks_code == EXIT_PREEMPTED:
+        print(f"\nPreempted ({decider.get('signal', 'signal')}): every rank stopped after step {decider.get('step')} "
+              f"and saved {decider.get('checkpoint')}.\nRun directory: {run_dir}\nTo continue (no step is "
+              f"repeated), run the same command with --run_dir {run_dir} --resume_from auto", file=sys.stderr)
+        return EXIT_PREEMPTED
+    if rc != 0 and ranks_code in (2, 3):  # torchrun reports any rank's failure as 1: say what the rank said
+        print(f"\nrank {decider.get('rank')} stopped the run (exit {ranks_code}); its message is above. "
+              f"Run directory: {run_dir}", file=sys.stderr)
+        return ranks_code
     if rc != 0 and signals:  # interrupted: the shell convention 128+N, whatever torchrun made of it
         rc = 128 + signals[0]
     if rc == 0:
@@ -158,8 +190,12 @@ def _execute(setup) -> int:
             final = json.loads(metrics.read_text()).get("final", {})
             if "val/accuracy" in final:
                 print(f"Final validation accuracy: {final['val/accuracy']:.3f} (loss {final['val/loss']:.4f})")
-    elif rc in (128 + 2, 128 + 15):
-        print(f"\nInterrupted ({'SIGINT' if rc == 130 else 'SIGTERM'}). Run directory: {run_dir}", file=sys.stderr)
+    elif signals:
+        import signal as _signal
+
+        name = _signal.Signals(signals[0]).name
+        print(f"\nInterrupted ({name}) before a checkpoint could be saved. Run directory: {run_dir}",
+              file=sys.stderr)
         if latest_checkpoint(run_dir) is not None:
             print(f"To continue from its newest checkpoint, run the same command with "
                   f"--run_dir {run_dir} --resume_from auto", file=sys.stderr)

@@ -216,7 +216,7 @@ def _run_section(cfg: TrainConfig, auto_optimize: bool, debug: bool) -> RunSecti
         eval_every_steps=10 if debug else t.eval_every_steps,
         log_every_steps=2 if debug else t.log_every_steps,
         save_every_steps=10 if debug else c.save_every_steps,
-        keep_last=c.keep_last, save_at_end=c.save_at_end,
+        keep_last=c.keep_last, save_at_end=c.save_at_end, preemption_grace_s=c.preemption_grace_s,
         tensorboard=lg.tensorboard, wandb=lg.wandb, wandb_project=lg.wandb_project, wandb_entity=lg.wandb_entity,
         progress_bar=lg.progress_bar, entrypoint=t.entrypoint,
         script_args=tuple(t.script_args), auto_optimize=auto_optimize, debug=debug,

@@ -15,6 +15,7 @@ a crash mid-save never leaves a directory that looks finished.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from pathlib import Path
@@ -41,13 +42,50 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _disk_cause(e: BaseException, where: Path) -> str | None:
+    """Name the file-system cause of a failed write, or None when it was something else. torch's
+    C++ writer reports a full disk as 'basic_ios::clear: iostream error', so the disk is asked."""
+    import errno
+
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "ENOSPC: no space left on the device"
+    if isinstance(e, OSError) and e.errno == errno.EROFS:
+        return "EROFS: the file system is read-only"
+    if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM):
+        return f"{errno.errorcode[e.errno]}: permission denied"
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return None
+    if st.f_flag & os.ST_RDONLY:
+        return "EROFS: the file system is read-only"
+    if st.f_bavail * st.f_frsize < 1 << 20 and ("iostream" in str(e) or "write" in str(e).lower()
+                                                or isinstance(e, OSError)):
+        return f"ENOSPC: no space left on the device ({st.f_bavail * st.f_frsize} bytes free)"
+    return None
+
+
 class CheckpointManager:
     def __init__(self, run_dir: str | Path, ctx: DistContext, keep_last: int = 3):
         self.dir = Path(run_dir) / "checkpoints"
         self.ctx, self.keep_last = ctx, keep_last
 
     def save(self, engine, step: int, consumed: int, extra: dict | None = None) -> Path:
+        """Write the checkpoint for ``step`` (a collective: every rank calls it). A full disk or a
+        read-only file system is a UserError naming the path and the cause; the partial
+        ``.tmp`` folder is removed and every earlier checkpoint is left as it was."""
         final = self.dir / f"{PREFIX}{step:08d}"
+        try:
+            return self._save(engine, step, consumed, extra, final)
+        except (OSError, RuntimeError) as e:
+            cause = _disk_cause(e, self.dir)
+            if cause is None:
+                raise
+            shutil.rmtree(final.with_name(final.name + ".tmp"), ignore_errors=True)
+            raise UserError(f"checkpoint: cannot write {final}: {cause}; the earlier checkpoints are intact "
+                            f"(--resume_from auto continues from the newest)") from None
+
+    def _save(self, engine, step: int, consumed: int, extra: dict | None, final: Path) -> Path:
         tmp = final.with_name(final.name + ".tmp")
         if self.ctx.is_main:
             if tmp.exists():

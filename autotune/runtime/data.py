@@ -14,6 +14,14 @@ from typing import Iterator
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from autotune.errors import UserError
+
+
+def _worker_init(_worker_id: int) -> None:
+    from autotune.runtime.preempt import ignore_stop_signals
+
+    ignore_stop_signals()
+
 
 class BatchStream:
     def __init__(self, dataset: Dataset, micro_batch_size: int, rank: int, world_size: int, seed: int,
@@ -24,13 +32,14 @@ class BatchStream:
                                           seed=seed, drop_last=True)
         self.per_epoch = len(self.sampler) // micro_batch_size
         if self.per_epoch == 0:
-            raise ValueError(
-                f"data.num_samples {len(dataset)} gives no full micro-batch of {micro_batch_size} "
-                f"per each of {world_size} processes"
+            raise UserError(
+                f"data.num_samples: {len(dataset)} samples give no full micro-batch of {micro_batch_size} "
+                f"for each of {world_size} processes; use more samples or a smaller batch"
             )
         self.loader_kw = dict(num_workers=num_workers, pin_memory=pin_memory)
         if num_workers:
             self.loader_kw["prefetch_factor"] = prefetch_factor or 2
+            self.loader_kw["worker_init_fn"] = _worker_init
         self.consumed = start_micro_batch
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from autotune.runtime.data import BatchStream, eval_batches
 from autotune.runtime.dist import DistContext, all_reduce_sum, cleanup, init, wait_for_everyone
 from autotune.runtime.engine import make_engine
 from autotune.runtime.logging import Progress, make_logger
+from autotune.runtime.preempt import StopRequest
 from autotune.workload import build_model, eval_sums, make_datasets
 
 
@@ -39,18 +41,22 @@ def train(plan: TrainingPlan, run_dir: str | Path, ds_config: dict | None = None
     if not plan.schedule.total_steps:
         raise UserError("plan: total_steps is unknown; set training.max_steps or data.num_samples with epochs")
     run_dir = Path(run_dir)
-    ctx = init(plan)
+    stop = StopRequest(plan.run.preemption_grace_s).install()  # from the start: a signal during setup counts
     try:
-        result = _train(plan, ctx, run_dir, ds_config, plan_path)
-    except BaseException:
-        cleanup(ctx, barrier=False)
-        raise
-    cleanup(ctx)
+        ctx = init(plan)
+        try:
+            result = _train(plan, ctx, run_dir, ds_config, plan_path, stop)
+        except BaseException:
+            cleanup(ctx, barrier=False)
+            raise
+        cleanup(ctx)
+    finally:
+        stop.restore()
     return result
 
 
 def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict | None,
-           plan_path: str | Path | None) -> dict:
+           plan_path: str | Path | None, stop: StopRequest) -> dict:
     b, run = plan.batch, plan.run
     model = build_model(plan.workload, plan.memory.gradient_checkpointing)  # same seed -> same init on every rank
     train_ds, val_ds = make_datasets(plan.workload.data)
@@ -127,9 +133,20 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
             progress.write(f"step {step}/{total} | val loss {val['val/loss']:.4f} | "
                            f"val accuracy {val['val/accuracy']:.3f} | exact match {val['val/exact_match']:.3f}")
             wait_for_everyone(ctx)
+        saved_now = False
         if (save_every and step % save_every == 0) or (step == total and run.save_at_end):
             path = ckpts.save(engine, step, stream.consumed)
+            saved_now = True
             progress.write(f"checkpoint: {path}")
+        signum = stop.agreed(ctx.distributed, ctx.device)
+        if signum and step < total:
+            path = ckpts.save(engine, step, stream.consumed) if not saved_now else path
+            stop.finished.set()
+            name = signal.Signals(signum).name
+            progress.write(f"autotune: {name}: stopped after step {step}/{total}; checkpoint: {path}")
+            progress.close()
+            logger.close()
+            return {"preempted": True, "step": step, "signal": name, "checkpoint": str(path)}
     progress.close()
     logger.close()
     final = dict(history[-1]) if history else {}

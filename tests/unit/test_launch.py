@@ -150,10 +150,12 @@ def test_dry_run_every_preset_shows_the_command_and_starts_nothing(cli, preset, 
 def test_launch_refuses_to_overwrite_an_existing_run(cli, tmp_path):
     run = tmp_path / "old"
     run.mkdir()
-    (run / "plan.json").write_text("{}")
+    (run / "plan.json").write_text('{"engine": {}, "batch": {}}')
     r = cli("autotune", "launch", "--run_dir", str(run), "--max_steps", "1")
-    assert r.returncode == 2 and "already holds a run" in r.stderr
-    assert (run / "plan.json").read_text() == "{}"
+    assert r.returncode == 2 and "already holds an autotune run" in r.stderr
+    assert (run / "plan.json").read_text() == '{"engine": {}, "batch": {}}'
+    r = cli("autotune", "launch", "--run_dir", str(run), "--max_steps", "1", "--force_run_dir")
+    assert r.returncode == 2 and "already holds an autotune run" in r.stderr  # never for a run
 
 
 def test_module_function_entrypoint_runs_through_autotune_entry():

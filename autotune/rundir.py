@@ -1,0 +1,189 @@
+"""Run directories: exclusive (a lock for the life of a launch), never mistaken for someone
+else's folder, and file-system failures named for what they are. No torch here.
+
+- ``RunLock``: ``<run_dir>/.autotune.lock`` held with ``flock`` by the launcher while its ranks
+  run. The kernel drops the lock when the holder dies (SIGKILL included), so a lock left by a
+  dead process is never mistaken for a live one; the file's text names the holder for the message.
+- ``check_usable``: a fresh launch goes only into a missing or empty directory, or one it is told
+  to reuse; a resume only into an autotune run directory.
+- ``fs_error``: ENOSPC, EROFS, EACCES, ... become one line naming the path and the cause.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from autotune.errors import UserError
+
+LOCK_NAME = ".autotune.lock"
+
+_FS_CAUSES = {
+    errno.ENOSPC: "ENOSPC: no space left on the device; free some space or choose another --run_dir",
+    errno.EDQUOT: "EDQUOT: disk quota exceeded; free some space or choose another --run_dir",
+    errno.EROFS: "EROFS: the file system is read-only; choose a writable --run_dir",
+    errno.EACCES: "EACCES: permission denied; choose a --run_dir you can write to",
+    errno.EPERM: "EPERM: operation not permitted; choose a --run_dir you can write to",
+    errno.ENOTDIR: "ENOTDIR: a part of the path is a file, not a directory",
+    errno.ENAMETOOLONG: "ENAMETOOLONG: the path is too long",
+}
+
+
+def fs_error(e: OSError, path: str | Path | None = None, what: str = "--run_dir") -> UserError:
+    """An OSError as one line naming the path and the errno's name."""
+    where = path or e.filename or "?"
+    cause = _FS_CAUSES.get(e.errno or 0)
+    if cause is None:
+        name = errno.errorcode.get(e.errno or 0, "error")
+        cause = f"{name}: {e.strerror or e}"
+    return UserError(f"{what}: cannot write {where}: {cause}")
+
+
+def run_dir_marks(path: Path) -> list[str]:
+    """What makes ``path`` an autotune run directory: the lock file every launch leaves, a
+    checkpoint, or an autotune plan.json. Generic names alone (a user's own metrics.json)
+    never count."""
+    if not path.is_dir():
+        return []
+    marks = []
+    if (path / LOCK_NAME).exists():
+        marks.append(LOCK_NAME)
+    ckpts = path / "checkpoints"
+    if ckpts.is_dir() and any(p.name.startswith("step-") for p in ckpts.iterdir()):
+        marks.append("checkpoints")
+    if _is_plan(path / "plan.json"):
+        marks.append("plan.json")
+    return marks
+
+
+def _is_plan(f: Path) -> bool:
+    try:
+        if not f.is_file() or f.stat().st_size > 1 << 20:
+            return False
+        data = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"engine", "batch"} <= data.keys()
+
+
+def is_run_dir(path: Path) -> bool:
+    return bool(run_dir_marks(path))
+
+
+def check_usable(run_dir: Path, resuming: bool, reuse: bool = False) -> None:
+    """Refuse a directory a launch would damage. Raises UserError (exit 2)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--run_dir: {run_dir} exists and is not a directory; choose another path")
+    if not run_dir.exists():
+        return
+    try:
+        entries = sorted(p.name for p in run_dir.iterdir())
+    except OSError as e:
+        raise fs_error(e, run_dir) from None
+    if not entries:
+        return
+    found = run_dir_marks(run_dir)
+    if found:
+        if resuming:
+            return
+        raise UserError(
+            f"--run_dir: {run_dir} already holds an autotune run ({', '.join(found)}); add --resume_from auto "
+            "to continue it, or choose another directory"
+        )
+    if reuse:
+        return
+    shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+    raise UserError(
+        f"--run_dir: {run_dir} is not empty and is not an autotune run directory (holds {shown}); choose a new or "
+        "empty directory, or add --force_run_dir to write into it (files named like autotune's would be replaced)"
+    )
+
+
+_NOT_RUN_DIRS = ("/proc", "/sys", "/dev")
+
+
+def check_creatable(run_dir: Path) -> None:
+    """What a launch will need, checked before anything is written (and by --dry-run): the run
+    directory exists as a writable directory, or its nearest existing parent is one."""
+    real = os.path.realpath(run_dir)
+    for d in _NOT_RUN_DIRS:
+        if real == d or real.startswith(d + "/"):
+            raise UserError(f"--run_dir: {run_dir} is under {d}, a kernel file system; choose a directory on disk")
+    probe = Path(real)
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"--run_dir: {probe} is a file, so {run_dir} cannot be created; choose another path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        cause = errno.EROFS if _read_only(probe) else errno.EACCES
+        raise fs_error(OSError(cause, os.strerror(cause)), probe)
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+class RunLock:
+    """An exclusive lock on a run directory for as long as this object holds it."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self, argv: list[str] | None = None) -> "RunLock":
+        import fcntl
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise fs_error(e, self.path) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise fs_error(e, self.path) from None
+            raise UserError(f"--run_dir: {self.path.parent} is in use by {describe_holder(self.path)}; wait for "
+                            "it to finish or stop it, or choose another --run_dir") from None
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                  "argv": list(argv or [])[:8]}
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, (json.dumps(holder) + "\n").encode())
+        except OSError as e:
+            os.close(fd)
+            raise fs_error(e, self.path) from None
+        self._fd = fd
+        return self
+
+    def fds(self) -> tuple[int, ...]:
+        """The lock's descriptor, for a child to inherit: the lock then lives as long as the
+        launcher or its child (torchrun waits for its ranks), whichever ends last."""
+        return (self._fd,) if self._fd is not None else ()
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock; the file stays (its text is only a hint)
+            self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire() if self._fd is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def describe_holder(lock_path: Path) -> str:
+    try:
+        h = json.loads(lock_path.read_text()[:4096])
+        return f"process {h['pid']} on {h['host']} since {h['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"

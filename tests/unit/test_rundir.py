@@ -1,0 +1,114 @@
+"""Run directories: exclusive, never mistaken for someone else's folder, failures named."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from autotune.errors import UserError
+from autotune.rundir import LOCK_NAME, RunLock, check_creatable, check_usable, fs_error
+from autotune.runtime_paths import EXIT_PREEMPTED, combined_exit, read_statuses, write_status
+
+
+def test_fresh_launch_goes_only_into_a_new_or_empty_directory(tmp_path):
+    check_usable(tmp_path / "missing", resuming=False)
+    (tmp_path / "empty").mkdir()
+    check_usable(tmp_path / "empty", resuming=False)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "metrics.json").write_text("{'my': 'results'}")
+    with pytest.raises(UserError, match="not empty and is not an autotune run directory.*--force_run_dir"):
+        check_usable(mine, resuming=False)
+    with pytest.raises(UserError, match="not empty and is not an autotune run directory"):
+        check_usable(mine, resuming=True)  # a resume needs a run dir too
+    check_usable(mine, resuming=False, reuse=True)
+
+
+def test_a_run_dir_is_recognised_without_its_plan(tmp_path):
+    """A resume that failed on a full disk had moved plan.json away: the checkpoints still mark the run."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-00000010").mkdir(parents=True)
+    with pytest.raises(UserError, match="already holds an autotune run \\(checkpoints\\).*--resume_from auto"):
+        check_usable(run, resuming=False)
+    with pytest.raises(UserError, match="already holds an autotune run"):
+        check_usable(run, resuming=False, reuse=True)  # --force_run_dir never overwrites a run
+    check_usable(run, resuming=True)
+
+
+def test_a_file_is_not_a_run_dir(tmp_path):
+    f = tmp_path / "f"
+    f.write_text("x")
+    with pytest.raises(UserError, match="exists and is not a directory"):
+        check_usable(f, resuming=False)
+    with pytest.raises(UserError, match="is a file, so .* cannot be created"):
+        check_creatable(f / "sub")
+
+
+@pytest.mark.parametrize("path", ["/proc/autotune-run", "/sys/x", "/dev/shm/../x"])
+def test_kernel_file_systems_are_refused(path):
+    with pytest.raises(UserError, match="kernel file system"):
+        check_creatable(__import__("pathlib").Path(path))
+
+
+def test_file_system_errors_are_named():
+    assert "ENOSPC" in str(fs_error(OSError(errno.ENOSPC, "No space left"), "/x/plan.json"))
+    assert "/x/plan.json" in str(fs_error(OSError(errno.ENOSPC, "No space left"), "/x/plan.json"))
+    assert "EROFS" in str(fs_error(OSError(errno.EROFS, "Read-only file system"), "/x"))
+    assert "EIO" in str(fs_error(OSError(errno.EIO, "I/O error"), "/x"))
+
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from autotune.rundir import RunLock
+    RunLock(sys.argv[1]).acquire(["autotune", "launch"])
+    print("held", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_the_lock_names_its_holder_and_dies_with_it(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        with pytest.raises(UserError, match=f"in use by process {p.pid} on .* since"):
+            RunLock(tmp_path).acquire()
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == p.pid  # the dead holder's file stays...
+    with RunLock(tmp_path):  # ...but its lock went with it
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    RunLock(tmp_path).acquire().release()
+
+
+def test_the_launcher_refuses_a_locked_run_dir(cli, tmp_path):
+    run = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        r = cli("autotune", "launch", "--run_dir", str(run), "--resume_from", "auto", "--max_steps", "1")
+    finally:
+        p.kill()
+        p.wait(timeout=10)
+    assert r.returncode == 2 and f"in use by process {p.pid}" in r.stderr and "Traceback" not in r.stderr
+    assert sorted(x.name for x in run.iterdir()) == [LOCK_NAME]  # nothing written
+
+
+def test_rank_statuses_decide_the_launchers_code(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_STATUS_DIR", str(tmp_path / "st"))
+    assert combined_exit(read_statuses(tmp_path / "st")) == (None, None)
+    write_status("/nowhere", 0, 0)
+    write_status("/nowhere", 1, EXIT_PREEMPTED, step=7)
+    assert combined_exit(read_statuses(tmp_path / "st"))[0] == EXIT_PREEMPTED
+    write_status("/nowhere", 2, 1, "RuntimeError: boom")
+    assert combined_exit(read_statuses(tmp_path / "st"))[0] == 1  # a crash is not a preemption
+    write_status("/nowhere", 3, 2, "error: bad checkpoint")
+    code, who = combined_exit(read_statuses(tmp_path / "st"))
+    assert (code, who["rank"], who["message"]) == (2, 3, "error: bad checkpoint")
+    (tmp_path / "st" / "rank-9.json").write_text("not json")  # ignored, never a crash
+    assert combined_exit(read_statuses(tmp_path / "st"))[0] == 2
