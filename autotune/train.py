@@ -116,7 +116,16 @@ def main(argv: list[str] | None = None) -> int:
             return run_entrypoint(plan.run.entrypoint, args)
         from autotune.runtime.loop import train
 
-        result = train(plan, run_dir, ds_config=ds_config, plan_path=plan_path)
+        try:
+            result = train(plan, run_dir, ds_config=ds_config, plan_path=plan_path)
+        except OSError as e:  # metrics, TensorBoard, W&B files: a full or read-only disk is one line
+            import errno
+
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+                raise
+            from autotune.rundir import fs_error
+
+            raise fs_error(e, what="run dir") from None
         if result.get("preempted"):
             from autotune.runtime_paths import EXIT_PREEMPTED
 

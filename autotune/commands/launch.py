@@ -174,8 +174,8 @@ def _execute(setup, lock=None) -> int:
               f"repeated), run the same command with --run_dir {run_dir} --resume_from auto", file=sys.stderr)
         return EXIT_PREEMPTED
     if rc != 0 and ranks_code in (2, 3):  # torchrun reports any rank's failure as 1: say what the rank said
-        print(f"\nrank {decider.get('rank')} stopped the run (exit {ranks_code}); its message is above. "
-              f"Run directory: {run_dir}", file=sys.stderr)
+        print(f"\nRank {decider.get('rank')} stopped the run (exit {ranks_code}). Run directory: {run_dir}\n"
+              f"{decider.get('message', '')}", file=sys.stderr)
         return ranks_code
     if rc != 0 and signals:  # interrupted: the shell convention 128+N, whatever torchrun made of it
         rc = 128 + signals[0]
