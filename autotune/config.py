@@ -148,6 +148,8 @@ class DistributedConfig(_Section):
     timeout_s: int = Field(1800, ge=10, le=7 * 24 * 3600, description="process-group (NCCL/gloo) timeout")
     rendezvous_timeout_s: int = Field(60, ge=5, le=24 * 3600, description="how long the nodes of a multi-node "
                                       "job wait for each other before giving up")
+    max_restarts: int = Field(0, ge=0, le=100, description="torchrun restarts the ranks this many times after a "
+                              "failure; they continue from the newest good checkpoint")
 
 
 class LoggingConfig(_Section):

@@ -163,6 +163,8 @@ def torchrun_flags(plan: TrainingPlan) -> list[str]:
     under SLURM (the same command on every node) or the static form (--node_rank)."""
     eng = plan.engine
     flags = [f"--nproc_per_node={eng.nproc_per_node}"]
+    if eng.max_restarts:
+        flags.append(f"--max_restarts={eng.max_restarts}")
     if eng.num_nodes == 1:
         return flags + ["--standalone"]
     if eng.rdzv_id:
@@ -179,6 +181,8 @@ def torchrun_flags(plan: TrainingPlan) -> list[str]:
 
 
 def _single(plan: TrainingPlan, python: str, program: list[str]) -> list[str]:
+    if plan.engine.max_restarts:  # restarts are torchrun's: one process under it
+        return _torchrun(plan, python, program)
     return [python, *program]
 
 

@@ -81,6 +81,7 @@ class EngineSection(_Section):
     offload_param: bool = False  # ZeRO-3 parameter offload to host RAM
     timeout_s: int = Field(1800, ge=1)
     rendezvous_timeout_s: int = Field(60, ge=1)  # nodes waiting for each other (multi-node)
+    max_restarts: int = Field(0, ge=0)  # torchrun restarts of the group; ranks resume from the newest good checkpoint
 
 
 class BatchSection(_Section):

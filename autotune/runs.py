@@ -150,17 +150,27 @@ def choose_run_dir(run_dir: str | Path | None, resume_from: str | None, runs_roo
     return runs_root / new_run_dir_name()
 
 
-def resolve_resume(resume_from: str | None, run_dir: Path) -> Path | None:
-    """'auto' -> the newest complete checkpoint in run_dir (None: start fresh); a path must exist."""
-    from autotune.runtime_paths import latest_checkpoint
+def resolve_resume(resume_from: str | None, run_dir: Path, warn=None) -> Path | None:
+    """'auto' -> the newest checkpoint in run_dir that verifies (None: start fresh), each damaged
+    newer one named through ``warn`` (default: a warning on stderr); a path must exist and verify."""
+    import sys
+
+    from autotune.runtime_paths import newest_good_checkpoint, verify_checkpoint
 
     if resume_from is None:
         return None
+    if warn is None:
+        def warn(msg: str) -> None:
+            print(f"warning: {msg}", file=sys.stderr, flush=True)
     if resume_from == "auto":
-        return latest_checkpoint(run_dir)
+        return newest_good_checkpoint(run_dir, warn)
     path = Path(resume_from)
     if not path.is_dir():
         raise UserError(f"--resume_from: no checkpoint directory {resume_from!r}")
+    problems = verify_checkpoint(path)
+    if problems:
+        raise UserError(f"--resume_from: {path} is damaged; choose another checkpoint (or --resume_from auto, "
+                        "which skips damaged ones)", problems)
     return path.resolve()
 
 

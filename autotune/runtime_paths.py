@@ -116,3 +116,98 @@ def combined_exit(statuses: list[dict]) -> tuple[int | None, dict | None]:
 
     worst = min(statuses, key=rank_of)
     return worst["code"], worst
+
+
+# ---- verified checkpoints ------------------------------------------------------------------------
+CHECKSUMS = "checksums.json"
+META_KEYS = ("step", "micro_batches_consumed", "backend", "world_size", "global_batch_size")
+
+
+def file_digest(path: Path, chunk: int = 1 << 22) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checkpoint_files(ckpt: Path) -> list[str]:
+    """Every file of a checkpoint but the checksum list itself, relative, sorted (same on every rank)."""
+    return sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file() and p.name != CHECKSUMS)
+
+
+def check_files(ckpt: Path, expected: dict, names: list[str]) -> list[str]:
+    """Problems with ``names`` (a share of the checkpoint's files) against ``expected``."""
+    problems = []
+    for name in names:
+        want = expected.get(name)
+        p = ckpt / name
+        if not p.is_file():
+            problems.append(f"{p}: missing")
+        elif want is None:
+            continue
+        elif p.stat().st_size != want["bytes"]:
+            problems.append(f"{p}: {p.stat().st_size} bytes, {want['bytes']} when written (truncated or changed)")
+        elif file_digest(p) != want["sha256"]:
+            problems.append(f"{p}: checksum differs from when it was written (damaged)")
+    return problems
+
+
+def read_checksums(ckpt: Path) -> dict | None:
+    """The checkpoint's recorded checksums; None for a checkpoint written before they existed."""
+    f = ckpt / CHECKSUMS
+    if not f.exists():
+        return None
+    try:
+        data = json.loads(f.read_text())
+        files = data["files"]
+        assert isinstance(files, dict) and all({"bytes", "sha256"} <= v.keys() for v in files.values())
+        return files
+    except (OSError, ValueError, KeyError, AssertionError, AttributeError):
+        raise UserError(f"--resume_from: {f} is damaged (not the checksum list autotune wrote)") from None
+
+
+def meta_problems(ckpt: Path) -> list[str]:
+    try:
+        meta = read_meta(ckpt)
+    except UserError as e:
+        return [str(e).removeprefix("--resume_from: ")]
+    if not isinstance(meta, dict):
+        return [f"{ckpt / 'meta.json'}: not a JSON object"]
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        return [f"{ckpt / 'meta.json'}: missing {', '.join(missing)}"]
+    bad = [k for k in ("step", "micro_batches_consumed", "world_size", "global_batch_size")
+           if not isinstance(meta[k], int) or isinstance(meta[k], bool) or meta[k] < 0]
+    if bad:
+        return [f"{ckpt / 'meta.json'}: {', '.join(bad)} must be non-negative integers"]
+    return []
+
+
+def verify_checkpoint(ckpt: Path) -> list[str]:
+    """Every problem found in ``ckpt`` (empty: good). Checks meta.json and, when the checkpoint
+    has them, the size and SHA-256 of every file."""
+    problems = meta_problems(ckpt)
+    if problems:
+        return problems
+    try:
+        expected = read_checksums(ckpt)
+    except UserError as e:
+        return [str(e).removeprefix("--resume_from: ")]
+    if expected is None:
+        return []
+    return check_files(ckpt, expected, sorted(expected))
+
+
+def newest_good_checkpoint(run_dir: str | Path, warn=None) -> Path | None:
+    """The newest checkpoint that verifies; each damaged newer one is reported through ``warn``."""
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        problems = verify_checkpoint(ckpt)
+        if not problems:
+            return ckpt
+        if warn is not None:
+            warn(f"checkpoint {ckpt.name} is damaged and skipped: {problems[0]}"
+                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    return None

@@ -50,6 +50,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--node_rank", type=non_negative_int, metavar="N", help="this node's rank, 0 .. num_nodes-1")
     g.add_argument("--master_addr", metavar="HOST", help="address of the rank-0 node (multi-node)")
     g.add_argument("--master_port", type=positive_int, metavar="N", help="rendezvous port on the rank-0 node")
+    g.add_argument("--max_restarts", type=non_negative_int, metavar="N",
+                   help="after a rank fails, torchrun restarts the ranks up to N times; they continue from the "
+                        "newest good checkpoint (distributed.max_restarts; default 0)")
     g.add_argument("--batch_size", type=positive_int, metavar="N", help="micro-batch per process (training.batch_size_per_gpu)")
     g.add_argument("--grad_accum", type=positive_int, metavar="N", help="gradient accumulation steps")
     g.add_argument("--global_batch_size", type=positive_int, metavar="N", help="target effective batch per optimizer step")
@@ -75,6 +78,7 @@ _FLAG_TO_FIELD = {
     "node_rank": "distributed.node_rank",
     "master_addr": "distributed.master_addr",
     "master_port": "distributed.master_port",
+    "max_restarts": "distributed.max_restarts",
     "batch_size": "training.batch_size_per_gpu",
     "grad_accum": "training.gradient_accumulation_steps",
     "global_batch_size": "training.global_batch_size",

@@ -114,7 +114,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
                              master_port=d.master_port, rdzv_id=rdzv_id, nproc_per_node=nproc, world_size=world,
                              num_gpus=len(devs), offload_optimizer=mf.strategy.offload_optimizer,
                              offload_param=mf.strategy.offload_param, timeout_s=d.timeout_s,
-                             rendezvous_timeout_s=d.rendezvous_timeout_s),
+                             rendezvous_timeout_s=d.rendezvous_timeout_s, max_restarts=d.max_restarts),
         batch=BatchSection(micro_batch_size=micro, gradient_accumulation_steps=acc, global_batch_size=global_batch,
                            target_global_batch_size=target if auto_optimize else t.global_batch_size,
                            global_batch_deviation=deviation),

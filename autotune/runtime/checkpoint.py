@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from autotune.errors import UserError
-from autotune.runtime.dist import DistContext, wait_for_everyone
-from autotune.runtime_paths import PREFIX, check_compatible, list_checkpoints, read_meta
+from autotune.runtime.dist import DistContext, from_main, gather_objects, wait_for_everyone
+from autotune.runtime_paths import (CHECKSUMS, PREFIX, check_compatible, check_files, checkpoint_files, file_digest,
+                                    list_checkpoints, meta_problems, read_checksums, read_meta)
 
 def _rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
@@ -62,6 +63,13 @@ def _disk_cause(e: BaseException, where: Path) -> str | None:
     if st.f_bavail * st.f_frsize < 1 << 20:  # torch's writer fails in several ways on a full disk
         return f"ENOSPC: no space left on the device ({st.f_bavail * st.f_frsize} bytes free)"
     return None
+
+
+def _saved_world(path: Path) -> int | None:
+    try:
+        return int(read_meta(path).get("world_size"))
+    except (UserError, TypeError, ValueError):
+        return None
 
 
 class CheckpointManager:
@@ -104,6 +112,7 @@ class CheckpointManager:
                     "global_batch_size": b.global_batch_size, **(extra or {})}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         wait_for_everyone(self.ctx)
+        self._write_checksums(tmp)
         if self.ctx.is_main:
             if final.exists():
                 shutil.rmtree(final)
@@ -113,21 +122,70 @@ class CheckpointManager:
         wait_for_everyone(self.ctx)
         return final
 
+    def _write_checksums(self, tmp: Path) -> None:
+        """Size and SHA-256 of every file, hashed in parallel (each rank a share), listed by rank 0
+        in checksums.json before the folder gets its final name."""
+        names = from_main(self.ctx, checkpoint_files(tmp) if self.ctx.is_main else None)
+        share = names[self.ctx.rank::self.ctx.world_size]
+        mine = {n: {"bytes": (tmp / n).stat().st_size, "sha256": file_digest(tmp / n)}
+                for n in share if (tmp / n).is_file()}
+        every = gather_objects(self.ctx, mine)
+        if self.ctx.is_main:
+            files: dict = {}
+            for part in every:
+                files.update(part)
+            with open(tmp / CHECKSUMS, "w") as f:
+                f.write(json.dumps({"algorithm": "sha256", "files": files}, indent=1, sort_keys=True))
+                f.flush()
+                os.fsync(f.fileno())
+
+    def verify(self, path: Path) -> list[str]:
+        """Every problem with the checkpoint, found by all ranks together (each hashes a share) and
+        known to every rank, so all of them go on or all stop before any loads anything."""
+        problems: list[str] = meta_problems(path) if self.ctx.is_main else []
+        try:
+            expected = read_checksums(path)
+        except UserError as e:
+            expected, problems = None, problems + ([str(e)] if self.ctx.is_main else [])
+        if expected is not None:
+            problems += check_files(path, expected, sorted(expected)[self.ctx.rank::self.ctx.world_size])
+        rng = path / f"rng-rank{self.ctx.rank}.pt"
+        if expected is None and not rng.exists() and self.ctx.world_size == _saved_world(path):
+            problems.append(f"{rng}: missing")
+        return [p for part in gather_objects(self.ctx, problems) for p in part]
+
+    def newest_good(self, warn) -> Path | None:
+        """The newest checkpoint of this run that verifies on every rank (after a restart)."""
+        for ckpt in reversed(from_main(self.ctx, list_checkpoints(self.dir.parent) if self.ctx.is_main else None)):
+            problems = self.verify(ckpt)
+            if not problems:
+                return ckpt
+            if self.ctx.is_main:
+                warn(f"checkpoint {ckpt.name} is damaged and skipped: {problems[0]}")
+        return None
+
     def load(self, engine, path: str | Path) -> dict:
-        """Restore ``engine`` from ``path``; returns the checkpoint's meta."""
+        """Restore ``engine`` from ``path`` after every rank verified it; returns the checkpoint's meta.
+        A failure on any rank stops every rank with the failing rank's message (none starts alone)."""
         p = Path(path)
+        problems = self.verify(p)
+        if problems:
+            raise UserError(f"--resume_from: {p} is damaged; resume from an earlier checkpoint "
+                            "(--resume_from auto skips damaged ones)", problems)
         meta = read_meta(p)
         b = engine.plan.batch
         check_compatible(meta, p, engine.name, b.global_batch_size)
+        error = None
         try:
             engine.load_state(p)
+            rng = p / f"rng-rank{self.ctx.rank}.pt"
+            if rng.exists() and meta.get("world_size") == self.ctx.world_size:
+                _set_rng_state(torch.load(rng, weights_only=False))
         except Exception as e:  # unpickling errors, truncated files, shape mismatches
-            if isinstance(e, UserError):
-                raise
-            raise UserError(f"--resume_from: {p} is damaged or incompatible with this model: {e}") from None
-        rng = p / f"rng-rank{self.ctx.rank}.pt"
-        if rng.exists() and meta.get("world_size") == self.ctx.world_size:
-            _set_rng_state(torch.load(rng, weights_only=False))
+            error = f"rank {self.ctx.rank}: {type(e).__name__}: {str(e)[:500]}"
+        errors = [e for e in gather_objects(self.ctx, error) if e]
+        if errors:
+            raise UserError(f"--resume_from: {p} is damaged or incompatible with this model", errors)
         # Consumed micro-batches are per rank; rescale if the world size changed.
         old_world = meta.get("world_size") or self.ctx.world_size
         consumed = meta["micro_batches_consumed"]

@@ -85,6 +85,24 @@ def all_reduce_sum(ctx: DistContext, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def gather_objects(ctx: DistContext, obj) -> list:
+    """Every rank's ``obj``, in rank order, on every rank (a collective when distributed)."""
+    if not (ctx.distributed and dist.is_initialized()):
+        return [obj]
+    out: list = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def from_main(ctx: DistContext, obj):
+    """Rank 0's ``obj`` on every rank."""
+    if not (ctx.distributed and dist.is_initialized()):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def cleanup(ctx: DistContext | None = None, barrier: bool = True) -> None:
     """Leave the process group together (a rank tearing down while another still talks
     to it makes gloo abort). After an error pass ``barrier=False``: the other ranks may

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -65,9 +67,20 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
     ckpts = CheckpointManager(run_dir, ctx, keep_last=run.keep_last)
     step, consumed = 0, 0
     resume_path = Path(run.resume_from) if run.resume_from else None
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if restart > 0:  # torchrun restarted the group (--max_restarts): continue from the newest good checkpoint
+        def warn(msg: str) -> None:
+            print(f"autotune: warning: {msg}", file=sys.stderr, flush=True)
+
+        resume_path = ckpts.newest_good(warn) or resume_path
+        if ctx.is_main:
+            print(f"autotune: restart {restart}: " + (f"resuming from {resume_path}" if resume_path
+                                                       else "no checkpoint yet, starting over"), flush=True)
     if resume_path is not None:
         meta = ckpts.load(engine, resume_path)
         step, consumed = meta["step"], meta["micro_batches_consumed"]
+        if ctx.is_main:
+            _forget_after(run_dir / "metrics.jsonl", step)
     ld = plan.loader
     stream = BatchStream(train_ds, b.micro_batch_size, ctx.rank, ctx.world_size, run.seed,
                          ld.num_workers, ld.pin_memory, ld.prefetch_factor, start_micro_batch=consumed)
@@ -154,6 +167,27 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
         summary = {"steps": step, "history": history, "final": final}
         (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2, default=_nan_safe))
     return final
+
+
+def _forget_after(jsonl: Path, step: int) -> None:
+    """Resuming at ``step`` repeats what was logged after it: move those entries to
+    metrics.superseded.jsonl, so metrics.jsonl has each step once."""
+    if not jsonl.exists():
+        return
+    keep, drop = [], []
+    for line in jsonl.read_text().splitlines():
+        try:
+            later = json.loads(line).get("step", 0) > step
+        except (ValueError, AttributeError, TypeError):
+            later = False
+        (drop if later else keep).append(line)
+    if not drop:
+        return
+    with (jsonl.parent / "metrics.superseded.jsonl").open("a") as f:
+        f.write("\n".join(drop) + "\n")
+    tmp = jsonl.with_name(jsonl.name + ".tmp")
+    tmp.write_text("".join(x + "\n" for x in keep))
+    tmp.replace(jsonl)
 
 
 def _nan_safe(x):

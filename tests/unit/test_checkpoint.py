@@ -2,6 +2,9 @@
 
 import json
 
+from autotune.runs import resolve_resume
+from autotune.runtime_paths import newest_good_checkpoint, verify_checkpoint
+
 import pytest
 import torch
 
@@ -59,16 +62,70 @@ def test_load_restores_weights_optimizer_and_schedule(tmp_path):
         assert torch.allclose(va, vb)
 
 
+def test_zeroed_bytes_inside_a_file_are_found(tmp_path):
+    """The same size, 64 bytes zeroed in the middle: only the checksum sees it."""
+    eng = engine_for()
+    mgr = CheckpointManager(tmp_path, CTX)
+    path = mgr.save(eng, 1, consumed=4)
+    data = bytearray((path / "model.pt").read_bytes())
+    data[len(data) // 2:len(data) // 2 + 64] = bytes(64)
+    (path / "model.pt").write_bytes(bytes(data))
+    assert verify_checkpoint(path) == [f"{path / 'model.pt'}: checksum differs from when it was written (damaged)"]
+    with pytest.raises(UserError, match="is damaged"):
+        mgr.load(eng, path)
+
+
+def test_auto_resume_falls_back_to_the_newest_good_checkpoint(tmp_path):
+    eng = engine_for()
+    mgr = CheckpointManager(tmp_path, CTX)
+    good = mgr.save(eng, 1, consumed=4)
+    bad = mgr.save(eng, 2, consumed=8)
+    (bad / "trainer.pt").write_bytes((bad / "trainer.pt").read_bytes()[:100])  # truncated
+    warned = []
+    assert newest_good_checkpoint(tmp_path, warned.append) == good
+    assert warned == [f"checkpoint step-00000002 is damaged and skipped: {bad / 'trainer.pt'}: 100 bytes, "
+                      f"{json.loads((bad / 'checksums.json').read_text())['files']['trainer.pt']['bytes']} "
+                      "when written (truncated or changed)"]
+    assert mgr.newest_good(warned.append) == good
+    with pytest.raises(UserError, match=f"{bad} is damaged") as e:
+        resolve_resume(str(bad), tmp_path)  # an explicit damaged path is an error naming the file
+    assert "trainer.pt: 100 bytes" in e.value.problems[0]
+    assert resolve_resume("auto", tmp_path, warned.append) == good
+
+
+@pytest.mark.parametrize("meta, problem", [
+    ({"step": 1, "backend": "single", "world_size": 1, "global_batch_size": 256}, "missing micro_batches_consumed"),
+    ({"step": "1", "micro_batches_consumed": 4, "backend": "single", "world_size": 1, "global_batch_size": 256},
+     "step must be non-negative integers"),
+    ([1, 2], "not a JSON object"),
+])
+def test_malformed_meta_is_named_not_a_keyerror(tmp_path, meta, problem):
+    eng = engine_for()
+    path = CheckpointManager(tmp_path, CTX).save(eng, 1, consumed=4)
+    (path / "meta.json").write_text(json.dumps(meta))
+    (found,) = verify_checkpoint(path)
+    assert found.endswith(problem) and "meta.json" in found
+    with pytest.raises(UserError, match="is damaged"):
+        CheckpointManager(tmp_path, CTX).load(eng, path)
+
+
 def test_bad_checkpoints_are_user_errors_that_touch_nothing(tmp_path):
     eng = engine_for()
     mgr = CheckpointManager(tmp_path, CTX)
-    with pytest.raises(UserError, match="not an autotune checkpoint"):
+    with pytest.raises(UserError, match="is damaged") as e:
         mgr.load(eng, tmp_path)
+    assert "not an autotune checkpoint" in e.value.problems[0]
     path = mgr.save(eng, 1, consumed=4)
+    size = (path / "model.pt").stat().st_size
     (path / "model.pt").write_bytes(b"garbage")
-    with pytest.raises(UserError, match="damaged or incompatible"):
+    with pytest.raises(UserError, match="is damaged") as e:
         mgr.load(eng, path)
+    assert e.value.problems == [f"{path / 'model.pt'}: 7 bytes, {size} when written (truncated or changed)"]
     assert (path / "model.pt").read_bytes() == b"garbage"
+    (path / "checksums.json").unlink()  # a checkpoint from before checksums: loading finds the damage
+    with pytest.raises(UserError, match="damaged or incompatible with this model") as e:
+        mgr.load(eng, path)
+    assert e.value.problems[0].startswith("rank 0: ")
     other = engine_for(**{"training.global_batch_size": 128})
     good = mgr.save(eng, 2, consumed=8)
     with pytest.raises(UserError, match="--global_batch_size 256"):
