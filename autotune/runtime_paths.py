@@ -211,3 +211,26 @@ def newest_good_checkpoint(run_dir: str | Path, warn=None) -> Path | None:
             warn(f"checkpoint {ckpt.name} is damaged and skipped: {problems[0]}"
                  + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     return None
+
+
+# ---- honest resume: what the checkpoint trained with vs what this plan says ----------------------
+def training_fingerprint(plan) -> dict:
+    """The plan values a checkpoint's state could silently override or that change the trajectory."""
+    s, o = plan.schedule, plan.optimizer
+    return {"learning_rate": s.learning_rate, "warmup_steps": s.warmup_steps, "min_lr_ratio": s.min_lr_ratio,
+            "total_steps": s.total_steps, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
+            "gradient_clipping": o.gradient_clipping, "precision": plan.numerics.precision, "seed": plan.run.seed}
+
+
+def resume_changes(meta: dict, plan) -> dict[str, tuple]:
+    """Fields whose value differs between the checkpoint (meta['training']) and this plan.
+    Empty for checkpoints written before fingerprints were recorded."""
+    old = meta.get("training")
+    if not isinstance(old, dict):
+        return {}
+    new = training_fingerprint(plan)
+    return {k: (old.get(k), v) for k, v in new.items() if k in old and old.get(k) != v}
+
+
+def describe_changes(changes: dict[str, tuple]) -> str:
+    return ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items())

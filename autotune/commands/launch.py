@@ -111,10 +111,20 @@ def _print_dry_run(setup, as_json: bool) -> None:
     render_plan(setup.plan, sys.stdout)
     print(f"\nRun directory: {setup.run_dir} (not created: --dry-run)")
     if setup.resume_path:
-        print(f"Resume from: {setup.resume_path}")
+        print(f"Resume from: {setup.resume_path}{_resume_note(setup)}")
     print("Command:")
     print(f"  {setup.launch_spec.shell()}")
     _print_delivery(setup)
+
+
+def _resume_note(setup) -> str:
+    """What differs from the checkpoint's training values: applied, and said before the launch."""
+    from autotune.runtime_paths import describe_changes, read_meta, resume_changes
+
+    if setup.plan.run.entrypoint:
+        return ""
+    changes = resume_changes(read_meta(setup.resume_path), setup.plan)
+    return f"\n  changed since that checkpoint (applied from its step on): {describe_changes(changes)}" if changes else ""
 
 
 def _print_delivery(setup, out=None) -> None:
@@ -141,7 +151,7 @@ def _execute(setup, lock=None) -> int:
     run_dir = setup.run_dir
     render_plan(setup.plan, sys.stdout)
     if setup.resume_path:
-        print(f"\nResuming from {setup.resume_path}")
+        print(f"\nResuming from {setup.resume_path}{_resume_note(setup)}")
     print(f"\nRun directory: {run_dir}\nCommand: {setup.launch_spec.shell()}", flush=True)
     _print_delivery(setup)
     print(flush=True)

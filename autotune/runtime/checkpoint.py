@@ -26,7 +26,8 @@ import torch
 from autotune.errors import UserError
 from autotune.runtime.dist import DistContext, from_main, gather_objects, wait_for_everyone
 from autotune.runtime_paths import (CHECKSUMS, PREFIX, check_compatible, check_files, checkpoint_files, file_digest,
-                                    list_checkpoints, meta_problems, read_checksums, read_meta)
+                                    list_checkpoints, meta_problems, read_checksums, read_meta, resume_changes,
+                                    training_fingerprint)
 
 def _rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
@@ -109,7 +110,8 @@ class CheckpointManager:
             meta = {"step": step, "micro_batches_consumed": consumed, "backend": engine.name,
                     "world_size": self.ctx.world_size, "micro_batch_size": b.micro_batch_size,
                     "gradient_accumulation_steps": b.gradient_accumulation_steps,
-                    "global_batch_size": b.global_batch_size, **(extra or {})}
+                    "global_batch_size": b.global_batch_size, "training": training_fingerprint(engine.plan),
+                    **(extra or {})}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         wait_for_everyone(self.ctx)
         self._write_checksums(tmp)
@@ -186,6 +188,10 @@ class CheckpointManager:
         errors = [e for e in gather_objects(self.ctx, error) if e]
         if errors:
             raise UserError(f"--resume_from: {p} is damaged or incompatible with this model", errors)
+        # The plan's hyper-parameters win over the ones restored with the optimizer state, and
+        # the differences are said and recorded (never recorded in plan.json and ignored).
+        engine.apply_hyperparameters()
+        meta["changed"] = resume_changes(meta, engine.plan)
         # Consumed micro-batches are per rank; rescale if the world size changed.
         old_world = meta.get("world_size") or self.ctx.world_size
         consumed = meta["micro_batches_consumed"]

@@ -62,6 +62,7 @@ class Engine(Protocol):
     def full_state_dict(self) -> dict | None: ...
     def save_state(self, directory: Path, is_main: bool) -> None: ...
     def load_state(self, directory: Path) -> None: ...
+    def apply_hyperparameters(self) -> None: ...
 
 
 def _loss(model: nn.Module, loss_fn: Callable | None, x, y) -> torch.Tensor:
@@ -120,6 +121,21 @@ class LocalOptimizer:
             self.scaler.load_state_dict(state["scaler"])
 
 
+def apply_hyperparameters(plan: TrainingPlan, optimizer, scheduler) -> None:
+    """After a resume: the plan's learning rate, betas, eps and weight decay replace the ones that
+    came back with the optimizer and scheduler state; the schedule continues at the restored step
+    with this plan's shape (warm-up, total steps, floor are the plan's already: the schedule
+    function is never stored)."""
+    o, lr = plan.optimizer, plan.schedule.learning_rate
+    for group in optimizer.param_groups:
+        group.update(betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, initial_lr=lr)
+    scheduler.base_lrs = [lr for _ in optimizer.param_groups]
+    factor = schedule_lambda(plan)(scheduler.last_epoch)
+    for group in optimizer.param_groups:
+        group["lr"] = lr * factor
+    scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+
+
 class LocalEngine:
     """Single process, or DDP (``ddp=True``): torch's optimizer, checkpoint files model.pt + trainer.pt."""
 
@@ -168,6 +184,8 @@ class LocalEngine:
     def full_state_dict(self) -> dict | None:
         return self.module.state_dict() if self.ctx.is_main else None
 
+    def apply_hyperparameters(self) -> None:
+        apply_hyperparameters(self.plan, self.opt.optimizer, self.opt.scheduler)
     def save_state(self, directory: Path, is_main: bool) -> None:
         if is_main:  # identical on every rank (DDP keeps replicas in step): one copy serves any world size
             torch.save(self.opt.state_dict(), directory / "trainer.pt")
@@ -236,6 +254,9 @@ class DeepSpeedEngine:
 
     def load_state(self, directory: Path) -> None:
         self.model.load_checkpoint(str(directory / "engine"), tag="state")
+
+    def apply_hyperparameters(self) -> None:
+        apply_hyperparameters(self.plan, self.optimizer, self.scheduler)
 
 
 def make_engine(plan: TrainingPlan, model: nn.Module, ctx: DistContext, loss_fn: Callable | None = None,

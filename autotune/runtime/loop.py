@@ -81,6 +81,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
         step, consumed = meta["step"], meta["micro_batches_consumed"]
         if ctx.is_main:
             _forget_after(run_dir / "metrics.jsonl", step)
+            _record_resume(run_dir, resume_path, step, meta.get("changed", {}))
     ld = plan.loader
     stream = BatchStream(train_ds, b.micro_batch_size, ctx.rank, ctx.world_size, run.seed,
                          ld.num_workers, ld.pin_memory, ld.prefetch_factor, start_micro_batch=consumed)
@@ -167,6 +168,18 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
         summary = {"steps": step, "history": history, "final": final}
         (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2, default=_nan_safe))
     return final
+
+
+def _record_resume(run_dir: Path, path: Path, step: int, changed: dict) -> None:
+    """Say and record what this resume changed against the checkpoint (applied from ``step`` on)."""
+    from autotune.runtime_paths import describe_changes
+
+    if changed:
+        print(f"autotune: changed since {path.name} (applied from step {step + 1}): {describe_changes(changed)}",
+              flush=True)
+    with (run_dir / "resumes.jsonl").open("a") as f:
+        f.write(json.dumps({"step": step, "checkpoint": str(path), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                            "changed": {k: {"checkpoint": a, "now": b} for k, (a, b) in changed.items()}}) + "\n")
 
 
 def _forget_after(jsonl: Path, step: int) -> None:

@@ -16,6 +16,7 @@ import subprocess
 import time
 
 import psutil
+import pytest
 import torch
 
 from dist_util import SMALL
@@ -114,3 +115,28 @@ def test_a_rank_that_cannot_load_stops_every_rank(tmp_path):
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
     assert "rank 1: " in r.stderr and f"{newest} is damaged or incompatible" in r.stderr
     assert "resumed at step" not in r.stdout  # no rank went on alone
+
+
+def test_deepspeed_resume_applies_a_changed_learning_rate_and_records_it(tmp_path):
+    """Promise 6: a new learning rate on resume is the one the optimizer uses, said and recorded."""
+    from autotune.plan import load_plan
+    from autotune.runtime.engine import schedule_lambda
+
+    cfg = tmp_path / "small.yaml"
+    cfg.write_text(SMALL)
+    run = tmp_path / "run"
+    engine = ["--nproc_per_node", 2, "--deepspeed", "--zero_stage", 2]
+    assert _launch("--config", cfg, "--run_dir", run, *engine).returncode == 0
+    cfg.write_text(SMALL.replace("learning_rate: 0.003", "learning_rate: 0.001"))
+    r = _launch("--config", cfg, "--run_dir", run, *engine, "--resume_from", run / "checkpoints" / "step-00000010",
+                "--max_steps", 14)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "learning_rate 0.003 -> 0.001" in r.stdout and "changed since" in r.stdout
+    plan = load_plan(run / "plan.json")
+    lrs = {json.loads(x)["step"]: json.loads(x)["train/lr"] for x in (run / "metrics.jsonl").read_text().splitlines()
+           if "train/lr" in json.loads(x)}
+    f = schedule_lambda(plan)
+    for step in (11, 12, 13, 14):  # what DeepSpeed's optimizer ran with after each step
+        assert lrs[step] == pytest.approx(0.001 * f(step), rel=1e-6)
+    (entry,) = [json.loads(x) for x in (run / "resumes.jsonl").read_text().splitlines()]
+    assert entry["step"] == 10 and entry["changed"]["learning_rate"] == {"checkpoint": 0.003, "now": 0.001}

@@ -130,3 +130,24 @@ def test_bad_checkpoints_are_user_errors_that_touch_nothing(tmp_path):
     good = mgr.save(eng, 2, consumed=8)
     with pytest.raises(UserError, match="--global_batch_size 256"):
         mgr.load(other, good)
+
+
+def test_resume_applies_a_changed_learning_rate_and_says_so(tmp_path):
+    """The checkpoint trained at lr 3e-3; the new plan says 1e-3: the new value runs, and it is reported."""
+    from autotune.runtime.engine import schedule_lambda
+
+    a = engine_for(**{"training.learning_rate": 3e-3})
+    for _ in range(3):
+        one_step(a)
+    path = CheckpointManager(tmp_path, CTX).save(a, 3, consumed=12)
+    b = engine_for(**{"training.learning_rate": 1e-3, "training.weight_decay": 0.05})
+    meta = CheckpointManager(tmp_path, CTX).load(b, path)
+    assert meta["changed"]["learning_rate"] == (a.plan.schedule.learning_rate, 1e-3)
+    assert meta["changed"]["weight_decay"] == (a.plan.optimizer.weight_decay, 0.05)
+    expected = 1e-3 * schedule_lambda(b.plan)(3)
+    assert b.lr() == pytest.approx(expected)
+    assert b.opt.optimizer.param_groups[0]["weight_decay"] == 0.05
+    one_step(b)  # the schedule continues from the new base
+    assert b.lr() == pytest.approx(1e-3 * schedule_lambda(b.plan)(4))
+    same = engine_for(**{"training.learning_rate": 3e-3})
+    assert CheckpointManager(tmp_path, CTX).load(same, path)["changed"] == {}
