@@ -31,20 +31,83 @@ class TensorBoardLogger(NullLogger):
         self.writer.close()
 
 
+def _reachable(url: str, timeout: float = 3.0) -> str | None:
+    """None when a TCP connection to ``url``'s host opens within ``timeout`` s, else why not.
+    Name resolution has no timeout of its own, so the whole probe runs in a thread."""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    u = urlparse(url if "://" in url else f"https://{url}")
+    host, port = u.hostname or "", u.port or (443 if u.scheme == "https" else 80)
+    result: list = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            result.append(None)
+        except OSError as e:
+            result.append(f"{type(e).__name__}: {e}")
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout + 1)
+    return result[0] if result else f"no answer from {host}:{port} within {timeout:g} s"
+
+
 class WandbLogger(NullLogger):
+    """W&B never takes a run down: with no key, or when its server cannot be reached within a few
+    seconds, it logs offline and says how to upload; if W&B fails anyway, training goes on without it."""
+
     def __init__(self, project: str, entity: str | None, run_dir: Path, config: dict):
         import wandb
 
-        self.offline = os.environ.get("WANDB_MODE") == "offline" or not os.environ.get("WANDB_API_KEY")
-        self.wandb = wandb
-        self.run = wandb.init(project=project, entity=entity, dir=str(run_dir), config=config,
-                              mode="offline" if self.offline else "online", name=run_dir.name)
+        self.wandb, self.run, self.failed = wandb, None, False
+        if os.environ.get("WANDB_MODE", None) == "":  # set but empty: W&B's own settings reject it
+            del os.environ["WANDB_MODE"]
+        self.offline = os.environ.get("WANDB_MODE") in ("offline", "dryrun") or not os.environ.get("WANDB_API_KEY")
+        if not self.offline:
+            url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+            why = _reachable(url)
+            if why is not None:
+                print(f"W&B: {url} cannot be reached ({why}); logging offline instead", flush=True)
+                self.offline = True
+        kwargs = dict(project=project, entity=entity, dir=str(run_dir), config=config, name=run_dir.name)
+        try:
+            self.run = wandb.init(mode="offline" if self.offline else "online",
+                                  settings=wandb.Settings(init_timeout=30), **kwargs)
+        except Exception as e:  # the server answered the probe but not the run; or W&B itself failed
+            if not self.offline:
+                print(f"W&B: online start failed ({type(e).__name__}: {str(e)[:200]}); logging offline instead",
+                      flush=True)
+                self.offline = True
+                try:
+                    self.run = wandb.init(mode="offline", **kwargs)
+                except Exception as e2:
+                    self._give_up(e2)
+            else:
+                self._give_up(e)
+
+    def _give_up(self, e: Exception) -> None:
+        print(f"W&B: disabled for this run ({type(e).__name__}: {str(e)[:200]}); training goes on", flush=True)
+        self.failed, self.run = True, None
 
     def log(self, metrics: dict, step: int) -> None:
-        self.run.log(metrics, step=step)
+        if self.run is None:
+            return
+        try:
+            self.run.log(metrics, step=step)
+        except Exception as e:
+            self._give_up(e)
 
     def close(self) -> None:
-        self.run.finish()
+        if self.run is None:
+            return
+        try:
+            self.run.finish()
+        except Exception as e:
+            self._give_up(e)
+            return
         if self.offline:
             print(f"W&B ran offline; upload later with: wandb sync {self.run.dir.rsplit('/files', 1)[0]}")
 

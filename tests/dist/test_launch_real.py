@@ -334,3 +334,27 @@ def test_two_nodes_on_one_machine(runs, small_config, tmp_path):
     for step in ref:
         assert got[step] == pytest.approx(ref[step], rel=1e-4), (step, got[step], ref[step])
     assert (run / "checkpoints" / "step-00000012" / "rng-rank1.pt").exists()
+
+
+@pytest.mark.parametrize("base_url", [None, "http://127.0.0.1:9"], ids=["no-network", "refused"])
+def test_wandb_with_a_key_and_no_server_goes_offline_fast(small_config, tmp_path, base_url):
+    """Promise 9: a real-looking key, W&B's server unreachable (no route here; or a closed port):
+    the run goes offline within seconds, says how to sync, finishes, and the key is nowhere."""
+    import time
+
+    require("wandb", reason="wandb is not installed")
+    key = "0123456789abcdef0123456789abcdef01234567"  # 40 hex characters, the shape of a W&B key
+    env = {"WANDB_API_KEY": key, "WANDB_MODE": ""}
+    if base_url:
+        env["WANDB_BASE_URL"] = base_url
+    run = tmp_path / "wb"
+    t0 = time.monotonic()
+    r = launch("--config", small_config, "--run_dir", run, "--wandb", "--max_steps", 4, env=env, timeout=240)
+    took = time.monotonic() - t0
+    assert "cannot be reached" in r.stdout and "logging offline instead" in r.stdout, r.stdout[-2000:]
+    assert "wandb sync" in r.stdout and list((run / "wandb").glob("offline-run-*"))
+    assert took < 90, took  # never W&B's minutes of retries
+    assert key not in r.stdout + r.stderr
+    for f in run.rglob("*"):
+        if f.is_file():
+            assert key.encode() not in f.read_bytes(), f
