@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidator, ValidationError
 
 from autotune.errors import UserError, validation_problems
@@ -23,12 +22,14 @@ SAMPLE_SHAPE_RE = r"^(float|int)?\[(\d+(?:,\d+)*)\](?:<(\d+))?$"
 
 # -- field types that accept "auto" ------------------------------------------------
 
-def _auto_or_int(minimum: int, what: str):
+def _auto_or_int(minimum: int, what: str, maximum: int = 2**24):
     def check(v: Any):
         if v is None or v == AUTO:
             return AUTO
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
             raise ValueError(f'must be {what} or "auto"')
+        if v > maximum:
+            raise ValueError(f'must be at most {maximum} (or "auto")')
         return v
 
     return check
@@ -64,6 +65,8 @@ def _zero_stage(v: Any):
 _ser = PlainSerializer(lambda v: v)
 AutoPosInt = Annotated[Union[int, str], PlainValidator(_auto_or_int(1, "a positive integer")), _ser]
 AutoNonNegInt = Annotated[Union[int, str], PlainValidator(_auto_or_int(0, "an integer >= 0")), _ser]
+AutoWorkers = Annotated[Union[int, str], PlainValidator(_auto_or_int(0, "an integer >= 0", 256)), _ser]
+AutoSmallPosInt = Annotated[Union[int, str], PlainValidator(_auto_or_int(1, "a positive integer", 65536)), _ser]
 AutoBool = Annotated[Union[bool, str], PlainValidator(_auto_or_bool), _ser]
 Precision = Annotated[str, PlainValidator(_auto_or_choice("bf16", "fp16", "fp32")), _ser]
 Backend = Annotated[str, PlainValidator(_auto_or_choice("single", "ddp", "deepspeed")), _ser]
@@ -71,19 +74,19 @@ ZeroStage = Annotated[Union[int, str], PlainValidator(_zero_stage), _ser]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Section):
     """The built-in model (a small GPT); your own script's model is described in training.model."""
 
     name: Literal["gpt"] = "gpt"
-    n_layer: int = Field(2, ge=1, description="transformer blocks")
-    n_head: int = Field(4, ge=1, description="attention heads")
-    n_embd: int = Field(64, ge=8, description="embedding width, divisible by n_head")
+    n_layer: int = Field(2, ge=1, le=1024, description="transformer blocks")
+    n_head: int = Field(4, ge=1, le=1024, description="attention heads")
+    n_embd: int = Field(64, ge=8, le=65536, description="embedding width, divisible by n_head")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     # Moved to training.num_parameters (it describes your own script's model); kept to say so.
-    num_parameters: int | None = Field(None, ge=1)
+    num_parameters: int | None = Field(None, ge=1, le=10**15)
 
 
 class DataConfig(_Section):
@@ -92,40 +95,40 @@ class DataConfig(_Section):
     task: Literal["sort"] = "sort"
     seq_len: int = Field(8, ge=2, le=256, description="digits to sort")
     vocab_size: int = Field(10, ge=2, le=1000, description="distinct digit values")
-    num_samples: int | None = Field(16384, ge=1, description="training samples per epoch (None = unknown)")
-    num_val_samples: int = Field(1024, ge=0)
-    seed: int = 1234
-    num_workers: AutoNonNegInt = AUTO
-    max_workers_per_process: int = Field(3, ge=0)
+    num_samples: int | None = Field(16384, ge=1, le=10**12, description="training samples per epoch (None = unknown)")
+    num_val_samples: int = Field(1024, ge=0, le=10**8)
+    seed: int = Field(1234, ge=0, le=2**32 - 1)
+    num_workers: AutoWorkers = AUTO
+    max_workers_per_process: int = Field(3, ge=0, le=64)
     pin_memory: AutoBool = AUTO
-    prefetch_factor: AutoPosInt = AUTO
+    prefetch_factor: AutoSmallPosInt = AUTO
 
 
 class TrainingConfig(_Section):
-    global_batch_size: int = Field(256, ge=1, description="target effective batch per optimizer step")
-    base_batch_size: int = Field(256, ge=1, description="batch size the learning_rate was tuned for")
-    learning_rate: float = Field(3e-3, gt=0)
+    global_batch_size: int = Field(256, ge=1, le=2**24, description="target effective batch per optimizer step")
+    base_batch_size: int = Field(256, ge=1, le=2**24, description="batch size the learning_rate was tuned for")
+    learning_rate: float = Field(3e-3, gt=0, le=100)
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"
-    warmup_steps: int = Field(20, ge=0)
+    warmup_steps: int = Field(20, ge=0, le=10**9)
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine decay floor, fraction of peak")
-    weight_decay: float = Field(0.01, ge=0.0)
-    gradient_clipping: float | None = Field(1.0, gt=0)
-    epochs: int | None = Field(4, ge=1)
-    max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps (wins over epochs)")
+    weight_decay: float = Field(0.01, ge=0.0, le=100)
+    gradient_clipping: float | None = Field(1.0, gt=0, le=1e6)
+    epochs: int | None = Field(4, ge=1, le=10**6)
+    max_steps: int | None = Field(None, ge=1, le=10**9, description="stop after this many optimizer steps (wins over epochs)")
     batch_size_per_gpu: AutoPosInt = AUTO
     gradient_accumulation_steps: AutoPosInt = AUTO
     mixed_precision: Precision = AUTO
     gradient_checkpointing: AutoBool = AUTO
-    seed: int = 42
-    eval_every_steps: int = Field(50, ge=1)
-    log_every_steps: int = Field(10, ge=1)
+    seed: int = Field(42, ge=0, le=2**32 - 1)
+    eval_every_steps: int = Field(50, ge=1, le=10**9)
+    log_every_steps: int = Field(10, ge=1, le=10**9)
     entrypoint: str | None = Field(None, description="user script path or package.module:function")
     # Your own script's model, for the memory estimate (the built-in workload is sized from `model`):
     model: str | None = Field(None, description="package.module:factory returning your torch.nn.Module; built "
                               "under PyTorch's fake-tensor mode (no memory spent) and traced")
     sample_input: str | None = Field(None, description="package.module:function(batch_size) returning one batch "
                                      "for training.model (a tensor, tuple or dict), to measure activations")
-    num_parameters: int | None = Field(None, ge=1, description="your model's parameter count, when it cannot be built")
+    num_parameters: int | None = Field(None, ge=1, le=10**15, description="your model's parameter count, when it cannot be built")
     optimizer: Literal["adamw", "sgd_momentum", "sgd"] = Field(
         "adamw", description="your script's optimizer, for the memory estimate (the built-in workload uses adamw)")
     script_args: list[str] = Field(default_factory=list, description="arguments for the entrypoint; {placeholders} "
@@ -138,9 +141,9 @@ class DistributedConfig(_Section):
     backend: Backend = AUTO
     zero_stage: ZeroStage = AUTO
     offload_optimizer: AutoBool = AUTO
-    num_gpus: AutoNonNegInt = AUTO
-    nproc_per_node: AutoPosInt = AUTO
-    num_nodes: AutoPosInt = AUTO
+    num_gpus: AutoWorkers = AUTO
+    nproc_per_node: AutoSmallPosInt = AUTO
+    num_nodes: AutoSmallPosInt = AUTO
     node_rank: AutoNonNegInt = AUTO  # auto: SLURM_NODEID under SLURM, else 0
     master_addr: str = Field(AUTO, min_length=1, description="auto: the first host of the SLURM allocation, "
                              "else 127.0.0.1 on one node")
@@ -161,8 +164,8 @@ class LoggingConfig(_Section):
 
 
 class CheckpointConfig(_Section):
-    save_every_steps: int | None = Field(100, ge=1)
-    keep_last: int = Field(3, ge=1)
+    save_every_steps: int | None = Field(100, ge=1, le=10**9)
+    keep_last: int = Field(3, ge=1, le=10**6)
     save_at_end: bool = True
     preemption_grace_s: int = Field(60, ge=5, le=3600, description="on SIGTERM/SIGUSR1/SIGINT: how long the ranks "
                                     "may take to finish the step and save a checkpoint before they are stopped")
@@ -227,23 +230,12 @@ def parse_config(data: Any, origin: str = "<config>") -> TrainConfig:
 
 def load_config(path: str | Path) -> TrainConfig:
     """Read and validate a YAML config; every problem is listed in one UserError."""
+    from autotune.safe_input import load_yaml, read_text
+
     p = Path(path)
     if not p.exists():
         raise UserError(f"--config: no such file {str(p)!r} (the shipped example is configs/default_config.yaml)")
-    if p.is_dir():
-        raise UserError(f"--config: {str(p)!r} is a directory, expected a YAML file")
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"--config: cannot read {str(p)!r}: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise UserError(f"{p}: invalid YAML{where}: {problem}") from None
-    return parse_config(data, origin=str(p))
+    return parse_config(load_yaml(read_text(p, "--config"), str(p)), origin=str(p))
 
 
 def config_to_dict(cfg: TrainConfig) -> dict:

@@ -58,6 +58,15 @@ def _loc(loc: tuple) -> str:
     return out or "<root>"
 
 
+def _short_repr(value) -> str:
+    """A bounded repr: a value echoed back in a message is never large (or slow to write)."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxdict, r.maxstring, r.maxother, r.maxlong = 3, 6, 6, 80, 80, 40
+    return r.repr(value)
+
+
 def validation_problems(err, prefix: str = "") -> list[str]:
     """Turn a pydantic ValidationError into 'field.path: message, got X' lines."""
     problems = []
@@ -74,8 +83,7 @@ def validation_problems(err, prefix: str = "") -> list[str]:
         if e.get("type") == "missing":
             problems.append(f"{path}: required field is missing")
             continue
-        got = e.get("input")
-        problems.append(f"{path}: {msg}, got {got!r}")
+        problems.append(f"{path}: {msg}, got {_short_repr(e.get('input'))}")
     # de-duplicate while keeping order (union members report the same field several times)
     seen, out = set(), []
     for p in problems:

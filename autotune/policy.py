@@ -10,7 +10,6 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autotune.errors import UserError, format_validation_error
@@ -76,13 +75,10 @@ class Policy(_Strict):
 
 @lru_cache(maxsize=8)
 def load_policy(path: str | None = None) -> Policy:
+    from autotune.safe_input import load_yaml, read_text
+
     p = Path(path) if path else DEFAULT_POLICY_PATH
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise UserError(f"--policy: cannot read {str(p)!r}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise UserError(f"--policy: {p} is not valid YAML: {e}") from None
+    data = load_yaml(read_text(p, "--policy"), f"--policy {p}")
     try:
         return Policy.model_validate(data)
     except ValidationError as e:

@@ -11,7 +11,6 @@ nvidia-smi vocabulary with units at the end (``memory_total_mib``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -132,14 +131,72 @@ class HardwareProfile(_Frozen):
 
     @classmethod
     def from_json(cls, text: str, origin: str = "<profile>") -> "HardwareProfile":
+        from autotune.safe_input import load_json
+
+        data = load_json(text, origin)
+        if isinstance(data, dict) and data.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+            raise UserError(f"{origin}: schema_version {data.get('schema_version')!r} is not one this autotune "
+                            f"reads ({SCHEMA_VERSION}); write the profile again with "
+                            "`python -m autotune.hardware report --json`")
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{origin}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
-        try:
-            return cls.model_validate(data)
+            profile = cls.model_validate(data)
         except ValidationError as e:
             raise UserError(format_validation_error(e, f"{origin}: not a valid hardware profile")) from None
+        problems = profile_problems(profile)
+        if problems:
+            raise UserError(f"{origin}: not a possible machine ({len(problems)} problem(s)); fix the numbers or "
+                            "write the profile again with `python -m autotune.hardware report --json`", problems)
+        return profile
+
+
+def profile_problems(p: HardwareProfile) -> list[str]:
+    """Numbers no machine has, in a profile read from a file (detection records unknowns as None
+    and is not checked here: a strange probe must never stop a report)."""
+    out = []
+    g = p.gpus
+    if g.available and not g.devices:
+        out.append("gpus.available: true, but gpus.devices lists none")
+    if g.devices and not g.available:
+        out.append("gpus.available: false, but gpus.devices lists GPUs")
+    indexes = [d.index for d in g.devices]
+    if len(set(indexes)) != len(indexes):
+        out.append(f"gpus.devices: repeated index in {indexes}")
+    for i, d in enumerate(g.devices):
+        where = f"gpus.devices[{i}]"
+        if d.index < 0:
+            out.append(f"{where}.index: must be >= 0, got {d.index}")
+        if d.memory_total_mib is not None and d.memory_total_mib <= 0:
+            out.append(f"{where}.memory_total_mib: must be positive, got {d.memory_total_mib}")
+        if d.memory_free_mib is not None and d.memory_free_mib < 0:
+            out.append(f"{where}.memory_free_mib: must be >= 0, got {d.memory_free_mib}")
+        if (d.memory_free_mib is not None and d.memory_total_mib is not None and d.memory_total_mib > 0
+                and d.memory_free_mib > d.memory_total_mib):
+            out.append(f"{where}.memory_free_mib: {d.memory_free_mib} is more than memory_total_mib "
+                       f"{d.memory_total_mib}")
+        if d.compute_capability is not None:
+            major, dot, minor = d.compute_capability.partition(".")
+            if not (major.isdigit() and (not dot or minor.isdigit())):
+                out.append(f"{where}.compute_capability: must look like \"8.9\", got {d.compute_capability!r}")
+        if any(s <= 0 for s in d.mig_slices_mib):
+            out.append(f"{where}.mig_slices_mib: every slice must be positive, got {list(d.mig_slices_mib)}")
+    for a, b in (*g.nvlink_pairs, *g.p2p_pairs):
+        if a not in indexes or b not in indexes:
+            out.append(f"gpus: link ({a}, {b}) names a GPU that gpus.devices does not list")
+    c = p.cpu
+    if c.effective_cores < 1:
+        out.append(f"cpu.effective_cores: must be >= 1, got {c.effective_cores}")
+    for name in ("physical_cores", "logical_cores", "affinity_cores"):
+        v = getattr(c, name)
+        if v is not None and v < 1:
+            out.append(f"cpu.{name}: must be >= 1 or null (unknown), got {v}")
+    if c.cgroup_quota_cores is not None and not (0 < c.cgroup_quota_cores < 1e6):
+        out.append(f"cpu.cgroup_quota_cores: must be positive, got {c.cgroup_quota_cores}")
+    m = p.memory
+    for name in ("total_mib", "available_mib", "cgroup_limit_mib", "effective_mib"):
+        v = getattr(m, name)
+        if v is not None and v < 0:
+            out.append(f"memory.{name}: must be >= 0 or null (unknown), got {v}")
+    return out
 
 
 def preset_names() -> list[str]:
@@ -150,13 +207,9 @@ def load_profile(spec: str) -> HardwareProfile:
     """Load a profile from a preset name (``4xL4``) or a JSON file path."""
     path = Path(spec)
     if path.suffix == ".json" or path.exists():
-        if not path.is_file():
-            raise UserError(f"--hardware/--profile: no such file {spec!r}")
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise UserError(f"--hardware/--profile: cannot read {spec!r}: {e.strerror}") from None
-        return HardwareProfile.from_json(text, origin=str(path))
+        from autotune.safe_input import read_text
+
+        return HardwareProfile.from_json(read_text(path, "--hardware/--profile"), origin=str(path))
     preset = PRESET_DIR / f"{spec}.json"
     if not preset.is_file():
         raise UserError(

@@ -111,7 +111,7 @@ def check_creatable(run_dir: Path) -> None:
     directory exists as a writable directory, or its nearest existing parent is one."""
     real = os.path.realpath(run_dir)
     for d in _NOT_RUN_DIRS:
-        if real == d or real.startswith(d + "/"):
+        if (real == d or real.startswith(d + "/")) and not real.startswith("/dev/shm/"):
             raise UserError(f"--run_dir: {run_dir} is under {d}, a kernel file system; choose a directory on disk")
     probe = Path(real)
     while not probe.exists():

@@ -23,6 +23,37 @@ and to slurm-<name>-<id>.out in the submit directory); SIGUSR1 120 s before the 
 limit, requeue, resume auto."""
 
 
+def _write_output(out, text: str, overwrite: bool) -> None:
+    """Write ``text`` to ``out`` whole or not at all: never into a directory, never over a file
+    unless asked, never a half-written file (temporary file, then rename)."""
+    import errno
+
+    from autotune.errors import UserError
+    from autotune.rundir import fs_error
+
+    if out.is_dir():
+        raise UserError(f"--output: {out} is a directory; give a file name inside it, e.g. {out / 'plan.out'}")
+    if not out.parent.is_dir():
+        raise UserError(f"--output: the directory {out.parent} does not exist; create it first or choose another path")
+    if out.exists() and not out.is_file():
+        raise UserError(f"--output: {out} is not a regular file; choose a file path")
+    if out.exists() and not overwrite:
+        raise UserError(f"--output: {out} exists; add --overwrite to replace it")
+    tmp = out.with_name(f".{out.name}.autotune-tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(out)
+    except OSError as e:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        if e.errno == errno.EISDIR:
+            raise UserError(f"--output: {out} is a directory") from None
+        raise fs_error(e, out, what="--output") from None
+    print(f"wrote {out}", file=sys.stderr)
+
+
 def add_parser(sub) -> None:
     from autotune.commands.common import add_plan_args
 
@@ -112,11 +143,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         text = _sbatch(args, plan, hw, raw)
     if args.output:
-        out = Path(args.output)
-        if out.exists() and not args.overwrite:
-            raise UserError(f"--output: {out} exists; add --overwrite to replace it")
-        out.write_text(text)
-        print(f"wrote {out}", file=sys.stderr)
+        _write_output(Path(args.output), text, args.overwrite)
     else:
         sys.stdout.write(text)
     return 0

@@ -156,7 +156,7 @@ def test_config_file_errors_name_file_line_and_column(tmp_path):
                             "(the shipped example is configs/default_config.yaml)")
     with pytest.raises(UserError) as e:
         load_config(tmp_path)
-    assert str(e.value) == f"--config: {str(tmp_path)!r} is a directory, expected a YAML file"
+    assert str(e.value) == f"--config: {str(tmp_path)!r} is a directory, expected a file"
     bad = tmp_path / "bad.yaml"
     bad.write_text("training:\n  learning_rate: [1, 2\n")  # the flow sequence never closes
     with pytest.raises(UserError) as e:

@@ -1,0 +1,147 @@
+"""Reading users' files in bounded time and memory: configs, policies, profiles, plans, metadata.
+
+- Only regular files, at most ``MAX_BYTES`` (``/dev/zero`` or a named pipe would never end).
+- YAML is scanned as events before it is built: at most ``MAX_ALIASES`` aliases (a "billion
+  laughs" file is a few lines that expand to gigabytes, and any message quoting it would hang)
+  and ``MAX_DEPTH`` levels of nesting (deeper files crash the parser's recursion); duplicate
+  keys are an error naming both lines, never "the last one silently wins".
+Every problem is a UserError (exit 2) naming the file and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.errors import UserError
+
+MAX_BYTES = 4 << 20
+MAX_ALIASES = 100
+MAX_DEPTH = 32
+MAX_VALUES = 100_000  # values after aliases are expanded
+
+
+def read_text(path: str | Path, what: str, limit: int = MAX_BYTES) -> str:
+    """The text of a regular file of at most ``limit`` bytes; UserError naming ``what`` otherwise."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise UserError(f"{what}: no such file {str(p)!r}") from None
+    except OSError as e:
+        raise UserError(f"{what}: cannot read {str(p)!r}: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{what}: {str(p)!r} is a directory, expected a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{what}: {str(p)!r} is not a regular file (a device, pipe or socket); give a file")
+    if st.st_size > limit:
+        raise UserError(f"{what}: {str(p)!r} is {st.st_size} bytes; the limit is {limit} (is it the right file?)")
+    try:
+        with open(p, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise UserError(f"{what}: cannot read {str(p)!r}: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise UserError(f"{what}: {str(p)!r} is larger than {limit} bytes (is it the right file?)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{what}: {str(p)!r} is not UTF-8 text (byte {e.start}); is it the right file?") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value",
+                                                    key_node.start_mark) from None
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1}); keep one", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _yaml_error(origin: str, e: yaml.YAMLError) -> UserError:
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return UserError(f"{origin}: invalid YAML{where}: {problem}")
+
+
+def load_yaml(text: str, origin: str) -> Any:
+    """Parse YAML text with the limits above."""
+    aliases = 0
+    sizes: dict[str, int] = {}  # anchor -> values it stands for, expanded
+    open_: list[list] = [[None, 0]]  # [anchor, values so far] per open collection
+
+    def add(n: int, mark) -> None:
+        open_[-1][1] += n
+        if sum(c[1] for c in open_) > MAX_VALUES:
+            raise UserError(f"{origin}: expands to more than {MAX_VALUES} values (line {mark.line + 1}); YAML "
+                            "aliases (*name) repeat what they point to: write the values out")
+
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                aliases += 1
+                if aliases > MAX_ALIASES:
+                    raise UserError(f"{origin}: more than {MAX_ALIASES} YAML aliases (*name); a config needs few: "
+                                    "write the values out")
+                add(sizes.get(event.anchor, 1), event.start_mark)
+            elif isinstance(event, yaml.ScalarEvent):
+                if event.anchor:
+                    sizes[event.anchor] = 1
+                add(1, event.start_mark)
+            elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                open_.append([event.anchor, 0])
+                if len(open_) - 1 > MAX_DEPTH:
+                    m = event.start_mark
+                    raise UserError(f"{origin}: nested more than {MAX_DEPTH} levels deep (line {m.line + 1}); "
+                                    "a config is a few sections of plain values")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                anchor, n = open_.pop()
+                if anchor:
+                    sizes[anchor] = n + 1
+                add(n + 1, event.start_mark)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise _yaml_error(origin, e) from None
+    except RecursionError:
+        raise UserError(f"{origin}: nested too deeply to read") from None
+
+
+def load_json(text: str, origin: str) -> Any:
+    """Parse JSON text; duplicate keys, NaN/Infinity and deep nesting are errors."""
+    def no_duplicates(pairs):
+        out = {}
+        for k, v in pairs:
+            if k in out:
+                raise UserError(f"{origin}: duplicate key {k!r}; keep one")
+            out[k] = v
+        return out
+
+    def no_constant(name: str):
+        raise UserError(f"{origin}: {name} is not a number autotune accepts; give a finite value")
+
+    try:
+        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constant)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{origin}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
+    except RecursionError:
+        raise UserError(f"{origin}: nested too deeply to read") from None
