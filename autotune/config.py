@@ -151,6 +151,11 @@ class DistributedConfig(_Section):
     timeout_s: int = Field(1800, ge=10, le=7 * 24 * 3600, description="process-group (NCCL/gloo) timeout")
     rendezvous_timeout_s: int = Field(60, ge=5, le=24 * 3600, description="how long the nodes of a multi-node "
                                       "job wait for each other before giving up")
+    setup_timeout_s: int = Field(1200, ge=1, le=7 * 24 * 3600, description="per rank: joining, building, "
+                                 "loading a checkpoint (DeepSpeed may compile ops first)")
+    step_timeout_s: int = Field(600, ge=1, le=7 * 24 * 3600, description="per rank: one optimizer step (or one "
+                                "evaluation); longer means a peer is hung: the job ends, naming the rank")
+    checkpoint_timeout_s: int = Field(1200, ge=1, le=7 * 24 * 3600, description="per rank: writing one checkpoint")
     max_restarts: int = Field(0, ge=0, le=100, description="torchrun restarts the ranks this many times after a "
                               "failure; they continue from the newest good checkpoint")
 

@@ -81,7 +81,10 @@ class EngineSection(_Section):
     offload_param: bool = False  # ZeRO-3 parameter offload to host RAM
     timeout_s: int = Field(1800, ge=1)
     rendezvous_timeout_s: int = Field(60, ge=1)  # nodes waiting for each other (multi-node)
-    max_restarts: int = Field(0, ge=0)  # torchrun restarts of the group; ranks resume from the newest good checkpoint
+    max_restarts: int = Field(0, ge=0)
+    setup_timeout_s: int = Field(1200, ge=1)  # per-phase hang budgets, watched in every rank
+    step_timeout_s: int = Field(600, ge=1)
+    checkpoint_timeout_s: int = Field(1200, ge=1)  # torchrun restarts of the group; ranks resume from the newest good checkpoint
 
 
 class BatchSection(_Section):

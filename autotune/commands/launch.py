@@ -175,7 +175,8 @@ def _execute(setup, lock=None) -> int:
                      forwarded=signals, keep_fds=lock.fds() if lock is not None else (),
                      kill_after_s=setup.plan.run.preemption_grace_s + 10,
                      signal_ranks=setup.plan.run.entrypoint is None and setup.plan.engine.backend != "single")
-        ranks_code, decider = combined_exit(read_statuses(statuses))
+        reported = read_statuses(statuses)
+        ranks_code, decider = combined_exit(reported)
     finally:
         shutil.rmtree(statuses, ignore_errors=True)
     if ranks_code == EXIT_PREEMPTED:
@@ -183,9 +184,14 @@ def _execute(setup, lock=None) -> int:
               f"and saved {decider.get('checkpoint')}.\nRun directory: {run_dir}\nTo continue (no step is "
               f"repeated), run the same command with --run_dir {run_dir} --resume_from auto", file=sys.stderr)
         return EXIT_PREEMPTED
-    if rc != 0 and ranks_code in (2, 3):  # torchrun reports any rank's failure as 1: say what the rank said
-        print(f"\nRank {decider.get('rank')} stopped the run (exit {ranks_code}). Run directory: {run_dir}\n"
-              f"{decider.get('message', '')}", file=sys.stderr)
+    if rc != 0 and ranks_code:  # torchrun reports any rank's failure as 1: say what the rank said
+        eng = setup.plan.engine
+        mine = range(eng.node_rank * eng.nproc_per_node, (eng.node_rank + 1) * eng.nproc_per_node)
+        silent = sorted(set(mine) - {s.get("rank") for s in reported})
+        print(f"\nRank {decider.get('rank')} stopped the run (exit {ranks_code}). Run directory: {run_dir}"
+              + (f"\nNever reported (hung, or killed before they could): rank {', '.join(map(str, silent))}"
+                 if silent and eng.backend != "single" else "")
+              + f"\n{decider.get('message', '')}", file=sys.stderr)
         return ranks_code
     if rc != 0 and signals:  # interrupted: the shell convention 128+N, whatever torchrun made of it
         rc = 128 + signals[0]

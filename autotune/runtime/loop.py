@@ -20,6 +20,7 @@ from autotune.runtime.dist import DistContext, all_reduce_sum, cleanup, init, wa
 from autotune.runtime.engine import make_engine
 from autotune.runtime.logging import Progress, make_logger
 from autotune.runtime.preempt import StopRequest
+from autotune.runtime.watchdog import Watchdog
 from autotune.workload import build_model, eval_sums, make_datasets
 
 
@@ -44,21 +45,33 @@ def train(plan: TrainingPlan, run_dir: str | Path, ds_config: dict | None = None
         raise UserError("plan: total_steps is unknown; set training.max_steps or data.num_samples with epochs")
     run_dir = Path(run_dir)
     stop = StopRequest(plan.run.preemption_grace_s).install()  # from the start: a signal during setup counts
+    eng = plan.engine
+    rank = int(os.environ.get("RANK", "0"))
+
+    def hung(code: int, message: str) -> None:
+        from autotune.runtime_paths import write_status
+
+        write_status(run_dir, rank, code, f"error: {message}")
+
+    watch = Watchdog({"setup": eng.setup_timeout_s, "step": eng.step_timeout_s,
+                      "checkpoint": eng.checkpoint_timeout_s}, rank, on_fire=hung)
+    watch.enter("setup", "set-up (joining the process group, building the model, resuming)")
     try:
         ctx = init(plan)
         try:
-            result = _train(plan, ctx, run_dir, ds_config, plan_path, stop)
+            result = _train(plan, ctx, run_dir, ds_config, plan_path, stop, watch)
         except BaseException:
             cleanup(ctx, barrier=False)
             raise
         cleanup(ctx)
     finally:
+        watch.close()
         stop.restore()
     return result
 
 
 def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict | None,
-           plan_path: str | Path | None, stop: StopRequest) -> dict:
+           plan_path: str | Path | None, stop: StopRequest, watch: Watchdog) -> dict:
     b, run = plan.batch, plan.run
     model = build_model(plan.workload, plan.memory.gradient_checkpointing)  # same seed -> same init on every rank
     train_ds, val_ds = make_datasets(plan.workload.data)
@@ -113,6 +126,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
         torch.cuda.reset_peak_memory_stats(ctx.device)
     metrics: dict = {}
     while step < total:
+        watch.enter("step", f"step {step + 1}")
         t0 = time.perf_counter()
         step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
         for k in range(accum):
@@ -140,6 +154,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
             window_steps, window_t0 = 0, time.perf_counter()
         progress.update(1, {"loss": f"{metrics.get('train/loss', float('nan')):.3f}"})
         if step % eval_every == 0 or step == total:
+            watch.enter("step", f"evaluation at step {step}")
             wait_for_everyone(ctx)
             val = evaluate(engine, val_ds, ctx, max(b.micro_batch_size, 64))
             logger.log(val, step)
@@ -149,12 +164,16 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
             wait_for_everyone(ctx)
         saved_now = False
         if (save_every and step % save_every == 0) or (step == total and run.save_at_end):
-            path = ckpts.save(engine, step, stream.consumed)
+            with watch.phase("checkpoint", f"checkpoint at step {step}"):
+                path = ckpts.save(engine, step, stream.consumed)
             saved_now = True
             progress.write(f"checkpoint: {path}")
+        watch.enter("step", f"step {step} (agreeing whether to stop)")
         signum = stop.agreed(ctx.distributed, ctx.device)
         if signum and step < total:
-            path = ckpts.save(engine, step, stream.consumed) if not saved_now else path
+            if not saved_now:
+                with watch.phase("checkpoint", f"checkpoint at step {step} (preempted)"):
+                    path = ckpts.save(engine, step, stream.consumed)
             stop.finished.set()
             name = signal.Signals(signum).name
             progress.write(f"autotune: {name}: stopped after step {step}/{total}; checkpoint: {path}")

@@ -131,3 +131,37 @@ def test_a_rank_that_cannot_finish_in_the_grace_budget_is_stopped_without_a_chec
     assert "preemption_grace_s=5" in out and "before a checkpoint could be saved" in out
     assert not list((run / "checkpoints").glob("step-*")) if (run / "checkpoints").exists() else True
     assert took < 30  # grace 5 s, then the launcher's +10 s: bounded, not the 30 min collective timeout
+
+
+def test_a_hung_peer_ends_the_job_within_the_step_budget_naming_it(tmp_path):
+    """Promise 7: rank 1 stopped (not dead); rank 0 waits for it in the step's collective until
+    distributed.step_timeout_s, then the job ends with exit 124, naming the step and rank 1."""
+    cfg = LONG.replace("GRACE", "5") + "distributed: {step_timeout_s: 5}\n"
+    (tmp_path / "h.yaml").write_text(cfg)
+    run = tmp_path / "h"
+    out = open(tmp_path / "h.out", "w")
+    p = subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(tmp_path / "h.yaml"),
+                          "--run_dir", str(run), "--nproc_per_node", "2"], stdout=out, stderr=subprocess.STDOUT,
+                         env=_env(), cwd=ROOT)
+    deadline = time.monotonic() + 180
+    while not ((run / "metrics.jsonl").exists() and len(_steps(run)) >= 20):
+        assert p.poll() is None and time.monotonic() < deadline, (tmp_path / "h.out").read_text()[-3000:]
+        time.sleep(0.3)
+    ranks = [c for c in psutil.Process(p.pid).children(recursive=True)
+             if "autotune.train" in " ".join(c.cmdline()) and "torch.distributed.run" not in " ".join(c.cmdline())]
+    rank1 = next(c for c in ranks if c.environ().get("RANK") == "1")
+    rank1.suspend()
+    t0 = time.monotonic()
+    try:
+        rc = p.wait(timeout=120)
+    finally:
+        try:
+            rank1.kill()
+        except psutil.NoSuchProcess:
+            pass
+    took = time.monotonic() - t0
+    text = (tmp_path / "h.out").read_text()
+    assert rc == 124, text[-3000:]
+    assert "rank 0: step " in text and "did not finish within 5 s (distributed.step_timeout_s)" in text
+    assert "Never reported (hung, or killed before they could): rank 1" in text
+    assert took < 60, took  # 5 s budget + torchrun's stop; not the 30-minute collective timeout
