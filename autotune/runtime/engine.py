@@ -169,6 +169,56 @@ class LocalEngine:
             self.opt.backward(loss)
         return loss.detach()
 
+    def forward_backward_guarded(self, batch, boundary: bool, agree: Callable[[bool], list[int]],
+                                 before_forward: Callable[[int], None] | None = None):
+        """``forward_backward`` with out-of-memory errors agreed by every rank: ``agree(ran_out)``
+        is a collective returning the ranks that ran out. Returns (loss, []) or (None, ranks); in
+        the second case every rank has dropped this step's gradients, so the step can be retried
+        with smaller pieces.
+
+        Under DDP the forward of a synchronising micro-step prepares a gradient all-reduce that
+        every rank must finish: a rank whose forward ran out runs the forward again on one sample,
+        and every rank back-propagates zero, so the all-reduce completes and is discarded. An
+        out-of-memory error inside that synchronising backward cannot be undone (part of the
+        all-reduce has happened) and ends the run."""
+        x, y = _to(batch, self.ctx.device)
+        sync_ddp = self.name == "ddp" and boundary
+        with self._sync(boundary):
+            loss, ran_out = None, False
+            try:
+                if before_forward is not None:
+                    before_forward(int(x.shape[0]))
+                with self.autocast():
+                    loss = _loss(self.model, self.loss_fn, x, y)
+            except torch.OutOfMemoryError:
+                ran_out = True
+            who = agree(ran_out)
+            if who:
+                if sync_ddp:
+                    if loss is None:
+                        with self.autocast():
+                            loss = _loss(self.model, self.loss_fn, x[:1], y[:1])
+                    (loss * 0).backward()
+                self._drop(loss)
+                return None, who
+            try:
+                self.opt.backward(loss)
+            except torch.OutOfMemoryError:
+                if sync_ddp:
+                    raise
+                ran_out = True
+            who = agree(ran_out)
+            if who:
+                self._drop(loss)
+                return None, who
+        return loss.detach(), []
+
+    def _drop(self, loss) -> None:
+        del loss
+        self.opt.optimizer.zero_grad(set_to_none=True)
+        if self.ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def step(self) -> float:
         return self.opt.step()
 

@@ -125,15 +125,20 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     metrics: dict = {}
+    backoff = OomBackoff(plan, ctx, engine, run_dir)
     while step < total:
         watch.enter("step", f"step {step + 1}")
         t0 = time.perf_counter()
-        step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
-        for k in range(accum):
-            step_loss += engine.forward_backward(next(batches), boundary=(k == accum - 1)).double()
+        if backoff.enabled:
+            step_loss = backoff.run_step([next(batches) for _ in range(accum)], step + 1)
+        else:
+            step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
+            for k in range(accum):
+                step_loss += engine.forward_backward(next(batches), boundary=(k == accum - 1)).double()
+            step_loss = step_loss / accum
         grad_norm = engine.step()
         step += 1
-        window_loss += (step_loss / accum).cpu()
+        window_loss += step_loss.cpu()
         window_steps += 1
         step_time = time.perf_counter() - t0
         if step % log_every == 0 or step == total or step == 1:
@@ -187,6 +192,83 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
         summary = {"steps": step, "history": history, "final": final}
         (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2, default=_nan_safe))
     return final
+
+
+class OomBackoff:
+    """Out of memory on some ranks -> every rank backs off together (single process and DDP).
+
+    On CUDA, each micro-step's forward and backward end with a collective on an "ran out" flag
+    (two small all-reduces per micro-step); when any rank ran out, every rank drops the step's
+    gradients, the step's micro-batches are split in two (micro-batch halves, accumulation
+    doubles, the global batch and its samples are unchanged) and the same step is retried. The
+    change is printed and appended to ``backoff.jsonl``; it holds for the rest of the run. At
+    micro-batch 1 there is nothing smaller to try: a clear error. Off on CPU (running out of
+    host memory is the kernel's OOM killer, not an exception) and under DeepSpeed (its engine
+    counts micro-steps itself); ``AUTOTUNE_INJECT_OOM=rank:step:max_rows`` turns it on and makes
+    that rank run out from that step on whenever a piece has more than max_rows samples
+    (fault injection for the tests).
+    """
+
+    def __init__(self, plan: TrainingPlan, ctx: DistContext, engine, run_dir: Path):
+        self.ctx, self.engine, self.run_dir = ctx, engine, run_dir
+        self.micro, self.accum, self.splits = plan.batch.micro_batch_size, plan.batch.gradient_accumulation_steps, 1
+        self.inject = _injection(os.environ.get("AUTOTUNE_INJECT_OOM", ""), ctx.rank)
+        self.enabled = plan.engine.backend != "deepspeed" and (ctx.device.type == "cuda" or self.inject is not None)
+        self.step = 0
+
+    def agree(self, ran_out: bool) -> list[int]:
+        flags = torch.zeros(self.ctx.world_size, dtype=torch.int32, device=self.ctx.device)
+        flags[self.ctx.rank] = int(ran_out)
+        if self.ctx.distributed and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(flags)
+        return [i for i, f in enumerate(flags.tolist()) if f]
+
+    def _before_forward(self, rows: int) -> None:
+        if self.inject is not None and self.step >= self.inject[0] and rows > self.inject[1]:
+            raise torch.OutOfMemoryError(f"injected: {rows} rows > {self.inject[1]} (AUTOTUNE_INJECT_OOM)")
+
+    def run_step(self, batches: list, step: int) -> torch.Tensor:
+        """One optimizer step's forward/backward over ``batches``; returns the mean loss."""
+        self.step = step
+        while True:
+            pieces = [piece for b in batches for piece in zip(*(t.tensor_split(self.splits) for t in b))]
+            self.engine.opt.accum = self.accum * self.splits
+            total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
+            who: list[int] = []
+            for i, piece in enumerate(pieces):
+                loss, who = self.engine.forward_backward_guarded(piece, i == len(pieces) - 1, self.agree,
+                                                                 self._before_forward)
+                if who:
+                    break
+                total += loss.double()
+            if not who:
+                return total / len(pieces)
+            self._back_off(who, step)
+
+    def _back_off(self, who: list[int], step: int) -> None:
+        micro = -(-self.micro // self.splits)
+        ranks = ", ".join(map(str, who))
+        if micro <= 1:
+            raise UserError(f"out of memory on rank {ranks} at step {step} with micro-batch 1: nothing smaller "
+                            "to try; this model does not fit this way (see `python -m autotune estimate`: "
+                            "gradient checkpointing, ZeRO-3 or offload)")
+        self.splits *= 2
+        new_micro, new_accum = -(-self.micro // self.splits), self.accum * self.splits
+        if self.ctx.is_main:
+            print(f"autotune: out of memory on rank {ranks} at step {step} with micro-batch {micro}: every rank "
+                  f"retries the step with micro-batch {new_micro} x accumulation {new_accum} (global batch "
+                  "unchanged); recorded in backoff.jsonl", flush=True)
+            with (self.run_dir / "backoff.jsonl").open("a") as f:
+                f.write(json.dumps({"step": step, "ranks": who, "micro_batch_size": new_micro,
+                                    "gradient_accumulation_steps": new_accum, "was_micro_batch_size": micro}) + "\n")
+
+
+def _injection(spec: str, rank: int) -> tuple[int, int] | None:
+    try:
+        r, s, rows = (int(x) for x in spec.split(":"))
+    except ValueError:
+        return None
+    return (s, rows) if r == rank else (10**12, 0)
 
 
 def _record_resume(run_dir: Path, path: Path, step: int, changed: dict) -> None:
