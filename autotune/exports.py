@@ -70,7 +70,8 @@ def sbatch_script(plan: TrainingPlan, *, launcher: str, config: str, run_dir: st
                   script_args: list[str] | tuple[str, ...] = (), plan_flags: list[str] | tuple[str, ...] = ()) -> str:
     """An sbatch script for the plan: one launcher task per node (srun), torchrun's c10d rendezvous
     across nodes (autotune reads the allocation on each node), logs inside the run directory,
-    SIGUSR1 two minutes before the time limit and requeue (the job resumes from its newest checkpoint)."""
+    SIGUSR1 two minutes before the time limit; the ranks save a checkpoint and exit 75, and the
+    script requeues the job, which resumes from that checkpoint."""
     import shlex
 
     eng = plan.engine
@@ -91,7 +92,16 @@ def sbatch_script(plan: TrainingPlan, *, launcher: str, config: str, run_dir: st
               "# relative to the directory this was exported in: submit it from there.",
               "set -euo pipefail", 'cd "${SLURM_SUBMIT_DIR:-.}"', f"mkdir -p {q}",
               f'exec > >(tee -a {q}/"slurm-${{SLURM_JOB_ID:-local}}.out") 2>&1',
+              "# Exit 75: stopped by a signal (the USR1 above, a preemption) after saving a checkpoint:",
+              "# requeue, and the job continues from it (--resume_from auto).",
+              "rc=0",
               "srun --ntasks-per-node=1 --kill-on-bad-exit=1 "
               + shlex.join([launcher, "--config", config, *plan_flags, "--run_dir", run_dir, "--resume_from", "auto",
-                            *(["--", *script_args] if script_args else [])]), ""]
+                            *(["--", *script_args] if script_args else [])]) + " || rc=$?",
+              'if [ "$rc" -eq 75 ] && [ -n "${SLURM_JOB_ID:-}" ]; then',
+              '  echo "autotune: checkpoint saved on preemption; requeueing job $SLURM_JOB_ID"',
+              '  scontrol requeue "$SLURM_JOB_ID"',
+              "  exit 0",
+              "fi",
+              'exit "$rc"', ""]
     return "\n".join(lines)

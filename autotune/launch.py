@@ -229,7 +229,8 @@ def _die_with_parent(parent_pid: int):
 
 
 def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarded: list[int] | None = None,
-            keep_fds: tuple[int, ...] = (), kill_after_s: float | None = None, signal_ranks: bool = False) -> int:
+            keep_fds: tuple[int, ...] = (), kill_after_s: float | None = None, signal_ranks: bool = False,
+            should_kill: Callable[[], str | None] | None = None) -> int:
     """Run the spec; forward SIGINT/SIGTERM/SIGHUP/SIGUSR1 to the child; return its exit code
     (128+N if killed by N).
 
@@ -242,6 +243,9 @@ def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarde
     the signal goes to torchrun's ranks instead of torchrun, so torchrun sees its ranks finish
     and exits cleanly; before the ranks exist, and for scripts that die of the signal (torchrun
     would count that as a failure and restart them under --max_restarts), torchrun gets it.
+
+    ``should_kill`` is asked every second; a reason returned ends the child's whole tree (the
+    launcher uses it when a rank has reported failure and the rest do not stop).
     """
     import time
 
@@ -279,6 +283,11 @@ def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarde
                 rc = proc.wait(timeout=1.0)
                 break
             except subprocess.TimeoutExpired:
+                reason = should_kill() if should_kill is not None else None
+                if reason:
+                    print(f"autotune: {reason}; stopping the rest", file=sys.stderr, flush=True)
+                    kill_tree(proc.pid)
+                    should_kill = None
                 if first and kill_after_s is not None and time.monotonic() - first[0] > kill_after_s:
                     print(f"autotune: the ranks did not stop {kill_after_s:g} s after the signal; killing them",
                           file=sys.stderr, flush=True)

@@ -12,6 +12,7 @@ else's folder, and file-system failures named for what they are. No torch here.
 from __future__ import annotations
 
 import errno
+import fnmatch
 import json
 import os
 import socket
@@ -81,7 +82,8 @@ def check_usable(run_dir: Path, resuming: bool, reuse: bool = False) -> None:
     if not run_dir.exists():
         return
     try:
-        entries = sorted(p.name for p in run_dir.iterdir())
+        # the job log the exported sbatch script tees into the run dir before launching: ours too
+        entries = sorted(p.name for p in run_dir.iterdir() if not fnmatch.fnmatch(p.name, "slurm-*.out"))
     except OSError as e:
         raise fs_error(e, run_dir) from None
     if not entries:

@@ -59,7 +59,7 @@ class Watchdog:
                f"(distributed.{name}_timeout_s): a peer is hung or this rank is stuck")
         print(f"autotune: {msg}; where this rank was:", file=sys.stderr, flush=True)
         try:
-            faulthandler.dump_traceback(file=sys.stderr, all_threads=False)
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)  # the main thread is the stuck one
         except Exception:
             pass
         if self.on_fire is not None:

@@ -164,4 +164,4 @@ def test_a_hung_peer_ends_the_job_within_the_step_budget_naming_it(tmp_path):
     assert rc == 124, text[-3000:]
     assert "rank 0: step " in text and "did not finish within 5 s (distributed.step_timeout_s)" in text
     assert "Never reported (hung, or killed before they could): rank 1" in text
-    assert took < 60, took  # 5 s budget + torchrun's stop; not the 30-minute collective timeout
+    assert took < 30, took  # 5 s budget, then the launcher stops the rest 5 s after the report

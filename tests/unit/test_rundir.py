@@ -112,3 +112,12 @@ def test_rank_statuses_decide_the_launchers_code(tmp_path, monkeypatch):
     assert (code, who["rank"], who["message"]) == (2, 3, "error: bad checkpoint")
     (tmp_path / "st" / "rank-9.json").write_text("not json")  # ignored, never a crash
     assert combined_exit(read_statuses(tmp_path / "st"))[0] == 2
+
+
+def test_the_sbatch_scripts_own_log_does_not_make_a_dir_foreign(tmp_path):
+    (tmp_path / "slurm-17.out").write_text("job log, written by the exported script's tee")
+    check_usable(tmp_path, resuming=False)
+    check_usable(tmp_path, resuming=True)
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="holds notes.txt"):
+        check_usable(tmp_path, resuming=True)
