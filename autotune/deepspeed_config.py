@@ -15,6 +15,7 @@ KNOWN_TOP_LEVEL_KEYS = frozenset({
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
     "gradient_clipping", "steps_per_print", "zero_optimization", "bf16", "fp16",
     "optimizer", "activation_checkpointing", "wall_clock_breakdown", "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer",
 })
 
 def deepspeed_config(plan: TrainingPlan) -> dict:
@@ -52,11 +53,15 @@ def deepspeed_config(plan: TrainingPlan) -> dict:
                 "betas": list(opt.betas),
                 "eps": opt.eps,
                 "weight_decay": opt.weight_decay,
-                # torch's AdamW needs no JIT build; ZeRO-Offload uses DeepSpeed's CPU Adam instead.
-                "torch_adam": not eng.offload_optimizer,
+                # torch's AdamW needs no JIT build. ZeRO-Offload on GPUs uses DeepSpeed's CPU Adam
+                # (vectorised, built once per machine); on a CPU-only plan the states live in host
+                # memory anyway, so torch's AdamW runs there without a ~50 s first-use build.
+                "torch_adam": not eng.offload_optimizer or eng.device == "cpu",
             },
         },
     }
+    if eng.offload_optimizer and eng.device == "cpu":
+        out["zero_force_ds_cpu_optimizer"] = False  # DeepSpeed insists on its CPU Adam for offload otherwise
     if plan.numerics.precision == "bf16":
         out["bf16"] = {"enabled": True}
     elif plan.numerics.precision == "fp16":

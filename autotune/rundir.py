@@ -15,6 +15,7 @@ import errno
 import fnmatch
 import json
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -82,8 +83,10 @@ def check_usable(run_dir: Path, resuming: bool, reuse: bool = False) -> None:
     if not run_dir.exists():
         return
     try:
-        # the job log the exported sbatch script tees into the run dir before launching: ours too
-        entries = sorted(p.name for p in run_dir.iterdir() if not fnmatch.fnmatch(p.name, "slurm-*.out"))
+        # ours too: the job log the exported sbatch script tees into the run dir before launching,
+        # and the records folder of another node of the same job (node<N>/)
+        entries = sorted(p.name for p in run_dir.iterdir()
+                         if not (fnmatch.fnmatch(p.name, "slurm-*.out") or re.fullmatch(r"node\d+", p.name)))
     except OSError as e:
         raise fs_error(e, run_dir) from None
     if not entries:
@@ -101,7 +104,8 @@ def check_usable(run_dir: Path, resuming: bool, reuse: bool = False) -> None:
     shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
     raise UserError(
         f"--run_dir: {run_dir} is not empty and is not an autotune run directory (holds {shown}); choose a new or "
-        "empty directory, or add --force_run_dir to write into it (files named like autotune's would be replaced)"
+        "empty directory, or add --force_run_dir (or --force) to write into it (files named like autotune's would be "
+        "replaced)"
     )
 
 

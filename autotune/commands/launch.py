@@ -37,7 +37,8 @@ def add_parser(sub) -> None:
     p.add_argument("--wandb", action="store_true", help="log to Weights & Biases (offline unless WANDB_API_KEY is set)")
     p.add_argument("--force_run_dir", action="store_true",
                    help="write into a --run_dir that is not empty and not an autotune run directory "
-                        "(files named like autotune's are replaced; never needed for a new or empty one)")
+                        "(files named like autotune's are replaced; never needed for a new or empty one). --force "
+                        "implies it; this flag alone does not also lift the memory refusal")
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan and spec as JSON")
     p.add_argument("--wire", choices=["none", "auto"],
                    help="auto: fill your script's own argparse flags (--batch_size, --lr, --gradient_accumulation_steps, "
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.rundir import RunLock, check_creatable
 
     check_creatable(setup.records_dir)
-    check_run_dir_free(setup.records_dir, resuming=bool(args.resume_from), reuse=args.force_run_dir)
+    check_run_dir_free(setup.records_dir, resuming=bool(args.resume_from), reuse=args.force_run_dir or args.force)
     if args.dry_run:
         _print_dry_run(setup, args.json)
         return 0
@@ -171,28 +172,42 @@ def _execute(setup, lock=None) -> int:
     started = time.monotonic()
     statuses = tempfile.mkdtemp(prefix="autotune-status-")  # how each rank ended, outside the run dir
     failed_since: list[float] = []
+    done_since: list[float] = []
+    eng = setup.plan.engine
+    local_ranks = set(range(eng.node_rank * eng.nproc_per_node, (eng.node_rank + 1) * eng.nproc_per_node))
+    stopped_after_done: list[bool] = []
 
-    def failed_ranks_linger() -> str | None:
-        """A rank reported failure (a hang, bad input) and torchrun still waits on the others:
-        after 5 s, stop them instead of torchrun's 30 s. (Not with --max_restarts: there torchrun
-        stops and restarts the group itself.)"""
-        bad = [s for s in read_statuses(statuses) if s["code"] not in (0, EXIT_PREEMPTED)]
-        if not bad:
-            return None
-        if not failed_since:
-            failed_since.append(time.monotonic())
-        if time.monotonic() - failed_since[0] < 5:
-            return None
-        return f"rank {bad[0].get('rank')} failed (exit {bad[0]['code']}) and the other ranks are still running 5 s later"
+    def lingering() -> str | None:
+        """Stop what only waits. (1) A rank reported failure (a hang, bad input) and torchrun still
+        waits on the others: after 5 s, not torchrun's 30 s; not with --max_restarts, where torchrun
+        restarts the group. (2) Every rank of this node has finished (trained or saved on a
+        preemption) and torchrun still runs 10 s later: it waits in its exit barrier for the
+        agents of other nodes, 5 minutes if one of them died."""
+        now = time.monotonic()
+        reported = read_statuses(statuses)
+        bad = [s for s in reported if s["code"] not in (0, EXIT_PREEMPTED)]
+        if bad and not eng.max_restarts:
+            failed_since[:1] = failed_since[:1] or [now]
+            if now - failed_since[0] >= 5:
+                return (f"rank {bad[0].get('rank')} failed (exit {bad[0]['code']}) and the other ranks are still "
+                        "running 5 s later")
+        if not bad and eng.backend != "single" and local_ranks <= {s.get("rank") for s in reported}:
+            done_since[:1] = done_since[:1] or [now]
+            if now - done_since[0] >= 10:
+                stopped_after_done.append(True)
+                return "every rank of this node has finished; torchrun is still waiting for the other nodes 10 s later"
+        return None
 
     try:
         rc = execute(setup.launch_spec, environ={**os.environ, "AUTOTUNE_STATUS_DIR": statuses},
                      forwarded=signals, keep_fds=lock.fds() if lock is not None else (),
                      kill_after_s=setup.plan.run.preemption_grace_s + 10,
                      signal_ranks=setup.plan.run.entrypoint is None and setup.plan.engine.backend != "single",
-                 should_kill=None if setup.plan.engine.max_restarts else failed_ranks_linger)
+                     should_kill=lingering)
         reported = read_statuses(statuses)
         ranks_code, decider = combined_exit(reported)
+        if stopped_after_done and ranks_code == 0:
+            rc = 0  # the ranks finished; only torchrun's wait for other nodes was cut short
     finally:
         shutil.rmtree(statuses, ignore_errors=True)
     if ranks_code == EXIT_PREEMPTED:

@@ -22,7 +22,7 @@ import torch
 from dist_util import SMALL
 from support import ROOT
 
-LONG = (SMALL.replace("max_steps: 12", "max_steps: 200").replace("save_every_steps: 5, keep_last: 5",
+LONG = (SMALL.replace("max_steps: 12", "max_steps: 120").replace("save_every_steps: 5, keep_last: 5",
                                                                 "save_every_steps: 20, keep_last: 3")
         .replace("eval_every_steps: 6", "eval_every_steps: 1000"))
 
@@ -73,10 +73,10 @@ def test_a_killed_rank_is_restarted_and_the_run_matches_an_uninterrupted_one(tmp
     resumed = int(log.split("restart 1: resuming from")[1].split("step-")[1][:8])
     assert 0 < killed_at - resumed <= 20 + 5  # repeated steps: at most the checkpoint interval (and the kill's lag)
     steps = _steps(run)
-    assert steps == list(range(1, 201))  # every step once: the repeated ones were superseded
+    assert steps == list(range(1, 121))  # every step once: the repeated ones were superseded
     superseded = [json.loads(x)["step"] for x in (run / "metrics.superseded.jsonl").read_text().splitlines()]
     assert superseded and min(superseded) == resumed + 1
-    a, b = _weights(ref, 200), _weights(run, 200)
+    a, b = _weights(ref, 120), _weights(run, 120)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -221,6 +221,8 @@ def test_ctrl_c_stops_every_rank_and_the_run_resumes(small_config, tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err[-3000:]  # preempted: a checkpoint of the last step was saved
     assert "Preempted (SIGINT)" in err and "--resume_from auto" in err
+    trained = max(losses(run))
+    assert f"every rank stopped after step {trained} " in err and (run / "checkpoints" / f"step-{trained:08d}").is_dir()
     gone, alive = psutil.wait_procs(ranks, timeout=30)
     assert not alive, f"ranks left running: {alive}"
     # The same command with --resume_from auto continues from the newest complete checkpoint.
@@ -358,3 +360,39 @@ def test_wandb_with_a_key_and_no_server_goes_offline_fast(small_config, tmp_path
     for f in run.rglob("*"):
         if f.is_file():
             assert key.encode() not in f.read_bytes(), f
+
+
+def test_node_0_learns_when_node_1_dies(tmp_path):
+    """Issue 11, promise 1 across nodes: kill -9 of node 1's launcher (two launchers as two nodes on
+    one machine); node 1's ranks die with it, node 0's collective fails, and node 0 ends too, with no
+    process of either node left running."""
+    import socket
+    import time
+
+    import psutil
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "long.yaml"
+    cfg.write_text(SMALL.replace("max_steps: 12", "max_steps: 100000").replace("eval_every_steps: 6",
+                                                                               "eval_every_steps: 100000"))
+    run = tmp_path / "mn"
+    env = {**os.environ}
+    env.pop("AUTOTUNE_PLAN", None)
+    procs = [subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(cfg), "--run_dir", str(run),
+                               "--nproc_per_node", "1", "--num_nodes", "2", "--node_rank", str(node), "--master_addr",
+                               "127.0.0.1", "--master_port", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env=env, cwd=ROOT) for node in (0, 1)]
+    deadline = time.monotonic() + 180
+    while not ((run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 20):
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.3)
+    tree = [c for p in procs for c in psutil.Process(p.pid).children(recursive=True)]
+    t0 = time.monotonic()
+    procs[1].kill()
+    rc0 = procs[0].wait(timeout=120)
+    took = time.monotonic() - t0
+    gone, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive, [a.cmdline() for a in alive]
+    assert rc0 != 0 and took < 60, (rc0, took)

@@ -77,13 +77,15 @@ def test_zero3_saves_the_trained_weights(runs, tmp_path):
 
 
 def test_zero2_cpu_optimizer_offload_trains_like_zero2(runs, tmp_path):
-    """offload_optimizer reaches DeepSpeed (CPU Adam on host memory) and trains the same trajectory."""
+    """offload_optimizer reaches DeepSpeed (ZeRO-Offload; on a CPU plan with torch's AdamW, no JIT build) and trains
+    the same trajectory."""
     cfg = _config(tmp_path, "").read_text() + "distributed: {offload_optimizer: true}\n"
     (tmp_path / "off.yaml").write_text(cfg)
     launch("--config", tmp_path / "off.yaml", "--run_dir", tmp_path / "offload", "--nproc_per_node", 2,
            "--deepspeed", "--zero_stage", 2, "--batch_size", 16, "--grad_accum", 1, timeout=900)
     ds = json.loads((tmp_path / "offload" / "deepspeed_config.json").read_text())
     assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert ds["optimizer"]["params"]["torch_adam"] is True and ds["zero_force_ds_cpu_optimizer"] is False
     got, ref = losses(tmp_path / "offload"), losses(runs / "ds")
     for step in ref:
         assert got[step] == pytest.approx(ref[step], rel=2e-3, abs=1e-5), (step, got[step], ref[step])

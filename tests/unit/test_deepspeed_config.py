@@ -183,3 +183,14 @@ def test_whole_json_cpu_zero1_fp32():
                               "reduce_scatter": True},
         "optimizer": ADAMW,
     }
+
+
+def test_cpu_offload_uses_torchs_adamw_and_tells_deepspeed(monkeypatch):
+    """On a CPU plan ZeRO-Offload keeps the states in host memory with torch's AdamW (no ~50 s
+    build of DeepSpeed's CPU Adam); DeepSpeed must be told, or it refuses a non-DeepSpeed optimizer."""
+    cfg = apply_overrides(TrainConfig(), {"distributed.offload_optimizer": True, "distributed.backend": "deepspeed",
+                                          "distributed.zero_stage": 2, "distributed.nproc_per_node": 2})
+    got = deepspeed_config(plan(load_profile("cpu-only"), cfg, deepspeed_installed=True))
+    assert got["optimizer"]["params"]["torch_adam"] is True and got["zero_force_ds_cpu_optimizer"] is False
+    assert got["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
+    validate_with_deepspeed(got, 2, monkeypatch)

@@ -116,6 +116,7 @@ def test_rank_statuses_decide_the_launchers_code(tmp_path, monkeypatch):
 
 def test_the_sbatch_scripts_own_log_does_not_make_a_dir_foreign(tmp_path):
     (tmp_path / "slurm-17.out").write_text("job log, written by the exported script's tee")
+    (tmp_path / "node1").mkdir()  # node 1 of the same job, sharing the run dir, may start first
     check_usable(tmp_path, resuming=False)
     check_usable(tmp_path, resuming=True)
     (tmp_path / "notes.txt").write_text("mine")
