@@ -181,7 +181,7 @@ def _execute(setup, lock=None) -> int:
         """Stop what only waits. (1) A rank reported failure (a hang, bad input) and torchrun still
         waits on the others: after 5 s, not torchrun's 30 s; not with --max_restarts, where torchrun
         restarts the group. (2) Every rank of this node has finished (trained or saved on a
-        preemption) and torchrun still runs 10 s later: it waits in its exit barrier for the
+        preemption) and torchrun still runs 30 s later: it waits in its exit barrier for the
         agents of other nodes, 5 minutes if one of them died."""
         now = time.monotonic()
         reported = read_statuses(statuses)
@@ -193,9 +193,9 @@ def _execute(setup, lock=None) -> int:
                         "running 5 s later")
         if not bad and eng.backend != "single" and local_ranks <= {s.get("rank") for s in reported}:
             done_since[:1] = done_since[:1] or [now]
-            if now - done_since[0] >= 10:
+            if now - done_since[0] >= 30:
                 stopped_after_done.append(True)
-                return "every rank of this node has finished; torchrun is still waiting for the other nodes 10 s later"
+                return "every rank of this node has finished; torchrun is still waiting for the other nodes 30 s later"
         return None
 
     try:
@@ -206,8 +206,14 @@ def _execute(setup, lock=None) -> int:
                      should_kill=lingering)
         reported = read_statuses(statuses)
         ranks_code, decider = combined_exit(reported)
-        if stopped_after_done and ranks_code == 0:
-            rc = 0  # the ranks finished; only torchrun's wait for other nodes was cut short
+        every_local = local_ranks <= {s.get("rank") for s in reported}
+        if rc != 0 and ranks_code == 0 and every_local and not signals:
+            # Every rank here finished its training; only torchrun's exit barrier with the other
+            # nodes' agents failed (or was cut short above): the run itself completed.
+            if not stopped_after_done:
+                print(f"autotune: torchrun exited {rc} after every rank of this node had finished (its exit "
+                      "barrier with the other nodes); the training completed", file=sys.stderr)
+            rc = 0
     finally:
         shutil.rmtree(statuses, ignore_errors=True)
     if ranks_code == EXIT_PREEMPTED:
