@@ -35,6 +35,24 @@ _FS_CAUSES = {
 }
 
 
+def disk_cause(e: BaseException, where: str | Path) -> str | None:
+    """The file-system cause of a failed write (ENOSPC, EROFS, ...), or None when it was something
+    else. torch's C++ writer reports a full disk as 'basic_ios::clear: iostream error' (or worse),
+    so without an errno the disk under ``where`` is asked."""
+    if isinstance(e, OSError) and e.errno in _FS_CAUSES:
+        return _FS_CAUSES[e.errno]
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return None
+    if st.f_flag & os.ST_RDONLY:
+        return _FS_CAUSES[errno.EROFS]
+    free = st.f_bavail * st.f_frsize
+    if free < 1 << 20:
+        return f"{_FS_CAUSES[errno.ENOSPC]} ({free} bytes free)"
+    return None
+
+
 def fs_error(e: OSError, path: str | Path | None = None, what: str = "--run_dir") -> UserError:
     """An OSError as one line naming the path and the errno's name."""
     where = path or e.filename or "?"
@@ -70,10 +88,6 @@ def _is_plan(f: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and {"engine", "batch"} <= data.keys()
-
-
-def is_run_dir(path: Path) -> bool:
-    return bool(run_dir_marks(path))
 
 
 def check_usable(run_dir: Path, resuming: bool, reuse: bool = False) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import time
 from dataclasses import dataclass
 from importlib import metadata
@@ -238,12 +239,6 @@ def script_facts(entry: str | None):
     return scan_script(spec.origin)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def archive_run_files(run_dir: Path) -> Path | None:
     """Move an earlier launch's records to previous/<time>/ so a resume never overwrites them."""
     present = [run_dir / n for n in RUN_RECORDS if (run_dir / n).exists()]
@@ -256,13 +251,6 @@ def archive_run_files(run_dir: Path) -> Path | None:
     for f in present:
         f.rename(dest / f.name)
     return dest
-
-
-def check_run_dir_free(run_dir: Path, resuming: bool, reuse: bool = False) -> None:
-    """Never overwrite a user's run or files by accident (see autotune.rundir.check_usable)."""
-    from autotune.rundir import check_usable
-
-    check_usable(run_dir, resuming, reuse)
 
 
 def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None, spec=None,
@@ -292,7 +280,7 @@ def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: di
                 f.flush()
                 os.fsync(f.fileno())
     except OSError as e:
-        _remove_tree(staging)
+        shutil.rmtree(staging, ignore_errors=True)
         raise fs_error(e) from None
     try:
         archive_run_files(records)
@@ -301,9 +289,3 @@ def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: di
         staging.rmdir()
     except OSError as e:
         raise fs_error(e) from None
-
-
-def _remove_tree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)

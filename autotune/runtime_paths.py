@@ -94,15 +94,6 @@ def read_statuses(directory: str | Path) -> list[dict]:
     return out
 
 
-def clear_statuses(directory: str | Path) -> None:
-    d = Path(directory)
-    for p in d.glob("rank-*.json*") if d.is_dir() else []:
-        try:
-            p.unlink()
-        except OSError:
-            pass
-
-
 def combined_exit(statuses: list[dict]) -> tuple[int | None, dict | None]:
     """The code the launcher should report from its ranks' statuses, and the status that decided it:
     bad input (2), then a refusal (3), then any other failure, then a preemption (75), then success."""

@@ -119,12 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = train(plan, run_dir, ds_config=ds_config, plan_path=plan_path)
         except OSError as e:  # metrics, TensorBoard, W&B files: a full or read-only disk is one line
-            import errno
+            from autotune.rundir import disk_cause, fs_error
 
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            if disk_cause(e, run_dir) is None:
                 raise
-            from autotune.rundir import fs_error
-
             raise fs_error(e, what="run dir") from None
         if result.get("preempted"):
             from autotune.runtime_paths import EXIT_PREEMPTED

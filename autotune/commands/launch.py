@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.commands.common import overrides_from_args
     from autotune.config import load_config
     from autotune.errors import UserError
-    from autotune.runs import check_run_dir_free, prepare, write_records
+    from autotune.runs import prepare, write_records
 
     script_args = _script_args(list(args.script_args or []))
     if args.hardware and not args.dry_run:
@@ -79,10 +79,10 @@ def run(args: argparse.Namespace) -> int:
     setup = prepare(load_config(args.config), overrides, args.hardware, auto_optimize=not args.no_auto_optimize,
                     debug=args.debug, policy=args.policy, run_dir=args.run_dir, resume_from=args.resume_from,
                     script_args=script_args, environ=os.environ, python=sys.executable, force=args.force)
-    from autotune.rundir import RunLock, check_creatable
+    from autotune.rundir import RunLock, check_creatable, check_usable
 
     check_creatable(setup.records_dir)
-    check_run_dir_free(setup.records_dir, resuming=bool(args.resume_from), reuse=args.force_run_dir or args.force)
+    check_usable(setup.records_dir, resuming=bool(args.resume_from), reuse=args.force_run_dir or args.force)
     if args.dry_run:
         _print_dry_run(setup, args.json)
         return 0
@@ -222,9 +222,7 @@ def _execute(setup, lock=None) -> int:
               f"repeated), run the same command with --run_dir {run_dir} --resume_from auto", file=sys.stderr)
         return EXIT_PREEMPTED
     if rc != 0 and ranks_code:  # torchrun reports any rank's failure as 1: say what the rank said
-        eng = setup.plan.engine
-        mine = range(eng.node_rank * eng.nproc_per_node, (eng.node_rank + 1) * eng.nproc_per_node)
-        silent = sorted(set(mine) - {s.get("rank") for s in reported})
+        silent = sorted(local_ranks - {s.get("rank") for s in reported})
         print(f"\nRank {decider.get('rank')} stopped the run (exit {ranks_code}). Run directory: {run_dir}"
               + (f"\nNever reported (hung, or killed before they could): rank {', '.join(map(str, silent))}"
                  if silent and eng.backend != "single" else "")

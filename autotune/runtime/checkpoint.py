@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from autotune.errors import UserError
+from autotune.rundir import disk_cause
 from autotune.runtime.dist import DistContext, from_main, gather_objects, wait_for_everyone
 from autotune.runtime_paths import (CHECKSUMS, PREFIX, check_compatible, check_files, checkpoint_files, file_digest,
                                     list_checkpoints, meta_problems, read_checksums, read_meta, resume_changes,
@@ -42,28 +43,6 @@ def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _disk_cause(e: BaseException, where: Path) -> str | None:
-    """Name the file-system cause of a failed write, or None when it was something else. torch's
-    C++ writer reports a full disk as 'basic_ios::clear: iostream error', so the disk is asked."""
-    import errno
-
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "ENOSPC: no space left on the device"
-    if isinstance(e, OSError) and e.errno == errno.EROFS:
-        return "EROFS: the file system is read-only"
-    if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM):
-        return f"{errno.errorcode[e.errno]}: permission denied"
-    try:
-        st = os.statvfs(where)
-    except OSError:
-        return None
-    if st.f_flag & os.ST_RDONLY:
-        return "EROFS: the file system is read-only"
-    if st.f_bavail * st.f_frsize < 1 << 20:  # torch's writer fails in several ways on a full disk
-        return f"ENOSPC: no space left on the device ({st.f_bavail * st.f_frsize} bytes free)"
-    return None
 
 
 def _saved_world(path: Path) -> int | None:
@@ -86,7 +65,7 @@ class CheckpointManager:
         try:
             return self._save(engine, step, consumed, extra, final)
         except (OSError, RuntimeError) as e:
-            cause = _disk_cause(e, self.dir)
+            cause = disk_cause(e, self.dir)
             if cause is None:
                 raise
             shutil.rmtree(final.with_name(final.name + ".tmp"), ignore_errors=True)

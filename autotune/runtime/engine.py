@@ -213,6 +213,10 @@ class LocalEngine:
                 return None, who
         return loss.detach(), []
 
+    def set_accumulation(self, steps: int) -> None:
+        """Micro-steps per optimizer step from now on (each loss is divided by it)."""
+        self.opt.accum = steps
+
     def _drop(self, loss) -> None:
         del loss
         self.opt.optimizer.zero_grad(set_to_none=True)

@@ -126,6 +126,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
         torch.cuda.reset_peak_memory_stats(ctx.device)
     metrics: dict = {}
     backoff = OomBackoff(plan, ctx, engine, run_dir)
+    preempted: dict | None = None
     while step < total:
         watch.enter("step", f"step {step + 1}")
         t0 = time.perf_counter()
@@ -182,11 +183,12 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
             stop.finished.set()
             name = signal.Signals(signum).name
             progress.write(f"autotune: {name}: stopped after step {step}/{total}; checkpoint: {path}")
-            progress.close()
-            logger.close()
-            return {"preempted": True, "step": step, "signal": name, "checkpoint": str(path)}
+            preempted = {"preempted": True, "step": step, "signal": name, "checkpoint": str(path)}
+            break
     progress.close()
     logger.close()
+    if preempted:
+        return preempted
     final = dict(history[-1]) if history else {}
     if ctx.is_main:
         summary = {"steps": step, "history": history, "final": final}
@@ -232,7 +234,7 @@ class OomBackoff:
         self.step = step
         while True:
             pieces = [piece for b in batches for piece in zip(*(t.tensor_split(self.splits) for t in b))]
-            self.engine.opt.accum = self.accum * self.splits
+            self.engine.set_accumulation(self.accum * self.splits)
             total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
             who: list[int] = []
             for i, piece in enumerate(pieces):

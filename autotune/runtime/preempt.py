@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 import threading
-import time
 
 import torch
 import torch.distributed as dist
@@ -30,7 +29,6 @@ class StopRequest:
     def __init__(self, grace_s: float):
         self.grace_s = grace_s
         self.signum = 0
-        self.received_at: float | None = None
         self.finished = threading.Event()
         self._blocked = False
 
@@ -56,7 +54,7 @@ class StopRequest:
                 os._exit(130)
             if self.signum or self.finished.is_set():
                 continue  # repeats: SLURM and torchrun both deliver one
-            self.signum, self.received_at = signum, time.monotonic()
+            self.signum = signum
             threading.Thread(target=self._watchdog, daemon=True, name="autotune-grace").start()
 
     def _watchdog(self) -> None:

@@ -118,7 +118,7 @@ def test_a_rank_that_cannot_finish_in_the_grace_budget_is_stopped_without_a_chec
                 pass
     assert rc == 128 + signal.SIGTERM, out[-3000:]
     assert "preemption_grace_s=5" in out and "before a checkpoint could be saved" in out
-    assert not list((run / "checkpoints").glob("step-*")) if (run / "checkpoints").exists() else True
+    assert not list(run.glob("checkpoints/step-*"))  # no checkpoint was written
     assert took < 30  # grace 5 s, then the launcher's +10 s: bounded, not the 30 min collective timeout
 
 
