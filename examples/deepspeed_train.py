@@ -31,6 +31,8 @@ def main():
     model = make_model()
     engine, _, loader, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters(),
                                                 training_data=make_data())
+    # DeepSpeed casts the model to the JSON's precision (bf16/fp16); the inputs follow it.
+    dtype = next(engine.module.parameters()).dtype
     micro_sizes, batches = set(), iter(loader)
     while engine.global_steps < args.steps:
         try:
@@ -39,7 +41,7 @@ def main():
             batches = iter(loader)
             x, y = next(batches)
         micro_sizes.add(x.shape[0])
-        loss = F.cross_entropy(engine(x.to(engine.device)), y.to(engine.device))
+        loss = F.cross_entropy(engine(x.to(engine.device, dtype)), y.to(engine.device))
         engine.backward(loss)
         engine.step()
     (micro,) = micro_sizes
@@ -47,6 +49,7 @@ def main():
         world = engine.world_size
         print(f"USED world={world} micro={micro} accumulation={engine.gradient_accumulation_steps()} "
               f"effective={micro * engine.gradient_accumulation_steps() * world} "
+              f"precision={str(dtype).removeprefix('torch.')} device={engine.device.type} "
               f"train_batch_size={engine.train_batch_size()} loss={loss.item():.4f}")
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()  # leave together: gloo aborts a rank that exits alone

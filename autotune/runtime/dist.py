@@ -80,8 +80,12 @@ def wait_for_everyone(ctx: DistContext) -> None:
 
 
 def all_reduce_sum(ctx: DistContext, t: torch.Tensor) -> torch.Tensor:
+    """The sum over ranks, on ``t``'s device; the collective runs on the rank's device (NCCL has
+    no CPU tensors, found on the first GPU run)."""
     if ctx.distributed and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        on = t.to(ctx.device)
+        dist.all_reduce(on, op=dist.ReduceOp.SUM)
+        return on.to(t.device)
     return t
 
 

@@ -140,7 +140,7 @@ def test_unmodified_deepspeed_script_follows_the_plan(tmp_path):
     r = launch("--config", ROOT / "examples" / "deepspeed_config.yaml", "--deepspeed", "--nproc_per_node", 2,
                "--run_dir", tmp_path / "ds", "--", "--deepspeed_config", "{deepspeed_config}", timeout=600)
     used = [line for line in r.stdout.splitlines() if line.startswith("USED ")]
-    assert len(used) == 1 and used[0].startswith("USED world=2 micro=8 accumulation=4 effective=64 train_batch_size=64")
+    assert len(used) == 1 and used[0].startswith("USED world=2 micro=8 accumulation=4 effective=64 precision=float32 device=cpu train_batch_size=64")
     argv = json.loads((tmp_path / "ds" / "command.json").read_text())["argv"]
     assert argv[-2:] == ["--deepspeed_config", str(tmp_path / "ds" / "deepspeed_config.json")]
 
