@@ -34,6 +34,7 @@ from autotune.modelinfo import ActivationModel, LinearBytes, ModelFacts
 
 SHAPE_RE = re.compile(SAMPLE_SHAPE_RE)
 MICRO_POINTS = (1, 2, 4, 8, 16, 32, 64)  # fake tensors cost the same at any size: measure, then interpolate
+MAX_TRACE_POINT = 65536
 
 
 def load_callable(spec: str, field: str) -> Callable:
@@ -100,8 +101,12 @@ def count_parameters(model) -> tuple[int, int, int]:
     return total, trainable, largest
 
 
-def _activation_peak(model, make_batch, b: int, autocast: bool) -> float:
+def _activation_peak(model, make_batch, b: int, autocast: bool) -> tuple[float, float, float]:
+    """Bytes beyond parameters, gradients and optimizer state (activations, temporaries) at the
+    overall peak, the forward peak and the backward peak of one step; each is an upper bound on
+    what the step needs on top of full gradients at that moment (see LinearBytes.series)."""
     import torch
+    from torch.distributed._tools import mem_tracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
     batch = make_batch(b)
@@ -114,15 +119,37 @@ def _activation_peak(model, make_batch, b: int, autocast: bool) -> float:
         else:
             loss = _loss(_call(model, batch))
         loss.backward()
-    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
-    by_kind = {str(k).rsplit(".", 1)[-1]: v for k, v in peak.items()}
+    def beyond_states(snaps) -> float:
+        out = 0.0
+        for snap in snaps:
+            by_kind = {str(k).rsplit(".", 1)[-1]: v for k, v in snap.items()}
+            out = max(out, by_kind["Total"] - by_kind.get("PARAM", 0) - by_kind.get("GRAD", 0)
+                      - by_kind.get("OPT", 0))
+        return float(out)
+
+    overall = beyond_states(tracker.get_tracker_snapshot("peak").values())
+    states = getattr(mem_tracker, "_ModState", None)  # private: without it, the overall peak alone
+    root = tracker.memory_tracking.get(model) if states is not None else None
+    moments = [beyond_states(dev for snap in (root.snapshots.get(state, []) if root else []) for dev in snap.values())
+               for state in ((states.PEAK_FW, states.PEAK_BW) if states is not None else ())]
     for p in model.parameters():
         p.grad = None
-    return float(by_kind["Total"] - by_kind.get("PARAM", 0) - by_kind.get("GRAD", 0) - by_kind.get("OPT", 0))
+    fw, bw = (moments + [0.0, 0.0])[:2]
+    return overall, fw, bw
 
 
 def _line(model, make_batch, autocast: bool) -> LinearBytes:
-    return LinearBytes(points=tuple((b, _activation_peak(model, make_batch, b, autocast)) for b in MICRO_POINTS))
+    """Traced at MICRO_POINTS, then at 4x larger micro-batches while the forward peak is still small
+    next to parameters and gradients: only there does the line reach the slope that large
+    micro-batches (a user's --batch_size 4096 on an MLP) follow. Big models stop at once."""
+    states = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
+    at = {b: _activation_peak(model, make_batch, b, autocast) for b in MICRO_POINTS}
+    b = MICRO_POINTS[-1]
+    while at[b][1] < 2 * states and b < MAX_TRACE_POINT:
+        b *= 4
+        at[b] = _activation_peak(model, make_batch, b, autocast)
+    series = tuple(tuple((b, v[i]) for b, v in at.items()) for i in range(3))
+    return LinearBytes(points=tuple((b, max(v)) for b, v in at.items()), series=series)
 
 
 def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
@@ -175,6 +202,7 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                                              "covers model states only")
     acts = ActivationModel(fp32=fp32, half=half, fp32_checkpointed=fp32_c, half_checkpointed=half_c,
                            source="traced", margin=margin)
-    return ModelFacts(source=source + f", activations traced at micro-batch {', '.join(map(str, MICRO_POINTS))}",
+    return ModelFacts(source=source + f", activations traced at micro-batch "
+                                       f"{', '.join(str(b) for b, _ in (fp32 or half).points) if (fp32 or half) else 'none'}",
                       num_parameters=total, trainable_parameters=trainable, largest_layer_parameters=largest,
                       activations=acts)

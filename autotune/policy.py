@@ -57,6 +57,10 @@ class Policy(_Strict):
     cuda_context_mib: float = Field(ge=0)
     nccl_buffers_mib: float = Field(ge=0)
     traced_activation_margin: float = Field(ge=1)
+    # On GPUs the allocator, CUDA's autocast op lists (layer_norm kept in fp32) and cuDNN's
+    # workspaces differ from the CPU trace; measured on an H100 (BENCHMARKS.md).
+    traced_activation_margin_gpu_half: float = Field(1.7, ge=1)
+    traced_activation_margin_gpu_fp32: float = Field(4.5, ge=1)
     host_ram_headroom_fraction: float = Field(gt=0, le=1)
     mig_multi_process: bool = False
 

@@ -76,12 +76,15 @@ def model_facts(cfg: TrainConfig, policy=None, *, hw: HardwareProfile | None = N
         return facts_for(cfg)
     from autotune.policy import load_policy
 
-    margin = (policy or load_policy()).traced_activation_margin
+    pol = policy or load_policy()
+    margin = pol.traced_activation_margin
     modes: tuple[str, ...] = ("fp32", "half")
     if hw is not None:
         mp = t.mixed_precision
         half = mp in ("bf16", "fp16") or (mp == "auto" and bool(hw.gpus.devices))
         modes = ("half",) if half else ("fp32",)
+        if hw.gpus.devices:
+            margin = pol.traced_activation_margin_gpu_half if half else pol.traced_activation_margin_gpu_fp32
     return _traced(t.model, t.sample_input, margin, str(Path.cwd()), modes)
 
 

@@ -70,3 +70,60 @@ def test_untraceable_model_falls_back_to_model_states_and_says_why():
 def test_bad_factories_are_user_errors_naming_the_field(spec, message):
     with pytest.raises(UserError, match=f"training.model: .*{message}"):
         trace(spec, None)
+
+
+def deep_mlp():
+    """8 x (Linear 512, LayerNorm, GELU): 2.1M parameters; its activations pass its gradients
+    only above ~170 rows, far beyond the trace's first points (1..64)."""
+    import torch.nn as nn
+
+    layers = []
+    for _ in range(8):
+        layers += [nn.Linear(512, 512), nn.LayerNorm(512), nn.GELU()]
+    return nn.Sequential(*layers, nn.Linear(512, 10))
+
+
+def test_large_micro_batches_follow_the_activations_not_the_gradient_temporaries():
+    """Found on the first GPU run: traced at 1..64 rows, where the step's peak falls late in
+    backward among weight-gradient temporaries, a line predicted 33 MiB at 16,384 rows against
+    794 MiB real. The trace now follows the forward peak and adds points until activations
+    dominate. Expected by hand: 24 saved [b, 512] fp32 tensors = 48 KiB per row."""
+    facts = trace("test_model_trace:deep_mlp", "[512]")
+    assert [b for b, _ in facts.activations.fp32.points][-1] > 64  # it traced beyond the first points
+    for micro in (1024, 4096):
+        torch.manual_seed(0)
+        real = real_activation_peak(deep_mlp(), torch.randn(micro, 512))
+        predicted = facts.activations.bytes(micro, half=False, checkpointing=False)
+        assert real >= micro * 24 * 512 * 4  # the hand count is a floor of the real peak
+        assert 0.99 * real <= predicted <= 1.10 * real, (micro, predicted, real)
+
+
+def test_the_line_is_the_largest_of_its_moments():
+    from autotune.modelinfo import LinearBytes
+
+    # overall peak flat (gradient temporaries), forward peak steep: beyond the points the steep one wins
+    lin = LinearBytes(points=((32, 100.0), (64, 110.0)), series=(((32, 100.0), (64, 110.0)), ((32, 32.0), (64, 64.0))))
+    assert lin.at(64) == 110.0
+    assert lin.at(128) == 130.0  # max(110 + 10/32 x 64 = 130, 128): the flat line still leads here
+    assert lin.at(1024) == 1024.0  # max(110 + 0.3125*960 = 410, 1024)
+    assert LinearBytes(points=((1, 5.0), (2, 7.0))).at(4) == 11.0  # no series: as before
+
+
+@pytest.mark.parametrize("preset, precision, margin", [
+    ("cpu-only", "auto", 1.1),        # policy.traced_activation_margin
+    ("4xL4", "auto", 1.7),            # a GPU plan traces bf16 autocast: traced_activation_margin_gpu_half
+    ("4xL4", "fp32", 4.5),            # fp32 on a GPU: cuDNN workspaces (traced_activation_margin_gpu_fp32)
+])
+def test_gpu_plans_use_the_margins_measured_on_a_gpu(preset, precision, margin):
+    from autotune.config import TrainConfig
+    from autotune.profiles import load_profile
+    from autotune.runs import model_facts
+
+    cfg = TrainConfig.model_validate({"training": {"entrypoint": "examples/plain_train.py",
+                                                   "model": "examples.plain_train:make_model",
+                                                   "sample_input": "[16]", "mixed_precision": precision}})
+    facts = model_facts(cfg, hw=load_profile(preset))
+    assert facts.activations.margin == margin
+    lin = facts.activations.fp32 or facts.activations.half
+    half = facts.activations.half is not None
+    assert facts.activations.bytes(8, half=half, checkpointing=False) == pytest.approx(lin.at(8) * margin)
