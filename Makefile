@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit test-gpu run report plan bench mutation clean
+.PHONY: install test test-unit test-gpu test-gpu-here run report plan bench mutation clean
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,12 @@ test: install
 # every CUDA path, summary in bench/results/gpu-<name>-<date>.md. Skips with "no CUDA device" elsewhere.
 test-gpu: install
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests/gpu
+
+# The same tier with a Python that already holds a CUDA build of torch and autotune's needs, on a
+# machine that cannot download (e.g. a lent GPU box): make test-gpu-here GPU_PY=python3
+GPU_PY ?= python3
+test-gpu-here:
+	TORCH_EXTENSIONS_DIR=$${TORCH_EXTENSIONS_DIR:-/tmp/autotune-ext} $(GPU_PY) -m pytest -q -rA $(PYTEST_ARGS) tests/gpu
 
 test-unit: install
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests/unit

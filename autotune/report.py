@@ -81,7 +81,8 @@ def render_profile(hw: HardwareProfile, out: TextIO) -> None:
           f"cpus/task {s.cpus_per_task}, gpus {s.gpus}\n")
     if hw.software:
         sw = ", ".join(f"{k} {v}" for k, v in hw.software.items() if v)
-        missing = ", ".join(k for k, v in hw.software.items() if not v)
+        nccl = any(v for k, v in hw.software.items() if k.startswith("nvidia-nccl"))  # one build is enough
+        missing = ", ".join(k for k, v in hw.software.items() if not v and not (nccl and k.startswith("nvidia-nccl")))
         w(f"Software:        {sw}\n")
         if missing:
             w(f"Not installed:   {missing}\n")

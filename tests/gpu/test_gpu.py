@@ -25,7 +25,8 @@ checkpoint: {save_every_steps: 20, keep_last: 3}
 
 
 def run(*args, env=None, timeout=300):
-    e = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    e = {**os.environ, **(env or {})}
+    e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     e.pop("AUTOTUNE_PLAN", None)
     return subprocess.run(list(map(str, args)), capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT)
 
@@ -62,6 +63,42 @@ def test_visible_devices_by_uuid():
     assert [d["uuid"] for d in profile["gpus"]["devices"]] == [uuid]
 
 
+@pytest.mark.gpus(2)
+def test_visible_subset_and_topology_match_nvidia_smi(record):
+    """A subset in CUDA_VISIBLE_DEVICES is what NVML reports, renumbered from 0; NVLink pairs are
+    the ones `nvidia-smi topo -m` marks NV<n>."""
+    rows = smi("index,uuid")
+    subset = [rows[-1], rows[0]]  # reversed order: CUDA's numbering follows the variable
+    profile = json.loads(run(sys.executable, "-m", "autotune.hardware", "report", "--json",
+                             env={"CUDA_VISIBLE_DEVICES": f"{subset[0]['index']},{subset[1]['index']}"}).stdout)
+    assert [d["uuid"] for d in profile["gpus"]["devices"]] == [r["uuid"] for r in subset]
+    assert [d["index"] for d in profile["gpus"]["devices"]] == [0, 1]
+    full = json.loads(run(sys.executable, "-m", "autotune.hardware", "report", "--json").stdout)
+    topo = run("nvidia-smi", "topo", "-m").stdout.splitlines()
+    header = topo[0].split()
+    gpus = [h for h in header if h.startswith("GPU")]
+    nv = sorted([i, j] for i, line in enumerate(line for line in topo[1:] if line.startswith("GPU"))
+                for j, cell in enumerate(line.split()[1:1 + len(gpus)]) if i < j and cell.startswith("NV"))
+    assert sorted(full["gpus"]["nvlink_pairs"]) == nv
+    record("topology", f"{len(gpus)} GPUs, NVLink pairs {len(nv)}, interconnect {full['gpus']['interconnect']}")
+
+
+def test_mig_devices_are_planned_as_slices(record):
+    """Where MIG is on, each MIG device is listed with its own memory and the plan uses the slice."""
+    listing = run("nvidia-smi", "-L").stdout
+    if "MIG-" not in listing:
+        pytest.skip("no MIG device on this machine (nvidia-smi -L lists none)")
+    profile = json.loads(run(sys.executable, "-m", "autotune.hardware", "report", "--json").stdout)
+    full = max(int(r["memory.total"]) for r in smi("memory.total"))
+    migs = [d for d in profile["gpus"]["devices"] if d.get("mig_mode") or d.get("mig_instance")]
+    assert migs
+    for d in migs:  # a visible instance carries its slice's memory; a parent in MIG mode lists its slices
+        assert (d.get("mig_instance") and d["memory_total_mib"] < full) or d.get("mig_slices_mib"), d
+    budget = json.loads(run(sys.executable, "-m", "autotune", "estimate", "--json").stdout)["budget_gib"]
+    assert budget * 2**30 < 0.9 * full * 2**20  # planned for a slice, never the whole GPU
+    record("MIG", f"{len(migs)} MIG device(s); budget {budget:.1f} GiB of a {full} MiB GPU")
+
+
 def test_plan_follows_the_policy_table(record):
     import yaml
 
@@ -91,6 +128,8 @@ def _losses_and_peak(run_dir):
 
 @pytest.mark.parametrize("engine", [
     pytest.param(["--num_gpus", "1"], id="single"),
+    pytest.param(["--num_gpus", "1", "--precision", "fp16"], id="single-fp16"),
+    pytest.param(["--deepspeed", "--num_gpus", "1"], id="deepspeed-1gpu"),
     pytest.param(["--ddp", "--num_gpus", "2"], id="ddp", marks=pytest.mark.gpus(2)),
     pytest.param(["--deepspeed", "--num_gpus", "2"], id="deepspeed", marks=pytest.mark.gpus(2)),
 ])
@@ -99,6 +138,12 @@ def test_training_on_cuda_checkpoints_and_resumes(engine, tmp_path, record):
     launch("--config", cfg, "--run_dir", rd, *engine)
     plan = json.loads((rd / "plan.json").read_text())
     assert plan["engine"]["device"] == "cuda" and plan["numerics"]["precision"] in ("bf16", "fp16")
+    if "fp16" in engine:  # loss scaling ran: the grad scaler's state is in the checkpoint
+        import torch
+
+        state = torch.load(rd / "checkpoints" / "step-00000040" / "trainer.pt", map_location="cpu",
+                           weights_only=False)
+        assert plan["numerics"]["precision"] == "fp16" and state["scaler"]["scale"] > 0, state.get("scaler")
     losses, peaks = _losses_and_peak(rd)
     assert losses[40] < losses[1] * 0.9 and all(math.isfinite(v) for v in losses.values())
     assert peaks and 0 < max(peaks) < 80
@@ -112,17 +157,49 @@ def test_training_on_cuda_checkpoints_and_resumes(engine, tmp_path, record):
     assert "resumed at step 20" in r.stdout
     resumed, _ = _losses_and_peak(copy)
     assert resumed[40] == pytest.approx(losses[40], rel=1e-2)
-    record(f"train {engine[0]}", f"{plan['numerics']['precision']}, loss {losses[1]:.3f} -> {losses[40]:.3f}, "
+    record(f"train {' '.join(engine)}", f"{plan['numerics']['precision']}, loss {losses[1]:.3f} -> {losses[40]:.3f}, "
                                  f"peak {max(peaks):.3f} GiB")
 
 
-@pytest.mark.parametrize("example, extra", [
-    ("accelerate", ["--", "--batch_size", "{micro_batch_size}"]),
-    ("deepspeed", ["--deepspeed", "--", "--deepspeed_config", "{deepspeed_config}"]),
+@pytest.mark.parametrize("example, extra, expect", [
+    ("accelerate", ["--", "--batch_size", "{micro_batch_size}"], "precision=bf16 effective=64 device=cuda"),
+    ("deepspeed", ["--deepspeed", "--", "--deepspeed_config", "{deepspeed_config}"],
+     "effective=64 precision=bfloat16 device=cuda"),
 ])
-def test_user_scripts_on_cuda(example, extra, tmp_path, record):
+def test_user_scripts_on_cuda(example, extra, expect, tmp_path, record):
     r = launch("--config", ROOT / "examples" / f"{example}_config.yaml", "--num_gpus", "1",
                "--run_dir", tmp_path / example, *extra)
     used = [line for line in r.stdout.splitlines() if line.startswith("USED ")]
-    assert len(used) == 1 and "world=1" in used[0]
+    assert len(used) == 1 and "world=1" in used[0] and expect in used[0], r.stdout[-2000:]
     record(f"{example} script", used[0])
+
+
+def test_torchrun_script_wired_on_cuda(tmp_path, record):
+    r = launch("--config", ROOT / "examples" / "torchrun_config.yaml", "--num_gpus", "1", "--wire", "auto",
+               "--run_dir", tmp_path / "torchrun")
+    plan = json.loads((tmp_path / "torchrun" / "plan.json").read_text())
+    used = [line for line in r.stdout.splitlines() if line.startswith("used ")]
+    b = plan["batch"]
+    assert used == [f"used micro_batch_size={b['micro_batch_size']} "
+                    f"gradient_accumulation_steps={b['gradient_accumulation_steps']} world_size=1 "
+                    f"effective_batch={b['global_batch_size']} lr={plan['schedule']['learning_rate']:g} "
+                    f"num_workers={plan['loader']['num_workers']}"], r.stdout[-2000:]
+    record("torchrun script (--wire auto)", used[0])
+
+
+def test_memory_estimate_holds_on_this_gpu(record):
+    """The memory bench at a reduced size: traced activations vs the allocator, and a planned
+    ~0.7B model held to real AdamW steps (no OOM at the planned micro-batch, inside the budget)."""
+    r = run(sys.executable, ROOT / "bench" / "memory_accuracy.py", "--quick", "--fit", "--skip-1b", timeout=420)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    print(r.stdout)
+    result = json.loads(r.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
+    fit = result["fit"]
+    record("memory: activations", f"fp32 median {result['fp32']['median_pct']}% max {result['fp32']['max_pct']}%; "
+                                  f"bf16 median {result['bf16']['median_pct']}% max {result['bf16']['max_pct']}%; "
+                                  f"with margins, worst cover fp32 {result['fp32']['worst_cover']}x "
+                                  f"bf16 {result['bf16']['worst_cover']}x")
+    record("memory: planned 0.7B model", ", ".join(f"{k} {v}" for k, v in fit.items()))
+    assert fit["planned_runs"], "the planned micro-batch ran out of memory"
+    assert result["bf16"]["worst_cover"] >= 1.0, "the policy's GPU margin does not cover a measured peak"
+    assert fit["measured_reserved_gib"] <= fit["gpu_budget_gib"]

@@ -446,3 +446,21 @@ def test_installed_versions_from_recorded_folders(tmp_path):
             (d / n).mkdir()
     got = installed_versions([str(first), str(second), str(tmp_path / "missing")])
     assert got == {"nvidia-ml-py": "12.575.51", "torch": "2.5.1+cu124", "old-pkg": "1.0"}  # first path wins
+
+
+def test_report_does_not_call_the_other_nccl_build_missing():
+    """Seen on the first GPU machine: torch with CUDA 13 carries nvidia-nccl-cu13, and the report
+    listed nvidia-nccl-cu12 as 'Not installed' as if something were wrong."""
+    import io
+
+    from autotune.profiles import load_profile
+    from autotune.report import render_profile
+
+    hw = load_profile("4xL4")
+    for software, missing in (({"nvidia-nccl-cu12": None, "nvidia-nccl-cu13": "2.28.9", "deepspeed": None},
+                               "Not installed:   deepspeed\n"),
+                              ({"nvidia-nccl-cu12": None, "nvidia-nccl-cu13": None},
+                               "Not installed:   nvidia-nccl-cu12, nvidia-nccl-cu13\n")):
+        out = io.StringIO()
+        render_profile(hw.model_copy(update={"software": software}), out)
+        assert missing in out.getvalue()
