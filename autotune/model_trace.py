@@ -119,6 +119,7 @@ def _activation_peak(model, make_batch, b: int, autocast: bool) -> tuple[float, 
         else:
             loss = _loss(_call(model, batch))
         loss.backward()
+
     def beyond_states(snaps) -> float:
         out = 0.0
         for snap in snaps:
@@ -128,28 +129,32 @@ def _activation_peak(model, make_batch, b: int, autocast: bool) -> tuple[float, 
         return float(out)
 
     overall = beyond_states(tracker.get_tracker_snapshot("peak").values())
+    fw = bw = 0.0
     states = getattr(mem_tracker, "_ModState", None)  # private: without it, the overall peak alone
     root = tracker.memory_tracking.get(model) if states is not None else None
-    moments = [beyond_states(dev for snap in (root.snapshots.get(state, []) if root else []) for dev in snap.values())
-               for state in ((states.PEAK_FW, states.PEAK_BW) if states is not None else ())]
+    if root is not None:
+        def at(state) -> float:
+            return beyond_states(dev for snap in root.snapshots.get(state, []) for dev in snap.values())
+
+        fw, bw = at(states.PEAK_FW), at(states.PEAK_BW)
     for p in model.parameters():
         p.grad = None
-    fw, bw = (moments + [0.0, 0.0])[:2]
     return overall, fw, bw
 
 
 def _line(model, make_batch, autocast: bool) -> LinearBytes:
-    """Traced at MICRO_POINTS, then at 4x larger micro-batches while the forward peak is still small
-    next to parameters and gradients: only there does the line reach the slope that large
-    micro-batches (a user's --batch_size 4096 on an MLP) follow. Big models stop at once."""
-    states = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
+    """Traced at MICRO_POINTS, then at 4x larger micro-batches until the forward peak passes twice
+    the parameters and gradients: only there does the line reach the slope that large
+    micro-batches (a user's --batch_size 4096 on an MLP) follow. Big models stop at once.
+    ``points`` is the overall peak; ``series`` the forward and backward peaks."""
+    params_and_grads = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
     at = {b: _activation_peak(model, make_batch, b, autocast) for b in MICRO_POINTS}
     b = MICRO_POINTS[-1]
-    while at[b][1] < 2 * states and b < MAX_TRACE_POINT:
+    while at[b][1] < 2 * params_and_grads and b < MAX_TRACE_POINT:
         b *= 4
         at[b] = _activation_peak(model, make_batch, b, autocast)
-    series = tuple(tuple((b, v[i]) for b, v in at.items()) for i in range(3))
-    return LinearBytes(points=tuple((b, max(v)) for b, v in at.items()), series=series)
+    overall, fw, bw = (tuple((b, v[i]) for b, v in at.items()) for i in range(3))
+    return LinearBytes(points=overall, series=(fw, bw))
 
 
 def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,

@@ -36,9 +36,9 @@ class LinearBytes(_Frozen):
     and steps appear where kernels change; rounding up never underestimates); beyond the
     last point, linear along the last segment; below the first, the first value.
 
-    ``series``: the same kind of points for each moment of the step that can hold the peak
-    (forward peak, backward peak, overall peak); the value is the largest over them, each
-    extrapolated along its own last segment. A single line through the overall peak can bend
+    ``series``: the same kind of points for other moments of the step that can hold the peak
+    (the trace gives the forward and backward peaks beside the overall one in ``points``); the
+    value is the largest over them, each extrapolated along its own last segment. A single line through the overall peak can bend
     away: at small micro-batches the peak falls where weight-gradient temporaries dominate,
     at large ones at the end of the forward pass (first GPU run: an MLP at 16,384 rows,
     33 MiB predicted, 794 MiB real).

@@ -138,7 +138,7 @@ def real_peak(factory: str, batch, device: str, half: bool = False) -> float:
     return peak["Total"] - peak.get("PARAM", 0) - peak.get("GRAD", 0)
 
 
-def training_step_peak(micro: int, budget: float | None = None) -> tuple[bool, float, float]:
+def training_step_peak(micro: int) -> tuple[bool, float, float]:
     """Two full AdamW steps of fit_lm at ``micro`` under bf16 autocast, as the built-in runtime
     runs them: (ran without OOM, peak allocated, peak reserved) in bytes."""
     torch.cuda.empty_cache()

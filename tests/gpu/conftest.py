@@ -4,6 +4,7 @@ every check runs and a summary goes to bench/results/gpu-<gpu name>-<date>.md.""
 import datetime
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -22,8 +23,13 @@ def cuda_devices() -> int:
 
 
 def pytest_collection_modifyitems(config, items):
+    """Skips this tier's tests only: the hook sees every collected item, also those of tests/unit
+    when both are run together (which once skipped the whole suite with "no CUDA device")."""
     n = cuda_devices()
+    here = Path(__file__).parent
     for item in items:
+        if here not in Path(item.path).parents:
+            continue
         marker = item.get_closest_marker("gpus")
         need = marker.args[0] if marker else 1
         if n == 0:
@@ -41,6 +47,8 @@ def record():
 
 
 def pytest_runtest_logreport(report):
+    if not report.nodeid.startswith("tests/gpu/"):
+        return
     if report.when == "call" or (report.when == "setup" and report.skipped):
         RESULTS.append((report.nodeid.split("::")[-1], report.outcome, ""))
 

@@ -202,4 +202,5 @@ def test_memory_estimate_holds_on_this_gpu(record):
     record("memory: planned 0.7B model", ", ".join(f"{k} {v}" for k, v in fit.items()))
     assert fit["planned_runs"], "the planned micro-batch ran out of memory"
     assert result["bf16"]["worst_cover"] >= 1.0, "the policy's GPU margin does not cover a measured peak"
+    assert result["fp32"]["worst_cover"] >= 1.0, "the policy's fp32 GPU margin does not cover a measured peak"
     assert fit["measured_reserved_gib"] <= fit["gpu_budget_gib"]
