@@ -162,72 +162,40 @@ def _execute(setup, lock=None) -> int:
     if line:
         print(line, flush=True)
     signals: list[int] = []
-    import time
-
     import shutil
     import tempfile
+    import time
 
-    from autotune.runtime_paths import EXIT_PREEMPTED, combined_exit, read_statuses
+    from autotune.rank_watch import RankWatch
+    from autotune.runtime_paths import EXIT_PREEMPTED
 
     started = time.monotonic()
     statuses = tempfile.mkdtemp(prefix="autotune-status-")  # how each rank ended, outside the run dir
-    failed_since: list[float] = []
-    done_since: list[float] = []
     eng = setup.plan.engine
-    local_ranks = set(range(eng.node_rank * eng.nproc_per_node, (eng.node_rank + 1) * eng.nproc_per_node))
-    stopped_after_done: list[bool] = []
-
-    def lingering() -> str | None:
-        """Stop what only waits. (1) A rank reported failure (a hang, bad input) and torchrun still
-        waits on the others: after 5 s, not torchrun's 30 s; not with --max_restarts, where torchrun
-        restarts the group. (2) Every rank of this node has finished (trained or saved on a
-        preemption) and torchrun still runs 30 s later: it waits in its exit barrier for the
-        agents of other nodes, 5 minutes if one of them died."""
-        now = time.monotonic()
-        reported = read_statuses(statuses)
-        bad = [s for s in reported if s["code"] not in (0, EXIT_PREEMPTED)]
-        if bad and not eng.max_restarts:
-            failed_since[:1] = failed_since[:1] or [now]
-            if now - failed_since[0] >= 5:
-                return (f"rank {bad[0].get('rank')} failed (exit {bad[0]['code']}) and the other ranks are still "
-                        "running 5 s later")
-        if not bad and eng.backend != "single" and local_ranks <= {s.get("rank") for s in reported}:
-            done_since[:1] = done_since[:1] or [now]
-            if now - done_since[0] >= 30:
-                stopped_after_done.append(True)
-                return "every rank of this node has finished; torchrun is still waiting for the other nodes 30 s later"
-        return None
-
+    watch = RankWatch(eng, statuses)
     try:
         rc = execute(setup.launch_spec, environ={**os.environ, "AUTOTUNE_STATUS_DIR": statuses},
                      forwarded=signals, keep_fds=lock.fds() if lock is not None else (),
                      kill_after_s=setup.plan.run.preemption_grace_s + 10,
-                     signal_ranks=setup.plan.run.entrypoint is None and setup.plan.engine.backend != "single",
-                     should_kill=lingering)
-        reported = read_statuses(statuses)
-        ranks_code, decider = combined_exit(reported)
-        every_local = local_ranks <= {s.get("rank") for s in reported}
-        if rc != 0 and ranks_code == 0 and every_local and not signals:
-            # Every rank here finished its training; only torchrun's exit barrier with the other
-            # nodes' agents failed (or was cut short above): the run itself completed.
-            if not stopped_after_done:
-                print(f"autotune: torchrun exited {rc} after every rank of this node had finished (its exit "
-                      "barrier with the other nodes); the training completed", file=sys.stderr)
-            rc = 0
+                     signal_ranks=setup.plan.run.entrypoint is None and eng.backend != "single",
+                     should_kill=watch.lingering)
+        out = watch.outcome(rc, interrupted=bool(signals))
     finally:
         shutil.rmtree(statuses, ignore_errors=True)
-    if ranks_code == EXIT_PREEMPTED:
+    rc, decider = out.rc, out.decider
+    if out.barrier_note:
+        print(f"autotune: {out.barrier_note}", file=sys.stderr)
+    if out.ranks_code == EXIT_PREEMPTED:
         print(f"\nPreempted ({decider.get('signal', 'signal')}): every rank stopped after step {decider.get('step')} "
               f"and saved {decider.get('checkpoint')}.\nRun directory: {run_dir}\nTo continue (no step is "
               f"repeated), run the same command with --run_dir {run_dir} --resume_from auto", file=sys.stderr)
         return EXIT_PREEMPTED
-    if rc != 0 and ranks_code:  # torchrun reports any rank's failure as 1: say what the rank said
-        silent = sorted(local_ranks - {s.get("rank") for s in reported})
-        print(f"\nRank {decider.get('rank')} stopped the run (exit {ranks_code}). Run directory: {run_dir}"
-              + (f"\nNever reported (hung, or killed before they could): rank {', '.join(map(str, silent))}"
-                 if silent and eng.backend != "single" else "")
+    if rc != 0 and out.ranks_code:  # torchrun reports any rank's failure as 1: say what the rank said
+        print(f"\nRank {decider.get('rank')} stopped the run (exit {out.ranks_code}). Run directory: {run_dir}"
+              + (f"\nNever reported (hung, or killed before they could): rank {', '.join(map(str, out.silent))}"
+                 if out.silent and eng.backend != "single" else "")
               + f"\n{decider.get('message', '')}", file=sys.stderr)
-        return ranks_code
+        return out.ranks_code
     if rc != 0 and signals:  # interrupted: the shell convention 128+N, whatever torchrun made of it
         rc = 128 + signals[0]
     if rc == 0:
