@@ -31,10 +31,9 @@ def read_meta(path: str | Path) -> dict:
     if not meta_file.exists():
         raise UserError(f"--resume_from: {p} is not an autotune checkpoint (no meta.json); "
                         "checkpoints live in <run_dir>/checkpoints/step-NNNNNNNN")
-    try:
-        return json.loads(meta_file.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"--resume_from: cannot read {meta_file}: {e}") from None
+    from autotune.safe_input import load_json, read_text
+
+    return load_json(read_text(meta_file, "--resume_from"), f"--resume_from: {meta_file}")
 
 
 def check_compatible(meta: dict, path: str | Path, backend: str, global_batch_size: int) -> None:
@@ -151,13 +150,17 @@ def read_checksums(ckpt: Path) -> dict | None:
     f = ckpt / CHECKSUMS
     if not f.exists():
         return None
+    from autotune.safe_input import load_json, read_text
+
+    damaged = UserError(f"--resume_from: {f} is damaged (not the checksum list autotune wrote)")
     try:
-        data = json.loads(f.read_text())
-        files = data["files"]
-        assert isinstance(files, dict) and all({"bytes", "sha256"} <= v.keys() for v in files.values())
-        return files
-    except (OSError, ValueError, KeyError, AssertionError, AttributeError):
-        raise UserError(f"--resume_from: {f} is damaged (not the checksum list autotune wrote)") from None
+        files = load_json(read_text(f, "--resume_from"), str(f))["files"]
+    except (UserError, KeyError, TypeError):
+        raise damaged from None
+    if not (isinstance(files, dict) and all(isinstance(v, dict) and {"bytes", "sha256"} <= v.keys()
+                                            for v in files.values())):
+        raise damaged
+    return files
 
 
 def meta_problems(ckpt: Path) -> list[str]:

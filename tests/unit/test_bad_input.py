@@ -171,7 +171,8 @@ def test_dry_run_refuses_what_a_launch_cannot_create(run_dir, named):
 
 
 @pytest.mark.parametrize("meta", ["{", "[]", '{"step": 1}', '{"step": "x", "micro_batches_consumed": 1, '
-                                  '"backend": "single", "world_size": 1, "global_batch_size": 256}'])
+                                  '"backend": "single", "world_size": 1, "global_batch_size": 256}',
+                                  '{"step": 1, "step": 2}', " " * (5 << 20) + "{}"])
 def test_malformed_resume_metadata(tmp_path, meta):
     ckpt = tmp_path / "run" / "checkpoints" / "step-00000001"
     ckpt.mkdir(parents=True)

@@ -151,3 +151,14 @@ def test_resume_applies_a_changed_learning_rate_and_says_so(tmp_path):
     assert b.lr() == pytest.approx(1e-3 * schedule_lambda(b.plan)(4))
     same = engine_for(**{"training.learning_rate": 3e-3})
     assert CheckpointManager(tmp_path, CTX).load(same, path)["changed"] == {}
+
+
+@pytest.mark.parametrize("text", ["[]", '{"files": []}', '{"files": {"model.pt": 3}}', '{"files": {}, "files": {}}',
+                                  " " * (5 << 20)])
+def test_a_damaged_checksum_list_is_named_not_a_traceback(tmp_path, text):
+    from autotune.errors import UserError
+    from autotune.runtime_paths import read_checksums
+
+    (tmp_path / "checksums.json").write_text(text)
+    with pytest.raises(UserError, match="checksums.json is damaged"):
+        read_checksums(tmp_path)
