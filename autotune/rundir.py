@@ -203,7 +203,8 @@ class RunLock:
 
 def describe_holder(lock_path: Path) -> str:
     try:
-        h = json.loads(lock_path.read_text()[:4096])
+        with open(lock_path, "rb") as f:  # the holder's line is short; never read a huge file whole
+            h = json.loads(f.read(4096))
         return f"process {h['pid']} on {h['host']} since {h['since']}"
     except (OSError, ValueError, KeyError, TypeError):
         return "another process"
