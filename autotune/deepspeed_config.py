@@ -81,6 +81,29 @@ def deepspeed_config(plan: TrainingPlan) -> dict:
     return out
 
 
+# The file for Accelerate and Hugging Face Trainer (``deepspeed_config_hf.json``): they build the
+# optimizer and scheduler from the script (Accelerate refuses an optimizer section beside one made in
+# code) and fill every "auto" from their own arguments, which the launcher sets to the plan's values
+# (Accelerate's environment, Trainer's flags under --wire auto). Its name's value: the path.
+FRAMEWORK_FLAVOUR_FILE = "deepspeed_config_hf.json"
+
+
+def framework_flavour(ds: dict) -> dict:
+    """The engine flavour without the optimizer, with "auto" where Accelerate and HF Trainer fill in
+    the value from their own arguments (batch sizes, accumulation, clipping, precision). ZeRO's
+    settings stay concrete: they are the plan's and neither framework has them as arguments."""
+    out = {k: v for k, v in ds.items() if k not in ("optimizer", "zero_force_ds_cpu_optimizer")}
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                "gradient_clipping"):
+        out[key] = "auto"
+    for key in ("bf16", "fp16"):
+        if key in out:
+            out[key] = {**out[key], "enabled": "auto"}
+    out["zero_allow_untested_optimizer"] = True  # the script's own optimizer under ZeRO
+    check_keys(out)
+    return out
+
+
 def check_keys(ds: dict) -> None:
     """Raise on a top-level key DeepSpeed does not know (it would ignore it silently)."""
     unknown = set(ds) - KNOWN_TOP_LEVEL_KEYS

@@ -120,6 +120,9 @@ def plan_values_env(plan: TrainingPlan, run_dir: str) -> dict[str, str]:
     }
     if plan.is_deepspeed:
         out["AUTOTUNE_DEEPSPEED_CONFIG"] = str(records / "deepspeed_config.json")
+        if plan.engine.device == "cuda":  # an unmodified Accelerator() runs DeepSpeed with the plan's ZeRO
+            out["ACCELERATE_USE_DEEPSPEED"] = "true"
+            out["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(records / "deepspeed_config_hf.json")
     if plan.run.resume_from:
         out["AUTOTUNE_RESUME_FROM"] = plan.run.resume_from
     return out
@@ -138,8 +141,9 @@ def accelerate_env(plan: TrainingPlan) -> dict[str, str]:
     """What an unmodified ``Accelerator()`` reads (names from accelerate's state.py/accelerator.py):
     mixed precision, gradient accumulation steps (this variable beats an explicit argument), and the
     CPU switch without which each CPU rank under torchrun trains alone. A user's exported value wins.
-    DeepSpeed through Accelerate (ACCELERATE_USE_DEEPSPEED and an Accelerate-flavoured JSON) is not set:
-    Accelerate then runs its own DDP over the ranks torchrun started."""
+    DeepSpeed through Accelerate (ACCELERATE_USE_DEEPSPEED and the framework-flavoured JSON) is set with
+    the plan's paths (``plan_values_env``) on GPUs only: on CPU Accelerate's CPU switch turns DeepSpeed
+    off (its state.py), so an Accelerate script runs its own DDP there and the launch says so."""
     out = {"ACCELERATE_MIXED_PRECISION": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[plan.numerics.precision],
            "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(plan.batch.gradient_accumulation_steps)}
     if plan.engine.device == "cpu":

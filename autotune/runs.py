@@ -24,7 +24,8 @@ from autotune.errors import UserError
 from autotune.plan import TrainingPlan
 from autotune.profiles import HardwareProfile, load_profile
 
-RUN_RECORDS = ("plan.json", "hardware.json", "deepspeed_config.json", "command.json", "delivery.json")
+RUN_RECORDS = ("plan.json", "hardware.json", "deepspeed_config.json", "deepspeed_config_hf.json", "command.json",
+               "delivery.json")
 
 
 @dataclass(frozen=True)
@@ -203,14 +204,18 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     from autotune.launch import records_dir
     from autotune.script_args import expand, placeholder_values
 
+    from autotune.deepspeed_config import FRAMEWORK_FLAVOUR_FILE
     from autotune.script_args import used_placeholders
     from autotune.wiring import delivery, wire_flags
 
-    ds_path = records_dir(plan, rd) / "deepspeed_config.json" if ds is not None else None
+    facts = script_facts(entry)
+    ds_path = None
+    if ds is not None:  # Accelerate and HF Trainer scripts get the flavour they accept (no optimizer, "auto")
+        framework = facts is not None and (facts.uses_hf_trainer or facts.uses_accelerate)
+        ds_path = records_dir(plan, rd) / (FRAMEWORK_FLAVOUR_FILE if framework else "deepspeed_config.json")
     raw = [*plan.run.script_args, *script_args]
     values = placeholder_values(plan, rd, ds_path)
     args = expand(raw, values)
-    facts = script_facts(entry)
     wired: dict[str, str] = {}
     if cfg.training.wire == "auto" and facts is not None:
         extra, wired = wire_flags(facts, plan, values, args)
@@ -269,7 +274,10 @@ def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: di
         files.append(("delivery.json", json.dumps(delivery.to_record(), indent=2) + "\n"))
     files.append(("hardware.json", hw.to_json() + "\n"))
     if ds is not None:
+        from autotune.deepspeed_config import FRAMEWORK_FLAVOUR_FILE, framework_flavour
+
         files.append(("deepspeed_config.json", json.dumps(ds, indent=2) + "\n"))
+        files.append((FRAMEWORK_FLAVOUR_FILE, json.dumps(framework_flavour(ds), indent=2) + "\n"))
     if spec is not None:
         files.append(("command.json", json.dumps(spec.to_record(), indent=2) + "\n"))
     files.append(("plan.json", plan.to_json() + "\n"))

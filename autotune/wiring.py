@@ -40,7 +40,8 @@ DELIVERED = ("micro_batch_size", "gradient_accumulation_steps", "learning_rate",
 HF_FLAGS = {"--per_device_train_batch_size": False, "--gradient_accumulation_steps": False,
             "--learning_rate": False, "--dataloader_num_workers": False, "--num_train_epochs": False,
             "--max_steps": False, "--deepspeed": False, "--bf16": True, "--fp16": True, "--output_dir": False,
-            "--seed": False}
+            "--seed": False, "--weight_decay": False, "--adam_beta1": False, "--adam_beta2": False,
+            "--adam_epsilon": False, "--max_grad_norm": False}
 
 
 @dataclass
@@ -148,6 +149,16 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
         elif "deepspeed_config" not in used:
             extra += ["--deepspeed", values["deepspeed_config"]]
             used["deepspeed_config"] = "--deepspeed"
+    if facts.uses_hf_trainer and plan.optimizer.name == "adamw":
+        # Trainer builds its own AdamW (its default optim) from these; with the framework-flavoured
+        # DeepSpeed JSON they are the only way the plan's optimizer reaches it.
+        opt = plan.optimizer
+        for flag, value in (("--weight_decay", opt.weight_decay), ("--adam_beta1", opt.betas[0]),
+                            ("--adam_beta2", opt.betas[1]), ("--adam_epsilon", opt.eps),
+                            ("--max_grad_norm", opt.gradient_clipping or 0.0)):  # 0 = off in Trainer
+            if flag in facts.flags and not _passed(user_args, flag):
+                extra += [flag, f"{value:g}"]
+                used.setdefault("optimizer", flag)
     precision, switches = plan.numerics.precision, {"bf16": "--bf16", "fp16": "--fp16"}
     if any(_passed(user_args, f) for f in (*switches.values(), *FLAGS["precision"])):
         return extra, used  # the user chose the precision
@@ -174,7 +185,16 @@ class Delivery:
     def summary(self) -> list[str]:
         words = {"micro_batch_size": "batch size", "gradient_accumulation_steps": "accumulation steps",
                  "learning_rate": "learning rate", "precision": "precision", "num_workers": "DataLoader workers"}
-        return [f"the script was given no {words.get(k, k)}: the plan's {k} is advisory" for k in self.advisory]
+        out = []
+        for k in self.advisory:
+            if k == "engine":
+                out.append("the script was given no way to run DeepSpeed: the plan's engine (DeepSpeed ZeRO) is "
+                           "advisory and the script trains with whatever it sets up itself (Accelerate and HF "
+                           "Trainer run DeepSpeed on GPUs only; a deepspeed.initialize script needs "
+                           "--deepspeed_config {deepspeed_config} or --wire auto)")
+            else:
+                out.append(f"the script was given no {words.get(k, k)}: the plan's {k} is advisory")
+        return out
 
 
 def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[str], wired: dict[str, str],
@@ -215,8 +235,22 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
             and "mixed_precision" not in facts.accelerator_kwargs \
             and not any(f in facts.flags for f in ("--bf16", "--fp16", *FLAGS["precision"])):
         routes["precision"].append("fp32 is PyTorch's default and the script sets no precision")
+    if deepspeed_json:  # the engine itself: does the script run DeepSpeed with the plan's ZeRO settings?
+        routes["engine"] = _engine_routes(plan, facts, ds_path_given)
     if facts.uses_autotune:
-        for k in DELIVERED:
+        for k in routes:
             routes[k].append("Python API (the script imports autotune)")
-    advisory = [k for k in DELIVERED if not routes[k]]
+    advisory = [k for k in routes if not routes[k]]
     return Delivery(routes, advisory)
+
+
+def _engine_routes(plan: TrainingPlan, facts: ScriptFacts, ds_path_given: bool) -> list[str]:
+    out = []
+    if facts.uses_deepspeed_initialize and ds_path_given:
+        out.append("DeepSpeed JSON (deepspeed.initialize)")
+    if plan.engine.device == "cuda":  # on CPU their CPU switch turns DeepSpeed off
+        if facts.uses_accelerate:
+            out.append("environment (ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_CONFIG_FILE, read by Accelerator())")
+        if facts.uses_hf_trainer and ds_path_given:
+            out.append("Trainer's --deepspeed (its DeepSpeed integration)")
+    return out

@@ -169,3 +169,23 @@ def test_a_script_given_nothing_is_told_its_plan_is_advisory(tmp_path):
     assert "micro_batch_size" in record["advisory"] and "gradient_accumulation_steps" in record["advisory"]
     assert "the script was given no batch size: the plan's micro_batch_size is advisory" in r.stdout
     assert "advisory, never reached the script: micro_batch_size" in r.stdout.split("Done.")[-1]
+
+
+def test_unmodified_hf_trainer_script_follows_the_plan(tmp_path):
+    """examples/hf_trainer_train.py (HfArgumentParser(TrainingArguments), Trainer, no autotune import) under
+    --wire auto: Trainer's own flags carry the plan; the script reports what its forward passes saw."""
+    from autotune.plan import load_plan
+
+    r = launch("--config", ROOT / "examples" / "hf_trainer_config.yaml", "--nproc_per_node", 2, "--wire", "auto",
+               "--run_dir", tmp_path / "hf")
+    plan = load_plan(tmp_path / "hf" / "plan.json")
+    b = plan.batch
+    assert (b.micro_batch_size, b.gradient_accumulation_steps, b.global_batch_size, plan.engine.world_size) \
+        == (4, 4, 32, 2)  # not Trainer's defaults (8, 1)
+    used = [line for line in r.stdout.splitlines() if line.startswith("USED ")]
+    assert len(used) == 1, r.stdout[-3000:]
+    assert used[0].startswith(f"USED world=2 micro=4 accumulation=4 effective=32 precision=fp32 engine=ddp "
+                              f"lr={plan.schedule.learning_rate:g} steps=6 "), used
+    record = json.loads((tmp_path / "hf" / "delivery.json").read_text())
+    assert record["advisory"] == [] and record["routes"]["micro_batch_size"] == [
+        "recognised flag --per_device_train_batch_size"]

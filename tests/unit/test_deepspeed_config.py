@@ -194,3 +194,31 @@ def test_cpu_offload_uses_torchs_adamw_and_tells_deepspeed(monkeypatch):
     assert got["optimizer"]["params"]["torch_adam"] is True and got["zero_force_ds_cpu_optimizer"] is False
     assert got["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": False}
     validate_with_deepspeed(got, 2, monkeypatch)
+
+
+def test_framework_flavour_is_filled_by_hf_trainer_from_the_plans_arguments(tmp_path):
+    """Hugging Face's own DeepSpeed integration fills every "auto" of the framework file from
+    TrainingArguments set to the plan's values (what --wire auto passes), and finds nothing to refuse."""
+    from transformers import TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    from autotune.config import TrainConfig, apply_overrides
+    from autotune.deepspeed_config import deepspeed_config, framework_flavour
+    from autotune.planner import plan
+    from autotune.profiles import load_profile
+
+    p = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
+        "distributed.backend": "deepspeed", "training.global_batch_size": 48, "training.batch_size_per_gpu": 6}),
+        deepspeed_installed=True)
+    flavour = framework_flavour(deepspeed_config(p))
+    assert "optimizer" not in flavour and flavour["zero_optimization"]["stage"] == p.engine.zero_stage
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=p.batch.micro_batch_size,
+                             gradient_accumulation_steps=p.batch.gradient_accumulation_steps,
+                             learning_rate=p.schedule.learning_rate, max_grad_norm=p.optimizer.gradient_clipping,
+                             use_cpu=True, report_to=[])
+    hf = HfTrainerDeepSpeedConfig(flavour)
+    hf.trainer_config_process(args)
+    filled = hf.config
+    assert (filled["train_micro_batch_size_per_gpu"], filled["gradient_accumulation_steps"],
+            filled["train_batch_size"], filled["gradient_clipping"]) == (6, 8, 48, 1.0)
+    assert not hf.mismatches

@@ -193,5 +193,9 @@ def test_plan_values_and_accelerate_variables_whole():
         "AUTOTUNE_MICRO_BATCH_SIZE": "12", "AUTOTUNE_GRADIENT_ACCUMULATION_STEPS": "5", "AUTOTUNE_GLOBAL_BATCH_SIZE": "240",
         "AUTOTUNE_LEARNING_RATE": "0.001", "AUTOTUNE_PRECISION": "fp16", "AUTOTUNE_NUM_WORKERS": "3",
         "AUTOTUNE_BACKEND": "deepspeed", "AUTOTUNE_DEEPSPEED_CONFIG": "runs/x/deepspeed_config.json",
-        "AUTOTUNE_RESUME_FROM": "/ck/step-5"}
+        "AUTOTUNE_RESUME_FROM": "/ck/step-5",
+        # an unmodified Accelerator() on these GPUs runs DeepSpeed from the framework-flavoured file
+        "ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "runs/x/deepspeed_config_hf.json"}
+    cpu_ds, _ = spec_for("cpu-only", **{"distributed.backend": "deepspeed"})
+    assert cpu_ds.is_deepspeed and "ACCELERATE_USE_DEEPSPEED" not in plan_values_env(cpu_ds, "runs/x")
     assert accelerate_env(p) == {"ACCELERATE_MIXED_PRECISION": "fp16", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "5"}

@@ -92,3 +92,36 @@ def test_accelerate_env_route_unless_the_script_fixes_precision(tmp_path):
 def test_unreadable_script_is_no_crash(tmp_path):
     facts = script(tmp_path, "def broken(:\n")
     assert facts.error and facts.flags == {}
+
+
+def test_hf_trainer_gets_the_plans_optimizer_through_its_own_flags(tmp_path):
+    hf = script(tmp_path, """
+        from transformers import HfArgumentParser, TrainingArguments
+        (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+    """, "hf.py")
+    p = a_plan(**{"training.weight_decay": 0.1, "training.gradient_clipping": None})
+    extra, used = wire_flags(hf, p, placeholder_values(p, tmp_path, None), ["--adam_epsilon", "1e-6"])
+    at = {extra[i]: extra[i + 1] for i in range(len(extra) - 1) if extra[i].startswith("--")}
+    # the plan's betas (0.9, 0.95), not Trainer's (0.9, 0.999); clipping off is Trainer's max_grad_norm 0;
+    # the user's --adam_epsilon wins
+    assert (at["--weight_decay"], at["--adam_beta1"], at["--adam_beta2"], at["--max_grad_norm"]) == \
+        ("0.1", "0.9", "0.95", "0")
+    assert "--adam_epsilon" not in extra and used["optimizer"] == "--weight_decay"
+    plain = script(tmp_path, ARGPARSE)  # only Trainer's flags are Trainer's: an argparse script gets none
+    assert "--weight_decay" not in wire_flags(plain, p, placeholder_values(p, tmp_path, None), [])[0]
+
+
+def test_the_engine_is_advisory_unless_the_script_can_run_deepspeed(tmp_path):
+    acc = script(tmp_path, "from accelerate import Accelerator\nacc = Accelerator()\n", "a.py")
+    plain = script(tmp_path, ARGPARSE)
+    gpu = a_plan()  # DeepSpeed ZeRO on 4 GPUs
+    assert gpu.is_deepspeed and gpu.engine.device == "cuda"
+    assert delivery(gpu, acc, [], {}, [], True).routes["engine"] == [
+        "environment (ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_CONFIG_FILE, read by Accelerator())"]
+    d = delivery(gpu, plain, [], {}, [], True)
+    assert "engine" in d.advisory
+    assert any(line.startswith("the script was given no way to run DeepSpeed") for line in d.summary())
+    cpu = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
+        "training.entrypoint": "a.py", "distributed.backend": "deepspeed"}), deepspeed_installed=True)
+    assert cpu.is_deepspeed and "engine" in delivery(cpu, acc, [], {}, [], True).advisory  # CPU mode wins there
+    assert "engine" not in delivery(cpu, acc, [], {}, [], False).routes  # no DeepSpeed plan: nothing to deliver
