@@ -7,8 +7,21 @@ from autotune.plan import TrainingPlan
 
 
 def accelerate_config(plan: TrainingPlan) -> dict:
-    """A config for `accelerate launch --config_file` (keys of accelerate's ClusterConfig)."""
+    """A config for `accelerate launch --config_file` (keys of accelerate's ClusterConfig).
+
+    Several CPU processes: ``accelerate launch`` starts more than one process only on its torchrun
+    path (``MULTI_GPU``) or through mpirun (``MULTI_CPU`` needs an MPI host file); on the torchrun path
+    the processes train together over gloo only with ACCELERATE_USE_CPU=true in their environment
+    (a config key cannot set it), and gradient accumulation outside DeepSpeed has no key either:
+    ``accelerate_launch_line`` carries both as variables. DeepSpeed through Accelerate
+    needs GPUs (its CPU switch turns DeepSpeed off): refused for a CPU plan."""
     eng = plan.engine
+    if eng.backend == "deepspeed" and eng.device == "cpu":
+        from autotune.errors import UserError
+
+        raise UserError("export --format accelerate: Accelerate runs DeepSpeed on GPUs only (on CPU its CPU mode "
+                        "turns DeepSpeed off); export this CPU plan with --ddp, or use --format deepspeed with "
+                        "torchrun or the launcher")
     mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[plan.numerics.precision]
     cfg: dict = {
         "compute_environment": "LOCAL_MACHINE",
@@ -39,12 +52,31 @@ def accelerate_config(plan: TrainingPlan) -> dict:
             "zero3_init_flag": False,
         }
     elif eng.world_size > 1:
-        cfg["distributed_type"] = "MULTI_GPU" if eng.device == "cuda" else "MULTI_CPU"
+        cfg["distributed_type"] = "MULTI_GPU"  # accelerate's torchrun path, for CPU processes too (above)
     else:
         cfg["distributed_type"] = "NO"
     if eng.device == "cuda" and eng.backend != "deepspeed":
         cfg["gpu_ids"] = "all"
     return cfg
+
+
+def accelerate_launch_env(plan: TrainingPlan) -> dict[str, str]:
+    """What the exported file cannot carry: the CPU switch for several CPU processes, and gradient
+    accumulation outside DeepSpeed (accelerate's config has no key for it; Accelerator() reads the variable)."""
+    env = {}
+    if plan.engine.device == "cpu" and plan.engine.world_size > 1:
+        env["ACCELERATE_USE_CPU"] = "true"
+    if plan.engine.backend != "deepspeed" and plan.batch.gradient_accumulation_steps > 1:
+        env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(plan.batch.gradient_accumulation_steps)
+    return env
+
+
+def accelerate_launch_line(plan: TrainingPlan, config_file: str, script: str = "train.py") -> str:
+    """The command that starts the planned processes with the exported file."""
+    import shlex
+
+    env = "".join(f"{k}={v} " for k, v in accelerate_launch_env(plan).items())
+    return env + shlex.join(["accelerate", "launch", "--config_file", config_file, script])
 
 
 def torchrun_command(plan: TrainingPlan, script: str = "train.py") -> list[str]:

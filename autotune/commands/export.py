@@ -63,7 +63,8 @@ def add_parser(sub) -> None:
                                                        "deepspeed-hostfile"])
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (refuses to overwrite)")
     p.add_argument("--overwrite", action="store_true", help="allow --output to overwrite an existing file")
-    p.add_argument("--script", default="train.py", help="training script for the torchrun line (default: train.py)")
+    p.add_argument("--script", default="train.py",
+                   help="training script for the torchrun and accelerate launch lines (default: train.py)")
     s = p.add_argument_group("--format slurm")
     s.add_argument("--run_dir", metavar="DIR", help="run directory of the job (default: runs/slurm-<job name>)")
     s.add_argument("--time", default="24:00:00", metavar="HH:MM:SS", help="time limit (default 24:00:00)")
@@ -125,7 +126,18 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "accelerate":
         import yaml
 
-        text = yaml.safe_dump(accelerate_config(plan), sort_keys=False)
+        from autotune.exports import accelerate_launch_line
+
+        cfg = accelerate_config(plan)
+        line = accelerate_launch_line(plan, args.output or "accelerate.yaml", args.script)
+        header = [f"# {plan.engine.world_size} process(es), micro-batch {plan.batch.micro_batch_size} per process "
+                  f"(your script's batch size), gradient accumulation {plan.batch.gradient_accumulation_steps}; "
+                  "start them with:", f"#   {line}"]
+        if "=" in line.split(" ")[0]:
+            header.append("# (the variables carry what an Accelerate config file cannot: the CPU switch for "
+                          "several CPU processes, gradient accumulation outside DeepSpeed)")
+        text = "\n".join(header) + "\n" + yaml.safe_dump(cfg, sort_keys=False)
+        print(f"start with: {line}", file=sys.stderr)
     elif args.format == "torchrun":
         from autotune.script_args import expand, placeholder_values
 

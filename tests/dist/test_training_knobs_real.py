@@ -189,3 +189,30 @@ def test_unmodified_hf_trainer_script_follows_the_plan(tmp_path):
     record = json.loads((tmp_path / "hf" / "delivery.json").read_text())
     assert record["advisory"] == [] and record["routes"]["micro_batch_size"] == [
         "recognised flag --per_device_train_batch_size"]
+
+
+def test_exported_accelerate_config_starts_the_planned_processes(tmp_path):
+    """`export --format accelerate` for two CPU processes, started with the line it prints: accelerate's own
+    launcher starts two processes that train together (examples/accelerate_train.py reports world=2)."""
+    import shlex
+    import sys
+
+    out = tmp_path / "acc.yaml"
+    r = subprocess.run([sys.executable, "-m", "autotune", "export", "--format", "accelerate", "--config",
+                        str(ROOT / "examples" / "accelerate_config.yaml"), "--nproc_per_node", "2", "-o", str(out),
+                        "--script", "examples/accelerate_train.py"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stderr.splitlines() if x.startswith("start with: ")).removeprefix("start with: ")
+    assert f"#   {line}" in out.read_text()
+    words = shlex.split(line)
+    env = dict(w.split("=", 1) for w in words[:2])
+    assert env == {"ACCELERATE_USE_CPU": "true", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"}
+    assert words[2:4] == ["accelerate", "launch"]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "AUTOTUNE_"))}
+    run = subprocess.run([sys.executable, "-m", "accelerate.commands.accelerate_cli", *words[3:], "--steps", "2",
+                          "--batch_size", "8"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env={**clean, **env})
+    assert run.returncode == 0, run.stderr[-3000:]
+    used = [x for x in run.stdout.splitlines() if x.startswith("USED ")]
+    assert used == ["USED world=2 micro=8 accumulation=4 precision=no effective=64 device=cpu"], run.stdout[-2000:]

@@ -69,7 +69,26 @@ def test_accelerate_whole_config_cpu_one_and_two_processes():
                                 "num_processes": 1, "use_cpu": True, "distributed_type": "NO"}
     assert _acc("cpu-only", **{"distributed.nproc_per_node": 2}) == {
         **COMMON, "machine_rank": 0, "mixed_precision": "no", "num_machines": 1, "num_processes": 2,
-        "use_cpu": True, "distributed_type": "MULTI_CPU"}
+        "use_cpu": True, "distributed_type": "MULTI_GPU"}  # accelerate's torchrun path (MULTI_CPU needs mpirun)
+
+
+def test_accelerate_export_refuses_deepspeed_on_cpu_and_names_the_launch_line():
+    from autotune.errors import UserError
+    from autotune.exports import accelerate_launch_line
+
+    with pytest.raises(UserError, match="Accelerate runs DeepSpeed on GPUs only.*--ddp"):
+        _acc("cpu-only", **{"distributed.backend": "deepspeed"})
+    two = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {"distributed.nproc_per_node": 2}))
+    assert (two.batch.gradient_accumulation_steps, two.engine.world_size) == (2, 2)
+    assert accelerate_launch_line(two, "a b.yaml", "t.py") == \
+        "ACCELERATE_USE_CPU=true ACCELERATE_GRADIENT_ACCUMULATION_STEPS=2 accelerate launch --config_file 'a b.yaml' t.py"
+    # DeepSpeed's accumulation is in the file; one GPU process needs no CPU switch
+    assert accelerate_launch_line(plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True), "a.yaml") == \
+        "accelerate launch --config_file a.yaml train.py"
+    one = plan(load_profile("1xT4"), apply_overrides(TrainConfig(), {"training.batch_size_per_gpu": 8}))
+    assert one.batch.gradient_accumulation_steps > 1
+    assert accelerate_launch_line(one, "a.yaml").startswith(
+        f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={one.batch.gradient_accumulation_steps} accelerate launch")
 
 
 def test_accelerate_whole_config_gpu_ddp_fp16_and_deepspeed_offload_without_clipping():
