@@ -234,7 +234,7 @@ def _die_with_parent(parent_pid: int):
 
 def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarded: list[int] | None = None,
             keep_fds: tuple[int, ...] = (), kill_after_s: float | None = None, signal_ranks: bool = False,
-            should_kill: Callable[[], str | None] | None = None) -> int:
+            should_kill: Callable[[], str | None] | None = None, output=None) -> int:
     """Run the spec; forward SIGINT/SIGTERM/SIGHUP/SIGUSR1 to the child; return its exit code
     (128+N if killed by N).
 
@@ -250,12 +250,19 @@ def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarde
 
     ``should_kill`` is asked every second; a reason returned ends the child's whole tree (the
     launcher uses it when a rank has reported failure and the rest do not stop).
+
+    ``output`` (an ``autotune.runlog.RunLog``) copies the child's stdout and stderr into the run directory
+    as well as to the terminal.
     """
     import time
 
     full_env = {**(os.environ if environ is None else environ), **spec.env}
+    streams = output.child_fds() if output is not None else (None, None)
     proc = subprocess.Popen(spec.cmd, env=full_env, cwd=spec.cwd, start_new_session=True,
-                            preexec_fn=_die_with_parent(os.getpid()), pass_fds=tuple(keep_fds))
+                            preexec_fn=_die_with_parent(os.getpid()), pass_fds=tuple(keep_fds),
+                            stdout=streams[0], stderr=streams[1])
+    if output is not None:
+        output.started()
     seen = forwarded if forwarded is not None else []
     first: list[float] = []
 
@@ -300,6 +307,8 @@ def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarde
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        if output is not None:
+            output.ended()
     return 128 - rc if rc < 0 else rc
 
 

@@ -93,7 +93,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         write_records(setup.records_dir, setup.plan, setup.hardware, setup.deepspeed_config, setup.launch_spec,
                       setup.delivery)
-        return _execute(setup, lock)
+        from autotune.runlog import RunLog
+
+        with RunLog(setup.records_dir, sys.argv) as log:
+            return _execute(setup, lock, log)
     finally:
         lock.release()
 
@@ -143,7 +146,7 @@ def _print_delivery(setup, out=None) -> None:
               file=out)
 
 
-def _execute(setup, lock=None) -> int:
+def _execute(setup, lock=None, log=None) -> int:
     """Run the spec; report how it ended."""
     from autotune.launch import execute
     from autotune.report import render_plan
@@ -178,7 +181,7 @@ def _execute(setup, lock=None) -> int:
                      forwarded=signals, keep_fds=lock.fds() if lock is not None else (),
                      kill_after_s=setup.plan.run.preemption_grace_s + 10,
                      signal_ranks=setup.plan.run.entrypoint is None and eng.backend != "single",
-                     should_kill=watch.lingering)
+                     should_kill=watch.lingering, output=log)
         out = watch.outcome(rc, interrupted=bool(signals))
     finally:
         shutil.rmtree(statuses, ignore_errors=True)

@@ -240,7 +240,8 @@ def test_ctrl_c_stops_every_rank_and_the_run_resumes(small_config, tmp_path):
 
 @pytest.mark.parametrize("rows, cols", [(40, 120), (0, 0)])  # 0x0: some pseudo-terminals report no size
 def test_progress_bar_on_a_terminal_plain_lines_otherwise(small_config, tmp_path, rows, cols):
-    """tqdm when stdout is a TTY (run under a pseudo-terminal here); plain step lines in logs."""
+    """tqdm when stdout is a TTY (the launcher run under a pseudo-terminal here: its rank gets a terminal of
+    the same size and the bar); plain step lines in a pipe."""
     import pty
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120"}
@@ -251,7 +252,7 @@ def test_progress_bar_on_a_terminal_plain_lines_otherwise(small_config, tmp_path
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "autotune.train", "--config", str(small_config),
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "launch", "--config", str(small_config),
                              "--run_dir", str(tmp_path / "tty"), "--max_steps", "6"],
                             stdin=slave, stdout=slave, stderr=slave, env=env, cwd=tmp_path, close_fds=True)
     os.close(slave)
@@ -268,6 +269,9 @@ def test_progress_bar_on_a_terminal_plain_lines_otherwise(small_config, tmp_path
     os.close(master)
     tty_out = b"".join(chunks).decode(errors="replace")
     assert "6/6" in tty_out and "step/s" in tty_out  # tqdm's bar
+    logged = b"".join((tmp_path / "tty" / "logs" / f).read_bytes() for f in ("stdout.log", "stderr.log")).decode(
+        errors="replace")
+    assert "step/s" in logged and "\r\n" not in logged  # the bar in the log too, with plain line ends
     plain = losses(tmp_path / "tty")  # the same metrics either way
     assert sorted(plain) == list(range(1, 7))
     piped = subprocess.run([sys.executable, "-m", "autotune.train", "--config", str(small_config),

@@ -189,6 +189,11 @@ def test_unmodified_hf_trainer_script_follows_the_plan(tmp_path):
     record = json.loads((tmp_path / "hf" / "delivery.json").read_text())
     assert record["advisory"] == [] and record["routes"]["micro_batch_size"] == [
         "recognised flag --per_device_train_batch_size"]
+    # the launcher's and the script's output, also in the run directory
+    logged = (tmp_path / "hf" / "logs" / "stdout.log").read_text()
+    assert logged.startswith("==== ") and " autotune launch --config " in logged.splitlines()[0]
+    assert used[0] in logged and "How the plan reaches your script:" in logged and "\nDone. Run directory:" in logged
+    assert "it/s]" in (tmp_path / "hf" / "logs" / "stderr.log").read_text()  # Trainer's progress bar (stderr)
 
 
 def test_exported_accelerate_config_starts_the_planned_processes(tmp_path):

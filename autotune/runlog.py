@@ -1,0 +1,162 @@
+"""The launch's output, also kept in the run directory: ``logs/stdout.log`` and ``logs/stderr.log``.
+
+Everything the launcher prints (the plan, the command, how the run ended) and everything its
+child prints (torchrun, every rank, the user's script) still reaches the terminal as before and is
+appended to the two files, one header line per launch (a resumed run adds to the same files).
+
+The child writes into a pipe, or into a pseudo-terminal when the launcher's own stream is a
+terminal, so ranks that draw a progress bar on a terminal still do (same window size); the
+pseudo-terminal's output processing is off, so the files hold plain ``\\n`` lines.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+class _Tee:
+    """A text stream that writes to the real one and to the log file (the launcher's own lines)."""
+
+    def __init__(self, real, sink: "_Sink"):
+        self._real, self._sink = real, sink
+
+    def write(self, text: str) -> int:
+        n = self._real.write(text)
+        self._real.flush()
+        self._sink.write(text.encode(errors="replace"))
+        return n
+
+    def flush(self) -> None:
+        self._real.flush()
+
+    def isatty(self) -> bool:
+        return self._real.isatty()
+
+    def fileno(self) -> int:
+        return self._real.fileno()
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+class _Sink:
+    """One log file, written from the main thread and a pump thread."""
+
+    def __init__(self, path: Path):
+        self._f = open(path, "ab", buffering=0)
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            if self._f is not None:
+                try:
+                    self._f.write(data)
+                except OSError:  # a full disk stops the copy, never the run
+                    self._f = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._f is not None:
+                self._f.close()
+                self._f = None
+
+
+def _child_end(real_fd: int) -> tuple[int, int]:
+    """(read end for us, write end for the child): a pseudo-terminal when ``real_fd`` is a terminal."""
+    if os.isatty(real_fd):
+        try:
+            import fcntl
+            import pty
+            import termios
+
+            master, slave = pty.openpty()
+            attrs = termios.tcgetattr(slave)
+            attrs[1] &= ~termios.OPOST  # plain \n in the files; the real terminal adds its own \r
+            termios.tcsetattr(slave, termios.TCSANOW, attrs)
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, fcntl.ioctl(real_fd, termios.TIOCGWINSZ, b"\0" * 8))
+            return master, slave
+        except (OSError, ImportError):
+            pass
+    return os.pipe()
+
+
+class RunLog:
+    """``with RunLog(records_dir, argv) as log: execute(spec, output=log)``."""
+
+    def __init__(self, records_dir: str | Path, argv: list[str]):
+        self.dir = Path(records_dir) / "logs"
+        self._argv = argv
+        self._sinks: dict[int, _Sink] = {}
+        self._saved: tuple | None = None
+        self._pumps: list[threading.Thread] = []
+        self._child_fds: list[int] = []
+
+    def __enter__(self) -> "RunLog":
+        self.dir.mkdir(parents=True, exist_ok=True)
+        import shlex
+
+        cmd = shlex.join(["autotune", *self._argv[1:]])
+        header = f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {cmd}\n".encode(errors="replace")
+        for fd, name in ((1, "stdout.log"), (2, "stderr.log")):
+            self._sinks[fd] = _Sink(self.dir / name)
+            self._sinks[fd].write(header)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._saved = (sys.stdout, sys.stderr)
+        sys.stdout, sys.stderr = _Tee(sys.stdout, self._sinks[1]), _Tee(sys.stderr, self._sinks[2])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._saved is not None:
+            sys.stdout, sys.stderr = self._saved
+        for t in self._pumps:
+            t.join(timeout=2.0)
+        for s in self._sinks.values():
+            s.close()
+
+    def child_fds(self) -> tuple[int, int]:
+        """The stdout and stderr to give the child (call ``started`` once it runs)."""
+        out = [_child_end(real) for real in (1, 2)]
+        self._child_fds = [w for _, w in out]
+        self._readers = [(r, real) for (r, _), real in zip(out, (1, 2))]
+        return self._child_fds[0], self._child_fds[1]
+
+    def started(self) -> None:
+        """The child holds its ends: close ours and copy what it writes to the terminal and the files."""
+        for fd in self._child_fds:
+            os.close(fd)
+        self._child_fds = []
+        for r, real in self._readers:
+            t = threading.Thread(target=self._pump, args=(r, real, self._sinks[real]), daemon=True)
+            t.start()
+            self._pumps.append(t)
+
+    def ended(self, wait_s: float = 5.0) -> None:
+        """The child exited: let the copies drain (a process it left behind may hold the stream open)."""
+        deadline = time.monotonic() + wait_s
+        for t in self._pumps:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    @staticmethod
+    def _pump(read_fd: int, real_fd: int, sink: _Sink) -> None:
+        try:
+            while True:
+                try:
+                    data = os.read(read_fd, 65536)
+                except OSError:  # EIO: the pseudo-terminal's last writer is gone
+                    break
+                if not data:
+                    break
+                view = memoryview(data)
+                while view:
+                    try:
+                        view = view[os.write(real_fd, view):]
+                    except OSError:  # our own terminal went away: keep the file copy
+                        break
+                sink.write(data)
+        finally:
+            os.close(read_fd)
