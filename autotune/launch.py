@@ -49,7 +49,8 @@ class LaunchSpec:
 
     def shell(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact(self.env).items()))
-        return f"{env} {shlex.join(self.cmd)}".strip()
+        line = f"{env} {shlex.join(self.cmd)}".strip()
+        return f"cd {shlex.quote(self.cwd)} && {line}" if self.cwd else line
 
 
 def records_dir(plan: TrainingPlan, run_dir: str | Path) -> Path:
@@ -88,8 +89,13 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
         want["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     else:
         want["DS_ACCELERATOR"] = "cpu"
-    if plan.run.wandb and not environ.get("WANDB_API_KEY"):
-        want["WANDB_MODE"] = "offline"
+    if plan.run.wandb:  # W&B's own variables, so a script's plain wandb.init() logs where the plan says
+        want["WANDB_PROJECT"] = plan.run.wandb_project
+        if plan.run.wandb_entity:
+            want["WANDB_ENTITY"] = plan.run.wandb_entity
+        want["WANDB_DIR"] = str(records_dir(plan, run_dir))  # wandb writes its wandb/ folder inside
+        if not environ.get("WANDB_API_KEY"):
+            want["WANDB_MODE"] = "offline"
     want.update(accelerate_env(plan))
     env, sources = {}, {}
     for k, v in want.items():
@@ -205,13 +211,14 @@ LAUNCHERS: dict[str, Callable[[TrainingPlan, str, list[str]], list[str]]] = {
 
 
 def launch_spec(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str], *, python: str | None = None,
-                has_infiniband: bool | None = None, script_args: list[str] | None = None) -> LaunchSpec:
+                has_infiniband: bool | None = None, script_args: list[str] | None = None,
+                cwd: str | None = None) -> LaunchSpec:
     """Build the command and environment for ``plan``. Pure: reads only its arguments."""
     python = python or sys.executable
     program = _program(plan, list(script_args or []))
     cmd = LAUNCHERS[plan.engine.backend](plan, python, program)
     env, sources = plan_env(plan, run_dir, environ, has_infiniband)
-    return LaunchSpec(cmd=cmd, env=env, env_sources=sources)
+    return LaunchSpec(cmd=cmd, env=env, env_sources=sources, cwd=cwd)
 
 
 def _die_with_parent(parent_pid: int):

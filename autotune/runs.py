@@ -196,6 +196,12 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     if entry and entry.endswith(".py") and not Path(entry).is_file():
         raise UserError(f"training.entrypoint: no such script {entry!r} (paths are relative to {Path.cwd()})")
     rd = choose_run_dir(run_dir, resume_from, Path(runs_root))
+    workdir = _workdir(cfg.training.workdir)
+    if workdir is not None:  # the child starts elsewhere: every path it is given must not depend on its cwd
+        rd = rd.absolute()
+        if entry and entry.endswith(".py"):
+            entry = str(Path(entry).absolute())
+            plan = plan.model_copy(update={"run": plan.run.model_copy(update={"entrypoint": entry})})
     resume_path = resolve_resume(resume_from, rd)
     if resume_path is not None:
         if not entry:  # the built-in runtime's checkpoints: refuse an incompatible one before any rank starts
@@ -223,9 +229,19 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     route = delivery(plan, facts, used_placeholders(raw), wired, args, ds is not None) if entry else \
         delivery(plan, None, [], {}, args, ds is not None)
     spec = launch_spec(plan, str(rd), os.environ if environ is None else environ, python=python,
-                       has_infiniband=bool(hw.infiniband), script_args=args)
+                       has_infiniband=bool(hw.infiniband), script_args=args, cwd=workdir)
     return RunSetup(plan=plan, hardware=hw, deepspeed_config=ds, run_dir=rd, resume_path=resume_path,
                     launch_spec=spec, delivery=route)
+
+
+def _workdir(value: str | None) -> str | None:
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise UserError(f"training.workdir: {value!r} is not a directory (relative to {Path.cwd()}); create it "
+                        "or give the directory your script should start in (--workdir)")
+    return str(path.absolute())
 
 
 def script_facts(entry: str | None):

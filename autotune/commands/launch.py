@@ -44,6 +44,8 @@ def add_parser(sub) -> None:
                    help="auto: fill your script's own argparse flags (--batch_size, --lr, --gradient_accumulation_steps, "
                         "--deepspeed_config, --bf16, ...) with the plan's values, read from its source (never run); "
                         "flags you pass after `--` win (training.wire)")
+    p.add_argument("--workdir", metavar="DIR", help="start your script in DIR (training.workdir); its path, the "
+                   "config and --run_dir stay relative to where you launch")
     p.add_argument("script_args", nargs=argparse.REMAINDER,
                    help="after `--`: arguments passed to the training script")
     p.set_defaults(func=run)
@@ -76,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         overrides["logging.wandb"] = True
     if args.wire:
         overrides["training.wire"] = args.wire
+    if args.workdir:
+        overrides["training.workdir"] = args.workdir
     setup = prepare(load_config(args.config), overrides, args.hardware, auto_optimize=not args.no_auto_optimize,
                     debug=args.debug, policy=args.policy, run_dir=args.run_dir, resume_from=args.resume_from,
                     script_args=script_args, environ=os.environ, python=sys.executable, force=args.force)

@@ -221,3 +221,30 @@ def test_exported_accelerate_config_starts_the_planned_processes(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     used = [x for x in run.stdout.splitlines() if x.startswith("USED ")]
     assert used == ["USED world=2 micro=8 accumulation=4 precision=no effective=64 device=cpu"], run.stdout[-2000:]
+
+
+def test_a_script_started_in_its_workdir_logs_to_wandb_where_the_plan_says(tmp_path):
+    """--workdir starts the script there (relative data files work, the plan's paths still do); --wandb hands
+    a plain wandb.init() W&B's own variables: this run's project, its folder inside the run dir, offline
+    without a key."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.txt").write_text("42\n")
+    script = tmp_path / "wb.py"
+    script.write_text(
+        "import json, os, wandb\n"
+        "n = int(open('data.txt').read())\n"
+        "plan = json.load(open(os.environ['AUTOTUNE_PLAN']))\n"
+        "run = wandb.init()\n"
+        "run.log({'n': n})\n"
+        "print('SAW', os.getcwd(), n, run.project, run.settings.mode, run.dir, flush=True)\n"
+        "run.finish()\n")
+    cfg = _config(tmp_path, f"  entrypoint: {script}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    r = launch("--config", cfg, "--run_dir", tmp_path / "wb", "--wandb", "--workdir", work, env=env)
+    saw = [line.split() for line in r.stdout.splitlines() if line.startswith("SAW ")]
+    assert len(saw) == 1, r.stdout[-2000:]
+    _, cwd, n, project, mode, run_dir = saw[0]
+    assert (cwd, n, project, mode) == (str(work), "42", "autotune", "offline")
+    assert run_dir.startswith(str(tmp_path / "wb" / "wandb") + "/")
+    assert json.loads((tmp_path / "wb" / "command.json").read_text())["cwd"] == str(work)

@@ -254,3 +254,13 @@ def test_generated_profiles_plan_or_fail_cleanly(cpu, mem, gpu, drop_gpus):
         plan_for(TrainConfig(), None, hw)
     except (UserError, PlanRefused):
         pass
+
+
+def test_a_missing_workdir_is_one_clear_error_and_nothing_is_written(tmp_path):
+    r = run_bounded("launch", "--workdir", tmp_path / "nowhere", "--run_dir", tmp_path / "run", "--dry-run")
+    assert r.returncode == 2 and "training.workdir" in r.stderr and "is not a directory" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()
+    (tmp_path / "w").mkdir()
+    ok = run_bounded("launch", "--workdir", tmp_path / "w", "--run_dir", "rel-run", "--dry-run")
+    assert ok.returncode == 0, ok.stderr
+    assert f"cd {tmp_path / 'w'} && " in ok.stdout  # the printed command starts where the script will

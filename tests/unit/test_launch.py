@@ -70,8 +70,12 @@ def test_spec_is_pure_and_never_leaks_secrets():
     rec = json.dumps(s.to_record()) + s.shell()
     assert "sekrit" not in rec
     assert "WANDB_MODE" not in s.env  # a key is present: online is the user's call
-    _, s2 = spec_for("cpu-only", **{"logging.wandb": True})
-    assert s2.env["WANDB_MODE"] == "offline"
+    _, s2 = spec_for("cpu-only", **{"logging.wandb": True, "logging.wandb_project": "p1", "logging.wandb_entity": "team"})
+    assert {k: s2.env[k] for k in s2.env if k.startswith("WANDB_")} == {
+        "WANDB_MODE": "offline", "WANDB_PROJECT": "p1", "WANDB_ENTITY": "team", "WANDB_DIR": "runs/x"}
+    _, s3 = spec_for("cpu-only", environ={"HOME": "/h", "WANDB_PROJECT": "mine"}, **{"logging.wandb": True})
+    assert s3.env["WANDB_PROJECT"] == "mine" and "WANDB_ENTITY" not in s3.env  # the user's export wins
+    assert not any(k.startswith("WANDB_") for k in spec_for("cpu-only")[1].env)  # no --wandb: nothing of W&B
     red = LaunchSpec(cmd=["x"], env={"MY_TOKEN": "abc"}).to_record()
     assert red["env"]["MY_TOKEN"] == "<redacted>"
 
