@@ -3,12 +3,33 @@
 __version__ = "0.1.0"
 
 
-def current_plan(path=None):
-    """The typed plan of this run (``autotune.plan.TrainingPlan``), read from ``path`` or $AUTOTUNE_PLAN.
+def current_plan(path=None, *, config=None):
+    """The typed plan of this run (``autotune.plan.TrainingPlan``).
 
-    Under ``python -m autotune launch`` every process has AUTOTUNE_PLAN; outside a launch,
-    pass the path of a run's plan.json. Kept import-light: ``import autotune`` loads nothing.
+    Under ``python -m autotune launch`` every process reads the launcher's plan from $AUTOTUNE_PLAN
+    (or pass ``path``, a run's plan.json). Outside a launch it plans on the spot for this machine,
+    from ``config`` (a YAML path) or the defaults, as ``python -m autotune plan`` would for this script
+    (its entrypoint: the running script unless the config names one); a plan that does not fit is
+    refused (``PlanRefused``) as there. Helpers on the plan:
+    ``plan.dataloader_kwargs()``, ``plan.accelerator_kwargs()``, ``plan.deepspeed_config()``.
+    Kept import-light: ``import autotune`` loads nothing, and planning imports no torch unless the
+    config describes a model to trace.
     """
+    import os
+
     from autotune.plan import load_plan
 
-    return load_plan(path)
+    if path is not None or (os.environ.get("AUTOTUNE_PLAN") and config is None):
+        return load_plan(path)
+    from autotune.config import TrainConfig, load_config
+    from autotune.runs import plan_for
+
+    cfg = load_config(config) if config is not None else TrainConfig()
+    if cfg.training.entrypoint is None:  # the caller is the script: its model is its own, not the built-in one
+        import sys
+
+        from autotune.config import apply_overrides
+
+        cfg = apply_overrides(cfg, {"training.entrypoint": sys.argv[0] or "<python>"})
+    plan, _hw, _ds = plan_for(cfg, with_deepspeed=False)
+    return plan

@@ -175,6 +175,13 @@ def _check_global_batch(r: Resolver, t, target: int, micro: int, acc: int, world
     if is_set(t.batch_size_per_gpu) and abs(deviation) * 2 > micro * world and not debug:
         r.warnings.append(f"global batch {global_batch} is far from the target {target} because you set the "
                           f"micro-batch to {micro}")
+    elif not debug and not is_set(t.gradient_accumulation_steps) and abs(deviation) * 10 > target:
+        exact = next((m for m in range(micro, 0, -1) if target % (m * world) == 0), None)
+        fix = (f"--batch_size {exact} meets it exactly ({exact} x {world} x {target // (exact * world)})"
+               if exact and exact * world <= target else f"--global_batch_size {global_batch} makes it the target")
+        r.warnings.append(f"global batch {global_batch} is {100 * abs(deviation) / target:.0f}% "
+                          f"{'below' if deviation < 0 else 'above'} the target {target}: micro-batch {micro} x {world} "
+                          f"process(es) reaches it by no whole number of accumulation steps; {fix}")
 
 
 def _loader(x: dec.Inputs, r: Resolver, nproc: int, on_gpu: bool) -> LoaderSection:

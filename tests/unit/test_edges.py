@@ -129,7 +129,7 @@ def test_record_and_shell_are_exact_and_redact_only_secrets():
                       env_sources={"A": "user", "B": "autotune", "HF_TOKEN": "user", "GONE": "user"}, cwd="/w")
     assert spec.to_record() == {"argv": ["python", "-m", "x", "a b"], "env": {"B": "2 3", "A": "1", "HF_TOKEN": "<redacted>"},
                                 "env_sources": {"A": "user", "B": "autotune", "HF_TOKEN": "user"}, "cwd": "/w"}
-    assert spec.shell() == "A=1 B='2 3' HF_TOKEN='<redacted>' python -m x 'a b'"
+    assert spec.shell() == "cd /w && A=1 B='2 3' HF_TOKEN='<redacted>' python -m x 'a b'"
     assert redact({"PATH": "/bin", "MY_PASSWORD": "x"}) == {"PATH": "/bin", "MY_PASSWORD": "<redacted>"}
 
 

@@ -253,3 +253,18 @@ def test_plan_never_imports_torch_or_deepspeed(cli):  # its speed is a benchmark
     assert "RC 0 []" in p.stdout, p.stderr
 
 
+
+
+def test_a_global_batch_far_from_its_target_is_said_with_the_exact_fix():
+    """Target 96 on CPU (micro 64 by policy): 64 x 1 is 33% short and no accumulation reaches 96 exactly;
+    the plan says so and names micro 48 (48 x 1 x 2 = 96). 4xT4's 240 for 256 (6%) stays quiet."""
+    from autotune.config import TrainConfig, apply_overrides
+    from autotune.planner import plan
+    from autotune.profiles import load_profile
+
+    p = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {"training.global_batch_size": 96}))
+    assert (p.batch.micro_batch_size, p.batch.global_batch_size) == (64, 64)
+    far = [w for w in p.warnings if w.startswith("global batch 64 is 33% below the target 96")]
+    assert len(far) == 1 and far[0].endswith("--batch_size 48 meets it exactly (48 x 1 x 2)")
+    t4 = plan(load_profile("4xT4"), TrainConfig(), deepspeed_installed=True)
+    assert t4.batch.global_batch_size == 240 and not any(w.startswith("global batch") for w in t4.warnings)
