@@ -155,15 +155,25 @@ def choose_run_dir(run_dir: str | Path | None, resume_from: str | None, runs_roo
     return runs_root / new_run_dir_name()
 
 
-def resolve_resume(resume_from: str | None, run_dir: Path, warn=None) -> Path | None:
+def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_format: bool = False) -> Path | None:
     """'auto' -> the newest checkpoint in run_dir that verifies (None: start fresh), each damaged
-    newer one named through ``warn`` (default: a warning on stderr); a path must exist and verify."""
+    newer one named through ``warn`` (default: a warning on stderr); a path must exist and verify.
+
+    ``own_format`` (a user's script, which keeps checkpoints its own way): a path only has to exist
+    (file or directory); it reaches the script as {resume_from} and AUTOTUNE_RESUME_FROM, never as
+    an argument autotune adds."""
     import sys
 
     from autotune.runtime_paths import newest_good_checkpoint, verify_checkpoint
 
     if resume_from is None:
         return None
+    if own_format and resume_from != "auto":
+        path = Path(resume_from)
+        if not path.exists():
+            raise UserError(f"--resume_from: no such file or directory {resume_from!r}; give the checkpoint your "
+                            "script wrote (it receives it as {resume_from} and $AUTOTUNE_RESUME_FROM)")
+        return path.resolve()
     if warn is None:
         def warn(msg: str) -> None:
             print(f"warning: {msg}", file=sys.stderr, flush=True)
@@ -202,7 +212,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
         if entry and entry.endswith(".py"):
             entry = str(Path(entry).absolute())
             plan = plan.model_copy(update={"run": plan.run.model_copy(update={"entrypoint": entry})})
-    resume_path = resolve_resume(resume_from, rd)
+    resume_path = resolve_resume(resume_from, rd, own_format=bool(entry))
     if resume_path is not None:
         if not entry:  # the built-in runtime's checkpoints: refuse an incompatible one before any rank starts
             check_compatible(read_meta(resume_path), resume_path, plan.engine.backend, plan.batch.global_batch_size)

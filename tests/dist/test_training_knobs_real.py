@@ -248,3 +248,21 @@ def test_a_script_started_in_its_workdir_logs_to_wandb_where_the_plan_says(tmp_p
     assert (cwd, n, project, mode) == (str(work), "42", "autotune", "offline")
     assert run_dir.startswith(str(tmp_path / "wb" / "wandb") + "/")
     assert json.loads((tmp_path / "wb" / "command.json").read_text())["cwd"] == str(work)
+
+
+def test_a_user_scripts_own_checkpoint_reaches_it_as_placeholder_and_variable_only(tmp_path):
+    """--resume_from with a user script: its own checkpoint format (any existing path) is handed over as
+    {resume_from} and AUTOTUNE_RESUME_FROM; autotune adds nothing to the script's argv; a missing one is exit 2."""
+    script = tmp_path / "res.py"
+    script.write_text("import os, sys\nprint('ARGV', sys.argv[1:], os.environ.get('AUTOTUNE_RESUME_FROM'), flush=True)\n")
+    mine = tmp_path / "my.ckpt"
+    mine.write_text("the script's own format")
+    cfg = _config(tmp_path, f"  entrypoint: {script}\n")
+    r = launch("--config", cfg, "--run_dir", tmp_path / "r", "--resume_from", mine, "--", "--init", "{resume_from}")
+    argv = [line for line in r.stdout.splitlines() if line.startswith("ARGV ")]
+    assert argv == [f"ARGV ['--init', '{mine}'] {mine}"], r.stdout[-2000:]
+    bad = subprocess.run([str(ROOT / "launch_distributed_training.sh"), "--config", str(cfg), "--run_dir",
+                          str(tmp_path / "r2"), "--resume_from", str(tmp_path / "nope")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "no such file or directory" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "r2").exists()
