@@ -284,6 +284,58 @@ class DeepSpeedEngine:
         self.model.step()  # DeepSpeed steps the optimizer only at the accumulation boundary
         return loss.detach().float()
 
+    def forward_backward_guarded(self, batch, boundary: bool, agree: Callable[[bool], list[int]],
+                                 before_forward: Callable[[int], None] | None = None):
+        """``forward_backward`` with an out-of-memory error in the forward agreed by every rank (see
+        ``LocalEngine.forward_backward_guarded``). ZeRO-0/1/2 run no collective in the forward, so a rank
+        that ran out there can still join the agreement; nothing of the failed micro-step reached
+        DeepSpeed. Retrying the step is clean only at its first micro-step: by a later one, ZeRO has
+        already reduced the earlier micro-steps' gradients into its partitions, and every rank stops
+        with a clear error instead. Out of memory inside the backward (ZeRO's reduction hooks are
+        collectives) ends the run."""
+        x, y = _to(batch, self.ctx.device)
+        loss, ran_out = None, False
+        try:
+            if before_forward is not None:
+                before_forward(int(x.shape[0]))
+            loss = _loss(self.model, self.loss_fn, x, y)
+        except torch.OutOfMemoryError:
+            ran_out = True
+        who = agree(ran_out)
+        if who:
+            del loss
+            done = self.model.micro_steps % self.model.gradient_accumulation_steps()
+            if done:
+                from autotune.errors import UserError
+
+                raise UserError(
+                    f"out of memory on rank {', '.join(map(str, who))} at micro-step {done + 1} of an optimizer "
+                    "step under DeepSpeed: the earlier micro-steps' gradients are already reduced, so the step "
+                    "cannot be retried with smaller pieces; relaunch with a smaller --batch_size (--resume_from "
+                    "auto continues from the newest checkpoint)")
+            if self.ctx.device.type == "cuda":
+                torch.cuda.empty_cache()
+            return None, who
+        self.model.backward(loss)
+        if self.model.is_gradient_accumulation_boundary() != boundary:
+            raise RuntimeError(
+                f"gradient accumulation out of step: the loop says boundary={boundary}, DeepSpeed counts "
+                f"{self.model.gradient_accumulation_steps()} micro-steps per step")
+        self.model.step()
+        return loss.detach().float(), []
+
+    def set_accumulation(self, steps: int) -> None:
+        """Micro-steps per optimizer step from now on: DeepSpeed's own accumulation (it divides each loss
+        by it and steps at its boundary) and its micro-batch bookkeeping, the global batch unchanged."""
+        if steps == self.model.gradient_accumulation_steps():
+            return
+        splits = steps // self.plan.batch.gradient_accumulation_steps
+        micro = -(-self.plan.batch.micro_batch_size // splits)
+        self.model.set_train_micro_batch_size(micro)
+        self.model.set_train_batch_size(micro * steps * self.model.dp_world_size)
+        # the boundary is counted from micro_steps: start the new accumulation at this step's first micro-step
+        self.model.micro_steps = self.model.global_steps * steps
+
     def step(self) -> float:
         norm = self.model.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")

@@ -204,9 +204,11 @@ class OomBackoff:
     gradients, the step's micro-batches are split in two (micro-batch halves, accumulation
     doubles, the global batch and its samples are unchanged) and the same step is retried. The
     change is printed and appended to ``backoff.jsonl``; it holds for the rest of the run. At
-    micro-batch 1 there is nothing smaller to try: a clear error. Off on CPU (running out of
-    host memory is the kernel's OOM killer, not an exception) and under DeepSpeed (its engine
-    counts micro-steps itself); ``AUTOTUNE_INJECT_OOM=rank:step:max_rows`` turns it on and makes
+    micro-batch 1 there is nothing smaller to try: a clear error. Under DeepSpeed ZeRO-0/1/2 the
+    step is retried when the forward of its first micro-step ran out (the usual case: every
+    micro-step has the same shapes), with DeepSpeed's accumulation and micro-batch set to match;
+    not under ZeRO-3. Off on CPU (running out of host memory is the kernel's OOM killer, not an
+    exception); ``AUTOTUNE_INJECT_OOM=rank:step:max_rows`` turns it on and makes
     that rank run out from that step on whenever a piece has more than max_rows samples
     (fault injection for the tests).
     """
@@ -215,7 +217,9 @@ class OomBackoff:
         self.ctx, self.engine, self.run_dir = ctx, engine, run_dir
         self.micro, self.accum, self.splits = plan.batch.micro_batch_size, plan.batch.gradient_accumulation_steps, 1
         self.inject = _injection(os.environ.get("AUTOTUNE_INJECT_OOM", ""), ctx.rank)
-        self.enabled = plan.engine.backend != "deepspeed" and (ctx.device.type == "cuda" or self.inject is not None)
+        # ZeRO-3 gathers parameters inside the forward (a collective a rank that ran out never joins): no back-off
+        zero3 = plan.engine.backend == "deepspeed" and plan.engine.zero_stage == 3
+        self.enabled = not zero3 and (ctx.device.type == "cuda" or self.inject is not None)
         self.step = 0
 
     def agree(self, ran_out: bool) -> list[int]:

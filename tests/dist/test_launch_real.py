@@ -114,8 +114,10 @@ def test_wandb_offline_and_no_secret_anywhere(small_config, tmp_path):
             assert secret.encode() not in f.read_bytes(), f
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_bring_your_own_script(nproc, tmp_path):
+def test_bring_your_own_script(tmp_path):
+    """examples/autotune_train.py (plain_train.py plus the runtime's calls) with DDP over 2 processes; the
+    one-process runtime path is the shared reference run's."""
+    nproc = 2
     plain = subprocess.run([sys.executable, str(ROOT / "examples" / "plain_train.py"), "--epochs", "2"],
                            capture_output=True, text=True, timeout=120)
     assert plain.returncode == 0 and "final accuracy" in plain.stdout
@@ -274,25 +276,12 @@ def test_progress_bar_on_a_terminal_plain_lines_otherwise(small_config, tmp_path
     assert "step/s" in logged and "\r\n" not in logged  # the bar in the log too, with plain line ends
     plain = losses(tmp_path / "tty")  # the same metrics either way
     assert sorted(plain) == list(range(1, 7))
+    if rows == 0:
+        return  # the piped run below does not depend on the terminal's size: once is enough
     piped = subprocess.run([sys.executable, "-m", "autotune.train", "--config", str(small_config),
                             "--run_dir", str(tmp_path / "pipe"), "--max_steps", "6"],
                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert piped.returncode == 0 and "step 6/6 | loss" in piped.stdout and "step/s" not in piped.stdout
-
-
-def test_deepspeed_zero3_saves_whole_unwrapped_weights(runs, small_config, tmp_path):
-    """ZeRO-3 partitions parameters; model.pt must still hold the full tensors, loadable in one process."""
-    import torch
-
-    launch("--config", small_config, "--run_dir", tmp_path / "z3", "--nproc_per_node", 2, "--deepspeed",
-           "--zero_stage", 3, "--batch_size", 16, "--grad_accum", 1, "--max_steps", 6, timeout=600)
-    z3 = torch.load(tmp_path / "z3" / "checkpoints" / "step-00000006" / "model.pt", weights_only=True)
-    ref = torch.load(runs / "single" / "checkpoints" / "step-00000005" / "model.pt", weights_only=True)
-    assert set(z3) == set(ref)
-    for k in ref:
-        assert z3[k].shape == ref[k].shape and torch.isfinite(z3[k]).all(), k
-    loss = losses(tmp_path / "z3")
-    assert loss[6] < loss[1]
 
 
 def test_training_works_without_deepspeed_installed(small_config, tmp_path):
@@ -389,7 +378,7 @@ def test_node_0_learns_when_node_1_dies(tmp_path):
                                "127.0.0.1", "--master_port", str(port)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, env=env, cwd=ROOT) for node in (0, 1)]
     deadline = time.monotonic() + 180
-    while not ((run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 20):
+    while not ((run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3):
         assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "the job did not start"
         time.sleep(0.3)
     tree = [c for p in procs for c in psutil.Process(p.pid).children(recursive=True)]

@@ -26,6 +26,20 @@ def test_oom_on_one_rank_backs_every_rank_off_and_retries_the_same_samples(runs,
         assert b[step] == pytest.approx(a[step], rel=1e-4), step
 
 
+def test_deepspeed_zero2_backs_off_together_and_keeps_the_trajectory(runs, small_config, tmp_path):
+    """The same under DeepSpeed ZeRO-2: DeepSpeed's accumulation doubles with the pieces, the losses follow
+    the shared fault-free DeepSpeed run (same config and flags)."""
+    ref, run = runs / "ds", tmp_path / "run"
+    flags = ["--nproc_per_node", 2, "--deepspeed", "--zero_stage", 2, "--batch_size", 16, "--grad_accum", 1]
+    r = launch("--config", small_config, "--run_dir", run, *flags, env={"AUTOTUNE_INJECT_OOM": "0:4:8"}, timeout=600)
+    assert ("out of memory on rank 0 at step 4 with micro-batch 16: every rank retries the step with "
+            "micro-batch 8 x accumulation 2 (global batch unchanged)") in r.stdout
+    a, b = losses(ref), losses(run)
+    assert a.keys() == b.keys() == set(range(1, 13))
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-4), step
+
+
 def test_oom_at_micro_batch_one_is_a_clear_stop(tmp_path):
     cfg = tmp_path / "small.yaml"
     cfg.write_text(SMALL)

@@ -164,7 +164,8 @@ def test_unmodified_torchrun_script_gets_the_plan_through_its_own_flags(tmp_path
 
 
 def test_a_script_given_nothing_is_told_its_plan_is_advisory(tmp_path):
-    r = launch("--config", ROOT / "examples" / "torchrun_config.yaml", "--run_dir", tmp_path / "adv")
+    r = launch("--config", ROOT / "examples" / "torchrun_config.yaml", "--run_dir", tmp_path / "adv", "--",
+               "--epochs", "1")  # the script's own flag, literally: no route for the plan's values
     record = json.loads((tmp_path / "adv" / "delivery.json").read_text())
     assert "micro_batch_size" in record["advisory"] and "gradient_accumulation_steps" in record["advisory"]
     assert "the script was given no batch size: the plan's micro_batch_size is advisory" in r.stdout
