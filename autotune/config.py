@@ -159,6 +159,9 @@ class DistributedConfig(_Section):
     step_timeout_s: int = Field(600, ge=1, le=7 * 24 * 3600, description="per rank: one optimizer step (or one "
                                 "evaluation); longer means a peer is hung: the job ends, naming the rank")
     checkpoint_timeout_s: int = Field(1200, ge=1, le=7 * 24 * 3600, description="per rank: writing one checkpoint")
+    exit_barrier_s: int = Field(30, ge=1, le=24 * 3600, description="several nodes: once every rank of this node "
+                                "has finished, how long its launcher waits for the other nodes' agents before "
+                                "stopping torchrun's exit barrier (torchrun's own wait: 5 minutes)")
     max_restarts: int = Field(0, ge=0, le=100, description="torchrun restarts the ranks this many times after a "
                               "failure; they continue from the newest good checkpoint")
 

@@ -84,6 +84,7 @@ class EngineSection(_Section):
     max_restarts: int = Field(0, ge=0)
     setup_timeout_s: int = Field(1200, ge=1)  # per-phase hang budgets, watched in every rank
     step_timeout_s: int = Field(600, ge=1)
+    exit_barrier_s: int = Field(30, ge=1)  # a finished node waits this long for the others' agents
     checkpoint_timeout_s: int = Field(1200, ge=1)  # torchrun restarts of the group; ranks resume from the newest good checkpoint
 
 

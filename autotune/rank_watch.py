@@ -13,7 +13,6 @@ from autotune.plan import EngineSection
 from autotune.runtime_paths import EXIT_PREEMPTED, combined_exit, read_statuses
 
 FAILED_GRACE_S = 5  # the others get this long to stop after a rank reported failure (torchrun: 30 s)
-BARRIER_WAIT_S = 30  # torchrun's exit barrier waits 5 minutes for a dead node's agent
 
 
 @dataclass
@@ -42,8 +41,8 @@ class RankWatch:
         """A reason to stop what only waits, or None. (1) A rank reported failure (a hang, bad
         input) and torchrun still waits on the others: after FAILED_GRACE_S; not with
         --max_restarts, where torchrun restarts the group. (2) Every rank of this node has finished
-        (trained, or saved on a preemption) and torchrun still runs BARRIER_WAIT_S later: it waits
-        in its exit barrier for the agents of other nodes."""
+        (trained, or saved on a preemption) and torchrun still runs ``distributed.exit_barrier_s``
+        later (default 30; torchrun's own exit barrier waits 5 minutes for a dead node's agent)."""
         now, reported = self.clock(), read_statuses(self.dir)
         bad = [s for s in reported if s["code"] not in (0, EXIT_PREEMPTED)]
         if bad and not self.eng.max_restarts:
@@ -53,10 +52,10 @@ class RankWatch:
                         f"running {FAILED_GRACE_S} s later")
         if not bad and self.eng.backend != "single" and self._all_local_reported(reported):
             self._done_since = self._done_since if self._done_since is not None else now
-            if now - self._done_since >= BARRIER_WAIT_S:
+            if now - self._done_since >= self.eng.exit_barrier_s:
                 self._cut_barrier = True
                 return (f"every rank of this node has finished; torchrun is still waiting for the other nodes "
-                        f"{BARRIER_WAIT_S} s later")
+                        f"{self.eng.exit_barrier_s} s later (distributed.exit_barrier_s)")
         return None
 
     def outcome(self, rc: int, interrupted: bool) -> Outcome:

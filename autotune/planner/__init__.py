@@ -116,7 +116,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
                              offload_param=mf.strategy.offload_param, timeout_s=d.timeout_s,
                              rendezvous_timeout_s=d.rendezvous_timeout_s, max_restarts=d.max_restarts,
                              setup_timeout_s=d.setup_timeout_s, step_timeout_s=d.step_timeout_s,
-                             checkpoint_timeout_s=d.checkpoint_timeout_s),
+                             checkpoint_timeout_s=d.checkpoint_timeout_s, exit_barrier_s=d.exit_barrier_s),
         batch=BatchSection(micro_batch_size=micro, gradient_accumulation_steps=acc, global_batch_size=global_batch,
                            target_global_batch_size=target if auto_optimize else t.global_batch_size,
                            global_batch_deviation=deviation),

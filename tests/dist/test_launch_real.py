@@ -369,7 +369,8 @@ def test_node_0_learns_when_node_1_dies(tmp_path):
         port = s.getsockname()[1]
     cfg = tmp_path / "long.yaml"
     cfg.write_text(SMALL.replace("max_steps: 12", "max_steps: 100000").replace("eval_every_steps: 6",
-                                                                               "eval_every_steps: 100000"))
+                                                                               "eval_every_steps: 100000")
+                   + "distributed: {exit_barrier_s: 5}\n")  # node 0 stops waiting for node 1's agent after 5 s
     run = tmp_path / "mn"
     env = {**os.environ}
     env.pop("AUTOTUNE_PLAN", None)
@@ -388,4 +389,4 @@ def test_node_0_learns_when_node_1_dies(tmp_path):
     took = time.monotonic() - t0
     gone, alive = psutil.wait_procs(tree, timeout=30)
     assert not alive, [a.cmdline() for a in alive]
-    assert rc0 != 0 and took < 60, (rc0, took)
+    assert rc0 != 0 and took < 25, (rc0, took)

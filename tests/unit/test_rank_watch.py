@@ -5,7 +5,9 @@ import pytest
 from autotune.config import TrainConfig, apply_overrides
 from autotune.planner import plan
 from autotune.profiles import load_profile
-from autotune.rank_watch import BARRIER_WAIT_S, FAILED_GRACE_S, RankWatch
+from autotune.rank_watch import FAILED_GRACE_S, RankWatch
+
+BARRIER_WAIT_S = 30  # distributed.exit_barrier_s's default
 from autotune.runtime_paths import EXIT_PREEMPTED, write_status
 
 
@@ -61,6 +63,18 @@ def test_torchrun_waiting_in_its_exit_barrier_is_cut_after_every_local_rank_fini
     assert watch.lingering().startswith("every rank of this node has finished")
     out = watch.outcome(rc=1, interrupted=False)  # torchrun's exit barrier failed, cut short by us: no note
     assert (out.rc, out.ranks_code, out.barrier_note, out.silent) == (0, 0, None, [])
+
+
+def test_the_barrier_wait_is_the_configured_one(statuses):
+    clock = Clock()
+    watch = RankWatch(engine(**{"distributed.exit_barrier_s": 7}), statuses, clock)
+    for r in (0, 1):
+        write_status("unused", r, 0)
+    watch.lingering()
+    clock.t += 6.9
+    assert watch.lingering() is None
+    clock.t += 0.1
+    assert watch.lingering().endswith("7 s later (distributed.exit_barrier_s)")
 
 
 def test_a_preempted_node_waiting_in_the_barrier_is_cut_too_and_reports_75(statuses):
