@@ -135,7 +135,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
             data=BuiltinData(seq_len=cfg.data.seq_len, vocab_size=cfg.data.vocab_size, num_samples=num_samples,
                              num_val_samples=min(cfg.data.num_val_samples, 256) if debug else cfg.data.num_val_samples,
                              seed=cfg.data.seed)),
-        reasons=r.reasons, overrides=r.overrides, warnings=tuple(r.warnings), hardware=dec.summary(hw),
+        reasons=r.reasons, overrides=r.overrides, warnings=tuple(r.warnings), hardware=dec.summary(hw, network=True),
     )
 
 

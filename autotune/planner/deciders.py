@@ -37,11 +37,22 @@ def fmt_gb(mib: float) -> str:
     return f"{mib * MIB / GB:.1f} GB"
 
 
-def summary(hw: HardwareProfile) -> str:
+def summary(hw: HardwareProfile, network: bool = False) -> str:
+    """One line for the machine; ``network``: with InfiniBand and what it means for NCCL (the plan's line)."""
     if not hw.gpus.devices:
         return f"{hw.num_nodes} node(s), no GPU, {hw.cpu.effective_cores} effective cores"
     names = sorted({d.name or "unknown GPU" for d in hw.gpus.devices})
-    return f"{hw.num_nodes} node(s) x {hw.num_gpus} GPU(s) ({', '.join(names)}), interconnect {hw.gpus.interconnect}"
+    line = f"{hw.num_nodes} node(s) x {hw.num_gpus} GPU(s) ({', '.join(names)}), interconnect {hw.gpus.interconnect}"
+    return f"{line}, {infiniband_note(hw)}" if network else line
+
+
+def infiniband_note(hw: HardwareProfile) -> str:
+    """InfiniBand present or not, and what the launch sets for NCCL because of it."""
+    if hw.infiniband is None:
+        return "InfiniBand unknown (NCCL_IB_DISABLE=1 is set; export NCCL_IB_DISABLE=0 to use it)"
+    if hw.infiniband:
+        return f"InfiniBand {', '.join(hw.infiniband)} (NCCL uses it between nodes)"
+    return "no InfiniBand (NCCL_IB_DISABLE=1: between nodes NCCL uses TCP sockets)"
 
 
 # -- GPUs and engine ----------------------------------------------------------------

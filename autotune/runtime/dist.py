@@ -71,7 +71,43 @@ def init(plan: TrainingPlan) -> DistContext:
         else:
             dist.init_process_group(backend=backend, timeout=timeout)
     seed_everything(plan.run.seed)
-    return DistContext(rank, local_rank, world, device, distributed)
+    ctx = DistContext(rank, local_rank, world, device, distributed)
+    if distributed and eng.num_nodes > 1:
+        check_nodes_agree(ctx, plan)
+    return ctx
+
+
+def plan_fingerprint(plan: TrainingPlan) -> dict:
+    """The values every rank of a job must share (each node plans from its own hardware)."""
+    return {"micro_batch_size": plan.batch.micro_batch_size,
+            "gradient_accumulation_steps": plan.batch.gradient_accumulation_steps,
+            "global_batch_size": plan.batch.global_batch_size, "precision": plan.numerics.precision,
+            "backend": plan.engine.backend, "zero_stage": plan.engine.zero_stage,
+            "gradient_checkpointing": plan.memory.gradient_checkpointing}
+
+
+def check_nodes_agree(ctx: DistContext, plan: TrainingPlan) -> None:
+    """Several nodes: each launcher planned from its own node's hardware. Nodes that differ (other GPUs,
+    less free memory) can plan differently, and the job would then train inconsistently: every rank
+    compares the plans once (one small collective) and all stop together, naming each node's values
+    and the flags that give every node the smallest node's plan."""
+    mine = {"node": plan.engine.node_rank, "hardware": plan.hardware, **plan_fingerprint(plan)}
+    every = gather_objects(ctx, mine)
+    keys = list(plan_fingerprint(plan))
+    if all([e[k] for k in keys] == [every[0][k] for k in keys] for e in every):
+        return
+    from autotune.errors import UserError
+
+    nodes = {e["node"]: e for e in every}
+    lines = [f"node {n}: micro-batch {e['micro_batch_size']} x accumulation {e['gradient_accumulation_steps']} "
+             f"(global {e['global_batch_size']}), {e['precision']}, {e['backend']}"
+             + (f" ZeRO-{e['zero_stage']}" if e["zero_stage"] is not None else "") + f" [{e['hardware']}]"
+             for n, e in sorted(nodes.items())]
+    small = min(nodes.values(), key=lambda e: (e["micro_batch_size"], e["node"]))
+    fix = (f"--batch_size {small['micro_batch_size']} --grad_accum {small['gradient_accumulation_steps']} "
+           f"--precision {small['precision']}")
+    raise UserError("the nodes of this job planned differently (different hardware or free memory, or different "
+                    f"flags); give every node the smallest node's plan: add {fix} on every node", lines)
 
 
 def wait_for_everyone(ctx: DistContext) -> None:

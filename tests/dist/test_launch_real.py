@@ -331,6 +331,33 @@ def test_two_nodes_on_one_machine(runs, small_config, tmp_path):
     assert (run / "checkpoints" / "step-00000012" / "rng-rank1.pt").exists()
 
 
+def test_nodes_that_planned_differently_stop_together_naming_the_smallest_plan(small_config, tmp_path):
+    """Each node plans from its own hardware; here node 1 plans micro-batch 8 (as a node with less memory
+    would) and node 0 micro-batch 16, the same global batch 32. The ranks compare plans once at start:
+    both nodes stop with exit 2 before training, naming each node's values and the flags for every node."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = tmp_path / "mn"
+    env = {**os.environ}
+    env.pop("AUTOTUNE_PLAN", None)
+    procs = [subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(small_config),
+                               "--run_dir", str(run), "--nproc_per_node", "1", "--num_nodes", "2", "--node_rank",
+                               str(node), "--master_addr", "127.0.0.1", "--master_port", str(port), "--batch_size", micro],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+             for node, micro in ((0, "16"), (1, "8"))]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 2, f"{out[-2000:]}\n{err[-4000:]}"
+        assert "the nodes of this job planned differently" in err and "Traceback" not in err
+        assert "node 0: micro-batch 16 x accumulation 1 (global 32)" in err
+        assert "node 1: micro-batch 8 x accumulation 2 (global 32)" in err
+        assert "add --batch_size 8 --grad_accum 2 --precision fp32 on every node" in err
+    assert not (run / "metrics.jsonl").exists()  # nobody trained
+
+
 @pytest.mark.parametrize("base_url", [None, "http://127.0.0.1:9"], ids=["no-network", "refused"])
 def test_wandb_with_a_key_and_no_server_goes_offline_fast(small_config, tmp_path, base_url):
     """Promise 9: a real-looking key, W&B's server unreachable (no route here; or a closed port):

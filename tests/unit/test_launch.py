@@ -203,3 +203,16 @@ def test_plan_values_and_accelerate_variables_whole():
     cpu_ds, _ = spec_for("cpu-only", **{"distributed.backend": "deepspeed"})
     assert cpu_ds.is_deepspeed and "ACCELERATE_USE_DEEPSPEED" not in plan_values_env(cpu_ds, "runs/x")
     assert accelerate_env(p) == {"ACCELERATE_MIXED_PRECISION": "fp16", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "5"}
+
+
+def test_the_plan_says_what_infiniband_means_for_nccl_and_the_launch_agrees():
+    h100, h = spec_for("8xH100-80GB")
+    assert h100.hardware.endswith("InfiniBand mlx5_0, mlx5_1, mlx5_2, mlx5_3, mlx5_4, mlx5_5, mlx5_6, mlx5_7 "
+                                  "(NCCL uses it between nodes)") and "NCCL_IB_DISABLE" not in h.env
+    l4, s = spec_for("2x4xL4")
+    assert l4.hardware.endswith("no InfiniBand (NCCL_IB_DISABLE=1: between nodes NCCL uses TCP sockets)")
+    assert s.env["NCCL_IB_DISABLE"] == "1"
+    unknown = load_profile("2x4xL4").model_copy(update={"infiniband": None})
+    p = plan(unknown, TrainConfig(), deepspeed_installed=True)
+    assert p.hardware.endswith("InfiniBand unknown (NCCL_IB_DISABLE=1 is set; export NCCL_IB_DISABLE=0 to use it)")
+    assert launch_spec(p, "r", {"HOME": "/h"}, has_infiniband=bool(unknown.infiniband)).env["NCCL_IB_DISABLE"] == "1"
