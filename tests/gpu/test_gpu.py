@@ -165,13 +165,16 @@ def test_training_on_cuda_checkpoints_and_resumes(engine, tmp_path, record):
     ("accelerate", ["--", "--batch_size", "{micro_batch_size}"], "precision=bf16 effective=64 device=cuda"),
     ("deepspeed", ["--deepspeed", "--", "--deepspeed_config", "{deepspeed_config}"],
      "effective=64 precision=bfloat16 device=cuda"),
+    ("hf_trainer", ["--wire", "auto"], "micro=4 accumulation=8 effective=32 precision=bf16 engine=single"),
+    ("hf_trainer", ["--wire", "auto", "--deepspeed"],
+     "micro=4 accumulation=8 effective=32 precision=bf16 engine=deepspeed"),  # the framework-flavoured JSON
 ])
 def test_user_scripts_on_cuda(example, extra, expect, tmp_path, record):
     r = launch("--config", ROOT / "examples" / f"{example}_config.yaml", "--num_gpus", "1",
                "--run_dir", tmp_path / example, *extra)
     used = [line for line in r.stdout.splitlines() if line.startswith("USED ")]
     assert len(used) == 1 and "world=1" in used[0] and expect in used[0], r.stdout[-2000:]
-    record(f"{example} script", used[0])
+    record(f"{example} script {' '.join(a for a in extra if a.startswith('--') and '{' not in a)}".strip(), used[0])
 
 
 def test_torchrun_script_wired_on_cuda(tmp_path, record):
