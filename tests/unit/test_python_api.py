@@ -22,8 +22,8 @@ def test_outside_a_launch_it_plans_on_the_spot_like_the_plan_command(tmp_path):
     cfg.write_text("training:\n  entrypoint: train.py\n  global_batch_size: 96\n  num_parameters: 5000000\n")
     got = json.loads(_py("import json, sys, autotune\nfrom autotune.plan import public_dict\n"
                          f"p = autotune.current_plan(config={str(cfg)!r})\n"
-                         "print(json.dumps({'plan': public_dict(p), 'torch': 'torch' in sys.modules}))", tmp_path))
-    cli = subprocess.run([sys.executable, "-m", "autotune", "plan", "--config", str(cfg), "--json"], cwd=tmp_path,
+                         "print(json.dumps({'plan': public_dict(p), 'torch': 'torch' in sys.modules}))", ROOT))
+    cli = subprocess.run([sys.executable, "-m", "autotune", "plan", "--config", str(cfg), "--json"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert cli.returncode == 0, cli.stderr
     want = json.loads(cli.stdout)
@@ -45,15 +45,15 @@ def test_under_a_launch_it_reads_the_launchers_plan_and_a_bare_call_describes_th
     p = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"training.batch_size_per_gpu": 3}),
              deepspeed_installed=True)
     (tmp_path / "plan.json").write_text(p.to_json())
-    out = _py("import autotune; print(autotune.current_plan().batch.micro_batch_size)", tmp_path,
+    out = _py("import autotune; print(autotune.current_plan().batch.micro_batch_size)", ROOT,
               AUTOTUNE_PLAN=str(tmp_path / "plan.json"))
     assert out.strip() == "3"  # the 4xL4 plan from the file, not one for this CPU machine
     (tmp_path / "mine.py").write_text("import autotune\np = autotune.current_plan()\n"
                                       "print(p.run.entrypoint, p.memory.estimate.num_parameters is None)\n")
-    r = subprocess.run([sys.executable, "mine.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    r = subprocess.run([sys.executable, str(tmp_path / "mine.py")], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**{k: v for k, v in os.environ.items() if k != "AUTOTUNE_PLAN"}, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["mine.py", "True"]  # its own model: unknown, never the built-in GPT's size
+    assert r.stdout.split() == [str(tmp_path / "mine.py"), "True"]  # its own model: unknown, not the built-in GPT's
 
 
 def test_helpers_feed_a_real_dataloader_and_accelerator():
