@@ -371,7 +371,8 @@ def test_nodes_that_planned_differently_stop_together_naming_the_smallest_plan(s
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 2, f"{out[-2000:]}\n{err[-4000:]}"
-        assert "the nodes of this job planned differently" in err and "Traceback" not in err
+        # torchrun prints its own ChildFailedError traceback for any failed worker; none of autotune's frames
+        assert "the nodes of this job planned differently" in err and 'autotune/runtime' not in err
         assert "node 0: micro-batch 16 x accumulation 1 (global 32)" in err
         assert "node 1: micro-batch 8 x accumulation 2 (global 32)" in err
         assert "add --batch_size 8 --grad_accum 2 --precision fp32 on every node" in err

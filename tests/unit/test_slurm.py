@@ -116,3 +116,29 @@ def test_export_slurm_and_hostfile(cli, tmp_path):
     assert h.returncode == 0 and h.stdout == "node01 slots=4\nnode02 slots=4\n"
     t = cli("autotune", "export", "--format", "torchrun", "--hardware", "4xL4", "--", "--bs", "{micro_batch_size}")
     assert t.stdout.strip().endswith("train.py --bs 16")
+
+
+def test_an_allocation_on_one_test_host_is_warned_not_refused_and_only_node_0_checks_the_port():
+    """Two 'nodes' of one host (the CI's emulation): the first host is loopback. Without SLURM a node 1
+    with no master is refused; with the allocation it is its master, warned about. Node 1's preflight
+    leaves the port alone (node 0 hosts the store; on one host node 0 already holds it)."""
+    import socket
+
+    from autotune.preflight import check
+
+    env = {**NODE1, "SLURM_JOB_NODELIST": "localhost,127.0.0.1"}
+    p = plan(_in_slurm(env), TrainConfig(), deepspeed_installed=True)
+    assert (p.engine.node_rank, p.engine.master_addr, p.engine.rdzv_id) == (1, "localhost", "77")
+    assert any(w.startswith("master address localhost is this machine") for w in p.warnings)
+    with pytest.raises(UserError, match="node 1 of 2 needs the address of node 0"):
+        plan(load_profile("2x4xL4"), apply_overrides(TrainConfig(), {"distributed.node_rank": 1}),
+             deepspeed_installed=True)
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        node1 = p.model_copy(update={"engine": p.engine.model_copy(update={"master_port": taken})})
+        check(node1)  # no error: node 1 does not host
+        node0 = node1.model_copy(update={"engine": node1.engine.model_copy(update={"node_rank": 0})})
+        with pytest.raises(UserError, match=f"port {taken} on this node is already in use"):
+            check(node0)
