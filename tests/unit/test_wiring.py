@@ -125,3 +125,15 @@ def test_the_engine_is_advisory_unless_the_script_can_run_deepspeed(tmp_path):
         "training.entrypoint": "a.py", "distributed.backend": "deepspeed"}), deepspeed_installed=True)
     assert cpu.is_deepspeed and "engine" in delivery(cpu, acc, [], {}, [], True).advisory  # CPU mode wins there
     assert "engine" not in delivery(cpu, acc, [], {}, [], False).routes  # no DeepSpeed plan: nothing to deliver
+
+
+def test_a_literal_path_to_either_deepspeed_file_counts_as_the_engine_route(tmp_path):
+    """A user who passes Trainer's --deepspeed with the framework file by hand gave the script DeepSpeed."""
+    hf = script(tmp_path, """
+        from transformers import HfArgumentParser, TrainingArguments
+        (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+    """, "hf.py")
+    gpu = a_plan()
+    given = ["--deepspeed", "/runs/x/deepspeed_config_hf.json"]
+    assert delivery(gpu, hf, [], {}, given, True).routes["engine"] == ["Trainer's --deepspeed (its DeepSpeed integration)"]
+    assert "engine" in delivery(gpu, hf, [], {}, ["--deepspeed", "/runs/x/other.json"], True).advisory
