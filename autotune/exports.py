@@ -3,7 +3,7 @@ DeepSpeed hostfile."""
 
 from __future__ import annotations
 
-from autotune.plan import TrainingPlan
+from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
 
 
 def accelerate_config(plan: TrainingPlan) -> dict:
@@ -22,7 +22,7 @@ def accelerate_config(plan: TrainingPlan) -> dict:
         raise UserError("export --format accelerate: Accelerate runs DeepSpeed on GPUs only (on CPU its CPU mode "
                         "turns DeepSpeed off); export this CPU plan with --ddp, or use --format deepspeed with "
                         "torchrun or the launcher")
-    mixed = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[plan.numerics.precision]
+    mixed = ACCELERATE_MIXED_PRECISION[plan.numerics.precision]
     cfg: dict = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from autotune.plan import TrainingPlan
+from autotune.deepspeed_config import FRAMEWORK_FLAVOUR_FILE
+from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
 
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
 
@@ -128,7 +129,7 @@ def plan_values_env(plan: TrainingPlan, run_dir: str) -> dict[str, str]:
         out["AUTOTUNE_DEEPSPEED_CONFIG"] = str(records / "deepspeed_config.json")
         if plan.engine.device == "cuda":  # an unmodified Accelerator() runs DeepSpeed with the plan's ZeRO
             out["ACCELERATE_USE_DEEPSPEED"] = "true"
-            out["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(records / "deepspeed_config_hf.json")
+            out["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(records / FRAMEWORK_FLAVOUR_FILE)
     if plan.run.resume_from:
         out["AUTOTUNE_RESUME_FROM"] = plan.run.resume_from
     return out
@@ -150,7 +151,7 @@ def accelerate_env(plan: TrainingPlan) -> dict[str, str]:
     DeepSpeed through Accelerate (ACCELERATE_USE_DEEPSPEED and the framework-flavoured JSON) is set with
     the plan's paths (``plan_values_env``) on GPUs only: on CPU Accelerate's CPU switch turns DeepSpeed
     off (its state.py), so an Accelerate script runs its own DDP there and the launch says so."""
-    out = {"ACCELERATE_MIXED_PRECISION": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[plan.numerics.precision],
+    out = {"ACCELERATE_MIXED_PRECISION": ACCELERATE_MIXED_PRECISION[plan.numerics.precision],
            "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(plan.batch.gradient_accumulation_steps)}
     if plan.engine.device == "cpu":
         out["ACCELERATE_USE_CPU"] = "true"

@@ -48,6 +48,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from autotune.errors import UserError, format_validation_error
 
 Backend = Literal["single", "ddp", "deepspeed"]
+# The plan's precision in Accelerate's words (its mixed_precision argument, variable and config key)
+ACCELERATE_MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 Precision = Literal["bf16", "fp16", "fp32"]
 Device = Literal["cuda", "cpu"]
 
@@ -226,7 +228,7 @@ class TrainingPlan(_Section):
     def accelerator_kwargs(self) -> dict:
         """``Accelerator(**plan.accelerator_kwargs())``: precision, accumulation, the CPU switch; on GPUs with
         a DeepSpeed plan also a ``deepspeed_plugin`` built from the framework-flavoured JSON (imports accelerate)."""
-        kw: dict = {"mixed_precision": {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[self.numerics.precision],
+        kw: dict = {"mixed_precision": ACCELERATE_MIXED_PRECISION[self.numerics.precision],
                     "gradient_accumulation_steps": self.batch.gradient_accumulation_steps,
                     "cpu": self.engine.device == "cpu"}
         if self.is_deepspeed and self.engine.device == "cuda":

@@ -93,7 +93,8 @@ class RunLog:
         self._sinks: dict[int, _Sink] = {}
         self._saved: tuple | None = None
         self._pumps: list[threading.Thread] = []
-        self._child_fds: list[int] = []
+        self._child_fds: list[int] = []  # the child's ends, closed here once it runs
+        self._readers: list[tuple[int, int]] = []  # (our read end, the real stream it copies to)
 
     def __enter__(self) -> "RunLog":
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -217,11 +217,9 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
         if not entry:  # the built-in runtime's checkpoints: refuse an incompatible one before any rank starts
             check_compatible(read_meta(resume_path), resume_path, plan.engine.backend, plan.batch.global_batch_size)
         plan = plan.model_copy(update={"run": plan.run.model_copy(update={"resume_from": str(resume_path)})})
-    from autotune.launch import records_dir
-    from autotune.script_args import expand, placeholder_values
-
     from autotune.deepspeed_config import FRAMEWORK_FLAVOUR_FILE
-    from autotune.script_args import used_placeholders
+    from autotune.launch import records_dir
+    from autotune.script_args import expand, placeholder_values, used_placeholders
     from autotune.wiring import delivery, wire_flags
 
     facts = script_facts(entry)

@@ -19,7 +19,7 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.plan import TrainingPlan
+from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
 
 # plan value -> flag names a script may declare for it (first declared one is used)
 FLAGS: dict[str, tuple[str, ...]] = {
@@ -164,7 +164,7 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
         return extra, used  # the user chose the precision
     value_flag = next((n for n in FLAGS["precision"] if n in facts.flags and not facts.flags[n]), None)
     if value_flag is not None:
-        extra += [value_flag, {"fp32": "no"}.get(precision, precision)]
+        extra += [value_flag, ACCELERATE_MIXED_PRECISION[precision]]
         used["precision"] = value_flag
     elif switches.get(precision) in facts.flags:
         extra.append(switches[precision])

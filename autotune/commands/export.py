@@ -126,14 +126,14 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "accelerate":
         import yaml
 
-        from autotune.exports import accelerate_launch_line
+        from autotune.exports import accelerate_launch_env, accelerate_launch_line
 
         cfg = accelerate_config(plan)
         line = accelerate_launch_line(plan, args.output or "accelerate.yaml", args.script)
         header = [f"# {plan.engine.world_size} process(es), micro-batch {plan.batch.micro_batch_size} per process "
                   f"(your script's batch size), gradient accumulation {plan.batch.gradient_accumulation_steps}; "
                   "start them with:", f"#   {line}"]
-        if "=" in line.split(" ")[0]:
+        if accelerate_launch_env(plan):
             header.append("# (the variables carry what an Accelerate config file cannot: the CPU switch for "
                           "several CPU processes, gradient accumulation outside DeepSpeed)")
         text = "\n".join(header) + "\n" + yaml.safe_dump(cfg, sort_keys=False)

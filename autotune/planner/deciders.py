@@ -143,7 +143,8 @@ def decide_rendezvous(x: Inputs, r: Resolver, num_nodes: int) -> tuple[int, str,
         path="distributed.node_rank", verbatim=0, verbatim_reason="--no_auto_optimize: 'auto' means node 0")
     if rank >= num_nodes:
         raise UserError(f"distributed.node_rank: must be below the number of nodes ({num_nodes}), got {rank}")
-    if in_slurm and slurm.hosts and num_nodes > 1:
+    from_slurm = in_slurm and bool(slurm.hosts) and num_nodes > 1  # the master is the allocation's first host
+    if from_slurm:
         auto = Decision(slurm.hosts[0], f"first host of the SLURM allocation {slurm.nodelist} "
                                         f"({len(slurm.hosts)} host(s))")
     else:
@@ -153,7 +154,6 @@ def decide_rendezvous(x: Inputs, r: Resolver, num_nodes: int) -> tuple[int, str,
     addr = r.resolve("master_addr", master or AUTO, lambda: auto, path="distributed.master_addr",
                      verbatim="127.0.0.1", verbatim_reason="--no_auto_optimize: 'auto' means 127.0.0.1")
     loopback = addr.startswith(LOOPBACK)
-    from_slurm = in_slurm and bool(slurm.hosts) and num_nodes > 1
     if num_nodes > 1 and loopback and master is None and rank > 0 and not from_slurm:
         raise UserError(f"distributed.master_addr: node {rank} of {num_nodes} needs the address of node 0; pass "
                         "--master_addr HOST (127.0.0.1 only when every node runs on this machine)")

@@ -91,10 +91,9 @@ def check_nodes_agree(ctx: DistContext, plan: TrainingPlan) -> None:
     less free memory) can plan differently, and the job would then train inconsistently: every rank
     compares the plans once (one small collective) and all stop together, naming each node's values
     and the flags that give every node the smallest node's plan."""
-    mine = {"node": plan.engine.node_rank, "hardware": plan.hardware, **plan_fingerprint(plan)}
-    every = gather_objects(ctx, mine)
-    keys = list(plan_fingerprint(plan))
-    if all([e[k] for k in keys] == [every[0][k] for k in keys] for e in every):
+    mine = plan_fingerprint(plan)
+    every = gather_objects(ctx, {"node": plan.engine.node_rank, "hardware": plan.hardware, **mine})
+    if all({k: e[k] for k in mine} == mine for e in every):
         return
     from autotune.errors import UserError
 

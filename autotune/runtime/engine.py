@@ -275,7 +275,9 @@ class DeepSpeedEngine:
 
     def forward_backward(self, batch, boundary: bool) -> torch.Tensor:
         x, y = _to(batch, self.ctx.device)
-        loss = _loss(self.model, self.loss_fn, x, y)
+        return self._backward_and_step(_loss(self.model, self.loss_fn, x, y), boundary)
+
+    def _backward_and_step(self, loss: torch.Tensor, boundary: bool) -> torch.Tensor:
         self.model.backward(loss)
         if self.model.is_gradient_accumulation_boundary() != boundary:
             raise RuntimeError(
@@ -316,13 +318,7 @@ class DeepSpeedEngine:
             if self.ctx.device.type == "cuda":
                 torch.cuda.empty_cache()
             return None, who
-        self.model.backward(loss)
-        if self.model.is_gradient_accumulation_boundary() != boundary:
-            raise RuntimeError(
-                f"gradient accumulation out of step: the loop says boundary={boundary}, DeepSpeed counts "
-                f"{self.model.gradient_accumulation_steps()} micro-steps per step")
-        self.model.step()
-        return loss.detach().float(), []
+        return self._backward_and_step(loss, boundary), []
 
     def set_accumulation(self, steps: int) -> None:
         """Micro-steps per optimizer step from now on: DeepSpeed's own accumulation (it divides each loss

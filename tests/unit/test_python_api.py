@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -62,7 +64,6 @@ def test_helpers_feed_a_real_dataloader_and_accelerator():
     from torch.utils.data import DataLoader, TensorDataset
 
     from autotune.config import TrainConfig, apply_overrides
-    from autotune.deepspeed_config import deepspeed_config, framework_flavour
     from autotune.planner import plan
     from autotune.profiles import load_profile
 
@@ -74,6 +75,15 @@ def test_helpers_feed_a_real_dataloader_and_accelerator():
     assert [len(b[0]) for b in loader] == [5, 5, 5, 5] and loader.num_workers == 2
     acc = Accelerator(**p.accelerator_kwargs())
     assert (acc.gradient_accumulation_steps, acc.mixed_precision, acc.device.type) == (8, "no", "cpu")
-    ds = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)
-    assert ds.deepspeed_config() == deepspeed_config(ds)
-    assert ds.deepspeed_config("framework") == framework_flavour(deepspeed_config(ds))
+    ds = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)  # ZeRO-2 on 4 GPUs, micro 16 x 4
+    engine, framework = ds.deepspeed_config(), ds.deepspeed_config("framework")
+    assert (engine["train_micro_batch_size_per_gpu"], engine["gradient_accumulation_steps"],
+            engine["train_batch_size"], engine["optimizer"]["type"]) == (16, 4, 256, "AdamW")
+    assert "optimizer" not in framework and framework["train_micro_batch_size_per_gpu"] == "auto"
+    assert framework["zero_optimization"]["stage"] == engine["zero_optimization"]["stage"] == 2
+    with pytest.raises(ValueError, match="flavour"):
+        ds.deepspeed_config("hf")
+    # on GPUs with a DeepSpeed plan, Accelerate's own plugin is built from the framework file
+    kw = ds.accelerator_kwargs()
+    assert (kw["mixed_precision"], kw["cpu"], kw["deepspeed_plugin"].zero_stage) == ("bf16", False, 2)
+    assert kw["deepspeed_plugin"].hf_ds_config.config["gradient_accumulation_steps"] == "auto"
