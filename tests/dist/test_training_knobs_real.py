@@ -255,13 +255,15 @@ def test_a_user_scripts_own_checkpoint_reaches_it_as_placeholder_and_variable_on
     """--resume_from with a user script: its own checkpoint format (any existing path) is handed over as
     {resume_from} and AUTOTUNE_RESUME_FROM; autotune adds nothing to the script's argv; a missing one is exit 2."""
     script = tmp_path / "res.py"
-    script.write_text("import os, sys\nprint('ARGV', sys.argv[1:], os.environ.get('AUTOTUNE_RESUME_FROM'), flush=True)\n")
+    # it also reads RANK and WORLD_SIZE as a torchrun script does: a one-process launch sets them too
+    script.write_text("import os, sys\nprint('ARGV', sys.argv[1:], os.environ.get('AUTOTUNE_RESUME_FROM'), "
+                      "os.environ['RANK'], os.environ['WORLD_SIZE'], flush=True)\n")
     mine = tmp_path / "my.ckpt"
     mine.write_text("the script's own format")
     cfg = _config(tmp_path, f"  entrypoint: {script}\n")
     r = launch("--config", cfg, "--run_dir", tmp_path / "r", "--resume_from", mine, "--", "--init", "{resume_from}")
     argv = [line for line in r.stdout.splitlines() if line.startswith("ARGV ")]
-    assert argv == [f"ARGV ['--init', '{mine}'] {mine}"], r.stdout[-2000:]
+    assert argv == [f"ARGV ['--init', '{mine}'] {mine} 0 1"], r.stdout[-2000:]
     bad = subprocess.run([str(ROOT / "launch_distributed_training.sh"), "--config", str(cfg), "--run_dir",
                           str(tmp_path / "r2"), "--resume_from", str(tmp_path / "nope")],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
