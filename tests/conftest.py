@@ -18,6 +18,17 @@ def run_cli(*args, env=None, timeout=120, cwd=None):
                           timeout=timeout, cwd=cwd or ROOT)
 
 
+@pytest.fixture(autouse=True)
+def _children_outside_mutmut_stats(monkeypatch):
+    """Under `make mutation`, mutmut's stats phase (which tests reach which functions) marks the
+    process with MUTANT_UNDER_TEST=stats; a child process inheriting it records its hits through
+    mutmut's configuration, which it cannot find when the test runs it from another directory. The
+    children run the original code in that phase (their hits were never counted); while a mutant runs,
+    they inherit its name and run the mutant. Outside mutmut this does nothing."""
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        monkeypatch.delenv("MUTANT_UNDER_TEST")
+
+
 @pytest.fixture
 def cli():
     return run_cli
