@@ -2,7 +2,10 @@
 
 - the master address resolves;
 - on node 0, the master port is free (another program listening there would take the
-  rendezvous, or make it fail after a long wait).
+  rendezvous, or make it fail after a long wait);
+- on the other nodes, whatever answers at the master's port is a PyTorch rendezvous store (torchrun's
+  TCPStore answers its own PING), not some other program; nothing answering yet is fine (node 0 may
+  start later, and the rendezvous budget covers the wait).
 
 The rendezvous budget itself (``distributed.rendezvous_timeout_s``) is torchrun's: a node left
 alone gives up after it, and the launcher says so (``explain_failure``).
@@ -10,7 +13,9 @@ alone gives up after it, and the launcher says so (``explain_failure``).
 
 from __future__ import annotations
 
+import os
 import socket
+import struct
 
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan
@@ -26,11 +31,51 @@ def check(plan: TrainingPlan) -> None:
         raise UserError(f"distributed.master_addr: {eng.master_addr!r} does not resolve on this node ({e}); give "
                         "node 0's address or host name, the same on every node") from None
     # Node 0 hosts the store (under SLURM node 0 is the allocation's first host, the master): its port
-    # must be free. Another node finding it taken is no sign of trouble (on one test host it is node 0's).
+    # must be free. The other nodes find it taken once node 0 is up (on one test host, by node 0 itself):
+    # they check what answers there.
     if eng.node_rank == 0:
         if not port_free(eng.master_port):
             raise UserError(f"distributed.master_port: port {eng.master_port} on this node is already in use by "
                             "another program; choose a free one with --master_port (the same on every node)")
+        return
+    found = probe_store(eng.master_addr, eng.master_port)
+    if found.startswith("foreign"):
+        raise UserError(f"distributed.master_port: {eng.master_addr}:{eng.master_port} is answered by another "
+                        f"program, not node 0's rendezvous ({found.partition(': ')[2]}); choose a free port with "
+                        "--master_port, the same on every node")
+
+
+# torch's TCPStore protocol (torch/csrc/distributed/c10d/TCPStoreBackend.hpp, the same in the libuv and
+# the classic backend): a query type byte, then its arguments in the host's byte order. VALIDATE carries
+# the magic number; PING carries a nonce the store sends back.
+_VALIDATE, _PING, _MAGIC = 0, 13, 0x3C85F7CE
+
+
+def probe_store(host: str, port: int, timeout_s: float = 3.0) -> str:
+    """What listens at ``host:port``: "store" (a TCPStore answered our PING), "absent" (nothing accepts
+    a connection yet), or "foreign: <what it did>". Bounded by ``timeout_s`` per step."""
+    nonce = (os.getpid() * 2654435761 + 1) & 0xFFFFFFFF
+    try:
+        conn = socket.create_connection((host, port), timeout=timeout_s)
+    except OSError:
+        return "absent"
+    with conn:
+        try:
+            conn.sendall(struct.pack("=BI", _VALIDATE, _MAGIC) + struct.pack("=BI", _PING, nonce))
+            reply = b""
+            while len(reply) < 4:
+                chunk = conn.recv(4 - len(reply))
+                if not chunk:
+                    return ("foreign: it closed the connection without answering" if not reply
+                            else f"foreign: it answered {reply!r}")
+                reply += chunk
+        except socket.timeout:
+            return f"foreign: it accepts connections but did not answer within {timeout_s:g} s"
+        except OSError as e:
+            return f"foreign: the connection failed ({e.strerror or e})"
+    if struct.unpack("=I", reply)[0] != nonce:
+        return f"foreign: it answered {reply!r}"
+    return "store"
 
 
 def port_free(port: int) -> bool:

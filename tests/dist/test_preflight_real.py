@@ -50,3 +50,19 @@ def test_an_unresolvable_master_is_one_line(small_config, tmp_path):
                       "--master_addr", "no-such-host.invalid")
     assert r.returncode == 2 and took < 30
     assert "distributed.master_addr: 'no-such-host.invalid' does not resolve" in r.stderr
+
+
+def test_node_1_refuses_a_master_port_answered_by_another_program(small_config, tmp_path):
+    """A non-zero node reaching the master finds something else listening there (it accepts and never
+    answers, as a stuck service would): one line, exit 2, nothing written, in seconds rather than after
+    the rendezvous budget."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        r, took = _launch("--config", small_config, "--run_dir", tmp_path / "foreign", "--num_nodes", 2,
+                          "--node_rank", 1, "--master_addr", "127.0.0.1", "--master_port", port)
+    assert r.returncode == 2 and took < 30 and "Traceback" not in r.stderr, (r.returncode, took, r.stderr)
+    assert (f"distributed.master_port: 127.0.0.1:{port} is answered by another program, not node 0's rendezvous "
+            "(it accepts connections but did not answer within 3 s)") in r.stderr
+    assert not (tmp_path / "foreign" / "plan.json").exists()

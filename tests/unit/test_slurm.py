@@ -118,11 +118,15 @@ def test_export_slurm_and_hostfile(cli, tmp_path):
     assert t.stdout.strip().endswith("train.py --bs 16")
 
 
-def test_an_allocation_on_one_test_host_is_warned_not_refused_and_only_node_0_checks_the_port():
+def test_an_allocation_on_one_test_host_is_warned_not_refused_and_only_node_0_needs_the_port_free():
     """Two 'nodes' of one host (the CI's emulation): the first host is loopback. Without SLURM a node 1
     with no master is refused; with the allocation it is its master, warned about. Node 1's preflight
-    leaves the port alone (node 0 hosts the store; on one host node 0 already holds it)."""
+    accepts a port held by a rendezvous store (node 0's, on one host) and refuses one held by a program
+    that does not answer as a store; node 0 refuses any holder."""
     import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
 
     from autotune.preflight import check
 
@@ -133,12 +137,83 @@ def test_an_allocation_on_one_test_host_is_warned_not_refused_and_only_node_0_ch
     with pytest.raises(UserError, match="node 1 of 2 needs the address of node 0"):
         plan(load_profile("2x4xL4"), apply_overrides(TrainConfig(), {"distributed.node_rank": 1}),
              deepspeed_installed=True)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+    node1 = p.model_copy(update={"engine": p.engine.model_copy(update={"master_port": store.port})})
+    check(node1)  # no error: node 0's store answers there
+    node0 = node1.model_copy(update={"engine": node1.engine.model_copy(update={"node_rank": 0})})
+    with pytest.raises(UserError, match=f"port {store.port} on this node is already in use"):
+        check(node0)
+    del store
     with socket.socket() as s:
         s.bind(("", 0))
+        s.listen()  # accepts (the kernel's backlog), never answers
+        silent = node1.model_copy(update={"engine": node1.engine.model_copy(update={"master_port": s.getsockname()[1]})})
+        with pytest.raises(UserError, match=f"localhost:{s.getsockname()[1]} is answered by another program, not "
+                                            "node 0's rendezvous .it accepts connections but did not answer"):
+            check(silent)
+
+
+def _serve(behaviour):
+    """A one-connection TCP server on a free port doing ``behaviour(conn)``; returns (port, thread)."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def run():
+        with srv:
+            conn, _ = srv.accept()
+            with conn:
+                behaviour(conn)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return srv.getsockname()[1], t
+
+
+def test_the_store_probe_tells_torchs_store_from_other_programs_and_from_nothing():
+    """Node 1's look at the master port, against a real TCPStore (both of torch's backends) and the
+    programs a port can be taken by: an echo service, one that greets first (SSH), one that closes,
+    one that never answers. Each verdict within the probe's time bound."""
+    import socket
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from autotune.preflight import probe_store
+
+    for libuv in (True, False):
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=5), use_libuv=libuv)
+        assert probe_store("127.0.0.1", store.port) == "store", libuv
+        store.set("still", "works")  # the probe left the store usable
+        assert store.get("still") == b"works"
+        del store
+
+    def echo(conn):
+        conn.sendall(conn.recv(64))
+
+    def greets(conn):
+        conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+        conn.recv(64)
+
+    def closes(conn):
+        conn.recv(64)  # read what came, then close (unread data would reset the connection instead)
+
+    for behaviour, verdict in ((echo, "foreign: it answered b'\\x00"), (greets, "foreign: it answered b'SSH-'"),
+                               (closes, "foreign: it closed the connection without answering")):
+        port, t = _serve(behaviour)
+        assert probe_store("127.0.0.1", port).startswith(verdict), behaviour.__name__
+        t.join(5)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
         s.listen()
-        taken = s.getsockname()[1]
-        node1 = p.model_copy(update={"engine": p.engine.model_copy(update={"master_port": taken})})
-        check(node1)  # no error: node 1 does not host
-        node0 = node1.model_copy(update={"engine": node1.engine.model_copy(update={"node_rank": 0})})
-        with pytest.raises(UserError, match=f"port {taken} on this node is already in use"):
-            check(node0)
+        start = time.monotonic()
+        assert probe_store("127.0.0.1", s.getsockname()[1], timeout_s=0.5) == (
+            "foreign: it accepts connections but did not answer within 0.5 s")
+        assert time.monotonic() - start < 3
+        free = s.getsockname()[1]
+    assert probe_store("127.0.0.1", free) == "absent"
