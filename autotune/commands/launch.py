@@ -80,9 +80,13 @@ def run(args: argparse.Namespace) -> int:
         overrides["training.wire"] = args.wire
     if args.workdir:
         overrides["training.workdir"] = args.workdir
-    setup = prepare(load_config(args.config), overrides, args.hardware, auto_optimize=not args.no_auto_optimize,
-                    debug=args.debug, policy=args.policy, run_dir=args.run_dir, resume_from=args.resume_from,
-                    script_args=script_args, environ=os.environ, python=sys.executable, force=args.force)
+    import functools
+
+    planned = functools.partial(prepare, load_config(args.config), overrides, auto_optimize=not args.no_auto_optimize,
+                                debug=args.debug, policy=args.policy, run_dir=args.run_dir,
+                                resume_from=args.resume_from, script_args=script_args, environ=os.environ,
+                                python=sys.executable, force=args.force)
+    setup = planned(args.hardware)
     from autotune.rundir import RunLock, check_creatable, check_usable
 
     check_creatable(setup.records_dir)
@@ -93,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.preflight import check as preflight
 
     preflight(setup.plan)
+    setup = _with_the_other_nodes(setup, planned)
     lock = RunLock(setup.records_dir).acquire(sys.argv)
     try:
         write_records(setup.records_dir, setup.plan, setup.hardware, setup.deepspeed_config, setup.launch_spec,
@@ -103,6 +108,29 @@ def run(args: argparse.Namespace) -> int:
             return _execute(setup, lock, log)
     finally:
         lock.release()
+
+
+def _with_the_other_nodes(setup, planned):
+    """Several nodes: exchange what each detected and plan every node for the smallest (autotune.nodes).
+    The node's own detected profile stays what its records call its hardware."""
+    eng = setup.plan.engine
+    if eng.num_nodes == 1:
+        return setup
+    import dataclasses
+
+    from autotune.nodes import exchange, smallest
+
+    print(f"Multi-node: node {eng.node_rank} of {eng.num_nodes} meets the others at {eng.master_addr}:"
+          f"{eng.master_port} to compare hardware; waits up to {eng.rendezvous_timeout_s} s "
+          "(distributed.rendezvous_timeout_s)", flush=True)
+    profiles = exchange(eng.num_nodes, eng.node_rank, eng.master_addr, eng.master_port, setup.hardware,
+                        eng.rendezvous_timeout_s)
+    combined, lines = smallest(profiles)
+    if not lines:
+        return setup
+    again = planned(combined, run_dir=str(setup.run_dir))  # the run dir chosen already, not a new name
+    plan = again.plan.model_copy(update={"warnings": (*again.plan.warnings, *lines)})
+    return dataclasses.replace(again, plan=plan, hardware=setup.hardware)
 
 
 def _print_dry_run(setup, as_json: bool) -> None:
@@ -118,6 +146,10 @@ def _print_dry_run(setup, as_json: bool) -> None:
         return
     render_plan(setup.plan, sys.stdout)
     print(f"\nRun directory: {setup.run_dir} (not created: --dry-run)")
+    eng = setup.plan.engine
+    if eng.num_nodes > 1:
+        print(f"Nodes: this is node {eng.node_rank}'s own plan; at launch the {eng.num_nodes} nodes compare hardware "
+              f"at {eng.master_addr}:{eng.master_port} and every node plans for the smallest")
     if setup.resume_path:
         print(f"Resume from: {setup.resume_path}{_resume_note(setup)}")
     print("Command:")

@@ -87,10 +87,11 @@ def plan_fingerprint(plan: TrainingPlan) -> dict:
 
 
 def check_nodes_agree(ctx: DistContext, plan: TrainingPlan) -> None:
-    """Several nodes: each launcher planned from its own node's hardware. Nodes that differ (other GPUs,
-    less free memory) can plan differently, and the job would then train inconsistently: every rank
-    compares the plans once (one small collective) and all stop together, naming each node's values
-    and the flags that give every node the smallest node's plan."""
+    """Several nodes: the launchers planned every node for the smallest node's hardware (autotune.nodes),
+    but nodes given different flags (or whose free memory changed after the comparison) still plan
+    differently, and the job would then train inconsistently: every rank compares the plans once (one
+    small collective) and all stop together, naming each node's values and the flags that give every
+    node the smallest node's plan."""
     mine = plan_fingerprint(plan)
     every = gather_objects(ctx, {"node": plan.engine.node_rank, "hardware": plan.hardware, **mine})
     if all({k: e[k] for k in mine} == mine for e in every):
@@ -105,8 +106,9 @@ def check_nodes_agree(ctx: DistContext, plan: TrainingPlan) -> None:
     small = min(nodes.values(), key=lambda e: (e["micro_batch_size"], e["node"]))
     fix = (f"--batch_size {small['micro_batch_size']} --grad_accum {small['gradient_accumulation_steps']} "
            f"--precision {small['precision']}")
-    raise UserError("the nodes of this job planned differently (different hardware or free memory, or different "
-                    f"flags); give every node the smallest node's plan: add {fix} on every node", lines)
+    raise UserError("the nodes of this job planned differently (different flags, or free memory that changed "
+                    f"after the nodes compared hardware); give every node the smallest node's plan: add {fix} on "
+                    "every node", lines)
 
 
 def wait_for_everyone(ctx: DistContext) -> None:

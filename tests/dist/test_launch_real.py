@@ -315,7 +315,6 @@ def test_two_nodes_on_one_machine_through_the_slurm_path(runs, small_config, tmp
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "AUTOTUNE_PLAN"}
     env.update(SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="localhost,127.0.0.1", SLURM_JOB_NUM_NODES="2")
     flags = ["--deepspeed", "--zero_stage", "2"] if engine == "deepspeed" else ["--ddp"]
-    import time
 
     def start(node):
         return subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(small_config),
@@ -324,14 +323,8 @@ def test_two_nodes_on_one_machine_through_the_slurm_path(runs, small_config, tmp
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                 env={**env, "SLURM_NODEID": str(node)})
 
-    # On one host both agents match the first host's name and may host the rendezvous store; node 0's
-    # preflight (its port must be free) runs first, as it would on separate machines.
-    procs = [start(0)]
-    deadline = time.monotonic() + 120
-    while not (run / "plan.json").exists():
-        assert procs[0].poll() is None and time.monotonic() < deadline, procs[0].communicate()
-        time.sleep(0.1)
-    procs.append(start(1))
+    # Started together, node 1 first: it waits for node 0 at the hardware exchange (autotune.nodes).
+    procs = [start(1), start(0)][::-1]
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, f"{out[-2000:]}\n{err[-4000:]}"

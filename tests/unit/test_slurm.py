@@ -95,6 +95,9 @@ def test_dry_run_under_slurm_variables_for_node_1(cli):
     d = json.loads(r.stdout)
     assert (d["plan"]["node_rank"], d["plan"]["master_addr"], d["plan"]["num_nodes"]) == (1, "node01", 2)
     assert "--rdzv_endpoint=node01:29500" in d["launch"]["argv"] and "--rdzv_id=77" in d["launch"]["argv"]
+    text = cli("autotune", "launch", "--dry-run", env=NODE1)
+    assert ("Nodes: this is node 1's own plan; at launch the 2 nodes compare hardware at node01:29500 and every "
+            "node plans for the smallest") in text.stdout
 
 
 def test_export_slurm_and_hostfile(cli, tmp_path):

@@ -1,0 +1,152 @@
+"""Several nodes, one plan.
+
+Each node's launcher detects its own machine. Nodes of one job can differ (other GPUs, less free
+memory, a smaller cgroup), and a plan made per node would then train inconsistently (different
+micro-batches, world sizes that do not add up). So before any rank starts, the launchers exchange
+what they detected through a PyTorch TCPStore on the master's port (node 0 hosts it for a moment,
+then closes it for torchrun's own rendezvous on the same port), and every node plans for
+``smallest(...)`` of them: the same plan everywhere, said in the plan's warnings.
+
+The exchange doubles as the "are all nodes here" check: node 0 names the nodes that did not report
+within ``distributed.rendezvous_timeout_s``; a node that cannot reach node 0 says so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from autotune.errors import UserError
+from autotune.profiles import GPUInfo, HardwareProfile
+
+_INTERCONNECT_ORDER = ("none", "unknown", "pcie", "nvlink")  # weakest first
+_PREFIX = "autotune/hardware/"
+
+
+def _min_known(values):
+    """The smallest value, or None when any is unknown (planning must not assume the unknown is large)."""
+    values = list(values)
+    return None if any(v is None for v in values) else min(values)
+
+
+def _gpu_memory(hw: HardwareProfile) -> int | None:
+    mems = [g.memory_free_mib if g.memory_free_mib is not None else g.memory_total_mib for g in hw.gpus.devices]
+    return _min_known(mems) if mems else None
+
+
+def node_line(hw: HardwareProfile) -> str:
+    """What of a node's hardware changes a plan, in one line."""
+    g = hw.gpus
+    if g.count:
+        names = sorted({d.name or "?" for d in g.devices})
+        mem = _gpu_memory(hw)
+        gpus = f"{g.count} GPU(s) {'/'.join(names)}, " + (f"{mem / 1024:.1f} GiB free" if mem is not None
+                                                          else "memory unknown")
+    else:
+        gpus = "no GPU"
+    ram = hw.memory.effective_mib
+    return (f"{gpus}, {hw.cpu.effective_cores} effective core(s), "
+            + (f"{ram / 1024:.1f} GiB RAM" if ram is not None else "RAM unknown")
+            + (f", InfiniBand {'/'.join(hw.infiniband)}" if hw.infiniband else ""))
+
+
+def _key(hw: HardwareProfile) -> tuple:
+    """Plan-relevant facts; nodes equal in these plan identically."""
+    devices = tuple((d.name, d.memory_total_mib, d.memory_free_mib, d.compute_capability, d.mig_instance,
+                     d.mig_slices_mib) for d in hw.gpus.devices)
+    return (devices, hw.gpus.interconnect, hw.cpu.effective_cores, hw.memory.effective_mib, hw.infiniband)
+
+
+def smallest(profiles: Mapping[int, HardwareProfile]) -> tuple[HardwareProfile, list[str]]:
+    """Node rank -> detected profile, to (the profile every node plans for, lines saying how the nodes
+    differ; none when they plan alike). The smallest is the node with the fewest GPUs (then the least
+    GPU memory, RAM, cores), with every per-GPU and host figure lowered to the smallest any node has:
+    GPU i's memory and compute capability over the nodes' GPU i, effective cores and RAM; InfiniBand
+    only if every node has it; the weakest interconnect."""
+    if not profiles:
+        raise ValueError("no node profiles")
+    ranks = sorted(profiles)
+    if len({_key(profiles[r]) for r in ranks}) == 1:
+        return profiles[ranks[0]], []
+
+    def size(r):
+        hw = profiles[r]
+        return (hw.gpus.count, _gpu_memory(hw) or 0, hw.memory.effective_mib or 0, hw.cpu.effective_cores, r)
+
+    base = profiles[min(ranks, key=size)]
+    every = [profiles[r] for r in ranks]
+    devices = []
+    for i, d in enumerate(base.gpus.devices):
+        peers = [hw.gpus.devices[i] for hw in every]
+        caps = [p.compute_capability_tuple() for p in peers]
+        cap = None if any(c is None for c in caps) else "%d.%d" % min(caps)
+        devices.append(GPUInfo.model_validate({
+            **d.model_dump(), "memory_total_mib": _min_known(p.memory_total_mib for p in peers),
+            "memory_free_mib": _min_known(p.memory_free_mib for p in peers), "compute_capability": cap}))
+    links = [hw.gpus.interconnect for hw in every]
+    interconnect = min(links, key=_INTERCONNECT_ORDER.index)
+    ibs = [hw.infiniband for hw in every]
+    infiniband = None if any(ib is None for ib in ibs) else (base.infiniband if all(ibs) else ())
+    cores = min(hw.cpu.effective_cores for hw in every)
+    ram = _min_known(hw.memory.effective_mib for hw in every)
+    why = f"the smallest of {len(every)} nodes"
+    combined = base.model_copy(update={
+        "description": f"{why} of this job",
+        "gpus": base.gpus.model_copy(update={
+            "devices": tuple(devices), "interconnect": interconnect,
+            "interconnect_reason": base.gpus.interconnect_reason if interconnect == base.gpus.interconnect
+            else f"{why}: {interconnect}"}),
+        "cpu": base.cpu.model_copy(update={"effective_cores": cores, "effective_cores_reason": f"{why}: {cores}"}),
+        "memory": base.memory.model_copy(update={"effective_mib": ram, "effective_reason": f"{why}: {ram} MiB"}),
+        "infiniband": infiniband,
+    })
+    lines = [f"the nodes differ; every node plans for the smallest ({node_line(combined)}):"]
+    lines += [f"  node {r}: {node_line(profiles[r])}" for r in ranks]
+    return combined, lines
+
+
+def exchange(num_nodes: int, node_rank: int, master_addr: str, master_port: int, mine: HardwareProfile,
+             timeout_s: float, poll_s: float = 0.1) -> dict[int, HardwareProfile]:
+    """Every node's detected profile, by node rank, through a TCPStore that node 0 hosts on the master's
+    port until every node has read every profile. Raises UserError naming the missing nodes (node 0),
+    an unreachable node 0 (the others), or two nodes claiming one rank; bounded by ``timeout_s``."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + timeout_s
+    where = f"{master_addr}:{master_port}"
+    try:
+        store = dist.TCPStore(master_addr, master_port, is_master=node_rank == 0, wait_for_workers=False,
+                              timeout=timedelta(seconds=timeout_s))
+    except Exception as e:  # torch raises DistNetworkError / RuntimeError with its own text
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if node_rank == 0:
+            raise UserError(f"distributed.master_port: node 0 could not open {where} for the nodes' meeting "
+                            f"({first}); choose a free port with --master_port, the same on every node") from None
+        raise UserError(f"node {node_rank} of {num_nodes} could not reach node 0 at {where} within {timeout_s:g} s "
+                        "(distributed.rendezvous_timeout_s): start the same command on node 0, check that the "
+                        "port is reachable from here, or raise the budget") from None
+    try:
+        if store.add(f"{_PREFIX}claim/{node_rank}", 1) > 1:
+            raise UserError(f"distributed.node_rank: two nodes of this job both say they are node {node_rank}; "
+                            f"give each node its own rank 0..{num_nodes - 1}")
+        store.set(f"{_PREFIX}{node_rank}", mine.to_json(indent=None))
+        keys = [f"{_PREFIX}{r}" for r in range(num_nodes)]
+        while not store.check(keys):
+            if time.monotonic() > deadline:
+                missing = [r for r, k in enumerate(keys) if not store.check([k])]
+                raise UserError(
+                    f"node(s) {', '.join(map(str, missing))} of {num_nodes} did not join at {where} within "
+                    f"{timeout_s:g} s (distributed.rendezvous_timeout_s): start the same command on every node "
+                    f"(node ranks 0..{num_nodes - 1}), check that {where} is reachable from them, or raise the "
+                    "budget")
+            time.sleep(poll_s)
+        profiles = {r: HardwareProfile.model_validate_json(store.get(k)) for r, k in enumerate(keys)}
+        store.add(f"{_PREFIX}read", 1)
+        if node_rank == 0:  # keep the store up until every node has read (then torchrun takes the port)
+            while store.add(f"{_PREFIX}read", 0) < num_nodes and time.monotonic() < deadline + 5:
+                time.sleep(poll_s)
+        return profiles
+    finally:
+        del store

@@ -1,0 +1,189 @@
+"""Several nodes plan as one: the smallest of the nodes' detected profiles (hand-derived from the
+presets' vendor figures), and the exchange of profiles through a real TCPStore on localhost."""
+
+import socket
+import threading
+
+import pytest
+
+from autotune.config import TrainConfig, apply_overrides
+from autotune.errors import UserError
+from autotune.nodes import exchange, smallest
+from autotune.planner import plan
+from autotune.profiles import load_profile
+
+A100_80 = load_profile("4xA100-80GB")
+A100_40 = load_profile("8xA100-40GB")
+L4 = load_profile("4xL4")
+CPU = load_profile("cpu-only")
+
+
+def _one_node(hw):
+    return hw.model_copy(update={"num_nodes": 1})
+
+
+def test_alike_nodes_plan_as_they_are_and_say_nothing():
+    combined, lines = smallest({0: L4, 1: L4, 2: L4})
+    assert combined is L4 and lines == []
+
+
+def test_fewer_gpus_and_less_memory_each_come_from_the_node_that_has_them():
+    """Node 0: 4x A100-80GB; node 1: 8x A100-40GB. Every node runs 4 ranks (node 0 has only 4 GPUs),
+    each planned for 40 GB (node 1's GPUs); cores and RAM are the smaller of the two."""
+    a, b = _one_node(A100_80), _one_node(A100_40)
+    combined, lines = smallest({0: a, 1: b})
+    assert combined.gpus.count == 4
+    assert {d.memory_total_mib for d in combined.gpus.devices} == {b.gpus.devices[0].memory_total_mib}
+    assert combined.gpus.devices[0].memory_total_mib < a.gpus.devices[0].memory_total_mib
+    assert combined.cpu.effective_cores == min(a.cpu.effective_cores, b.cpu.effective_cores)
+    assert combined.memory.effective_mib == min(a.memory.effective_mib, b.memory.effective_mib)
+    assert lines[0].startswith("the nodes differ; every node plans for the smallest (4 GPU(s)")
+    assert lines[1].startswith("  node 0: 4 GPU(s) NVIDIA A100") and lines[2].startswith("  node 1: 8 GPU(s)")
+    # The plan made from it: 4 processes per node on 2 nodes, the 40 GB band's micro-batch (32; 64 at 80 GB).
+    cfg = apply_overrides(TrainConfig(), {"training.global_batch_size": 2048, "distributed.num_nodes": 2, "distributed.node_rank": 0,
+                                          "distributed.master_addr": "10.0.0.1"})
+    p = plan(combined, cfg, deepspeed_installed=True)
+    four40 = b.model_copy(update={"gpus": b.gpus.model_copy(update={"devices": b.gpus.devices[:4]})})
+    as40, as80 = plan(four40, cfg, deepspeed_installed=True), plan(a, cfg, deepspeed_installed=True)
+    assert p.engine.nproc_per_node == 4 and p.engine.world_size == 8
+    assert p.batch == as40.batch and as40.batch.micro_batch_size < as80.batch.micro_batch_size
+    assert p.batch.global_batch_size == as80.batch.global_batch_size  # the effective batch is held
+
+
+def test_the_oldest_gpu_sets_the_precision_and_unknowns_stay_unknown():
+    """An L4 (8.9, bf16) node with a node whose GPUs report compute capability 7.0 (no bf16): the plan
+    is fp16. One node whose free memory is unknown makes the combined free memory unknown, not the
+    other node's figure."""
+    old = L4.model_copy(update={"gpus": L4.gpus.model_copy(update={"devices": tuple(
+        d.model_copy(update={"compute_capability": "7.0", "memory_free_mib": None}) for d in L4.gpus.devices)})})
+    combined, lines = smallest({0: L4, 1: old})
+    assert {d.compute_capability for d in combined.gpus.devices} == {"7.0"}
+    assert {d.memory_free_mib for d in combined.gpus.devices} == {None}
+    assert lines
+    p = plan(combined, TrainConfig(), deepspeed_installed=True)
+    assert p.numerics.precision == "fp16"
+    assert plan(L4, TrainConfig(), deepspeed_installed=True).numerics.precision == "bf16"
+
+
+def test_infiniband_and_the_interconnect_count_only_when_every_node_has_them():
+    ib = L4.model_copy(update={"infiniband": ("mlx5_0",), "gpus": L4.gpus.model_copy(update={"interconnect": "nvlink"})})
+    none = L4.model_copy(update={"infiniband": (), "gpus": L4.gpus.model_copy(update={"interconnect": "pcie"})})
+    combined, _ = smallest({0: ib, 1: none})
+    assert combined.infiniband == () and combined.gpus.interconnect == "pcie"
+    combined, _ = smallest({0: ib, 1: L4.model_copy(update={"infiniband": None})})
+    assert combined.infiniband is None
+
+
+def test_a_smaller_cpu_node_lowers_cores_and_ram():
+    small = CPU.model_copy(update={"cpu": CPU.cpu.model_copy(update={"effective_cores": 1}),
+                                   "memory": CPU.memory.model_copy(update={"effective_mib": 2048})})
+    combined, lines = smallest({0: CPU, 1: small})
+    assert (combined.cpu.effective_cores, combined.memory.effective_mib) == (1, 2048)
+    assert "1 effective core(s), 2.0 GiB RAM" in lines[0]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _nodes(profiles, port, timeout_s=20.0):
+    """Run ``exchange`` for each node rank in its own thread (one process, real sockets)."""
+    out, errors = {}, {}
+
+    def node(r):
+        try:
+            out[r] = exchange(len(profiles), r, "127.0.0.1", port, profiles[r], timeout_s, poll_s=0.02)
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors[r] = e
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in sorted(profiles, reverse=True)]  # node 0 last
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out, errors
+
+
+def test_every_node_receives_every_profile_and_node_0_frees_the_port():
+    port = _free_port()
+    out, errors = _nodes({0: L4, 1: CPU, 2: A100_40}, port)
+    assert errors == {}
+    assert all(got == {0: L4, 1: CPU, 2: A100_40} for got in out.values()) and sorted(out) == [0, 1, 2]
+    with socket.socket() as s:  # torchrun binds the same port next
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", port))
+
+
+def test_a_lone_node_0_names_the_missing_nodes_and_a_lone_node_1_names_node_0():
+    with pytest.raises(UserError, match=r"node\(s\) 1, 2 of 3 did not join at 127.0.0.1:\d+ within 1 s"):
+        exchange(3, 0, "127.0.0.1", _free_port(), CPU, 1.0, poll_s=0.02)
+    with pytest.raises(UserError, match=r"node 1 of 2 could not reach node 0 at 127.0.0.1:\d+ within 1 s"):
+        exchange(2, 1, "127.0.0.1", _free_port(), CPU, 1.0)
+
+
+def test_two_nodes_claiming_one_rank_are_refused():
+    """Node 0 joined by two nodes that both say they are node 1 (a copy-pasted --node_rank)."""
+    port = _free_port()
+    results = []
+
+    def twin():
+        try:
+            exchange(2, 1, "127.0.0.1", port, CPU, 3.0, poll_s=0.02)
+            results.append("ok")
+        except UserError as e:
+            results.append(str(e))
+
+    host = threading.Thread(target=lambda: results.append(_host(port)))
+    host.start()
+    twins = [threading.Thread(target=twin) for _ in range(2)]
+    for t in twins:
+        t.start()
+    for t in [host, *twins]:
+        t.join(30)
+    assert any("two nodes of this job both say they are node 1" in r for r in results), results
+
+
+def _host(port):
+    try:
+        exchange(2, 0, "127.0.0.1", port, CPU, 3.0, poll_s=0.02)
+        return "host ok"
+    except UserError as e:
+        return str(e)
+
+
+def test_a_launch_on_a_bigger_node_replans_for_the_smaller_one_and_keeps_its_own_records(tmp_path):
+    """The launcher's step (commands.launch._with_the_other_nodes) against a real peer: node 0 (8 cores)
+    meets node 1 (2 cores) through the store; node 0's plan becomes the 2-core plan (threads per rank
+    follow the cores), says why in its warnings, keeps its run dir, and its records keep its own
+    detected hardware."""
+    import functools
+
+    from autotune.commands.launch import _with_the_other_nodes
+    from autotune.runs import prepare
+
+    def cores(n):
+        return CPU.model_copy(update={"cpu": CPU.cpu.model_copy(update={"effective_cores": n}),
+                                      "num_nodes": 1})
+
+    big, small = cores(8), cores(2)
+    port = _free_port()
+    over = {"distributed.num_nodes": 2, "distributed.node_rank": 0, "distributed.master_addr": "127.0.0.1",
+            "distributed.master_port": port, "distributed.rendezvous_timeout_s": 30}
+    planned = functools.partial(prepare, TrainConfig(), over, environ={}, runs_root=tmp_path)
+    setup = planned(big)
+    peer = threading.Thread(target=lambda: exchange(2, 1, "127.0.0.1", port, small, 30.0, poll_s=0.02))
+    peer.start()
+    after = _with_the_other_nodes(setup, planned)
+    peer.join(30)
+    alone_small = planned(small)
+    assert setup.plan.loader.omp_num_threads == 8 and alone_small.plan.loader.omp_num_threads == 2
+    assert after.plan.loader == alone_small.plan.loader and after.plan.batch == alone_small.plan.batch
+    assert after.plan.warnings[-3:] == (
+        "the nodes differ; every node plans for the smallest (no GPU, 2 effective core(s), "
+        f"{CPU.memory.effective_mib / 1024:.1f} GiB RAM):",
+        f"  node 0: no GPU, 8 effective core(s), {CPU.memory.effective_mib / 1024:.1f} GiB RAM",
+        f"  node 1: no GPU, 2 effective core(s), {CPU.memory.effective_mib / 1024:.1f} GiB RAM")
+    assert after.run_dir == setup.run_dir and after.hardware == big
+    assert after.launch_spec.env["OMP_NUM_THREADS"] == "2" and setup.launch_spec.env["OMP_NUM_THREADS"] == "8"
