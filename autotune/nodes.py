@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 
 from autotune.errors import UserError
+from autotune.planner.deciders import LOOPBACK
 from autotune.profiles import GPUInfo, HardwareProfile
 
 _INTERCONNECT_ORDER = ("none", "unknown", "pcie", "nvlink")  # weakest first
@@ -124,9 +125,11 @@ def exchange(num_nodes: int, node_rank: int, master_addr: str, master_port: int,
         if node_rank == 0:
             raise UserError(f"distributed.master_port: node 0 could not open {where} for the nodes' meeting "
                             f"({first}); choose a free port with --master_port, the same on every node") from None
+        here = (f"; {master_addr} is this machine, so node 0 must run here too: give node 0's address with "
+                "--master_addr" if master_addr.startswith(LOOPBACK) else "")
         raise UserError(f"node {node_rank} of {num_nodes} could not reach node 0 at {where} within {timeout_s:g} s "
                         "(distributed.rendezvous_timeout_s): start the same command on node 0, check that the "
-                        "port is reachable from here, or raise the budget") from None
+                        f"port is reachable from here, or raise the budget{here}") from None
     try:
         if store.add(f"{_PREFIX}claim/{node_rank}", 1) > 1:
             raise UserError(f"distributed.node_rank: two nodes of this job both say they are node {node_rank}; "
