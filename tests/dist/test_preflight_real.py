@@ -5,6 +5,7 @@ import socket
 import subprocess
 import time
 
+import pytest
 from support import ROOT
 
 
@@ -34,18 +35,6 @@ def test_a_lone_node_gives_up_within_its_rendezvous_budget_and_says_why(small_co
     assert "Traceback" not in r.stderr
 
 
-def test_node_0_refuses_a_master_port_held_by_another_program(small_config, tmp_path):
-    with socket.socket() as other:
-        other.bind(("0.0.0.0", 0))
-        other.listen()
-        port = other.getsockname()[1]
-        r, took = _launch("--config", small_config, "--run_dir", tmp_path / "busy", "--num_nodes", 2,
-                          "--node_rank", 0, "--master_addr", "127.0.0.1", "--master_port", port)
-    assert r.returncode == 2 and took < 30 and "Traceback" not in r.stderr
-    assert f"distributed.master_port: port {port} on this node is already in use" in r.stderr
-    assert not (tmp_path / "busy" / "plan.json").exists()  # nothing written
-
-
 def test_an_unresolvable_master_is_one_line(small_config, tmp_path):
     r, took = _launch("--config", small_config, "--run_dir", tmp_path / "nr", "--num_nodes", 2, "--node_rank", 1,
                       "--master_addr", "no-such-host.invalid")
@@ -53,17 +42,20 @@ def test_an_unresolvable_master_is_one_line(small_config, tmp_path):
     assert "distributed.master_addr: 'no-such-host.invalid' does not resolve" in r.stderr
 
 
-def test_node_1_refuses_a_master_port_answered_by_another_program(small_config, tmp_path):
-    """A non-zero node reaching the master finds something else listening there (it accepts and never
-    answers, as a stuck service would): one line, exit 2, nothing written, in seconds rather than after
-    the rendezvous budget."""
+@pytest.mark.parametrize("node", [0, 1])
+def test_a_master_port_held_by_another_program_is_refused_on_every_node(small_config, tmp_path, node):
+    """Another program listens at the master's port (it accepts and never answers, as a stuck service
+    would). Node 0 finds its port taken; node 1, reaching the master, finds no rendezvous store there.
+    One line each, exit 2, nothing written, in seconds rather than after the rendezvous budget."""
     with socket.socket() as other:
-        other.bind(("127.0.0.1", 0))
+        other.bind(("0.0.0.0", 0))
         other.listen()
         port = other.getsockname()[1]
-        r, took = _launch("--config", small_config, "--run_dir", tmp_path / "foreign", "--num_nodes", 2,
-                          "--node_rank", 1, "--master_addr", "127.0.0.1", "--master_port", port)
+        r, took = _launch("--config", small_config, "--run_dir", tmp_path / "busy", "--num_nodes", 2,
+                          "--node_rank", node, "--master_addr", "127.0.0.1", "--master_port", port)
     assert r.returncode == 2 and took < 30 and "Traceback" not in r.stderr, (r.returncode, took, r.stderr)
-    assert (f"distributed.master_port: 127.0.0.1:{port} is answered by another program, not node 0's rendezvous "
-            "(it accepts connections but did not answer within 3 s)") in r.stderr
-    assert not (tmp_path / "foreign" / "plan.json").exists()
+    expected = {0: f"distributed.master_port: port {port} on this node is already in use by another program",
+                1: f"distributed.master_port: 127.0.0.1:{port} is answered by another program, not node 0's "
+                   "rendezvous (it accepts connections but did not answer within 3 s)"}
+    assert expected[node] in r.stderr
+    assert not (tmp_path / "busy" / "plan.json").exists()  # nothing written
