@@ -8,7 +8,7 @@ import pytest
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
-from autotune.nodes import exchange, smallest
+from autotune.nodes import exchange, meet, smallest
 from autotune.planner import plan
 from autotune.profiles import load_profile
 
@@ -94,7 +94,7 @@ def _nodes(profiles, port, timeout_s=20.0):
 
     def node(r):
         try:
-            out[r] = exchange(len(profiles), r, "127.0.0.1", port, profiles[r], timeout_s, poll_s=0.02)
+            out[r] = meet(len(profiles), r, "127.0.0.1", port, profiles[r], timeout_s, poll_s=0.02)
         except Exception as e:  # noqa: BLE001 - reported by the test
             errors[r] = e
 
@@ -118,10 +118,10 @@ def test_every_node_receives_every_profile_and_node_0_frees_the_port():
 
 def test_a_lone_node_0_names_the_missing_nodes_and_a_lone_node_1_names_node_0():
     with pytest.raises(UserError, match=r"node\(s\) 1, 2 of 3 did not join at 127.0.0.1:\d+ within 1 s"):
-        exchange(3, 0, "127.0.0.1", _free_port(), CPU, 1.0, poll_s=0.02)
+        meet(3, 0, "127.0.0.1", _free_port(), CPU, 1.0, poll_s=0.02)
     with pytest.raises(UserError, match=r"node 1 of 2 could not reach node 0 at 127.0.0.1:\d+ within 1 s .*"
                                         r"127.0.0.1 is this machine, so node 0 must run here too"):
-        exchange(2, 1, "127.0.0.1", _free_port(), CPU, 1.0)
+        meet(2, 1, "127.0.0.1", _free_port(), CPU, 1.0)
 
 
 def test_two_nodes_claiming_one_rank_are_refused():
@@ -131,7 +131,7 @@ def test_two_nodes_claiming_one_rank_are_refused():
 
     def twin():
         try:
-            exchange(2, 1, "127.0.0.1", port, CPU, 3.0, poll_s=0.02)
+            meet(2, 1, "127.0.0.1", port, CPU, 3.0, poll_s=0.02)
             results.append("ok")
         except UserError as e:
             results.append(str(e))
@@ -148,15 +148,15 @@ def test_two_nodes_claiming_one_rank_are_refused():
 
 def _host(port):
     try:
-        exchange(2, 0, "127.0.0.1", port, CPU, 3.0, poll_s=0.02)
+        meet(2, 0, "127.0.0.1", port, CPU, 3.0, poll_s=0.02)
         return "host ok"
     except UserError as e:
         return str(e)
 
 
 def test_a_launch_on_a_bigger_node_replans_for_the_smaller_one_and_keeps_its_own_records(tmp_path):
-    """The launcher's step (commands.launch._with_the_other_nodes) against a real peer: node 0 (8 cores)
-    meets node 1 (2 cores) through the store; node 0's plan becomes the 2-core plan (threads per rank
+    """The launcher's step (commands.launch._with_the_other_nodes, its exchange in a child process)
+    against a real peer: node 0 (8 cores) meets node 1 (2 cores) through the store; node 0's plan becomes the 2-core plan (threads per rank
     follow the cores), says why in its warnings, keeps its run dir, and its records keep its own
     detected hardware."""
     import functools
@@ -174,7 +174,7 @@ def test_a_launch_on_a_bigger_node_replans_for_the_smaller_one_and_keeps_its_own
             "distributed.master_port": port, "distributed.rendezvous_timeout_s": 30}
     planned = functools.partial(prepare, TrainConfig(), over, environ={}, runs_root=tmp_path)
     setup = planned(big)
-    peer = threading.Thread(target=lambda: exchange(2, 1, "127.0.0.1", port, small, 30.0, poll_s=0.02))
+    peer = threading.Thread(target=lambda: meet(2, 1, "127.0.0.1", port, small, 30.0, poll_s=0.02))
     peer.start()
     after = _with_the_other_nodes(setup, planned)
     peer.join(30)
@@ -188,3 +188,20 @@ def test_a_launch_on_a_bigger_node_replans_for_the_smaller_one_and_keeps_its_own
         f"  node 1: no GPU, 2 effective core(s), {CPU.memory.effective_mib / 1024:.1f} GiB RAM")
     assert after.run_dir == setup.run_dir and after.hardware == big
     assert after.launch_spec.env["OMP_NUM_THREADS"] == "2" and setup.launch_spec.env["OMP_NUM_THREADS"] == "8"
+
+
+def test_a_node_whose_node_0_gives_up_says_so_in_one_line():
+    """3 nodes expected, node 2 never comes: node 0 gives up after 8 s naming node 2; node 1 then loses
+    node 0 and says so in one line, without the C++ store's stack frames. Both through the launcher's
+    child process (each starts torch at about the same time, well inside node 0's 8 s)."""
+    port = _free_port()
+    gave_up = []
+    host = threading.Thread(target=lambda: gave_up.append(pytest.raises(UserError, exchange, 3, 0, "127.0.0.1",
+                                                                        port, CPU, 8.0)))
+    host.start()
+    with pytest.raises(UserError) as e:
+        exchange(3, 1, "127.0.0.1", port, CPU, 20.0)
+    host.join(30)
+    assert str(e.value).startswith(f"node 1 of 3 lost node 0 at 127.0.0.1:{port} while the nodes compared hardware")
+    assert "\n" not in str(e.value) and "frame #" not in str(e.value)
+    assert str(gave_up[0].value).startswith(f"node(s) 2 of 3 did not join at 127.0.0.1:{port} within 8 s")
