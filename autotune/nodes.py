@@ -30,8 +30,15 @@ def _min_known(values):
     return None if any(v is None for v in values) else min(values)
 
 
+def _usable(d: GPUInfo) -> int | None:
+    """The memory the planner gives one process on this GPU: its smallest MIG slice, else free, else total."""
+    if d.mig_slices_mib:
+        return min(d.mig_slices_mib)
+    return d.memory_free_mib if d.memory_free_mib is not None else d.memory_total_mib
+
+
 def _gpu_memory(hw: HardwareProfile) -> int | None:
-    mems = [g.memory_free_mib if g.memory_free_mib is not None else g.memory_total_mib for g in hw.gpus.devices]
+    mems = [_usable(g) for g in hw.gpus.devices]
     return _min_known(mems) if mems else None
 
 
@@ -77,13 +84,18 @@ def smallest(profiles: Mapping[int, HardwareProfile]) -> tuple[HardwareProfile, 
     base = profiles[min(ranks, key=size)]
     every = [profiles[r] for r in ranks]
     devices = []
-    for i, d in enumerate(base.gpus.devices):
+    for i in range(base.gpus.count):
         peers = [hw.gpus.devices[i] for hw in every]
+        # The GPU i with the least memory per process (unknown counts as least) is the template: a MIG
+        # slice stays a slice. Free memory where one is known, else total, lowered to the smallest.
+        tight = min(peers, key=lambda p: (_usable(p) is not None, _usable(p) or 0))
         caps = [p.compute_capability_tuple() for p in peers]
-        cap = None if any(c is None for c in caps) else "%d.%d" % min(caps)
-        devices.append(GPUInfo.model_validate({
-            **d.model_dump(), "memory_total_mib": _min_known(p.memory_total_mib for p in peers),
-            "memory_free_mib": _min_known(p.memory_free_mib for p in peers), "compute_capability": cap}))
+        update: dict = {"compute_capability": None if any(c is None for c in caps) else "%d.%d" % min(caps)}
+        if not tight.mig_slices_mib:
+            update["memory_total_mib"] = _min_known(p.memory_total_mib for p in peers)
+            update["memory_free_mib"] = (None if all(p.memory_free_mib is None for p in peers)
+                                         else _min_known(_usable(p) for p in peers))
+        devices.append(tight.model_copy(update=update))
     links = [hw.gpus.interconnect for hw in every]
     interconnect = min(links, key=_INTERCONNECT_ORDER.index)
     ibs = [hw.infiniband for hw in every]

@@ -50,19 +50,38 @@ def test_fewer_gpus_and_less_memory_each_come_from_the_node_that_has_them():
     assert p.batch.global_batch_size == as80.batch.global_batch_size  # the effective batch is held
 
 
-def test_the_oldest_gpu_sets_the_precision_and_unknowns_stay_unknown():
+def _gpus(hw, **fields):
+    return hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"devices": tuple(
+        d.model_copy(update=fields) for d in hw.gpus.devices)})})
+
+
+def test_the_oldest_gpu_sets_the_precision_and_unknown_memory_is_never_taken_as_large():
     """An L4 (8.9, bf16) node with a node whose GPUs report compute capability 7.0 (no bf16): the plan
-    is fp16. One node whose free memory is unknown makes the combined free memory unknown, not the
-    other node's figure."""
-    old = L4.model_copy(update={"gpus": L4.gpus.model_copy(update={"devices": tuple(
-        d.model_copy(update={"compute_capability": "7.0", "memory_free_mib": None}) for d in L4.gpus.devices)})})
+    is fp16. A node whose free memory is unknown counts with its total (as the planner would plan it
+    alone); a node whose memory is entirely unknown makes the combined memory unknown."""
+    free = L4.gpus.devices[0].memory_free_mib
+    old = _gpus(L4, compute_capability="7.0", memory_free_mib=None, memory_total_mib=free - 1000)
     combined, lines = smallest({0: L4, 1: old})
     assert {d.compute_capability for d in combined.gpus.devices} == {"7.0"}
-    assert {d.memory_free_mib for d in combined.gpus.devices} == {None}
+    assert {(d.memory_free_mib, d.memory_total_mib) for d in combined.gpus.devices} == {(free - 1000, free - 1000)}
     assert lines
     p = plan(combined, TrainConfig(), deepspeed_installed=True)
     assert p.numerics.precision == "fp16"
     assert plan(L4, TrainConfig(), deepspeed_installed=True).numerics.precision == "bf16"
+    blind = _gpus(L4, memory_free_mib=None, memory_total_mib=None)
+    combined, _ = smallest({0: L4, 1: blind})
+    assert {(d.memory_free_mib, d.memory_total_mib) for d in combined.gpus.devices} == {(None, None)}
+
+
+def test_a_mig_node_keeps_its_slices():
+    """Node 1's GPUs are in MIG mode with 10 GB slices (a process gets one): the combined GPUs are
+    those, not node 0's whole 80 GB, and the plan is the slice's plan."""
+    mig = _gpus(A100_80, mig_mode=True, mig_slices_mib=(9856, 9856))
+    combined, _ = smallest({0: A100_80, 1: mig})
+    assert {d.mig_slices_mib for d in combined.gpus.devices} == {(9856, 9856)}
+    as_slice, whole = (plan(hw, TrainConfig(), deepspeed_installed=True).batch for hw in (mig, A100_80))
+    assert plan(combined, TrainConfig(), deepspeed_installed=True).batch == as_slice
+    assert as_slice.micro_batch_size < whole.micro_batch_size
 
 
 def test_infiniband_and_the_interconnect_count_only_when_every_node_has_them():
