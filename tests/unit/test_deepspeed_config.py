@@ -222,3 +222,30 @@ def test_framework_flavour_is_filled_by_hf_trainer_from_the_plans_arguments(tmp_
     assert (filled["train_micro_batch_size_per_gpu"], filled["gradient_accumulation_steps"],
             filled["train_batch_size"], filled["gradient_clipping"]) == (6, 8, 48, 1.0)
     assert not hf.mismatches
+
+
+def test_framework_flavour_drops_the_engines_optimizer_and_leaves_the_rest_to_the_framework():
+    """Key by key, from the engine flavour of an fp16 GPU plan (4xT4), a bf16 one (4xL4) and a CPU
+    plan with optimizer offload: no optimizer and no forced DeepSpeed CPU optimizer (the script brings
+    its own optimizer, which ZeRO must then accept); batch sizes, accumulation, clipping and the
+    half-precision switch "auto" with every other loss-scaling field kept; ZeRO unchanged."""
+    from autotune.config import TrainConfig, apply_overrides
+    from autotune.deepspeed_config import deepspeed_config, framework_flavour
+    from autotune.planner import plan
+    from autotune.profiles import load_profile
+
+    auto4 = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+             "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}
+    for preset, half in (("4xT4", "fp16"), ("4xL4", "bf16"), ("cpu-only", None)):
+        p = plan(load_profile(preset), apply_overrides(TrainConfig(), {
+            "distributed.backend": "deepspeed", "distributed.offload_optimizer": True}), deepspeed_installed=True)
+        ds = deepspeed_config(p)
+        got = framework_flavour(ds)
+        assert ("zero_force_ds_cpu_optimizer" in ds) == (preset == "cpu-only")
+        expected = {k: v for k, v in ds.items() if k not in ("optimizer", "zero_force_ds_cpu_optimizer")}
+        expected.update(auto4, zero_allow_untested_optimizer=True)
+        if half:
+            expected[half] = {**ds[half], "enabled": "auto"}
+            assert len(ds[half]) == (6 if half == "fp16" else 1)  # fp16 keeps its 5 loss-scaling fields
+        assert got == expected, preset
+        assert got["zero_optimization"] == ds["zero_optimization"]
