@@ -108,13 +108,29 @@ class Sizer:
         return Need(st.gpu_bytes / GIB, None if acts is None else acts / GIB, overhead / GIB, host / GIB)
 
 
+def _over(need: float, usable: float) -> tuple[str, str]:
+    """Both figures with as many decimals (1 to 4) as it takes to show the need is the larger one
+    (never "8.3 GiB needed > 8.3 GiB usable")."""
+    for digits in range(1, 5):
+        a, b = f"{need:.{digits}f}", f"{usable:.{digits}f}"
+        if a != b:
+            break
+    return a, b
+
+
+def _up(x: float, decimals: int = 1) -> float:
+    """Rounded up (a suggestion of what would fit must be enough, not 0.04 short)."""
+    scale = 10 ** decimals
+    return math.ceil(x * scale - 1e-9) / scale
+
+
 def _fits(need: Need, b: Budget) -> str | None:
     """None if it fits, else why not (with the numbers)."""
     total = need.total_gib
     if b.device_gib is not None and total is not None and total > b.device_gib:
-        return f"{total:.1f} GiB needed > {b.device_gib:.1f} GiB usable"
+        return "%s GiB needed > %s GiB usable" % _over(total, b.device_gib)
     if need.host_gib > 0 and b.host_gib is not None and need.host_gib > b.host_gib:
-        return f"host RAM {need.host_gib:.1f} GiB needed per node > {b.host_gib:.1f} GiB usable"
+        return "host RAM %s GiB needed per node > %s GiB usable" % _over(need.host_gib, b.host_gib)
     if need.host_gib > 0 and b.host_gib is None:
         return "host RAM unknown: offload cannot be checked"
     return None
@@ -352,10 +368,11 @@ def _refuse(x: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: ModelF
         per_dev = best.need.total_gib / (policy.memory_headroom_fraction if budget.on_gpu else
                                          policy.host_ram_headroom_fraction)
         if budget.on_gpu:
-            would.append(f"{best.label}: GPUs with at least {per_dev * GIB / 1e9:.0f} GB free each "
-                         f"({best.need.total_gib:.1f} GiB estimated / headroom {policy.memory_headroom_fraction})")
+            would.append(f"{best.label}: GPUs with at least {_up(per_dev * GIB / 1e9, 0):.0f} GB free each "
+                         f"({best.need.total_gib:.2f} GiB estimated / headroom {policy.memory_headroom_fraction})")
         else:
-            would.append(f"{best.label}: at least {per_dev * sz.nproc:.1f} GiB of RAM for {sz.nproc} process(es)")
+            would.append(f"{best.label}: at least {_up(per_dev * sz.nproc):.1f} GiB of RAM for {sz.nproc} "
+                         "process(es)")
     # more GPUs for ZeRO-3 (states shrink with the world, the largest layer and activations do not)
     z3 = next((rw for rw in rows if rw.strategy.name == "zero3"), None)
     if z3 is not None and budget.device_gib is not None and z3.need.total_gib is not None:
@@ -370,7 +387,7 @@ def _refuse(x: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: ModelF
         if budget.host_gib is not None and rw.need.host_gib > budget.host_gib:
             gpu_ok = rw.need.total_gib is None or budget.device_gib is None or rw.need.total_gib <= budget.device_gib
             if gpu_ok:
-                would.append(f"{rw.label}: {rw.need.host_gib - budget.host_gib:.1f} GiB more host RAM per node "
-                             f"({rw.need.host_gib:.1f} GiB needed, {budget.host_gib:.1f} usable)")
+                would.append(f"{rw.label}: {_up(rw.need.host_gib - budget.host_gib):.1f} GiB more host RAM per "
+                             "node (%s GiB needed, %s usable)" % _over(rw.need.host_gib, budget.host_gib))
     raise PlanRefused(f"no plan fits: {facts.source} on {x.hw.num_nodes} node(s), {budget.basis}"
                       + (f", with {fixed}" if fixed else ""), tried, would or ["a machine with more memory"])

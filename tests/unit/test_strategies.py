@@ -100,6 +100,37 @@ def test_offload_beyond_zero3_and_its_host_ram_threshold(ram_gib, outcome):
         assert p.memory.estimate.host_gib_per_node == pytest.approx(24 * 1_694_336_655 / GIB, abs=0.01)
 
 
+def test_what_would_fit_after_a_refusal_by_hand():
+    """The refusal above (P = 1,694,336,655 on 4 x 10000 MiB, 44 GiB RAM), every suggestion by hand and
+    rounded up (a suggestion must be enough):
+    - ZeRO-3 is the smallest need: 4.5P + 897,581,056 + 390,800,000 B = 8,912,896,003.5 B = 8.30 GiB;
+      / 0.85 = 10,485,760,004 B = 10.49 GB free per GPU -> "11 GB" (10 would not do);
+    - more GPUs for ZeRO-3: its states shrink as 1/world (largest layer 0): 4 x 7,624,514,947.5 B of
+      states / 7,624,514,944 B of room = 4.000000002 -> 5 GPUs;
+    - ZeRO-2 offload: 24P = 37.87 GiB per node vs 0.85 x 44 = 37.40 usable -> 0.47 -> 0.5 GiB more;
+    - ZeRO-3 offload: 27P = 45,747,089,685 B = 42.61 GiB -> 5.21 -> 5.3 GiB more (5.2 would be short).
+    ZeRO-3's need exceeds its usable by 3.5 bytes: shown with as many decimals as there are (8.3008)."""
+    with pytest.raises(PlanRefused) as e:
+        plan(gpus(4, 10000, ram_gib=44), user_model(1_694_336_655))
+    assert e.value.would_fit == [
+        "ZeRO-3: GPUs with at least 11 GB free each (8.30 GiB estimated / headroom 0.85)",
+        "ZeRO-3 across 5 GPUs of this size",
+        "ZeRO-2 + optimizer offload: 0.5 GiB more host RAM per node (37.9 GiB needed, 37.4 usable)",
+        "ZeRO-3 + optimizer and parameter offload: 5.3 GiB more host RAM per node (42.6 GiB needed, 37.4 usable)"]
+    assert "ZeRO-3: 8.3008 GiB needed > 8.3008 GiB usable even at micro-batch 1" in e.value.tried
+    assert "ZeRO-2: 13.8 GiB needed > 8.3 GiB usable even at micro-batch 1" in e.value.tried  # 4P + 16P/4 + 1.2
+
+
+def test_a_refusal_on_a_host_whose_offload_cannot_help_says_a_bigger_machine():
+    """One CPU process, 1.3e9 parameters: 16P = 19.37 GiB; / 0.85 = 22.79 -> at least 22.8 GiB of RAM.
+    No GPU: no ZeRO-3 or offload suggestions."""
+    cpu = make_profile(gpus=(), ram_gib=8, cores=8)
+    with pytest.raises(PlanRefused) as e:
+        plan(cpu, user_model(1_300_000_000))
+    assert e.value.would_fit == ["DDP: at least 22.8 GiB of RAM for 1 process(es)"]
+    assert e.value.tried == ["DDP: 19.4 GiB needed > 6.8 GiB usable even at micro-batch 1"]
+
+
 # -- one GPU, 30000 MiB free, bf16, no DeepSpeed, a traced-like model ----------------------------
 # budget 0.85 x 30000 MiB = 26,738,688,000 B; overhead 600 MiB (one rank, no buckets) -> room
 # 26,109,542,400 B. One process keeps 16 B/param; activations 1,000,000 B per sample (100,000 with
