@@ -8,6 +8,7 @@ planner can choose accept ``auto``.
 from __future__ import annotations
 
 import re
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -22,17 +23,16 @@ SAMPLE_SHAPE_RE = r"^(float|int)?\[(\d+(?:,\d+)*)\](?:<(\d+))?$"
 
 # -- field types that accept "auto" ------------------------------------------------
 
-def _auto_or_int(minimum: int, what: str, maximum: int = 2**24):
-    def check(v: Any):
-        if v is None or v == AUTO:
-            return AUTO
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise ValueError(f'must be {what} or "auto"')
-        if v > maximum:
-            raise ValueError(f'must be at most {maximum} (or "auto")')
-        return v
-
-    return check
+# The validators are module functions bound with partial (not closures made at import): each call runs
+# the function itself, which is what mutation testing can change and the tests then see.
+def _auto_or_int(v: Any, minimum: int, what: str, maximum: int = 2**24):
+    if v is None or v == AUTO:
+        return AUTO
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ValueError(f'must be {what} or "auto"')
+    if v > maximum:
+        raise ValueError(f'must be at most {maximum} (or "auto")')
+    return v
 
 
 def _auto_or_bool(v: Any):
@@ -43,15 +43,12 @@ def _auto_or_bool(v: Any):
     raise ValueError('must be true, false or "auto"')
 
 
-def _auto_or_choice(*choices: str):
-    def check(v: Any):
-        if v is None or v == AUTO:
-            return AUTO
-        if v in choices:
-            return v
-        raise ValueError(f'must be one of {", ".join(repr(c) for c in (AUTO,) + choices)}')
-
-    return check
+def _auto_or_choice(v: Any, choices: tuple[str, ...]):
+    if v is None or v == AUTO:
+        return AUTO
+    if v in choices:
+        return v
+    raise ValueError(f'must be one of {", ".join(repr(c) for c in (AUTO,) + choices)}')
 
 
 def _zero_stage(v: Any):
@@ -63,13 +60,17 @@ def _zero_stage(v: Any):
 
 
 _ser = PlainSerializer(lambda v: v)
-AutoPosInt = Annotated[Union[int, str], PlainValidator(_auto_or_int(1, "a positive integer")), _ser]
-AutoNonNegInt = Annotated[Union[int, str], PlainValidator(_auto_or_int(0, "an integer >= 0")), _ser]
-AutoWorkers = Annotated[Union[int, str], PlainValidator(_auto_or_int(0, "an integer >= 0", 256)), _ser]
-AutoSmallPosInt = Annotated[Union[int, str], PlainValidator(_auto_or_int(1, "a positive integer", 65536)), _ser]
+AutoPosInt = Annotated[Union[int, str], PlainValidator(partial(_auto_or_int, minimum=1, what="a positive integer")),
+                       _ser]
+AutoNonNegInt = Annotated[Union[int, str], PlainValidator(partial(_auto_or_int, minimum=0, what="an integer >= 0")),
+                          _ser]
+AutoWorkers = Annotated[Union[int, str], PlainValidator(partial(_auto_or_int, minimum=0, what="an integer >= 0",
+                                                                maximum=256)), _ser]
+AutoSmallPosInt = Annotated[Union[int, str], PlainValidator(partial(_auto_or_int, minimum=1, what="a positive integer",
+                                                                    maximum=65536)), _ser]
 AutoBool = Annotated[Union[bool, str], PlainValidator(_auto_or_bool), _ser]
-Precision = Annotated[str, PlainValidator(_auto_or_choice("bf16", "fp16", "fp32")), _ser]
-Backend = Annotated[str, PlainValidator(_auto_or_choice("single", "ddp", "deepspeed")), _ser]
+Precision = Annotated[str, PlainValidator(partial(_auto_or_choice, choices=("bf16", "fp16", "fp32"))), _ser]
+Backend = Annotated[str, PlainValidator(partial(_auto_or_choice, choices=("single", "ddp", "deepspeed"))), _ser]
 ZeroStage = Annotated[Union[int, str], PlainValidator(_zero_stage), _ser]
 
 

@@ -1,5 +1,6 @@
 """Config: strict validation, every problem at once, field paths, exit 2 without a traceback."""
 
+import re
 import textwrap
 
 import pytest
@@ -136,3 +137,37 @@ def test_check_command_bad_config_exit_2_no_traceback(cli, tmp_path):
 def test_check_command_missing_file(cli):
     r = cli("autotune", "check", "--config", "nope.yaml")
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("key, good, bad, message", [
+    # (key, values accepted as given, values refused, the refusal's words)
+    ("distributed.num_gpus", [0, 1, 256], [-1, 257, True, 1.5, "two"], None),
+    ("data.num_workers", [0, 256], [-1, 257], None),
+    ("distributed.num_nodes", [1, 65536], [0, 65537, False], None),
+    ("training.batch_size_per_gpu", [1, 2**24], [0, 2**24 + 1], None),
+    ("distributed.node_rank", [0, 2**24], [-1, 2**24 + 1], None),
+    ("distributed.backend", ["single", "ddp", "deepspeed"], ["DDP", "zero", 1],
+     "must be one of 'auto', 'single', 'ddp', 'deepspeed'"),
+    ("training.mixed_precision", ["bf16", "fp16", "fp32"], ["fp8", "BF16"], "must be one of 'auto', 'bf16', 'fp16', 'fp32'"),
+])
+def test_auto_or_value_fields_at_their_bounds(key, good, bad, message):
+    """Each "auto"-or-value field: "auto" and null mean auto; the bounds themselves are accepted, one past
+    them is refused with the field's own words; booleans are not integers."""
+    from autotune.config import AUTO, TrainConfig, apply_overrides
+
+    section, _, name = key.partition(".")
+    for v in ("auto", None):
+        assert getattr(getattr(apply_overrides(TrainConfig(), {key: v}), section), name) == AUTO
+    for v in good:
+        assert getattr(getattr(apply_overrides(TrainConfig(), {key: v}), section), name) == v
+    for v in bad:
+        with pytest.raises(UserError) as e:
+            apply_overrides(TrainConfig(), {key: v})
+        (problem,) = e.value.problems
+        assert problem.startswith(f"{key}: "), problem
+        if message:
+            assert message in problem
+        elif isinstance(v, int) and not isinstance(v, bool) and v > good[-1]:
+            assert f'must be at most {good[-1]} (or "auto")' in problem
+        else:
+            assert re.search(r'must be (a positive integer|an integer >= 0) or "auto"', problem), problem
