@@ -149,6 +149,28 @@ def test_torchrun_rendezvous_store_setting_is_in_every_launch():
         assert spec.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
+def test_torchrun_reads_the_shutdown_grace_and_the_signals_the_launcher_sets(monkeypatch):
+    """Where they take effect: torchrun's own argument parsing and launch config, given the launch's
+    environment. SIGTERM reaches the ranks with their preemption grace plus 5 s before SIGKILL, and
+    SIGUSR1 (SLURM's --signal) is handled like SIGTERM instead of killing torchrun; a single-process
+    launch (no torchrun) sets neither."""
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    from autotune.launch import launch_spec
+
+    cfg = parse_config({"distributed": {"backend": "ddp", "nproc_per_node": 2}, "checkpoint": {"preemption_grace_s": 40}})
+    env = launch_spec(plan(load_profile("cpu-only"), cfg), "/r", {"HOME": "/h"}).env
+    for k in ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "PET_SIGNALS_TO_HANDLE"):
+        monkeypatch.setenv(k, env[k])
+    args = get_args_parser().parse_args(["--nproc_per_node=2", "train.py"])
+    assert args.signals_to_handle == "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+    config, _, _ = config_from_args(args)
+    assert config.shutdown_timeout == 45
+    single = launch_spec(plan(load_profile("cpu-only"), parse_config({"distributed": {"backend": "single"}})), "/r",
+                         {"HOME": "/h"}).env
+    assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in single and "PET_SIGNALS_TO_HANDLE" not in single
+
+
 @pytest.mark.parametrize("saved_by, backend, refused", [
     ("deepspeed", "ddp", True), ("deepspeed", "single", True), ("ddp", "deepspeed", True),
     ("single", "ddp", False), ("ddp", "single", False), ("deepspeed", "deepspeed", False),
