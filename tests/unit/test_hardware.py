@@ -257,6 +257,20 @@ def test_cgroup_v1_tree(tmp_path):
     assert lim.version == 1 and lim.cpu_quota_cores == 1.5 and lim.memory_limit_bytes == 4 * 2**30
 
 
+def test_cgroup_v1_with_cpu_and_cpuacct_mounted_apart_reads_the_cpu_hierarchys_path(tmp_path):
+    """Older hosts mount cpu and cpuacct as separate hierarchies, and /proc/self/cgroup then lists a
+    path for each: the quota is the cpu controller's (1.5 cores), not the cpuacct path's directory
+    (0.5); with no cpu line, the cpuacct path is the fallback."""
+    root = write_tree(tmp_path / "cg", {
+        "cpu/slice/a/cpu.cfs_quota_us": "150000\n", "cpu/slice/a/cpu.cfs_period_us": "100000\n",
+        "cpu/slice/b/cpu.cfs_quota_us": "50000\n", "cpu/slice/b/cpu.cfs_period_us": "100000\n",
+    })
+    both = write_tree(tmp_path, {"both": "6:cpu:/slice/a\n5:cpuacct:/slice/b\n"}) / "both"
+    assert read_cgroup_limits(root, both).cpu_quota_cores == 1.5
+    acct = write_tree(tmp_path, {"acct": "5:cpuacct:/slice/b\n"}) / "acct"
+    assert read_cgroup_limits(root, acct).cpu_quota_cores == 0.5
+
+
 def detect_with_cgroup(tmp_path, root, **psutil_kw):
     return detect(nvml=FakeNVML([], library_missing=True), environ={}, cgroup_root=root,
                   proc_self_cgroup=tmp_path / "missing", sys_class=tmp_path, psutil_module=FakePsutil(**psutil_kw))
