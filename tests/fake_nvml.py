@@ -6,6 +6,7 @@ scenario knobs reproduce the failures detection must survive:
 - ``library_missing``: nvmlInit raises NVMLError_LibraryNotFound (no driver);
 - ``init_error``: nvmlInit raises another NVMLError (driver/library mismatch);
 - ``failing_queries``: {(nvml_index, "nvmlDeviceGetMemoryInfo"), ...} raise for one GPU;
+  ``(None, "nvmlSystemGetDriverVersion")`` and the like raise for a system-wide query;
 - ``dead_gpus``: {nvml_index}: every query on that GPU raises (GPU fallen off the bus);
 - ``mig``: {nvml_index: [(mig_uuid, mig_name, total_mib, free_mib), ...]}: MIG enabled;
 - ``p2p_error``: nvmlDeviceGetP2PStatus raises (old driver).
@@ -106,6 +107,8 @@ class FakeNVML:
     def _check(self, name: str, h: _Handle | None = None):
         self.calls.append(name)
         if not self.initialised:
+            raise NVMLError_Unknown()
+        if h is None and (None, name) in self.failing_queries:  # a system-wide query
             raise NVMLError_Unknown()
         if h is not None:
             if h.index in self.dead_gpus:

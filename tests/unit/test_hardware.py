@@ -478,3 +478,35 @@ def test_report_does_not_call_the_other_nccl_build_missing():
         out = io.StringIO()
         render_profile(hw.model_copy(update={"software": software}), out)
         assert missing in out.getvalue()
+
+
+def test_failing_system_queries_are_unknown_by_their_own_field(tmp_path):
+    """The driver and CUDA version queries fail: each is unknown under its own dotted field, and the GPUs
+    are still all there with their links. The device count fails: no GPU, the reason, and what was
+    known (driver, CUDA, CUDA_VISIBLE_DEVICES) kept, the interconnect unknown."""
+    prof = load_profile("8xA100-40GB")
+    env = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    versions = {(None, "nvmlSystemGetDriverVersion"), (None, "nvmlSystemGetCudaDriverVersion")}
+    hw = run_detect(tmp_path, FakeNVML.from_profile(prof, failing_queries=versions), environ=env)
+    assert (hw.gpus.driver_version, hw.gpus.cuda_driver_version) == (None, None)
+    assert {"gpus.driver_version", "gpus.cuda_driver_version"} <= set(hw.unknown)
+    assert hw.gpus.count == 8 and hw.gpus.cuda_visible_devices == "0,1,2,3,4,5,6,7"
+    assert hw.gpus.p2p_pairs == prof.gpus.p2p_pairs and hw.gpus.nvlink_pairs == prof.gpus.nvlink_pairs
+    nocount = run_detect(tmp_path, FakeNVML.from_profile(prof, failing_queries={(None, "nvmlDeviceGetCount")}),
+                         environ=env)
+    g = nocount.gpus
+    assert (g.available, g.count, g.interconnect) == (False, 0, "unknown")
+    assert (g.driver_version, g.cuda_driver_version, g.cuda_visible_devices) == ("550.54.15", "12.4", env["CUDA_VISIBLE_DEVICES"])
+    assert g.reason == nocount.unknown["gpus"] and g.reason
+
+
+def test_a_gpu_answering_none_of_the_key_queries_is_marked_as_such(tmp_path):
+    """GPU 1 answers neither name, memory nor compute capability: it keeps its NVML index and says it
+    did not answer. GPU 2 only fails its name: a partial answer is no device error."""
+    prof = load_profile("4xL4")
+    key = ("nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetCudaComputeCapability")
+    failing = {(1, q) for q in key} | {(2, "nvmlDeviceGetName")}
+    hw = run_detect(tmp_path, FakeNVML.from_profile(prof, failing_queries=failing))
+    d1, d2 = hw.gpus.devices[1], hw.gpus.devices[2]
+    assert (d1.nvml_index, d1.error, d1.name, d1.memory_total_mib) == (1, "device did not answer NVML queries", None, None)
+    assert (d2.error, d2.name, d2.memory_total_mib) == (None, None, prof.gpus.devices[2].memory_total_mib)
