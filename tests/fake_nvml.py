@@ -182,6 +182,8 @@ class FakeNVML:
         return [on, 0 if self.mig_pending_off else on]  # (current, pending), as nvidia-ml-py returns them
 
     def nvmlDeviceGetMaxMigDeviceCount(self, h):
+        if not isinstance(h, _Handle):  # the real library refuses a missing handle
+            raise NVMLError_Unknown()
         self._check("nvmlDeviceGetMaxMigDeviceCount", h)
         return 7
 

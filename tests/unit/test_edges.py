@@ -360,6 +360,10 @@ def test_memory_record_whole():
     assert probe_memory(ps, CgroupLimits(memory_limit_bytes=40 * 2**30), {}).effective_reason == \
         "available RAM (29.3 GiB) is the tighter bound"
     assert probe_memory(ps, CgroupLimits(), {}).effective_reason == "available RAM (29.3 GiB); no cgroup memory limit"
+    big = FakePsutil(total_mib=204800, avail_mib=102400)  # exactly 100 GiB available: MiB / 1024, not 1025
+    assert probe_memory(big, CgroupLimits(), {}).effective_reason == "available RAM (100.0 GiB); no cgroup memory limit"
+    assert probe_memory(big, CgroupLimits(memory_limit_bytes=150 * 2**30), {}).effective_reason == \
+        "available RAM (100.0 GiB) is the tighter bound"
     unknown = {}
     m = probe_memory(FakePsutil(fail=True), CgroupLimits(errors={"memory": "cannot read y"}), unknown)
     assert m == MemoryInfo(effective_reason="RAM unknown")

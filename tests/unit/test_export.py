@@ -110,3 +110,25 @@ def test_accelerate_whole_config_two_nodes():
     assert got == {**COMMON, "machine_rank": 1, "mixed_precision": "bf16", "num_machines": 2, "num_processes": 8,
                    "use_cpu": False, "distributed_type": "MULTI_GPU", "gpu_ids": "all",
                    "main_process_ip": "10.0.0.1", "main_process_port": 29555}
+
+
+def test_zero3_offload_reaches_accelerate_and_the_deepspeed_json_and_launch_variables_at_their_edges():
+    """ZeRO-3 with offload on 4 L4s: parameters offloaded too, pinned on a GPU machine (the DeepSpeed
+    JSON) and named in Accelerate's file. The launch variables at their edges: one CPU process with no
+    accumulation needs neither; two CPU processes need the CPU switch and nothing else."""
+    from autotune.deepspeed_config import deepspeed_config
+    from autotune.exports import accelerate_launch_env
+
+    z3 = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.zero_stage": 3,
+                                                                     "distributed.offload_optimizer": True}),
+              deepspeed_installed=True)
+    assert deepspeed_config(z3)["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": True}
+    assert accelerate_config(z3)["deepspeed_config"]["offload_param_device"] == "cpu"
+    cpu = load_profile("cpu-only")
+    one = plan(cpu, apply_overrides(TrainConfig(), {"distributed.backend": "single", "training.global_batch_size": 16,
+                                                    "training.batch_size_per_gpu": 16}))
+    assert (one.engine.world_size, one.batch.gradient_accumulation_steps) == (1, 1)
+    assert accelerate_launch_env(one) == {}
+    two = plan(cpu, apply_overrides(TrainConfig(), {"distributed.backend": "ddp", "distributed.nproc_per_node": 2,
+                                                    "training.global_batch_size": 32, "training.batch_size_per_gpu": 16}))
+    assert accelerate_launch_env(two) == {"ACCELERATE_USE_CPU": "true"}

@@ -510,3 +510,10 @@ def test_a_gpu_answering_none_of_the_key_queries_is_marked_as_such(tmp_path):
     d1, d2 = hw.gpus.devices[1], hw.gpus.devices[2]
     assert (d1.nvml_index, d1.error, d1.name, d1.memory_total_mib) == (1, "device did not answer NVML queries", None, None)
     assert (d2.error, d2.name, d2.memory_total_mib) == (None, None, prof.gpus.devices[2].memory_total_mib)
+
+
+@pytest.mark.parametrize("raw, shown", [(12040, "12.4"), (13000, "13.0"), (12090, "12.9"), (11080, "11.8")])
+def test_cuda_driver_version_from_nvmls_integer(tmp_path, raw, shown):
+    """NVML gives the CUDA driver version as 1000 x major + 10 x minor."""
+    hw = run_detect(tmp_path, FakeNVML.from_profile(load_profile("4xL4"), cuda=raw))
+    assert hw.gpus.cuda_driver_version == shown
