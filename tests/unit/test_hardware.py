@@ -517,3 +517,72 @@ def test_cuda_driver_version_from_nvmls_integer(tmp_path, raw, shown):
     """NVML gives the CUDA driver version as 1000 x major + 10 x minor."""
     hw = run_detect(tmp_path, FakeNVML.from_profile(load_profile("4xL4"), cuda=raw))
     assert hw.gpus.cuda_driver_version == shown
+
+
+def _with(hw, gpu=None, **sections):
+    """``hw`` with GPU 0's fields (``gpu``) and whole sections' fields replaced."""
+    upd = {}
+    if gpu:
+        devs = list(hw.gpus.devices)
+        devs[0] = devs[0].model_copy(update=gpu)
+        upd["gpus"] = hw.gpus.model_copy(update={"devices": tuple(devs)})
+    for name, fields in sections.items():
+        upd[name] = getattr(hw, name).model_copy(update=fields) if isinstance(fields, dict) else fields
+    return hw.model_copy(update=upd)
+
+
+PROBLEM_EDGES = [
+    # (GPU 0 fields, section fields, the one problem expected; None = accepted)
+    ({"memory_total_mib": 0}, {}, "gpus.devices[0].memory_total_mib: must be positive, got 0"),
+    ({"memory_total_mib": 1, "memory_free_mib": 1}, {}, None),
+    ({"memory_free_mib": -1}, {}, "gpus.devices[0].memory_free_mib: must be >= 0, got -1"),
+    ({"memory_free_mib": 0}, {}, None),
+    ({"memory_total_mib": 100, "memory_free_mib": 100}, {}, None),
+    ({"memory_total_mib": 100, "memory_free_mib": 101}, {},
+     "gpus.devices[0].memory_free_mib: 101 is more than memory_total_mib 100"),
+    ({"memory_total_mib": None, "memory_free_mib": 101}, {}, None),
+    ({"compute_capability": "9"}, {}, None),
+    ({"compute_capability": "8."}, {}, 'gpus.devices[0].compute_capability: must look like "8.9", got \'8.\''),
+    ({"compute_capability": "x.9"}, {}, 'gpus.devices[0].compute_capability: must look like "8.9", got \'x.9\''),
+    ({"compute_capability": "8.x"}, {}, 'gpus.devices[0].compute_capability: must look like "8.9", got \'8.x\''),
+    ({"mig_slices_mib": (1, 2)}, {}, None),
+    ({"mig_slices_mib": (5, 0)}, {}, "gpus.devices[0].mig_slices_mib: every slice must be positive, got [5, 0]"),
+    (None, {"cpu": {"effective_cores": 0}}, "cpu.effective_cores: must be >= 1, got 0"),
+    (None, {"cpu": {"effective_cores": 1, "physical_cores": 1, "logical_cores": 1, "affinity_cores": 1}}, None),
+    (None, {"cpu": {"logical_cores": 0}}, "cpu.logical_cores: must be >= 1 or null (unknown), got 0"),
+    (None, {"cpu": {"affinity_cores": 0}}, "cpu.affinity_cores: must be >= 1 or null (unknown), got 0"),
+    (None, {"cpu": {"cgroup_quota_cores": 0.0}}, "cpu.cgroup_quota_cores: must be positive, got 0.0"),
+    (None, {"cpu": {"cgroup_quota_cores": 0.01}}, None),
+    (None, {"cpu": {"cgroup_quota_cores": 999999.0}}, None),
+    (None, {"cpu": {"cgroup_quota_cores": 1e6}}, "cpu.cgroup_quota_cores: must be positive, got 1000000.0"),
+    (None, {"memory": {"available_mib": 0, "effective_mib": 0}}, None),
+    (None, {"memory": {"cgroup_limit_mib": -1}}, "memory.cgroup_limit_mib: must be >= 0 or null (unknown), got -1"),
+]
+
+
+@pytest.mark.parametrize("gpu, sections, problem", PROBLEM_EDGES)
+def test_profile_problems_at_each_edge(gpu, sections, problem):
+    """Each check of a profile read from a file, on both sides of its edge, with its exact words."""
+    from autotune.profiles import profile_problems
+
+    base = load_profile("4xL4")
+    assert profile_problems(base) == []
+    got = profile_problems(_with(base, gpu, **sections))
+    assert got == ([] if problem is None else [problem])
+
+
+def test_profile_problems_in_the_gpu_list_as_a_whole():
+    from autotune.profiles import profile_problems
+
+    base = load_profile("4xL4")
+    g = base.gpus
+    none = {"devices": (), "p2p_pairs": (), "nvlink_pairs": ()}
+    assert profile_problems(_with(base, gpus=g.model_copy(update=none))) == [
+        "gpus.available: true, but gpus.devices lists none"]
+    assert profile_problems(_with(base, gpus=g.model_copy(update={"available": False}))) == [
+        "gpus.available: false, but gpus.devices lists GPUs"]
+    assert profile_problems(_with(base, gpus=g.model_copy(update={"p2p_pairs": ((0, 4),)}))) == [
+        "gpus: link (0, 4) names a GPU that gpus.devices does not list"]
+    assert profile_problems(_with(base, gpus=g.model_copy(update={"nvlink_pairs": ((7, 1),)}))) == [
+        "gpus: link (7, 1) names a GPU that gpus.devices does not list"]
+    assert profile_problems(_with(base, gpus=g.model_copy(update={"nvlink_pairs": ((0, 3),)}))) == []
