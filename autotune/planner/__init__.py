@@ -194,11 +194,10 @@ def _loader(x: dec.Inputs, r: Resolver, nproc: int, on_gpu: bool) -> LoaderSecti
     auto_w = min(d.max_workers_per_process, spare)
     w_reason = (f"{auto_w} DataLoader worker(s) per process: ({cores} effective cores - {nproc} kept for the rank(s)) "
                 f"/ {nproc} process(es) = {spare}, capped at data.max_workers_per_process={d.max_workers_per_process}")
-    workers = r.resolve("num_workers", d.num_workers, lambda: Decision(auto_w, w_reason), path="data.num_workers",
-                        verbatim=0)
+    workers = r.resolve("num_workers", d.num_workers, lambda: Decision(auto_w, w_reason), verbatim=0)
     pin = r.resolve("pin_memory", d.pin_memory, lambda: Decision(
         on_gpu, "pinned host memory speeds host-to-GPU copies" if on_gpu else
-        "no GPU: pinning host memory would only cost RAM"), path="data.pin_memory", verbatim=False)
+        "no GPU: pinning host memory would only cost RAM"), verbatim=False)
     prefetch = None
     if workers:
         ram = x.hw.memory.effective_mib
@@ -210,8 +209,8 @@ def _loader(x: dec.Inputs, r: Resolver, nproc: int, on_gpu: bool) -> LoaderSecti
             auto = Decision(4, f"4 batches prefetched per worker: {per_worker:.1f} GiB RAM per worker >= {limit:g} GiB")
         else:
             auto = Decision(2, f"2 batches prefetched per worker: {per_worker:.1f} GiB RAM per worker < {limit:g} GiB")
-        prefetch = r.resolve("prefetch_factor", d.prefetch_factor, lambda: auto, path="data.prefetch_factor",
-                             verbatim=2, verbatim_reason="--no_auto_optimize: PyTorch's default 2")
+        prefetch = r.resolve("prefetch_factor", d.prefetch_factor, lambda: auto, verbatim=2,
+                             verbatim_reason="--no_auto_optimize: PyTorch's default 2")
     else:
         r.explain("prefetch_factor", "no DataLoader workers, nothing to prefetch")
     return LoaderSection(num_workers=workers, pin_memory=pin, prefetch_factor=prefetch, omp_num_threads=omp)

@@ -126,7 +126,7 @@ def decide_num_nodes(x: Inputs, r: Resolver) -> int:
     """Nodes in the job: the user's value wins (listed as an override), else the profile's."""
     hw, d = x.hw, x.cfg.distributed
     return r.resolve("num_nodes", d.num_nodes, lambda: Decision(
-        hw.num_nodes, f"the hardware profile describes {hw.num_nodes} node(s)"), path="distributed.num_nodes",
+        hw.num_nodes, f"the hardware profile describes {hw.num_nodes} node(s)"),
         verbatim=1, verbatim_reason="--no_auto_optimize: 'auto' means 1 node here")
 
 
@@ -140,7 +140,7 @@ def decide_rendezvous(x: Inputs, r: Resolver, num_nodes: int) -> tuple[int, str,
     rank = r.resolve("node_rank", d.node_rank, lambda: Decision(
         slurm.node_id, f"SLURM_NODEID={slurm.node_id} (job {slurm.job_id})") if in_slurm and slurm.node_id is not None
         else Decision(0, "one node" if num_nodes == 1 else "no SLURM_NODEID and no --node_rank: node 0"),
-        path="distributed.node_rank", verbatim=0, verbatim_reason="--no_auto_optimize: 'auto' means node 0")
+        verbatim=0, verbatim_reason="--no_auto_optimize: 'auto' means node 0")
     if rank >= num_nodes:
         raise UserError(f"distributed.node_rank: must be below the number of nodes ({num_nodes}), got {rank}")
     from_slurm = in_slurm and bool(slurm.hosts) and num_nodes > 1  # the master is the allocation's first host
@@ -151,7 +151,7 @@ def decide_rendezvous(x: Inputs, r: Resolver, num_nodes: int) -> tuple[int, str,
         auto = Decision("127.0.0.1", "one node: the local machine" if num_nodes == 1 else
                         "no --master_addr and no SLURM allocation: 127.0.0.1")
     master = d.master_addr if d.master_addr != AUTO else None
-    addr = r.resolve("master_addr", master or AUTO, lambda: auto, path="distributed.master_addr",
+    addr = r.resolve("master_addr", master or AUTO, lambda: auto,
                      verbatim="127.0.0.1", verbatim_reason="--no_auto_optimize: 'auto' means 127.0.0.1")
     loopback = addr.startswith(LOOPBACK)
     if num_nodes > 1 and loopback and master is None and rank > 0 and not from_slurm:

@@ -201,8 +201,7 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
 
     if not r.auto_optimize:  # the config verbatim: check it, never change it
         micro = r.resolve("micro_batch_size", micro_user, lambda: None, path="training.batch_size_per_gpu")
-        ckpt = r.resolve("gradient_checkpointing", ckpt_user, lambda: None, path="training.gradient_checkpointing",
-                         verbatim=False)
+        ckpt = r.resolve("gradient_checkpointing", ckpt_user, lambda: None, verbatim=False)
         row = _row(sz, budget, default, bool(ckpt), micro, fixed_micro=True)
         if record is not None:
             record.append(Weighing((row,), budget))
@@ -257,7 +256,7 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
     _explain(r, x, chosen, rows, band, default, top, fixed_micro, facts, budget)
     micro = chosen.micro
     ckpt = r.resolve("gradient_checkpointing", ckpt_user, lambda: Decision(chosen.checkpointing, _ckpt_reason(
-        chosen, band, ckpt_supported, rows)), path="training.gradient_checkpointing", verbatim=False)
+        chosen, band, ckpt_supported, rows)), verbatim=False)
     auto_micro = Decision(band.micro_batch_size, band.micro_reason) if fixed_micro else \
         Decision(micro, _micro_reason(band, chosen, top))
     micro = r.resolve("micro_batch_size", micro_user, lambda: auto_micro, path="training.batch_size_per_gpu")

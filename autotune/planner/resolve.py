@@ -51,9 +51,10 @@ class Resolver:
         """A derived value's reason (nothing for the user to override)."""
         self.reasons[knob] = reason
 
-    def resolve(self, knob: Knob, user: Any, auto: Callable[[], Decision], *, path: str,
+    def resolve(self, knob: Knob, user: Any, auto: Callable[[], Decision], *, path: str | None = None,
                 verbatim: Any = REQUIRED, verbatim_reason: str | None = None) -> Any:
-        """The user's value if set, else the planner's (or, verbatim, the default or a problem)."""
+        """The user's value if set, else the planner's (or, verbatim, the default or a problem). ``path``
+        (the config field) names a value that --no_auto_optimize requires (no ``verbatim`` default)."""
         if not self.auto_optimize:
             if is_set(user):
                 self.reasons[knob] = VERBATIM

@@ -293,3 +293,34 @@ def test_a_global_batch_far_from_its_target_is_said_with_the_exact_fix():
     assert len(far) == 1 and far[0].endswith("--batch_size 48 meets it exactly (48 x 1 x 2)")
     t4 = plan(load_profile("4xT4"), TrainConfig(), deepspeed_installed=True)
     assert t4.batch.global_batch_size == 240 and not any(w.startswith("global batch") for w in t4.warnings)
+
+
+def test_loader_values_at_their_edges():
+    """Workers, pinning and prefetch by hand (policy: prefetch_ram_per_worker_gib 4, at most 3 workers):
+    one core and one process leave no core for a worker (no prefetch); unknown RAM prefetches PyTorch's
+    default 2; exactly 4 GiB per worker prefetches 4, one MiB less 2; --no_auto_optimize with workers
+    set keeps PyTorch's default 2 and says so."""
+    cpu = load_profile("cpu-only")
+
+    def on(cores, ram_mib):
+        return cpu.model_copy(update={"cpu": cpu.cpu.model_copy(update={"effective_cores": cores}),
+                                      "memory": cpu.memory.model_copy(update={"effective_mib": ram_mib})})
+
+    one = _plan(on(1, 8192), TrainConfig())
+    assert (one.loader.num_workers, one.loader.prefetch_factor, one.loader.omp_num_threads) == (0, None, 1)
+    assert one.reasons["prefetch_factor"] == "no DataLoader workers, nothing to prefetch"
+    assert one.reasons["pin_memory"] == "no GPU: pinning host memory would only cost RAM" and not one.loader.pin_memory
+    blind = _plan(on(8, None), TrainConfig())  # 8 cores, 1 process: (8 - 1) / 1 = 7, capped at 3
+    assert (blind.loader.num_workers, blind.loader.prefetch_factor) == (3, 2)
+    assert blind.reasons["prefetch_factor"] == "2 batches prefetched per worker: effective RAM unknown: PyTorch's default 2"
+    at = _plan(on(8, 3 * 4 * 1024), TrainConfig())
+    assert at.loader.prefetch_factor == 4
+    assert at.reasons["prefetch_factor"] == "4 batches prefetched per worker: 4.0 GiB RAM per worker >= 4 GiB"
+    below = _plan(on(8, 3 * 4 * 1024 - 1), TrainConfig())
+    assert below.loader.prefetch_factor == 2
+    verbatim = parse_config({"training": {"batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+                                          "mixed_precision": "fp32"},
+                             "distributed": {"backend": "single"}, "data": {"num_workers": 2}})
+    v = _plan(on(8, 65536), verbatim, auto_optimize=False)
+    assert (v.loader.num_workers, v.loader.prefetch_factor, v.loader.pin_memory) == (2, 2, False)
+    assert v.reasons["prefetch_factor"] == "--no_auto_optimize: PyTorch's default 2"
