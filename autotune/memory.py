@@ -79,9 +79,10 @@ def gpt_num_parameters(n_layer: int, n_embd: int, vocab_size: int, block_size: i
 
 
 def gpt_largest_layer(n_embd: int, vocab_size: int, block_size: int) -> int:
-    """Parameters of the built-in GPT's largest module (own parameters only, DeepSpeed's 'layer')."""
-    return max(vocab_size * n_embd, block_size * n_embd, 4 * n_embd * n_embd + 4 * n_embd,
-               3 * n_embd * n_embd + 3 * n_embd)
+    """Parameters of the built-in GPT's largest module (own parameters only, DeepSpeed's 'layer'): the
+    token or position embedding, or the MLP's widening linear (n x 4n + 4n); the attention's fused qkv
+    linear (n x 3n + 3n) is always smaller than the latter."""
+    return max(vocab_size * n_embd, block_size * n_embd, 4 * n_embd * n_embd + 4 * n_embd)
 
 
 @dataclass(frozen=True)

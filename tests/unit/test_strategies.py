@@ -265,3 +265,33 @@ def test_deepspeed_asked_for_on_one_process_is_plain_zero2_not_offload():
         assert (p.engine.backend, p.engine.zero_stage, p.engine.offload_optimizer) == ("deepspeed", 2, False)
     auto = plan(load_profile("1xT4"), TrainConfig(), deepspeed_installed=True)
     assert auto.engine.backend == "single"  # the planner alone never picks plain ZeRO on one GPU
+
+
+def test_the_builtin_gpts_largest_layer_by_hand():
+    """Whichever is largest: the token embedding (GPT-2 small: 50257 x 768), the position embedding (a
+    long context over a small vocabulary: 8192 x 64), or the MLP's widening linear (a tiny vocabulary:
+    512 x 2048 + 2048 = 1,050,624 > 100 x 512)."""
+    from autotune.memory import gpt_largest_layer
+
+    assert gpt_largest_layer(768, 50257, 1024) == 50257 * 768
+    assert gpt_largest_layer(64, 100, 8192) == 8192 * 64
+    assert gpt_largest_layer(512, 100, 256) == 512 * 2048 + 2048
+
+
+def test_model_state_bytes_at_the_edges_by_hand():
+    """Host memory and the rank counts per node (bf16 + Adam: 2 + 2 bytes of weights and grads, 12 of
+    optimizer state with the fp32 master copy):
+    - no offload keeps nothing on the host;
+    - ZeRO-2 offload per node is max(4 B x ranks on the node, 16 B x ranks on the node / world) per
+      parameter: one rank 16P; two ranks on one node max(8, 16) = 16P; world 16 over 2 nodes (8 ranks
+      each, derived when not given) max(32, 8) = 32P, over 1 node 64P;
+    - ZeRO-3 full offload is 18P for the whole job, split over the nodes: 9P each on 2 nodes."""
+    p = PSI
+    assert model_state_bytes("ddp", p, 8).host_bytes_per_node == 0
+    assert model_state_bytes("zero2", p, 8).host_bytes_per_node == 0
+    assert model_state_bytes("zero2_offload", p, 1).host_bytes_per_node == 16 * p
+    assert model_state_bytes("zero2_offload", p, 2, ranks_per_node=2).host_bytes_per_node == 16 * p
+    assert model_state_bytes("zero2_offload", p, 16, num_nodes=2).host_bytes_per_node == 32 * p
+    assert model_state_bytes("zero2_offload", p, 16).host_bytes_per_node == 64 * p
+    assert model_state_bytes("zero3_offload", p, 16, num_nodes=2).host_bytes_per_node == 9 * p
+    assert model_state_bytes("zero3", p, 8).gpu_bytes == 18 * p / 8  # largest layer not given: 0
