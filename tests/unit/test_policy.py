@@ -324,3 +324,50 @@ def test_loader_values_at_their_edges():
     v = _plan(on(8, 65536), verbatim, auto_optimize=False)
     assert (v.loader.num_workers, v.loader.prefetch_factor, v.loader.pin_memory) == (2, 2, False)
     assert v.reasons["prefetch_factor"] == "--no_auto_optimize: PyTorch's default 2"
+
+
+@pytest.mark.parametrize("micro, target, nproc, warnings", [
+    # |deviation| x 2 > micro x world: your micro-batch is the reason (10 for a target of 4: +6)
+    (10, 4, 1, ["global batch 10 is far from the target 4 because you set the micro-batch to 10"]),
+    # +5 is exactly half of 10: not "far", but over 10 %: the smallest change that meets it is micro 5
+    (10, 5, 1, ["global batch 10 is 100% above the target 5: micro-batch 10 x 1 process(es) reaches it by no "
+                "whole number of accumulation steps; --batch_size 5 meets it exactly (5 x 1 x 1)"]),
+    # 13 is prime: only micro-batch 1 meets it
+    (10, 13, 1, ["global batch 10 is 23% below the target 13: micro-batch 10 x 1 process(es) reaches it by no "
+                 "whole number of accumulation steps; --batch_size 1 meets it exactly (1 x 1 x 13)"]),
+    # two processes: 12 = 3 x 2 x 2 (4 x 2 does not divide 12)
+    (5, 12, 2, ["global batch 10 is 17% below the target 12: micro-batch 5 x 2 process(es) reaches it by no "
+                "whole number of accumulation steps; --batch_size 3 meets it exactly (3 x 2 x 2)"]),
+    # exactly 10 % off (9 for 10, 18 for 20): within the tolerance, no warning
+    (3, 10, 1, []), (6, 20, 1, []),
+    # 20 % off (8 for 10): warned
+    (4, 10, 1, ["global batch 8 is 20% below the target 10: micro-batch 4 x 1 process(es) reaches it by no "
+                "whole number of accumulation steps; --batch_size 2 meets it exactly (2 x 1 x 5)"]),
+])
+def test_global_batch_warnings_at_their_edges(micro, target, nproc, warnings):
+    o = {"training.batch_size_per_gpu": micro, "training.global_batch_size": target}
+    o.update({"distributed.backend": "single"} if nproc == 1 else {"distributed.backend": "ddp",
+                                                                      "distributed.nproc_per_node": nproc})
+    p = _plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), o))
+    assert list(p.warnings) == warnings
+    assert p.batch.global_batch_deviation == p.batch.global_batch_size - target
+    if warnings:  # --debug plans a tiny run and never warns about the target
+        assert _plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), o), debug=True).warnings == ()
+
+
+def test_the_run_section_carries_every_configured_value_and_debug_shortens_the_intervals():
+    """Values none of which is a default, so a value dropped on the way shows."""
+    cfg = parse_config({
+        "training": {"seed": 7, "eval_every_steps": 33, "log_every_steps": 5, "entrypoint": "t.py",
+                     "script_args": ["--x", "{micro_batch_size}"]},
+        "checkpoint": {"save_every_steps": 44, "keep_last": 9, "save_at_end": False, "preemption_grace_s": 77},
+        "logging": {"tensorboard": False, "wandb": True, "wandb_project": "p", "wandb_entity": "e",
+                    "progress_bar": False}})
+    run = _plan(load_profile("cpu-only"), cfg).run
+    assert (run.seed, run.eval_every_steps, run.log_every_steps, run.save_every_steps, run.keep_last,
+            run.save_at_end, run.preemption_grace_s, run.tensorboard, run.wandb, run.wandb_project,
+            run.wandb_entity, run.progress_bar, run.entrypoint, run.script_args, run.auto_optimize, run.debug) == (
+        7, 33, 5, 44, 9, False, 77, False, True, "p", "e", False, "t.py", ("--x", "{micro_batch_size}"), True, False)
+    dbg = _plan(load_profile("cpu-only"), cfg, debug=True).run
+    assert (dbg.eval_every_steps, dbg.log_every_steps, dbg.save_every_steps, dbg.debug, dbg.keep_last) == (
+        10, 2, 10, True, 9)
