@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autotune.config import TrainConfig, apply_overrides
+from autotune.config import TrainConfig, apply_overrides, parse_config
 from autotune.errors import PlanRefused
 from autotune.memory import model_state_bytes
 from autotune.modelinfo import ActivationModel, LinearBytes, ModelFacts
@@ -295,3 +295,23 @@ def test_model_state_bytes_at_the_edges_by_hand():
     assert model_state_bytes("zero2_offload", p, 16).host_bytes_per_node == 64 * p
     assert model_state_bytes("zero3_offload", p, 16, num_nodes=2).host_bytes_per_node == 9 * p
     assert model_state_bytes("zero3", p, 8).gpu_bytes == 18 * p / 8  # largest layer not given: 0
+
+
+@pytest.mark.parametrize("ckpt", [False, True])
+def test_no_auto_optimize_estimates_the_config_as_written(ckpt):
+    """--no_auto_optimize on 1 GPU (30000 MiB free, no DeepSpeed), one process, micro-batch 8, the test
+    model (P = 1e8; 1,000,000 B of bf16 activations per sample, 100,000 with checkpointing): the
+    estimate is of exactly that: states 16P, activations 8 x per-sample, overhead the CUDA context
+    (600 MiB), budget 0.85 x 30000 MiB; checkpointing as written."""
+    cfg = parse_config({"training": {"entrypoint": "train.py", "batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
+                                     "mixed_precision": "bf16", "gradient_checkpointing": ckpt},
+                        "distributed": {"backend": "single"}})
+    p = plan(gpus(1, 30000, deepspeed=None), cfg, facts=facts(100_000_000), auto_optimize=False)
+    e = p.memory.estimate
+    assert p.memory.gradient_checkpointing is ckpt and p.batch.micro_batch_size == 8
+    assert e.model_states_gib == pytest.approx(16e8 / GIB, abs=1e-3)
+    assert e.activations_gib == pytest.approx(8 * (100_000 if ckpt else 1_000_000) / GIB, abs=1e-4)
+    assert e.overhead_gib == pytest.approx(600 / 1024, abs=1e-3)
+    assert e.budget_gib == pytest.approx(0.85 * 30000 / 1024, abs=1e-3)
+    assert e.strategy == ("DDP + checkpointing" if ckpt else "DDP") and e.num_parameters == 100_000_000
+    assert p.reasons["gradient_checkpointing"] == "--no_auto_optimize: taken from the config verbatim"
