@@ -128,9 +128,20 @@ def _with_the_other_nodes(setup, planned):
     combined, lines = smallest(profiles)
     if not lines:
         return setup
-    again = planned(combined, run_dir=str(setup.run_dir))  # the run dir chosen already, not a new name
+    # This node stays itself (its SLURM node id and host name give its node rank), planned for the
+    # smallest hardware; the run dir chosen already, not a new name.
+    mine = setup.hardware
+    combined = combined.model_copy(update={"slurm": mine.slurm, "hostname": mine.hostname,
+                                           "num_nodes": mine.num_nodes})
+    again = planned(combined, run_dir=str(setup.run_dir))
+    if _training_values(again.plan) == _training_values(setup.plan):
+        return setup  # the nodes differ in nothing the plan uses (free RAM moves by a few MiB between probes)
     plan = again.plan.model_copy(update={"warnings": (*again.plan.warnings, *lines)})
-    return dataclasses.replace(again, plan=plan, hardware=setup.hardware)
+    return dataclasses.replace(again, plan=plan, hardware=mine)
+
+
+def _training_values(plan) -> tuple:
+    return (plan.engine, plan.batch, plan.numerics, plan.memory.gradient_checkpointing, plan.loader)
 
 
 def _print_dry_run(setup, as_json: bool) -> None:

@@ -326,8 +326,8 @@ def test_two_nodes_on_one_machine_through_the_slurm_path(runs, small_config, tmp
     # Started together, node 1 first: it waits for node 0 at the hardware exchange (autotune.nodes).
     procs = [start(1), start(0)][::-1]
     outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, f"{out[-2000:]}\n{err[-4000:]}"
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(
+        f"--- node {n} (exit {p.returncode}):\n{out[-2500:]}\n{err[-3000:]}" for n, (p, (out, err)) in enumerate(zip(procs, outs)))
     for node, plan_file in ((0, run / "plan.json"), (1, run / "node1" / "plan.json")):
         plan = plan_json(plan_file)
         assert (plan["backend"], plan["num_nodes"], plan["node_rank"], plan["world_size"], plan["master_addr"]) \

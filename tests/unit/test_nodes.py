@@ -224,3 +224,25 @@ def test_a_node_whose_node_0_gives_up_says_so_in_one_line():
     assert str(e.value).startswith(f"node 1 of 3 lost node 0 at 127.0.0.1:{port} while the nodes compared hardware")
     assert "\n" not in str(e.value) and "frame #" not in str(e.value)
     assert str(gave_up[0].value).startswith(f"node(s) 2 of 3 did not join at 127.0.0.1:{port} within 8 s")
+
+
+def test_nodes_that_differ_only_in_what_the_plan_does_not_use_keep_their_plans(tmp_path):
+    """Free RAM moves by a few MiB between two probes: node 1's profile differs from node 0's by 3 MiB
+    of RAM, which changes nothing the plan uses: node 0 keeps its plan and says nothing."""
+    import functools
+
+    from autotune.commands.launch import _with_the_other_nodes
+    from autotune.runs import prepare
+
+    mine = CPU.model_copy(update={"num_nodes": 1})
+    jitter = mine.model_copy(update={"memory": mine.memory.model_copy(update={"effective_mib": mine.memory.effective_mib - 3})})
+    port = _free_port()
+    over = {"distributed.num_nodes": 2, "distributed.node_rank": 0, "distributed.master_addr": "127.0.0.1",
+            "distributed.master_port": port, "distributed.rendezvous_timeout_s": 30}
+    planned = functools.partial(prepare, TrainConfig(), over, environ={}, runs_root=tmp_path)
+    setup = planned(mine)
+    peer = threading.Thread(target=lambda: meet(2, 1, "127.0.0.1", port, jitter, 30.0, poll_s=0.02))
+    peer.start()
+    after = _with_the_other_nodes(setup, planned)
+    peer.join(30)
+    assert after is setup and not any("the nodes differ" in w for w in after.plan.warnings)
