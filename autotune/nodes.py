@@ -65,17 +65,19 @@ def _key(hw: HardwareProfile) -> tuple:
     return (devices, hw.gpus.interconnect, hw.cpu.effective_cores, hw.memory.effective_mib, hw.infiniband)
 
 
-def smallest(profiles: Mapping[int, HardwareProfile]) -> tuple[HardwareProfile, list[str]]:
-    """Node rank -> detected profile, to (the profile every node plans for, lines saying how the nodes
+def smallest(profiles: Mapping[int, HardwareProfile], me: int) -> tuple[HardwareProfile, list[str]]:
+    """Node rank -> detected profile, to (the profile node ``me`` plans for, lines saying how the nodes
     differ; none when they plan alike). The smallest is the node with the fewest GPUs (then the least
     GPU memory, RAM, cores), with every per-GPU and host figure lowered to the smallest any node has:
     GPU i's memory and compute capability over the nodes' GPU i, effective cores and RAM; InfiniBand
-    only if every node has it; the weakest interconnect."""
-    if not profiles:
-        raise ValueError("no node profiles")
+    only if every node has it; the weakest interconnect. Node ``me`` stays itself: its SLURM facts
+    (which give its node rank) and host name are its own."""
+    if me not in profiles:
+        raise ValueError(f"node {me} is not among the profiles {sorted(profiles)}")
     ranks = sorted(profiles)
+    own = profiles[me]
     if len({_key(profiles[r]) for r in ranks}) == 1:
-        return profiles[ranks[0]], []
+        return own, []
 
     def size(r):
         hw = profiles[r]
@@ -111,7 +113,7 @@ def smallest(profiles: Mapping[int, HardwareProfile]) -> tuple[HardwareProfile, 
             else f"{why}: {interconnect}"}),
         "cpu": base.cpu.model_copy(update={"effective_cores": cores, "effective_cores_reason": f"{why}: {cores}"}),
         "memory": base.memory.model_copy(update={"effective_mib": ram, "effective_reason": f"{why}: {ram} MiB"}),
-        "infiniband": infiniband,
+        "infiniband": infiniband, "slurm": own.slurm, "hostname": own.hostname, "num_nodes": own.num_nodes,
     })
     lines = [f"the nodes differ; every node plans for the smallest ({node_line(combined)}):"]
     lines += [f"  node {r}: {node_line(profiles[r])}" for r in ranks]

@@ -125,22 +125,19 @@ def _with_the_other_nodes(setup, planned):
           "(distributed.rendezvous_timeout_s)", flush=True)
     profiles = exchange(eng.num_nodes, eng.node_rank, eng.master_addr, eng.master_port, setup.hardware,
                         eng.rendezvous_timeout_s)
-    combined, lines = smallest(profiles)
+    combined, lines = smallest(profiles, eng.node_rank)
     if not lines:
         return setup
-    # This node stays itself (its SLURM node id and host name give its node rank), planned for the
-    # smallest hardware; the run dir chosen already, not a new name.
-    mine = setup.hardware
-    combined = combined.model_copy(update={"slurm": mine.slurm, "hostname": mine.hostname,
-                                           "num_nodes": mine.num_nodes})
-    again = planned(combined, run_dir=str(setup.run_dir))
+    again = planned(combined, run_dir=str(setup.run_dir))  # the run dir chosen already, not a new name
     if _training_values(again.plan) == _training_values(setup.plan):
         return setup  # the nodes differ in nothing the plan uses (free RAM moves by a few MiB between probes)
     plan = again.plan.model_copy(update={"warnings": (*again.plan.warnings, *lines)})
-    return dataclasses.replace(again, plan=plan, hardware=mine)
+    return dataclasses.replace(again, plan=plan, hardware=setup.hardware)
 
 
 def _training_values(plan) -> tuple:
+    """What the ranks train with (broader than the runtime's cross-node fingerprint: this node's loader
+    and engine too), to tell whether the smallest node's hardware changes this node's plan."""
     return (plan.engine, plan.batch, plan.numerics, plan.memory.gradient_checkpointing, plan.loader)
 
 

@@ -23,15 +23,17 @@ def _one_node(hw):
 
 
 def test_alike_nodes_plan_as_they_are_and_say_nothing():
-    combined, lines = smallest({0: L4, 1: L4, 2: L4})
+    combined, lines = smallest({0: L4, 1: L4, 2: L4}, me=1)
     assert combined is L4 and lines == []
+    with pytest.raises(ValueError, match="node 3 is not among"):
+        smallest({0: L4, 1: L4}, me=3)
 
 
 def test_fewer_gpus_and_less_memory_each_come_from_the_node_that_has_them():
     """Node 0: 4x A100-80GB; node 1: 8x A100-40GB. Every node runs 4 ranks (node 0 has only 4 GPUs),
     each planned for 40 GB (node 1's GPUs); cores and RAM are the smaller of the two."""
     a, b = _one_node(A100_80), _one_node(A100_40)
-    combined, lines = smallest({0: a, 1: b})
+    combined, lines = smallest({0: a, 1: b}, me=0)
     assert combined.gpus.count == 4
     assert {d.memory_total_mib for d in combined.gpus.devices} == {b.gpus.devices[0].memory_total_mib}
     assert combined.gpus.devices[0].memory_total_mib < a.gpus.devices[0].memory_total_mib
@@ -61,7 +63,7 @@ def test_the_oldest_gpu_sets_the_precision_and_unknown_memory_is_never_taken_as_
     alone); a node whose memory is entirely unknown makes the combined memory unknown."""
     free = L4.gpus.devices[0].memory_free_mib
     old = _gpus(L4, compute_capability="7.0", memory_free_mib=None, memory_total_mib=free - 1000)
-    combined, lines = smallest({0: L4, 1: old})
+    combined, lines = smallest({0: L4, 1: old}, me=0)
     assert {d.compute_capability for d in combined.gpus.devices} == {"7.0"}
     assert {(d.memory_free_mib, d.memory_total_mib) for d in combined.gpus.devices} == {(free - 1000, free - 1000)}
     assert lines
@@ -69,7 +71,7 @@ def test_the_oldest_gpu_sets_the_precision_and_unknown_memory_is_never_taken_as_
     assert p.numerics.precision == "fp16"
     assert plan(L4, TrainConfig(), deepspeed_installed=True).numerics.precision == "bf16"
     blind = _gpus(L4, memory_free_mib=None, memory_total_mib=None)
-    combined, _ = smallest({0: L4, 1: blind})
+    combined, _ = smallest({0: L4, 1: blind}, me=0)
     assert {(d.memory_free_mib, d.memory_total_mib) for d in combined.gpus.devices} == {(None, None)}
 
 
@@ -77,7 +79,7 @@ def test_a_mig_node_keeps_its_slices():
     """Node 1's GPUs are in MIG mode with 10 GB slices (a process gets one): the combined GPUs are
     those, not node 0's whole 80 GB, and the plan is the slice's plan."""
     mig = _gpus(A100_80, mig_mode=True, mig_slices_mib=(9856, 9856))
-    combined, _ = smallest({0: A100_80, 1: mig})
+    combined, _ = smallest({0: A100_80, 1: mig}, me=0)
     assert {d.mig_slices_mib for d in combined.gpus.devices} == {(9856, 9856)}
     as_slice, whole = (plan(hw, TrainConfig(), deepspeed_installed=True).batch for hw in (mig, A100_80))
     assert plan(combined, TrainConfig(), deepspeed_installed=True).batch == as_slice
@@ -87,16 +89,16 @@ def test_a_mig_node_keeps_its_slices():
 def test_infiniband_and_the_interconnect_count_only_when_every_node_has_them():
     ib = L4.model_copy(update={"infiniband": ("mlx5_0",), "gpus": L4.gpus.model_copy(update={"interconnect": "nvlink"})})
     none = L4.model_copy(update={"infiniband": (), "gpus": L4.gpus.model_copy(update={"interconnect": "pcie"})})
-    combined, _ = smallest({0: ib, 1: none})
+    combined, _ = smallest({0: ib, 1: none}, me=0)
     assert combined.infiniband == () and combined.gpus.interconnect == "pcie"
-    combined, _ = smallest({0: ib, 1: L4.model_copy(update={"infiniband": None})})
+    combined, _ = smallest({0: ib, 1: L4.model_copy(update={"infiniband": None})}, me=0)
     assert combined.infiniband is None
 
 
 def test_a_smaller_cpu_node_lowers_cores_and_ram():
     small = CPU.model_copy(update={"cpu": CPU.cpu.model_copy(update={"effective_cores": 1}),
                                    "memory": CPU.memory.model_copy(update={"effective_mib": 2048})})
-    combined, lines = smallest({0: CPU, 1: small})
+    combined, lines = smallest({0: CPU, 1: small}, me=0)
     assert (combined.cpu.effective_cores, combined.memory.effective_mib) == (1, 2048)
     assert "1 effective core(s), 2.0 GiB RAM" in lines[0]
 
@@ -173,30 +175,38 @@ def _host(port):
         return str(e)
 
 
-def test_a_launch_on_a_bigger_node_replans_for_the_smaller_one_and_keeps_its_own_records(tmp_path):
-    """The launcher's step (commands.launch._with_the_other_nodes, its exchange in a child process)
-    against a real peer: node 0 (8 cores) meets node 1 (2 cores) through the store; node 0's plan becomes the 2-core plan (threads per rank
-    follow the cores), says why in its warnings, keeps its run dir, and its records keep its own
-    detected hardware."""
+def _node_0_launch_beside(mine, peer, tmp_path):
+    """The launcher's step for node 0 detecting ``mine`` (commands.launch._with_the_other_nodes, its
+    exchange in a child process) while node 1, detecting ``peer``, meets it through the real store.
+    Returns (node 0's planner, its setup before, after)."""
     import functools
 
     from autotune.commands.launch import _with_the_other_nodes
     from autotune.runs import prepare
 
+    port = _free_port()
+    over = {"distributed.num_nodes": 2, "distributed.node_rank": 0, "distributed.master_addr": "127.0.0.1",
+            "distributed.master_port": port, "distributed.rendezvous_timeout_s": 30}
+    planned = functools.partial(prepare, TrainConfig(), over, environ={}, runs_root=tmp_path)
+    setup = planned(mine)
+    other = threading.Thread(target=lambda: meet(2, 1, "127.0.0.1", port, peer, 30.0, poll_s=0.02))
+    other.start()
+    after = _with_the_other_nodes(setup, planned)
+    other.join(30)
+    return planned, setup, after
+
+
+def test_a_launch_on_a_bigger_node_replans_for_the_smaller_one_and_keeps_its_own_records(tmp_path):
+    """The launcher's step (commands.launch._with_the_other_nodes, its exchange in a child process)
+    against a real peer: node 0 (8 cores) meets node 1 (2 cores) through the store; node 0's plan becomes the 2-core plan (threads per rank
+    follow the cores), says why in its warnings, keeps its run dir, and its records keep its own
+    detected hardware."""
     def cores(n):
         return CPU.model_copy(update={"cpu": CPU.cpu.model_copy(update={"effective_cores": n}),
                                       "num_nodes": 1})
 
     big, small = cores(8), cores(2)
-    port = _free_port()
-    over = {"distributed.num_nodes": 2, "distributed.node_rank": 0, "distributed.master_addr": "127.0.0.1",
-            "distributed.master_port": port, "distributed.rendezvous_timeout_s": 30}
-    planned = functools.partial(prepare, TrainConfig(), over, environ={}, runs_root=tmp_path)
-    setup = planned(big)
-    peer = threading.Thread(target=lambda: meet(2, 1, "127.0.0.1", port, small, 30.0, poll_s=0.02))
-    peer.start()
-    after = _with_the_other_nodes(setup, planned)
-    peer.join(30)
+    planned, setup, after = _node_0_launch_beside(big, small, tmp_path)
     alone_small = planned(small)
     assert setup.plan.loader.omp_num_threads == 8 and alone_small.plan.loader.omp_num_threads == 2
     assert after.plan.loader == alone_small.plan.loader and after.plan.batch == alone_small.plan.batch
@@ -229,20 +239,25 @@ def test_a_node_whose_node_0_gives_up_says_so_in_one_line():
 def test_nodes_that_differ_only_in_what_the_plan_does_not_use_keep_their_plans(tmp_path):
     """Free RAM moves by a few MiB between two probes: node 1's profile differs from node 0's by 3 MiB
     of RAM, which changes nothing the plan uses: node 0 keeps its plan and says nothing."""
-    import functools
-
-    from autotune.commands.launch import _with_the_other_nodes
-    from autotune.runs import prepare
-
     mine = CPU.model_copy(update={"num_nodes": 1})
     jitter = mine.model_copy(update={"memory": mine.memory.model_copy(update={"effective_mib": mine.memory.effective_mib - 3})})
-    port = _free_port()
-    over = {"distributed.num_nodes": 2, "distributed.node_rank": 0, "distributed.master_addr": "127.0.0.1",
-            "distributed.master_port": port, "distributed.rendezvous_timeout_s": 30}
-    planned = functools.partial(prepare, TrainConfig(), over, environ={}, runs_root=tmp_path)
-    setup = planned(mine)
-    peer = threading.Thread(target=lambda: meet(2, 1, "127.0.0.1", port, jitter, 30.0, poll_s=0.02))
-    peer.start()
-    after = _with_the_other_nodes(setup, planned)
-    peer.join(30)
+    _, setup, after = _node_0_launch_beside(mine, jitter, tmp_path)
     assert after is setup and not any("the nodes differ" in w for w in after.plan.warnings)
+
+
+def test_a_bigger_node_planned_for_a_smaller_one_stays_itself():
+    """Node 1 (8 cores) planned for node 0 (2 cores): its SLURM facts and host name stay its own, so
+    its plan is still node 1's (the SLURM node id gives the node rank), at node 0's size."""
+    from autotune.profiles import SlurmInfo
+
+    def node(i, cores):
+        slurm = SlurmInfo(job_id="77", num_nodes=2, node_id=i, nodelist="n[0-1]", hosts=("n0", "n1"))
+        return CPU.model_copy(update={"hostname": f"n{i}", "num_nodes": 2, "slurm": slurm,
+                                      "cpu": CPU.cpu.model_copy(update={"effective_cores": cores})})
+
+    combined, lines = smallest({0: node(0, 2), 1: node(1, 8)}, me=1)
+    assert lines and combined.cpu.effective_cores == 2
+    assert (combined.hostname, combined.slurm.node_id) == ("n1", 1)
+    p = plan(combined, TrainConfig(), deepspeed_installed=True)
+    assert (p.engine.node_rank, p.engine.num_nodes, p.engine.master_addr) == (1, 2, "n0")
+    assert p.loader.omp_num_threads == 2
