@@ -85,6 +85,7 @@ def deepspeed_config(plan: TrainingPlan) -> dict:
 # optimizer and scheduler from the script (Accelerate refuses an optimizer section beside one made in
 # code) and fill every "auto" from their own arguments, which the launcher sets to the plan's values
 # (Accelerate's environment, Trainer's flags under --wire auto). Its name's value: the path.
+ENGINE_FLAVOUR_FILE = "deepspeed_config.json"  # what autotune's runtime and plain DeepSpeed scripts read
 FRAMEWORK_FLAVOUR_FILE = "deepspeed_config_hf.json"
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from autotune.deepspeed_config import FRAMEWORK_FLAVOUR_FILE
+from autotune.deepspeed_config import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE
 from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
 
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
@@ -126,7 +126,7 @@ def plan_values_env(plan: TrainingPlan, run_dir: str) -> dict[str, str]:
         "AUTOTUNE_BACKEND": plan.engine.backend,
     }
     if plan.is_deepspeed:
-        out["AUTOTUNE_DEEPSPEED_CONFIG"] = str(records / "deepspeed_config.json")
+        out["AUTOTUNE_DEEPSPEED_CONFIG"] = str(records / ENGINE_FLAVOUR_FILE)
         if plan.engine.device == "cuda":  # an unmodified Accelerator() runs DeepSpeed with the plan's ZeRO
             out["ACCELERATE_USE_DEEPSPEED"] = "true"
             out["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(records / FRAMEWORK_FLAVOUR_FILE)

@@ -24,6 +24,8 @@ from autotune.errors import UserError
 from autotune.plan import TrainingPlan
 from autotune.profiles import HardwareProfile, load_profile
 
+# The two DeepSpeed files are autotune.deepspeed_config's ENGINE_ and FRAMEWORK_FLAVOUR_FILE (not imported here:
+# the report path stays light; tests/unit/test_deepspeed_config.py checks the names agree).
 RUN_RECORDS = ("plan.json", "hardware.json", "deepspeed_config.json", "deepspeed_config_hf.json", "command.json",
                "delivery.json")
 
@@ -195,6 +197,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
             script_args: list[str] | tuple[str, ...] = (), environ: Mapping[str, str] | None = None,
             python: str | None = None, runs_root: str | Path = "runs", force: bool = False) -> RunSetup:
     """Plan, pick the run dir, resolve the resume point once, build the launch spec. Writes nothing."""
+    from autotune.deepspeed_config import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE
     from autotune.launch import launch_spec
     from autotune.runtime_paths import check_compatible, read_meta
 
@@ -217,7 +220,6 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
         if not entry:  # the built-in runtime's checkpoints: refuse an incompatible one before any rank starts
             check_compatible(read_meta(resume_path), resume_path, plan.engine.backend, plan.batch.global_batch_size)
         plan = plan.model_copy(update={"run": plan.run.model_copy(update={"resume_from": str(resume_path)})})
-    from autotune.deepspeed_config import FRAMEWORK_FLAVOUR_FILE
     from autotune.launch import records_dir
     from autotune.script_args import expand, placeholder_values, used_placeholders
     from autotune.wiring import delivery, wire_flags
@@ -226,7 +228,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     ds_path = None
     if ds is not None:  # Accelerate and HF Trainer scripts get the flavour they accept (no optimizer, "auto")
         framework = facts is not None and (facts.uses_hf_trainer or facts.uses_accelerate)
-        ds_path = records_dir(plan, rd) / (FRAMEWORK_FLAVOUR_FILE if framework else "deepspeed_config.json")
+        ds_path = records_dir(plan, rd) / (FRAMEWORK_FLAVOUR_FILE if framework else ENGINE_FLAVOUR_FILE)
     raw = [*plan.run.script_args, *script_args]
     values = placeholder_values(plan, rd, ds_path)
     args = expand(raw, values)
@@ -298,9 +300,9 @@ def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: di
         files.append(("delivery.json", json.dumps(delivery.to_record(), indent=2) + "\n"))
     files.append(("hardware.json", hw.to_json() + "\n"))
     if ds is not None:
-        from autotune.deepspeed_config import FRAMEWORK_FLAVOUR_FILE, framework_flavour
+        from autotune.deepspeed_config import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE, framework_flavour
 
-        files.append(("deepspeed_config.json", json.dumps(ds, indent=2) + "\n"))
+        files.append((ENGINE_FLAVOUR_FILE, json.dumps(ds, indent=2) + "\n"))
         files.append((FRAMEWORK_FLAVOUR_FILE, json.dumps(framework_flavour(ds), indent=2) + "\n"))
     if spec is not None:
         files.append(("command.json", json.dumps(spec.to_record(), indent=2) + "\n"))

@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from autotune.deepspeed_config import ENGINE_FLAVOUR_FILE
 from autotune.errors import UserError, run_cli
 from autotune.plan import TrainingPlan, load_plan
 
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             from autotune.entry import run_entrypoint
             from autotune.script_args import expand, placeholder_values
 
-            ds_path = Path(plan_path).with_name("deepspeed_config.json") if plan.is_deepspeed else None
+            ds_path = Path(plan_path).with_name(ENGINE_FLAVOUR_FILE) if plan.is_deepspeed else None
             args = expand(list(plan.run.script_args), placeholder_values(plan, run_dir, ds_path))
             return run_entrypoint(plan.run.entrypoint, args)
         from autotune.runtime.loop import train

@@ -19,6 +19,7 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.deepspeed_config import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE
 from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
 
 # plan value -> flag names a script may declare for it (first declared one is used)
@@ -222,7 +223,7 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
         if name in facts.env_reads:
             routes[k].append(f"environment ({name}, read by the script)")
     ds_path_given = "deepspeed_config" in placeholders or "deepspeed_config" in wired or \
-        any(a.endswith(("deepspeed_config.json", "deepspeed_config_hf.json")) for a in user_args)
+        any(a.endswith((ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE)) for a in user_args)
     if deepspeed_json and ds_path_given and facts.uses_deepspeed_initialize:
         # the engine takes accumulation, precision and the optimizer from the JSON; the micro-batch
         # reaches the data only when the script's loader asks the engine for it

@@ -24,6 +24,7 @@ from typing import Any, Callable, Protocol
 import torch
 import torch.nn as nn
 
+from autotune.deepspeed_config import ENGINE_FLAVOUR_FILE
 from autotune.plan import TrainingPlan
 from autotune.runtime.dist import DistContext
 
@@ -383,7 +384,7 @@ def _read_ds_config(plan_path: str | Path | None) -> dict:
     from autotune.errors import UserError
 
     plan_path = plan_path or os.environ.get("AUTOTUNE_PLAN")
-    path = Path(plan_path).with_name("deepspeed_config.json") if plan_path else None
+    path = Path(plan_path).with_name(ENGINE_FLAVOUR_FILE) if plan_path else None
     if path is None or not path.is_file():
         raise UserError("the plan's backend is deepspeed but no deepspeed_config.json lies beside plan.json "
                         f"({plan_path or '$AUTOTUNE_PLAN unset'}); launch with `python -m autotune launch`")

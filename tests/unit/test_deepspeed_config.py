@@ -249,3 +249,11 @@ def test_framework_flavour_drops_the_engines_optimizer_and_leaves_the_rest_to_th
             assert len(ds[half]) == (6 if half == "fp16" else 1)  # fp16 keeps its 5 loss-scaling fields
         assert got == expected, preset
         assert got["zero_optimization"] == ds["zero_optimization"]
+
+
+def test_the_run_records_name_both_deepspeed_files():
+    """runs.RUN_RECORDS spells the two file names out (the report path does not import this module)."""
+    from autotune.deepspeed_config import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE
+    from autotune.runs import RUN_RECORDS
+
+    assert {ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE} <= set(RUN_RECORDS)
