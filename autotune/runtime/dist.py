@@ -154,3 +154,44 @@ def cleanup(ctx: DistContext | None = None, barrier: bool = True) -> None:
                 dist.barrier()
         finally:
             dist.destroy_process_group()
+
+
+def weights_digest(module: torch.nn.Module) -> str:
+    """A SHA-256 of the module's parameters and buffers (names, dtypes, shapes and bytes, in order):
+    equal on two ranks exactly when their weights are bit-identical."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        data = t.detach().contiguous().cpu()
+        h.update(f"{name}|{data.dtype}|{tuple(data.shape)}|".encode())
+        h.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def check_replicas(ctx: DistContext, module: torch.nn.Module, step: int, run_dir, sharded: bool) -> dict | None:
+    """After a data-parallel run, every rank hashes its copy of the weights and rank 0 compares them:
+    replicas that drifted apart (a rank that skipped an all-reduce, a nondeterministic kernel, a
+    node on another library version) would otherwise go unnoticed until evaluation. Rank 0 writes
+    ``replicas.json`` (each rank's digest and host, and whether they agree) and warns when they do
+    not. Not for ZeRO-3 (``sharded``): each rank holds a different slice of the weights."""
+    if not ctx.distributed or ctx.world_size < 2 or sharded:
+        return None
+    import json
+    import socket
+    import sys
+    from pathlib import Path
+
+    mine = {"rank": ctx.rank, "host": socket.gethostname(), "node_rank": int(os.environ.get("GROUP_RANK", "0") or 0),
+            "sha256": weights_digest(module)}
+    every = gather_objects(ctx, mine)
+    if not ctx.is_main:
+        return None
+    differ = [r["rank"] for r in every if r["sha256"] != every[0]["sha256"]]
+    record = {"step": step, "identical": not differ, "ranks": every}
+    (Path(run_dir) / "replicas.json").write_text(json.dumps(record, indent=2) + "\n")
+    if differ:
+        print(f"autotune: warning: after step {step} the weights on rank {', '.join(map(str, differ))} differ "
+              f"from rank 0's (a data-parallel run keeps identical copies); see {Path(run_dir) / 'replicas.json'}",
+              file=sys.stderr, flush=True)
+    return record

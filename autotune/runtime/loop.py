@@ -16,7 +16,7 @@ from autotune.errors import UserError
 from autotune.plan import TrainingPlan
 from autotune.runtime.checkpoint import CheckpointManager
 from autotune.runtime.data import BatchStream, eval_batches
-from autotune.runtime.dist import DistContext, all_reduce_sum, cleanup, init, wait_for_everyone
+from autotune.runtime.dist import DistContext, all_reduce_sum, check_replicas, cleanup, init, wait_for_everyone
 from autotune.runtime.engine import make_engine
 from autotune.runtime.logging import Progress, make_logger
 from autotune.runtime.preempt import StopRequest
@@ -189,6 +189,9 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
     logger.close()
     if preempted:
         return preempted
+    watch.enter("step", f"comparing the ranks' weights after step {step}")
+    check_replicas(ctx, engine.module, step, run_dir,
+                   sharded=plan.engine.backend == "deepspeed" and plan.engine.zero_stage == 3)
     final = dict(history[-1]) if history else {}
     if ctx.is_main:
         summary = {"steps": step, "history": history, "final": final}

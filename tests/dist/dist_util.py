@@ -62,6 +62,13 @@ def check_run_dir(run_dir, backend, world):
     assert (ckpts[-1] / "model.pt").exists() and (ckpts[-1] / "meta.json").exists()
     for r in range(world):
         assert (ckpts[-1] / f"rng-rank{r}.pt").exists()
+    replicas = run_dir / "replicas.json"
+    if world > 1:  # every rank's weights hashed at the end: data-parallel copies are bit-identical
+        rec = json.loads(replicas.read_text())
+        assert rec["step"] == 12 and [r["rank"] for r in rec["ranks"]] == list(range(world))
+        assert rec["identical"] and len({r["sha256"] for r in rec["ranks"]}) == 1
+    else:
+        assert not replicas.exists()
     loss = losses(run_dir)
     assert sorted(loss) == list(range(1, 13))
     assert loss[12] < loss[1] * 0.9, loss  # the loss falls

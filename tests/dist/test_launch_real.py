@@ -342,6 +342,10 @@ def test_two_nodes_on_one_machine_through_the_slurm_path(runs, small_config, tmp
     assert sorted(c.name for c in (run / "checkpoints").glob("step-*")) == ["step-00000005", "step-00000010",
                                                                            "step-00000012"]
     assert not list((run / "node1").glob("checkpoints"))  # checkpoints and metrics are rank 0's alone
+    # weights identical on both nodes: each rank hashed its own copy after the last step
+    rec = json.loads((run / "replicas.json").read_text())
+    assert sorted(r["node_rank"] for r in rec["ranks"]) == [0, 1], rec  # one rank per node
+    assert rec["identical"] and rec["ranks"][0]["sha256"] == rec["ranks"][1]["sha256"], rec
 
 
 def test_nodes_that_planned_differently_stop_together_naming_the_smallest_plan(small_config, tmp_path):
