@@ -36,6 +36,13 @@ def plan_json(path):
     return public_dict(load_plan(path))
 
 
+def metric_rows(run_dir):
+    """metrics.jsonl's entries; a last line rank 0 is still writing is left out (tests that poll a
+    running job read it mid-write: a half-written line once failed the kill test)."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines(keepends=True)
+    return [json.loads(x) for x in lines if x.endswith("\n")]
+
+
 def losses(run_dir):
     out = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():

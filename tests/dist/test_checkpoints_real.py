@@ -19,7 +19,7 @@ import psutil
 import pytest
 import torch
 
-from dist_util import SMALL
+from dist_util import SMALL, metric_rows
 from support import ROOT
 
 LONG = (SMALL.replace("max_steps: 12", "max_steps: 120").replace("save_every_steps: 5, keep_last: 5",
@@ -39,8 +39,7 @@ def _launch(*args, timeout=300):
 
 
 def _steps(run):
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [r["step"] for r in rows if "train/loss" in r]
+    return [r["step"] for r in metric_rows(run) if "train/loss" in r]
 
 
 def _weights(run, step):

@@ -15,6 +15,7 @@ import time
 import psutil
 import pytest
 
+from dist_util import metric_rows
 from support import ROOT
 
 LONG = """
@@ -32,8 +33,7 @@ def _env():
 
 
 def _steps(run):
-    return [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()
-            if "train/loss" in json.loads(x)]
+    return [r["step"] for r in metric_rows(run) if "train/loss" in r]
 
 
 def _start(tmp_path, name, *extra, grace=60, min_steps=20):
