@@ -131,6 +131,115 @@ def test_execute_forwards_sigterm_to_the_child(tmp_path):
     assert f"FORWARDED [{int(signal.SIGTERM)}]" in proc.stdout.read()  # the caller learns it was interrupted
 
 
+# In-process execute() below: the test process is the launcher (signals sent to itself from a thread), so
+# what execute does with them is exercised where mutation testing sees it.
+FAMILY = """
+import os, pathlib, signal, subprocess, sys, time
+d = pathlib.Path(sys.argv[1])
+kid = subprocess.Popen([sys.executable, "-c",
+    "import pathlib, signal, sys, time\\n"
+    "signal.signal(signal.SIGTERM, lambda s, f: (pathlib.Path(sys.argv[1]).write_text(str(s)), sys.exit(0)))\\n"
+    "pathlib.Path(sys.argv[1] + '.ready').write_text('1'); time.sleep(30)", str(d / "grandchild")])
+def h(s, f):
+    (d / "child").write_text(str(s)); kid.kill(); sys.exit(42)
+signal.signal(signal.SIGTERM, h)
+signal.signal(signal.SIGINT, h)
+while not (d / "grandchild.ready").exists():
+    time.sleep(0.02)
+(d / "ready").write_text("1")
+time.sleep(30)  # the end
+"""
+
+
+def _signal_me_when_ready(ready, *signums, gap=0.0):
+    import threading
+
+    def go():
+        for _ in range(400):
+            if ready.exists():
+                break
+            time.sleep(0.025)
+        for s in signums:
+            os.kill(os.getpid(), s)
+            time.sleep(gap)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("sig, child_gets", [(signal.SIGTERM, signal.SIGTERM), (signal.SIGINT, signal.SIGINT),
+                                             (signal.SIGUSR1, signal.SIGTERM)])
+def test_execute_forwards_a_signal_to_its_child_not_to_the_child_s_children(tmp_path, sig, child_gets):
+    """Without signal_ranks the child (torchrun) itself gets the signal (SIGUSR1 as SIGTERM: it would kill
+    torchrun), its own children do not; the signal is recorded for the caller. Without a list to
+    record into, forwarding works the same (the second run)."""
+    f = _script(tmp_path, FAMILY)
+    seen = []
+    t = _signal_me_when_ready(tmp_path / "ready", sig)
+    assert execute(LaunchSpec(cmd=[sys.executable, str(f), str(tmp_path)], env={}), forwarded=seen) == 42
+    t.join()
+    assert seen == [sig] and (tmp_path / "child").read_text() == str(int(child_gets))
+    assert not (tmp_path / "grandchild").exists()
+    for name in ("ready", "child", "grandchild.ready"):
+        (tmp_path / name).unlink()
+    t = _signal_me_when_ready(tmp_path / "ready", sig)
+    assert execute(LaunchSpec(cmd=[sys.executable, str(f), str(tmp_path)], env={})) == 42
+    t.join()
+
+
+def test_execute_with_signal_ranks_signals_the_child_s_children(tmp_path):
+    """signal_ranks (autotune's runtime under torchrun): the ranks get the signal, torchrun does not."""
+    f = _script(tmp_path, FAMILY.replace("time.sleep(30)  # the end", "sys.exit(kid.wait())"))
+    t = _signal_me_when_ready(tmp_path / "ready", signal.SIGTERM)
+    assert execute(LaunchSpec(cmd=[sys.executable, str(f), str(tmp_path)], env={}), signal_ranks=True) == 0
+    t.join()
+    assert (tmp_path / "grandchild").read_text() == str(int(signal.SIGTERM)) and not (tmp_path / "child").exists()
+
+
+def test_execute_kills_the_tree_when_asked_or_when_the_grace_is_over_or_at_a_second_ctrl_c(tmp_path, capfd):
+    """A child that ignores SIGTERM: kill_after_s after the first signal it and its children are
+    SIGKILLed (exit 128 + 9); should_kill's reason ends it at the next one-second check; a second
+    Ctrl-C ends it at once."""
+    ignore = _script(tmp_path, FAMILY.replace("signal.signal(signal.SIGTERM, h)",
+                                              "signal.signal(signal.SIGTERM, signal.SIG_IGN)")
+                     .replace("signal.signal(signal.SIGINT, h)", "signal.signal(signal.SIGINT, signal.SIG_IGN)"))
+    spec = LaunchSpec(cmd=[sys.executable, str(ignore), str(tmp_path)], env={})
+    t = _signal_me_when_ready(tmp_path / "ready", signal.SIGTERM)
+    t0 = time.monotonic()
+    assert execute(spec, kill_after_s=0.5) == 128 + 9
+    assert time.monotonic() - t0 < 15
+    t.join()
+    assert "the ranks did not stop 0.5 s after the signal; killing them" in capfd.readouterr().err
+    (tmp_path / "ready").unlink()
+    asked = []
+    assert execute(spec, should_kill=lambda: asked.append(1) or ("rank 1 failed" if len(asked) > 1 else None)) == 137
+    assert len(asked) == 2 and "autotune: rank 1 failed; stopping the rest" in capfd.readouterr().err
+    (tmp_path / "ready").unlink()
+    t = _signal_me_when_ready(tmp_path / "ready", signal.SIGINT, signal.SIGINT, gap=0.3)
+    t0 = time.monotonic()
+    assert execute(spec) == 137  # no kill_after_s: only the second Ctrl-C ends it
+    t.join()
+    assert time.monotonic() - t0 < 15
+
+
+def test_execute_gives_the_child_the_run_log_s_streams_and_its_parent_death_signal(tmp_path, capfd):
+    """With a RunLog the child's stdout and stderr land in logs/stdout.log and logs/stderr.log, each in
+    its own; on Linux the child is set to get SIGTERM when the launcher dies (PR_SET_PDEATHSIG, read
+    back with PR_GET_PDEATHSIG = 2)."""
+    from autotune.runlog import RunLog
+
+    code = ("import ctypes, sys; v = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(v), 0, 0, 0); "
+            "print('out', v.value); print('err line', file=sys.stderr)")
+    with RunLog(tmp_path, ["autotune", "launch"]) as log:
+        assert execute(LaunchSpec(cmd=[sys.executable, "-c", code], env={}), output=log) == 0
+    out, err = ((tmp_path / "logs" / n).read_text() for n in ("stdout.log", "stderr.log"))
+    assert f"out {int(signal.SIGTERM)}" in out and "err line" not in out
+    assert "err line" in err and "out " not in err.split("\n", 1)[1]
+    assert execute(LaunchSpec(cmd=[sys.executable, "-c", code], env={})) == 0
+    assert f"out {int(signal.SIGTERM)}" in capfd.readouterr().out
+
+
 @pytest.mark.parametrize("preset", preset_names())
 def test_dry_run_every_preset_shows_the_command_and_starts_nothing(cli, preset, tmp_path):
     r = cli("autotune", "launch", "--dry-run", "--json", "--hardware", preset, cwd=tmp_path)

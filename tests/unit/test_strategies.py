@@ -131,6 +131,38 @@ def test_a_refusal_on_a_host_whose_offload_cannot_help_says_a_bigger_machine():
     assert e.value.tried == ["DDP: 19.4 GiB needed > 6.8 GiB usable even at micro-batch 1"]
 
 
+def test_a_refusal_with_the_micro_batch_set_says_so_and_ram_scales_with_the_processes():
+    """The host above (8 GiB, 1.3e9 parameters): with --batch_size 4 the tries are at that micro-batch
+    (no "even at micro-batch 1") and the headline names it; with 2 processes each gets 0.85 x 8 / 2 =
+    3.4 GiB, and the RAM that would do is 2 x 16P / 0.85 = 2 x 22.79 = 45.58 -> 45.6 GiB."""
+    cpu = make_profile(gpus=(), ram_gib=8, cores=8)
+    with pytest.raises(PlanRefused) as e:
+        plan(cpu, user_model(1_300_000_000, **{"training.batch_size_per_gpu": 4}))
+    assert str(e.value).endswith(", with micro-batch 4 (you set it)")
+    assert e.value.tried == ["DDP: 19.4 GiB needed > 6.8 GiB usable"]
+    with pytest.raises(PlanRefused) as e:
+        plan(cpu, user_model(1_300_000_000, **{"distributed.nproc_per_node": 2}))
+    assert "with" not in str(e.value).rpartition("process(es)")[2]
+    assert e.value.tried == ["DDP: 19.4 GiB needed > 3.4 GiB usable even at micro-batch 1"]
+    assert e.value.would_fit == ["DDP: at least 45.6 GiB of RAM for 2 process(es)"]
+
+
+@pytest.mark.parametrize("ram_gib, best, need", [(512, "ZeRO-3 + optimizer and parameter offload", "1.02"),
+                                                 (1, "ZeRO-3", "1.23")])
+def test_the_smallest_gpu_need_that_the_host_can_hold_is_the_suggestion(ram_gib, best, need):
+    """4 GPUs x 1000 MiB free (budget 0.85 x 1000 MiB = 0.83 GiB), DeepSpeed, P = 5e7, no largest layer:
+    overhead 856 MiB + buckets 2 x 5e7 (the minimum) x 2 B = 1.0222 GiB for every ZeRO row; states
+    ZeRO-3 + offload 0, ZeRO-2 + offload 2P = 0.09, ZeRO-3 18P/4 = 0.21, ZeRO-2 4P + 16P/4 = 0.37 GiB.
+    Nothing fits. With 512 GiB of RAM the offloads' host needs (ZeRO-2: max(4P x 4 ranks, 16P) x 1.5 =
+    1.12 GiB, ZeRO-3: 18P x 1.5 = 1.26 GiB) fit, so the smallest GPU need is ZeRO-3 + offload's 1.02 GiB: / 0.85 =
+    1.29 GB -> 2 GB. With 1 GiB (0.85 usable) neither offload fits the host: ZeRO-3's 1.23 GiB -> 1.56
+    GB -> 2 GB, and no "more host RAM" line (the offloads would not fit the GPUs either). ZeRO-3 over
+    more GPUs cannot help: the unsharded part alone (1.02 GiB) exceeds the budget."""
+    with pytest.raises(PlanRefused) as e:
+        plan(gpus(4, 1000, ram_gib=ram_gib), user_model(50_000_000, **{"distributed.backend": "deepspeed"}))
+    assert e.value.would_fit == [f"{best}: GPUs with at least 2 GB free each ({need} GiB estimated / headroom 0.85)"]
+
+
 # -- one GPU, 30000 MiB free, bf16, no DeepSpeed, a traced-like model ----------------------------
 # budget 0.85 x 30000 MiB = 26,738,688,000 B; overhead 600 MiB (one rank, no buckets) -> room
 # 26,109,542,400 B. One process keeps 16 B/param; activations 1,000,000 B per sample (100,000 with
