@@ -15,3 +15,9 @@ def require(module: str, reason: str):
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         return importlib.import_module(module)
     return pytest.importorskip(module, reason=reason)
+
+
+def examples(n: int) -> int:
+    """Hypothesis examples for a property test: ``n``, or a fifth of it under `make mutation`
+    (MUTANT_UNDER_TEST set), where every surviving mutant reruns the property tests (QUALITY.md)."""
+    return max(20, n // 5) if os.environ.get("MUTANT_UNDER_TEST") else n

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from autotune.config import parse_config
 from autotune.errors import PlanRefused, UserError
 from autotune.profiles import HardwareProfile, load_profile, preset_names
-from support import ROOT
+from support import ROOT, examples
 
 PRESET = json.loads((ROOT / "configs" / "hardware" / "4xL4.json").read_text())
 
@@ -204,7 +204,7 @@ CONFIG_DATA = st.fixed_dictionaries({}, optional={
 })
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=CONFIG_DATA, preset=st.sampled_from(preset_names()))
 def test_generated_configs_plan_or_fail_cleanly(data, preset):
     """Any config either validates and then plans (or is refused, exit 3), or is a UserError."""
@@ -225,7 +225,7 @@ NUMBERS = st.one_of(st.none(), st.integers(min_value=-(2**40), max_value=2**40),
                     st.text(max_size=5))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cpu=st.dictionaries(st.sampled_from(["effective_cores", "physical_cores", "logical_cores",
                                             "cgroup_quota_cores"]), NUMBERS, max_size=3),
        mem=st.dictionaries(st.sampled_from(["total_mib", "available_mib", "effective_mib"]), NUMBERS, max_size=3),

@@ -14,6 +14,7 @@ from autotune.planner.deciders import accumulation as _accumulation
 from autotune.policy import load_policy
 from autotune.profiles import load_profile, preset_names
 from profiles_util import A100, L4, T4, V100, make_profile, preset_with_gpus
+from support import examples
 
 CFG = TrainConfig()
 
@@ -234,7 +235,7 @@ gpu_st = st.tuples(st.just("GPU"), st.integers(1024, 200_000), st.integers(0, 20
                    st.sampled_from(["6.1", "7.0", "7.5", "8.0", "8.6", "8.9", "9.0", "10.0"]))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(0, 16), gpu=gpu_st, cores=st.integers(1, 256), ram=st.integers(1, 4096),
        nodes=st.integers(1, 4), target=st.integers(1, 8192), ds=st.booleans())
 def test_property_random_profiles(n, gpu, cores, ram, nodes, target, ds):

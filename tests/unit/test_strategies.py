@@ -19,6 +19,7 @@ from autotune.modelinfo import ActivationModel, LinearBytes, ModelFacts
 from autotune.planner import plan
 from autotune.profiles import GPUInfo, load_profile
 from profiles_util import make_profile
+from support import examples
 
 MIB, GIB = 2**20, 2**30
 
@@ -273,7 +274,7 @@ def test_explicit_machine_flags_win_and_are_listed():
 
 
 # -- the rule, as a property: fits by its own estimate, or refuses ----------------------------------
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(0, 8), free=st.integers(500, 90_000), ram=st.integers(1, 1024),
        params=st.integers(1_000_000, 70_000_000_000), ds=st.booleans(), micro=st.one_of(st.none(), st.integers(1, 64)))
 def test_property_a_plan_fits_or_is_refused(n, free, ram, params, ds, micro):
