@@ -67,8 +67,9 @@ def _short_repr(value) -> str:
     return r.repr(value)
 
 
-def validation_problems(err, prefix: str = "") -> list[str]:
-    """Turn a pydantic ValidationError into 'field.path: message, got X' lines."""
+def validation_problems(err, prefix: str = "", keys_in: str = "configs/default_config.yaml") -> list[str]:
+    """Turn a pydantic ValidationError into 'field.path: message, got X' lines; an unknown key's
+    line says where the allowed keys are listed (``keys_in``)."""
     problems = []
     for e in err.errors(include_url=False):
         # Union errors repeat the path with the tried type appended; keep the field path.
@@ -78,7 +79,7 @@ def validation_problems(err, prefix: str = "") -> list[str]:
             path = f"{prefix}.{path}" if path != "<root>" else prefix
         msg = e.get("msg", "invalid")
         if e.get("type") == "extra_forbidden":
-            problems.append(f"{path}: unknown key (check the spelling; allowed keys are listed in configs/default_config.yaml)")
+            problems.append(f"{path}: unknown key (check the spelling; allowed keys are listed in {keys_in})")
             continue
         if e.get("type") == "missing":
             problems.append(f"{path}: required field is missing")
@@ -95,8 +96,8 @@ def validation_problems(err, prefix: str = "") -> list[str]:
     return out
 
 
-def format_validation_error(err, header: str) -> str:
-    return header + "\n" + "\n".join(f"  - {p}" for p in validation_problems(err))
+def format_validation_error(err, header: str, keys_in: str = "configs/default_config.yaml") -> str:
+    return header + "\n" + "\n".join(f"  - {p}" for p in validation_problems(err, keys_in=keys_in))
 
 
 def run_cli(fn: Callable[[], int], on_exit: Callable[[int, str], None] | None = None) -> int:

@@ -297,4 +297,5 @@ def load_plan(path: str | os.PathLike | None = None) -> TrainingPlan:
     try:
         return TrainingPlan.model_validate_json(text)
     except ValidationError as e:
-        raise UserError(format_validation_error(e, f"--plan: {path} is not a plan written by this autotune")) from None
+        raise UserError(format_validation_error(e, f"--plan: {path} is not a plan written by this autotune",
+                                                keys_in="the plan.json a launch writes")) from None

@@ -86,4 +86,5 @@ def load_policy(path: str | None = None) -> Policy:
     try:
         return Policy.model_validate(data)
     except ValidationError as e:
-        raise UserError(format_validation_error(e, f"{p}: not a valid policy")) from None
+        raise UserError(format_validation_error(e, f"{p}: not a valid policy",
+                                                keys_in="configs/policy.yaml")) from None

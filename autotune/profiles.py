@@ -141,7 +141,10 @@ class HardwareProfile(_Frozen):
         try:
             profile = cls.model_validate(data)
         except ValidationError as e:
-            raise UserError(format_validation_error(e, f"{origin}: not a valid hardware profile")) from None
+            raise UserError(format_validation_error(
+                e, f"{origin}: not a valid hardware profile; fix the fields below or write the profile again with "
+                   "`python -m autotune.hardware report --json`",
+                keys_in="`python -m autotune.hardware report --json` or a preset in configs/hardware/")) from None
         problems = profile_problems(profile)
         if problems:
             raise UserError(f"{origin}: not a possible machine ({len(problems)} problem(s)); fix the numbers or "

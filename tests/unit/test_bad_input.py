@@ -130,6 +130,24 @@ def test_impossible_profile_is_one_clear_error(tmp_path, name):
     assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr and named in r.stderr, r.stderr[-1500:]
 
 
+@pytest.mark.parametrize("name", list(PROFILES))
+def test_impossible_profile_is_refused_by_load_profile_with_the_field_named(tmp_path, name):
+    """The same profiles read in this process (the CLI test above runs a child): UserError naming the
+    field; checks of the schema and of the numbers each say how to write a good profile (an unknown key
+    once pointed at the training config's key list)."""
+    change, named = PROFILES[name]
+    path = _profile(tmp_path, change)
+    with pytest.raises(UserError) as e:
+        load_profile(path)
+    text = str(e.value) + "\n" + "\n".join(getattr(e.value, "problems", None) or [])
+    assert text.startswith(f"{path}: ") and named in text, text
+    if name != "NaN quota":  # refused while reading the JSON: "give a finite value"
+        assert "python -m autotune.hardware report --json" in text
+    if name == "unknown key":
+        assert "gpu_count: unknown key (check the spelling; allowed keys are listed in `python -m autotune.hardware " \
+               "report --json` or a preset in configs/hardware/)" in text
+
+
 FLAGS = {
     "zero steps": (["--max_steps", "0"], "--max_steps"),
     "huge batch flag": (["--batch_size", "99999999999"], "training.batch_size_per_gpu"),
