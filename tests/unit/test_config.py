@@ -171,3 +171,60 @@ def test_auto_or_value_fields_at_their_bounds(key, good, bad, message):
             assert f'must be at most {good[-1]} (or "auto")' in problem
         else:
             assert re.search(r'must be (a positive integer|an integer >= 0) or "auto"', problem), problem
+
+
+@pytest.mark.parametrize("data, problems", [
+    ({}, []),
+    (None, []),  # an empty file: every default
+    ({"model": {"n_embd": 64, "n_head": 4}}, []),
+    ({"model": {"num_parameters": 10}}, ["model.num_parameters: moved to training.num_parameters (it describes your "
+                                         "own script's model; the built-in GPT's size follows from n_layer and n_embd)"]),
+    ({"training": {"entrypoint": "t.py", "model": "pkg.mod:make"}}, []),
+    ({"training": {"entrypoint": "t.py", "model": "pkg.mod:make", "sample_input": "int[512]<50257"}}, []),
+    ({"training": {"entrypoint": "t.py", "model": "pkg.mod:make", "sample_input": "[3, 224, 224]"}}, []),
+    ({"training": {"entrypoint": "t.py", "model": "pkg.mod:make", "sample_input": "pkg.mod:batch"}}, []),
+    ({"training": {"entrypoint": "t.py", "model": "pkg.mod.make"}},
+     ["training.model: must look like package.module:function, got 'pkg.mod.make'"]),
+    ({"training": {"entrypoint": "t.py", "model": "a:b:c"}},
+     ["training.model: must look like package.module:function, got 'a:b:c'"]),
+    ({"training": {"entrypoint": "t.py", "model": ":make"}},
+     ["training.model: must look like package.module:function, got ':make'"]),
+    ({"training": {"entrypoint": "t.py", "model": "m:f", "sample_input": "float[3 x 4]"}},
+     ["training.sample_input: must look like package.module:function or a per-sample shape such as [3,224,224] "
+      "or int[512]<50257, got 'float[3 x 4]'"]),
+    ({"training": {"entrypoint": "t.py", "sample_input": "m:f"}},
+     ["training.sample_input: needs training.model (the factory of the model it feeds)"]),
+    ({"training": {"model": "m:f", "num_parameters": 5}},
+     [f"training.{n}: describes your own script's model, but training.entrypoint is empty (the built-in workload is "
+      "sized from the model section); set an entrypoint or remove it" for n in ("model", "num_parameters")]),
+    ({"training": {"optimizer": "sgd"}}, ["training.optimizer: the built-in workload trains with adamw, got 'sgd'"]),
+    ({"training": {"entrypoint": "t.py", "optimizer": "sgd"}}, []),
+    ({"training": {"epochs": None, "max_steps": 5}}, []),
+    ({"training": {"epochs": None, "max_steps": None}},
+     ["training.epochs: set training.epochs or training.max_steps (both are empty)"]),
+])
+def test_each_cross_field_check_on_both_sides(data, problems):
+    """Every check that spans fields, each with its exact words, and a neighbour that passes."""
+    if not problems:
+        assert isinstance(parse_config(data, origin="c.yaml"), TrainConfig)
+        return
+    with pytest.raises(UserError) as e:
+        parse_config(data, origin="c.yaml")
+    assert str(e.value) == f"c.yaml: {len(problems)} problem(s) in the config"
+    assert e.value.problems == problems
+
+
+@pytest.mark.parametrize("data, kind", [([1, 2], "list"), ("text", "str"), (3, "int")])
+def test_a_config_that_is_not_a_mapping_names_what_it_is(data, kind):
+    with pytest.raises(UserError) as e:
+        parse_config(data, origin="c.yaml")
+    assert str(e.value) == ("c.yaml: the top level must be a mapping of sections (model, data, training, ...), "
+                            f"got {kind}")
+
+
+def test_schema_problems_are_counted_and_lose_pydantic_s_value_error_prefix():
+    with pytest.raises(UserError) as e:
+        parse_config({"training": {"batch_size_per_gpu": -3, "mixed_precision": "fp8"}}, origin="c.yaml")
+    assert str(e.value) == "c.yaml: 2 problem(s) in the config"
+    assert e.value.problems == ['training.batch_size_per_gpu: must be a positive integer or "auto", got -3',
+                                "training.mixed_precision: must be one of 'auto', 'bf16', 'fp16', 'fp32', got 'fp8'"]
