@@ -372,3 +372,63 @@ def test_the_run_section_carries_every_configured_value_and_debug_shortens_the_i
     dbg = _plan(load_profile("cpu-only"), cfg, debug=True).run
     assert (dbg.eval_every_steps, dbg.log_every_steps, dbg.save_every_steps, dbg.debug, dbg.keep_last) == (
         10, 2, 10, True, 9)
+
+
+def _mig_machine():
+    from autotune.profiles import GPUInfo, GPUSection
+
+    devs = (GPUInfo(index=0, nvml_index=0, name="NVIDIA A100-SXM4-40GB", memory_total_mib=40960,
+                    memory_free_mib=40000, compute_capability="8.0", mig_mode=True, mig_slices_mib=(19968, 9856)),
+            GPUInfo(index=1, nvml_index=1, name=None, memory_total_mib=40960, memory_free_mib=40000,
+                    compute_capability="8.0", mig_mode=True),
+            GPUInfo(index=2, nvml_index=2, name="NVIDIA A100-SXM4-40GB", memory_total_mib=40960,
+                    memory_free_mib=40000, compute_capability="8.0", mig_mode=False))
+    hw = make_profile()
+    return hw.model_copy(update={"gpus": GPUSection(available=True, devices=devs, interconnect="pcie")})
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_mig_view_by_hand(multi):
+    """GPU 0 in MIG mode with slices of 19968 and 9856 MiB -> its smallest slice (9856 MiB = 10.3 GB), named
+    as a slice; GPU 1 in MIG mode with unknown instances -> memory unknown; GPU 2 whole. The policy's
+    mig_multi_process: false keeps the first device only (one process on one slice)."""
+    from autotune.planner.deciders import mig_view
+    from autotune.planner.resolve import Resolver
+
+    r = Resolver()
+    policy = load_policy().model_copy(update={"mig_multi_process": multi})
+    out = mig_view(_mig_machine(), policy, r).gpus.devices
+    first = out[0]
+    assert (first.memory_total_mib, first.memory_free_mib, first.mig_instance, first.name) == \
+        (9856, 9856, True, "NVIDIA A100-SXM4-40GB MIG slice")
+    notes = ["GPU 0 (NVIDIA A100-SXM4-40GB) is in MIG mode with 2 instance(s): planning for one slice of 10.3 GB, "
+             "not the whole GPU",
+             "GPU 1 is in MIG mode but its instances are unknown: its memory is unknown"]
+    if multi:
+        assert len(out) == 3
+        assert (out[1].memory_total_mib, out[1].memory_free_mib, out[1].mig_instance) == (None, None, True)
+        assert out[2] == _mig_machine().gpus.devices[2]
+    else:
+        assert len(out) == 1
+        notes.append("3 MIG devices visible, but MIG instances have no peer-to-peer path and the policy does not "
+                     "plan NCCL across them (mig_multi_process: false): one process on one slice")
+    assert r.warnings == notes and r.reasons["num_gpus"] == "; ".join(notes)
+
+
+def test_mig_view_leaves_a_machine_without_mig_alone_and_names_an_unnamed_gpu():
+    from autotune.planner.deciders import mig_view
+    from autotune.planner.resolve import Resolver
+
+    plain = make_profile(gpus=[A100, A100])
+    r = Resolver()
+    assert mig_view(plain, load_policy(), r) is plain and r.warnings == [] and "num_gpus" not in r.reasons
+    hw = _mig_machine()
+    one = hw.gpus.devices[0].model_copy(update={"name": None})
+    hw = hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"devices": (one,)})})
+    out = mig_view(hw, load_policy(), r).gpus.devices
+    assert out[0].name == "GPU MIG slice" and r.warnings[0].startswith("GPU 0 (unknown) is in MIG mode with 2 ")
+    # an instance itself (CUDA_VISIBLE_DEVICES=MIG-...) is already what a process sees
+    inst = hw.gpus.devices[0].model_copy(update={"mig_instance": True, "memory_total_mib": 9856, "memory_free_mib": 9800})
+    hw2 = hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"devices": (inst,)})})
+    r2 = Resolver()
+    assert mig_view(hw2, load_policy(), r2).gpus.devices == (inst,) and r2.warnings == []
