@@ -432,3 +432,50 @@ def test_mig_view_leaves_a_machine_without_mig_alone_and_names_an_unnamed_gpu():
     hw2 = hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"devices": (inst,)})})
     r2 = Resolver()
     assert mig_view(hw2, load_policy(), r2).gpus.devices == (inst,) and r2.warnings == []
+
+
+def _cfg(**over):
+    from autotune.config import TrainConfig, apply_overrides
+
+    return apply_overrides(TrainConfig(), over)
+
+
+@pytest.mark.parametrize("hw, over, kwargs, message", [
+    ("cpu", {"distributed.backend": "single", "distributed.nproc_per_node": 2}, {"auto_optimize": False},
+     "distributed.nproc_per_node: the single backend runs one process; use ddp or deepspeed"),
+    ("cpu", {"distributed.backend": "deepspeed"}, {"deepspeed_installed": False},
+     "distributed.backend: deepspeed was requested but DeepSpeed is not installed; install it with `pip install "
+     "--no-build-isolation deepspeed` (after torch) or use --ddp"),
+    ("4xL4", {"distributed.backend": "single"}, {},
+     "distributed.backend: single runs one process, but 4 processes per node were asked for (GPUs); use --ddp or "
+     "--deepspeed, or --num_gpus 1"),
+    ("cpu", {"distributed.backend": "single", "distributed.nproc_per_node": 2}, {},
+     "distributed.backend: single runs one process, but 2 processes per node were asked for (nproc_per_node); use "
+     "--ddp or --deepspeed, or --num_gpus 1"),
+    ("cpu", {"distributed.backend": "single", "distributed.num_nodes": 2, "distributed.master_addr": "10.0.0.1"}, {},
+     "distributed.backend: single cannot span 2 nodes; use ddp or deepspeed"),
+])
+def test_engine_requests_that_cannot_run_are_refused_with_the_fix(hw, over, kwargs, message):
+    from autotune.errors import UserError
+    from autotune.planner import plan
+
+    prof = make_profile(cores=8) if hw == "cpu" else load_profile(hw)
+    with pytest.raises(UserError) as e:
+        plan(prof, _cfg(**over), **kwargs)
+    assert str(e.value) == message
+
+
+def test_engine_reasons_and_an_ignored_zero_stage():
+    from autotune.planner import plan
+
+    p = plan(load_profile("4xL4"), _cfg(**{"distributed.backend": "ddp", "distributed.zero_stage": 3}))
+    assert p.reasons["nproc_per_node"] == "one process per GPU (4)"
+    assert p.reasons["zero_stage"] == "not used by the ddp backend" and p.engine.zero_stage is None
+    assert "distributed.zero_stage=3 is ignored: backend is ddp, not deepspeed" in p.warnings
+    cpu = plan(make_profile(cores=8), _cfg(**{"distributed.backend": "ddp", "distributed.nproc_per_node": 2}))
+    assert cpu.reasons["nproc_per_node"] == "2 CPU process(es)" and cpu.engine.nproc_per_node == 2
+    assert not any("zero_stage" in w for w in cpu.warnings)
+    ds = plan(load_profile("4xL4"), _cfg(**{"distributed.backend": "deepspeed"}), deepspeed_installed=True)
+    assert ds.engine.zero_stage == 2
+    assert ds.reasons["zero_stage"].startswith(
+        "ZeRO-2 partitions gradients and optimizer state with no extra communication over DDP")
