@@ -479,3 +479,86 @@ def test_engine_reasons_and_an_ignored_zero_stage():
     assert ds.engine.zero_stage == 2
     assert ds.reasons["zero_stage"].startswith(
         "ZeRO-2 partitions gradients and optimizer state with no extra communication over DDP")
+
+
+@pytest.mark.parametrize("hw, over, message", [
+    ("4xL4", {"distributed.nproc_per_node": 6},
+     "distributed.nproc_per_node: 6 GPUs requested but only 4 are visible on this node (1 node(s) x 4 GPU(s) "
+     "(NVIDIA L4), interconnect pcie); use at most 4 or check CUDA_VISIBLE_DEVICES"),
+    ("cpu", {"distributed.num_gpus": 2},
+     "distributed.num_gpus: 2 GPUs requested but this machine has none (no GPU detected); use --num_gpus 0 or plan "
+     "with --hardware PRESET"),
+    ("4xL4", {"distributed.num_gpus": 2, "distributed.nproc_per_node": 3},
+     "distributed.nproc_per_node: 3 processes for 2 GPUs; on GPUs autotune runs one process per GPU, so set only one "
+     "of --num_gpus / --nproc_per_node"),
+])
+def test_gpu_counts_that_cannot_be_had_are_refused_with_the_fix(hw, over, message):
+    from autotune.errors import UserError
+    from autotune.planner import plan
+
+    prof = make_profile(cores=8) if hw == "cpu" else load_profile(hw)
+    with pytest.raises(UserError) as e:
+        plan(prof, _cfg(**over))
+    assert str(e.value) == message
+
+
+def test_gpu_count_reasons_and_overrides():
+    from autotune.planner import plan
+
+    hw = load_profile("4xL4")
+    p = plan(hw, _cfg())
+    assert p.reasons["num_gpus"] == "all 4 visible GPU(s)" and p.engine.num_gpus == 4
+    two = plan(hw, _cfg(**{"distributed.num_gpus": 2}))
+    assert two.reasons["num_gpus"] == "you set num_gpus=2 (auto would use all 4 visible)"
+    assert (two.overrides["num_gpus"].auto, two.overrides["num_gpus"].chosen) == (4, 2) and two.engine.num_gpus == 2
+    same = plan(hw, _cfg(**{"distributed.num_gpus": 2, "distributed.nproc_per_node": 2}))
+    assert same.engine.num_gpus == 2 and same.engine.nproc_per_node == 2
+    by_proc = plan(hw, _cfg(**{"distributed.nproc_per_node": 3}))
+    assert by_proc.reasons["num_gpus"] == "nproc_per_node=3: one process per GPU, 4 visible" and by_proc.engine.num_gpus == 3
+    cpu = plan(make_profile(cores=8), _cfg(**{"distributed.num_gpus": 0}))
+    assert cpu.engine.num_gpus == 0 and cpu.reasons["num_gpus"] == "you set num_gpus=0 (auto would use all 0 visible)"
+    gone = make_profile(cores=8)
+    gone = gone.model_copy(update={"gpus": gone.gpus.model_copy(update={"reason": "NVML: driver not loaded"})})
+    assert plan(gone, _cfg()).reasons["num_gpus"] == "NVML: driver not loaded"
+    assert plan(make_profile(cores=8), _cfg()).reasons["num_gpus"] == "no GPU detected"
+
+
+@pytest.mark.parametrize("gpus, nodes, ds, nproc, backend, reason", [
+    (1, 1, True, None, "single", "one GPU: no process group needed"),
+    (1, 2, True, None, "deepspeed", "2 GPUs and DeepSpeed is installed: ZeRO-2 shards gradients and optimizer state"),
+    (4, 1, False, None, "ddp", "4 GPUs; DeepSpeed is not installed (pip install --no-build-isolation deepspeed), so "
+                               "DDP via torchrun"),
+    (0, 1, True, None, "single", "no GPU: one process using 8 effective core(s)"),
+    (0, 1, True, 2, "ddp", "no GPU and 2 process(es) x 1 node(s): DDP over gloo"),
+    (0, 2, True, None, "ddp", "no GPU and 1 process(es) x 2 node(s): DDP over gloo"),
+])
+def test_auto_backend_by_machine(gpus, nodes, ds, nproc, backend, reason):
+    from autotune.planner import plan
+
+    hw = make_profile(gpus=[L4] * gpus, cores=8)
+    over = {"distributed.num_nodes": nodes}
+    if nodes > 1:
+        over["distributed.master_addr"] = "10.0.0.1"
+    if nproc:
+        over["distributed.nproc_per_node"] = nproc
+    p = plan(hw, _cfg(**over), deepspeed_installed=ds)
+    assert p.engine.backend == backend and p.reasons["backend"] == reason
+
+
+def test_nodes_and_rendezvous_reasons_without_slurm():
+    from autotune.planner import plan
+
+    one = plan(load_profile("4xL4"), _cfg())
+    assert one.reasons["num_nodes"] == "the hardware profile describes 1 node(s)"
+    assert one.reasons["node_rank"] == "one node" and one.reasons["master_addr"] == "one node: the local machine"
+    assert one.engine.rdzv_id is None and not any("must run here" in w for w in one.warnings)
+    two = plan(load_profile("4xL4"), _cfg(**{"distributed.num_nodes": 2, "distributed.master_addr": "10.0.0.1"}))
+    assert two.reasons["node_rank"] == "no SLURM_NODEID and no --node_rank: node 0" and two.engine.node_rank == 0
+    assert two.engine.rdzv_id is None and not any("must run here" in w for w in two.warnings)
+    loop = plan(load_profile("4xL4"), _cfg(**{"distributed.num_nodes": 2}))
+    assert loop.reasons["master_addr"] == "no --master_addr and no SLURM allocation: 127.0.0.1"
+    assert ("master address 127.0.0.1 is this machine: every one of the 2 nodes must run here (a test setup); on a "
+            "cluster give node 0's address") in loop.warnings
+    local = plan(load_profile("4xL4"), _cfg(**{"distributed.num_nodes": 2, "distributed.master_addr": "localhost",
+                                               "distributed.node_rank": 1}))
+    assert local.engine.master_addr == "localhost" and any("must run here" in w for w in local.warnings)
