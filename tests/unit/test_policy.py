@@ -562,3 +562,59 @@ def test_nodes_and_rendezvous_reasons_without_slurm():
     local = plan(load_profile("4xL4"), _cfg(**{"distributed.num_nodes": 2, "distributed.master_addr": "localhost",
                                                "distributed.node_rank": 1}))
     assert local.engine.master_addr == "localhost" and any("must run here" in w for w in local.warnings)
+
+
+def test_precision_reasons_tf32_and_bf16_refusals_by_hand():
+    """Default policy: bf16 + TF32 from compute capability 8.0, fp16 below (with loss scaling)."""
+    from autotune.errors import UserError
+    from autotune.planner import plan
+
+    a100 = plan(make_profile(gpus=[A100]), _cfg())
+    assert (a100.numerics.precision, a100.numerics.tf32) == ("bf16", True)
+    assert a100.reasons["precision"] == "lowest compute capability 8.0 >= 8.0: bf16"
+    assert a100.reasons["tf32"] == "TF32 matmuls on compute capability >= 8.0"
+    t4 = plan(make_profile(gpus=[T4]), _cfg())
+    assert (t4.numerics.precision, t4.numerics.tf32) == ("fp16", False)
+    assert t4.reasons["precision"] == "lowest compute capability 7.5 is below the 8.0 that bf16 needs: fp16 with " \
+                                      "dynamic loss scaling"
+    assert t4.reasons["tf32"] == "TF32 needs compute capability >= 8.0 GPUs"
+    mixed = plan(make_profile(gpus=[A100, T4]), _cfg())
+    assert mixed.numerics.precision == "fp16" and not mixed.numerics.tf32  # the lowest GPU decides
+    unknown = plan(make_profile(gpus=[("G", 16000, 15000, None)]), _cfg())
+    why = "compute capability unknown for some GPU: fp16, the safe choice"
+    assert unknown.numerics.precision == "fp16" and unknown.reasons["precision"] == why and why in unknown.warnings
+    assert not unknown.numerics.tf32
+    fp32 = plan(make_profile(gpus=[A100]), _cfg(**{"training.mixed_precision": "fp32"}))
+    assert fp32.numerics.precision == "fp32" and fp32.numerics.tf32  # TF32 follows the GPU, not the precision
+    with pytest.raises(UserError) as e:
+        plan(make_profile(gpus=[A100, T4, ("X", 16000, 15000, None)]), _cfg(**{"training.mixed_precision": "bf16"}))
+    assert str(e.value) == ("training.mixed_precision: bf16 needs compute capability >= 8.0, but GPU 1 (Tesla T4, "
+                            "compute capability 7.5), GPU 2 (X, compute capability unknown) lacks it; use fp16 or auto")
+    with pytest.raises(UserError) as e:
+        plan(make_profile(gpus=[(None, 16000, 15000, None)]), _cfg(**{"training.mixed_precision": "bf16"}))
+    assert "GPU 0 (unknown, compute capability unknown)" in str(e.value)
+    cpu = plan(make_profile(cores=8), _cfg())
+    assert (cpu.numerics.precision, cpu.numerics.tf32) == ("fp32", False)
+    assert cpu.reasons["precision"] == "no GPU: fp32 (CPU autocast gains little for small models)"
+    assert plan(make_profile(cores=8), _cfg(**{"training.mixed_precision": "bf16"})).numerics.precision == "bf16"
+    with pytest.raises(UserError) as e:
+        plan(make_profile(cores=8), _cfg(**{"training.mixed_precision": "fp16"}))
+    assert str(e.value) == ("training.mixed_precision: fp16 needs a GPU (loss-scaled fp16 is a CUDA feature); use bf16 "
+                            "or fp32 on CPU")
+
+
+def test_band_choice_reasons_by_hand():
+    """Bands in GB (10^9 bytes): an L4 with 22563 MiB free = 23.7 GB; a GPU of unknown memory takes the smallest
+    band (2, checkpointing on); no GPU: the policy's CPU micro-batch (64), checkpointing off."""
+    from autotune.planner import plan
+
+    l4 = plan(make_profile(gpus=[L4]), _cfg())
+    assert l4.reasons["micro_batch_size"].startswith("23.7 GB free per GPU is in the >= 20 GB band: micro-batch ")
+    assert l4.reasons["gradient_checkpointing"].startswith("the 20 GB band defaults to off")
+    cpu = plan(make_profile(cores=8), _cfg())
+    assert cpu.reasons["micro_batch_size"].startswith("no GPU: policy cpu_micro_batch_size 64")
+    assert cpu.reasons["gradient_checkpointing"] == "no GPU: memory is not the constraint, recomputation would only " \
+                                                    "cost time"
+    unknown = plan(make_profile(gpus=[("G", None, None, "8.0")]), _cfg())
+    assert unknown.reasons["micro_batch_size"].startswith("GPU memory unknown: the smallest band, micro-batch 2")
+    assert unknown.reasons["gradient_checkpointing"].startswith("the 0 GB band defaults to on")
