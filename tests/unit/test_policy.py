@@ -618,3 +618,45 @@ def test_band_choice_reasons_by_hand():
     unknown = plan(make_profile(gpus=[("G", None, None, "8.0")]), _cfg())
     assert unknown.reasons["micro_batch_size"].startswith("GPU memory unknown: the smallest band, micro-batch 2")
     assert unknown.reasons["gradient_checkpointing"].startswith("the 0 GB band defaults to on")
+
+
+def test_schedule_world_and_debug_values_by_hand():
+    """4 x L4, default config: micro 16 x 4 GPUs, accumulation 256 / 64 = 4 -> 256; data.num_samples and
+    epochs from the default config; the reasons give the arithmetic."""
+    from autotune.planner import plan
+
+    cfg = _cfg(**{"data.num_samples": 10_000, "training.epochs": 3, "training.warmup_steps": 7,
+                  "data.num_val_samples": 1000})
+    p = plan(load_profile("4xL4"), cfg, deepspeed_installed=True)
+    assert (p.batch.micro_batch_size, p.batch.gradient_accumulation_steps, p.batch.global_batch_size) == (16, 4, 256)
+    assert p.reasons["world_size"] == "4 process(es) per node x 1 node(s) = 4"
+    assert p.reasons["gradient_accumulation_steps"] == "closest integer to target 256 / (16 micro x 4 processes) = 4.00"
+    assert p.reasons["global_batch_size"] == "16 x 4 x 4 = 256 (target 256, exact)"
+    assert (p.schedule.steps_per_epoch, p.schedule.total_steps, p.schedule.max_steps) == (40, 120, None)
+    assert p.reasons["steps_per_epoch"] == "ceil(10000 samples / global batch 256) = 40"  # 39.06 -> 40
+    assert p.reasons["total_steps"] == "3 epoch(s) x 40 steps"
+    assert p.reasons["warmup_steps"] == "training.warmup_steps 7 carried over" and p.schedule.warmup_steps == 7
+    assert p.workload.data.num_val_samples == 1000 and p.memory.gpu_memory_gib == round(22563 / 1024, 2)
+    capped = plan(load_profile("4xL4"), apply_overrides(cfg, {"training.max_steps": 50}), deepspeed_installed=True)
+    assert (capped.schedule.total_steps, capped.reasons["total_steps"]) == (50, "max_steps 50")
+    unknown = plan(load_profile("4xL4"), apply_overrides(cfg, {"data.num_samples": None}), deepspeed_installed=True)
+    assert unknown.schedule.steps_per_epoch is None and unknown.schedule.total_steps is None
+    assert (unknown.reasons["steps_per_epoch"], unknown.reasons["total_steps"]) == ("data.num_samples unknown",
+                                                                                    "unknown")
+    dbg = plan(load_profile("4xL4"), apply_overrides(cfg, {"training.max_steps": 5}), debug=True)
+    assert dbg.schedule.max_steps == 5 and dbg.workload.data.num_val_samples == 256  # min(1000, 256)
+    assert (dbg.batch.micro_batch_size, dbg.batch.gradient_accumulation_steps) == (4, 1)
+    assert dbg.batch.target_global_batch_size == 16 and dbg.reasons["gradient_accumulation_steps"] == \
+        "--debug: no accumulation"
+    assert dbg.reasons["micro_batch_size"].startswith("--debug: a tiny micro-batch of 4")
+    long = plan(load_profile("4xL4"), apply_overrides(cfg, {"training.max_steps": 500}), debug=True)
+    assert long.schedule.max_steps == 20 and long.schedule.total_steps == 20
+    verbatim = plan(load_profile("4xL4"), apply_overrides(cfg, {"training.batch_size_per_gpu": 8,
+                                                                "training.gradient_accumulation_steps": 3,
+                                                                "training.mixed_precision": "fp32",
+                                                                "distributed.backend": "ddp",
+                                                                "distributed.nproc_per_node": 4}),
+                    auto_optimize=False, debug=True)
+    assert not verbatim.run.debug and verbatim.batch.global_batch_size == 96  # --debug needs auto-optimize
+    assert verbatim.batch.target_global_batch_size == 256
+    assert verbatim.reasons["global_batch_size"] == "8 x 3 x 4 = 96 (no target applied)"
