@@ -348,3 +348,49 @@ def test_no_auto_optimize_estimates_the_config_as_written(ckpt):
     assert e.budget_gib == pytest.approx(0.85 * 30000 / 1024, abs=1e-3)
     assert e.strategy == ("DDP + checkpointing" if ckpt else "DDP") and e.num_parameters == 100_000_000
     assert p.reasons["gradient_checkpointing"] == "--no_auto_optimize: taken from the config verbatim"
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"distributed.backend": "ddp", "distributed.offload_optimizer": True},
+     "distributed.offload_optimizer: optimizer offload is a DeepSpeed ZeRO feature but the backend is ddp; use "
+     "--deepspeed or set offload_optimizer: auto"),
+    ({"distributed.backend": "deepspeed", "distributed.zero_stage": 1, "distributed.offload_optimizer": True},
+     "distributed.offload_optimizer: autotune offloads with ZeRO-2 or ZeRO-3, not stage 1; use --zero_stage 2 or 3"),
+])
+def test_offload_where_it_cannot_be_is_refused_with_the_fix(over, message):
+    from autotune.errors import UserError
+
+    with pytest.raises(UserError) as e:
+        plan(gpus(4, 10000), user_model(1_000_000, **over))
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("stage, strategy", [(2, "ZeRO-2 + optimizer offload"),
+                                             (3, "ZeRO-3 + optimizer and parameter offload")])
+def test_offload_asked_for_is_the_strategy(stage, strategy):
+    p = plan(gpus(4, 10000), user_model(1_000_000, **{"distributed.backend": "deepspeed", "distributed.zero_stage": stage,
+                                                      "distributed.offload_optimizer": True}))
+    assert p.engine.zero_stage == stage and p.engine.offload_optimizer and p.memory.estimate.strategy == strategy
+    assert p.engine.offload_param == (stage == 3)
+
+
+def test_force_plans_the_smallest_need_at_micro_batch_1_and_says_so():
+    """Nothing fits (the 4 x 1000 MiB case above): --force takes the row with the smallest need, ZeRO-3 + offload
+    (1.02 GiB), at micro-batch 1, or at the micro-batch you set."""
+    cfg = user_model(50_000_000, **{"distributed.backend": "deepspeed"})
+    p = plan(gpus(4, 1000), cfg, force=True)
+    assert p.memory.estimate.strategy == "ZeRO-3 + optimizer and parameter offload" and p.batch.micro_batch_size == 1
+    assert ("--force: nothing fits by the estimate; planning ZeRO-3 + optimizer and parameter offload at micro-batch 1 "
+            "anyway (1.0 GiB needed > 0.8 GiB usable): EXPECT OUT-OF-MEMORY ERRORS") in p.warnings
+    fixed = plan(gpus(4, 1000), user_model(50_000_000, **{"distributed.backend": "deepspeed",
+                                                          "training.batch_size_per_gpu": 6}), force=True)
+    assert fixed.batch.micro_batch_size == 6 and any("at micro-batch 6 anyway" in w for w in fixed.warnings)
+
+
+def test_checkpointing_asked_for_a_model_autotune_cannot_reach_is_a_warning():
+    p = plan(gpus(1, 30000), user_model(1_000_000, **{"training.gradient_checkpointing": True}))
+    assert p.memory.gradient_checkpointing
+    assert ("training.gradient_checkpointing: autotune cannot measure or apply checkpointing for this model; your "
+            "script must turn it on itself") in p.warnings
+    off = plan(gpus(1, 30000), user_model(1_000_000))
+    assert not off.memory.gradient_checkpointing and not any("checkpointing" in w for w in off.warnings)
