@@ -394,3 +394,22 @@ def test_checkpointing_asked_for_a_model_autotune_cannot_reach_is_a_warning():
             "script must turn it on itself") in p.warnings
     off = plan(gpus(1, 30000), user_model(1_000_000))
     assert not off.memory.gradient_checkpointing and not any("checkpointing" in w for w in off.warnings)
+
+
+def test_an_estimate_without_activations_for_the_plan_s_mode_says_why():
+    """Activations traced in fp32 only: a bf16 plan's estimate covers the model states and says so; traced
+    without checkpointing, a plan with checkpointing on says they could not be measured."""
+    fp32_only = facts(1_000_000).model_copy(update={"activations": ActivationModel(
+        fp32=LinearBytes.line(0, 2_000_000), fp32_checkpointed=LinearBytes.line(0, 200_000), source="traced")})
+    hw, cfg = gpus(1, 30000, deepspeed=None), apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"})
+    est = plan(hw, cfg, facts=fp32_only).memory.estimate
+    assert est.activations_gib is None and est.unknown == (
+        "activations were traced for another precision than the plan's; the estimate covers model states only")
+    assert plan(hw, apply_overrides(cfg, {"training.mixed_precision": "fp32"}), facts=fp32_only).memory.estimate \
+        .unknown is None
+    no_ckpt = facts(1_000_000).model_copy(update={"activations": ActivationModel(
+        fp32=LinearBytes.line(0, 2_000_000), half=LinearBytes.line(0, 1_000_000),
+        fp32_checkpointed=LinearBytes.line(0, 200_000), source="traced")})
+    est = plan(hw, apply_overrides(cfg, {"training.gradient_checkpointing": True}), facts=no_ckpt).memory.estimate
+    assert est.activations_gib is None and est.unknown == (
+        "activations with checkpointing could not be measured for this model")
