@@ -413,3 +413,35 @@ def test_an_estimate_without_activations_for_the_plan_s_mode_says_why():
     est = plan(hw, apply_overrides(cfg, {"training.gradient_checkpointing": True}), facts=no_ckpt).memory.estimate
     assert est.activations_gib is None and est.unknown == (
         "activations with checkpointing could not be measured for this model")
+
+
+def test_the_strategy_reasons_name_what_was_rejected_and_why():
+    """4 x 10000 MiB (8.3008 GiB usable each), in the policy's order ZeRO-2, DDP, ZeRO-1, ZeRO-3, ZeRO-2 + offload:
+    - P = 953,064,369 (one over ZeRO-2's threshold): ZeRO-2 8P + 1.2 GiB overhead = 8.3008 GiB (8 bytes over),
+      DDP 16P + 856 MiB = 15.0 GiB, ZeRO-1 as ZeRO-2 (never below it); ZeRO-3 18P/4 + overhead = 5.19 GiB fits;
+    - P = 1,694,336,655: ZeRO-3 too (3.5 bytes over); ZeRO-2 + offload 2P + overhead = 4.36 GiB fits.
+    Checkpointing cannot reach a model known only by its size: off, said so."""
+    p = plan(gpus(4, 10000), user_model(953_064_369))
+    rejected = ("ZeRO-2: 8.3008 GiB needed > 8.3008 GiB usable; DDP: 15.0 GiB needed > 8.3 GiB usable; "
+                "ZeRO-1: 8.3008 GiB needed > 8.3008 GiB usable")
+    assert p.reasons["backend"] == p.reasons["zero_stage"] == (
+        f"ZeRO-3 is the most preferred option that fits micro-batch 8 (rejected: {rejected})")
+    assert p.reasons["strategy"] == ("ZeRO-3: 5.19 GiB of 8.3 GiB usable (per GPU: free memory x "
+                                     "memory_headroom_fraction 0.85)")
+    assert p.reasons["offload_optimizer"] == "the model states fit in GPU memory without it (offload costs throughput)"
+    assert p.reasons["offload_param"] == "not needed"
+    assert p.reasons["gradient_checkpointing"] == "autotune cannot apply or measure checkpointing for this model: off"
+    assert p.warnings == ("the memory estimate covers model states only: activations unknown: give training.model "
+                          "(package.module:factory) and training.sample_input so autotune can measure them",)
+    big = plan(gpus(4, 10000), user_model(1_694_336_655))
+    assert big.reasons["backend"].startswith("ZeRO-2 + optimizer offload is the most preferred option that fits "
+                                             "micro-batch 8 (rejected: ZeRO-2: 13.8 GiB needed > 8.3 GiB usable; ")
+    assert big.reasons["backend"].endswith("; ZeRO-3: 8.3008 GiB needed > 8.3008 GiB usable)")
+    assert big.reasons["offload_optimizer"] == "needed for memory"
+    ddp = plan(gpus(4, 10000), user_model(1000, **{"distributed.backend": "ddp"}))
+    assert ddp.reasons["backend"].startswith("you set ddp (auto would choose deepspeed")
+    assert ddp.reasons["strategy"] == "DDP: 0.84 GiB of 8.3 GiB usable (per GPU: free memory x memory_headroom_fraction 0.85)"
+    assert (ddp.reasons["offload_optimizer"], ddp.reasons["offload_param"]) == (
+        "not a DeepSpeed run: optimizer offload is a ZeRO feature", "not a DeepSpeed run")
+    plain = plan(gpus(4, 10000), user_model(1000))  # the default strategy fits: no "most preferred" story
+    assert plain.reasons["backend"].startswith("4 GPUs and DeepSpeed is installed")
