@@ -445,3 +445,61 @@ def test_the_strategy_reasons_name_what_was_rejected_and_why():
         "not a DeepSpeed run: optimizer offload is a ZeRO feature", "not a DeepSpeed run")
     plain = plan(gpus(4, 10000), user_model(1000))  # the default strategy fits: no "most preferred" story
     assert plain.reasons["backend"].startswith("4 GPUs and DeepSpeed is installed")
+
+
+P7 = 7_000_000
+
+
+@pytest.mark.parametrize("strategy, kw, gpu, host", [
+    # DDP keeps fp32 weights and grads (4 + 4) and the fp32 optimizer: adamw 8, sgd_momentum 4, sgd 0
+    ("ddp", {}, 16 * P7, 0), ("ddp", {"half": False}, 16 * P7, 0),
+    ("ddp", {"optimizer": "sgd_momentum"}, 12 * P7, 0),
+    # ZeRO-0: half weights and grads (2 + 2) + the mixed-precision optimizer (adamw 12), nothing partitioned
+    ("zero0", {}, 16 * P7, 0), ("zero0", {"half": False}, (4 + 4 + 8) * P7, 0),
+    # ZeRO-1 and ZeRO-2: (w + g) P + (o + 4) P / N (DeepSpeed's estimator)
+    ("zero1", {}, 4 * P7 + 16 * P7 / 4, 0), ("zero2", {"optimizer": "sgd"}, 4 * P7 + 8 * P7 / 4, 0),
+    ("zero2", {"half": False, "optimizer": "sgd_momentum"}, 8 * P7 + 8 * P7 / 4, 0),
+    # ZeRO-2 offload: w P on the GPU; host P x max(4 x ranks on the node, (o + 4) x ranks on the node / N)
+    ("zero2_offload", {}, 2 * P7, P7 * max(4 * 4, 16 * 4 / 4)),
+    ("zero2_offload", {"num_nodes": 2}, 2 * P7, P7 * max(4 * 2, 16 * 2 / 4)),  # 2 ranks per node
+    ("zero2_offload", {"half": False}, 4 * P7, P7 * max(4 * 4, 12 * 4 / 4)),
+    # ZeRO-3: (w + g) x largest layer + (w + g + o + 2) P / N
+    ("zero3", {"largest_layer": 1000}, 4 * 1000 + 18 * P7 / 4, 0),
+    ("zero3", {"largest_layer": 1000, "half": False}, 8 * 1000 + 18 * P7 / 4, 0),  # 4 + 4 + 8 + 2
+    # ZeRO-3 with both offloads: only the largest layer on the GPU, everything per node in host RAM
+    ("zero3_offload", {"largest_layer": 1000}, 4 * 1000, 18 * P7),
+    ("zero3_offload", {"largest_layer": 1000, "num_nodes": 2}, 4 * 1000, 18 * P7 / 2),
+])
+def test_model_state_bytes_table_by_hand(strategy, kw, gpu, host):
+    s = model_state_bytes(strategy, P7, 4, **kw)
+    assert s.gpu_bytes == gpu and s.host_bytes_per_node == host
+
+
+def test_model_state_bytes_edges():
+    from autotune.memory import STRATEGIES, Strategy
+
+    # ZeRO-3 offloading only the optimizer (kept for users who ask): w P / N on the GPU, (o + 4) P per node
+    opt_only = Strategy("zero3_opt", "deepspeed", 3, True, False)
+    s = model_state_bytes(opt_only, P7, 4, largest_layer=1000, num_nodes=2)
+    assert s.gpu_bytes == 4 * 1000 + 2 * P7 / 4 and s.host_bytes_per_node == 16 * P7 / 2
+    assert model_state_bytes(STRATEGIES["zero2"], P7, 0).gpu_bytes == 4 * P7 + 16 * P7  # a world of 0 counts as 1
+    # ranks per node from the world and the nodes when not given: 8 ranks on 2 nodes -> 4
+    assert model_state_bytes("zero2_offload", P7, 8, num_nodes=2).host_bytes_per_node == P7 * max(16, 16 * 4 / 8)
+    assert model_state_bytes("zero2_offload", P7, 8, num_nodes=2, ranks_per_node=1).host_bytes_per_node == 4 * P7
+
+
+@pytest.mark.parametrize("gib, elements", [(None, 50_000_000), (1.0, 50_000_000), (4.99, 50_000_000),
+                                           (5.0, 50_000_000), (5.01, 50_100_000), (22.03, 220_300_000),
+                                           (50.0, 500_000_000), (80.0, 500_000_000)])
+def test_bucket_size_scales_with_memory_between_its_clamps(gib, elements):
+    from autotune.memory import bucket_size
+
+    assert bucket_size(gib) == elements
+
+
+def test_bucket_bytes_are_two_buckets_of_the_plan_s_element_size():
+    from autotune.memory import STRATEGIES, bucket_bytes
+
+    assert bucket_bytes(STRATEGIES["zero2"], 1000, half=True) == 4000
+    assert bucket_bytes(STRATEGIES["zero3"], 1000, half=False) == 8000
+    assert bucket_bytes(STRATEGIES["zero0"], 1000, half=True) == 0 and bucket_bytes(STRATEGIES["ddp"], 1000, True) == 0
