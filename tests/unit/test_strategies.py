@@ -503,3 +503,20 @@ def test_bucket_bytes_are_two_buckets_of_the_plan_s_element_size():
     assert bucket_bytes(STRATEGIES["zero2"], 1000, half=True) == 4000
     assert bucket_bytes(STRATEGIES["zero3"], 1000, half=False) == 8000
     assert bucket_bytes(STRATEGIES["zero0"], 1000, half=True) == 0 and bucket_bytes(STRATEGIES["ddp"], 1000, True) == 0
+
+
+def test_gpt_parameter_count_and_activation_formula_by_hand():
+    """GPT-2 small: 12 x (12 x 768^2 + 13 x 768) + 50257 x 768 + 1024 x 768 + 2 x 768 = 124,439,808.
+    Activations (Korthikanti et al.) per layer s b h (34 + 5 a s / h) bytes in half precision, twice in
+    fp32; with checkpointing 2 s b h per layer; plus fp32 logits and their gradient, 8 s b V."""
+    from autotune.memory import activation_bytes, gpt_num_parameters
+
+    assert gpt_num_parameters(12, 768, 50257, 1024) == 124_439_808
+    assert gpt_num_parameters(1, 32, 10, 6) == 12 * 32 * 32 + 13 * 32 + 10 * 32 + 6 * 32 + 64
+    s, b, h, a, n, v = 6, 4, 32, 2, 3, 10
+    per_layer = s * b * h * (34 + 5 * a * s / h)  # 24 x 32 x 35.875 = 27,552
+    logits = 8 * s * b * v  # 1,920
+    assert activation_bytes(b, s, h, a, n, v, checkpointing=False, half_precision=True) == per_layer * n + logits
+    assert activation_bytes(b, s, h, a, n, v, checkpointing=False, half_precision=False) == 2 * per_layer * n + logits
+    assert activation_bytes(b, s, h, a, n, v, checkpointing=True, half_precision=True) == 2 * s * b * h * n + logits
+    assert activation_bytes(b, s, h, a, n, v, checkpointing=True, half_precision=False) == 4 * s * b * h * n + logits
