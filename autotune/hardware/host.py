@@ -148,7 +148,7 @@ def _allocation_fields(environ: Mapping[str, str]) -> dict:
     if a is None:
         return {}
     return {"node_id": a.node_rank if "SLURM_NODEID" in environ else None,
-            "hosts": a.hosts if (environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")) else (),
+            "hosts": a.hosts,  # () without a node list
             "gpus_per_node": a.gpus_per_node, "mem_per_node_mib": a.mem_per_node_mib}
 
 

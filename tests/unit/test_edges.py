@@ -1,6 +1,8 @@
 """Edges of the pure helpers, from recorded inputs and the rules they implement (cgroup files,
 /proc/cpuinfo, CUDA_VISIBLE_DEVICES, NVML peer links, the launch record)."""
 
+import dataclasses
+
 import pytest
 
 from autotune.hardware import (PhysicalGPU, Visible, classify_interconnect, parse_cfs_quota, parse_cpu_max,
@@ -130,6 +132,8 @@ def test_record_and_shell_are_exact_and_redact_only_secrets():
     assert spec.to_record() == {"argv": ["python", "-m", "x", "a b"], "env": {"B": "2 3", "A": "1", "HF_TOKEN": "<redacted>"},
                                 "env_sources": {"A": "user", "B": "autotune", "HF_TOKEN": "user"}, "cwd": "/w"}
     assert spec.shell() == "cd /w && A=1 B='2 3' HF_TOKEN='<redacted>' python -m x 'a b'"
+    assert dataclasses.replace(spec, cwd=None).shell() == "A=1 B='2 3' HF_TOKEN='<redacted>' python -m x 'a b'"
+    assert launch_spec(plan(load_profile("cpu-only"), TrainConfig()), "/r", {}, cwd="/work dir").cwd == "/work dir"
     assert redact({"PATH": "/bin", "MY_PASSWORD": "x"}) == {"PATH": "/bin", "MY_PASSWORD": "<redacted>"}
 
 
