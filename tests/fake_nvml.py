@@ -141,7 +141,7 @@ class FakeNVML:
 
     def nvmlDeviceGetHandleByIndex(self, i):
         self._check("nvmlDeviceGetHandleByIndex")
-        if not 0 <= i < len(self.devices):
+        if not 0 <= i < len(self.devices) or (i, "nvmlDeviceGetHandleByIndex") in self.failing_queries:
             raise NVMLError_Unknown()
         return _Handle(i)
 

@@ -586,3 +586,21 @@ def test_profile_problems_in_the_gpu_list_as_a_whole():
     assert profile_problems(_with(base, gpus=g.model_copy(update={"nvlink_pairs": ((7, 1),)}))) == [
         "gpus: link (7, 1) names a GPU that gpus.devices does not list"]
     assert profile_problems(_with(base, gpus=g.model_copy(update={"nvlink_pairs": ((0, 3),)}))) == []
+
+
+def test_a_gpu_answering_one_key_query_of_three_is_not_a_device_error(tmp_path):
+    """Each of name, memory and compute capability alone makes a partial answer (no device error); a GPU
+    whose handle NVML does not give keeps its NVML index and says so."""
+    prof = load_profile("4xL4")
+    key = ("nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetCudaComputeCapability")
+    failing = {(i, q) for i, keep in ((0, key[0]), (2, key[1]), (3, key[2])) for q in key if q != keep}
+    hw = run_detect(tmp_path, FakeNVML.from_profile(prof, failing_queries=failing))
+    d = hw.gpus.devices
+    assert [g.error for g in d] == [None, None, None, None]
+    assert (d[0].name, d[0].memory_total_mib, d[0].compute_capability) == ("NVIDIA L4", None, None)
+    assert (d[2].name, d[2].memory_total_mib, d[2].compute_capability) == (None, prof.gpus.devices[2].memory_total_mib,
+                                                                         None)
+    assert (d[3].name, d[3].memory_total_mib, d[3].compute_capability) == (None, None, "8.9")
+    nohandle = run_detect(tmp_path, FakeNVML.from_profile(prof, failing_queries={(2, "nvmlDeviceGetHandleByIndex")}))
+    g = nohandle.gpus.devices[2]
+    assert (g.index, g.nvml_index, g.name) == (2, 2, None) and g.error
