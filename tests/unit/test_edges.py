@@ -458,3 +458,12 @@ def test_cgroup_lines_after_a_malformed_one_and_quota_without_period(tmp_path):
                                        "cpu/cpu.cfs_period_us": "100000\n"})
     lim = read_cgroup_limits(root, _self(tmp_path, "sq", "4:cpu:/j\n5:cpuacct:/elsewhere\n"))
     assert lim.cpu_quota_cores == 3.0 and lim.errors == {}  # the leaf has a quota but no period: not a limit
+
+
+@pytest.mark.parametrize("text, why", [("", "empty cpu.max"), ("  \n", "empty cpu.max"),
+                                       ("100000 0", "bad period in cpu.max: '100000 0'"),
+                                       ("100000 -5", "bad period in cpu.max: '100000 -5'")])
+def test_a_cpu_max_no_kernel_writes_is_named_with_its_reason(tmp_path, text, why):
+    root = write_tree(tmp_path / "cg", {"cgroup.controllers": "cpu memory\n", "cpu.max": text})
+    lim = read_cgroup_limits(root, tmp_path / "missing")
+    assert lim.cpu_quota_cores is None and lim.errors["cpu"] == f"cannot read {root / 'cpu.max'}: {why}"
