@@ -604,3 +604,62 @@ def test_a_gpu_answering_one_key_query_of_three_is_not_a_device_error(tmp_path):
     nohandle = run_detect(tmp_path, FakeNVML.from_profile(prof, failing_queries={(2, "nvmlDeviceGetHandleByIndex")}))
     g = nohandle.gpus.devices[2]
     assert (g.index, g.nvml_index, g.name) == (2, 2, None) and g.error
+
+
+@pytest.mark.parametrize("missing", [0, 3])
+def test_peer_links_without_a_handle_name_the_gpu(tmp_path, missing):
+    prof = load_profile("4xL4")
+    hw = run_detect(tmp_path, FakeNVML.from_profile(prof, failing_queries={(missing, "nvmlDeviceGetHandleByIndex")}))
+    assert hw.gpus.interconnect == "unknown"
+    assert hw.gpus.interconnect_reason == (f"NVML did not report peer links (RuntimeError: GPU {missing} has no handle); "
+                                           "treated as PCIe")
+
+
+class _InitFails(FakeNVML):
+    def __init__(self, error):
+        super().__init__([])
+        self.error = error
+
+    def nvmlInit(self):
+        raise self.error
+
+
+def test_nvml_library_missing_is_told_by_the_error_s_type_or_its_words():
+    """nvidia-ml-py raises NVMLError_LibraryNotFound ("NVML Shared Library Not Found"); either the type's
+    name or the words make it a machine without the driver, anything else is a failed probe."""
+    from autotune.hardware.nvml import probe_gpus
+
+    class NVMLError_LibraryNotFound(Exception):
+        pass
+
+    for error in (NVMLError_LibraryNotFound("x"), RuntimeError("NVML Shared Library Not Found")):
+        unknown = {}
+        g = probe_gpus(_InitFails(error), {}, unknown)
+        assert g.reason == "no NVIDIA driver (NVML library not found)" and unknown == {}
+    unknown = {}
+    g = probe_gpus(_InitFails(RuntimeError("Driver Not Loaded")), {}, unknown)
+    assert g.reason == unknown["gpus"] == "NVML failed to initialise (RuntimeError: Driver Not Loaded)"
+    assert g.interconnect == "unknown"
+
+
+def test_without_an_injected_nvml_the_installed_nvidia_ml_py_is_asked():
+    """Real: the probe loads the installed nvidia-ml-py (pynvml) itself and answers as that module does."""
+    import pynvml
+
+    from autotune.hardware.nvml import probe_gpus
+
+    own, given = {}, {}
+    assert probe_gpus(None, {}, own) == probe_gpus(pynvml, {}, given) and own == given
+
+
+def test_the_cpu_probes_read_proc_cpuinfo_by_default():
+    from autotune.hardware.host import _cpu_model_name
+
+    assert _cpu_model_name() == _cpu_model_name("/proc/cpuinfo")
+    assert (_cpu_model_name() is not None) == ("model name" in open("/proc/cpuinfo").read())
+    from autotune.hardware.cgroups import CgroupLimits
+    from autotune.hardware.host import probe_cpu
+
+    assert probe_cpu(FakePsutil(), CgroupLimits(), {}) == probe_cpu(FakePsutil(), CgroupLimits(), {},
+                                                                     cpuinfo="/proc/cpuinfo")
+    assert probe_cpu(FakePsutil(), CgroupLimits(), {}).model_name == _cpu_model_name()
