@@ -663,3 +663,14 @@ def test_the_cpu_probes_read_proc_cpuinfo_by_default():
     assert probe_cpu(FakePsutil(), CgroupLimits(), {}) == probe_cpu(FakePsutil(), CgroupLimits(), {},
                                                                      cpuinfo="/proc/cpuinfo")
     assert probe_cpu(FakePsutil(), CgroupLimits(), {}).model_name == _cpu_model_name()
+
+
+@pytest.mark.parametrize("p2p, words", [({(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)}, "with"), (set(), "without")])
+def test_detection_tells_pcie_peer_reads_from_none(tmp_path, p2p, words):
+    prof = load_profile("4xL4")
+    fake = FakeNVML.from_profile(prof)
+    fake.nvlink_pairs, fake.p2p_pairs = set(), p2p
+    hw = run_detect(tmp_path, fake)
+    assert (hw.gpus.interconnect, hw.gpus.interconnect_reason) == ("pcie", f"no NVLink reported; PCIe {words} "
+                                                                            "peer-to-peer reads")
+    assert set(hw.gpus.p2p_pairs) == p2p
