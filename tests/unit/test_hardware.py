@@ -674,3 +674,19 @@ def test_detection_tells_pcie_peer_reads_from_none(tmp_path, p2p, words):
     assert (hw.gpus.interconnect, hw.gpus.interconnect_reason) == ("pcie", f"no NVLink reported; PCIe {words} "
                                                                             "peer-to-peer reads")
     assert set(hw.gpus.p2p_pairs) == p2p
+
+
+def test_mig_slices_in_whole_mib_and_none_when_nvml_cannot_count_them(tmp_path):
+    """NVML gives bytes: a slice of 9856.5 MiB is listed as 9856 (whole MiB, rounded down). When the
+    instance count cannot be read, no slice or instance UUID is invented."""
+    prof = load_profile("8xA100-40GB")
+    mig = {0: [("MIG-aaaa-1111", "NVIDIA A100-SXM4-40GB MIG 2g.10gb", 9856.5, 9800)]}
+    hw = run_detect(tmp_path, FakeNVML.from_profile(prof, mig=mig))
+    assert hw.gpus.devices[0].mig_slices_mib == (9856,)
+    blind = FakeNVML.from_profile(prof, mig=mig, failing_queries={(0, "nvmlDeviceGetMaxMigDeviceCount")})
+    hw = run_detect(tmp_path, blind)
+    assert hw.gpus.devices[0].mig_mode is True and hw.gpus.devices[0].mig_slices_mib == ()
+    # its instance's UUID was never listed, so CUDA_VISIBLE_DEVICES naming it selects nothing, and says so
+    hw = run_detect(tmp_path, blind, environ={"CUDA_VISIBLE_DEVICES": "MIG-aaaa-1111"})
+    assert hw.gpus.devices == () and hw.gpus.reason == ("CUDA_VISIBLE_DEVICES entry 'MIG-aaaa-1111' is not a valid "
+                                                        "device; CUDA stops there, so 'MIG-aaaa-1111' is ignored")
