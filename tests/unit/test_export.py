@@ -76,8 +76,11 @@ def test_accelerate_export_refuses_deepspeed_on_cpu_and_names_the_launch_line():
     from autotune.errors import UserError
     from autotune.exports import accelerate_launch_line
 
-    with pytest.raises(UserError, match="Accelerate runs DeepSpeed on GPUs only.*--ddp"):
+    with pytest.raises(UserError) as e:
         _acc("cpu-only", **{"distributed.backend": "deepspeed"})
+    assert str(e.value) == ("export --format accelerate: Accelerate runs DeepSpeed on GPUs only (on CPU its CPU mode "
+                            "turns DeepSpeed off); export this CPU plan with --ddp, or use --format deepspeed with "
+                            "torchrun or the launcher")
     two = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {"distributed.nproc_per_node": 2}))
     assert (two.batch.gradient_accumulation_steps, two.engine.world_size) == (2, 2)
     assert accelerate_launch_line(two, "a b.yaml", "t.py") == \

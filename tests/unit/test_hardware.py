@@ -690,3 +690,37 @@ def test_mig_slices_in_whole_mib_and_none_when_nvml_cannot_count_them(tmp_path):
     hw = run_detect(tmp_path, blind, environ={"CUDA_VISIBLE_DEVICES": "MIG-aaaa-1111"})
     assert hw.gpus.devices == () and hw.gpus.reason == ("CUDA_VISIBLE_DEVICES entry 'MIG-aaaa-1111' is not a valid "
                                                         "device; CUDA stops there, so 'MIG-aaaa-1111' is ignored")
+
+
+def test_software_versions_read_the_search_path_given(tmp_path):
+    from autotune.hardware.host import software_versions
+
+    (tmp_path / "DeepSpeed-9.9.9.dist-info").mkdir()  # PEP 503: the name's case does not matter
+    got = software_versions([str(tmp_path)])
+    assert got["deepspeed"] == "9.9.9" and got["torch"] is None
+    assert software_versions()["torch"] is not None  # sys.path: the installed torch
+
+
+def test_cpu_affinity_that_cannot_be_read_is_an_unknown_under_its_name():
+    from types import SimpleNamespace
+
+    from autotune.hardware.cgroups import CgroupLimits
+    from autotune.hardware.host import probe_cpu
+
+    class NoAffinity(FakePsutil):
+        def Process(self):
+            def fail():
+                raise OSError("no sched_getaffinity")
+            return SimpleNamespace(cpu_affinity=fail)
+
+    unknown = {}
+    cpu = probe_cpu(NoAffinity(), CgroupLimits(), unknown, cpuinfo="/nonexistent")
+    assert cpu.affinity_cores is None and unknown["cpu.affinity_cores"] == "OSError: no sched_getaffinity"
+    assert (cpu.effective_cores, cpu.effective_cores_reason) == (8, "8 logical cores")
+
+
+def test_cgroup_limits_read_the_kernel_s_files_by_default():
+    """Real: this process's own cgroup, from /sys/fs/cgroup and /proc/self/cgroup."""
+    from autotune.hardware.cgroups import read_cgroup_limits
+
+    assert read_cgroup_limits() == read_cgroup_limits("/sys/fs/cgroup", "/proc/self/cgroup")
