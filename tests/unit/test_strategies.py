@@ -520,3 +520,73 @@ def test_gpt_parameter_count_and_activation_formula_by_hand():
     assert activation_bytes(b, s, h, a, n, v, checkpointing=False, half_precision=False) == 2 * per_layer * n + logits
     assert activation_bytes(b, s, h, a, n, v, checkpointing=True, half_precision=True) == 2 * s * b * h * n + logits
     assert activation_bytes(b, s, h, a, n, v, checkpointing=True, half_precision=False) == 4 * s * b * h * n + logits
+
+
+def test_suggestions_round_up_at_their_decimals():
+    """_up: ceil at the given decimals, an exact figure left as it is (a float just above it from
+    arithmetic noise, 1e-9, is not pushed up a step)."""
+    from autotune.planner.memory_fit import _over, _up
+
+    assert [_up(0.81), _up(2.0), _up(2.0000000001), _up(2.01), _up(10.49, 0), _up(10.0, 0), _up(0.0)] == \
+        [0.9, 2.0, 2.0, 2.1, 11, 10, 0.0]
+    assert _up(1.234, 2) == 1.24
+    assert _over(8.30081, 8.30079) == ("8.3008", "8.3008") and _over(13.8, 8.3) == ("13.8", "8.3")
+    assert _over(8.35, 8.29) == ("8.35", "8.29")  # equal at one decimal: a second one tells them apart
+    assert _over(1.251, 1.249) == ("1.3", "1.2")
+
+
+def test_refusal_suggestions_at_their_edges():
+    """By hand (see the cases above for the terms):
+    - 4 x 1500 MiB free (budget 1,336,934,400 B), 1 GiB of RAM (0.85 usable), P = 1e8, DeepSpeed:
+      ZeRO-3 = overhead 1,097,581,056 + 18P/4 = 1.44 GiB -> "2 GB"; the room beside the unsharded part is
+      239,353,344 B (less than 1 GiB) for 4.5e8 B of states (less than 1 GiB) -> ceil(4 x 1.88) = 8 GPUs;
+      ZeRO-2 offload fits the GPUs (1.21 GiB) but needs 16P x 1.5 = 2.24 GiB of RAM -> 1.4 GiB more; ZeRO-3
+      offload 18P x 1.5 = 2.51 GiB -> 1.7 GiB more;
+    - only offload allowed (ZeRO-3 + offload asked for) and neither the GPUs nor the RAM hold it: nothing
+      smaller to suggest than a machine with more memory;
+    - RAM unknown: no line about host RAM."""
+    with pytest.raises(PlanRefused) as e:
+        plan(gpus(4, 1500, ram_gib=1), user_model(100_000_000, **{"distributed.backend": "deepspeed"}))
+    assert e.value.would_fit == [
+        "ZeRO-3: GPUs with at least 2 GB free each (1.44 GiB estimated / headroom 0.85)",
+        "ZeRO-3 across 8 GPUs of this size",
+        "ZeRO-2 + optimizer offload: 1.4 GiB more host RAM per node (2.2 GiB needed, 0.8 usable)",
+        "ZeRO-3 + optimizer and parameter offload: 1.7 GiB more host RAM per node (2.5 GiB needed, 0.8 usable)"]
+    with pytest.raises(PlanRefused) as e:
+        plan(gpus(4, 1000, ram_gib=1), user_model(50_000_000, **{
+            "distributed.backend": "deepspeed", "distributed.zero_stage": 3, "distributed.offload_optimizer": True}))
+    assert e.value.would_fit == ["a machine with more memory"]
+    hw = gpus(4, 1000)
+    hw = hw.model_copy(update={"memory": hw.memory.model_copy(update={"effective_mib": None, "total_mib": None,
+                                                                      "available_mib": None})})
+    with pytest.raises(PlanRefused) as e:
+        plan(hw, user_model(50_000_000, **{"distributed.backend": "deepspeed"}))
+    assert e.value.would_fit == ["ZeRO-3: GPUs with at least 2 GB free each (1.23 GiB estimated / headroom 0.85)"]
+
+
+@pytest.mark.parametrize("largest, gpus_needed", [(0, 5), (700_000_000, 7)])
+def test_more_gpus_for_zero3_leave_the_largest_layer_unsharded(largest, gpus_needed):
+    """The refusal case (P = 1,694,336,655 on 4 x 10000 MiB) with a largest layer L: 4L bytes (bf16 weight and
+    gradient) stay on every GPU. L = 7e8: room 8,912,896,000 - 1,288,381,056 - 2.8e9 = 4,824,514,944 B for
+    4 x 7,624,514,947.5 B of sharded states -> ceil(6.32) = 7 GPUs (5 without the layer)."""
+    f = ModelFacts(source="m", num_parameters=1_694_336_655, largest_layer_parameters=largest)
+    with pytest.raises(PlanRefused) as e:
+        plan(gpus(4, 10000, ram_gib=44), user_model(1_694_336_655), facts=f)
+    assert f"ZeRO-3 across {gpus_needed} GPUs of this size" in e.value.would_fit
+
+
+def test_the_ram_suggestion_divides_by_the_host_headroom(tmp_path):
+    """A policy with host_ram_headroom_fraction 0.5 (GPU headroom still 0.85): 1.3e9 parameters on one CPU
+    process need 16P = 19.37 GiB; / 0.5 = 38.74 -> "38.8 GiB"; usable 8 x 0.5 = 4.0 GiB."""
+    import yaml
+
+    from autotune.policy import DEFAULT_POLICY_PATH, load_policy
+
+    data = yaml.safe_load(DEFAULT_POLICY_PATH.read_text())
+    data["host_ram_headroom_fraction"] = 0.5
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(PlanRefused) as e:
+        plan(make_profile(gpus=(), ram_gib=8, cores=8), user_model(1_300_000_000), policy=load_policy(str(f)))
+    assert e.value.would_fit == ["DDP: at least 38.8 GiB of RAM for 1 process(es)"]
+    assert e.value.tried == ["DDP: 19.4 GiB needed > 4.0 GiB usable even at micro-batch 1"]
