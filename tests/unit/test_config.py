@@ -228,3 +228,22 @@ def test_schema_problems_are_counted_and_lose_pydantic_s_value_error_prefix():
     assert str(e.value) == "c.yaml: 2 problem(s) in the config"
     assert e.value.problems == ['training.batch_size_per_gpu: must be a positive integer or "auto", got -3',
                                 "training.mixed_precision: must be one of 'auto', 'bf16', 'fp16', 'fp32', got 'fp8'"]
+
+
+@pytest.mark.parametrize("value, ok", [(0, True), (3, True), (None, True), ("auto", True), (-1, False), (4, False),
+                                       (True, False), (2.0, False), ("2", False)])
+def test_zero_stage_accepts_the_four_stages_and_auto(value, ok):
+    data = {"distributed": {"zero_stage": value}}
+    if ok:
+        assert parse_config(data).distributed.zero_stage == (AUTO if value is None else value)
+        return
+    with pytest.raises(UserError) as e:
+        parse_config(data, origin="c.yaml")
+    assert e.value.problems == [f'distributed.zero_stage: must be 0, 1, 2, 3 or "auto" (DeepSpeed ZeRO stages), '
+                                f"got {value!r}"]
+
+
+def test_overrides_are_checked_as_the_command_line():
+    with pytest.raises(UserError) as e:
+        apply_overrides(TrainConfig(), {"training.max_steps": 0})
+    assert str(e.value) == "command line: 1 problem(s) in the config"

@@ -325,3 +325,35 @@ def test_the_plan_says_what_infiniband_means_for_nccl_and_the_launch_agrees():
     p = plan(unknown, TrainConfig(), deepspeed_installed=True)
     assert p.hardware.endswith("InfiniBand unknown (NCCL_IB_DISABLE=1 is set; export NCCL_IB_DISABLE=0 to use it)")
     assert launch_spec(p, "r", {"HOME": "/h"}, has_infiniband=bool(unknown.infiniband)).env["NCCL_IB_DISABLE"] == "1"
+
+
+def test_kill_tree_kills_the_process_and_everything_under_it_and_nothing_else(tmp_path):
+    """A child whose child starts one more in a session of its own (torchrun, its ranks, their workers):
+    all three die; a sibling the test also started lives on."""
+    import psutil
+
+    from autotune.launch import kill_tree
+
+    leaf = "import time; time.sleep(60)"
+    middle = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {leaf!r}], start_new_session=True); "
+              "time.sleep(60)")
+    top = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {middle!r}]); print('up', flush=True); "
+           "time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", top], stdout=subprocess.PIPE, text=True)
+    sibling = subprocess.Popen([sys.executable, "-c", leaf])
+    try:
+        assert parent.stdout.readline().strip() == "up"
+        deadline = time.monotonic() + 20
+        while len(psutil.Process(parent.pid).children(recursive=True)) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        under = psutil.Process(parent.pid).children(recursive=True)
+        kill_tree(parent.pid)
+        assert parent.wait(timeout=10) == -9
+        gone, alive = psutil.wait_procs(under, timeout=10)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        assert sibling.poll() is None  # not under the killed process: untouched
+        kill_tree(parent.pid)  # already gone: nothing to do, no error
+    finally:
+        sibling.kill()
+        sibling.wait()
