@@ -82,8 +82,8 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     micro = mf.micro_batch_size
     if mf.strategy.backend == "deepspeed":
         backend, zero = "deepspeed", mf.strategy.zero_stage
-    elif backend == "deepspeed":
-        backend, zero = ("single" if world == 1 else "ddp"), None
+    elif backend == "deepspeed":  # DDP fits where ZeRO's buckets do not (several ranks: a user's deepspeed
+        backend, zero = "ddp", None  # on one process keeps DeepSpeed rows only)
 
     # -- accumulation and the global batch ---------------------------------------------
     acc = r.resolve("gradient_accumulation_steps", t.gradient_accumulation_steps,

@@ -660,3 +660,31 @@ def test_schedule_world_and_debug_values_by_hand():
     assert not verbatim.run.debug and verbatim.batch.global_batch_size == 96  # --debug needs auto-optimize
     assert verbatim.batch.target_global_batch_size == 256
     assert verbatim.reasons["global_batch_size"] == "8 x 3 x 4 = 96 (no target applied)"
+
+
+def test_every_configured_value_reaches_the_plan():
+    """Values that are no defaults anywhere (config or plan schema), each where the runtime reads it."""
+    from autotune.planner import plan
+
+    cfg = _cfg(**{
+        "model.n_layer": 3, "model.n_head": 2, "model.n_embd": 48, "model.dropout": 0.25,
+        "data.seq_len": 7, "data.vocab_size": 13, "data.num_samples": 999, "data.num_val_samples": 77, "data.seed": 5,
+        "training.min_lr_ratio": 0.3, "training.warmup_steps": 9, "training.weight_decay": 0.5,
+        "training.gradient_clipping": 2.5, "training.epochs": 2,
+        "distributed.master_port": 29999, "distributed.timeout_s": 111, "distributed.rendezvous_timeout_s": 22,
+        "distributed.max_restarts": 3, "distributed.setup_timeout_s": 44, "distributed.step_timeout_s": 55,
+        "distributed.checkpoint_timeout_s": 66, "distributed.exit_barrier_s": 7})
+    p = plan(load_profile("4xL4"), cfg, deepspeed_installed=True)
+    m, d, e = p.workload.model, p.workload.data, p.engine
+    assert (m.n_layer, m.n_head, m.n_embd, m.dropout) == (3, 2, 48, 0.25)
+    assert (d.seq_len, d.vocab_size, d.num_samples, d.num_val_samples, d.seed) == (7, 13, 999, 77, 5)
+    assert (p.schedule.min_lr_ratio, p.schedule.warmup_steps, p.schedule.epochs) == (0.3, 9, 2)
+    assert (p.optimizer.weight_decay, p.optimizer.gradient_clipping) == (0.5, 2.5)
+    assert (e.master_port, e.timeout_s, e.rendezvous_timeout_s, e.max_restarts, e.setup_timeout_s, e.step_timeout_s,
+            e.checkpoint_timeout_s, e.exit_barrier_s) == (29999, 111, 22, 3, 44, 55, 66, 7)
+    assert (e.num_gpus, e.nproc_per_node, e.world_size) == (4, 4, 4)
+    assert p.schedule.steps_per_epoch == 4 and p.schedule.total_steps == 8  # ceil(999 / 256) = 4, x 2 epochs
+    narrowed = plan(load_profile("4xL4"), _cfg(**{"distributed.num_gpus": 2}), deepspeed_installed=True)
+    assert (narrowed.engine.num_gpus, narrowed.engine.world_size) == (2, 2)
+    cpu = plan(make_profile(cores=8), _cfg())
+    assert cpu.engine.num_gpus == 0 and cpu.engine.device == "cpu"

@@ -590,3 +590,13 @@ def test_the_ram_suggestion_divides_by_the_host_headroom(tmp_path):
         plan(make_profile(gpus=(), ram_gib=8, cores=8), user_model(1_300_000_000), policy=load_policy(str(f)))
     assert e.value.would_fit == ["DDP: at least 38.8 GiB of RAM for 1 process(es)"]
     assert e.value.tried == ["DDP: 19.4 GiB needed > 4.0 GiB usable even at micro-batch 1"]
+
+
+def test_ddp_where_zero_s_buckets_do_not_fit():
+    """4 x 1100 MiB free (budget 935 MiB = 0.913 GiB), a model of 1000 parameters: ZeRO-2 needs the 856 MiB
+    overhead + two 5e7-element buckets (2e8 B) = 1.02 GiB; DDP needs no buckets: 856 MiB + 16 kB = 0.84 GiB.
+    The automatic DeepSpeed backend becomes DDP, with no ZeRO stage, and says why."""
+    p = plan(gpus(4, 1100), user_model(1000))
+    assert (p.engine.backend, p.engine.zero_stage, p.batch.micro_batch_size) == ("ddp", None, 2)
+    assert p.reasons["backend"] == ("DDP is the most preferred option that fits micro-batch 2 (rejected: ZeRO-2: "
+                                    "1.0 GiB needed > 0.9 GiB usable)")
