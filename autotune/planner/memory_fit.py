@@ -333,7 +333,8 @@ def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], band: B
     r.explain("strategy", f"{chosen.label}: " + (
         f"{chosen.need.total_gib:.2f} GiB of {budget.device_gib:.1f} GiB usable ({budget.basis})"
         if chosen.need.total_gib is not None and budget.device_gib is not None else
-        (facts.unknown_reason or "memory budget unknown: not checked")))
+        f"{budget.basis}: the memory estimate cannot be checked" if budget.device_gib is None else
+        (facts.unknown_reason or "the model's size is unknown: not checked")))
     if s.backend == "deepspeed":
         r.explain("offload_optimizer", "needed for memory" if s.offload_optimizer else
                   "the model states fit in GPU memory without it (offload costs throughput)")

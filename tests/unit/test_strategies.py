@@ -600,3 +600,25 @@ def test_ddp_where_zero_s_buckets_do_not_fit():
     assert (p.engine.backend, p.engine.zero_stage, p.batch.micro_batch_size) == ("ddp", None, 2)
     assert p.reasons["backend"] == ("DDP is the most preferred option that fits micro-batch 2 (rejected: ZeRO-2: "
                                     "1.0 GiB needed > 0.9 GiB usable)")
+
+
+def test_the_strategy_reason_names_the_budget_or_what_is_unknown():
+    """The budget's basis: RAM for a CPU process (100 GiB x 0.85 / 1 = 85.0 GiB usable); unknown GPU memory
+    or unknown RAM: the estimate cannot be checked, saying which."""
+    cpu = plan(make_profile(cores=8, ram_gib=100), user_model(1000))
+    assert cpu.reasons["strategy"] == ("DDP: 0.00 GiB of 85.0 GiB usable (no GPU: 100.0 GiB effective RAM x "
+                                       "host_ram_headroom_fraction 0.85 / 1 process(es))")
+    two = plan(make_profile(cores=8, ram_gib=100), user_model(1000, **{"distributed.nproc_per_node": 2}))
+    assert two.reasons["strategy"].endswith("of 42.5 GiB usable (no GPU: 100.0 GiB effective RAM x "
+                                            "host_ram_headroom_fraction 0.85 / 2 process(es))")
+    hw = gpus(2, 1000)
+    blind = tuple(d.model_copy(update={"memory_total_mib": None, "memory_free_mib": None}) for d in hw.gpus.devices)
+    hw = hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"devices": blind})})
+    assert plan(hw, user_model(1000)).reasons["strategy"] == "ZeRO-2: GPU memory unknown: the memory estimate cannot " \
+                                                             "be checked"
+    ramless = make_profile(cores=8)
+    ramless = ramless.model_copy(update={"memory": ramless.memory.model_copy(update={
+        "effective_mib": None, "total_mib": None, "available_mib": None})})
+    p = plan(ramless, user_model(1000))
+    assert p.reasons["strategy"] == "DDP: RAM unknown: the memory estimate cannot be checked"
+    assert p.memory.estimate.budget_gib is None
