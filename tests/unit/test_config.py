@@ -247,3 +247,9 @@ def test_overrides_are_checked_as_the_command_line():
     with pytest.raises(UserError) as e:
         apply_overrides(TrainConfig(), {"training.max_steps": 0})
     assert str(e.value) == "command line: 1 problem(s) in the config"
+
+
+def test_a_config_without_a_name_is_called_config():
+    with pytest.raises(UserError) as e:
+        parse_config([1])
+    assert str(e.value).startswith("<config>: the top level must be a mapping")

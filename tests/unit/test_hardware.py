@@ -724,3 +724,31 @@ def test_cgroup_limits_read_the_kernel_s_files_by_default():
     from autotune.hardware.cgroups import read_cgroup_limits
 
     assert read_cgroup_limits() == read_cgroup_limits("/sys/fs/cgroup", "/proc/self/cgroup")
+
+
+def test_load_profile_tells_files_from_presets_and_names_each(tmp_path, monkeypatch):
+    import autotune.profiles as profiles
+    from autotune.errors import UserError
+
+    with pytest.raises(UserError) as e:
+        load_profile(str(tmp_path / "missing.json"))  # a .json path is a file, even when it is not there
+    assert str(e.value) == f"--hardware/--profile: no such file {str(tmp_path / 'missing.json')!r}"
+    with pytest.raises(UserError) as e:
+        load_profile("nope")
+    assert str(e.value) == ("--hardware/--profile: unknown preset 'nope'; choose one of " + ", ".join(preset_names())
+                            + " or give a path to a profile JSON (write one with `python -m autotune.hardware report "
+                            "--json > my.json`)")
+    # a preset is named as one whatever its file says, and a broken one is named by its path
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    data = json.loads(load_profile("4xL4").to_json())
+    (presets / "mine.json").write_text(json.dumps({**data, "source": "detected"}))
+    (presets / "broken.json").write_text(json.dumps({**data, "num_nodes": 0}))
+    monkeypatch.setattr(profiles, "PRESET_DIR", presets)
+    assert load_profile("mine").source == "preset:mine"
+    with pytest.raises(UserError) as e:
+        load_profile("broken")
+    assert str(e.value).startswith(f"{presets / 'broken.json'}: ")
+    extensionless = tmp_path / "myprofile"
+    extensionless.write_text(json.dumps({**data, "source": "my report"}))  # an existing path without .json: a file
+    assert load_profile(str(extensionless)).source == "my report"
