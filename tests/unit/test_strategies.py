@@ -622,3 +622,46 @@ def test_the_strategy_reason_names_the_budget_or_what_is_unknown():
     p = plan(ramless, user_model(1000))
     assert p.reasons["strategy"] == "DDP: RAM unknown: the memory estimate cannot be checked"
     assert p.memory.estimate.budget_gib is None
+
+
+def _cands(over=None, ds=True, world=4, on_gpu=True, ckpt=(False, True), default="deepspeed"):
+    from autotune.planner.deciders import Inputs
+    from autotune.planner.memory_fit import candidates
+    from autotune.policy import load_policy
+
+    cfg = apply_overrides(TrainConfig(), over or {})
+    x = Inputs(gpus(world, 10000), cfg, load_policy(), ds, False)
+    return [(s.name, c) for s, c in candidates(x, default_backend=default, world=world, on_gpu=on_gpu,
+                                               ckpt_choices=ckpt)]
+
+
+POLICY_ORDER = [("zero2", False), ("ddp", False), ("zero1", False), ("zero2", True), ("ddp", True), ("zero1", True),
+                ("zero3", False), ("zero3", True), ("zero2_offload", False), ("zero2_offload", True),
+                ("zero3_offload", False), ("zero3_offload", True)]
+
+
+def test_candidates_follow_the_policy_order_filtered_by_what_is_allowed():
+    """configs/policy.yaml's strategy_preference, then each filter on its own."""
+    assert _cands() == POLICY_ORDER
+    assert _cands(ckpt=(False,)) == [o for o in POLICY_ORDER if not o[1]]
+    assert _cands(ds=False) == [("ddp", False), ("ddp", True)]  # DeepSpeed not installed
+    assert _cands(on_gpu=False, default="ddp") == [("ddp", False), ("ddp", True)]  # DeepSpeed runs on CPU only if asked
+    assert _cands({"distributed.backend": "deepspeed"}, on_gpu=False) == [o for o in POLICY_ORDER if o[0] != "ddp"]
+    assert _cands({"distributed.backend": "ddp"}, default="ddp") == [("ddp", False), ("ddp", True)]
+    assert _cands({"distributed.zero_stage": 3}) == [("zero3", False), ("zero3", True), ("zero3_offload", False),
+                                                     ("zero3_offload", True)]
+    assert _cands({"distributed.zero_stage": 0}) == [("zero0", False), ("zero0", True)]
+    assert _cands({"distributed.zero_stage": 2}, default="ddp") == [("zero2", False), ("ddp", False), ("zero2", True),
+                                                                    ("ddp", True), ("zero2_offload", False),
+                                                                    ("zero2_offload", True)]
+    assert _cands({"distributed.offload_optimizer": True}) == [("zero2_offload", False), ("zero2_offload", True),
+                                                               ("zero3_offload", False), ("zero3_offload", True)]
+    assert _cands({"distributed.offload_optimizer": False}) == [o for o in POLICY_ORDER if "offload" not in o[0]]
+
+
+def test_on_one_process_plain_zero_is_offered_only_when_asked_for():
+    """ZeRO on one process partitions nothing: only its offload variants are worth it, unless the user asked
+    for DeepSpeed or a stage."""
+    assert _cands(world=1) == [o for o in POLICY_ORDER if o[0] == "ddp" or "offload" in o[0]]
+    assert _cands({"distributed.backend": "deepspeed"}, world=1) == [o for o in POLICY_ORDER if o[0] != "ddp"]
+    assert _cands({"distributed.zero_stage": 1}, world=1) == [("zero1", False), ("zero1", True)]
