@@ -688,3 +688,42 @@ def test_every_configured_value_reaches_the_plan():
     assert (narrowed.engine.num_gpus, narrowed.engine.world_size) == (2, 2)
     cpu = plan(make_profile(cores=8), _cfg())
     assert cpu.engine.num_gpus == 0 and cpu.engine.device == "cpu"
+
+
+def test_learning_rate_reasons_in_every_mode():
+    from autotune.planner import plan
+
+    base = {"training.base_batch_size": 64, "training.learning_rate": 0.001}
+    sq = plan(load_profile("4xL4"), _cfg(**base, **{"training.lr_scaling": "sqrt"}))
+    assert sq.reasons["learning_rate"] == "sqrt scaling: 0.001 x sqrt(256/64) = 0.002"
+    lin = plan(load_profile("4xL4"), _cfg(**base, **{"training.lr_scaling": "linear"}))
+    assert lin.reasons["learning_rate"] == "linear scaling: 0.001 x 256/64 = 0.004"
+    none = plan(load_profile("4xL4"), _cfg(**base))
+    assert none.schedule.learning_rate == 0.001
+    assert none.reasons["learning_rate"] == "training.learning_rate 0.001 as given (lr_scaling: none)"
+    verbatim = plan(load_profile("4xL4"), _cfg(**base, **{
+        "training.lr_scaling": "linear", "training.batch_size_per_gpu": 8, "training.gradient_accumulation_steps": 1,
+        "training.mixed_precision": "bf16", "distributed.backend": "ddp", "distributed.nproc_per_node": 4}),
+        auto_optimize=False)
+    assert verbatim.schedule.learning_rate == 0.001  # no scaling without auto-optimize
+    assert verbatim.reasons["learning_rate"] == "training.learning_rate 0.001 verbatim"
+
+
+def test_a_target_below_one_step_shrinks_the_micro_batch_and_says_why():
+    """4 x L4 (band micro-batch 16): a target of 20 < 16 x 4 -> round(20 / 4) = 5; a target of 2 < 4 processes
+    -> micro-batch 1, global batch 4, and a warning that it cannot be smaller than the world."""
+    from autotune.planner import plan
+
+    p = plan(load_profile("4xL4"), _cfg(**{"training.global_batch_size": 20}), deepspeed_installed=True)
+    assert (p.batch.micro_batch_size, p.batch.gradient_accumulation_steps, p.batch.global_batch_size) == (5, 1, 20)
+    assert p.reasons["micro_batch_size"].endswith(", reduced to 5 because the target global batch 20 < 16 x 4 "
+                                                  "processes")
+    tiny = plan(load_profile("4xL4"), _cfg(**{"training.global_batch_size": 2}), deepspeed_installed=True)
+    assert (tiny.batch.micro_batch_size, tiny.batch.global_batch_size) == (1, 4)
+    assert ("the target global batch 2 is smaller than the world size 4: every process needs at least one sample per "
+            "step, so the global batch is at least 4") in tiny.warnings
+    exact = plan(load_profile("4xL4"), _cfg(**{"training.global_batch_size": 64}), deepspeed_installed=True)
+    assert exact.batch.micro_batch_size == 16 and "reduced" not in exact.reasons["micro_batch_size"]
+    assert not any("world size" in w for w in exact.warnings)
+    four = plan(load_profile("4xL4"), _cfg(**{"training.global_batch_size": 4}), deepspeed_installed=True)
+    assert not any("world size" in w for w in four.warnings) and four.batch.micro_batch_size == 1
