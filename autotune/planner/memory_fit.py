@@ -358,7 +358,9 @@ def _explain_verbatim(r: Resolver, s: Strategy, row: Row, force: bool) -> None:
 
 
 def _refuse(x: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: ModelFacts, fixed: str | None) -> None:
-    tried = [f"{rw.label}: {rw.why_not}" + ("" if fixed else " even at micro-batch 1") for rw in rows]
+    # host RAM for offloaded state does not shrink with the micro-batch: "even at micro-batch 1" only for GPU memory
+    tried = [f"{rw.label}: {rw.why_not}" + ("" if fixed or rw.why_not.startswith("host RAM") else
+                                            " even at micro-batch 1") for rw in rows]
     would = []
     policy = x.policy
     host_ok = [rw for rw in rows if not rw.need.host_gib or (budget.host_gib is not None

@@ -120,6 +120,8 @@ def test_what_would_fit_after_a_refusal_by_hand():
         "ZeRO-3 + optimizer and parameter offload: 5.3 GiB more host RAM per node (42.6 GiB needed, 37.4 usable)"]
     assert "ZeRO-3: 8.3008 GiB needed > 8.3008 GiB usable even at micro-batch 1" in e.value.tried
     assert "ZeRO-2: 13.8 GiB needed > 8.3 GiB usable even at micro-batch 1" in e.value.tried  # 4P + 16P/4 + 1.2
+    # host RAM for offloaded state is the same at any micro-batch: no "even at micro-batch 1" there
+    assert "ZeRO-2 + optimizer offload: host RAM 37.9 GiB needed per node > 37.4 GiB usable" in e.value.tried
 
 
 def test_a_refusal_on_a_host_whose_offload_cannot_help_says_a_bigger_machine():
@@ -665,3 +667,16 @@ def test_on_one_process_plain_zero_is_offered_only_when_asked_for():
     assert _cands(world=1) == [o for o in POLICY_ORDER if o[0] == "ddp" or "offload" in o[0]]
     assert _cands({"distributed.backend": "deepspeed"}, world=1) == [o for o in POLICY_ORDER if o[0] != "ddp"]
     assert _cands({"distributed.zero_stage": 1}, world=1) == [("zero1", False), ("zero1", True)]
+
+
+def test_offload_with_unknown_ram_cannot_be_checked_and_is_not_planned_blind():
+    hw = gpus(4, 10000)
+    hw = hw.model_copy(update={"memory": hw.memory.model_copy(update={"effective_mib": None, "total_mib": None,
+                                                                      "available_mib": None})})
+    cfg = user_model(1_000_000, **{"distributed.backend": "deepspeed", "distributed.offload_optimizer": True})
+    with pytest.raises(PlanRefused) as e:
+        plan(hw, cfg)
+    assert e.value.tried == ["ZeRO-2 + optimizer offload: host RAM unknown: offload cannot be checked",
+                             "ZeRO-3 + optimizer and parameter offload: host RAM unknown: offload cannot be checked"]
+    auto = plan(hw, user_model(1_000_000))  # without offload asked for, the GPU-only strategies are weighed
+    assert auto.engine.zero_stage == 2 and not auto.engine.offload_optimizer
