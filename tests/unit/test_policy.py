@@ -528,6 +528,8 @@ def test_gpu_count_reasons_and_overrides():
     (1, 2, True, None, "deepspeed", "2 GPUs and DeepSpeed is installed: ZeRO-2 shards gradients and optimizer state"),
     (4, 1, False, None, "ddp", "4 GPUs; DeepSpeed is not installed (pip install --no-build-isolation deepspeed), so "
                                "DDP via torchrun"),
+    (4, 2, False, None, "ddp", "8 GPUs; DeepSpeed is not installed (pip install --no-build-isolation deepspeed), so "
+                               "DDP via torchrun"),
     (0, 1, True, None, "single", "no GPU: one process using 8 effective core(s)"),
     (0, 1, True, 2, "ddp", "no GPU and 2 process(es) x 1 node(s): DDP over gloo"),
     (0, 2, True, None, "ddp", "no GPU and 1 process(es) x 2 node(s): DDP over gloo"),
@@ -727,3 +729,10 @@ def test_a_target_below_one_step_shrinks_the_micro_batch_and_says_why():
     assert not any("world size" in w for w in exact.warnings)
     four = plan(load_profile("4xL4"), _cfg(**{"training.global_batch_size": 4}), deepspeed_installed=True)
     assert not any("world size" in w for w in four.warnings) and four.batch.micro_batch_size == 1
+
+
+def test_the_machine_summary_names_every_kind_of_gpu():
+    from autotune.planner.deciders import summary
+
+    hw = make_profile(gpus=[L4, (None, 16000, 15000, "7.5"), T4])
+    assert summary(hw) == "1 node(s) x 3 GPU(s) (NVIDIA L4, Tesla T4, unknown GPU), interconnect pcie"

@@ -98,7 +98,7 @@ def test_offload_beyond_zero3_and_its_host_ram_threshold(ram_gib, outcome):
     else:
         p = plan(hw, cfg)
         assert (p.engine.zero_stage, p.engine.offload_optimizer, p.engine.offload_param) == (2, True, False)
-        assert p.memory.estimate.host_gib_per_node == pytest.approx(24 * 1_694_336_655 / GIB, abs=0.01)
+        assert p.memory.estimate.host_gib_per_node == 37.87  # 24P = 37.8713 GiB, two decimals
 
 
 def test_what_would_fit_after_a_refusal_by_hand():
@@ -680,3 +680,66 @@ def test_offload_with_unknown_ram_cannot_be_checked_and_is_not_planned_blind():
                              "ZeRO-3 + optimizer and parameter offload: host RAM unknown: offload cannot be checked"]
     auto = plan(hw, user_model(1_000_000))  # without offload asked for, the GPU-only strategies are weighed
     assert auto.engine.zero_stage == 2 and not auto.engine.offload_optimizer
+
+
+def test_a_verbatim_config_is_weighed_at_its_own_micro_batch_and_refused_or_forced_loudly():
+    """--no_auto_optimize with micro-batch 512 of a 12 x 768 GPT on a 4000 MiB GPU: no smaller micro-batch is
+    tried (that would change the config); refused, and with --force planned with the warning."""
+    cfg = apply_overrides(TrainConfig(), {
+        "distributed.backend": "ddp", "distributed.nproc_per_node": 1, "training.batch_size_per_gpu": 512,
+        "training.gradient_accumulation_steps": 1, "training.mixed_precision": "fp32", "model.n_layer": 12,
+        "model.n_embd": 768, "model.n_head": 12, "data.seq_len": 64})
+    with pytest.raises(PlanRefused) as e:
+        plan(gpus(1, 4000), cfg, auto_optimize=False)
+    assert str(e.value).endswith(", with the config verbatim (--no_auto_optimize): DDP, micro-batch 512")
+    assert e.value.tried == ["DDP: 50.9 GiB needed > 3.3 GiB usable"]
+    forced = plan(gpus(1, 4000), cfg, auto_optimize=False, force=True)
+    assert forced.batch.micro_batch_size == 512
+    assert forced.warnings == ("--force: the config does not fit by the estimate (50.9 GiB needed > 3.3 GiB usable): "
+                               "EXPECT OUT-OF-MEMORY ERRORS",)
+    assert forced.reasons["strategy"] == "DDP (the config verbatim); 50.9 GiB needed > 3.3 GiB usable"
+
+
+def test_the_sizer_uses_the_plan_s_precision_optimizer_and_nodes():
+    """P = 1e8. DeepSpeed ZeRO-2 on 2 CPU processes runs fp32: 8P + 12P / 2 = 14P = 1.3039 GiB (bf16 would
+    give 12P); plain SGD under DDP keeps 8P = 0.7451 GiB; ZeRO-3 offload over 2 nodes keeps 18P x 1.5 / 2 =
+    1.35e9 B = 1.2573 GiB of host RAM per node, shown with two decimals."""
+    p = plan(make_profile(cores=8, ram_gib=64), user_model(100_000_000, **{
+        "distributed.backend": "deepspeed", "distributed.nproc_per_node": 2}))
+    assert (p.numerics.precision, p.engine.zero_stage) == ("fp32", 2)
+    assert p.memory.estimate.model_states_gib == round(14e8 / GIB, 4)
+    sgd = plan(make_profile(cores=8, ram_gib=64), user_model(100_000_000, **{"training.optimizer": "sgd"}))
+    assert sgd.memory.estimate.model_states_gib == round(8e8 / GIB, 4)
+    nodes = plan(gpus(4, 10000), user_model(100_000_000, **{
+        "distributed.backend": "deepspeed", "distributed.zero_stage": 3, "distributed.offload_optimizer": True,
+        "distributed.num_nodes": 2, "distributed.master_addr": "10.0.0.1"}))
+    assert nodes.memory.estimate.host_gib_per_node == 1.26
+
+
+def test_a_script_without_a_described_model_has_no_invented_needs():
+    est = plan(gpus(1, 10000), apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"})).memory.estimate
+    assert (est.model_states_gib, est.total_gib, est.overhead_gib, est.host_gib_per_node) == (None, None, 0.0, None)
+    assert est.unknown == ("your script's model is not described: set training.model (package.module:factory) or "
+                           "training.num_parameters")
+
+
+def test_offloaded_state_under_1_gib_is_still_checked_against_the_ram():
+    """ZeRO-3 + offload of P = 2e7 needs 18P x 1.5 = 0.50 GiB of host RAM; 512 MiB of RAM leaves 0.43 usable."""
+    with pytest.raises(PlanRefused) as e:
+        plan(gpus(4, 10000, ram_gib=0.5), user_model(20_000_000, **{
+            "distributed.backend": "deepspeed", "distributed.zero_stage": 3, "distributed.offload_optimizer": True}))
+    assert e.value.tried == ["ZeRO-3 + optimizer and parameter offload: host RAM 0.5 GiB needed per node > 0.4 GiB "
+                             "usable"]
+
+
+def test_a_reduced_band_keeps_its_checkpointing_default():
+    """4 x 7000 MiB (7.3 GB: the 6 GB band, micro-batch 4, checkpointing on) with a target of 8: micro-batch
+    8 / 4 = 2, checkpointing still the band's."""
+    p = plan(gpus(4, 7000), apply_overrides(TrainConfig(), {"training.global_batch_size": 8}))
+    assert (p.batch.micro_batch_size, p.memory.gradient_checkpointing) == (2, True)
+    assert p.reasons["gradient_checkpointing"] == "the 6 GB band defaults to on"
+
+
+def test_ranks_per_node_is_a_whole_number():
+    # 5 ranks over 2 nodes: 2 per node (floor), so ZeRO-2 offload keeps max(4 x 2, 16 x 2 / 5) = 8 bytes/param
+    assert model_state_bytes("zero2_offload", P7, 5, num_nodes=2).host_bytes_per_node == 8 * P7
