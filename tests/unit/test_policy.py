@@ -736,3 +736,21 @@ def test_the_machine_summary_names_every_kind_of_gpu():
 
     hw = make_profile(gpus=[L4, (None, 16000, 15000, "7.5"), T4])
     assert summary(hw) == "1 node(s) x 3 GPU(s) (NVIDIA L4, Tesla T4, unknown GPU), interconnect pcie"
+
+
+def test_no_auto_optimize_lists_every_value_it_needs_at_once():
+    from autotune.errors import UserError
+    from autotune.planner import plan
+
+    with pytest.raises(UserError) as e:
+        plan(load_profile("4xL4"), _cfg(), auto_optimize=False)
+    assert e.value.problems == [f"{p}: required with --no_auto_optimize (it is 'auto')" for p in (
+        "distributed.backend", "training.mixed_precision", "training.batch_size_per_gpu",
+        "training.gradient_accumulation_steps")]
+
+
+def test_offload_turned_off_is_fine_on_any_backend():
+    from autotune.planner import plan
+
+    p = plan(load_profile("4xL4"), _cfg(**{"distributed.backend": "ddp", "distributed.offload_optimizer": False}))
+    assert p.engine.backend == "ddp" and not p.engine.offload_optimizer
