@@ -754,3 +754,19 @@ def test_offload_turned_off_is_fine_on_any_backend():
 
     p = plan(load_profile("4xL4"), _cfg(**{"distributed.backend": "ddp", "distributed.offload_optimizer": False}))
     assert p.engine.backend == "ddp" and not p.engine.offload_optimizer
+
+
+def test_no_auto_optimize_needs_the_processes_and_the_zero_stage_of_the_backend_it_names():
+    from autotune.errors import UserError
+    from autotune.planner import plan
+
+    full = {"training.mixed_precision": "bf16", "training.batch_size_per_gpu": 8,
+            "training.gradient_accumulation_steps": 1}
+    with pytest.raises(UserError) as e:
+        plan(load_profile("4xL4"), _cfg(**full, **{"distributed.backend": "deepspeed"}), auto_optimize=False,
+             deepspeed_installed=True)
+    assert e.value.problems == ["distributed.nproc_per_node: required with --no_auto_optimize (it is 'auto')",
+                                "distributed.zero_stage: required with --no_auto_optimize (it is 'auto')"]
+    one = plan(make_profile(cores=8), _cfg(**{**full, "training.mixed_precision": "fp32"}, **{
+        "distributed.backend": "single", "distributed.nproc_per_node": 1}), auto_optimize=False)
+    assert (one.engine.backend, one.engine.nproc_per_node) == ("single", 1)

@@ -220,3 +220,22 @@ def test_the_store_probe_tells_torchs_store_from_other_programs_and_from_nothing
         assert time.monotonic() - start < 3
         free = s.getsockname()[1]
     assert probe_store("127.0.0.1", free) == "absent"
+
+
+def test_a_one_node_allocation_runs_locally_without_a_rendezvous_id():
+    """One node of a SLURM job: the local machine is the master and torchrun needs no c10d rendezvous."""
+    one = {"SLURM_JOB_ID": "78", "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "node07"}
+    p = plan(_in_slurm(one), TrainConfig(), deepspeed_installed=True)
+    assert (p.engine.num_nodes, p.engine.node_rank, p.engine.master_addr, p.engine.rdzv_id) == (1, 0, "127.0.0.1", None)
+    assert p.reasons["master_addr"] == "one node: the local machine"
+    assert p.reasons["node_rank"] == "SLURM_NODEID=0 (job 78)"
+
+
+def test_a_node_rank_equal_to_the_node_count_is_refused():
+    cfg = apply_overrides(TrainConfig(), {"distributed.num_nodes": 2, "distributed.node_rank": 2,
+                                          "distributed.master_addr": "10.0.0.1"})
+    with pytest.raises(UserError) as e:
+        plan(load_profile("4xL4"), cfg)
+    assert str(e.value) == "distributed.node_rank: must be below the number of nodes (2), got 2"
+    cfg = apply_overrides(cfg, {"distributed.node_rank": 1})
+    assert plan(load_profile("4xL4"), cfg).engine.node_rank == 1
