@@ -45,7 +45,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     debug = debug and auto_optimize
     r = Resolver(auto_optimize=auto_optimize)
     hw = dec.mig_view(hw, policy, r)
-    x = dec.Inputs(hw, cfg, policy, deepspeed_installed, debug)
+    x = dec.Inputs(hw, cfg, policy, deepspeed_installed)
     t, d = cfg.training, cfg.distributed
 
     # -- where it runs -----------------------------------------------------------

@@ -30,7 +30,6 @@ class Inputs:
     cfg: TrainConfig
     policy: Policy
     deepspeed_installed: bool
-    debug: bool
 
 
 def fmt_gb(mib: float) -> str:

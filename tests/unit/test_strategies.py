@@ -632,7 +632,7 @@ def _cands(over=None, ds=True, world=4, on_gpu=True, ckpt=(False, True), default
     from autotune.policy import load_policy
 
     cfg = apply_overrides(TrainConfig(), over or {})
-    x = Inputs(gpus(world, 10000), cfg, load_policy(), ds, False)
+    x = Inputs(gpus(world, 10000), cfg, load_policy(), ds)
     return [(s.name, c) for s, c in candidates(x, default_backend=default, world=world, on_gpu=on_gpu,
                                                ckpt_choices=ckpt)]
 
@@ -743,3 +743,17 @@ def test_a_reduced_band_keeps_its_checkpointing_default():
 def test_ranks_per_node_is_a_whole_number():
     # 5 ranks over 2 nodes: 2 per node (floor), so ZeRO-2 offload keeps max(4 x 2, 16 x 2 / 5) = 8 bytes/param
     assert model_state_bytes("zero2_offload", P7, 5, num_nodes=2).host_bytes_per_node == 8 * P7
+
+
+def test_debug_keeps_the_band_s_checkpointing_and_the_weighing_is_recorded():
+    """--debug on 4 x 7000 MiB (the 6 GB band: checkpointing on): a tiny micro-batch, checkpointing still on.
+    `record` (what `autotune estimate` prints) receives the weighing, also for a refusal."""
+    p = plan(gpus(4, 7000), TrainConfig(), debug=True)
+    assert (p.batch.micro_batch_size, p.memory.gradient_checkpointing) == (4, True)
+    record = []
+    plan(gpus(4, 10000), user_model(1000), record=record)
+    assert len(record) == 1 and [rw.strategy.name for rw in record[0].rows][:2] == ["zero2", "ddp"]
+    record = []
+    with pytest.raises(PlanRefused):
+        plan(gpus(4, 1000, ram_gib=1), user_model(50_000_000, **{"distributed.backend": "deepspeed"}), record=record)
+    assert len(record) == 1 and all(rw.why_not for rw in record[0].rows)
