@@ -97,7 +97,9 @@ def test_launcher_environment_reaches_every_rank(tmp_path):
     script.write_text(
         "import os\n"
         "keys = ['RANK', 'WORLD_SIZE', 'TORCH_DISABLE_SHARE_RDZV_TCP_STORE', 'OMP_NUM_THREADS', 'AUTOTUNE_PLAN']\n"
-        "print('ENV', ' '.join(f'{k}={os.environ.get(k)}' for k in keys), flush=True)\n")
+        # one write() per line: both ranks share the launcher's pipe, and print() under PYTHONUNBUFFERED writes
+        # its pieces one by one (CI once read "ENVENV RANK=0 ...")
+        "os.write(1, ('ENV ' + ' '.join(f'{k}={os.environ.get(k)}' for k in keys) + '\\n').encode())\n")
     cfg = _config(tmp_path, f"  entrypoint: {script}\n")
     r = launch("--config", cfg, "--run_dir", tmp_path / "env", "--nproc_per_node", 2)
     lines = sorted(line for line in r.stdout.splitlines() if line.startswith("ENV "))
