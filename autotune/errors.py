@@ -7,6 +7,7 @@ from typing import Callable
 
 EXIT_USAGE = 2
 EXIT_REFUSED = 3  # the request is valid but no plan fits by autotune's own estimate
+CONFIG_KEYS = "configs/default_config.yaml"  # where the training config's keys are listed
 
 
 class PlanRefused(Exception):
@@ -67,7 +68,7 @@ def _short_repr(value) -> str:
     return r.repr(value)
 
 
-def validation_problems(err, prefix: str = "", keys_in: str = "configs/default_config.yaml") -> list[str]:
+def validation_problems(err, prefix: str = "", keys_in: str = CONFIG_KEYS) -> list[str]:
     """Turn a pydantic ValidationError into 'field.path: message, got X' lines; an unknown key's
     line says where the allowed keys are listed (``keys_in``)."""
     problems = []
@@ -96,7 +97,7 @@ def validation_problems(err, prefix: str = "", keys_in: str = "configs/default_c
     return out
 
 
-def format_validation_error(err, header: str, keys_in: str = "configs/default_config.yaml") -> str:
+def format_validation_error(err, header: str, keys_in: str = CONFIG_KEYS) -> str:
     return header + "\n" + "\n".join(f"  - {p}" for p in validation_problems(err, keys_in=keys_in))
 
 

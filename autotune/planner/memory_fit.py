@@ -124,15 +124,18 @@ def _up(x: float, decimals: int = 1) -> float:
     return math.ceil(x * scale - 1e-9) / scale
 
 
+HOST_RAM = "host RAM"  # how a reason about offloaded state starts (_fits writes it, _refuse reads it)
+
+
 def _fits(need: Need, b: Budget) -> str | None:
     """None if it fits, else why not (with the numbers)."""
     total = need.total_gib
     if b.device_gib is not None and total is not None and total > b.device_gib:
         return "%s GiB needed > %s GiB usable" % _over(total, b.device_gib)
     if need.host_gib > 0 and b.host_gib is not None and need.host_gib > b.host_gib:
-        return "host RAM %s GiB needed per node > %s GiB usable" % _over(need.host_gib, b.host_gib)
+        return f"{HOST_RAM} %s GiB needed per node > %s GiB usable" % _over(need.host_gib, b.host_gib)
     if need.host_gib > 0 and b.host_gib is None:
-        return "host RAM unknown: offload cannot be checked"
+        return f"{HOST_RAM} unknown: offload cannot be checked"
     return None
 
 
@@ -330,11 +333,13 @@ def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], band: B
             r.reasons["backend"] = why
         if s.backend == "deepspeed" and not is_set(x.cfg.distributed.zero_stage):
             r.reasons["zero_stage"] = why
-    r.explain("strategy", f"{chosen.label}: " + (
-        f"{chosen.need.total_gib:.2f} GiB of {budget.device_gib:.1f} GiB usable ({budget.basis})"
-        if chosen.need.total_gib is not None and budget.device_gib is not None else
-        f"{budget.basis}: the memory estimate cannot be checked" if budget.device_gib is None else
-        (facts.unknown_reason or "the model's size is unknown: not checked")))
+    if budget.device_gib is None:
+        weighed = f"{budget.basis}: the memory estimate cannot be checked"
+    elif chosen.need.total_gib is None:
+        weighed = facts.unknown_reason or "the model's size is unknown: not checked"
+    else:
+        weighed = f"{chosen.need.total_gib:.2f} GiB of {budget.device_gib:.1f} GiB usable ({budget.basis})"
+    r.explain("strategy", f"{chosen.label}: {weighed}")
     if s.backend == "deepspeed":
         r.explain("offload_optimizer", "needed for memory" if s.offload_optimizer else
                   "the model states fit in GPU memory without it (offload costs throughput)")
@@ -359,7 +364,7 @@ def _explain_verbatim(r: Resolver, s: Strategy, row: Row, force: bool) -> None:
 
 def _refuse(x: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: ModelFacts, fixed: str | None) -> None:
     # host RAM for offloaded state does not shrink with the micro-batch: "even at micro-batch 1" only for GPU memory
-    tried = [f"{rw.label}: {rw.why_not}" + ("" if fixed or rw.why_not.startswith("host RAM") else
+    tried = [f"{rw.label}: {rw.why_not}" + ("" if fixed or rw.why_not.startswith(HOST_RAM) else
                                             " even at micro-batch 1") for rw in rows]
     would = []
     policy = x.policy
