@@ -239,3 +239,18 @@ def test_a_node_rank_equal_to_the_node_count_is_refused():
     assert str(e.value) == "distributed.node_rank: must be below the number of nodes (2), got 2"
     cfg = apply_overrides(cfg, {"distributed.node_rank": 1})
     assert plan(load_profile("4xL4"), cfg).engine.node_rank == 1
+
+
+def test_the_example_sbatch_script_is_what_export_writes(cli, tmp_path):
+    """examples/train_slurm.sbatch is `export --format slurm` output (as the README says), regenerated on a
+    2-core machine: a stale copy (it once lacked the requeue on a preemption checkpoint) fails here."""
+    prof = load_profile("cpu-only")
+    prof = prof.model_copy(update={"cpu": prof.cpu.model_copy(update={"effective_cores": 2})})
+    hw = tmp_path / "two-cores.json"
+    hw.write_text(prof.to_json())
+    r = cli("autotune", "export", "--format", "slurm", "--config", "configs/default_config.yaml", "--hardware", str(hw),
+            "--nproc_per_node", "2", "--time", "01:00:00", "--job_name", "autotune-example")
+    assert r.returncode == 0, r.stderr
+    from support import ROOT
+
+    assert r.stdout == (ROOT / "examples" / "train_slurm.sbatch").read_text()
