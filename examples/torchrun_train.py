@@ -58,6 +58,7 @@ def main():
         if rank == 0:
             print(f"epoch {epoch} loss {loss.item() * args.gradient_accumulation_steps:.4f}", flush=True)
     if world > 1:
+        dist.barrier()  # leave together: gloo aborts a rank whose peer tears the group down under it
         dist.destroy_process_group()
 
 

@@ -29,6 +29,7 @@ if rank == 1 and what == "buffer":
     model[1].running_mean += 1
 ctx = DistContext(rank, rank, 2, torch.device("cpu"), True)
 check_replicas(ctx, model, 7, sys.argv[1], sharded=what == "sharded")
+dist.barrier()  # leave together (gloo aborts a rank whose peer tears the group down first)
 dist.destroy_process_group()
 """
 
