@@ -64,6 +64,9 @@ def main():
         print(f"USED world={world} micro={','.join(map(str, micro))} accumulation={accumulation:g} "
               f"effective={sum(seen) * world / steps:g} precision={precision} engine={engine} "
               f"lr={args.learning_rate:g} steps={steps} loss={result.training_loss:.4f}", flush=True)
+    if torch.distributed.is_initialized():  # leave together: gloo aborts a rank whose peer tears the group down first
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
