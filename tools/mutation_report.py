@@ -6,12 +6,20 @@
 - undetermined: the forked test process crashed (mutmut's "segfault"); this happens on mutants that only
   change a message, so it says nothing about the mutant: left out of the score, and counted as survived
   in the worst-case score;
-- equivalent: listed with the reason in tools/mutation_equivalent.txt (`<mutant name>  # <why>`), left out.
+- equivalent: a survivor listed with the reason in tools/mutation_equivalent.txt, left out. Each entry is
+  pinned to the change it was judged on: `<mutant name>  # <why>`, then the mutant's changed lines
+  (`- old`, `+ new`, indented). mutmut numbers the mutants of a function in order, so editing a function
+  renumbers them: an entry whose mutant no longer makes that change is "stale" and counts as survived,
+  and so does an entry without its lines. `--pin` writes the lines of the entries that lack them (after
+  you have read each with `mutmut show NAME`).
 Score = killed / (killed + survived).
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
+import functools
 import re
 import subprocess
 import sys
@@ -41,29 +49,85 @@ def module_of(mutant: str) -> str:
     return re.split(r"\.x[_ǁ]", mutant, maxsplit=1)[0]
 
 
-def equivalent() -> dict[str, str]:
-    out = {}
+def equivalent() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """name -> (why, the changed lines it was judged on)."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    last = None
     if EQUIVALENT.exists():
         for line in EQUIVALENT.read_text().splitlines():
+            if line[:1].isspace() and line.strip()[:2] in ("- ", "+ ") and last:
+                out[last][1].append(line.strip())
+                continue
             name, _, why = line.partition("#")
             if name.strip():
-                out[name.strip()] = why.strip()
-    return out
+                last = name.strip()
+                out[last] = (why.strip(), [])
+    return {k: (why, tuple(lines)) for k, (why, lines) in out.items()}
 
 
-def kind(name: str, status: str, equiv: dict) -> str:
-    if name in equiv:
-        return "equivalent"
+@functools.lru_cache(maxsize=None)
+def _functions(path: Path) -> dict[str, str]:
+    source = path.read_text()
+    lines = source.splitlines()  # (ast.get_source_segment splits the whole file again on every call)
+    return {n.name: "\n".join(lines[n.lineno - 1:n.end_lineno]) for n in ast.walk(ast.parse(source))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def mutant_change(name: str) -> tuple[str, ...] | None:
+    """The lines the mutant changes, read from mutmut's generated copy (mutants/): `- old`, `+ new`,
+    whitespace collapsed."""
+    module = module_of(name)
+    func = name[len(module) + 1:]
+    base = ROOT / "mutants" / Path(*module.split("."))
+    path = base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
+    if not path.exists():
+        return None
+    funcs = _functions(path)
+    orig, mutant = funcs.get(func.rsplit("__mutmut_", 1)[0] + "__mutmut_orig"), funcs.get(func)
+    if orig is None or mutant is None:
+        return None
+    a, b = ([" ".join(x.split()) for x in f.splitlines()[1:]] for f in (orig, mutant))  # def lines differ by name
+    return tuple(d for d in difflib.ndiff(a, b) if d[:2] in ("- ", "+ "))
+
+
+def pin(equiv: dict) -> int:
+    """Write the changed lines under each entry that has none."""
+    out, pinned = [], 0
+    for line in EQUIVALENT.read_text().splitlines():
+        out.append(line)
+        name = line.partition("#")[0].strip()
+        if not line[:1].isspace() and name in equiv and not equiv[name][1]:
+            change = mutant_change(name)
+            if change is None:
+                print(f"{name}: no such mutant in mutants/ (run mutmut first)", file=sys.stderr)
+                continue
+            out.extend(f"    {c}" for c in change)
+            pinned += 1
+    EQUIVALENT.write_text("\n".join(out) + "\n")
+    print(f"pinned {pinned} entries")
+    return 0
+
+
+def kind(name: str, status: str, equiv: dict, stale: dict) -> str:
     if status == "not checked":
         return "not run"
-    return {"killed": "killed", "timeout": "killed", "segfault": "undetermined"}.get(status, "survived")
+    k = {"killed": "killed", "timeout": "killed", "segfault": "undetermined"}.get(status, "survived")
+    if k == "survived" and name in equiv:
+        change = mutant_change(name)
+        if equiv[name][1] and change == equiv[name][1]:
+            return "equivalent"
+        stale[name] = change
+    return k
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--pin"]:
+        return pin(equivalent())
     rows, equiv = results(), equivalent()
+    stale: dict[str, tuple[str, ...] | None] = {}
     per: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for name, status in rows.items():
-        per[module_of(name)][kind(name, status, equiv)].append(name)
+        per[module_of(name)][kind(name, status, equiv, stale)].append(name)
     not_run = sum(len(m["not run"]) for m in per.values())
     if not_run:
         print(f"**The run is incomplete: {not_run} mutants not run yet (left out below).**\n")
@@ -90,6 +154,11 @@ def main() -> int:
         print("\nSurvived (`mutmut show NAME` shows the change):")
         for n in survivors:
             print(f"- {n}")
+    if stale:
+        print(f"\n{len(stale)} entries of {EQUIVALENT.relative_to(ROOT)} do not match their mutant (counted as "
+              "survived above): the function changed and its mutants were renumbered, or the entry has no lines:")
+        for n, change in sorted(stale.items()):
+            print(f"- {n}: listed for {' / '.join(equiv[n][1]) or '(no lines)'}; now {' / '.join(change or ('?',))}")
     return 0
 
 
