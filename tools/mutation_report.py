@@ -86,7 +86,9 @@ def mutant_change(name: str) -> tuple[str, ...] | None:
     orig, mutant = funcs.get(func.rsplit("__mutmut_", 1)[0] + "__mutmut_orig"), funcs.get(func)
     if orig is None or mutant is None:
         return None
-    a, b = ([" ".join(x.split()) for x in f.splitlines()[1:]] for f in (orig, mutant))  # def lines differ by name
+    base_name = func.rsplit("__mutmut_", 1)[0]
+    a, b = ([" ".join(x.split()) for x in f.replace(name_, base_name, 1).splitlines()]  # the def lines' names differ
+            for f, name_ in ((orig, base_name + "__mutmut_orig"), (mutant, func)))
     return tuple(d for d in difflib.ndiff(a, b) if d[:2] in ("- ", "+ "))
 
 

@@ -194,6 +194,9 @@ def test_auto_or_value_fields_at_their_bounds(key, good, bad, message):
       "or int[512]<50257, got 'float[3 x 4]'"]),
     ({"training": {"entrypoint": "t.py", "sample_input": "m:f"}},
      ["training.sample_input: needs training.model (the factory of the model it feeds)"]),
+    ({"training": {"entrypoint": "t.py", "sample_input": "m.f"}},  # no model, and a malformed input: both said
+     ["training.sample_input: must look like package.module:function or a per-sample shape such as [3,224,224] "
+      "or int[512]<50257, got 'm.f'", "training.sample_input: needs training.model (the factory of the model it feeds)"]),
     ({"training": {"model": "m:f", "num_parameters": 5}},
      [f"training.{n}: describes your own script's model, but training.entrypoint is empty (the built-in workload is "
       "sized from the model section); set an entrypoint or remove it" for n in ("model", "num_parameters")]),

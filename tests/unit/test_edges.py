@@ -99,6 +99,20 @@ def test_cpu_model_name_and_affinity(tmp_path):
     assert (cpu.affinity_cores, cpu.effective_cores) == (3, 3) and unknown == {}
 
 
+
+def test_cpu_model_name_without_a_model_line_is_the_platform_s_or_unknown(tmp_path, monkeypatch):
+    import platform
+
+    from autotune.hardware.host import _cpu_model_name
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nCPU implementer\t: 0x41\n")  # an ARM cpuinfo has no "model name"
+    monkeypatch.setattr(platform, "processor", lambda: "aarch64")
+    assert _cpu_model_name(info) == "aarch64"
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    assert _cpu_model_name(info) is None and _cpu_model_name(tmp_path / "missing") is None
+
+
 # -- CUDA_VISIBLE_DEVICES ------------------------------------------------------------------------------
 FOUR = [PhysicalGPU(i, f"GPU-{i}000") for i in range(4)]
 
@@ -219,6 +233,18 @@ def test_unknown_compute_capability_takes_the_lowest_rule_and_reasons_name_the_n
     assert volta.numerics.precision == "fp16"
     assert volta.reasons["precision"] == ("lowest compute capability 7.5 is below the 9.0 that bf16 needs: fp16 "
                                           "with dynamic loss scaling")
+    # two better rules, listed highest first: the reason names the nearer one
+    pascal = plan(make_profile(gpus=[("P", 16000, 15000, "6.0")]), TrainConfig(), policy=pol)
+    assert pascal.reasons["precision"] == "lowest compute capability 6.0 is below the 7.0 that fp16 needs: fp32"
+
+
+def test_unknown_compute_capability_takes_the_lowest_rule_even_when_one_starts_at_1_0(tmp_path):
+    pol = _policy(tmp_path, [{"min_compute_capability": 8.0, "precision": "bf16", "tf32": True},
+                             {"min_compute_capability": 1.0, "precision": "fp16", "tf32": False},
+                             {"min_compute_capability": 0.5, "precision": "fp32", "tf32": False}])
+    unknown = plan(make_profile(gpus=[("G", 16000, 15000, None)]), TrainConfig(), policy=pol)
+    assert unknown.numerics.precision == "fp32"
+    assert unknown.reasons["precision"] == "compute capability unknown for some GPU: fp32, the safe choice"
 
 
 def test_gpu_memory_warnings():
@@ -283,6 +309,8 @@ def test_nvml_failures_are_named(tmp_path):
     assert broken.gpus.interconnect == "unknown" and broken.gpus.cuda_visible_devices == "0,1"
     empty = run_detect(tmp_path, FakeNVML([]))
     assert empty.gpus.reason == "NVML found no GPU" and not empty.gpus.available
+    found = run_detect(tmp_path, FakeNVML.from_profile(l4), environ=env)
+    assert found.gpus.available and found.gpus.reason is None  # GPUs found: no reason for their absence
 
 
 def test_a_gpu_without_handle_is_a_placeholder_and_links_are_unknown(tmp_path):

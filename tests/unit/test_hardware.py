@@ -752,3 +752,27 @@ def test_load_profile_tells_files_from_presets_and_names_each(tmp_path, monkeypa
     extensionless = tmp_path / "myprofile"
     extensionless.write_text(json.dumps({**data, "source": "my report"}))  # an existing path without .json: a file
     assert load_profile(str(extensionless)).source == "my report"
+
+
+def test_a_profile_file_s_defaults_and_messages_by_hand():
+    """from_json: a profile without schema_version is this autotune's; another version, impossible numbers
+    (free memory above a total of 1 MiB) are refused naming the origin, "<profile>" when none is given."""
+    import json
+
+    from autotune.errors import UserError
+    from autotune.profiles import HardwareProfile
+    from profiles_util import make_profile
+
+    hw = make_profile(gpus=[("GPU", 20000, 19000, "8.0")], ram_gib=64)
+    d = json.loads(hw.to_json())
+    del d["schema_version"]
+    assert HardwareProfile.from_json(json.dumps(d)) == hw
+    with pytest.raises(UserError) as e:
+        HardwareProfile.from_json(json.dumps({**d, "schema_version": 99}))
+    assert str(e.value).startswith("<profile>: schema_version 99 is not one this autotune reads (")
+    d["gpus"]["devices"][0].update(memory_total_mib=1, memory_free_mib=2)
+    with pytest.raises(UserError) as e:
+        HardwareProfile.from_json(json.dumps(d))
+    assert str(e.value) == ("<profile>: not a possible machine (1 problem(s)); fix the numbers or write the profile "
+                            "again with `python -m autotune.hardware report --json`")
+    assert e.value.problems == ["gpus.devices[0].memory_free_mib: 2 is more than memory_total_mib 1"]

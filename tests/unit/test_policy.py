@@ -485,6 +485,9 @@ def test_engine_reasons_and_an_ignored_zero_stage():
     ("4xL4", {"distributed.nproc_per_node": 6},
      "distributed.nproc_per_node: 6 GPUs requested but only 4 are visible on this node (1 node(s) x 4 GPU(s) "
      "(NVIDIA L4), interconnect pcie); use at most 4 or check CUDA_VISIBLE_DEVICES"),
+    ("4xL4", {"distributed.num_gpus": 5},
+     "distributed.num_gpus: 5 GPUs requested but only 4 are visible on this node (1 node(s) x 4 GPU(s) "
+     "(NVIDIA L4), interconnect pcie); use at most 4 or check CUDA_VISIBLE_DEVICES"),
     ("cpu", {"distributed.num_gpus": 2},
      "distributed.num_gpus: 2 GPUs requested but this machine has none (no GPU detected); use --num_gpus 0 or plan "
      "with --hardware PRESET"),

@@ -250,6 +250,18 @@ def test_unknown_model_says_so_instead_of_showing_the_builtin_gpt():
     p = plan(gpus(4, 20000), apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"}))
     e = p.memory.estimate
     assert e.num_parameters is None and e.total_gib is None and "not described" in e.unknown
+    assert p.reasons["strategy"] == ("ZeRO-2: your script's model is not described: set training.model "
+                                     "(package.module:factory) or training.num_parameters")
+
+
+def test_parameter_offload_when_only_zero3_with_it_fits_says_why():
+    """4 x 10000 MiB (8.3 GiB usable each), 1 TiB of RAM, P = 4e9: ZeRO-2 + optimizer offload keeps 2P = 7.45 GiB
+    of fp16 weights on each GPU, + 1.2 GiB overhead (over); ZeRO-3 shards 18P / 4 = 16.8 GiB (over); ZeRO-3 with
+    parameters and optimizer in host RAM fits."""
+    p = plan(gpus(4, 10000, ram_gib=1024), user_model(4_000_000_000))
+    assert (p.engine.zero_stage, p.engine.offload_optimizer, p.engine.offload_param) == (3, True, True)
+    assert p.reasons["offload_param"] == "needed for memory: parameters live in host RAM between uses"
+    assert p.reasons["offload_optimizer"] == "needed for memory"
 
 
 # -- MIG and explicit machine flags ----------------------------------------------------------------
@@ -329,6 +341,12 @@ def test_model_state_bytes_at_the_edges_by_hand():
     assert model_state_bytes("zero2_offload", p, 16, num_nodes=2).host_bytes_per_node == 32 * p
     assert model_state_bytes("zero2_offload", p, 16).host_bytes_per_node == 64 * p
     assert model_state_bytes("zero3_offload", p, 16, num_nodes=2).host_bytes_per_node == 9 * p
+    # ZeRO-3 with the optimizer alone offloaded (a user's choice; the planner never offers it): the fp32 master
+    # copy and Adam's m and v, 16P for the job, all on one node or halved over two
+    from autotune.memory import Strategy
+    z3_opt = Strategy("zero3", "deepspeed", 3, offload_optimizer=True)
+    assert model_state_bytes(z3_opt, p, 16).host_bytes_per_node == 16 * p
+    assert model_state_bytes(z3_opt, p, 16, num_nodes=2).host_bytes_per_node == 8 * p
     assert model_state_bytes("zero3", p, 8).gpu_bytes == 18 * p / 8  # largest layer not given: 0
 
 
@@ -350,6 +368,12 @@ def test_no_auto_optimize_estimates_the_config_as_written(ckpt):
     assert e.budget_gib == pytest.approx(0.85 * 30000 / 1024, abs=1e-3)
     assert e.strategy == ("DDP + checkpointing" if ckpt else "DDP") and e.num_parameters == 100_000_000
     assert p.reasons["gradient_checkpointing"] == "--no_auto_optimize: taken from the config verbatim"
+    # activations traced without checkpointing only: the verbatim estimate says which could not be measured
+    no_ckpt = facts(100_000_000).model_copy(update={"activations": ActivationModel(
+        fp32=LinearBytes.line(0, 2_000_000), half=LinearBytes.line(0, 1_000_000), source="traced")})
+    e = plan(gpus(1, 30000, deepspeed=None), cfg, facts=no_ckpt, auto_optimize=False).memory.estimate
+    assert e.unknown == (
+        "activations with checkpointing could not be measured for this model" if ckpt else None)
 
 
 @pytest.mark.parametrize("over, message", [
@@ -396,6 +420,8 @@ def test_checkpointing_asked_for_a_model_autotune_cannot_reach_is_a_warning():
             "script must turn it on itself") in p.warnings
     off = plan(gpus(1, 30000), user_model(1_000_000))
     assert not off.memory.gradient_checkpointing and not any("checkpointing" in w for w in off.warnings)
+    said_off = plan(gpus(1, 30000), user_model(1_000_000, **{"training.gradient_checkpointing": False}))
+    assert not said_off.memory.gradient_checkpointing and not any("checkpointing" in w for w in said_off.warnings)
 
 
 def test_an_estimate_without_activations_for_the_plan_s_mode_says_why():
@@ -753,7 +779,30 @@ def test_debug_keeps_the_band_s_checkpointing_and_the_weighing_is_recorded():
     record = []
     plan(gpus(4, 10000), user_model(1000), record=record)
     assert len(record) == 1 and [rw.strategy.name for rw in record[0].rows][:2] == ["zero2", "ddp"]
+    b = record[0].budget  # 0.85 x 10000 MiB per GPU; 64 GiB of RAM x 0.85 for offload
+    assert (b.device_gib, b.on_gpu) == (pytest.approx(0.85 * 10000 / 1024), True)
+    assert b.basis == "per GPU: free memory x memory_headroom_fraction 0.85"
     record = []
     with pytest.raises(PlanRefused):
         plan(gpus(4, 1000, ram_gib=1), user_model(50_000_000, **{"distributed.backend": "deepspeed"}), record=record)
     assert len(record) == 1 and all(rw.why_not for rw in record[0].rows)
+
+
+def test_auto_is_recognised_by_value_not_by_identity():
+    """'auto' read from a file is an equal string, not always the same object as the constant."""
+    from autotune.planner.resolve import AUTO, is_set
+
+    built = "".join(["au", "to"])
+    assert built == AUTO and built is not AUTO
+    assert not is_set(built) and not is_set(AUTO)
+    assert is_set(0) and is_set("ddp") and is_set(False)
+
+
+def test_debug_with_no_auto_optimize_records_the_config_s_target():
+    """--debug shrinks the automatic target to one tiny step, but it is off under --no_auto_optimize: the
+    config's own target (64) is what the plan records, against 8 x 2 x 2 = 32 as written."""
+    cfg = parse_config({"training": {"entrypoint": "train.py", "batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
+                                     "global_batch_size": 64, "num_parameters": 1000, "mixed_precision": "bf16"},
+                        "distributed": {"backend": "ddp", "nproc_per_node": 2}})
+    b = plan(gpus(2, 30000, deepspeed=None), cfg, auto_optimize=False, debug=True).batch
+    assert (b.micro_batch_size, b.global_batch_size, b.target_global_batch_size) == (8, 32, 64)
