@@ -82,14 +82,15 @@ def mutant_change(name: str) -> tuple[str, ...] | None:
     path = base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
     if not path.exists():
         return None
+    stem = func.rsplit("__mutmut_", 1)[0]
     funcs = _functions(path)
-    orig, mutant = funcs.get(func.rsplit("__mutmut_", 1)[0] + "__mutmut_orig"), funcs.get(func)
-    if orig is None or mutant is None:
+    if stem + "__mutmut_orig" not in funcs or func not in funcs:
         return None
-    base_name = func.rsplit("__mutmut_", 1)[0]
-    a, b = ([" ".join(x.split()) for x in f.replace(name_, base_name, 1).splitlines()]  # the def lines' names differ
-            for f, name_ in ((orig, base_name + "__mutmut_orig"), (mutant, func)))
-    return tuple(d for d in difflib.ndiff(a, b) if d[:2] in ("- ", "+ "))
+
+    def lines(fname: str) -> list[str]:  # with the def line's name made the same, whitespace collapsed
+        return [" ".join(x.split()) for x in funcs[fname].replace(fname, stem, 1).splitlines()]
+
+    return tuple(d for d in difflib.ndiff(lines(stem + "__mutmut_orig"), lines(func)) if d[:2] in ("- ", "+ "))
 
 
 def pin(equiv: dict) -> int:
