@@ -10,6 +10,11 @@ scenario knobs reproduce the failures detection must survive:
 - ``dead_gpus``: {nvml_index}: every query on that GPU raises (GPU fallen off the bus);
 - ``mig``: {nvml_index: [(mig_uuid, mig_name, total_mib, free_mib), ...]}: MIG enabled;
 - ``p2p_error``: nvmlDeviceGetP2PStatus raises (old driver).
+- ``mig_handles_restricted``: a MIG instance's handle refuses the per-GPU queries (compute
+  capability, PCI info, MIG mode) with NotSupported: NVML says MIG handles work "with some
+  restrictions", so detection must ask the parent GPU's handle for those;
+- ``fail_from_call``: {name: n}: the n-th call of ``name`` and every later one raise (a handle
+  that was there when the GPUs were listed and is gone when detection opens it again).
 """
 
 from __future__ import annotations
@@ -86,6 +91,8 @@ class FakeNVML:
     cuda: int = 12040
     mig_not_supported: bool = False
     mig_pending_off: bool = False  # MIG on now, off after the next reset: only "current" counts
+    mig_handles_restricted: bool = False
+    fail_from_call: dict = field(default_factory=dict)
     calls: list = field(default_factory=list)
     initialised: int = 0
 
@@ -107,6 +114,8 @@ class FakeNVML:
     def _check(self, name: str, h: _Handle | None = None):
         self.calls.append(name)
         if not self.initialised:
+            raise NVMLError_Unknown()
+        if name in self.fail_from_call and self.calls.count(name) >= self.fail_from_call[name]:
             raise NVMLError_Unknown()
         if h is None and (None, name) in self.failing_queries:  # a system-wide query
             raise NVMLError_Unknown()
@@ -166,16 +175,21 @@ class FakeNVML:
             total, free = d.total_mib, d.free_mib
         return SimpleNamespace(total=total * MIB, free=free * MIB, used=(total - free) * MIB)
 
+    def _per_gpu(self, name: str, h: _Handle) -> None:
+        self._check(name, h)
+        if h.mig is not None and self.mig_handles_restricted:
+            raise NVMLError_NotSupported()
+
     def nvmlDeviceGetCudaComputeCapability(self, h):
-        self._check("nvmlDeviceGetCudaComputeCapability", h)
+        self._per_gpu("nvmlDeviceGetCudaComputeCapability", h)
         return self.devices[h.index].cc
 
     def nvmlDeviceGetPciInfo(self, h):
-        self._check("nvmlDeviceGetPciInfo", h)
+        self._per_gpu("nvmlDeviceGetPciInfo", h)
         return SimpleNamespace(busId=self.devices[h.index].bus_id)
 
     def nvmlDeviceGetMigMode(self, h):
-        self._check("nvmlDeviceGetMigMode", h)
+        self._per_gpu("nvmlDeviceGetMigMode", h)
         if self.mig_not_supported:
             raise NVMLError_NotSupported()
         on = 1 if h.index in self.mig else 0

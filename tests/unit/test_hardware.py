@@ -155,6 +155,47 @@ def test_mig_instances_selected_by_id(tmp_path):
     assert g.mig_instance is True and hw_all.gpus.devices[0].mig_instance is False
 
 
+def _one_a100_with_mig(**knobs):
+    one = load_profile("8xA100-40GB")
+    one = one.model_copy(update={"gpus": one.gpus.model_copy(update={"devices": one.gpus.devices[:1]})})
+    mig = {0: [("MIG-aaaa-1111", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 19968, 19800)]}
+    return one.gpus.devices[0], FakeNVML.from_profile(one, mig=mig, **knobs)
+
+
+def test_a_mig_instance_reports_its_parent_gpus_compute_capability_pci_address_and_mig_mode(tmp_path):
+    # MIG handles that refuse per-GPU queries: the answers must come from the parent GPU's handle
+    parent, fake = _one_a100_with_mig(mig_handles_restricted=True)
+    hw = run_detect(tmp_path, fake, environ={"CUDA_VISIBLE_DEVICES": "MIG-aaaa-1111"})
+    g = hw.gpus.devices[0]
+    assert (g.compute_capability, g.pci_bus_id, g.mig_mode, g.mig_instance) == ("8.0", parent.pci_bus_id, True, True)
+    assert g.memory_total_mib == 19968 and g.error is None
+    assert not [k for k in hw.unknown if k.startswith("gpus.devices")], hw.unknown
+
+
+def test_a_mig_instance_whose_parent_handle_is_gone_reports_the_compute_capability_unknown(tmp_path):
+    # one GPU: the first nvmlDeviceGetHandleByIndex lists it, the second (the parent of the MIG
+    # instance, asked again for its compute capability) fails
+    parent, fake = _one_a100_with_mig(fail_from_call={"nvmlDeviceGetHandleByIndex": 2})
+    hw = run_detect(tmp_path, fake, environ={"CUDA_VISIBLE_DEVICES": "MIG-aaaa-1111"})
+    g = hw.gpus.devices[0]
+    assert g.compute_capability is None
+    assert hw.unknown["gpus.devices[0].compute_capability"] == "NVMLError_Unknown: Unknown Error"
+    # the rest is asked of the instance's own handle: its memory, and the PCI address it shares
+    assert (g.memory_total_mib, g.pci_bus_id, g.mig_mode, g.error) == (19968, parent.pci_bus_id, True, None)
+    assert None not in hw.unknown
+
+
+def test_a_mig_instance_gone_between_listing_and_probing_is_reported_with_nvmls_error(tmp_path):
+    # listing the instances asks for slots 0 (there) and 1 (the gap that ends them); the third
+    # call, detection opening the instance again, fails
+    _, fake = _one_a100_with_mig(fail_from_call={"nvmlDeviceGetMigDeviceHandleByIndex": 3})
+    hw = run_detect(tmp_path, fake, environ={"CUDA_VISIBLE_DEVICES": "MIG-aaaa-1111"})
+    g = hw.gpus.devices[0]
+    assert g.error == "NVMLError_Unknown: Unknown Error" == hw.unknown["gpus.devices[0]"]
+    assert g.name is None and g.memory_total_mib is None
+    assert None not in hw.unknown
+
+
 def test_a_mig_gpu_is_planned_as_its_slice_end_to_end(tmp_path):
     from autotune.planner import plan
     from autotune.config import TrainConfig
@@ -719,11 +760,26 @@ def test_cpu_affinity_that_cannot_be_read_is_an_unknown_under_its_name():
     assert (cpu.effective_cores, cpu.effective_cores_reason) == (8, "8 logical cores")
 
 
-def test_cgroup_limits_read_the_kernel_s_files_by_default():
-    """Real: this process's own cgroup, from /sys/fs/cgroup and /proc/self/cgroup."""
-    from autotune.hardware.cgroups import read_cgroup_limits
+def test_cgroup_limits_find_this_process_s_own_cgroup_through_proc_self_cgroup_by_default(tmp_path):
+    """Real /proc/self/cgroup: a tree laid out where it says this process sits (a tight memory limit in
+    the process's own cgroup, a loose one at the root) is read down to that cgroup without being told."""
+    from pathlib import Path
 
-    assert read_cgroup_limits() == read_cgroup_limits("/sys/fs/cgroup", "/proc/self/cgroup")
+    paths = parse_proc_self_cgroup(Path("/proc/self/cgroup").read_text())
+    nested = {k: v for k, v in paths.items() if k in ("", "memory") and v.strip("/")}
+    if not nested:
+        pytest.skip("this process sits at the root of every memory cgroup hierarchy: a missing "
+                    "/proc/self/cgroup would read the same")
+    v2 = "" in nested
+    base = tmp_path if v2 else tmp_path / "memory"
+    own = base / nested["" if v2 else "memory"].strip("/")
+    own.mkdir(parents=True)
+    name = "memory.max" if v2 else "memory.limit_in_bytes"
+    if v2:
+        (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    (base / name).write_text(str(8 * 2**30))
+    (own / name).write_text(str(2 * 2**30))
+    assert read_cgroup_limits(tmp_path).memory_limit_bytes == 2 * 2**30
 
 
 def test_load_profile_tells_files_from_presets_and_names_each(tmp_path, monkeypatch):

@@ -197,6 +197,51 @@ def test_execute_with_signal_ranks_signals_the_child_s_children(tmp_path):
     assert (tmp_path / "grandchild").read_text() == str(int(signal.SIGTERM)) and not (tmp_path / "child").exists()
 
 
+GRACEFUL = """
+import pathlib, signal, sys, time
+d = pathlib.Path(sys.argv[1])
+got = []
+def h(s, f):
+    got.append(int(s))
+    (d / "child").write_text(" ".join(map(str, got)))
+signal.signal(signal.SIGTERM, h)
+signal.signal(signal.SIGINT, h)
+(d / "ready").write_text("1")
+while len(got) < 2:
+    time.sleep(0.02)
+time.sleep(2.5)  # saving a checkpoint: longer than two of execute's one-second checks, well inside the grace
+sys.exit(0)
+"""
+
+
+def test_execute_forwards_a_ctrl_c_after_a_sigterm_and_leaves_the_child_its_grace(tmp_path):
+    """A SIGINT after a SIGTERM is the first Ctrl-C, not the second: forwarded, not a kill; and a child
+    that takes its time to stop inside kill_after_s is left to finish (exit 0, both signals seen)."""
+    f = _script(tmp_path, GRACEFUL)
+    seen = []
+    t = _signal_me_when_ready(tmp_path / "ready", signal.SIGTERM, signal.SIGINT, gap=0.3)
+    assert execute(LaunchSpec(cmd=[sys.executable, str(f), str(tmp_path)], env={}), forwarded=seen,
+                   kill_after_s=60) == 0
+    t.join()
+    assert seen == [signal.SIGTERM, signal.SIGINT]
+    assert (tmp_path / "child").read_text() == f"{int(signal.SIGTERM)} {int(signal.SIGINT)}"
+
+
+def test_execute_asks_should_kill_each_second_until_it_has_killed_then_never_again(tmp_path, monkeypatch, capfd):
+    """A child that outlives the kill (kill_tree made harmless here) and exits by itself 3.5 s after it
+    started: should_kill is asked at 1 s (no), at 2 s (yes: one kill, one message) and not at 3 s. A
+    kill_after_s with no signal received never fires."""
+    import autotune.launch as launch
+
+    killed, asked = [], []
+    monkeypatch.setattr(launch, "kill_tree", killed.append)
+    spec = LaunchSpec(cmd=[sys.executable, "-c", "import time; time.sleep(3.5)"], env={})
+    assert execute(spec, kill_after_s=0.1,
+                   should_kill=lambda: asked.append(1) or ("rank 1 failed" if len(asked) == 2 else None)) == 0
+    assert len(asked) == 2 and len(killed) == 1
+    assert capfd.readouterr().err.count("autotune: rank 1 failed; stopping the rest") == 1
+
+
 def test_execute_kills_the_tree_when_asked_or_when_the_grace_is_over_or_at_a_second_ctrl_c(tmp_path, capfd):
     """A child that ignores SIGTERM: kill_after_s after the first signal it and its children are
     SIGKILLed (exit 128 + 9); should_kill's reason ends it at the next one-second check; a second
