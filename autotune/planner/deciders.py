@@ -164,6 +164,11 @@ def decide_rendezvous(x: Inputs, r: Resolver, num_nodes: int) -> tuple[int, str,
 
 
 def _auto_backend(x: Inputs, n_gpus: int, nproc: int, num_nodes: int) -> Decision:
+    d = x.cfg.distributed
+    asked = ([f"distributed.zero_stage={d.zero_stage}"] if is_set(d.zero_stage) else []) + \
+        (["distributed.offload_optimizer=true"] if d.offload_optimizer is True else [])
+    if asked and x.deepspeed_installed:  # only DeepSpeed has them: the user has chosen it
+        return Decision("deepspeed", f"you set {' and '.join(asked)}, which only DeepSpeed has")
     if n_gpus:
         if n_gpus == 1 and num_nodes == 1:
             return Decision("single", "one GPU: no process group needed")
@@ -216,7 +221,10 @@ def decide_engine(x: Inputs, r: Resolver, n_gpus: int, num_nodes: int) -> tuple[
             path="distributed.zero_stage")
     else:
         if is_set(d.zero_stage) and r.auto_optimize:
-            r.warnings.append(f"distributed.zero_stage={d.zero_stage} is ignored: backend is {backend}, not deepspeed")
+            why = f"backend is {backend}, not deepspeed"
+            if not x.deepspeed_installed and not is_set(d.backend):
+                why += " (DeepSpeed is not installed: pip install --no-build-isolation deepspeed)"
+            r.warnings.append(f"distributed.zero_stage={d.zero_stage} is ignored: {why}")
         r.explain("zero_stage", f"not used by the {backend} backend")
     return backend, nproc, zero
 

@@ -481,6 +481,43 @@ def test_engine_reasons_and_an_ignored_zero_stage():
         "ZeRO-2 partitions gradients and optimizer state with no extra communication over DDP")
 
 
+@pytest.mark.parametrize("hw, over, backend, zero, offload", [
+    ("1xT4", {"distributed.zero_stage": 3}, "deepspeed", 3, False),
+    ("1xT4", {"distributed.offload_optimizer": True}, "deepspeed", 2, True),
+    ("cpu", {"distributed.zero_stage": 2}, "deepspeed", 2, False),
+    ("cpu", {"distributed.zero_stage": 1, "distributed.offload_optimizer": False}, "deepspeed", 1, False),
+])
+def test_a_deepspeed_setting_with_the_backend_on_auto_gets_deepspeed(hw, over, backend, zero, offload):
+    """One GPU or a CPU would run a single process, but a ZeRO stage or optimizer offload exists only in
+    DeepSpeed: the user has chosen it (installed here), and the plan says so instead of calling the setting
+    ignored while running it anyway."""
+    from autotune.planner import plan
+
+    prof = make_profile(cores=8) if hw == "cpu" else load_profile(hw)
+    p = plan(prof, _cfg(**over), deepspeed_installed=True)
+    assert (p.engine.backend, p.engine.zero_stage, p.engine.offload_optimizer) == (backend, zero, offload)
+    asked = " and ".join(f"{k}={'true' if v is True else v}" for k, v in over.items() if v is not False)
+    assert p.reasons["backend"] == f"you set {asked}, which only DeepSpeed has"
+    assert not any("ignored" in w for w in p.warnings)
+    strategy = {(3, False): "ZeRO-3", (2, True): "ZeRO-2 + optimizer offload", (2, False): "ZeRO-2",
+                (1, False): "ZeRO-1"}[zero, offload]
+    assert p.memory.estimate.strategy == strategy
+    if hw == "cpu":
+        assert p.reasons["offload_optimizer"] == "the model states fit in RAM without it (offload costs throughput)"
+
+
+def test_a_zero_stage_without_deepspeed_installed_is_ignored_saying_how_to_install_it():
+    from autotune.planner import plan
+
+    p = plan(load_profile("1xT4"), _cfg(**{"distributed.zero_stage": 3}), deepspeed_installed=False)
+    assert (p.engine.backend, p.engine.zero_stage) == ("single", None)
+    assert ("distributed.zero_stage=3 is ignored: backend is single, not deepspeed (DeepSpeed is not installed: "
+            "pip install --no-build-isolation deepspeed)") in p.warnings
+    said = plan(load_profile("1xT4"), _cfg(**{"distributed.zero_stage": 3, "distributed.backend": "single"}),
+                deepspeed_installed=False)
+    assert "distributed.zero_stage=3 is ignored: backend is single, not deepspeed" in said.warnings
+
+
 @pytest.mark.parametrize("hw, over, message", [
     ("4xL4", {"distributed.nproc_per_node": 6},
      "distributed.nproc_per_node: 6 GPUs requested but only 4 are visible on this node (1 node(s) x 4 GPU(s) "
