@@ -57,17 +57,23 @@ def run(args: argparse.Namespace) -> int:
     budget = record[-1].budget if record else None
     rows = list(record[-1].rows) if record else []
     chosen = None if plan is None else plan.memory.estimate.strategy if plan.memory.estimate else None
+    # an undescribed model or an unknown budget: the plan's one option, planned blind, and why
+    blind = None
+    if plan is not None and (budget is None or budget.device_gib is None or
+                             any(r.need.total_gib is None for r in rows)):
+        blind = plan.reasons.get("strategy")
     table = [{
         "strategy": r.label, "checkpointing": r.checkpointing, "largest_micro_batch": r.micro,
         "model_states_gib": r.need.states_gib, "activations_gib": r.need.activations_gib,
         "overhead_gib": r.need.overhead_gib, "total_gib": r.need.total_gib,
-        "host_gib_per_node": r.need.host_gib or None, "fits": r.why_not is None, "why_not": r.why_not,
+        "host_gib_per_node": r.need.host_gib or None, "why_not": r.why_not,
+        "fits": None if blind and r.why_not is None else r.why_not is None,  # None: not checked
         "chosen": chosen == r.label,  # the label names checkpointing too
     } for r in rows]
     if args.json:
         out = {"budget_gib": None if budget is None else budget.device_gib,
                "host_budget_gib": None if budget is None else budget.host_gib,
-               "basis": None if budget is None else budget.basis, "options": table,
+               "basis": None if budget is None else budget.basis, "options": table, "not_weighed": blind,
                "model": None if plan is None or plan.memory.estimate is None else plan.memory.estimate.model_source,
                "refused": None if refused is None else {"message": str(refused), "tried": refused.tried,
                                                          "would_fit": refused.would_fit}}
@@ -88,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
               f"{_gib(t['activations_gib']):>8}{_gib(t['overhead_gib']):>7}{_gib(t['total_gib']):>8}"
               f"{_gib(t['host_gib_per_node']):>8}  {mark}\n")
         w("(GiB per GPU, per process on CPU; micro = largest micro-batch that fits, up to the band's)\n")
+        if blind:
+            w(f"not weighed: {blind}\n")
         if refused is not None:
             print(refused.render(), file=sys.stderr)
     return EXIT_REFUSED if refused is not None else 0

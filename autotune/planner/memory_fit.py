@@ -80,7 +80,6 @@ class MemoryFit:
     micro_batch_size: int
     gradient_checkpointing: bool
     estimate: MemoryEstimate | None
-    rows: tuple[Row, ...]
 
 
 class Sizer:
@@ -163,7 +162,8 @@ def candidates(x: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckp
     user_backend = d.backend if is_set(d.backend) else None
     stage = d.zero_stage if is_set(d.zero_stage) else None
     off = d.offload_optimizer if is_set(d.offload_optimizer) else None
-    ds_ok = x.deepspeed_installed and (on_gpu or user_backend == "deepspeed")
+    # on CPU DeepSpeed only when asked for (the backend, or a setting only DeepSpeed has)
+    ds_ok = x.deepspeed_installed and (on_gpu or user_backend == "deepspeed" or default_backend == "deepspeed")
     out = []
     options = [(STRATEGIES[o.strategy], o.checkpointing) for o in x.policy.strategy_preference]
     if stage == 0:
@@ -212,7 +212,7 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
             _refuse(x, sz, budget, [row], facts, fixed=f"the config verbatim (--no_auto_optimize): {row.label}, "
                     f"micro-batch {micro}")
         _explain_verbatim(r, default, row, force)
-        return MemoryFit(default, micro, bool(ckpt), _estimate(row, facts, budget, micro, bool(ckpt)), (row,))
+        return MemoryFit(default, micro, bool(ckpt), _estimate(row, facts, budget, bool(ckpt)))
 
     ckpt_supported = facts.checkpointing_supported
     if is_set(ckpt_user):
@@ -232,20 +232,18 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
     if not opts:
         opts = [(default, ckpt_choices[0])]
     known = facts.num_parameters is not None and (budget.device_gib is not None or budget.host_gib is not None)
-    if not known:
+    if not known:  # nothing to weigh: the first option, planned blind (the reasons say so)
         s, ckpt = opts[0]
-        row = Row(s, ckpt, top, sz.need(s, top, ckpt), None)
-        rows: tuple[Row, ...] = (row,)
-        chosen = row
+        chosen = Row(s, ckpt, top, sz.need(s, top, ckpt), None)
+        rows: tuple[Row, ...] = (chosen,)
+        if record is not None:
+            record.append(Weighing(rows, budget))
     else:
         rows = tuple(_row(sz, budget, s, c, top, fixed_micro) for s, c in opts)
         if record is not None:
             record.append(Weighing(rows, budget))
         fitting = [rw for rw in rows if rw.why_not is None]
-        full = [rw for rw in fitting if rw.micro == top]
-        if full:
-            chosen = full[0]
-        elif fitting:
+        if fitting:  # the first to reach the band's micro-batch, else the first with the largest
             best = max(rw.micro for rw in fitting)
             chosen = next(rw for rw in fitting if rw.micro == best)
         elif force:
@@ -256,36 +254,36 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         else:
             _refuse(x, sz, budget, list(rows), facts,
                     fixed=f"micro-batch {micro_user} (you set it)" if fixed_micro else None)
-    _explain(r, x, chosen, rows, band, default, top, fixed_micro, facts, budget)
+    _explain(r, x, chosen, rows, default, facts, budget)
     micro = chosen.micro
     ckpt = r.resolve("gradient_checkpointing", ckpt_user, lambda: Decision(chosen.checkpointing, _ckpt_reason(
-        chosen, band, ckpt_supported, rows)), verbatim=False)
+        chosen, band, ckpt_supported)), verbatim=False)
     auto_micro = Decision(band.micro_batch_size, band.micro_reason) if fixed_micro else \
         Decision(micro, _micro_reason(band, chosen, top))
     micro = r.resolve("micro_batch_size", micro_user, lambda: auto_micro, path="training.batch_size_per_gpu")
-    return MemoryFit(chosen.strategy, micro, bool(ckpt), _estimate(chosen, facts, budget, micro, bool(ckpt)), rows)
+    return MemoryFit(chosen.strategy, micro, bool(ckpt), _estimate(chosen, facts, budget, bool(ckpt)))
 
 
 def _default_strategy(backend: str, zero: int | None, offload_user) -> Strategy:
+    """The strategy the engine decider chose; it settles a DeepSpeed plan's ZeRO stage (2 by default,
+    required by --no_auto_optimize), so ``zero`` is None only for another backend."""
     if backend != "deepspeed":
         if offload_user is True:
             raise UserError(
                 f"distributed.offload_optimizer: optimizer offload is a DeepSpeed ZeRO feature but the backend is "
                 f"{backend}; use --deepspeed or set offload_optimizer: auto")
         return STRATEGIES["ddp"]
-    stage = 2 if zero is None else zero
-    name = {0: "zero0", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
     if offload_user is True:
-        if stage == 2:
+        if zero == 2:
             return STRATEGIES["zero2_offload"]
-        if stage == 3:
+        if zero == 3:
             return STRATEGIES["zero3_offload"]
-        raise UserError(f"distributed.offload_optimizer: autotune offloads with ZeRO-2 or ZeRO-3, not stage {stage}; "
+        raise UserError(f"distributed.offload_optimizer: autotune offloads with ZeRO-2 or ZeRO-3, not stage {zero}; "
                         "use --zero_stage 2 or 3")
-    return STRATEGIES[name]
+    return STRATEGIES[f"zero{zero}"]
 
 
-def _estimate(row: Row, facts: ModelFacts, budget: Budget, micro: int, ckpt: bool) -> MemoryEstimate | None:
+def _estimate(row: Row, facts: ModelFacts, budget: Budget, ckpt: bool) -> MemoryEstimate | None:
     n = row.need
     unknown = facts.unknown_reason
     if facts.activations is not None and n.activations_gib is None:
@@ -308,7 +306,7 @@ def _micro_reason(band: BandChoice, chosen: Row, top: int) -> str:
             f"({chosen.need.total_gib:.1f} GiB estimated)")
 
 
-def _ckpt_reason(chosen: Row, band: BandChoice, supported: bool, rows: tuple[Row, ...]) -> str:
+def _ckpt_reason(chosen: Row, band: BandChoice, supported: bool) -> str:
     if not supported:
         return "autotune cannot apply or measure checkpointing for this model: off"
     if chosen.checkpointing and not band.gradient_checkpointing:
@@ -316,8 +314,8 @@ def _ckpt_reason(chosen: Row, band: BandChoice, supported: bool, rows: tuple[Row
     return band.checkpointing_reason
 
 
-def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], band: BandChoice, default: Strategy,
-             top: int, fixed_micro: bool, facts: ModelFacts, budget: Budget) -> None:
+def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], default: Strategy, facts: ModelFacts,
+             budget: Budget) -> None:
     s = chosen.strategy
     before = []
     for rw in rows:
@@ -342,7 +340,8 @@ def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], band: B
     r.explain("strategy", f"{chosen.label}: {weighed}")
     if s.backend == "deepspeed":
         r.explain("offload_optimizer", "needed for memory" if s.offload_optimizer else
-                  "the model states fit in GPU memory without it (offload costs throughput)")
+                  f"the model states fit in {'GPU memory' if budget.on_gpu else 'RAM'} without it (offload costs "
+                  "throughput)")
         r.explain("offload_param", "needed for memory: parameters live in host RAM between uses" if s.offload_param
                   else "not needed")
     else:

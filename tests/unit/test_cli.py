@@ -121,6 +121,25 @@ def test_plan_refuses_with_exit_3_and_force_plans_loudly(cli, tmp_path):
     assert d.returncode == 3
 
 
+def test_estimate_of_an_undescribed_model_shows_the_one_option_planned_blind_and_why(cli, tmp_path):
+    """A script whose model autotune knows nothing of: no option can be weighed, so the table has the plan's
+    one (ZeRO-2 on 4 GPUs, sizes unknown), its fit is unknown, and a line says why."""
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "c.yaml").write_text("training:\n  entrypoint: train.py\n")
+    r = cli("autotune", "estimate", "--config", "c.yaml", "--hardware", "4xL4", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert [(o["strategy"], o["total_gib"], o["fits"], o["chosen"]) for o in data["options"]] == [
+        ("ZeRO-2", None, None, True)]
+    why = ("ZeRO-2: your script's model is not described: set training.model (package.module:factory) or "
+           "training.num_parameters")
+    assert data["not_weighed"] == why
+    t = cli("autotune", "estimate", "--config", "c.yaml", "--hardware", "4xL4", cwd=tmp_path)
+    assert t.returncode == 0 and t.stdout.splitlines()[-1] == f"not weighed: {why}"
+    known = cli("autotune", "estimate", "--hardware", "4xL4", "--json")
+    assert json.loads(known.stdout)["not_weighed"] is None
+
+
 def test_estimate_table_and_json(cli, tmp_path):
     r = cli("autotune", "estimate", "--hardware", "8xA100-40GB", "--json")
     assert r.returncode == 0, r.stderr

@@ -806,3 +806,115 @@ def test_debug_with_no_auto_optimize_records_the_config_s_target():
                         "distributed": {"backend": "ddp", "nproc_per_node": 2}})
     b = plan(gpus(2, 30000, deepspeed=None), cfg, auto_optimize=False, debug=True).batch
     assert (b.micro_batch_size, b.global_batch_size, b.target_global_batch_size) == (8, 32, 64)
+
+
+# -- the memory decider's less travelled paths, by hand ----------------------------------------------
+
+def test_a_verbatim_config_refused_on_a_cpu_says_how_much_ram_would_do():
+    """The 8 GiB host and 1.3e9 parameters above under --no_auto_optimize at micro-batch 4, one process: 16P =
+    19.4 GiB > 6.8 usable (no "even at micro-batch 1": the micro-batch is the config's), and the RAM that
+    would do is 16P / 0.85 = 22.8 GiB."""
+    cfg = user_model(1_300_000_000, **{"distributed.backend": "ddp", "distributed.nproc_per_node": 1,
+                                       "training.batch_size_per_gpu": 4, "training.gradient_accumulation_steps": 1,
+                                       "training.mixed_precision": "fp32"})
+    with pytest.raises(PlanRefused) as e:
+        plan(make_profile(gpus=(), ram_gib=8, cores=8), cfg, auto_optimize=False)
+    assert str(e.value).endswith(", with the config verbatim (--no_auto_optimize): DDP, micro-batch 4")
+    assert e.value.tried == ["DDP: 19.4 GiB needed > 6.8 GiB usable"]
+    assert e.value.would_fit == ["DDP: at least 22.8 GiB of RAM for 1 process(es)"]
+
+
+def test_the_gpu_suggestion_divides_by_the_gpu_headroom_not_the_host_s(tmp_path):
+    """The 4 x 1000 MiB refusal above (ZeRO-3 + offload, 1.0222 GiB) under a policy whose host headroom is 0.5:
+    the GPU suggestion is still 1.0222 / 0.85 = 1.2026 GiB = 1.29 GB -> 2 GB (/ 0.5 would give 2.19 GB -> 3 GB);
+    the host side, 512 x 0.5 = 256 GiB usable, holds either offload."""
+    import yaml
+
+    from autotune.policy import DEFAULT_POLICY_PATH, load_policy
+
+    data = yaml.safe_load(DEFAULT_POLICY_PATH.read_text())
+    data["host_ram_headroom_fraction"] = 0.5
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(PlanRefused) as e:
+        plan(gpus(4, 1000, ram_gib=512), user_model(50_000_000, **{"distributed.backend": "deepspeed"}),
+             policy=load_policy(str(tmp_path / "p.yaml")))
+    assert e.value.would_fit == ["ZeRO-3 + optimizer and parameter offload: GPUs with at least 2 GB free each "
+                                 "(1.02 GiB estimated / headroom 0.85)"]
+
+
+def test_more_gpus_for_zero3_in_fp32_keep_an_fp32_largest_layer_on_every_gpu():
+    """P = 1,694,336,655 with a largest layer L = 3e8 on 4 x 10000 MiB, trained in fp32: budget 8,912,896,000 B;
+    overhead 856 MiB + two fp32 buckets of 9.77e7 elements = 897,581,056 + 781,600,000 = 1,679,181,056 B; the
+    layer's fp32 weight and gradient 8L = 2.4e9 B stay whole. Room 4,833,714,944 B for 18P = 30,498,059,790 B
+    of sharded states: ceil(6.31) = 7 GPUs (with a half-precision layer, 4L, it would say 6). ZeRO-3 at 4 GPUs
+    needs 2.4e9 + 18P / 4 + overhead = 10.90 GiB: / 0.85 = 13.7 GB -> 14 GB."""
+    f = ModelFacts(source="m", num_parameters=1_694_336_655, largest_layer_parameters=300_000_000)
+    with pytest.raises(PlanRefused) as e:
+        plan(gpus(4, 10000, ram_gib=44), user_model(1_694_336_655, **{"training.mixed_precision": "fp32"}), facts=f)
+    assert e.value.would_fit[:2] == ["ZeRO-3: GPUs with at least 14 GB free each (10.90 GiB estimated / headroom 0.85)",
+                                     "ZeRO-3 across 7 GPUs of this size"]
+
+
+def test_a_model_of_unknown_size_without_a_reason_is_said_to_be_unchecked():
+    """Facts handed to plan() by a program, with no size and no reason: the strategy is planned unweighed and
+    says so in its own words."""
+    p = plan(gpus(1, 30000, deepspeed=None), apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"}),
+             facts=ModelFacts(source="somebody's model"))
+    assert p.reasons["strategy"] == "DDP: the model's size is unknown: not checked"
+    assert p.memory.estimate.total_gib is None and p.memory.estimate.unknown is None
+
+
+def test_with_gpu_memory_unknown_offload_is_still_checked_against_the_host_ram():
+    """GPUs that do not report their memory on a 0.5 GiB host (0.43 usable): ZeRO-3 + offload of P = 2e7 needs
+    18P x 1.5 = 0.50 GiB of host RAM: refused on the host side, which is known."""
+    hw = gpus(4, 10000, ram_gib=0.5)
+    blind = tuple(d.model_copy(update={"memory_total_mib": None, "memory_free_mib": None}) for d in hw.gpus.devices)
+    hw = hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"devices": blind})})
+    with pytest.raises(PlanRefused) as e:
+        plan(hw, user_model(20_000_000, **{"distributed.backend": "deepspeed", "distributed.zero_stage": 3,
+                                           "distributed.offload_optimizer": True}))
+    assert e.value.tried == ["ZeRO-3 + optimizer and parameter offload: host RAM 0.5 GiB needed per node > 0.4 GiB "
+                             "usable"]
+
+
+def test_with_no_memory_known_at_all_the_blind_estimate_is_of_the_checkpointing_asked_for():
+    """A CPU that reports no RAM: nothing can be weighed, so the plan is the first option at the micro-batch set
+    (4), with checkpointing as set, and its estimate is of exactly that: DDP + checkpointing, states 16P, fp32
+    activations with checkpointing 4 x 200,000 B (without, 4 x 2,000,000)."""
+    ramless = make_profile(cores=8)
+    ramless = ramless.model_copy(update={"memory": ramless.memory.model_copy(update={
+        "effective_mib": None, "total_mib": None, "available_mib": None})})
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py", "training.batch_size_per_gpu": 4,
+                                          "training.gradient_checkpointing": True})
+    p = plan(ramless, cfg, facts=facts(100_000_000))
+    e = p.memory.estimate
+    assert (p.memory.gradient_checkpointing, p.batch.micro_batch_size, e.strategy) == (True, 4, "DDP + checkpointing")
+    assert e.model_states_gib == round(16e8 / GIB, 4) and e.activations_gib == round(4 * 200_000 / GIB, 4)
+    assert e.budget_gib is None
+
+
+def test_force_keeps_the_checkpointing_of_the_smallest_need():
+    """P = 2e9 on one GPU (30000 MiB free, 24.90 GiB usable), no DeepSpeed: DDP's 16P = 29.8 GiB fits neither
+    way; --force takes the smaller need, DDP + checkpointing at micro-batch 1 (16P + 100,000 B + 600 MiB =
+    30.39 GiB), and the plan turns checkpointing on."""
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"})
+    p = plan(gpus(1, 30000, deepspeed=None), cfg, facts=facts(2_000_000_000), force=True)
+    assert (p.memory.gradient_checkpointing, p.batch.micro_batch_size) == (True, 1)
+    assert p.memory.estimate.strategy == "DDP + checkpointing"
+    assert ("--force: nothing fits by the estimate; planning DDP + checkpointing at micro-batch 1 anyway (30.4 GiB "
+            "needed > 24.9 GiB usable): EXPECT OUT-OF-MEMORY ERRORS") in p.warnings
+
+
+def test_a_policy_whose_first_choice_fits_names_nothing_rejected(tmp_path):
+    """A policy that prefers DDP to the engine's ZeRO-2 on 4 x 10000 MiB: DDP fits the band's micro-batch 8 first
+    time, so the reason names the choice without a "rejected" list."""
+    import yaml
+
+    from autotune.policy import DEFAULT_POLICY_PATH, load_policy
+
+    data = yaml.safe_load(DEFAULT_POLICY_PATH.read_text())
+    data["strategy_preference"] = [{"strategy": "ddp", "checkpointing": False}] + data["strategy_preference"]
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
+    p = plan(gpus(4, 10000), user_model(1_000_000), policy=load_policy(str(tmp_path / "p.yaml")))
+    assert (p.engine.backend, p.batch.micro_batch_size) == ("ddp", 8)
+    assert p.reasons["backend"] == "DDP is the most preferred option that fits micro-batch 8"
