@@ -11,6 +11,8 @@ nvidia-smi vocabulary with units at the end (``memory_total_mib``).
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import Literal
 
@@ -177,8 +179,8 @@ def profile_problems(p: HardwareProfile) -> list[str]:
             out.append(f"{where}.memory_free_mib: {d.memory_free_mib} is more than memory_total_mib "
                        f"{d.memory_total_mib}")
         if d.compute_capability is not None:
-            major, dot, minor = d.compute_capability.partition(".")
-            if not (major.isdigit() and (not dot or minor.isdigit())):
+            # ASCII digits: str.isdigit() also takes "²", which int() refuses
+            if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", d.compute_capability):
                 out.append(f"{where}.compute_capability: must look like \"8.9\", got {d.compute_capability!r}")
         if any(s <= 0 for s in d.mig_slices_mib):
             out.append(f"{where}.mig_slices_mib: every slice must be positive, got {list(d.mig_slices_mib)}")

@@ -75,7 +75,7 @@ def gpus_per_node(value: str | None) -> int | None:
         return None
     first = value.split(",")[0].split("(")[0]
     last = first.split(":")[-1]
-    return int(last) if last.isdigit() else None
+    return int(last) if last.isascii() and last.isdigit() else None  # isdigit() alone takes "²"
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def allocation(environ: Mapping[str, str]) -> Allocation | None:
         for n in names:
             v = environ.get(n)
             if v is not None and v.strip():
-                if not v.strip().isdigit():
+                if not (v.strip().isascii() and v.strip().isdigit()):
                     raise UserError(f"{n}={v!r}: expected a whole number (is this a SLURM allocation?)")
                 src.setdefault(n, v)
                 return int(v)

@@ -9,6 +9,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+if os.environ.get("MUTANT_UNDER_TEST"):
+    # Under `make mutation` the property tests draw the same examples for every mutant and never replay
+    # a failure stored by an earlier one: a failure found once (a real bug, say) would otherwise "kill"
+    # every mutant run after it.
+    from hypothesis import settings
+
+    settings.register_profile("mutation", database=None, derandomize=True)
+    settings.load_profile("mutation")
+
 
 def run_cli(*args, env=None, timeout=120, cwd=None):
     """Run `python -m <args>` in a fresh interpreter; returns CompletedProcess (text)."""

@@ -39,7 +39,7 @@ def select_visible(value: str | None, gpus: list[PhysicalGPU]) -> tuple[list[Vis
     out: list[Visible] = []
     for pos, entry in enumerate(entries):
         hit: Visible | None = None
-        if entry.isdigit():  # "-1" is no index: invalid, like any unknown entry
+        if entry.isascii() and entry.isdigit():  # "-1" (or "²") is no index: invalid, like any unknown entry
             idx = int(entry)
             if 0 <= idx < len(gpus):
                 hit = Visible(gpus[idx].nvml_index)

@@ -58,7 +58,7 @@ def init(plan: TrainingPlan) -> DistContext:
         device = torch.device("cpu")
     # OMP_NUM_THREADS is set by the launcher from plan.loader.omp_num_threads, unless the user exported one.
     threads = os.environ.get("OMP_NUM_THREADS", str(plan.loader.omp_num_threads))
-    if threads.isdigit() and int(threads) > 0:
+    if threads.isascii() and threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
     distributed = world > 1 or eng.backend in ("ddp", "deepspeed")
     if distributed and not dist.is_initialized():

@@ -220,6 +220,7 @@ def test_a_mig_gpu_is_planned_as_its_slice_end_to_end(tmp_path):
     ("0,7,1", [0], "'7' is not a valid device"),
     ("0,0", [0], "duplicate"),
     ("-1", [], "not a valid"),
+    ("²", [], "not a valid"),  # a Unicode digit: str.isdigit() says yes, int() says no
     ("GPU-l40000-0003", [3], None),
     ("GPU-l4", [], "not a valid"),  # ambiguous prefix
     ("GPU-nope", [], "not a valid"),
@@ -586,6 +587,8 @@ PROBLEM_EDGES = [
     ({"compute_capability": "8."}, {}, 'gpus.devices[0].compute_capability: must look like "8.9", got \'8.\''),
     ({"compute_capability": "x.9"}, {}, 'gpus.devices[0].compute_capability: must look like "8.9", got \'x.9\''),
     ({"compute_capability": "8.x"}, {}, 'gpus.devices[0].compute_capability: must look like "8.9", got \'8.x\''),
+    ({"compute_capability": "²"}, {}, 'gpus.devices[0].compute_capability: must look like "8.9", got \'²\''),
+    ({"compute_capability": "8.²"}, {}, 'gpus.devices[0].compute_capability: must look like "8.9", got \'8.²\''),
     ({"mig_slices_mib": (1, 2)}, {}, None),
     ({"mig_slices_mib": (5, 0)}, {}, "gpus.devices[0].mig_slices_mib: every slice must be positive, got [5, 0]"),
     (None, {"cpu": {"effective_cores": 0}}, "cpu.effective_cores: must be >= 1, got 0"),

@@ -32,8 +32,17 @@ def test_malformed_hostlists_are_errors(bad):
         expand_hostlist(bad)
 
 
+@pytest.mark.parametrize("name, value", [("SLURM_JOB_NUM_NODES", "two"), ("SLURM_NODEID", "²"),
+                                         ("SLURM_CPUS_PER_TASK", "-1"), ("SLURM_MEM_PER_NODE", "4G")])
+def test_a_slurm_number_that_is_not_a_whole_number_names_the_variable(name, value):
+    """"²" is a digit to str.isdigit() but not to int(): still the clean error, not a traceback."""
+    with pytest.raises(UserError) as e:
+        allocation({"SLURM_JOB_ID": "7", name: value})
+    assert str(e.value) == f"{name}={value!r}: expected a whole number (is this a SLURM allocation?)"
+
+
 @pytest.mark.parametrize("value, n", [("4", 4), ("a100:4", 4), ("gpu:a100:8", 8), ("2(x3)", 2), ("", None),
-                                      (None, None), ("a100", None)])
+                                      (None, None), ("a100", None), ("gpu:²", None)])
 def test_gpus_per_node_forms(value, n):
     assert gpus_per_node(value) == n
 

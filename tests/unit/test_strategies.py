@@ -918,3 +918,15 @@ def test_a_policy_whose_first_choice_fits_names_nothing_rejected(tmp_path):
     p = plan(gpus(4, 10000), user_model(1_000_000), policy=load_policy(str(tmp_path / "p.yaml")))
     assert (p.engine.backend, p.batch.micro_batch_size) == ("ddp", 8)
     assert p.reasons["backend"] == "DDP is the most preferred option that fits micro-batch 8"
+
+
+def test_a_model_whose_single_sample_does_not_fit_is_refused_never_planned_at_micro_batch_0():
+    """P = 1e9 on one GPU (24.90 GiB usable), bf16 activations of 2e10 B per sample (1.5e10 with checkpointing):
+    16P + 600 MiB = 15.49 GiB of states and overhead would fit alone, but not with one sample: DDP 16e9 + 2e10 +
+    629,145,600 B = 34.1 GiB, with checkpointing 29.5 GiB. The halving stops at micro-batch 1."""
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"})
+    with pytest.raises(PlanRefused) as e:
+        plan(gpus(1, 30000, deepspeed=None), cfg, facts=facts(1_000_000_000, per_sample=20_000_000_000,
+                                                              ckpt_per_sample=15_000_000_000))
+    assert e.value.tried == ["DDP: 34.1 GiB needed > 24.9 GiB usable even at micro-batch 1",
+                             "DDP + checkpointing: 29.5 GiB needed > 24.9 GiB usable even at micro-batch 1"]
