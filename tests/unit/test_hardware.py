@@ -615,6 +615,15 @@ def test_profile_problems_at_each_edge(gpu, sections, problem):
     assert got == ([] if problem is None else [problem])
 
 
+def test_a_negative_gpu_index_is_named():
+    from autotune.profiles import profile_problems
+
+    base = load_profile("4xL4")
+    devs = (base.gpus.devices[0].model_copy(update={"index": -1}),) + base.gpus.devices[1:]
+    bad = base.model_copy(update={"gpus": base.gpus.model_copy(update={"devices": devs})})
+    assert profile_problems(bad)[0] == "gpus.devices[0].index: must be >= 0, got -1"
+
+
 def test_profile_problems_in_the_gpu_list_as_a_whole():
     from autotune.profiles import profile_problems
 

@@ -486,6 +486,7 @@ def test_engine_reasons_and_an_ignored_zero_stage():
     ("1xT4", {"distributed.offload_optimizer": True}, "deepspeed", 2, True),
     ("cpu", {"distributed.zero_stage": 2}, "deepspeed", 2, False),
     ("cpu", {"distributed.zero_stage": 1, "distributed.offload_optimizer": False}, "deepspeed", 1, False),
+    ("1xT4", {"distributed.zero_stage": 3, "distributed.offload_optimizer": True}, "deepspeed", 3, True),
 ])
 def test_a_deepspeed_setting_with_the_backend_on_auto_gets_deepspeed(hw, over, backend, zero, offload):
     """One GPU or a CPU would run a single process, but a ZeRO stage or optimizer offload exists only in
@@ -500,7 +501,7 @@ def test_a_deepspeed_setting_with_the_backend_on_auto_gets_deepspeed(hw, over, b
     assert p.reasons["backend"] == f"you set {asked}, which only DeepSpeed has"
     assert not any("ignored" in w for w in p.warnings)
     strategy = {(3, False): "ZeRO-3", (2, True): "ZeRO-2 + optimizer offload", (2, False): "ZeRO-2",
-                (1, False): "ZeRO-1"}[zero, offload]
+                (1, False): "ZeRO-1", (3, True): "ZeRO-3 + optimizer and parameter offload"}[zero, offload]
     assert p.memory.estimate.strategy == strategy
     if hw == "cpu":
         assert p.reasons["offload_optimizer"] == "the model states fit in RAM without it (offload costs throughput)"

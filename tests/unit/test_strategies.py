@@ -930,3 +930,23 @@ def test_a_model_whose_single_sample_does_not_fit_is_refused_never_planned_at_mi
                                                               ckpt_per_sample=15_000_000_000))
     assert e.value.tried == ["DDP: 34.1 GiB needed > 24.9 GiB usable even at micro-batch 1",
                              "DDP + checkpointing: 29.5 GiB needed > 24.9 GiB usable even at micro-batch 1"]
+
+
+def test_a_zero_stage_set_on_a_cpu_weighs_every_option_of_that_stage():
+    """2 CPU processes on 2.5 GiB of RAM (1.0625 GiB usable each, 2.125 per node), P = 1e8 in fp32, ZeRO-2 asked
+    for with the backend on auto: ZeRO-2 keeps 8P + 12P / 2 = 14P = 1.30 GiB per process (too much); ZeRO-2 +
+    offload keeps 4P = 0.37 GiB per process and 12P x 1.5 = 1.68 GiB of the node's RAM: planned."""
+    hw = make_profile(cores=8, ram_gib=2.5, deepspeed="0.19.8")
+    p = plan(hw, user_model(100_000_000, **{"distributed.zero_stage": 2, "distributed.nproc_per_node": 2}))
+    assert (p.engine.backend, p.engine.zero_stage, p.engine.offload_optimizer) == ("deepspeed", 2, True)
+    assert p.reasons["backend"] == ("ZeRO-2 + optimizer offload is the most preferred option that fits micro-batch 64 "
+                                    "(rejected: ZeRO-2: 1.3 GiB needed > 1.1 GiB usable)")
+
+
+def test_a_model_of_unknown_size_is_recorded_as_its_one_blind_option():
+    """What `autotune estimate` shows: with a budget known but no model size, one option (the plan's), unweighed."""
+    record = []
+    plan(gpus(4, 10000), apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"}), record=record)
+    assert len(record) == 1 and [(rw.label, rw.need.total_gib, rw.why_not) for rw in record[0].rows] == [
+        ("ZeRO-2", None, None)]
+    assert record[0].budget.device_gib == pytest.approx(0.85 * 10000 / 1024)
