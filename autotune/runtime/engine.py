@@ -271,6 +271,22 @@ class DeepSpeedEngine:
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, sched))
         self.module = self.model.module
 
+    def in_effect(self) -> dict:
+        """What DeepSpeed runs with, read back from its engine and its ZeRO optimizer, not from the JSON
+        (a key DeepSpeed does not read would leave its default here). None: not a property of this stage."""
+        e, opt = self.model, self.model.optimizer
+        off = e.zero_offload_optimizer()
+        return {"zero_stage": e.zero_optimization_stage(),
+                "train_micro_batch_size_per_gpu": e.train_micro_batch_size_per_gpu(),
+                "gradient_accumulation_steps": e.gradient_accumulation_steps(),
+                "gradient_clipping": e.gradient_clipping(),
+                "overlap_comm": getattr(opt, "overlap_comm", None),
+                "reduce_bucket_size": getattr(opt, "reduce_bucket_size", None),
+                "allgather_bucket_size": getattr(opt, "allgather_bucket_size", None),
+                "offload_optimizer_device": None if off is None else str(getattr(off.device, "value", off.device)),
+                "optimizer_on_cpu": getattr(opt, "cpu_offload", None),
+                "zero_optimizer": type(opt).__name__}
+
     def autocast(self):
         return contextlib.nullcontext()  # DeepSpeed casts the module itself for bf16/fp16
 

@@ -77,6 +77,8 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
     train_ds, val_ds = make_datasets(plan.workload.data)
     run_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(plan, model, ctx, ds_config=ds_config, plan_path=plan_path)
+    if ctx.is_main and hasattr(engine, "in_effect"):  # DeepSpeed's own reading of the plan's JSON
+        (run_dir / "deepspeed_in_effect.json").write_text(json.dumps(engine.in_effect(), indent=2))
     ckpts = CheckpointManager(run_dir, ctx, keep_last=run.keep_last)
     step, consumed = 0, 0
     resume_path = Path(run.resume_from) if run.resume_from else None

@@ -76,6 +76,22 @@ def test_zero3_saves_the_trained_weights(runs, tmp_path):
         assert torch.allclose(z3[k], ref[k], rtol=1e-3, atol=2e-4), (k, (z3[k] - ref[k]).abs().max().item())
 
 
+def test_the_deepspeed_json_is_what_deepspeed_runs_with(runs):
+    """The ZeRO-2 reference run (2 CPU processes): stage, micro-batch, accumulation, clipping, overlap_comm and
+    both bucket sizes as DeepSpeed's engine and ZeRO optimizer hold them equal the JSON autotune wrote; no
+    offload. DeepSpeed ignores keys it does not know, so a misspelt one would show its default here."""
+    ds = json.loads((runs / "ds" / "deepspeed_config.json").read_text())
+    used = json.loads((runs / "ds" / "deepspeed_in_effect.json").read_text())
+    z = ds["zero_optimization"]
+    assert used == {
+        "zero_stage": 2, "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1,
+        "gradient_clipping": ds["gradient_clipping"], "overlap_comm": z["overlap_comm"],
+        "reduce_bucket_size": z["reduce_bucket_size"], "allgather_bucket_size": z["allgather_bucket_size"],
+        "offload_optimizer_device": None, "optimizer_on_cpu": False, "zero_optimizer": "DeepSpeedZeroOptimizer"}
+    # the plan's own values, not DeepSpeed's defaults (5e8 buckets, clipping 1.0): the test sees a change
+    assert (z["reduce_bucket_size"], ds["gradient_clipping"]) != (500_000_000, 1.0)
+
+
 def test_zero2_cpu_optimizer_offload_trains_like_zero2(runs, tmp_path):
     """offload_optimizer reaches DeepSpeed (ZeRO-Offload; on a CPU plan with torch's AdamW, no JIT build) and trains
     the same trajectory."""
@@ -85,6 +101,8 @@ def test_zero2_cpu_optimizer_offload_trains_like_zero2(runs, tmp_path):
            "--deepspeed", "--zero_stage", 2, "--batch_size", 16, "--grad_accum", 1, timeout=900)
     ds = json.loads((tmp_path / "offload" / "deepspeed_config.json").read_text())
     assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    used = json.loads((tmp_path / "offload" / "deepspeed_in_effect.json").read_text())
+    assert (used["offload_optimizer_device"], used["optimizer_on_cpu"]) == ("cpu", True)  # DeepSpeed's reading
     assert ds["optimizer"]["params"]["torch_adam"] is True and ds["zero_force_ds_cpu_optimizer"] is False
     got, ref = losses(tmp_path / "offload"), losses(runs / "ds")
     for step in ref:
