@@ -24,8 +24,8 @@ from typing import Any, Callable, Protocol
 import torch
 import torch.nn as nn
 
-from autotune.deepspeed_config import ENGINE_FLAVOUR_FILE
 from autotune.plan import TrainingPlan
+from autotune.runtime.deepspeed_io import read_ds_config
 from autotune.runtime.dist import DistContext
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -271,22 +271,6 @@ class DeepSpeedEngine:
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, sched))
         self.module = self.model.module
 
-    def in_effect(self) -> dict:
-        """What DeepSpeed runs with, read back from its engine and its ZeRO optimizer, not from the JSON
-        (a key DeepSpeed does not read would leave its default here). None: not a property of this stage."""
-        e, opt = self.model, self.model.optimizer
-        off = e.zero_offload_optimizer()
-        return {"zero_stage": e.zero_optimization_stage(),
-                "train_micro_batch_size_per_gpu": e.train_micro_batch_size_per_gpu(),
-                "gradient_accumulation_steps": e.gradient_accumulation_steps(),
-                "gradient_clipping": e.gradient_clipping(),
-                "overlap_comm": getattr(opt, "overlap_comm", None),
-                "reduce_bucket_size": getattr(opt, "reduce_bucket_size", None),
-                "allgather_bucket_size": getattr(opt, "allgather_bucket_size", None),
-                "offload_optimizer_device": None if off is None else str(getattr(off.device, "value", off.device)),
-                "optimizer_on_cpu": getattr(opt, "cpu_offload", None),
-                "zero_optimizer": type(opt).__name__}
-
     def autocast(self):
         return contextlib.nullcontext()  # DeepSpeed casts the module itself for bf16/fp16
 
@@ -388,20 +372,7 @@ def make_engine(plan: TrainingPlan, model: nn.Module, ctx: DistContext, loss_fn:
     backend = plan.engine.backend
     if backend == "deepspeed":
         if ds_config is None:
-            ds_config = _read_ds_config(plan_path)
+            ds_config = read_ds_config(plan_path)
         return DeepSpeedEngine(plan, model, ctx, ds_config, loss_fn)
     return LocalEngine(plan, model, ctx, loss_fn, ddp=backend == "ddp")
 
-
-def _read_ds_config(plan_path: str | Path | None) -> dict:
-    import json
-    import os
-
-    from autotune.errors import UserError
-
-    plan_path = plan_path or os.environ.get("AUTOTUNE_PLAN")
-    path = Path(plan_path).with_name(ENGINE_FLAVOUR_FILE) if plan_path else None
-    if path is None or not path.is_file():
-        raise UserError("the plan's backend is deepspeed but no deepspeed_config.json lies beside plan.json "
-                        f"({plan_path or '$AUTOTUNE_PLAN unset'}); launch with `python -m autotune launch`")
-    return json.loads(path.read_text())

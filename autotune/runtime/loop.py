@@ -16,6 +16,7 @@ from autotune.errors import UserError
 from autotune.plan import TrainingPlan
 from autotune.runtime.checkpoint import CheckpointManager
 from autotune.runtime.data import BatchStream, eval_batches
+from autotune.runtime.deepspeed_io import write_in_effect
 from autotune.runtime.dist import DistContext, all_reduce_sum, check_replicas, cleanup, init, wait_for_everyone
 from autotune.runtime.engine import make_engine
 from autotune.runtime.logging import Progress, make_logger
@@ -77,8 +78,8 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
     train_ds, val_ds = make_datasets(plan.workload.data)
     run_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(plan, model, ctx, ds_config=ds_config, plan_path=plan_path)
-    if ctx.is_main and hasattr(engine, "in_effect"):  # DeepSpeed's own reading of the plan's JSON
-        (run_dir / "deepspeed_in_effect.json").write_text(json.dumps(engine.in_effect(), indent=2))
+    if ctx.is_main and engine.name == "deepspeed":  # DeepSpeed's own reading of the plan's JSON
+        write_in_effect(engine.model, run_dir)
     ckpts = CheckpointManager(run_dir, ctx, keep_last=run.keep_last)
     step, consumed = 0, 0
     resume_path = Path(run.resume_from) if run.resume_from else None
