@@ -52,7 +52,7 @@ bench: install
 	$(PY) bench/run_all.py
 
 # Mutation testing of the pure core against tests/unit (config: [tool.mutmut] in pyproject.toml;
-# scores in QUALITY.md). Not part of `make test`: about 1.5 hours on 2 cores (QUALITY.md).
+# scores in QUALITY.md). Not part of `make test`: about an hour on 2 cores (QUALITY.md).
 mutation: install
 	$(PIP) install -q "mutmut==3.8.1"
 	rm -rf mutants

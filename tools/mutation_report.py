@@ -11,8 +11,12 @@
   (`- old`, `+ new`, indented). mutmut numbers the mutants of a function in order, so editing a function
   renumbers them: an entry whose mutant no longer makes that change is "stale" and counts as survived,
   and so does an entry without its lines. `--pin` writes the lines of the entries that lack them (after
-  you have read each with `mutmut show NAME`).
+  you have read each with `mutmut show NAME`). `--renumber` renames each stale entry whose lines one
+  other mutant of the same function now makes (the report names it); none is renamed where several do.
 Score = killed / (killed + survived).
+
+Above the table the report names the modules whose generated copy (mutants/) was not made from the
+source as it is now: mutmut reuses a copy newer than its source, so a kept tree can test old code.
 """
 
 from __future__ import annotations
@@ -73,16 +77,25 @@ def _functions(path: Path) -> dict[str, str]:
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
+def _generated(module: str) -> Path | None:
+    base = ROOT / "mutants" / Path(*module.split("."))
+    path = base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
+    return path if path.exists() else None
+
+
+def _stem(func: str) -> str:
+    return func.rsplit("__mutmut_", 1)[0]
+
+
 def mutant_change(name: str) -> tuple[str, ...] | None:
     """The lines the mutant changes, read from mutmut's generated copy (mutants/): `- old`, `+ new`,
     whitespace collapsed."""
     module = module_of(name)
     func = name[len(module) + 1:]
-    base = ROOT / "mutants" / Path(*module.split("."))
-    path = base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
-    if not path.exists():
+    path = _generated(module)
+    if path is None:
         return None
-    stem = func.rsplit("__mutmut_", 1)[0]
+    stem = _stem(func)
     funcs = _functions(path)
     if stem + "__mutmut_orig" not in funcs or func not in funcs:
         return None
@@ -91,6 +104,88 @@ def mutant_change(name: str) -> tuple[str, ...] | None:
         return [" ".join(x.split()) for x in funcs[fname].replace(fname, stem, 1).splitlines()]
 
     return tuple(d for d in difflib.ndiff(lines(stem + "__mutmut_orig"), lines(func)) if d[:2] in ("- ", "+ "))
+
+
+def _source_functions(path: Path) -> dict[str, list[str]]:
+    """Functions and methods of a source file under mutmut's names (``x_f``, ``xǁClassǁm``), as lines with
+    the def's name dropped and whitespace collapsed."""
+    tree = ast.parse(path.read_text())
+    lines = path.read_text().splitlines()
+    out = {}
+
+    def add(node, name: str) -> None:
+        body = [" ".join(x.split()) for x in lines[node.lineno - 1:node.end_lineno]]
+        out[name] = [body[0].replace(f"def {node.name}(", "def (", 1)] + body[1:]
+
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            add(node, f"x_{node.name}")
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    add(item, f"xǁ{node.name}ǁ{item.name}")
+    return out
+
+
+def stale_copies(modules: set[str]) -> list[str]:
+    """Modules whose generated copy was not made from the source as it is now. mutmut regenerates a file
+    only when the source is newer than its copy, so a mutants/ tree kept across edits (a checkout, a
+    restored file) can test mutants of code that is no longer there, with other numbers."""
+    stale = []
+    for module in sorted(modules):
+        path, source = _generated(module), ROOT / Path(*module.split("."))
+        source = source.with_suffix(".py") if source.with_suffix(".py").exists() else source / "__init__.py"
+        if path is None or not source.exists():
+            stale.append(module)
+            continue
+        now = _source_functions(source)
+        for fname, text in _functions(path).items():
+            if fname.endswith("__mutmut_orig"):
+                key = fname[:-len("__mutmut_orig")]
+                body = [" ".join(x.split()) for x in text.splitlines()]
+                if now.get(key) != [body[0].replace(f"def {fname}(", "def (", 1)] + body[1:]:
+                    stale.append(module)
+                    break
+    return stale
+
+
+def relocate(name: str, change: tuple[str, ...]) -> str | None:
+    """The one mutant of the entry's function that now makes the entry's change (after a renumbering),
+    or None when none or several do (then only reading them tells which was meant)."""
+    module = module_of(name)
+    path = _generated(module)
+    if path is None or not change:
+        return None
+    stem = _stem(name[len(module) + 1:])
+    hits = [f"{module}.{f}" for f in _functions(path)
+            if _stem(f) == stem and f.rsplit("__mutmut_", 1)[1].isdecimal()
+            and mutant_change(f"{module}.{f}") == change]
+    return hits[0] if len(hits) == 1 else None
+
+
+def renumber(equiv: dict) -> int:
+    """Rename each entry whose lines are now made by one other mutant of its function to that mutant
+    (the reason was judged on those lines; the number is mutmut's bookkeeping)."""
+    moves = {}
+    for name, (_, change) in equiv.items():
+        if change and mutant_change(name) != change:
+            new = relocate(name, change)
+            if new is not None:
+                moves[name] = new
+    staying = set(equiv) - set(moves)  # a target may be a name another entry leaves, not one an entry keeps
+    targets = list(moves.values())
+    moves = {old: new for old, new in moves.items() if new not in staying and targets.count(new) == 1}
+    out = []
+    for line in EQUIVALENT.read_text().splitlines():
+        name = line.partition("#")[0].strip()
+        if not line[:1].isspace() and name in moves:
+            line = moves[name] + line[len(line.partition("#")[0].rstrip()):]
+        out.append(line)
+    EQUIVALENT.write_text("\n".join(out) + "\n")
+    for old, new in sorted(moves.items()):
+        print(f"{old} -> {new}")
+    print(f"renumbered {len(moves)} entries")
+    return 0
 
 
 def pin(equiv: dict) -> int:
@@ -126,11 +221,20 @@ def kind(name: str, status: str, equiv: dict, stale: dict) -> str:
 def main() -> int:
     if sys.argv[1:] == ["--pin"]:
         return pin(equivalent())
+    if sys.argv[1:] == ["--renumber"]:
+        return renumber(equivalent())
     rows, equiv = results(), equivalent()
     stale: dict[str, tuple[str, ...] | None] = {}
     per: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for name, status in rows.items():
         per[module_of(name)][kind(name, status, equiv, stale)].append(name)
+    for name, (_, lines) in equiv.items():  # entries whose number now names a mutant a test kills
+        if name in rows and name not in stale and lines and mutant_change(name) != lines:
+            stale[name] = mutant_change(name)
+    stale_copy = stale_copies(set(per))
+    if stale_copy:
+        print(f"**Generated copies older than the source: {', '.join(stale_copy)}. These figures are for code that "
+              "is no longer there: `rm -rf mutants` and run again (`make mutation` does).**\n")
     not_run = sum(len(m["not run"]) for m in per.values())
     if not_run:
         print(f"**The run is incomplete: {not_run} mutants not run yet (left out below).**\n")
@@ -158,10 +262,14 @@ def main() -> int:
         for n in survivors:
             print(f"- {n}")
     if stale:
-        print(f"\n{len(stale)} entries of {EQUIVALENT.relative_to(ROOT)} do not match their mutant (counted as "
-              "survived above): the function changed and its mutants were renumbered, or the entry has no lines:")
+        print(f"\n{len(stale)} entries of {EQUIVALENT.relative_to(ROOT)} do not match their mutant (those that "
+              "survived are counted as survived above): the function changed and its mutants were renumbered, or "
+              "the entry has no lines:")
         for n, change in sorted(stale.items()):
-            print(f"- {n}: listed for {' / '.join(equiv[n][1]) or '(no lines)'}; now {' / '.join(change or ('?',))}")
+            moved = relocate(n, equiv[n][1])
+            where = f" (its lines are now {moved}'s: `--renumber` renames the entry)" if moved else ""
+            print(f"- {n}: listed for {' / '.join(equiv[n][1]) or '(no lines)'}; now {' / '.join(change or ('?',))}"
+                  f"{where}")
     return 0
 
 
