@@ -12,7 +12,6 @@ nvidia-smi vocabulary with units at the end (``memory_total_mib``).
 from __future__ import annotations
 
 import re
-
 from pathlib import Path
 from typing import Literal
 

@@ -77,10 +77,20 @@ def _functions(path: Path) -> dict[str, str]:
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
-def _generated(module: str) -> Path | None:
-    base = ROOT / "mutants" / Path(*module.split("."))
+def _module_file(root: Path, module: str) -> Path | None:
+    base = root / Path(*module.split("."))
     path = base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
     return path if path.exists() else None
+
+
+def _generated(module: str) -> Path | None:
+    return _module_file(ROOT / "mutants", module)
+
+
+def _unnamed(text: str, name: str) -> list[str]:
+    """A function's lines with whitespace collapsed and its name dropped from the def line."""
+    lines = [" ".join(x.split()) for x in text.splitlines()]
+    return [lines[0].replace(f"def {name}(", "def (", 1)] + lines[1:]
 
 
 def _stem(func: str) -> str:
@@ -109,15 +119,14 @@ def mutant_change(name: str) -> tuple[str, ...] | None:
 def _source_functions(path: Path) -> dict[str, list[str]]:
     """Functions and methods of a source file under mutmut's names (``x_f``, ``xǁClassǁm``), as lines with
     the def's name dropped and whitespace collapsed."""
-    tree = ast.parse(path.read_text())
-    lines = path.read_text().splitlines()
+    source = path.read_text()
+    lines = source.splitlines()
     out = {}
 
     def add(node, name: str) -> None:
-        body = [" ".join(x.split()) for x in lines[node.lineno - 1:node.end_lineno]]
-        out[name] = [body[0].replace(f"def {node.name}(", "def (", 1)] + body[1:]
+        out[name] = _unnamed("\n".join(lines[node.lineno - 1:node.end_lineno]), node.name)
 
-    for node in tree.body:
+    for node in ast.parse(source).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             add(node, f"x_{node.name}")
         elif isinstance(node, ast.ClassDef):
@@ -133,19 +142,14 @@ def stale_copies(modules: set[str]) -> list[str]:
     restored file) can test mutants of code that is no longer there, with other numbers."""
     stale = []
     for module in sorted(modules):
-        path, source = _generated(module), ROOT / Path(*module.split("."))
-        source = source.with_suffix(".py") if source.with_suffix(".py").exists() else source / "__init__.py"
-        if path is None or not source.exists():
+        path, source = _generated(module), _module_file(ROOT, module)
+        if path is None or source is None:
             stale.append(module)
             continue
         now = _source_functions(source)
-        for fname, text in _functions(path).items():
-            if fname.endswith("__mutmut_orig"):
-                key = fname[:-len("__mutmut_orig")]
-                body = [" ".join(x.split()) for x in text.splitlines()]
-                if now.get(key) != [body[0].replace(f"def {fname}(", "def (", 1)] + body[1:]:
-                    stale.append(module)
-                    break
+        if any(now.get(f.removesuffix("__mutmut_orig")) != _unnamed(text, f)
+               for f, text in _functions(path).items() if f.endswith("__mutmut_orig")):
+            stale.append(module)
     return stale
 
 
@@ -229,8 +233,8 @@ def main() -> int:
     for name, status in rows.items():
         per[module_of(name)][kind(name, status, equiv, stale)].append(name)
     for name, (_, lines) in equiv.items():  # entries whose number now names a mutant a test kills
-        if name in rows and name not in stale and lines and mutant_change(name) != lines:
-            stale[name] = mutant_change(name)
+        if name in rows and name not in stale and lines and (change := mutant_change(name)) != lines:
+            stale[name] = change
     stale_copy = stale_copies(set(per))
     if stale_copy:
         print(f"**Generated copies older than the source: {', '.join(stale_copy)}. These figures are for code that "

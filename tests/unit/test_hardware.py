@@ -1,6 +1,7 @@
 """Detection through a fake NVML driven by the presets, recorded cgroup files, and the report."""
 
 import json
+import sys
 
 import pytest
 
@@ -239,11 +240,14 @@ def test_cuda_visible_devices_rules(tmp_path, value, expect_nvml, note):
         assert hw.gpus.reason.startswith("CUDA_VISIBLE_DEVICES is empty")
 
 
-def test_select_visible_is_pure():
-    """Same inputs, same answer, inputs untouched: no NVML, no environment."""
+def test_select_visible_is_pure(monkeypatch):
+    """Same inputs, same answer, inputs untouched: no NVML (importing pynvml fails here), no environment (a
+    different CUDA_VISIBLE_DEVICES exported changes nothing)."""
     gpus = [PhysicalGPU(0, "GPU-a"), PhysicalGPU(1, "GPU-b", ("MIG-x",))]
     before = list(gpus)
     first = select_visible("1,MIG-x", gpus)
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     assert first == ([Visible(1), Visible(1, 0)], None) == select_visible("1,MIG-x", gpus)
     assert gpus == before
 
