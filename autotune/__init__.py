@@ -17,12 +17,13 @@ def current_plan(path=None, *, config=None):
     """
     import os
 
+    from autotune.entry import ScriptPlan
     from autotune.plan import load_plan
 
     if path is not None or (os.environ.get("AUTOTUNE_PLAN") and config is None):
-        return load_plan(path)
+        return ScriptPlan.of(load_plan(path))
     from autotune.config import TrainConfig, load_config
-    from autotune.runs import plan_for
+    from autotune.prepare import plan_for
 
     cfg = load_config(config) if config is not None else TrainConfig()
     if cfg.training.entrypoint is None:  # the caller is the script: its model is its own, not the built-in one
@@ -31,5 +32,7 @@ def current_plan(path=None, *, config=None):
         from autotune.config import apply_overrides
 
         cfg = apply_overrides(cfg, {"training.entrypoint": sys.argv[0] or "<python>"})
-    plan, _hw, _ds = plan_for(cfg, with_deepspeed=False)
-    return plan
+    from autotune.measure import model_facts
+
+    plan, _hw, _ds = plan_for(cfg, with_deepspeed=False, measure=model_facts)
+    return ScriptPlan.of(plan)

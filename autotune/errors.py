@@ -5,8 +5,10 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
+# Every exit code autotune gives (DESIGN.md): 0 done, 2 bad input, 3 no plan fits, 75 preempted, 128+N signal N.
 EXIT_USAGE = 2
 EXIT_REFUSED = 3  # the request is valid but no plan fits by autotune's own estimate
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; --resume_from auto continues
 CONFIG_KEYS = "configs/default_config.yaml"  # where the training config's keys are listed
 
 

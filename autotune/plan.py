@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -122,6 +121,9 @@ class MemorySection(_Section):
     gradient_checkpointing: bool = False
     gpu_memory_gib: float | None = None  # per-GPU memory the plan was sized for
     estimate: MemoryEstimate | None = None
+    # DeepSpeed's reduce/allgather/prefetch bucket in elements, sized by the planner for this GPU memory
+    # (the estimate counts these buffers; the DeepSpeed JSON writes the same number)
+    bucket_elements: int = Field(50_000_000, ge=1)
 
 
 class LoaderSection(_Section):
@@ -216,38 +218,21 @@ class TrainingPlan(_Section):
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
 
-    # -- helpers for scripts that read the plan (``autotune.current_plan()``) --------------------------
-    def dataloader_kwargs(self) -> dict:
-        """``DataLoader(dataset, **plan.dataloader_kwargs())``: per-process micro-batch and the loader's knobs."""
-        kw: dict = {"batch_size": self.batch.micro_batch_size, "num_workers": self.loader.num_workers,
-                    "pin_memory": self.loader.pin_memory}
-        if self.loader.num_workers > 0 and self.loader.prefetch_factor is not None:
-            kw["prefetch_factor"] = self.loader.prefetch_factor  # torch refuses it without workers
-        return kw
 
-    def accelerator_kwargs(self) -> dict:
-        """``Accelerator(**plan.accelerator_kwargs())``: precision, accumulation, the CPU switch; on GPUs with
-        a DeepSpeed plan also a ``deepspeed_plugin`` built from the framework-flavoured JSON (imports accelerate)."""
-        kw: dict = {"mixed_precision": ACCELERATE_MIXED_PRECISION[self.numerics.precision],
-                    "gradient_accumulation_steps": self.batch.gradient_accumulation_steps,
-                    "cpu": self.engine.device == "cpu"}
-        if self.is_deepspeed and self.engine.device == "cuda":
-            from accelerate.utils import DeepSpeedPlugin
-
-            kw["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=self.deepspeed_config("framework"))
-        return kw
-
-    def deepspeed_config(self, flavour: Literal["engine", "framework"] = "engine") -> dict:
-        """The DeepSpeed JSON as a dict: ``engine`` (with the optimizer, for ``deepspeed.initialize``) or
-        ``framework`` (no optimizer, "auto" values: for Accelerate and HF Trainer)."""
-        from autotune.deepspeed_config import deepspeed_config, framework_flavour
-
-        ds = deepspeed_config(self)
-        if flavour == "framework":
-            return framework_flavour(ds)
-        if flavour != "engine":
-            raise ValueError(f"flavour: 'engine' or 'framework', not {flavour!r}")
-        return ds
+def training_values(plan: TrainingPlan) -> dict:
+    """What the ranks train with: every plan value a run's trajectory depends on. The one list of them:
+    the ranks of a job must agree on these (runtime.dist), a resume names those that changed since its
+    checkpoint (rundir.checkpoints), and a re-plan for the smallest node that changes none of them keeps
+    this node's plan (launch)."""
+    e, b, s, o = plan.engine, plan.batch, plan.schedule, plan.optimizer
+    return {"backend": e.backend, "zero_stage": e.zero_stage, "offload_optimizer": e.offload_optimizer,
+            "offload_param": e.offload_param, "nproc_per_node": e.nproc_per_node, "world_size": e.world_size,
+            "micro_batch_size": b.micro_batch_size, "gradient_accumulation_steps": b.gradient_accumulation_steps,
+            "global_batch_size": b.global_batch_size, "precision": plan.numerics.precision,
+            "gradient_checkpointing": plan.memory.gradient_checkpointing, "num_workers": plan.loader.num_workers,
+            "learning_rate": s.learning_rate, "warmup_steps": s.warmup_steps, "min_lr_ratio": s.min_lr_ratio,
+            "total_steps": s.total_steps, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
+            "gradient_clipping": o.gradient_clipping, "seed": plan.run.seed}
 
 
 # (flat key, section, attribute) in the order `plan --json` prints them.
@@ -283,17 +268,15 @@ def public_dict(plan: TrainingPlan) -> dict:
 
 
 def load_plan(path: str | os.PathLike | None = None) -> TrainingPlan:
-    """Read plan.json (``path`` or $AUTOTUNE_PLAN); a missing or broken file is a UserError."""
+    """Read plan.json (``path`` or $AUTOTUNE_PLAN) in bounded time and memory; a missing, oversized
+    or broken file is a UserError."""
+    from autotune.safe_input import read_text
+
     path = path or os.environ.get("AUTOTUNE_PLAN")
     if not path:
-        raise UserError("no plan: pass --plan PATH or --config FILE, or launch with `python -m autotune launch` "
+        raise UserError("no plan: pass --plan PATH, or launch with `python -m autotune launch` "
                         "(which sets AUTOTUNE_PLAN)")
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise UserError(f"--plan: no such file {str(path)!r}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"--plan: cannot read {str(path)!r}: {getattr(e, 'strerror', None) or e}") from None
+    text = read_text(path, "--plan")
     try:
         return TrainingPlan.model_validate_json(text)
     except ValidationError as e:

@@ -20,7 +20,7 @@ from autotune.planner import plan
 from autotune.profiles import load_profile
 from autotune.runtime.engine import lr_lambda
 from autotune.runtime.loop import train
-from autotune.workload import build_model, make_datasets
+from autotune.runtime.workload import build_model, make_datasets
 
 STEPS_SHORT, STEPS_LONG = 20, 120
 

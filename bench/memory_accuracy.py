@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from common import ROOT, env, machine  # noqa: E402
 
-from autotune.model_trace import trace  # noqa: E402
+from autotune.measure.trace import trace  # noqa: E402
 
 ZOO = [  # (factory, sample spec, batch maker)
     ("trace_models:mlp", "[64]", lambda b: torch.randn(b, 64)),
@@ -224,10 +224,10 @@ def main() -> int:
     zoo = CUDA_ZOO if device == "cuda" else [(f, s, m, MICROS) for f, s, m in ZOO]
     modes = (False, True) if device == "cuda" else (False,)
     errors: dict[str, list[float]] = {"fp32": [], "bf16": []}
-    from autotune.policy import load_policy
+    from autotune.planner.policy import load_policy
 
     pol = load_policy()
-    margins = ({"fp32": pol.traced_activation_margin_gpu_fp32, "bf16": pol.traced_activation_margin_gpu_half}
+    margins = ({"fp32": pol.traced_activation_margin_gpu_fp32, "bf16": 1.0}
                if device == "cuda" else {"fp32": pol.traced_activation_margin, "bf16": pol.traced_activation_margin})
     cover: dict[str, list[float]] = {"fp32": [], "bf16": []}  # (predicted x the policy's margin) / measured
     for factory, sample, make, micros in zoo:

@@ -48,3 +48,21 @@ def data_dependent():
 
 def broken():
     raise RuntimeError("no weights here")
+
+
+class _CkptRaises(nn.Module):
+    """Like transformers' ResNetForImageClassification: has the switch, and it raises."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4))
+
+    def gradient_checkpointing_enable(self):
+        raise ValueError("this model does not support gradient checkpointing")
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def ckpt_raises():
+    return _CkptRaises()

@@ -1,4 +1,4 @@
-"""Flags shared by plan/export/launch (parsing only; run setup lives in autotune.runs)."""
+"""Flags shared by plan/export/launch (parsing only; run setup lives in autotune.prepare)."""
 
 from __future__ import annotations
 
@@ -112,8 +112,9 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
 
 def plan_from_args(args: argparse.Namespace):
     """The plan/export path: (plan, profile, DeepSpeed dict or None) from the shared flags."""
-    from autotune.runs import plan_for
+    from autotune.measure import model_facts
+    from autotune.prepare import plan_for
 
     cfg = load_config(args.config)
     return plan_for(cfg, overrides_from_args(args), args.hardware, auto_optimize=not args.no_auto_optimize,
-                    debug=args.debug, policy=args.policy, force=args.force)
+                    debug=args.debug, policy=args.policy, force=args.force, measure=model_facts)

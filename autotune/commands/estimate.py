@@ -40,10 +40,11 @@ def _gib(v) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.config import load_config
     from autotune.commands.common import overrides_from_args
+    from autotune.config import load_config
     from autotune.errors import EXIT_REFUSED, PlanRefused
-    from autotune.runs import plan_for
+    from autotune.measure import model_facts
+    from autotune.prepare import plan_for
 
     record: list = []
     refused = None
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         plan, _, _ = plan_for(load_config(args.config), overrides_from_args(args), args.hardware,
                               auto_optimize=not args.no_auto_optimize, debug=args.debug, policy=args.policy,
-                              force=args.force, record=record, with_deepspeed=False)
+                              force=args.force, record=record, with_deepspeed=False, measure=model_facts)
     except PlanRefused as e:
         refused = e
     budget = record[-1].budget if record else None

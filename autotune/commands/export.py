@@ -29,7 +29,7 @@ def _write_output(out, text: str, overwrite: bool) -> None:
     import errno
 
     from autotune.errors import UserError
-    from autotune.rundir import fs_error
+    from autotune.rundir.fs import fs_error
 
     if out.is_dir():
         raise UserError(f"--output: {out} is a directory; give a file name inside it, e.g. {out / 'plan.out'}")
@@ -81,9 +81,9 @@ def _sbatch(args, plan, hw, script_args: list[str]) -> str:
     import re
     from pathlib import Path
 
-    from autotune.errors import UserError
     from autotune.commands.common import plan_flags_argv
-    from autotune.exports import sbatch_script
+    from autotune.errors import UserError
+    from autotune.exports.tools import sbatch_script
 
     if not re.fullmatch(r"\d+(-\d+)?(:\d\d){0,2}", args.time):
         raise UserError(f"--time: SLURM time limits look like 12:00:00, 1-00:00:00 or 90, got {args.time!r}")
@@ -111,9 +111,9 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from autotune.commands.common import plan_from_args
-    from autotune.deepspeed_config import deepspeed_config
     from autotune.errors import UserError
-    from autotune.exports import accelerate_config, torchrun_command
+    from autotune.exports.deepspeed import deepspeed_config
+    from autotune.exports.tools import accelerate_config, torchrun_command
 
     plan, hw, ds = plan_from_args(args)
     raw = list(args.script_args or [])
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "accelerate":
         import yaml
 
-        from autotune.exports import accelerate_launch_env, accelerate_launch_line
+        from autotune.exports.tools import accelerate_launch_env, accelerate_launch_line
 
         cfg = accelerate_config(plan)
         line = accelerate_launch_line(plan, args.output or "accelerate.yaml", args.script)
@@ -139,16 +139,15 @@ def run(args: argparse.Namespace) -> int:
         text = "\n".join(header) + "\n" + yaml.safe_dump(cfg, sort_keys=False)
         print(f"start with: {line}", file=sys.stderr)
     elif args.format == "torchrun":
-        from autotune.script_args import expand, placeholder_values
+        from autotune.exports.script_args import expand, placeholder_values
 
         script_args = expand(raw, placeholder_values(plan, None, None), where="export --format torchrun")
         text = shlex.join([*torchrun_command(plan, args.script), *script_args]) + "\n"
     elif args.format == "deepspeed-hostfile":
-        from autotune.exports import deepspeed_hostfile
-
         import os
 
-        from autotune.slurm import allocation
+        from autotune.exports.tools import deepspeed_hostfile
+        from autotune.hardware.slurm import allocation
 
         alloc = allocation(os.environ)
         text = deepspeed_hostfile(plan, alloc.hosts if alloc else (hw.slurm.hosts if hw.slurm else ()))

@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autotune.commands.common import plan_from_args
-    from autotune.report import render_plan
+    from autotune.exports.report import render_plan
 
     plan, _, _ = plan_from_args(args)
     if args.json:

@@ -29,9 +29,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace, out=None) -> int:
-    from autotune.runs import plan_for, resolve_hardware
     from autotune.config import load_config
-    from autotune.report import render_plan, render_profile
+    from autotune.exports.report import render_plan, render_profile
+    from autotune.prepare import plan_for, resolve_hardware
 
     out = out or sys.stdout
     hw = resolve_hardware(args.profile)
@@ -41,7 +41,9 @@ def run(args: argparse.Namespace, out=None) -> int:
     render_profile(hw, out)
     if args.with_plan:
         cfg = load_config(args.config)
-        plan, _, _ = plan_for(cfg, {}, hw, with_deepspeed=False)
+        from autotune.measure import model_facts
+
+        plan, _, _ = plan_for(cfg, {}, hw, with_deepspeed=False, measure=model_facts)
         render_plan(plan, out)
     return 0
 

@@ -21,10 +21,22 @@ import socket
 from pathlib import Path
 from typing import Any, Mapping
 
-from autotune.hardware.cgroups import (CgroupLimits, parse_cfs_quota, parse_cpu_max, parse_memory_limit,
-                                       parse_proc_self_cgroup, read_cgroup_limits)
-from autotune.hardware.host import (effective_cores, parse_slurm_env, probe_cpu, probe_infiniband, probe_memory,
-                                    software_versions)
+from autotune.hardware.cgroups import (
+    CgroupLimits,
+    parse_cfs_quota,
+    parse_cpu_max,
+    parse_memory_limit,
+    parse_proc_self_cgroup,
+    read_cgroup_limits,
+)
+from autotune.hardware.host import (
+    effective_cores,
+    parse_slurm_env,
+    probe_cpu,
+    probe_infiniband,
+    probe_memory,
+    software_versions,
+)
 from autotune.hardware.nvml import classify_interconnect, probe_gpus
 from autotune.hardware.visible import PhysicalGPU, Visible, select_visible
 from autotune.profiles import HardwareProfile

@@ -139,7 +139,7 @@ def _allocation_fields(environ: Mapping[str, str]) -> dict:
     """Node index, expanded host list, GPUs and memory per node; empty when the variables are unreadable
     (the planner then says what is missing)."""
     from autotune.errors import UserError
-    from autotune.slurm import allocation
+    from autotune.hardware.slurm import allocation
 
     try:
         a = allocation(environ)

@@ -11,17 +11,29 @@ and never edits the config.
 
 from __future__ import annotations
 
-from autotune import memory
 from autotune.config import TrainConfig
-from autotune.plan import (BatchSection, BuiltinData, BuiltinModel, EngineSection, LoaderSection, MemorySection,
-                           NumericsSection, OptimizerSection, RunSection, ScheduleSection, TrainingPlan,
-                           WorkloadSection)
-from autotune.planner import deciders as dec
-from autotune.modelinfo import ModelFacts, facts_for
-from autotune.planner.memory_fit import Budget, fit
-from autotune.planner.resolve import Decision, Resolver, is_set
-from autotune.policy import Policy, load_policy
 from autotune.errors import UserError
+from autotune.plan import (
+    BatchSection,
+    BuiltinData,
+    BuiltinModel,
+    EngineSection,
+    LoaderSection,
+    MemorySection,
+    NumericsSection,
+    OptimizerSection,
+    RunSection,
+    ScheduleSection,
+    TrainingPlan,
+    WorkloadSection,
+)
+from autotune.planner import deciders as dec
+from autotune.planner import memory
+from autotune.planner.memory_fit import fit
+from autotune.planner.model_facts import ModelFacts, facts_for
+from autotune.planner.policy import Policy, load_policy
+from autotune.planner.resolve import Decision, Resolver, is_set
+from autotune.planner.weighing import Budget
 from autotune.profiles import HardwareProfile
 
 __all__ = ["plan"]
@@ -72,13 +84,17 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
         target = micro * world
         band = dec.BandChoice(micro, f"--debug: a tiny micro-batch of {micro}", band.gradient_checkpointing,
                               band.checkpointing_reason)
+    if auto_optimize and facts.traced_as_cuda and not debug:  # measured: up to what fits, not the band
+        band = dec.BandChoice(max(1, target // world), "the largest micro-batch that fits", False,
+                              "off unless it is the only way to a fast micro-batch (it costs 30-70 % a step)")
     if auto_optimize:
         band = dec.fit_to_target(r, band, target, world, debug)
     half = precision in ("bf16", "fp16")
+    bucket = memory.bucket_size(None if mem_mib is None else round(mem_mib / 1024, 2))
     mf = fit(x, r, band, facts, default_backend=backend, default_zero=zero, world=world, nproc=nproc,
              num_nodes=num_nodes, half=half, budget=_budget(x, mem_mib, nproc, bool(devs)),
-             bucket_elements=memory.bucket_size(None if mem_mib is None else round(mem_mib / 1024, 2)), force=force,
-             record=record)
+             bucket_elements=bucket, force=force,
+             record=record, target=target)
     micro = mf.micro_batch_size
     if mf.strategy.backend == "deepspeed":
         backend, zero = "deepspeed", mf.strategy.zero_stage
@@ -124,7 +140,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
         memory=MemorySection(
             gradient_checkpointing=mf.gradient_checkpointing,
             gpu_memory_gib=None if mem_mib is None else round(mem_mib / 1024, 2),
-            estimate=mf.estimate),
+            estimate=mf.estimate, bucket_elements=bucket),
         loader=loader,
         schedule=ScheduleSection(learning_rate=lr, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
                                  epochs=t.epochs, max_steps=max_steps, steps_per_epoch=spe, total_steps=total),

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from autotune.config import AUTO, TrainConfig
 from autotune.errors import UserError
 from autotune.plan import Override
+from autotune.planner.policy import Policy
 from autotune.planner.resolve import Decision, Resolver, is_set
-from autotune.policy import Policy
 from autotune.profiles import GPUInfo, HardwareProfile
 
 GB = 1e9
@@ -286,16 +286,24 @@ def decide_precision(x: Inputs, r: Resolver, devs: tuple[GPUInfo, ...]) -> tuple
 
 # -- per-GPU memory and the policy band ---------------------------------------------
 
+def usable_mib(dev: GPUInfo) -> tuple[int | None, str]:
+    """The memory one process may plan for on ``dev``, and which figure it is: the smallest MIG slice of a
+    GPU in MIG mode, else the free memory, else the total. The one rule (the nodes' comparison uses it too)."""
+    if dev.mig_slices_mib:
+        return min(dev.mig_slices_mib), "MIG slice"
+    if dev.memory_free_mib is not None:
+        return dev.memory_free_mib, "free"
+    return dev.memory_total_mib, "total"
+
+
 def planning_memory_mib(r: Resolver, devs: tuple[GPUInfo, ...]) -> float | None:
-    """The smallest free (else total) memory among the job's GPUs; None if any is unknown."""
+    """The smallest usable memory (``usable_mib``) among the job's GPUs; None if any is unknown."""
     values, basis = [], []
     for dev in devs:
-        if dev.memory_free_mib is not None:
-            values.append(dev.memory_free_mib)
-            basis.append("free")
-        elif dev.memory_total_mib is not None:
-            values.append(dev.memory_total_mib)
-            basis.append("total")
+        mib, which = usable_mib(dev)
+        if mib is not None:
+            values.append(mib)
+            basis.append(which)
     if len(values) < len(devs) or not values:
         r.warnings.append("memory of some GPU is unknown (see the hardware report); planning for the smallest band")
         return None

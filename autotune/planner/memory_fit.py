@@ -16,70 +16,23 @@ micro-batch 1 the planner raises ``PlanRefused`` (exit 3) saying what would fit,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from autotune import memory
 from autotune.errors import PlanRefused, UserError
-from autotune.memory import STRATEGIES, Strategy
-from autotune.modelinfo import ModelFacts
 from autotune.plan import MemoryEstimate
+from autotune.planner import memory
 from autotune.planner.deciders import BandChoice, Inputs
+from autotune.planner.memory import STRATEGIES, Strategy
+from autotune.planner.micro import (
+    FAST_MICRO,
+    largest_fitting,
+    steady_micro,
+    traced_micro_reason,
+)
+from autotune.planner.model_facts import ModelFacts
 from autotune.planner.resolve import Decision, Resolver, is_set
+from autotune.planner.weighing import Budget, MemoryFit, Need, Row, Weighing
 
 GIB = memory.GIB
-
-
-@dataclass(frozen=True)
-class Budget:
-    device_gib: float | None  # usable per GPU (per process on CPU); None = unknown
-    host_gib: float | None  # usable host RAM per node for offloaded state; None = unknown
-    on_gpu: bool
-    basis: str  # one phrase: what the budget is
-
-
-@dataclass(frozen=True)
-class Need:
-    states_gib: float | None
-    activations_gib: float | None
-    overhead_gib: float
-    host_gib: float  # per node, with margin
-
-    @property
-    def total_gib(self) -> float | None:
-        if self.states_gib is None:
-            return None
-        return self.states_gib + (self.activations_gib or 0.0) + self.overhead_gib
-
-
-@dataclass(frozen=True)
-class Row:
-    """One option as weighed: the estimate table's line."""
-
-    strategy: Strategy
-    checkpointing: bool
-    micro: int  # largest micro-batch that fits (0: none)
-    need: Need  # at ``micro`` (or at 1 when nothing fits)
-    why_not: str | None  # None when it fits
-
-    @property
-    def label(self) -> str:
-        return self.strategy.label + (" + checkpointing" if self.checkpointing else "")
-
-
-@dataclass(frozen=True)
-class Weighing:
-    """What the memory decider weighed: the table of ``autotune estimate``."""
-
-    rows: tuple[Row, ...]
-    budget: Budget
-
-
-@dataclass(frozen=True)
-class MemoryFit:
-    strategy: Strategy
-    micro_batch_size: int
-    gradient_checkpointing: bool
-    estimate: MemoryEstimate | None
 
 
 class Sizer:
@@ -148,6 +101,13 @@ def _row(sz: Sizer, b: Budget, s: Strategy, ckpt: bool, top: int, fixed_micro: b
     return Row(s, ckpt, 0, sz.need(s, micros[-1], ckpt), why)
 
 
+def _largest(sz: Sizer, b: Budget, s: Strategy, ckpt: bool, top: int) -> Row:
+    """The largest micro-batch up to ``top`` whose need fits (0 with the reason when even 1 does not)."""
+    m = largest_fitting(top, lambda k: _fits(sz.need(s, k, ckpt), b) is None)
+    need = sz.need(s, max(1, m), ckpt)
+    return Row(s, ckpt, m, need, None if m else _fits(need, b))
+
+
 def _halvings(top: int) -> list[int]:
     out = [top]
     while out[-1] > 1:
@@ -191,7 +151,7 @@ def candidates(x: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckp
 
 def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_backend: str, default_zero: int | None,
         world: int, nproc: int, num_nodes: int, half: bool, budget: Budget, bucket_elements: int,
-        force: bool, record: list | None = None) -> MemoryFit:
+        force: bool, record: list | None = None, target: int | None = None) -> MemoryFit:
     """Choose strategy, micro-batch and checkpointing; refuse when nothing fits (unless ``force``).
 
     ``record``, when given, receives one ``Weighing`` (also when the plan is refused)."""
@@ -232,6 +192,7 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
     if not opts:
         opts = [(default, ckpt_choices[0])]
     known = facts.num_parameters is not None and (budget.device_gib is not None or budget.host_gib is not None)
+    search = facts.traced_as_cuda and not fixed_micro  # measured: the largest that fits, not the band's halvings
     if not known:  # nothing to weigh: the first option, planned blind (the reasons say so)
         s, ckpt = opts[0]
         chosen = Row(s, ckpt, top, sz.need(s, top, ckpt), None)
@@ -239,11 +200,16 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         if record is not None:
             record.append(Weighing(rows, budget))
     else:
-        rows = tuple(_row(sz, budget, s, c, top, fixed_micro) for s, c in opts)
+        rows = tuple(_largest(sz, budget, s, c, top) if search else _row(sz, budget, s, c, top, fixed_micro)
+                     for s, c in opts)
         if record is not None:
             record.append(Weighing(rows, budget))
         fitting = [rw for rw in rows if rw.why_not is None]
-        if fitting:  # the first to reach the band's micro-batch, else the first with the largest
+        fast = [rw for rw in fitting if not rw.checkpointing and rw.micro >= min(FAST_MICRO, top)] if search else []
+        if fast:  # checkpointing costs 30-70 % a step: only when it is the only way to a fast micro-batch
+            best = max(rw.micro for rw in fast)
+            chosen = next(rw for rw in fast if rw.micro == best)
+        elif fitting:  # the first to reach the band's micro-batch, else the first with the largest
             best = max(rw.micro for rw in fitting)
             chosen = next(rw for rw in fitting if rw.micro == best)
         elif force:
@@ -254,12 +220,16 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         else:
             _refuse(x, sz, budget, list(rows), facts,
                     fixed=f"micro-batch {micro_user} (you set it)" if fixed_micro else None)
+    if search and chosen.why_not is None and target:
+        steady = steady_micro(chosen.micro, target, world)
+        chosen = Row(chosen.strategy, chosen.checkpointing, steady, sz.need(chosen.strategy, steady,
+                                                                             chosen.checkpointing), None)
     _explain(r, x, chosen, rows, default, facts, budget)
     micro = chosen.micro
     ckpt = r.resolve("gradient_checkpointing", ckpt_user, lambda: Decision(chosen.checkpointing, _ckpt_reason(
         chosen, band, ckpt_supported)), verbatim=False)
     auto_micro = Decision(band.micro_batch_size, band.micro_reason) if fixed_micro else \
-        Decision(micro, _micro_reason(band, chosen, top))
+        Decision(micro, _micro_reason(band, chosen, top, facts))
     micro = r.resolve("micro_batch_size", micro_user, lambda: auto_micro, path="training.batch_size_per_gpu")
     return MemoryFit(chosen.strategy, micro, bool(ckpt), _estimate(chosen, facts, budget, bool(ckpt)))
 
@@ -299,7 +269,9 @@ def _estimate(row: Row, facts: ModelFacts, budget: Budget, ckpt: bool) -> Memory
         host_gib_per_node=round(n.host_gib, 2) if n.host_gib else None, unknown=unknown)
 
 
-def _micro_reason(band: BandChoice, chosen: Row, top: int) -> str:
+def _micro_reason(band: BandChoice, chosen: Row, top: int, facts: ModelFacts | None = None) -> str:
+    if facts is not None and facts.traced_as_cuda:
+        return traced_micro_reason(chosen.label, chosen.need.total_gib, top)
     if chosen.micro == top:
         return band.micro_reason
     return (f"{band.micro_reason}; {chosen.micro} is the largest that fits with {chosen.label} "
@@ -345,7 +317,7 @@ def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], default
         r.explain("offload_param", "needed for memory: parameters live in host RAM between uses" if s.offload_param
                   else "not needed")
     else:
-        r.explain("offload_optimizer", f"not a DeepSpeed run: optimizer offload is a ZeRO feature")
+        r.explain("offload_optimizer", "not a DeepSpeed run: optimizer offload is a ZeRO feature")
         r.explain("offload_param", "not a DeepSpeed run")
     if facts.activations is None and facts.num_parameters is not None:
         r.warnings.append(f"the memory estimate covers model states only: {facts.unknown_reason}")

@@ -12,10 +12,10 @@ User scripts can use these directly (see examples/autotune_train.py)::
 """
 
 from autotune.plan import TrainingPlan, load_plan
-from autotune.runtime.dist import DistContext, cleanup, init, wait_for_everyone
-from autotune.runtime.engine import Engine, make_engine
 from autotune.runtime.checkpoint import CheckpointManager
 from autotune.runtime.data import BatchStream
+from autotune.runtime.dist import DistContext, cleanup, init, wait_for_everyone
+from autotune.runtime.engine import Engine, make_engine
 from autotune.runtime.logging import make_logger
 
 __all__ = [

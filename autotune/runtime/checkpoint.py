@@ -24,11 +24,28 @@ import numpy as np
 import torch
 
 from autotune.errors import UserError
-from autotune.rundir import disk_cause
-from autotune.runtime.dist import DistContext, from_main, gather_objects, wait_for_everyone
-from autotune.runtime_paths import (CHECKSUMS, PREFIX, check_compatible, check_files, checkpoint_files, file_digest,
-                                    list_checkpoints, meta_problems, read_checksums, read_meta, resume_changes,
-                                    training_fingerprint)
+from autotune.plan import training_values
+from autotune.rundir.checkpoints import (
+    CHECKSUMS,
+    PREFIX,
+    check_compatible,
+    check_files,
+    checkpoint_files,
+    file_digest,
+    list_checkpoints,
+    meta_problems,
+    read_checksums,
+    read_meta,
+    resume_changes,
+)
+from autotune.rundir.fs import disk_cause
+from autotune.runtime.dist import (
+    DistContext,
+    from_main,
+    gather_objects,
+    wait_for_everyone,
+)
+
 
 def _rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
@@ -89,7 +106,7 @@ class CheckpointManager:
             meta = {"step": step, "micro_batches_consumed": consumed, "backend": engine.name,
                     "world_size": self.ctx.world_size, "micro_batch_size": b.micro_batch_size,
                     "gradient_accumulation_steps": b.gradient_accumulation_steps,
-                    "global_batch_size": b.global_batch_size, "training": training_fingerprint(engine.plan),
+                    "global_batch_size": b.global_batch_size, "training": training_values(engine.plan),
                     **(extra or {})}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         wait_for_everyone(self.ctx)

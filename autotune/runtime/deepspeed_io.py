@@ -11,8 +11,8 @@ import json
 import os
 from pathlib import Path
 
-from autotune.deepspeed_config import ENGINE_FLAVOUR_FILE
 from autotune.errors import UserError
+from autotune.rundir.layout import ENGINE_FLAVOUR_FILE
 
 IN_EFFECT_FILE = "deepspeed_in_effect.json"
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from autotune.plan import TrainingPlan
+from autotune.plan import TrainingPlan, training_values
 
 
 @dataclass(frozen=True)
@@ -77,22 +77,13 @@ def init(plan: TrainingPlan) -> DistContext:
     return ctx
 
 
-def plan_fingerprint(plan: TrainingPlan) -> dict:
-    """The values every rank of a job must share (each node plans from its own hardware)."""
-    return {"micro_batch_size": plan.batch.micro_batch_size,
-            "gradient_accumulation_steps": plan.batch.gradient_accumulation_steps,
-            "global_batch_size": plan.batch.global_batch_size, "precision": plan.numerics.precision,
-            "backend": plan.engine.backend, "zero_stage": plan.engine.zero_stage,
-            "gradient_checkpointing": plan.memory.gradient_checkpointing}
-
-
 def check_nodes_agree(ctx: DistContext, plan: TrainingPlan) -> None:
-    """Several nodes: the launchers planned every node for the smallest node's hardware (autotune.nodes),
+    """Several nodes: the launchers planned every node for the smallest node's hardware (autotune.planner.nodes),
     but nodes given different flags (or whose free memory changed after the comparison) still plan
     differently, and the job would then train inconsistently: every rank compares the plans once (one
     small collective) and all stop together, naming each node's values and the flags that give every
     node the smallest node's plan."""
-    mine = plan_fingerprint(plan)
+    mine = training_values(plan)
     every = gather_objects(ctx, {"node": plan.engine.node_rank, "hardware": plan.hardware, **mine})
     if all({k: e[k] for k in mine} == mine for e in every):
         return

@@ -129,7 +129,7 @@ def _safe_config(plan) -> dict:
     """The plan as W&B's run config, with any secret-looking key redacted."""
     import json
 
-    from autotune.launch import SECRET_NAME
+    from autotune.rundir.records import SECRET_NAME
 
     def clean(d):
         if isinstance(d, dict):

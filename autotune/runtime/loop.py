@@ -17,12 +17,19 @@ from autotune.plan import TrainingPlan
 from autotune.runtime.checkpoint import CheckpointManager
 from autotune.runtime.data import BatchStream, eval_batches
 from autotune.runtime.deepspeed_io import write_in_effect
-from autotune.runtime.dist import DistContext, all_reduce_sum, check_replicas, cleanup, init, wait_for_everyone
+from autotune.runtime.dist import (
+    DistContext,
+    all_reduce_sum,
+    check_replicas,
+    cleanup,
+    init,
+    wait_for_everyone,
+)
 from autotune.runtime.engine import make_engine
 from autotune.runtime.logging import Progress, make_logger
 from autotune.runtime.preempt import StopRequest
 from autotune.runtime.watchdog import Watchdog
-from autotune.workload import build_model, eval_sums, make_datasets
+from autotune.runtime.workload import build_model, eval_sums, make_datasets
 
 
 def evaluate(engine, val_ds, ctx: DistContext, batch_size: int) -> dict:
@@ -50,7 +57,7 @@ def train(plan: TrainingPlan, run_dir: str | Path, ds_config: dict | None = None
     rank = int(os.environ.get("RANK", "0"))
 
     def hung(code: int, message: str) -> None:
-        from autotune.runtime_paths import write_status
+        from autotune.rundir.status import write_status
 
         write_status(run_dir, rank, code, f"error: {message}")
 
@@ -285,7 +292,7 @@ def _injection(spec: str, rank: int) -> tuple[int, int] | None:
 
 def _record_resume(run_dir: Path, path: Path, step: int, changed: dict) -> None:
     """Say and record what this resume changed against the checkpoint (applied from ``step`` on)."""
-    from autotune.runtime_paths import describe_changes
+    from autotune.rundir.checkpoints import describe_changes
 
     if changed:
         print(f"autotune: changed since {path.name} (applied from step {step + 1}): {describe_changes(changed)}",

@@ -144,39 +144,33 @@ def test_module_function_entrypoint(small_config, tmp_path):
     assert "ARGV ['my_entry', '--foo', '32']" in r.stdout  # its own arguments only, placeholders expanded
 
 
-def test_train_module_with_config_runs_the_entrypoint_not_the_builtin(tmp_path):
-    script = tmp_path / "mine.py"
-    script.write_text("import sys\nprint('MINE', sys.argv[1:])\n")
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(SMALL.replace("training:\n", f"training:\n  entrypoint: {script}\n"
-                                 "  script_args: ['--bs', '{micro_batch_size}']\n"))
+def test_a_rank_never_plans_it_reads_the_launchers_plan(small_config, tmp_path):
+    """`python -m autotune.train` trains from a plan the launcher wrote and writes no plan of its own;
+    `--config` (planning inside a rank) is refused with the command that plans."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("AUTOTUNE_PLAN", None)
-    r = subprocess.run([sys.executable, "-m", "autotune.train", "--config", str(cfg), "--run_dir", str(tmp_path / "r")],
-                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "MINE ['--bs', '32']" in r.stdout and "step 1/" not in r.stdout
-
-
-def test_train_module_directly_single_and_under_torchrun(small_config, tmp_path):
-    """`python -m autotune.train --config F` plans for this machine itself, with or without torchrun."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    env.pop("AUTOTUNE_PLAN", None)
-    env.pop("AUTOTUNE_RUN_DIR", None)
-    one = subprocess.run([sys.executable, "-m", "autotune.train", "--config", str(small_config), "--max_steps", "6",
-                          "--batch_size", "8", "--run_dir", str(tmp_path / "one")],
-                         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert one.returncode == 0, one.stderr[-3000:]
-    plan = plan_json(tmp_path / "one" / "plan.json")
-    assert (plan["backend"], plan["micro_batch_size"], plan["total_steps"]) == ("single", 8, 6)
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          "-m", "autotune.train", "--config", str(small_config), "--max_steps", "6",
-                          "--run_dir", str(tmp_path / "two")],
-                         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert two.returncode == 0, two.stderr[-3000:]
-    plan2 = plan_json(tmp_path / "two" / "plan.json")
-    assert (plan2["backend"], plan2["world_size"]) == ("ddp", 2)
-    assert sorted(losses(tmp_path / "two")) == list(range(1, 7))
+    for k in ("AUTOTUNE_PLAN", "AUTOTUNE_RUN_DIR"):
+        env.pop(k, None)
+    refused = subprocess.run([sys.executable, "-m", "autotune.train", "--config", str(small_config)],
+                             capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert refused.returncode == 2 and "ranks never plan" in refused.stderr
+    assert "python -m autotune launch --config" in refused.stderr and "Traceback" not in refused.stderr
+    r = launch("--config", small_config, "--max_steps", 6, "--batch_size", 8, "--run_dir", tmp_path / "one")
+    assert r.returncode == 0, r.stderr[-3000:]
+    again = subprocess.run([sys.executable, "-m", "autotune.train", "--plan", str(tmp_path / "one" / "plan.json"),
+                            "--run_dir", str(tmp_path / "two")], capture_output=True, text=True, timeout=300, env=env,
+                           cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert sorted(losses(tmp_path / "two")) == list(range(1, 7)) and not (tmp_path / "two" / "plan.json").exists()
+    assert losses(tmp_path / "two") == losses(tmp_path / "one")  # the same plan, the same training
+    script = tmp_path / "mine.py"
+    script.write_text("print('MINE')\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(SMALL.replace("training:\n", f"training:\n  entrypoint: {script}\n"))
+    mine = launch("--config", cfg, "--run_dir", tmp_path / "mine")
+    assert mine.returncode == 0 and "MINE" in mine.stdout, mine.stderr[-2000:]
+    wrong = subprocess.run([sys.executable, "-m", "autotune.train", "--plan", str(tmp_path / "mine" / "plan.json")],
+                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert wrong.returncode == 2 and "plan for your own script" in wrong.stderr
 
 
 def test_deepspeed_resume_through_its_own_checkpoint(runs, small_config, tmp_path):
@@ -278,18 +272,20 @@ def test_progress_bar_on_a_terminal_plain_lines_otherwise(small_config, tmp_path
     assert sorted(plain) == list(range(1, 7))
     if rows == 0:
         return  # the piped run below does not depend on the terminal's size: once is enough
-    piped = subprocess.run([sys.executable, "-m", "autotune.train", "--config", str(small_config),
+    piped = subprocess.run([sys.executable, "-m", "autotune", "launch", "--config", str(small_config),
                             "--run_dir", str(tmp_path / "pipe"), "--max_steps", "6"],
                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert piped.returncode == 0 and "step 6/6 | loss" in piped.stdout and "step/s" not in piped.stdout
 
 
 def test_training_works_without_deepspeed_installed(small_config, tmp_path):
-    """DeepSpeed is an optional extra: with it unimportable, a CPU run still trains."""
+    """DeepSpeed is an optional extra: with it unimportable, a CPU rank still trains its plan."""
+    first = launch("--config", small_config, "--max_steps", 3, "--run_dir", tmp_path / "first")
+    assert first.returncode == 0, first.stderr[-2000:]
     code = ("import sys\n"
             "sys.modules['deepspeed'] = None  # any `import deepspeed` now raises ImportError\n"
             "from autotune.train import main\n"
-            f"rc = main(['--config', {str(small_config)!r}, '--max_steps', '3', '--run_dir', {str(tmp_path / 'r')!r}])\n"
+            f"rc = main(['--plan', {str(tmp_path / 'first' / 'plan.json')!r}, '--run_dir', {str(tmp_path / 'r')!r}])\n"
             "assert 'deepspeed' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
             "sys.exit(rc)\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -323,7 +319,7 @@ def test_two_nodes_on_one_machine_through_the_slurm_path(runs, small_config, tmp
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                 env={**env, "SLURM_NODEID": str(node)})
 
-    # Started together, node 1 first: it waits for node 0 at the hardware exchange (autotune.nodes).
+    # Started together, node 1 first: it waits for node 0 at the hardware exchange (autotune.planner.nodes).
     procs = [start(1), start(0)][::-1]
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(

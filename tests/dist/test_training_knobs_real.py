@@ -60,7 +60,7 @@ def test_zero3_saves_the_trained_weights(runs, tmp_path):
     import torch
 
     from autotune.plan import load_plan
-    from autotune.workload import build_model
+    from autotune.runtime.workload import build_model
 
     launch("--config", _config(tmp_path, ""),
            "--run_dir", tmp_path / "z3", "--nproc_per_node", 2, "--deepspeed", "--zero_stage", 3,

@@ -1,4 +1,6 @@
-"""The shape of the code, checked: small modules, no import cycles, layers that do not leak."""
+"""The shape of the code, checked: small modules, no import cycles at any depth, and layers that do not
+leak (DESIGN.md "Layout"): every ``import`` anywhere in a module, at module level or inside a function,
+the root package included, is checked against the table below."""
 
 import ast
 import json
@@ -9,6 +11,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "autotune"
 MAX_LINES = 400
+MAX_TOP_LEVEL_MODULES = 9  # besides __init__ and __main__
+
+# Rows, lowest first: a module imports only its own row or rows below; folders that share a row never
+# import each other. (DESIGN.md "Layout".)
+LAYERS: list[set[str]] = [
+    {"autotune.errors", "autotune.safe_input"},
+    {"autotune.config", "autotune.profiles", "autotune.plan"},
+    {"autotune.hardware", "autotune.planner", "autotune.rundir"},
+    {"autotune.exports", "autotune.runtime"},
+    {"autotune.prepare", "autotune.measure"},
+    {"autotune.launch"},
+    {"autotune", "autotune.__main__", "autotune.train", "autotune.entry", "autotune.commands"},
+]
+# `python -m autotune.hardware report` is fixed by users: it calls the report command.
+EXCEPTIONS = {("autotune.hardware.__main__", "autotune.commands.report")}
 
 
 def _module_name(path: Path) -> str:
@@ -19,28 +36,88 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path, top_level_only: bool) -> set[str]:
-    """autotune modules imported by ``path`` (at import time only, or anywhere)."""
+MODULES = {_module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def _imports(path: Path, top_level_only: bool = False, modules=None) -> set[str]:
+    """The autotune modules ``path`` imports (at import time only, or anywhere). ``from a import b`` is
+    module ``a.b`` when that is a module, else ``a`` (b is a name in it), as Python resolves it."""
+    modules = MODULES if modules is None else modules
     tree = ast.parse(path.read_text())
     nodes = tree.body if top_level_only else list(ast.walk(tree))
     out = set()
     for node in nodes:
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.startswith("autotune")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("autotune"):
-            out.add(node.module)
-            out |= {f"{node.module}.{a.name}" for a in node.names}
+            out |= {a.name for a in node.names if a.name == "autotune" or a.name.startswith("autotune.")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                (node.module == "autotune" or node.module.startswith("autotune.")):
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.add(sub if sub in modules else node.module)
     return out
 
 
-MODULES = {_module_name(p): p for p in PKG.rglob("*.py")}
-
-
 def _graph(top_level_only: bool) -> dict[str, set[str]]:
-    return {name: {m for m in _imports(path, top_level_only) if m in MODULES and m != name}
-            for name, path in MODULES.items()}
+    return {name: {m for m in _imports(path, top_level_only) if m != name} for name, path in MODULES.items()}
 
 
+def _unit(name: str) -> str:
+    """The layer unit a module belongs to: its top-level folder, or itself at the top level."""
+    parts = name.split(".")
+    if len(parts) >= 2 and (PKG / parts[1]).is_dir():
+        return ".".join(parts[:2])
+    return name
+
+
+def _is_folder(unit: str) -> bool:
+    return unit.count(".") == 1 and (PKG / unit.split(".")[1]).is_dir()
+
+
+def _row(unit: str) -> int:
+    for i, row in enumerate(LAYERS):
+        if unit in row:
+            return i
+    raise AssertionError(f"{unit} is in no row of LAYERS (add it to DESIGN.md's table and here)")
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for name, deps in graph.items():
+        a = _unit(name)
+        for dep in deps:
+            b = _unit(dep)
+            if a == b or (name, dep) in EXCEPTIONS:
+                continue
+            ra, rb = _row(a), _row(b)
+            if rb > ra:
+                bad.append(f"{name} (row {ra}) imports {dep} (row {rb}, above)")
+            elif rb == ra and _is_folder(a) and _is_folder(b):
+                bad.append(f"{name} imports {dep}: {a} and {b} share row {ra} and must not import each other")
+    return sorted(bad)
+
+
+def test_every_module_sits_in_a_row():
+    for name in MODULES:
+        _row(_unit(name))
+
+
+def test_imports_at_every_depth_respect_the_layers():
+    assert layer_violations(_graph(top_level_only=False)) == []
+
+
+def test_the_top_level_holds_contracts_and_programs_only():
+    top = sorted(p.stem for p in PKG.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+    assert set(top) <= {"config", "profiles", "plan", "errors", "safe_input", "train", "entry"}, top
+
+
+def test_the_layer_check_is_not_vacuous():
+    """An upward import, a sibling folder and a function-level import are each caught."""
+    g = {"autotune.planner.x": {"autotune.exports.deepspeed"}, "autotune.exports.y": {"autotune.runtime.loop"},
+         "autotune.plan": {"autotune.exports.deepspeed"}, "autotune.launch.z": {"autotune.prepare"},
+         "autotune.hardware.__main__": {"autotune.commands.report"}}
+    bad = layer_violations(g)
+    assert len(bad) == 3 and not any(b.startswith(("autotune.launch.z", "autotune.hardware.__main__")) for b in bad)
 def test_no_module_is_shadowed_by_a_package_of_the_same_name():
     """A leftover foo.py beside a foo/ package is dead code that imports never reach."""
     files = list(PKG.rglob("*.py"))
@@ -75,11 +152,9 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_cycle_at_import_time():
-    graph = _graph(top_level_only=True)
-    # A package's __init__ importing its own submodules is how packages work, not a cycle.
-    graph = {name: {m for m in deps if not m.startswith(name + ".")} for name, deps in graph.items()}
-    assert _find_cycle(graph) is None
+def test_no_import_cycle_at_any_depth():
+    """Function-level imports included, and a package's __init__ counted like any module (the root too)."""
+    assert _find_cycle(_graph(top_level_only=False)) is None
 
 
 def test_ranks_never_import_the_cli():
@@ -93,9 +168,11 @@ def test_the_checks_are_not_vacuous(tmp_path):
     """A cycle is reported; a module-level import is seen, a function-level one only when asked."""
     assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _find_cycle({"a": {"b"}, "b": set()}) is None
-    (tmp_path / "m.py").write_text("from autotune.b import x\ndef f():\n    import autotune.c\n")
-    assert _imports(tmp_path / "m.py", top_level_only=True) == {"autotune.b", "autotune.b.x"}
-    assert "autotune.c" in _imports(tmp_path / "m.py", top_level_only=False)
+    (tmp_path / "m.py").write_text("from autotune.b import x, sub\ndef f():\n    import autotune.c\n"
+                                   "    from autotune import memory\n")
+    mods = {"autotune.b", "autotune.b.sub", "autotune.c"}
+    assert _imports(tmp_path / "m.py", top_level_only=True, modules=mods) == {"autotune.b", "autotune.b.sub"}
+    assert _imports(tmp_path / "m.py", modules=mods) == {"autotune.b", "autotune.b.sub", "autotune.c", "autotune"}
 
 
 def _modules_after(code: str) -> set[str]:
@@ -110,7 +187,7 @@ def test_report_imports_only_what_it_needs():
             "with contextlib.redirect_stdout(io.StringIO()): main(['report', '--profile', '4xL4'])")
     loaded = _modules_after(code)
     assert "torch" not in loaded and "deepspeed" not in loaded
-    assert "autotune.deepspeed_config" not in loaded and "autotune.launch" not in loaded
+    assert "autotune.exports.deepspeed" not in loaded and "autotune.exports.launch_spec" not in loaded
     assert "autotune.planner" in loaded  # the report does show the plan
 
 

@@ -226,7 +226,7 @@ CONFIG_DATA = st.fixed_dictionaries({}, optional={
 @given(data=CONFIG_DATA, preset=st.sampled_from(preset_names()))
 def test_generated_configs_plan_or_fail_cleanly(data, preset):
     """Any config either validates and then plans (or is refused, exit 3), or is a UserError."""
-    from autotune.runs import plan_for
+    from autotune.prepare import plan_for
 
     try:
         cfg = parse_config(data)
@@ -252,7 +252,7 @@ NUMBERS = st.one_of(st.none(), st.integers(min_value=-(2**40), max_value=2**40),
        drop_gpus=st.booleans())
 def test_generated_profiles_plan_or_fail_cleanly(cpu, mem, gpu, drop_gpus):
     from autotune.config import TrainConfig
-    from autotune.runs import plan_for
+    from autotune.prepare import plan_for
 
     p = json.loads(json.dumps(PRESET))
     p["cpu"].update(cpu)

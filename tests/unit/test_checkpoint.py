@@ -2,8 +2,8 @@
 
 import json
 
-from autotune.runs import resolve_resume
-from autotune.runtime_paths import newest_good_checkpoint, verify_checkpoint
+from autotune.prepare import resolve_resume
+from autotune.rundir.checkpoints import newest_good_checkpoint, verify_checkpoint
 
 import pytest
 import torch
@@ -15,8 +15,8 @@ from autotune.profiles import load_profile
 from autotune.runtime.checkpoint import CheckpointManager
 from autotune.runtime.dist import DistContext
 from autotune.runtime.engine import make_engine
-from autotune.runtime_paths import latest_checkpoint, list_checkpoints
-from autotune.workload import build_model
+from autotune.rundir.checkpoints import latest_checkpoint, list_checkpoints
+from autotune.runtime.workload import build_model
 
 CTX = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), distributed=False)
 
@@ -157,7 +157,7 @@ def test_resume_applies_a_changed_learning_rate_and_says_so(tmp_path):
                                   " " * (5 << 20)])
 def test_a_damaged_checksum_list_is_named_not_a_traceback(tmp_path, text):
     from autotune.errors import UserError
-    from autotune.runtime_paths import read_checksums
+    from autotune.rundir.checkpoints import read_checksums
 
     (tmp_path / "checksums.json").write_text(text)
     with pytest.raises(UserError, match="checksums.json is damaged"):

@@ -3,7 +3,8 @@
 import pytest
 
 from autotune.config import TrainConfig, apply_overrides
-from autotune.deepspeed_config import KNOWN_TOP_LEVEL_KEYS, bucket_size, check_keys, deepspeed_config
+from autotune.exports.deepspeed import KNOWN_TOP_LEVEL_KEYS, check_keys, deepspeed_config
+from autotune.planner.memory import bucket_size
 from autotune.planner import plan
 from autotune.profiles import load_profile, preset_names
 from profiles_util import preset_with_gpus
@@ -203,7 +204,7 @@ def test_framework_flavour_is_filled_by_hf_trainer_from_the_plans_arguments(tmp_
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
     from autotune.config import TrainConfig, apply_overrides
-    from autotune.deepspeed_config import deepspeed_config, framework_flavour
+    from autotune.exports.deepspeed import deepspeed_config, framework_flavour
     from autotune.planner import plan
     from autotune.profiles import load_profile
 
@@ -230,7 +231,7 @@ def test_framework_flavour_drops_the_engines_optimizer_and_leaves_the_rest_to_th
     its own optimizer, which ZeRO must then accept); batch sizes, accumulation, clipping and the
     half-precision switch "auto" with every other loss-scaling field kept; ZeRO unchanged."""
     from autotune.config import TrainConfig, apply_overrides
-    from autotune.deepspeed_config import deepspeed_config, framework_flavour
+    from autotune.exports.deepspeed import deepspeed_config, framework_flavour
     from autotune.planner import plan
     from autotune.profiles import load_profile
 
@@ -253,7 +254,7 @@ def test_framework_flavour_drops_the_engines_optimizer_and_leaves_the_rest_to_th
 
 def test_the_run_records_name_both_deepspeed_files():
     """runs.RUN_RECORDS spells the two file names out (the report path does not import this module)."""
-    from autotune.deepspeed_config import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE
-    from autotune.runs import RUN_RECORDS
+    from autotune.rundir.layout import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE
+    from autotune.rundir.layout import RUN_RECORDS
 
     assert {ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE} <= set(RUN_RECORDS)

@@ -9,7 +9,8 @@ from autotune.hardware import (PhysicalGPU, Visible, classify_interconnect, pars
                                parse_memory_limit, parse_proc_self_cgroup, read_cgroup_limits, select_visible)
 from autotune.hardware.cgroups import CgroupLimits
 from autotune.hardware.host import probe_cpu
-from autotune.launch import LaunchSpec, default_cache_dir, launch_spec, redact
+from autotune.exports.launch_spec import LaunchSpec, default_cache_dir, launch_spec
+from autotune.rundir.records import redact
 from autotune.planner import plan
 from autotune.config import TrainConfig, apply_overrides
 from autotune.profiles import load_profile
@@ -214,7 +215,7 @@ def test_compute_capability_tuple_and_json_indent():
 def _policy(tmp_path, rules):
     import yaml
 
-    from autotune.policy import DEFAULT_POLICY_PATH, load_policy
+    from autotune.planner.policy import DEFAULT_POLICY_PATH, load_policy
 
     data = yaml.safe_load(DEFAULT_POLICY_PATH.read_text())
     data["precision_by_compute_capability"] = rules
@@ -429,7 +430,7 @@ def test_execute_exit_codes_cwd_and_session(tmp_path):
     import os
     import sys
 
-    from autotune.launch import execute
+    from autotune.launch.process import execute
 
     def spec(code, cwd=None):
         return LaunchSpec(cmd=[sys.executable, "-c", code], env={"X_MARK": "1"}, cwd=cwd)
@@ -452,7 +453,7 @@ def test_env_sources_and_unbuffered_output():
 
 
 def test_deepspeed_json_for_a_non_deepspeed_plan_and_print_interval():
-    from autotune.deepspeed_config import deepspeed_config
+    from autotune.exports.deepspeed import deepspeed_config
 
     ddp = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.backend": "ddp",
                                                                       "training.log_every_steps": 1}))
@@ -461,7 +462,7 @@ def test_deepspeed_json_for_a_non_deepspeed_plan_and_print_interval():
 
 
 def test_exports_without_offload_and_default_script():
-    from autotune.exports import accelerate_config, torchrun_command
+    from autotune.exports.tools import accelerate_config, torchrun_command
 
     p = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)
     assert accelerate_config(p)["deepspeed_config"]["offload_optimizer_device"] == "none"

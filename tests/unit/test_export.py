@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from autotune.config import TrainConfig, apply_overrides
-from autotune.exports import accelerate_config, torchrun_command
+from autotune.exports.tools import accelerate_config, torchrun_command
 from autotune.planner import plan
 from autotune.profiles import load_profile, preset_names
 from support import require
@@ -74,7 +74,7 @@ def test_accelerate_whole_config_cpu_one_and_two_processes():
 
 def test_accelerate_export_refuses_deepspeed_on_cpu_and_names_the_launch_line():
     from autotune.errors import UserError
-    from autotune.exports import accelerate_launch_line
+    from autotune.exports.tools import accelerate_launch_line
 
     with pytest.raises(UserError) as e:
         _acc("cpu-only", **{"distributed.backend": "deepspeed"})
@@ -119,8 +119,8 @@ def test_zero3_offload_reaches_accelerate_and_the_deepspeed_json_and_launch_vari
     """ZeRO-3 with offload on 4 L4s: parameters offloaded too, pinned on a GPU machine (the DeepSpeed
     JSON) and named in Accelerate's file. The launch variables at their edges: one CPU process with no
     accumulation needs neither; two CPU processes need the CPU switch and nothing else."""
-    from autotune.deepspeed_config import deepspeed_config
-    from autotune.exports import accelerate_launch_env
+    from autotune.exports.deepspeed import deepspeed_config
+    from autotune.exports.tools import accelerate_launch_env
 
     z3 = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.zero_stage": 3,
                                                                      "distributed.offload_optimizer": True}),

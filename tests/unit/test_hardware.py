@@ -448,7 +448,7 @@ def test_report_does_not_import_torch_or_deepspeed(cli):
 def test_report_text_says_what_is_unknown_and_why(tmp_path):
     import io
 
-    from autotune.report import render_profile
+    from autotune.exports.report import render_profile
 
     fake = FakeNVML.from_profile(load_profile("4xL4"), failing_queries={(1, "nvmlDeviceGetMemoryInfo")},
                                  dead_gpus={3}, p2p_error=True)
@@ -514,7 +514,7 @@ def test_report_does_not_call_the_other_nccl_build_missing():
     import io
 
     from autotune.profiles import load_profile
-    from autotune.report import render_profile
+    from autotune.exports.report import render_profile
 
     hw = load_profile("4xL4")
     for software, missing in (({"nvidia-nccl-cu12": None, "nvidia-nccl-cu13": "2.28.9", "deepspeed": None},

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from autotune.config import TrainConfig, apply_overrides
-from autotune.launch import LaunchSpec, execute, launch_spec
+from autotune.exports.launch_spec import LaunchSpec, launch_spec
+from autotune.launch.process import execute
 from autotune.planner import plan
 from autotune.profiles import load_profile, preset_names
 
@@ -114,7 +115,8 @@ def test_execute_forwards_sigterm_to_the_child(tmp_path):
     runner = _script(tmp_path, f"""
         import sys
         sys.path.insert(0, {os.getcwd()!r})
-        from autotune.launch import LaunchSpec, execute
+        from autotune.exports.launch_spec import LaunchSpec
+        from autotune.launch.process import execute
         seen = []
         rc = execute(LaunchSpec(cmd=[sys.executable, {str(f)!r}], env={{}}), forwarded=seen)
         print("FORWARDED", seen, flush=True)
@@ -231,7 +233,7 @@ def test_execute_asks_should_kill_each_second_until_it_has_killed_then_never_aga
     """A child that outlives the kill (kill_tree made harmless here) and exits by itself 3.5 s after it
     started: should_kill is asked at 1 s (no), at 2 s (yes: one kill, one message) and not at 3 s. A
     kill_after_s with no signal received never fires."""
-    import autotune.launch as launch
+    import autotune.launch.process as launch
 
     killed, asked = [], []
     monkeypatch.setattr(launch, "kill_tree", killed.append)
@@ -272,7 +274,7 @@ def test_execute_gives_the_child_the_run_log_s_streams_and_its_parent_death_sign
     """With a RunLog the child's stdout and stderr land in logs/stdout.log and logs/stderr.log, each in
     its own; on Linux the child is set to get SIGTERM when the launcher dies (PR_SET_PDEATHSIG, read
     back with PR_GET_PDEATHSIG = 2)."""
-    from autotune.runlog import RunLog
+    from autotune.launch.runlog import RunLog
 
     code = ("import ctypes, sys; v = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(v), 0, 0, 0); "
             "print('out', v.value); print('err line', file=sys.stderr)")
@@ -342,7 +344,7 @@ def test_environment_route_for_scripts_that_read_it():
 
 
 def test_plan_values_and_accelerate_variables_whole():
-    from autotune.launch import accelerate_env, plan_values_env
+    from autotune.exports.launch_spec import accelerate_env, plan_values_env
 
     p, _ = spec_for("4xT4", **{"training.learning_rate": 0.001})  # fp16, DeepSpeed x4, micro 12 x acc 5 = 240
     p = p.model_copy(update={"run": p.run.model_copy(update={"resume_from": "/ck/step-5"})})
@@ -377,7 +379,7 @@ def test_kill_tree_kills_the_process_and_everything_under_it_and_nothing_else(tm
     all three die; a sibling the test also started lives on."""
     import psutil
 
-    from autotune.launch import kill_tree
+    from autotune.launch.process import kill_tree
 
     leaf = "import time; time.sleep(60)"
     middle = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {leaf!r}], start_new_session=True); "

@@ -5,7 +5,7 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from autotune.errors import UserError
-from autotune.model_trace import count_parameters, trace
+from autotune.measure.trace import count_parameters, trace
 import trace_models
 
 
@@ -99,7 +99,7 @@ def test_large_micro_batches_follow_the_activations_not_the_gradient_temporaries
 
 
 def test_the_line_is_the_largest_of_its_moments():
-    from autotune.modelinfo import LinearBytes
+    from autotune.planner.model_facts import LinearBytes
 
     # overall peak flat (gradient temporaries), forward peak steep: beyond the points the steep one wins
     lin = LinearBytes(points=((32, 100.0), (64, 110.0)), series=(((32, 100.0), (64, 110.0)), ((32, 32.0), (64, 64.0))))
@@ -109,21 +109,81 @@ def test_the_line_is_the_largest_of_its_moments():
     assert LinearBytes(points=((1, 5.0), (2, 7.0))).at(4) == 11.0  # no series: as before
 
 
-@pytest.mark.parametrize("preset, precision, margin", [
-    ("cpu-only", "auto", 1.1),        # policy.traced_activation_margin
-    ("4xL4", "auto", 1.7),            # a GPU plan traces bf16 autocast: traced_activation_margin_gpu_half
-    ("4xL4", "fp32", 4.5),            # fp32 on a GPU: cuDNN workspaces (traced_activation_margin_gpu_fp32)
+@pytest.mark.parametrize("preset, precision, margin, source", [
+    ("cpu-only", "auto", 1.1, "traced"),                  # policy.traced_activation_margin (the CPU trace)
+    ("4xL4", "auto", 1.0, "traced as CUDA runs it"),      # bf16 on a GPU: whole steps as CUDA runs them, no margin
+    ("4xL4", "fp32", 4.5, "traced as CUDA runs it"),      # fp32 on a GPU: cuDNN workspaces (traced_activation_margin_gpu_fp32)
 ])
-def test_gpu_plans_use_the_margins_measured_on_a_gpu(preset, precision, margin):
+def test_gpu_plans_trace_as_cuda_runs_and_keep_only_the_fp32_margin(preset, precision, margin, source, tmp_path,
+                                                                  monkeypatch):
     from autotune.config import TrainConfig
+    from autotune.measure import model_facts
     from autotune.profiles import load_profile
-    from autotune.runs import model_facts
 
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
     cfg = TrainConfig.model_validate({"training": {"entrypoint": "examples/plain_train.py",
                                                    "model": "examples.plain_train:make_model",
                                                    "sample_input": "[16]", "mixed_precision": precision}})
     facts = model_facts(cfg, hw=load_profile(preset))
-    assert facts.activations.margin == margin
+    assert (facts.activations.margin, facts.activations.source) == (margin, source)
     lin = facts.activations.fp32 or facts.activations.half
     half = facts.activations.half is not None
     assert facts.activations.bytes(8, half=half, checkpointing=False) == pytest.approx(lin.at(8) * margin)
+
+
+def test_the_cuda_trace_keeps_what_cuda_keeps_for_attention_dropout_and_autocast():
+    """One attention layer, by hand: under the CUDA trace attention keeps O(s) (not the b*h*s^2 matrix the CPU
+    math path keeps), dropout keeps a one-byte mask, and pow runs in fp32 as on CUDA."""
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autotune.measure.cuda_trace import PeakTracker, cuda_kernels
+
+    b, h, s, d = 2, 4, 512, 16
+    with FakeTensorMode():
+        q = torch.randn(b, h, s, d, requires_grad=True)
+        with cuda_kernels():
+            tr = PeakTracker()
+            with tr:
+                out = F.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+            kept = tr.current
+            with tr, torch.autocast("cpu", dtype=torch.bfloat16):
+                cubed = torch.pow(q.bfloat16(), 3.0)
+            drop = PeakTracker()
+            with drop:
+                dropped = F.dropout(q, 0.5, training=True)
+        plain = PeakTracker()
+        with plain:
+            math_out = F.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    assert kept < b * h * s * s * 4 / 4  # O(s): output and log-sum-exp, far below one s x s matrix
+    assert plain.peak >= b * h * s * s * 4  # the CPU math path holds the s x s matrix
+    assert cubed.dtype == torch.float32  # CUDA's autocast runs pow in fp32
+    assert drop.current == q.numel() * 4 + q.numel() * 1 + 0  # the output (fp32) and a one-byte mask
+    assert F.dropout.__name__ == "dropout" and out.shape == math_out.shape == dropped.shape
+
+
+def test_a_model_whose_checkpointing_switch_raises_is_traced_without_it(tmp_path):
+    facts = trace("trace_models:ckpt_raises", "[64]")
+    assert facts.activations is not None and facts.activations.fp32 is not None  # not thrown away
+    assert facts.activations.fp32_checkpointed is None and not facts.checkpointing_supported
+    assert "checkpointing unsupported" in facts.source
+
+
+def test_the_trace_cache_answers_a_second_plan_without_tracing(tmp_path, monkeypatch):
+    from autotune.config import TrainConfig
+    from autotune.measure import _TRACE_CACHE, cache_dir, model_facts
+    from autotune.profiles import load_profile
+
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    cfg = TrainConfig.model_validate({"training": {"entrypoint": "examples/plain_train.py",
+                                                   "model": "examples.plain_train:make_model", "sample_input": "[16]"}})
+    _TRACE_CACHE.clear()  # this process's own memo: the disk is what is tested
+    first = model_facts(cfg, hw=load_profile("4xL4"))
+    assert len(list(cache_dir().glob("*.json"))) == 1
+    _TRACE_CACHE.clear()
+    monkeypatch.setattr("autotune.measure.trace.trace", lambda *a, **k: (_ for _ in ()).throw(AssertionError("traced")))
+    assert model_facts(cfg, hw=load_profile("4xL4")) == first  # from disk, no trace
+    other = TrainConfig.model_validate({"training": {"entrypoint": "examples/plain_train.py",
+                                                     "model": "examples.plain_train:make_model", "sample_input": "[32]"}})
+    with pytest.raises(AssertionError, match="traced"):  # another sample spec is another key
+        model_facts(other, hw=load_profile("4xL4"))

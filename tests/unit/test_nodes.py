@@ -8,7 +8,8 @@ import pytest
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
-from autotune.nodes import exchange, meet, smallest
+from autotune.launch.nodes import exchange, meet
+from autotune.planner.nodes import smallest
 from autotune.planner import plan
 from autotune.profiles import load_profile
 
@@ -176,13 +177,13 @@ def _host(port):
 
 
 def _node_0_launch_beside(mine, peer, tmp_path):
-    """The launcher's step for node 0 detecting ``mine`` (commands.launch._with_the_other_nodes, its
+    """The launcher's step for node 0 detecting ``mine`` (autotune.launch._with_the_other_nodes, its
     exchange in a child process) while node 1, detecting ``peer``, meets it through the real store.
     Returns (node 0's planner, its setup before, after)."""
     import functools
 
-    from autotune.commands.launch import _with_the_other_nodes
-    from autotune.runs import prepare
+    from autotune.launch import _with_the_other_nodes
+    from autotune.prepare import prepare
 
     port = _free_port()
     over = {"distributed.num_nodes": 2, "distributed.node_rank": 0, "distributed.master_addr": "127.0.0.1",
@@ -197,7 +198,7 @@ def _node_0_launch_beside(mine, peer, tmp_path):
 
 
 def test_a_launch_on_a_bigger_node_replans_for_the_smaller_one_and_keeps_its_own_records(tmp_path):
-    """The launcher's step (commands.launch._with_the_other_nodes, its exchange in a child process)
+    """The launcher's step (autotune.launch._with_the_other_nodes, its exchange in a child process)
     against a real peer: node 0 (8 cores) meets node 1 (2 cores) through the store; node 0's plan becomes the 2-core plan (threads per rank
     follow the cores), says why in its warnings, keeps its run dir, and its records keep its own
     detected hardware."""

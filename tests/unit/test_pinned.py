@@ -133,7 +133,8 @@ def test_plan_timeout_reaches_the_process_group(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGUSR1])
 def test_execute_returns_128_plus_n_for_a_child_killed_by_signal_n(sig):
-    from autotune.launch import LaunchSpec, execute
+    from autotune.exports.launch_spec import LaunchSpec
+    from autotune.launch.process import execute
 
     spec = LaunchSpec(cmd=[sys.executable, "-c", f"import os, signal; os.kill(os.getpid(), {int(sig)})"], env={})
     assert execute(spec) == 128 + int(sig)
@@ -141,7 +142,7 @@ def test_execute_returns_128_plus_n_for_a_child_killed_by_signal_n(sig):
 
 def test_torchrun_rendezvous_store_setting_is_in_every_launch():
     """PyTorch issue 135712: elastic restarts are flaky unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1."""
-    from autotune.launch import launch_spec
+    from autotune.exports.launch_spec import launch_spec
 
     for backend in ("single", "ddp"):
         cfg = parse_config({"distributed": {"backend": backend, "nproc_per_node": 2 if backend == "ddp" else 1}})
@@ -156,7 +157,7 @@ def test_torchrun_reads_the_shutdown_grace_and_the_signals_the_launcher_sets(mon
     launch (no torchrun) sets neither."""
     from torch.distributed.run import config_from_args, get_args_parser
 
-    from autotune.launch import launch_spec
+    from autotune.exports.launch_spec import launch_spec
 
     cfg = parse_config({"distributed": {"backend": "ddp", "nproc_per_node": 2}, "checkpoint": {"preemption_grace_s": 40}})
     env = launch_spec(plan(load_profile("cpu-only"), cfg), "/r", {"HOME": "/h"}).env
@@ -177,7 +178,7 @@ def test_torchrun_reads_the_shutdown_grace_and_the_signals_the_launcher_sets(mon
 ])
 def test_resume_across_engine_families_is_refused(saved_by, backend, refused):
     from autotune.errors import UserError
-    from autotune.runtime_paths import check_compatible
+    from autotune.rundir.checkpoints import check_compatible
 
     meta = {"backend": saved_by, "global_batch_size": 32}
     if refused:

@@ -11,7 +11,7 @@ from autotune.config import TrainConfig, apply_overrides, parse_config
 from autotune.errors import UserError
 from autotune.planner import plan as _plan
 from autotune.planner.deciders import accumulation as _accumulation
-from autotune.policy import load_policy
+from autotune.planner.policy import load_policy
 from autotune.profiles import load_profile, preset_names
 from profiles_util import A100, L4, T4, V100, make_profile, preset_with_gpus
 from support import examples

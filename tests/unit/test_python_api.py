@@ -67,15 +67,17 @@ def test_helpers_feed_a_real_dataloader_and_accelerator():
     from autotune.planner import plan
     from autotune.profiles import load_profile
 
-    p = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
+    from autotune.entry import ScriptPlan
+
+    p = ScriptPlan.of(plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
         "training.global_batch_size": 40, "training.batch_size_per_gpu": 5, "data.num_workers": 2}),
-        deepspeed_installed=True)
+        deepspeed_installed=True))
     assert (p.batch.micro_batch_size, p.batch.gradient_accumulation_steps, p.loader.num_workers) == (5, 8, 2)
     loader = DataLoader(TensorDataset(torch.arange(20)), **p.dataloader_kwargs())
     assert [len(b[0]) for b in loader] == [5, 5, 5, 5] and loader.num_workers == 2
     acc = Accelerator(**p.accelerator_kwargs())
     assert (acc.gradient_accumulation_steps, acc.mixed_precision, acc.device.type) == (8, "no", "cpu")
-    ds = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)  # ZeRO-2 on 4 GPUs, micro 16 x 4
+    ds = ScriptPlan.of(plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True))  # ZeRO-2 on 4 GPUs, micro 16 x 4
     engine, framework = ds.deepspeed_config(), ds.deepspeed_config("framework")
     assert (engine["train_micro_batch_size_per_gpu"], engine["gradient_accumulation_steps"],
             engine["train_batch_size"], engine["optimizer"]["type"]) == (16, 4, 256, "AdamW")

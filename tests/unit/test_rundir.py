@@ -11,8 +11,10 @@ import textwrap
 import pytest
 
 from autotune.errors import UserError
-from autotune.rundir import LOCK_NAME, RunLock, check_creatable, check_usable, fs_error
-from autotune.runtime_paths import EXIT_PREEMPTED, combined_exit, read_statuses, write_status
+from autotune.rundir.lock import LOCK_NAME, RunLock, check_creatable, check_usable
+from autotune.rundir.fs import fs_error
+from autotune.errors import EXIT_PREEMPTED
+from autotune.rundir.status import combined_exit, read_statuses, write_status
 
 
 def test_fresh_launch_goes_only_into_a_new_or_empty_directory(tmp_path):
@@ -64,7 +66,7 @@ def test_file_system_errors_are_named():
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from autotune.rundir import RunLock
+    from autotune.rundir.lock import RunLock
     RunLock(sys.argv[1]).acquire(["autotune", "launch"])
     print("held", flush=True)
     time.sleep(60)

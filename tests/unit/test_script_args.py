@@ -8,7 +8,7 @@ from autotune.config import TrainConfig
 from autotune.errors import UserError
 from autotune.planner import plan
 from autotune.profiles import load_profile
-from autotune.script_args import expand, placeholder_values, used_placeholders
+from autotune.exports.script_args import expand, placeholder_values, used_placeholders
 
 P = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)  # 16 x 4 x 4 = 256, bf16
 VALUES = placeholder_values(P, "runs/r", "runs/r/deepspeed_config.json")

@@ -9,7 +9,7 @@ from autotune.errors import UserError
 from autotune.hardware import parse_slurm_env
 from autotune.planner import plan
 from autotune.profiles import load_profile
-from autotune.slurm import allocation, expand_hostlist, gpus_per_node
+from autotune.hardware.slurm import allocation, expand_hostlist, gpus_per_node
 
 
 @pytest.mark.parametrize("text, hosts", [
@@ -75,7 +75,7 @@ def test_node_1_of_a_slurm_job_plans_its_rank_and_the_first_host_as_master():
     e = p.engine
     assert (e.num_nodes, e.node_rank, e.master_addr, e.rdzv_id, e.world_size) == (2, 1, "node01", "77", 8)
     assert p.reasons["node_rank"].startswith("SLURM_NODEID=1") and "node[01-02]" in p.reasons["master_addr"]
-    from autotune.launch import torchrun_flags
+    from autotune.exports.launch_spec import torchrun_flags
 
     assert torchrun_flags(p) == ["--nproc_per_node=4", "--nnodes=2", "--rdzv_backend=c10d",
                                  "--rdzv_endpoint=node01:29500", "--rdzv_id=77", "--rdzv_conf=join_timeout=60"]
@@ -140,7 +140,7 @@ def test_an_allocation_on_one_test_host_is_warned_not_refused_and_only_node_0_ne
 
     import torch.distributed as dist
 
-    from autotune.preflight import check
+    from autotune.launch.preflight import check
 
     env = {**NODE1, "SLURM_JOB_NODELIST": "localhost,127.0.0.1"}
     p = plan(_in_slurm(env), TrainConfig(), deepspeed_installed=True)
@@ -195,7 +195,7 @@ def test_the_store_probe_tells_torchs_store_from_other_programs_and_from_nothing
 
     import torch.distributed as dist
 
-    from autotune.preflight import probe_store
+    from autotune.launch.preflight import probe_store
 
     for libuv in (True, False):
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from autotune.config import TrainConfig, apply_overrides, parse_config
 from autotune.errors import PlanRefused
-from autotune.memory import model_state_bytes
-from autotune.modelinfo import ActivationModel, LinearBytes, ModelFacts
+from autotune.planner.memory import model_state_bytes
+from autotune.planner.model_facts import ActivationModel, LinearBytes, ModelFacts
 from autotune.planner import plan
 from autotune.profiles import GPUInfo, load_profile
 from profiles_util import make_profile
@@ -318,7 +318,7 @@ def test_the_builtin_gpts_largest_layer_by_hand():
     """Whichever is largest: the token embedding (GPT-2 small: 50257 x 768), the position embedding (a
     long context over a small vocabulary: 8192 x 64), or the MLP's widening linear (a tiny vocabulary:
     512 x 2048 + 2048 = 1,050,624 > 100 x 512)."""
-    from autotune.memory import gpt_largest_layer
+    from autotune.planner.memory import gpt_largest_layer
 
     assert gpt_largest_layer(768, 50257, 1024) == 50257 * 768
     assert gpt_largest_layer(64, 100, 8192) == 8192 * 64
@@ -343,7 +343,7 @@ def test_model_state_bytes_at_the_edges_by_hand():
     assert model_state_bytes("zero3_offload", p, 16, num_nodes=2).host_bytes_per_node == 9 * p
     # ZeRO-3 with the optimizer alone offloaded (a user's choice; the planner never offers it): the fp32 master
     # copy and Adam's m and v, 16P for the job, all on one node or halved over two
-    from autotune.memory import Strategy
+    from autotune.planner.memory import Strategy
     z3_opt = Strategy("zero3", "deepspeed", 3, offload_optimizer=True)
     assert model_state_bytes(z3_opt, p, 16).host_bytes_per_node == 16 * p
     assert model_state_bytes(z3_opt, p, 16, num_nodes=2).host_bytes_per_node == 8 * p
@@ -504,7 +504,7 @@ def test_model_state_bytes_table_by_hand(strategy, kw, gpu, host):
 
 
 def test_model_state_bytes_edges():
-    from autotune.memory import STRATEGIES, Strategy
+    from autotune.planner.memory import STRATEGIES, Strategy
 
     # ZeRO-3 offloading only the optimizer (kept for users who ask): w P / N on the GPU, (o + 4) P per node
     opt_only = Strategy("zero3_opt", "deepspeed", 3, True, False)
@@ -520,13 +520,13 @@ def test_model_state_bytes_edges():
                                            (5.0, 50_000_000), (5.01, 50_100_000), (22.03, 220_300_000),
                                            (50.0, 500_000_000), (80.0, 500_000_000)])
 def test_bucket_size_scales_with_memory_between_its_clamps(gib, elements):
-    from autotune.memory import bucket_size
+    from autotune.planner.memory import bucket_size
 
     assert bucket_size(gib) == elements
 
 
 def test_bucket_bytes_are_two_buckets_of_the_plan_s_element_size():
-    from autotune.memory import STRATEGIES, bucket_bytes
+    from autotune.planner.memory import STRATEGIES, bucket_bytes
 
     assert bucket_bytes(STRATEGIES["zero2"], 1000, half=True) == 4000
     assert bucket_bytes(STRATEGIES["zero3"], 1000, half=False) == 8000
@@ -537,7 +537,7 @@ def test_gpt_parameter_count_and_activation_formula_by_hand():
     """GPT-2 small: 12 x (12 x 768^2 + 13 x 768) + 50257 x 768 + 1024 x 768 + 2 x 768 = 124,439,808.
     Activations (Korthikanti et al.) per layer s b h (34 + 5 a s / h) bytes in half precision, twice in
     fp32; with checkpointing 2 s b h per layer; plus fp32 logits and their gradient, 8 s b V."""
-    from autotune.memory import activation_bytes, gpt_num_parameters
+    from autotune.planner.memory import activation_bytes, gpt_num_parameters
 
     assert gpt_num_parameters(12, 768, 50257, 1024) == 124_439_808
     assert gpt_num_parameters(1, 32, 10, 6) == 12 * 32 * 32 + 13 * 32 + 10 * 32 + 6 * 32 + 64
@@ -608,7 +608,7 @@ def test_the_ram_suggestion_divides_by_the_host_headroom(tmp_path):
     process need 16P = 19.37 GiB; / 0.5 = 38.74 -> "38.8 GiB"; usable 8 x 0.5 = 4.0 GiB."""
     import yaml
 
-    from autotune.policy import DEFAULT_POLICY_PATH, load_policy
+    from autotune.planner.policy import DEFAULT_POLICY_PATH, load_policy
 
     data = yaml.safe_load(DEFAULT_POLICY_PATH.read_text())
     data["host_ram_headroom_fraction"] = 0.5
@@ -655,7 +655,7 @@ def test_the_strategy_reason_names_the_budget_or_what_is_unknown():
 def _cands(over=None, ds=True, world=4, on_gpu=True, ckpt=(False, True), default="deepspeed"):
     from autotune.planner.deciders import Inputs
     from autotune.planner.memory_fit import candidates
-    from autotune.policy import load_policy
+    from autotune.planner.policy import load_policy
 
     cfg = apply_overrides(TrainConfig(), over or {})
     x = Inputs(gpus(world, 10000), cfg, load_policy(), ds)
@@ -830,7 +830,7 @@ def test_the_gpu_suggestion_divides_by_the_gpu_headroom_not_the_host_s(tmp_path)
     the host side, 512 x 0.5 = 256 GiB usable, holds either offload."""
     import yaml
 
-    from autotune.policy import DEFAULT_POLICY_PATH, load_policy
+    from autotune.planner.policy import DEFAULT_POLICY_PATH, load_policy
 
     data = yaml.safe_load(DEFAULT_POLICY_PATH.read_text())
     data["host_ram_headroom_fraction"] = 0.5
@@ -910,7 +910,7 @@ def test_a_policy_whose_first_choice_fits_names_nothing_rejected(tmp_path):
     time, so the reason names the choice without a "rejected" list."""
     import yaml
 
-    from autotune.policy import DEFAULT_POLICY_PATH, load_policy
+    from autotune.planner.policy import DEFAULT_POLICY_PATH, load_policy
 
     data = yaml.safe_load(DEFAULT_POLICY_PATH.read_text())
     data["strategy_preference"] = [{"strategy": "ddp", "checkpointing": False}] + data["strategy_preference"]

@@ -5,8 +5,8 @@ import textwrap
 from autotune.config import TrainConfig, apply_overrides
 from autotune.planner import plan
 from autotune.profiles import load_profile
-from autotune.script_args import placeholder_values
-from autotune.wiring import delivery, scan_script, wire_flags
+from autotune.exports.script_args import placeholder_values
+from autotune.exports.wiring import delivery, scan_script, wire_flags
 
 
 def script(tmp_path, text, name="train.py"):

@@ -5,7 +5,7 @@
 - the built-in GPT: parameters and largest layer from its shape, activations from the
   Korthikanti formula (``builtin_facts``);
 - a user's model given as ``training.model: package.module:factory``: built and traced
-  under PyTorch's fake-tensor mode by ``autotune.model_trace`` (parameters counted once
+  under PyTorch's fake-tensor mode by ``autotune.measure.trace`` (parameters counted once
   when shared, largest layer as DeepSpeed defines it, activations measured at two
   micro-batch sizes);
 - a user's model given only as ``training.num_parameters``: model states are known,
@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotune import memory
 from autotune.config import TrainConfig
+from autotune.planner import memory
+
+CUDA_TRACED = "traced as CUDA runs it"  # ActivationModel.source of autotune.measure.cuda_trace's lines
 
 
 class _Frozen(BaseModel):
@@ -46,13 +48,29 @@ class LinearBytes(_Frozen):
 
     points: tuple[tuple[int, float], ...] = Field(min_length=1)
     series: tuple[tuple[tuple[int, float], ...], ...] = ()
+    # a whole step traced as CUDA runs it is linear in the micro-batch between its points (to < 1 % on an
+    # H100): interpolate there instead of taking the upper point
+    interpolate: bool = False
 
     @classmethod
     def line(cls, fixed: float, per_sample: float) -> "LinearBytes":
         return cls(points=((1, fixed + per_sample), (2, fixed + 2 * per_sample)))
 
     def at(self, micro: int) -> float:
+        if self.interpolate:
+            return self._between(self.points, micro)
         return max([self._at(self.points, micro)] + [self._at(pts, micro) for pts in self.series if pts])
+
+    @staticmethod
+    def _between(points, micro: int) -> float:
+        pts = sorted(points)
+        if len(pts) == 1 or micro <= pts[0][0]:
+            return pts[0][1]
+        for (b0, y0), (b1, y1) in zip(pts, pts[1:]):
+            if micro <= b1:
+                return y0 + (y1 - y0) * (micro - b0) / (b1 - b0)
+        (b0, y0), (b1, y1) = pts[-2], pts[-1]
+        return y1 + max(0.0, (y1 - y0) / (b1 - b0)) * (micro - b1)
 
     @staticmethod
     def _at(points, micro: int) -> float:
@@ -100,7 +118,14 @@ class ModelFacts(_Frozen):
     @property
     def checkpointing_supported(self) -> bool:
         """Whether the plan's gradient checkpointing can reach the model (and be estimated)."""
-        return self.builtin_gpt or (self.activations is not None and self.activations.fp32_checkpointed is not None)
+        a = self.activations
+        return self.builtin_gpt or (a is not None and (a.fp32_checkpointed is not None or a.half_checkpointed is not None))
+
+    @property
+    def traced_as_cuda(self) -> bool:
+        """Whole steps traced as CUDA runs them: the estimate follows the GPU to within a few per cent, so the
+        plan takes the largest micro-batch that fits instead of the policy band's."""
+        return self.activations is not None and self.activations.source == CUDA_TRACED
 
 
 def builtin_facts(cfg: TrainConfig) -> ModelFacts:

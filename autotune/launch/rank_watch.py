@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from autotune.errors import EXIT_PREEMPTED
 from autotune.plan import EngineSection
-from autotune.runtime_paths import EXIT_PREEMPTED, combined_exit, read_statuses
+from autotune.rundir.status import combined_exit, read_statuses
 
 FAILED_GRACE_S = 5  # the others get this long to stop after a rank reported failure (torchrun: 30 s)
 

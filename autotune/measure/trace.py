@@ -30,7 +30,12 @@ from typing import Any, Callable
 
 from autotune.config import SAMPLE_SHAPE_RE
 from autotune.errors import UserError
-from autotune.modelinfo import ActivationModel, LinearBytes, ModelFacts
+from autotune.planner.model_facts import (
+    CUDA_TRACED,
+    ActivationModel,
+    LinearBytes,
+    ModelFacts,
+)
 
 SHAPE_RE = re.compile(SAMPLE_SHAPE_RE)
 MICRO_POINTS = (1, 2, 4, 8, 16, 32, 64)  # fake tensors cost the same at any size: measure, then interpolate
@@ -157,10 +162,62 @@ def _line(model, make_batch, autocast: bool) -> LinearBytes:
     return LinearBytes(points=overall, series=(fw, bw))
 
 
+def _enable_checkpointing(model) -> tuple[bool, str | None]:
+    """Turn the model's gradient checkpointing on: (done, why not when its switch raised). A model without
+    ``gradient_checkpointing_enable()`` is traced without; one whose switch raises (ResNet-50 in
+    transformers) too, and the facts say checkpointing is unsupported instead of losing the whole trace."""
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if not callable(enable):
+        return False, None
+    try:
+        enable()
+    except Exception as e:  # noqa: BLE001 - e.g. ResNetForImageClassification raises ValueError
+        return False, (f"gradient checkpointing unsupported: gradient_checkpointing_enable() raised "
+                       f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
+    return True, None
+
+
+def _cpu_lines(model, make_batch, modes, say, t0):
+    fp32 = half = fp32_c = half_c = None
+    if "fp32" in modes:
+        fp32 = _line(model, make_batch, autocast=False)
+        say(f"traced fp32 activations ({time.monotonic() - t0:.1f} s)")
+    if "half" in modes:
+        half = _line(model, make_batch, autocast=True)
+        say(f"traced bf16-autocast activations ({time.monotonic() - t0:.1f} s)")
+    enabled, note = _enable_checkpointing(model)
+    if enabled:
+        fp32_c = _line(model, make_batch, False) if "fp32" in modes else None
+        half_c = _line(model, make_batch, True) if "half" in modes else None
+        say(f"traced with gradient checkpointing ({time.monotonic() - t0:.1f} s)")
+    return fp32, half, fp32_c, half_c, note
+
+
+def _cuda_lines(model, make_batch, modes, say, t0):
+    from autotune.measure.cuda_trace import cuda_kernels, step_peaks
+
+    def line(half: bool) -> LinearBytes:
+        pts = step_peaks(model, make_batch, _call, _loss, half=half)
+        say(f"traced {'bf16-autocast' if half else 'fp32'} steps as CUDA runs them ({time.monotonic() - t0:.1f} s)")
+        return LinearBytes(points=pts, interpolate=True)
+
+    with cuda_kernels():
+        fp32 = line(False) if "fp32" in modes else None
+        half = line(True) if "half" in modes else None
+        enabled, note = _enable_checkpointing(model)
+        fp32_c = half_c = None
+        if enabled:
+            fp32_c = line(False) if "fp32" in modes else None
+            half_c = line(True) if "half" in modes else None
+    return fp32, half, fp32_c, half_c, note
+
+
 def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
-          progress: Callable[[str], None] | None = None, modes: tuple[str, ...] = ("fp32", "half")) -> ModelFacts:
+          progress: Callable[[str], None] | None = None, modes: tuple[str, ...] = ("fp32", "half"),
+          cuda: bool = False) -> ModelFacts:
     """Build ``model_spec`` under fake tensors, count it, and trace its activations in ``modes``
-    ('fp32', 'half': bf16 autocast); the planner asks only for the numerics the plan can use."""
+    ('fp32', 'half': bf16 autocast); the planner asks only for the numerics the plan can use.
+    ``cuda``: the plan is for GPUs: trace whole steps as CUDA runs them (``cuda_trace``), no margin."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -186,19 +243,10 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                                              "such as [3,224,224] or int[512]<50257, or package.module:function)")
         try:
             model.train()
-            fp32 = half = fp32_c = half_c = None
-            if "fp32" in modes:
-                fp32 = _line(model, make_batch, autocast=False)
-                say(f"traced fp32 activations ({time.monotonic() - t0:.1f} s)")
-            if "half" in modes:
-                half = _line(model, make_batch, autocast=True)
-                say(f"traced bf16-autocast activations ({time.monotonic() - t0:.1f} s)")
-            enable = getattr(model, "gradient_checkpointing_enable", None)
-            if callable(enable):
-                enable()
-                fp32_c = _line(model, make_batch, False) if "fp32" in modes else None
-                half_c = _line(model, make_batch, True) if "half" in modes else None
-                say(f"traced with gradient checkpointing ({time.monotonic() - t0:.1f} s)")
+            if cuda:
+                fp32, half, fp32_c, half_c, ckpt_note = _cuda_lines(model, make_batch, modes, say, t0)
+            else:
+                fp32, half, fp32_c, half_c, ckpt_note = _cpu_lines(model, make_batch, modes, say, t0)
         except Exception as e:  # noqa: BLE001 - data-dependent shapes, custom ops, bad sample input
             return ModelFacts(source=source, num_parameters=total, trainable_parameters=trainable,
                               largest_layer_parameters=largest,
@@ -206,8 +254,10 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                                              f"{str(e).splitlines()[0][:200] if str(e) else ''}); the estimate "
                                              "covers model states only")
     acts = ActivationModel(fp32=fp32, half=half, fp32_checkpointed=fp32_c, half_checkpointed=half_c,
-                           source="traced", margin=margin)
-    return ModelFacts(source=source + f", activations traced at micro-batch "
-                                       f"{', '.join(str(b) for b, _ in (fp32 or half).points) if (fp32 or half) else 'none'}",
+                           source=CUDA_TRACED if cuda else "traced", margin=margin)
+    how = "whole steps traced as CUDA runs them" if cuda else "activations traced"
+    return ModelFacts(source=source + f", {how} at micro-batch "
+                                       f"{', '.join(str(b) for b, _ in (fp32 or half).points) if (fp32 or half) else 'none'}"
+                                       + (f"; {ckpt_note}" if ckpt_note else ""),
                       num_parameters=total, trainable_parameters=trainable, largest_layer_parameters=largest,
                       activations=acts)

@@ -80,7 +80,7 @@ def accelerate_launch_line(plan: TrainingPlan, config_file: str, script: str = "
 
 
 def torchrun_command(plan: TrainingPlan, script: str = "train.py") -> list[str]:
-    from autotune.launch import torchrun_flags
+    from autotune.exports.launch_spec import torchrun_flags
 
     return ["torchrun", *torchrun_flags(plan), script]
 

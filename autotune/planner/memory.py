@@ -26,7 +26,7 @@ Activations for the built-in GPT follow Korthikanti et al., 2022 ("Reducing Acti
 Recomputation in Large Transformer Models"), eq. 1: per layer ``s*b*h*(34 + 5*a*s/h)``
 bytes in half precision; with full recomputation only each layer's input (``2*s*b*h``
 bytes) is kept. fp32 doubles both. A user's model is measured instead
-(``autotune.modelinfo``): a fixed part plus a part per sample.
+(``autotune.planner.model_facts``): a fixed part plus a part per sample.
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@ runs them before any rank starts, so a wrong --resume_from fails fast with exit 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from autotune.errors import UserError
@@ -49,63 +48,6 @@ def check_compatible(meta: dict, path: str | Path, backend: str, global_batch_si
             f"--resume_from: {path} was trained with global batch {meta.get('global_batch_size')}, this plan has "
             f"{global_batch_size}; set --global_batch_size {meta.get('global_batch_size')} to continue the same run"
         )
-
-
-# ---- how each rank ended, for the launcher (torchrun reports every failure as exit 1) ----------
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; --resume_from auto continues
-STATUS_DIR = ".status"
-
-
-def status_dir(run_dir: str | Path) -> Path:
-    """Where the ranks leave their statuses: the launcher's private folder (AUTOTUNE_STATUS_DIR,
-    outside the run dir, so a full or read-only run dir cannot swallow them), else the run dir."""
-    import os
-
-    return Path(os.environ.get("AUTOTUNE_STATUS_DIR") or Path(run_dir) / STATUS_DIR)
-
-
-def status_path(run_dir: str | Path, rank: int) -> Path:
-    return status_dir(run_dir) / f"rank-{rank}.json"
-
-
-def write_status(run_dir: str | Path, rank: int, code: int, message: str = "", **extra) -> None:
-    """Best effort: a rank that cannot write its status must still exit with its code."""
-    p = status_path(run_dir, rank)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps({"rank": rank, "code": code, "message": message[:2000], **extra}))
-        tmp.replace(p)
-    except OSError:
-        pass
-
-
-def read_statuses(directory: str | Path) -> list[dict]:
-    d = Path(directory)
-    out = []
-    for p in sorted(d.glob("rank-*.json")) if d.is_dir() else []:
-        try:
-            s = json.loads(p.read_text()[:10000])
-        except (OSError, ValueError):
-            continue
-        if isinstance(s, dict) and isinstance(s.get("code"), int):
-            out.append(s)
-    return out
-
-
-def combined_exit(statuses: list[dict]) -> tuple[int | None, dict | None]:
-    """The code the launcher should report from its ranks' statuses, and the status that decided it:
-    bad input (2), then a refusal (3), then any other failure, then a preemption (75), then success."""
-    if not statuses:
-        return None, None
-
-    def rank_of(s: dict) -> tuple[int, int]:
-        code = s["code"]
-        order = {2: 0, 3: 1, EXIT_PREEMPTED: 3, 0: 4}.get(code, 2)
-        return order, s.get("rank", 0)
-
-    worst = min(statuses, key=rank_of)
-    return worst["code"], worst
 
 
 # ---- verified checkpoints ------------------------------------------------------------------------
@@ -208,21 +150,15 @@ def newest_good_checkpoint(run_dir: str | Path, warn=None) -> Path | None:
 
 
 # ---- honest resume: what the checkpoint trained with vs what this plan says ----------------------
-def training_fingerprint(plan) -> dict:
-    """The plan values a checkpoint's state could silently override or that change the trajectory."""
-    s, o = plan.schedule, plan.optimizer
-    return {"learning_rate": s.learning_rate, "warmup_steps": s.warmup_steps, "min_lr_ratio": s.min_lr_ratio,
-            "total_steps": s.total_steps, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
-            "gradient_clipping": o.gradient_clipping, "precision": plan.numerics.precision, "seed": plan.run.seed}
-
-
 def resume_changes(meta: dict, plan) -> dict[str, tuple]:
     """Fields whose value differs between the checkpoint (meta['training']) and this plan.
     Empty for checkpoints written before fingerprints were recorded."""
     old = meta.get("training")
     if not isinstance(old, dict):
         return {}
-    new = training_fingerprint(plan)
+    from autotune.plan import training_values
+
+    new = training_values(plan)
     return {k: (old.get(k), v) for k, v in new.items() if k in old and old.get(k) != v}
 
 

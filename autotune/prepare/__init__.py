@@ -1,33 +1,29 @@
-"""Run setup as a library: config + overrides + hardware -> everything a launch needs.
+"""Run setup as a library: config + overrides + hardware (+ the measured model) -> ``RunSetup``.
 
 ``plan_for`` is what ``plan``, ``export`` and ``report`` need (plan, profile, DeepSpeed
 dict). ``prepare`` adds the run directory, resolves ``--resume_from`` once to a concrete
 checkpoint (recorded in the plan the ranks read, so no rank resolves it again), checks
-that checkpoint against the plan, and builds the ``LaunchSpec``. ``write_records``
-writes the run's files. Nothing here spawns a process; ``launch.execute`` does.
+that checkpoint against the plan, and builds the ``LaunchSpec``. It writes nothing and spawns
+nothing: ``autotune.rundir.records`` writes the records, ``autotune.launch`` runs them.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import shutil
 import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan
 from autotune.profiles import HardwareProfile, load_profile
 
-# The two DeepSpeed files are autotune.deepspeed_config's ENGINE_ and FRAMEWORK_FLAVOUR_FILE (not imported here:
-# the report path stays light; tests/unit/test_deepspeed_config.py checks the names agree).
-RUN_RECORDS = ("plan.json", "hardware.json", "deepspeed_config.json", "deepspeed_config_hf.json", "command.json",
-               "delivery.json")
+# (config, policy, hardware) -> ModelFacts: how a user's model is measured (autotune.measure.model_facts)
+Measure = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -37,12 +33,12 @@ class RunSetup:
     deepspeed_config: dict | None
     run_dir: Path
     resume_path: Path | None
-    launch_spec: Any  # autotune.launch.LaunchSpec
-    delivery: Any = None  # autotune.wiring.Delivery: how each plan value reaches the script
+    launch_spec: Any  # autotune.exports.launch_spec.LaunchSpec
+    delivery: Any = None  # autotune.exports.wiring.Delivery: how each plan value reaches the script
 
     @property
     def records_dir(self) -> Path:
-        from autotune.launch import records_dir
+        from autotune.rundir.layout import records_dir
 
         return records_dir(self.plan, self.run_dir)
 
@@ -66,62 +62,19 @@ def resolve_hardware(spec: str | HardwareProfile | None) -> HardwareProfile:
     return detect()
 
 
-def model_facts(cfg: TrainConfig, policy=None, *, hw: HardwareProfile | None = None):
-    """The planner's model facts: the built-in GPT, a user's model traced under fake tensors
-    (``training.model``; imports torch, a few seconds), or what the config declares.
-
-    With ``hw``, only the numerics a plan there can use are traced: half precision with GPUs
-    (unless fp32 is asked for), fp32 without (unless bf16 is): half the tracing time."""
-    from autotune.modelinfo import facts_for
-
-    t = cfg.training
-    if t.entrypoint is None or t.model is None:
-        return facts_for(cfg)
-    from autotune.policy import load_policy
-
-    pol = policy or load_policy()
-    margin = pol.traced_activation_margin
-    modes: tuple[str, ...] = ("fp32", "half")
-    if hw is not None:
-        mp = t.mixed_precision
-        half = mp in ("bf16", "fp16") or (mp == "auto" and bool(hw.gpus.devices))
-        modes = ("half",) if half else ("fp32",)
-        if hw.gpus.devices:
-            margin = pol.traced_activation_margin_gpu_half if half else pol.traced_activation_margin_gpu_fp32
-    return _traced(t.model, t.sample_input, margin, str(Path.cwd()), modes)
-
-
-_TRACE_CACHE: dict = {}
-
-
-def _traced(model: str, sample: str | None, margin: float, cwd: str, modes: tuple[str, ...]):
-    import sys
-
-    key = (model, sample, margin, cwd, modes)
-    if key not in _TRACE_CACHE:
-        from autotune.model_trace import trace
-
-        start = time.monotonic()
-
-        def progress(msg: str) -> None:
-            if time.monotonic() - start > 1.0:
-                print(f"autotune: {msg}", file=sys.stderr, flush=True)
-
-        print(f"autotune: measuring {model} under fake tensors (no memory spent) ...", file=sys.stderr, flush=True)
-        _TRACE_CACHE[key] = trace(model, sample, margin=margin, progress=progress, modes=modes)
-    return _TRACE_CACHE[key]
-
-
 def plan_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
              hardware: str | HardwareProfile | None = None, *, auto_optimize: bool = True, debug: bool = False,
              policy: str | None = None, with_deepspeed: bool = True, force: bool = False, facts=None,
-             record: list | None = None) -> tuple[TrainingPlan, HardwareProfile, dict | None]:
+             record: list | None = None, measure: Measure | None = None
+             ) -> tuple[TrainingPlan, HardwareProfile, dict | None]:
     """config + flags + hardware -> (plan, profile, DeepSpeed dict or None; None too without with_deepspeed).
 
+    ``measure(cfg, policy, hw)`` measures a user's model (``training.model``): the programs pass
+    ``autotune.measure.model_facts``; ``prepare`` sits beside ``measure`` and never imports it.
     Raises PlanRefused (exit 3) when nothing fits by the estimate, unless ``force``.
     """
     from autotune.planner import plan
-    from autotune.policy import load_policy
+    from autotune.planner.policy import load_policy
 
     if overrides:
         cfg = apply_overrides(cfg, dict(overrides))
@@ -130,12 +83,25 @@ def plan_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     # A preset says nothing about installed software: the plan will run with what is installed here.
     ds_installed = bool(hw.software["deepspeed"]) if "deepspeed" in hw.software else deepspeed_installed_locally()
     p = plan(hw, cfg, auto_optimize=auto_optimize, debug=debug, policy=pol, deepspeed_installed=ds_installed,
-             facts=facts or model_facts(cfg, pol, hw=hw), force=force, record=record)
+             facts=facts or _model_facts(cfg, pol, hw, measure), force=force, record=record)
     if not (with_deepspeed and p.is_deepspeed):
         return p, hw, None
-    from autotune.deepspeed_config import deepspeed_config
+    from autotune.exports.deepspeed import deepspeed_config
 
     return p, hw, deepspeed_config(p)
+
+
+def _model_facts(cfg: TrainConfig, policy, hw: HardwareProfile, measure: Measure | None):
+    """The planner's model facts: measured (a user's ``training.model``), else the built-in GPT's or
+    what the config declares."""
+    from autotune.planner.model_facts import facts_for
+
+    t = cfg.training
+    if t.entrypoint is None or t.model is None:
+        return facts_for(cfg)
+    if measure is None:  # a program that forgot to pass it: never plan a described model blind
+        raise ValueError("plan_for: the config describes a model (training.model); pass measure=")
+    return measure(cfg, policy, hw)
 
 
 def new_run_dir_name() -> str:
@@ -143,7 +109,7 @@ def new_run_dir_name() -> str:
 
 
 def latest_run_with_checkpoint(root: Path) -> Path | None:
-    from autotune.runtime_paths import latest_checkpoint
+    from autotune.rundir.checkpoints import latest_checkpoint
 
     runs = sorted((d for d in root.glob("*") if d.is_dir()), key=lambda d: d.stat().st_mtime, reverse=True)
     return next((d for d in runs if latest_checkpoint(d) is not None), None)
@@ -166,7 +132,7 @@ def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_for
     an argument autotune adds."""
     import sys
 
-    from autotune.runtime_paths import newest_good_checkpoint, verify_checkpoint
+    from autotune.rundir.checkpoints import newest_good_checkpoint, verify_checkpoint
 
     if resume_from is None:
         return None
@@ -195,16 +161,16 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
             hardware: str | HardwareProfile | None = None, *, auto_optimize: bool = True, debug: bool = False,
             policy: str | None = None, run_dir: str | Path | None = None, resume_from: str | None = None,
             script_args: list[str] | tuple[str, ...] = (), environ: Mapping[str, str] | None = None,
-            python: str | None = None, runs_root: str | Path = "runs", force: bool = False) -> RunSetup:
+            python: str | None = None, runs_root: str | Path = "runs", force: bool = False,
+            measure: Measure | None = None) -> RunSetup:
     """Plan, pick the run dir, resolve the resume point once, build the launch spec. Writes nothing."""
-    from autotune.deepspeed_config import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE
-    from autotune.launch import launch_spec
-    from autotune.runtime_paths import check_compatible, read_meta
+    from autotune.exports.launch_spec import launch_spec
+    from autotune.rundir.checkpoints import check_compatible, read_meta
 
     if overrides:
         cfg = apply_overrides(cfg, dict(overrides))
     plan, hw, ds = plan_for(cfg, None, hardware, auto_optimize=auto_optimize, debug=debug, policy=policy,
-                            force=force)
+                            force=force, measure=measure)
     entry = plan.run.entrypoint
     if entry and entry.endswith(".py") and not Path(entry).is_file():
         raise UserError(f"training.entrypoint: no such script {entry!r} (paths are relative to {Path.cwd()})")
@@ -220,15 +186,19 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
         if not entry:  # the built-in runtime's checkpoints: refuse an incompatible one before any rank starts
             check_compatible(read_meta(resume_path), resume_path, plan.engine.backend, plan.batch.global_batch_size)
         plan = plan.model_copy(update={"run": plan.run.model_copy(update={"resume_from": str(resume_path)})})
-    from autotune.launch import records_dir
-    from autotune.script_args import expand, placeholder_values, used_placeholders
-    from autotune.wiring import delivery, wire_flags
+    from autotune.exports.script_args import (
+        expand,
+        placeholder_values,
+        used_placeholders,
+    )
+    from autotune.exports.wiring import delivery, wire_flags
+    from autotune.rundir.layout import deepspeed_config_path
 
     facts = script_facts(entry)
     ds_path = None
     if ds is not None:  # Accelerate and HF Trainer scripts get the flavour they accept (no optimizer, "auto")
         framework = facts is not None and (facts.uses_hf_trainer or facts.uses_accelerate)
-        ds_path = records_dir(plan, rd) / (FRAMEWORK_FLAVOUR_FILE if framework else ENGINE_FLAVOUR_FILE)
+        ds_path = deepspeed_config_path(plan, rd, framework)
     raw = [*plan.run.script_args, *script_args]
     values = placeholder_values(plan, rd, ds_path)
     args = expand(raw, values)
@@ -256,7 +226,7 @@ def _workdir(value: str | None) -> str | None:
 
 def script_facts(entry: str | None):
     """What a user's entrypoint declares (syntax tree only; never run); None for autotune's runtime."""
-    from autotune.wiring import ScriptFacts, scan_script
+    from autotune.exports.wiring import ScriptFacts, scan_script
 
     if not entry:
         return None
@@ -273,56 +243,3 @@ def script_facts(entry: str | None):
     return scan_script(spec.origin)
 
 
-def archive_run_files(run_dir: Path) -> Path | None:
-    """Move an earlier launch's records to previous/<time>/ so a resume never overwrites them."""
-    present = [run_dir / n for n in RUN_RECORDS if (run_dir / n).exists()]
-    if not present:
-        return None
-    dest = run_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
-    while dest.exists():
-        dest = dest.with_name(dest.name + "-1")
-    dest.mkdir(parents=True)
-    for f in present:
-        f.rename(dest / f.name)
-    return dest
-
-
-def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None, spec=None,
-                  delivery=None) -> None:
-    """Write the run's records. They are written into a staging folder first; only when all of
-    them are safely on disk are an earlier launch's records moved to previous/ and the new ones
-    moved in, plan.json last (its presence means the rest is there). A full disk or a read-only
-    file system is one line naming the path; nothing earlier is lost."""
-    from autotune.rundir import fs_error
-
-    files: list[tuple[str, str]] = []
-    if delivery is not None:
-        files.append(("delivery.json", json.dumps(delivery.to_record(), indent=2) + "\n"))
-    files.append(("hardware.json", hw.to_json() + "\n"))
-    if ds is not None:
-        from autotune.deepspeed_config import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE, framework_flavour
-
-        files.append((ENGINE_FLAVOUR_FILE, json.dumps(ds, indent=2) + "\n"))
-        files.append((FRAMEWORK_FLAVOUR_FILE, json.dumps(framework_flavour(ds), indent=2) + "\n"))
-    if spec is not None:
-        files.append(("command.json", json.dumps(spec.to_record(), indent=2) + "\n"))
-    files.append(("plan.json", plan.to_json() + "\n"))
-    staging = records / f".records-{secrets.token_hex(4)}"
-    try:
-        records.mkdir(parents=True, exist_ok=True)
-        staging.mkdir()
-        for name, text in files:
-            with open(staging / name, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-    except OSError as e:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise fs_error(e) from None
-    try:
-        archive_run_files(records)
-        for name, _ in files:
-            (staging / name).replace(records / name)
-        staging.rmdir()
-    except OSError as e:
-        raise fs_error(e) from None

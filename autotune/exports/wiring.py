@@ -19,8 +19,8 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.deepspeed_config import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE
 from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
+from autotune.rundir.layout import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE
 
 # plan value -> flag names a script may declare for it (first declared one is used)
 FLAGS: dict[str, tuple[str, ...]] = {

@@ -7,7 +7,6 @@ keys silently, so a typo here would otherwise go unnoticed.
 
 from __future__ import annotations
 
-from autotune.memory import bucket_size
 from autotune.plan import TrainingPlan
 
 # Top-level keys this module may emit; all are documented DeepSpeed keys.
@@ -22,7 +21,7 @@ def deepspeed_config(plan: TrainingPlan) -> dict:
     """The engine flavour: batch sizes, ZeRO, precision, and the optimizer from ``plan.optimizer``."""
     eng, opt = plan.engine, plan.optimizer
     stage = eng.zero_stage if eng.zero_stage is not None else 0
-    bucket = bucket_size(plan.memory.gpu_memory_gib)
+    bucket = plan.memory.bucket_elements
     zero: dict = {
         "stage": stage,
         "overlap_comm": eng.device == "cuda",  # overlap needs CUDA streams
@@ -81,14 +80,10 @@ def deepspeed_config(plan: TrainingPlan) -> dict:
     return out
 
 
-# The file for Accelerate and Hugging Face Trainer (``deepspeed_config_hf.json``): they build the
-# optimizer and scheduler from the script (Accelerate refuses an optimizer section beside one made in
-# code) and fill every "auto" from their own arguments, which the launcher sets to the plan's values
-# (Accelerate's environment, Trainer's flags under --wire auto). Its name's value: the path.
-ENGINE_FLAVOUR_FILE = "deepspeed_config.json"  # what autotune's runtime and plain DeepSpeed scripts read
-FRAMEWORK_FLAVOUR_FILE = "deepspeed_config_hf.json"
-
-
+# The framework flavour (``deepspeed_config_hf.json``, rundir.layout.FRAMEWORK_FLAVOUR_FILE) is for Accelerate and
+# Hugging Face Trainer: they build the optimizer and scheduler from the script (Accelerate refuses an optimizer
+# section beside one made in code) and fill every "auto" from their own arguments, which the launcher sets to
+# the plan's values (Accelerate's environment, Trainer's flags under --wire auto).
 def framework_flavour(ds: dict) -> dict:
     """The engine flavour without the optimizer, with "auto" where Accelerate and HF Trainer fill in
     the value from their own arguments (batch sizes, accumulation, clipping, precision). ZeRO's

@@ -1,0 +1,175 @@
+"""The launch sequence: ``run(setup)`` takes a prepared ``RunSetup`` (autotune.prepare) to an exit code.
+
+Preflight (this node's checks before any rank starts), the nodes' hardware exchange and the re-plan for
+the smallest node, the run directory's lock, the records, the run log, ``execute`` (the one place that
+spawns: ``autotune.launch.process``), the rank watch, and the exit-code policy: a rank's own code over
+torchrun's 1, 75 for a preemption with its checkpoint, 128+N for a signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Callable
+
+from autotune.errors import EXIT_PREEMPTED
+from autotune.plan import training_values
+
+
+def run(setup, replan: Callable | None = None, argv: list[str] | None = None) -> int:
+    """Launch ``setup`` and wait for it. ``replan(profile, run_dir=...)`` plans again for another hardware
+    profile with the same inputs (several nodes plan for the smallest); ``argv`` is what the records call
+    the command (default: sys.argv)."""
+    from autotune.exports.deepspeed import framework_flavour
+    from autotune.launch.preflight import check as preflight
+    from autotune.launch.runlog import RunLog
+    from autotune.rundir.lock import RunLock
+    from autotune.rundir.records import write_records
+
+    argv = list(sys.argv if argv is None else argv)
+    preflight(setup.plan)
+    if replan is not None:
+        setup = _with_the_other_nodes(setup, replan)
+    lock = RunLock(setup.records_dir).acquire(argv)
+    try:
+        ds = setup.deepspeed_config
+        write_records(setup.records_dir, setup.plan, setup.hardware, ds, setup.launch_spec, setup.delivery,
+                      ds_framework=None if ds is None else framework_flavour(ds))
+        with RunLog(setup.records_dir, argv) as log:
+            return _execute(setup, lock, log)
+    finally:
+        lock.release()
+
+
+def _with_the_other_nodes(setup, replan):
+    """Several nodes: exchange what each detected and plan every node for the smallest (autotune.planner.nodes).
+    The node's own detected profile stays what its records call its hardware."""
+    eng = setup.plan.engine
+    if eng.num_nodes == 1:
+        return setup
+    import dataclasses
+
+    from autotune.launch.nodes import exchange
+    from autotune.planner.nodes import smallest
+
+    print(f"Multi-node: node {eng.node_rank} of {eng.num_nodes} meets the others at {eng.master_addr}:"
+          f"{eng.master_port} to compare hardware; waits up to {eng.rendezvous_timeout_s} s "
+          "(distributed.rendezvous_timeout_s)", flush=True)
+    profiles = exchange(eng.num_nodes, eng.node_rank, eng.master_addr, eng.master_port, setup.hardware,
+                        eng.rendezvous_timeout_s)
+    combined, lines = smallest(profiles, eng.node_rank)
+    if not lines:
+        return setup
+    again = replan(combined, run_dir=str(setup.run_dir))  # the run dir chosen already, not a new name
+    if training_values(again.plan) == training_values(setup.plan):
+        return setup  # the nodes differ in nothing the plan uses (free RAM moves by a few MiB between probes)
+    plan = again.plan.model_copy(update={"warnings": (*again.plan.warnings, *lines)})
+    return dataclasses.replace(again, plan=plan, hardware=setup.hardware)
+
+
+def resume_note(setup) -> str:
+    """What differs from the checkpoint's training values: applied, and said before the launch."""
+    from autotune.rundir.checkpoints import describe_changes, read_meta, resume_changes
+
+    if setup.plan.run.entrypoint:
+        return ""
+    changes = resume_changes(read_meta(setup.resume_path), setup.plan)
+    return f"\n  changed since that checkpoint (applied from its step on): {describe_changes(changes)}" if changes else ""
+
+
+def print_delivery(setup, out=None) -> None:
+    out = out or sys.stdout
+    d = setup.delivery
+    if d is None or not setup.plan.run.entrypoint:
+        return
+    print("How the plan reaches your script:", file=out)
+    for k, routes in d.routes.items():
+        print(f"  {k}: {'; '.join(routes) if routes else 'NO ROUTE (advisory)'}", file=out)
+    for line in d.summary():
+        print(f"warning: {line}", file=out)
+    if d.advisory:
+        print("  (pass them as placeholders after `--`, e.g. --batch_size {micro_batch_size}, or use --wire auto)",
+              file=out)
+
+
+def _execute(setup, lock=None, log=None) -> int:
+    """Run the spec; report how it ended."""
+    from autotune.exports.report import render_plan
+    from autotune.launch.process import execute
+    from autotune.rundir.checkpoints import latest_checkpoint
+
+    run_dir = setup.run_dir
+    render_plan(setup.plan, sys.stdout)
+    if setup.resume_path:
+        print(f"\nResuming from {setup.resume_path}{resume_note(setup)}")
+    print(f"\nRun directory: {run_dir}\nCommand: {setup.launch_spec.shell()}", flush=True)
+    print_delivery(setup)
+    print(flush=True)
+    from autotune.launch.preflight import explain_failure, waiting_line
+
+    line = waiting_line(setup.plan)
+    if line:
+        print(line, flush=True)
+    signals: list[int] = []
+    import shutil
+    import tempfile
+    import time
+
+    from autotune.launch.rank_watch import RankWatch
+
+    started = time.monotonic()
+    statuses = tempfile.mkdtemp(prefix="autotune-status-")  # how each rank ended, outside the run dir
+    eng = setup.plan.engine
+    watch = RankWatch(eng, statuses)
+    try:
+        rc = execute(setup.launch_spec, environ={**os.environ, "AUTOTUNE_STATUS_DIR": statuses},
+                     forwarded=signals, keep_fds=lock.fds() if lock is not None else (),
+                     kill_after_s=setup.plan.run.preemption_grace_s + 10,
+                     signal_ranks=setup.plan.run.entrypoint is None and eng.backend != "single",
+                     should_kill=watch.lingering, output=log)
+        out = watch.outcome(rc, interrupted=bool(signals))
+    finally:
+        shutil.rmtree(statuses, ignore_errors=True)
+    rc, decider = out.rc, out.decider
+    if out.barrier_note:
+        print(f"autotune: {out.barrier_note}", file=sys.stderr)
+    if out.ranks_code == EXIT_PREEMPTED:
+        print(f"\nPreempted ({decider.get('signal', 'signal')}): every rank stopped after step {decider.get('step')} "
+              f"and saved {decider.get('checkpoint')}.\nRun directory: {run_dir}\nTo continue (no step is "
+              f"repeated), run the same command with --run_dir {run_dir} --resume_from auto", file=sys.stderr)
+        return EXIT_PREEMPTED
+    if rc != 0 and out.ranks_code:  # torchrun reports any rank's failure as 1: say what the rank said
+        print(f"\nRank {decider.get('rank')} stopped the run (exit {out.ranks_code}). Run directory: {run_dir}"
+              + (f"\nNever reported (hung, or killed before they could): rank {', '.join(map(str, out.silent))}"
+                 if out.silent and eng.backend != "single" else "")
+              + f"\n{decider.get('message', '')}", file=sys.stderr)
+        return out.ranks_code
+    if rc != 0 and signals:  # interrupted: the shell convention 128+N, whatever torchrun made of it
+        rc = 128 + signals[0]
+    if rc == 0:
+        advisory = setup.delivery.advisory if setup.delivery is not None and setup.plan.run.entrypoint else []
+        print(f"\nDone. Run directory: {run_dir}" + (f" (advisory, never reached the script: {', '.join(advisory)})"
+                                                     if advisory else ""))
+        if (run_dir / "tensorboard").is_dir():
+            print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
+        metrics = run_dir / "metrics.json"
+        if metrics.exists():
+            final = json.loads(metrics.read_text()).get("final", {})
+            if "val/accuracy" in final:
+                print(f"Final validation accuracy: {final['val/accuracy']:.3f} (loss {final['val/loss']:.4f})")
+    elif signals:
+        import signal as _signal
+
+        name = _signal.Signals(signals[0]).name
+        print(f"\nInterrupted ({name}) before a checkpoint could be saved. Run directory: {run_dir}",
+              file=sys.stderr)
+        if latest_checkpoint(run_dir) is not None:
+            print(f"To continue from its newest checkpoint, run the same command with "
+                  f"--run_dir {run_dir} --resume_from auto", file=sys.stderr)
+    else:
+        print(f"\nTraining exited with code {rc}. Run directory: {run_dir}", file=sys.stderr)
+        hint = explain_failure(setup.plan, time.monotonic() - started)
+        if hint:
+            print(f"hint: {hint}", file=sys.stderr)
+    return rc

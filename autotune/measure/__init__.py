@@ -1,0 +1,126 @@
+"""What a user's model really needs, measured (imports torch, lazily): the fake-tensor trace
+(``trace``). The planner never measures; it receives ``ModelFacts``."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from autotune.config import TrainConfig
+from autotune.profiles import HardwareProfile
+
+
+def model_facts(cfg: TrainConfig, policy=None, hw: HardwareProfile | None = None):
+    """A user's model (``training.model``) traced under fake tensors (imports torch, a few seconds).
+
+    With ``hw``, only the numerics a plan there can use are traced: half precision with GPUs
+    (unless fp32 is asked for), fp32 without (unless bf16 is): half the tracing time."""
+    from autotune.planner.policy import load_policy
+
+    t = cfg.training
+
+    pol = policy or load_policy()
+    margin = pol.traced_activation_margin
+    modes: tuple[str, ...] = ("fp32", "half")
+    cuda = False
+    if hw is not None:
+        mp = t.mixed_precision
+        half = mp in ("bf16", "fp16") or (mp == "auto" and bool(hw.gpus.devices))
+        modes = ("half",) if half else ("fp32",)
+        cuda = bool(hw.gpus.devices)
+        if cuda:  # whole steps traced as CUDA runs them: the allocated peak; fp32 keeps cuDNN's workspace margin
+            margin = 1.0 if half else pol.traced_activation_margin_gpu_fp32
+    return _traced(t.model, t.sample_input, margin, str(Path.cwd()), modes, cuda)
+
+
+_TRACE_CACHE: dict = {}
+
+
+def cache_dir() -> Path:
+    """$AUTOTUNE_CACHE_DIR, else $XDG_CACHE_HOME/autotune/traces, else ~/.cache/autotune/traces."""
+    if os.environ.get("AUTOTUNE_CACHE_DIR"):
+        return Path(os.environ["AUTOTUNE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "autotune" / "traces"
+
+
+def _source_of(spec: str | None) -> str:
+    """The text of the module a ``package.module:function`` spec names ('' when it has none)."""
+    if not spec or ":" not in spec:
+        return ""
+    import importlib.util
+    import sys
+
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        found = importlib.util.find_spec(spec.partition(":")[0])
+    except (ImportError, ValueError):
+        return ""
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        return ""
+    try:
+        return Path(found.origin).read_text()
+    except OSError:
+        return ""
+
+
+def cache_key(model: str, sample: str | None, margin: float, modes: tuple[str, ...], cuda: bool) -> str:
+    """What a trace depends on: the specs, the model's and sample's source files, the numerics, torch's and
+    transformers' versions, and autotune's own tracing code."""
+    import hashlib
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return ""
+
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for part in (model, sample or "", repr(margin), ",".join(modes), str(cuda), _source_of(model), _source_of(sample),
+                 version("torch"), version("transformers"), (here / "trace.py").read_text(),
+                 (here / "cuda_trace.py").read_text()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def _traced(model: str, sample: str | None, margin: float, cwd: str, modes: tuple[str, ...], cuda: bool = False):
+    import sys
+
+    from autotune.planner.model_facts import ModelFacts
+
+    key = (model, sample, margin, cwd, modes, cuda)
+    if key in _TRACE_CACHE:
+        return _TRACE_CACHE[key]
+    where = cache_dir() / f"{cache_key(model, sample, margin, modes, cuda)}.json"
+    try:
+        _TRACE_CACHE[key] = ModelFacts.model_validate_json(where.read_text())
+        print(f"autotune: {model}: measured before (cache {where})", file=sys.stderr, flush=True)
+        return _TRACE_CACHE[key]
+    except (OSError, ValueError):
+        pass  # not cached yet, or a damaged entry: measure again
+    from autotune.measure.trace import trace
+
+    start = time.monotonic()
+
+    def progress(msg: str) -> None:
+        print(f"autotune: {msg}", file=sys.stderr, flush=True)
+
+    how = "whole training steps as CUDA runs them" if cuda else "activations"
+    print(f"autotune: measuring {model} under fake tensors ({how}; no memory spent) ...", file=sys.stderr, flush=True)
+    facts = trace(model, sample, margin=margin, progress=progress, modes=modes, cuda=cuda)
+    _TRACE_CACHE[key] = facts
+    if facts.activations is not None:  # a failed trace is not kept: the user may fix the model and retry
+        try:
+            where.parent.mkdir(parents=True, exist_ok=True)
+            tmp = where.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(facts.model_dump_json())
+            tmp.replace(where)
+        except OSError:
+            pass  # a read-only home: measure again next time
+    print(f"autotune: measured {model} in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
+    return facts

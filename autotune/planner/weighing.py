@@ -1,0 +1,62 @@
+"""What the memory decider weighs, as data: the budget, one option's need, the table's rows, the outcome
+(``memory_fit`` fills them; ``estimate`` prints them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.plan import MemoryEstimate
+from autotune.planner.memory import Strategy
+
+
+@dataclass(frozen=True)
+class Budget:
+    device_gib: float | None  # usable per GPU (per process on CPU); None = unknown
+    host_gib: float | None  # usable host RAM per node for offloaded state; None = unknown
+    on_gpu: bool
+    basis: str  # one phrase: what the budget is
+
+
+@dataclass(frozen=True)
+class Need:
+    states_gib: float | None
+    activations_gib: float | None
+    overhead_gib: float
+    host_gib: float  # per node, with margin
+
+    @property
+    def total_gib(self) -> float | None:
+        if self.states_gib is None:
+            return None
+        return self.states_gib + (self.activations_gib or 0.0) + self.overhead_gib
+
+
+@dataclass(frozen=True)
+class Row:
+    """One option as weighed: the estimate table's line."""
+
+    strategy: Strategy
+    checkpointing: bool
+    micro: int  # largest micro-batch that fits (0: none)
+    need: Need  # at ``micro`` (or at 1 when nothing fits)
+    why_not: str | None  # None when it fits
+
+    @property
+    def label(self) -> str:
+        return self.strategy.label + (" + checkpointing" if self.checkpointing else "")
+
+
+@dataclass(frozen=True)
+class Weighing:
+    """What the memory decider weighed: the table of ``autotune estimate``."""
+
+    rows: tuple[Row, ...]
+    budget: Budget
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    strategy: Strategy
+    micro_batch_size: int
+    gradient_checkpointing: bool
+    estimate: MemoryEstimate | None

@@ -1,0 +1,82 @@
+"""The run's records (plan.json, hardware.json, the DeepSpeed JSONs, command.json, delivery.json):
+written whole or not at all, an earlier launch's kept under previous/, and never a secret in them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Mapping
+
+from autotune.plan import TrainingPlan
+from autotune.profiles import HardwareProfile
+from autotune.rundir.layout import RUN_RECORDS
+
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
+
+
+def redact(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: ("<redacted>" if SECRET_NAME.search(k) else v) for k, v in env.items()}
+
+
+
+
+def archive_run_files(run_dir: Path) -> Path | None:
+    """Move an earlier launch's records to previous/<time>/ so a resume never overwrites them."""
+    present = [run_dir / n for n in RUN_RECORDS if (run_dir / n).exists()]
+    if not present:
+        return None
+    dest = run_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
+    while dest.exists():
+        dest = dest.with_name(dest.name + "-1")
+    dest.mkdir(parents=True)
+    for f in present:
+        f.rename(dest / f.name)
+    return dest
+
+
+def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None, spec=None,
+                  delivery=None, ds_framework: dict | None = None) -> None:
+    """Write the run's records (``ds``/``ds_framework``: DeepSpeed's JSON in its two flavours). They are written into a staging folder first; only when all of
+    them are safely on disk are an earlier launch's records moved to previous/ and the new ones
+    moved in, plan.json last (its presence means the rest is there). A full disk or a read-only
+    file system is one line naming the path; nothing earlier is lost."""
+    from autotune.rundir.fs import fs_error
+
+    files: list[tuple[str, str]] = []
+    if delivery is not None:
+        files.append(("delivery.json", json.dumps(delivery.to_record(), indent=2) + "\n"))
+    files.append(("hardware.json", hw.to_json() + "\n"))
+    if ds is not None:
+        from autotune.rundir.layout import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE
+
+        if ds_framework is None:
+            raise ValueError("write_records: a DeepSpeed plan writes both flavours; pass ds_framework")
+        files.append((ENGINE_FLAVOUR_FILE, json.dumps(ds, indent=2) + "\n"))
+        files.append((FRAMEWORK_FLAVOUR_FILE, json.dumps(ds_framework, indent=2) + "\n"))
+    if spec is not None:
+        files.append(("command.json", json.dumps(spec.to_record(), indent=2) + "\n"))
+    files.append(("plan.json", plan.to_json() + "\n"))
+    staging = records / f".records-{secrets.token_hex(4)}"
+    try:
+        records.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
+        for name, text in files:
+            with open(staging / name, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+    except OSError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise fs_error(e) from None
+    try:
+        archive_run_files(records)
+        for name, _ in files:
+            (staging / name).replace(records / name)
+        staging.rmdir()
+    except OSError as e:
+        raise fs_error(e) from None

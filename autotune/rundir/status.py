@@ -1,0 +1,64 @@
+"""How each rank ended, for the launcher: torchrun reports every failure as exit 1, so each rank
+writes its own code and message to a status file, and the launcher reads them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autotune.errors import EXIT_PREEMPTED, EXIT_REFUSED, EXIT_USAGE
+from autotune.rundir.layout import STATUS_DIR
+
+
+def status_dir(run_dir: str | Path) -> Path:
+    """Where the ranks leave their statuses: the launcher's private folder (AUTOTUNE_STATUS_DIR,
+    outside the run dir, so a full or read-only run dir cannot swallow them), else the run dir."""
+    import os
+
+    return Path(os.environ.get("AUTOTUNE_STATUS_DIR") or Path(run_dir) / STATUS_DIR)
+
+
+def status_path(run_dir: str | Path, rank: int) -> Path:
+    return status_dir(run_dir) / f"rank-{rank}.json"
+
+
+def write_status(run_dir: str | Path, rank: int, code: int, message: str = "", **extra) -> None:
+    """Best effort: a rank that cannot write its status must still exit with its code."""
+    p = status_path(run_dir, rank)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(json.dumps({"rank": rank, "code": code, "message": message[:2000], **extra}))
+        tmp.replace(p)
+    except OSError:
+        pass
+
+
+def read_statuses(directory: str | Path) -> list[dict]:
+    d = Path(directory)
+    out = []
+    for p in sorted(d.glob("rank-*.json")) if d.is_dir() else []:
+        try:
+            s = json.loads(p.read_text()[:10000])
+        except (OSError, ValueError):
+            continue
+        if isinstance(s, dict) and isinstance(s.get("code"), int):
+            out.append(s)
+    return out
+
+
+def combined_exit(statuses: list[dict]) -> tuple[int | None, dict | None]:
+    """The code the launcher should report from its ranks' statuses, and the status that decided it:
+    bad input (2), then a refusal (3), then any other failure, then a preemption (75), then success."""
+    if not statuses:
+        return None, None
+
+    def rank_of(s: dict) -> tuple[int, int]:
+        code = s["code"]
+        order = {EXIT_USAGE: 0, EXIT_REFUSED: 1, EXIT_PREEMPTED: 3, 0: 4}.get(code, 2)
+        return order, s.get("rank", 0)
+
+    worst = min(statuses, key=rank_of)
+    return worst["code"], worst
+
+
