@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit test-gpu test-gpu-here run report plan bench mutation clean
+.PHONY: install test test-unit test-gpu test-gpu-here run report plan bench bench-gpu-truth mutation clean
 
 install: $(VENV)/.installed
 
@@ -50,6 +50,11 @@ report: install
 
 bench: install
 	$(PY) bench/run_all.py
+
+# The planner scored against what an H100 measured (bench/gpu_truth): estimate error, planned vs fitting
+# micro-batch, OOM, throughput against the best recorded setting, plan time; DeepSpeed ZeRO-1/2/3 too.
+bench-gpu-truth: install
+	$(PY) bench/score_gpu_truth.py --deepspeed
 
 # Mutation testing of the pure core against tests/unit (config: [tool.mutmut] in pyproject.toml;
 # scores in QUALITY.md). Not part of `make test`: about an hour on 2 cores (QUALITY.md).

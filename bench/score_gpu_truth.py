@@ -69,7 +69,8 @@ def score(record: dict, plan: dict, seconds: float) -> dict:
             "budget_gib": est.get("budget_gib")}
 
 
-def plan_once(record: dict, profile: Path, truth: Path, cache: str) -> tuple[dict | None, float, str]:
+def plan_once(record: dict, profile: Path, truth: Path, cache: str, extra: tuple[str, ...] = ()
+              ) -> tuple[dict | None, float, str]:
     with tempfile.TemporaryDirectory() as td:
         (Path(td) / "train.py").write_text("print('a user script')\n")
         cfg = Path(td) / "cfg.yaml"
@@ -81,17 +82,51 @@ def plan_once(record: dict, profile: Path, truth: Path, cache: str) -> tuple[dic
                "AUTOTUNE_CACHE_DIR": cache}
         t0 = time.monotonic()
         r = subprocess.run([sys.executable, "-m", "autotune", "plan", "--config", str(cfg), "--hardware", str(profile),
-                            "--json"], cwd=truth.parent, env=env, capture_output=True, text=True, timeout=1200)
+                            "--json", *extra], cwd=truth.parent, env=env, capture_output=True, text=True, timeout=1200)
         secs = time.monotonic() - t0
     if r.returncode != 0:
         return None, secs, r.stderr[-500:]
     return json.loads(r.stdout), secs, ""
 
 
+def deepspeed_rows(truth: Path, profile: Path) -> list[dict]:
+    """Each recorded ZeRO run (bench/gpu_truth/deepspeed) planned at its stage and micro-batch. Besides the total,
+    the activations alone: the recorded peak minus what DeepSpeed held after a step (bf16 weights, fp32 master
+    and Adam's moments), against the plan's activations (the DeepSpeed bf16 line)."""
+    ds = json.loads((truth.parent / "deepspeed" / "h100-1gpu.json").read_text())
+    models = {json.loads(f.read_text())["model"]: json.loads(f.read_text()) for f in truth.glob("*.json")
+              if f != profile}
+    rows = []
+    with tempfile.TemporaryDirectory() as cache:
+        for run in ds["runs"]:
+            for p in run["points"]:
+                print(f"planning {run['model']} ZeRO-{run['stage']} at micro-batch {p['micro']} ...", file=sys.stderr,
+                      flush=True)
+                plan, secs, err = plan_once(models[run["model"]], profile, truth, cache,
+                                            ("--deepspeed", "--zero_stage", str(run["stage"]), "--batch_size",
+                                             str(p["micro"])))
+                if plan is None:
+                    rows.append({"model": run["model"], "stage": run["stage"], "micro": p["micro"], "error": err})
+                    continue
+                e = plan["memory_estimate"]
+                measured = p["peak"] / GIB
+                held = run["after_first_step"] / GIB
+                rows.append({"model": run["model"], "stage": run["stage"], "micro": p["micro"],
+                             "predicted_gib": e["total_gib"], "states_gib": e["model_states_gib"],
+                             "activations_gib": e["activations_gib"], "overhead_gib": e["overhead_gib"],
+                             "measured_gib": round(measured, 2), "held_after_step_gib": round(held, 2),
+                             "error_pct": round((e["total_gib"] - measured) / measured * 100, 1),
+                             "activations_error_pct": round((e["activations_gib"] - (measured - held)) /
+                                                            (measured - held) * 100, 1)})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--truth", default=str(ROOT / "bench" / "gpu_truth" / "h100"))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--deepspeed", action="store_true",
+                    help="also plan each recorded DeepSpeed run (--deepspeed --zero_stage N --batch_size M) and compare")
     a = ap.parse_args(argv)
     truth = Path(a.truth)
     profile = next(truth.glob("*profile.json"))
@@ -107,6 +142,7 @@ def main(argv=None) -> int:
                 out.append({"model": record["model"], "error": f"plan failed: {err}"})
                 continue
             out.append(score(record, plan, secs))
+    ds_rows = deepspeed_rows(truth, profile) if a.deepspeed else []
     errs = [abs(o["error_pct"]) for o in out if o.get("error_pct") is not None]
     summary = {"models": len(out), "error_median_pct": round(statistics.median(errs), 1) if errs else None,
                "error_max_pct": round(max(errs), 1) if errs else None, "oom": sum(bool(o.get("oom")) for o in out),
@@ -114,8 +150,12 @@ def main(argv=None) -> int:
                                                default=None),
                "throughput_vs_best_min": min((o.get("throughput_vs_best") or 0 for o in out), default=None),
                "plan_seconds_max": max((o.get("plan_seconds", 0) for o in out), default=None)}
+    if ds_rows:
+        ds_errs = [abs(r["error_pct"]) for r in ds_rows if r.get("error_pct") is not None]
+        summary["deepspeed_error_max_pct"] = round(max(ds_errs), 1) if ds_errs else None
+        summary["deepspeed_activations_error_max_pct"] = round(max(abs(r["activations_error_pct"]) for r in ds_rows), 1)
     if a.json:
-        print(json.dumps({"summary": summary, "models": out}, indent=2))
+        print(json.dumps({"summary": summary, "models": out, "deepspeed": ds_rows}, indent=2))
     else:
         for o in out:
             if "error" in o:
@@ -125,6 +165,11 @@ def main(argv=None) -> int:
                   f"{o['predicted_gib']} GiB, measured {o['measured_gib']} GiB, error {o['error_pct']} % | fits up to "
                   f"{o['largest_fitting_micro']} (budget {o['budget_gib']} GiB) -> {o['planned_over_fitting']} | "
                   f"throughput {o['throughput_vs_best']} of best | oom {o['oom']} | plan {o['plan_seconds']} s")
+        for r in ds_rows:
+            print(f"{r['model']:12s} ZeRO-{r['stage']} micro {r['micro']:<3d} | predicted {r['predicted_gib']} GiB "
+                  f"(states {r['states_gib']}, activations {r['activations_gib']}, overhead {r['overhead_gib']}), "
+                  f"measured {r['measured_gib']} GiB, error {r['error_pct']} % | activations vs measured peak - "
+                  f"{r['held_after_step_gib']} GiB held after a step: {r['activations_error_pct']} %")
         print("summary:", json.dumps(summary))
     return 0
 

@@ -31,7 +31,28 @@ def model_facts(cfg: TrainConfig, policy=None, hw: HardwareProfile | None = None
         cuda = bool(hw.gpus.devices)
         if cuda:  # whole steps traced as CUDA runs them: the allocated peak; fp32 keeps cuDNN's workspace margin
             margin = 1.0 if half else pol.traced_activation_margin_gpu_fp32
+            if half and _may_run_deepspeed(cfg, hw):
+                modes = ("half", "deepspeed")
     return _traced(t.model, t.sample_input, margin, str(Path.cwd()), modes, cuda)
+
+
+def _may_run_deepspeed(cfg: TrainConfig, hw: HardwareProfile) -> bool:
+    """Whether the plan can choose DeepSpeed (so its own line is worth tracing): installed, and several GPUs or
+    a setting that only DeepSpeed has."""
+    from importlib import metadata
+
+    d = cfg.distributed
+    asked = d.backend == "deepspeed" or d.zero_stage not in (None, "auto") or d.offload_optimizer is True
+    if d.backend in ("ddp", "single"):
+        return False
+    if "deepspeed" in hw.software:  # a detected or recorded machine says; a preset says nothing
+        installed = bool(hw.software["deepspeed"])
+    else:
+        try:
+            installed = bool(metadata.version("deepspeed"))
+        except metadata.PackageNotFoundError:
+            installed = False
+    return installed and (asked or hw.gpus.count * max(1, hw.num_nodes) > 1)
 
 
 _TRACE_CACHE: dict = {}

@@ -17,8 +17,10 @@ where it changes the memory a step holds (measured against an H100: bench/gpu_tr
   ``AdamW(foreach=True).step()`` with its temporaries and ``zero_grad(set_to_none=True)``;
 - the caching allocator's rounding: every storage is counted in 512-byte blocks.
 
-The peak of that step minus the fp32 weights, gradients and AdamW state (16 bytes a parameter, what
-the traced step held) is what the planner adds to each strategy's own model states.
+The peak of that step minus the weights, gradients and AdamW state it held (16 bytes a parameter with
+fp32 weights, 8 with bf16 ones) is what the planner adds to each strategy's own model states. DeepSpeed's
+bf16 runs the model in bf16 weights without autocast (``to_half_weights``): its own line, measured
+against ZeRO-1/2/3 on an H100 (bench/gpu_truth/deepspeed).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import weakref
 from typing import Any, Callable
 
 BLOCK = 512  # the CUDA caching allocator rounds every allocation up to a multiple of 512 bytes
-STATE_BYTES_PER_PARAM = 16  # fp32 weights 4 + gradients 4 + AdamW's two moments 8, as the traced step holds
 POINTS = (1, 2, 4, 8, 16, 32, 64)
 
 # CUDA's autocast policy where it differs from the CPU's (torch's aten/src/ATen/autocast_mode.h)
@@ -148,6 +149,16 @@ def cuda_kernels():
         lib._destroy()
 
 
+def to_half_weights(model) -> None:
+    """The model as DeepSpeed's bf16 engine runs it: bf16 weights and buffers (``p.data``: a fake module cannot
+    swap its parameters through ``module.to``)."""
+    import torch
+
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.is_floating_point():
+            t.data = t.data.to(torch.bfloat16)
+
+
 def step_peaks(model, make_batch: Callable[[int], Any], call: Callable, loss_of: Callable, *, half: bool,
                points: tuple[int, ...] = POINTS, say: Callable[[str], None] = lambda _m: None
                ) -> tuple[tuple[int, float], ...]:
@@ -172,8 +183,9 @@ def step_peaks(model, make_batch: Callable[[int], Any], call: Callable, loss_of:
         for p in model.parameters():
             base._seen(p)
         step(1)  # the warm-up step: AdamW's state exists from here on, as in training
-    states = STATE_BYTES_PER_PARAM * sum(p.numel() for p in model.parameters() if p.requires_grad)
-    states += 4 * sum(p.numel() for p in model.parameters() if not p.requires_grad)
+    # weights, gradients and AdamW's two moments, each in the weights' dtype (16 bytes a parameter in fp32,
+    # 8 in bf16); frozen weights alone
+    states = sum(p.numel() * p.element_size() * (4 if p.requires_grad else 1) for p in model.parameters())
     out = []
     for b in points:
         tr = PeakTracker(base.current)

@@ -178,6 +178,7 @@ def _enable_checkpointing(model) -> tuple[bool, str | None]:
 
 
 def _cpu_lines(model, make_batch, modes, say, t0):
+    """Activation lines of forward and backward on the CPU's kernels (a CPU plan)."""
     fp32 = half = fp32_c = half_c = None
     if "fp32" in modes:
         fp32 = _line(model, make_batch, autocast=False)
@@ -190,26 +191,38 @@ def _cpu_lines(model, make_batch, modes, say, t0):
         fp32_c = _line(model, make_batch, False) if "fp32" in modes else None
         half_c = _line(model, make_batch, True) if "half" in modes else None
         say(f"traced with gradient checkpointing ({time.monotonic() - t0:.1f} s)")
-    return fp32, half, fp32_c, half_c, note
+    return fp32, half, fp32_c, half_c, note, None, None
 
 
 def _cuda_lines(model, make_batch, modes, say, t0):
-    from autotune.measure.cuda_trace import cuda_kernels, step_peaks
+    """Lines of whole steps as CUDA runs them: fp32 and bf16 autocast (single, DDP), then, when ``modes`` asks
+    for "deepspeed", bf16 weights without autocast (DeepSpeed's bf16), each with checkpointing when offered."""
+    from autotune.measure.cuda_trace import cuda_kernels, step_peaks, to_half_weights
 
-    def line(half: bool) -> LinearBytes:
+    def line(half: bool, what: str) -> LinearBytes:
         pts = step_peaks(model, make_batch, _call, _loss, half=half)
-        say(f"traced {'bf16-autocast' if half else 'fp32'} steps as CUDA runs them ({time.monotonic() - t0:.1f} s)")
+        say(f"traced {what} steps as CUDA runs them ({time.monotonic() - t0:.1f} s)")
         return LinearBytes(points=pts, interpolate=True)
 
+    ds = ds_c = None
     with cuda_kernels():
-        fp32 = line(False) if "fp32" in modes else None
-        half = line(True) if "half" in modes else None
+        fp32 = line(False, "fp32") if "fp32" in modes else None
+        half = line(True, "bf16-autocast") if "half" in modes else None
         enabled, note = _enable_checkpointing(model)
         fp32_c = half_c = None
         if enabled:
-            fp32_c = line(False) if "fp32" in modes else None
-            half_c = line(True) if "half" in modes else None
-    return fp32, half, fp32_c, half_c, note
+            fp32_c = line(False, "checkpointed fp32") if "fp32" in modes else None
+            half_c = line(True, "checkpointed bf16-autocast") if "half" in modes else None
+        if "deepspeed" in modes:
+            to_half_weights(model)
+            if enabled:
+                ds_c = line(False, "checkpointed DeepSpeed bf16")
+            disable = getattr(model, "gradient_checkpointing_disable", None)
+            if not enabled or callable(disable):
+                if enabled:
+                    disable()
+                ds = line(False, "DeepSpeed bf16")
+    return fp32, half, fp32_c, half_c, note, ds, ds_c
 
 
 def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
@@ -243,10 +256,8 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                                              "such as [3,224,224] or int[512]<50257, or package.module:function)")
         try:
             model.train()
-            if cuda:
-                fp32, half, fp32_c, half_c, ckpt_note = _cuda_lines(model, make_batch, modes, say, t0)
-            else:
-                fp32, half, fp32_c, half_c, ckpt_note = _cpu_lines(model, make_batch, modes, say, t0)
+            lines = _cuda_lines if cuda else _cpu_lines
+            fp32, half, fp32_c, half_c, ckpt_note, ds, ds_c = lines(model, make_batch, modes, say, t0)
         except Exception as e:  # noqa: BLE001 - data-dependent shapes, custom ops, bad sample input
             return ModelFacts(source=source, num_parameters=total, trainable_parameters=trainable,
                               largest_layer_parameters=largest,
@@ -254,6 +265,7 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                                              f"{str(e).splitlines()[0][:200] if str(e) else ''}); the estimate "
                                              "covers model states only")
     acts = ActivationModel(fp32=fp32, half=half, fp32_checkpointed=fp32_c, half_checkpointed=half_c,
+                           half_weights=ds, half_weights_checkpointed=ds_c,
                            source=CUDA_TRACED if cuda else "traced", margin=margin)
     how = "whole steps traced as CUDA runs them" if cuda else "activations traced"
     return ModelFacts(source=source + f", {how} at micro-batch "

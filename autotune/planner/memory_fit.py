@@ -50,7 +50,7 @@ class Sizer:
         st = memory.model_state_bytes(s, f.num_parameters, self.world, largest_layer=f.largest_layer_parameters,
                                       half=self.half, optimizer=self.x.cfg.training.optimizer,
                                       ranks_per_node=self.nproc, num_nodes=self.num_nodes)
-        acts = f.activations.bytes(micro, self.half, ckpt) if f.activations else None
+        acts = f.activations.bytes(micro, self.half, ckpt, s.backend == "deepspeed") if f.activations else None
         overhead = 0.0
         if self.on_gpu:
             overhead = policy.cuda_context_mib * 2**20 + memory.bucket_bytes(s, self.bucket_elements, self.half)

@@ -91,10 +91,17 @@ class ActivationModel(_Frozen):
     half: LinearBytes | None = None
     fp32_checkpointed: LinearBytes | None = None
     half_checkpointed: LinearBytes | None = None
+    # half-precision weights without autocast, as DeepSpeed's bf16/fp16 engine runs the model (traced for GPU
+    # plans that can choose DeepSpeed); None: DeepSpeed strategies use the autocast line (larger: safe)
+    half_weights: LinearBytes | None = None
+    half_weights_checkpointed: LinearBytes | None = None
     source: str  # "formula" | "traced"
     margin: float = 1.0  # multiplier the planner applies (traced: policy; formula: 1)
 
-    def bytes(self, micro: int, half: bool, checkpointing: bool) -> float | None:
+    def bytes(self, micro: int, half: bool, checkpointing: bool, deepspeed: bool = False) -> float | None:
+        own = (self.half_weights_checkpointed if checkpointing else self.half_weights) if half and deepspeed else None
+        if own is not None:
+            return own.at(micro) * self.margin
         if checkpointing:
             lin = self.half_checkpointed if half else self.fp32_checkpointed
             if lin is None:
