@@ -66,3 +66,36 @@ class _CkptRaises(nn.Module):
 
 def ckpt_raises():
     return _CkptRaises()
+
+
+class _ReadsValues(nn.Module):
+    """An initialiser that reads a value (like transformers 5.24's ViT): fails under fake tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+        if self.net[0].weight.abs().max().item() > 1e9:  # a value read in the constructor
+            raise AssertionError("unreachable")
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def reads_values():
+    return _ReadsValues()
+
+
+class _InitReadsValues(nn.Module):
+    """Reads a value only through torch.nn.init (what skipping initialisation avoids)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+        nn.init.normal_(self.net[0].weight, std=0.02)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def init_reads_values():
+    return _InitReadsValues()

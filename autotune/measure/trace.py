@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from autotune.config import SAMPLE_SHAPE_RE
 from autotune.errors import UserError
+from autotune.measure.build import build
 from autotune.planner.model_facts import (
     CUDA_TRACED,
     ActivationModel,
@@ -225,6 +226,15 @@ def _cuda_lines(model, make_batch, modes, say, t0):
     return fp32, half, fp32_c, half_c, note, ds, ds_c
 
 
+def _free_ram() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - unknown: no real build
+        return None
+
+
 def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
           progress: Callable[[str], None] | None = None, modes: tuple[str, ...] = ("fp32", "half"),
           cuda: bool = False) -> ModelFacts:
@@ -238,17 +248,13 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
     factory = load_callable(model_spec, "training.model")
     make_batch = sample_maker(sample_spec) if sample_spec else None
     t0 = time.monotonic()
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        try:
-            model = factory()
-        except Exception as e:  # noqa: BLE001
-            raise UserError(f"training.model: {model_spec}() failed while building under fake tensors "
-                            f"({type(e).__name__}: {e})") from None
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
+        model, how = build(factory, model_spec, fake_mode, _free_ram)
         if not isinstance(model, torch.nn.Module):
             raise UserError(f"training.model: {model_spec}() returned {type(model).__name__}, not a torch.nn.Module")
         total, trainable, largest = count_parameters(model)
         say(f"built {model_spec}: {total:,} parameters ({time.monotonic() - t0:.1f} s)")
-        source = f"training.model {model_spec} (built under fake tensors)"
+        source = f"training.model {model_spec} ({how})"
         if make_batch is None:
             return ModelFacts(source=source, num_parameters=total, trainable_parameters=trainable,
                               largest_layer_parameters=largest,

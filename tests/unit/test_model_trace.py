@@ -187,3 +187,35 @@ def test_the_trace_cache_answers_a_second_plan_without_tracing(tmp_path, monkeyp
                                                      "model": "examples.plain_train:make_model", "sample_input": "[32]"}})
     with pytest.raises(AssertionError, match="traced"):  # another sample spec is another key
         model_facts(other, hw=load_profile("4xL4"))
+
+
+def test_a_model_that_reads_values_in_its_constructor_is_built_for_real_then_measured():
+    facts = trace("trace_models:reads_values", "[32]")
+    assert facts.num_parameters == 32 * 64 + 64 + 64 * 4 + 4 and facts.activations is not None
+    assert "built for real on the CPU" in facts.source
+
+
+def test_an_initialiser_that_fails_under_fake_tensors_is_skipped(monkeypatch):
+    """torch.nn.init.normal_ made to fail under fake tensors as ViT's initialisers do: the build skips it."""
+    import torch.nn.init as init
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    real = init.normal_
+
+    def reads(tensor, *a, **k):
+        if isinstance(tensor, FakeTensor):
+            raise RuntimeError("aten._local_scalar_dense: data-dependent")
+        return real(tensor, *a, **k)
+
+    monkeypatch.setattr(init, "normal_", reads)
+    facts = trace("trace_models:init_reads_values", "[32]")
+    assert "initialisation skipped" in facts.source and facts.activations is not None
+    assert init.normal_ is reads  # restored after the build
+
+
+def test_a_model_too_big_to_build_for_real_is_refused_naming_the_way_out(monkeypatch):
+    import autotune.measure.trace as tr
+
+    monkeypatch.setattr(tr, "_free_ram", lambda: 1000)  # 1000 bytes free: a real build may take 250
+    with pytest.raises(UserError, match="training.model: .*exceed a quarter of the free RAM.*training.num_parameters"):
+        trace("trace_models:reads_values", "[32]")
