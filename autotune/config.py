@@ -143,6 +143,8 @@ class TrainingConfig(_Section):
                                    "such as {micro_batch_size} are replaced by the plan's values")
     wire: Literal["none", "auto"] = Field("none", description="auto: fill the script's own argparse flags "
                                           "(--batch_size, --lr, ...) with the plan's values; flags you pass win")
+    probe: bool = Field(True, description="on a CUDA machine, launch measures training.model on GPU 0 (real steps "
+                        "at two micro-batches) before the ranks start and plans from that (--no_probe: the trace)")
     workdir: str | None = Field(None, max_length=4096, description="the directory your script starts in "
                                 "(default: where you launch); the script's path and the run directory stay "
                                 "relative to where you launch")

@@ -44,6 +44,8 @@ def add_parser(sub) -> None:
                    help="auto: fill your script's own argparse flags (--batch_size, --lr, --gradient_accumulation_steps, "
                         "--deepspeed_config, --bf16, ...) with the plan's values, read from its source (never run); "
                         "flags you pass after `--` win (training.wire)")
+    p.add_argument("--no_probe", action="store_true", help="on a CUDA machine, plan from the trace instead of "
+                   "measuring training.model on GPU 0 first (training.probe: false)")
     p.add_argument("--workdir", metavar="DIR", help="start your script in DIR (training.workdir); its path, the "
                    "config and --run_dir stay relative to where you launch")
     p.add_argument("script_args", nargs=argparse.REMAINDER,
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.commands.common import overrides_from_args
     from autotune.config import load_config
     from autotune.errors import UserError
-    from autotune.measure import model_facts
+    from autotune.measure import model_facts, model_facts_probed
     from autotune.prepare import prepare
 
     script_args = _script_args(list(args.script_args or []))
@@ -81,12 +83,15 @@ def run(args: argparse.Namespace) -> int:
         overrides["training.wire"] = args.wire
     if args.workdir:
         overrides["training.workdir"] = args.workdir
+    if args.no_probe:
+        overrides["training.probe"] = False
     import functools
 
     planned = functools.partial(prepare, load_config(args.config), overrides, auto_optimize=not args.no_auto_optimize,
                                 debug=args.debug, policy=args.policy, run_dir=args.run_dir,
                                 resume_from=args.resume_from, script_args=script_args, environ=os.environ,
-                                python=sys.executable, force=args.force, measure=model_facts)
+                                python=sys.executable, force=args.force,
+                                measure=model_facts if args.dry_run else model_facts_probed)
     setup = planned(args.hardware)
     from autotune.rundir.lock import check_creatable, check_usable
 

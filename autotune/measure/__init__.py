@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from autotune.config import TrainConfig
+from autotune.planner.model_facts import CUDA_TRACED
 from autotune.profiles import HardwareProfile
 
 
@@ -145,3 +146,44 @@ def _traced(model: str, sample: str | None, margin: float, cwd: str, modes: tupl
             pass  # a read-only home: measure again next time
     print(f"autotune: measured {model} in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
     return facts
+
+
+def model_facts_probed(cfg: TrainConfig, policy=None, hw: HardwareProfile | None = None):
+    """``model_facts``, then, on this machine's GPUs (a detected profile) and unless ``training.probe`` is off,
+    measured on GPU 0 (``autotune.measure.probe``): real steps at two micro-batches inside what the trace says fits,
+    the line through their peaks replacing the traced one. A failed probe keeps the trace and says why."""
+    import sys
+
+    facts = model_facts(cfg, policy, hw)
+    t = cfg.training
+    if hw is None or hw.source != "detected" or not hw.gpus.devices or not t.probe or not facts.traced_as_cuda:
+        return facts
+    from autotune.measure.probe import PROBED, probe, probe_micro_batches, probed_line
+
+    acts, gpu = facts.activations, hw.gpus.devices[0]
+    half = acts.half is not None
+    line = acts.half if half else acts.fp32
+    free = (gpu.memory_free_mib or gpu.memory_total_mib or 0) * 2**20 * 0.85
+    states = 16 * (facts.trainable_parameters or 0) + 4 * ((facts.num_parameters or 0) - (facts.trainable_parameters or 0))
+    largest = max((m for m in range(1, 4097) if states + line.at(m) <= free), default=0)
+    if largest < 2:  # not even two micro-batches fit one GPU: the trace stays (a probe would run out of memory)
+        return facts
+    key = (t.model, t.sample_input, half, gpu.name, gpu.memory_total_mib, "probe")
+    if key in _TRACE_CACHE:
+        return _TRACE_CACHE[key]
+    micros = probe_micro_batches(largest)
+    print(f"autotune: measuring {t.model} on GPU {gpu.index} ({gpu.name}): real steps at micro-batch "
+          f"{micros[0]} and {micros[1]} ...", file=sys.stderr, flush=True)
+    try:
+        points = probe(t.model, t.sample_input, micros, half=half, checkpointing=False, device=gpu.index)
+    except (RuntimeError, OSError, ValueError) as e:
+        print(f"autotune: warning: {e}; planning from the trace", file=sys.stderr, flush=True)
+        return facts
+    probed = probed_line(points, states)
+    update = {"half": probed} if half else {"fp32": probed}
+    source = f"{PROBED} {gpu.index} at micro-batch {micros[0]} and {micros[1]}"
+    probed_facts = facts.model_copy(update={
+        "activations": acts.model_copy(update={**update, "source": CUDA_TRACED, "margin": 1.0}),
+        "source": facts.source + f"; {source}"})
+    _TRACE_CACHE[key] = probed_facts
+    return probed_facts

@@ -207,3 +207,29 @@ def test_memory_estimate_holds_on_this_gpu(record):
     assert result["bf16"]["worst_cover"] >= 1.0, "the policy's GPU margin does not cover a measured peak"
     assert result["fp32"]["worst_cover"] >= 1.0, "the policy's fp32 GPU margin does not cover a measured peak"
     assert fit["measured_reserved_gib"] <= fit["gpu_budget_gib"]
+
+
+def test_the_gpu_probe_is_within_2_percent_of_a_measured_step(record, tmp_path):
+    """The probe (autotune.measure.probe: real steps at two micro-batches) predicts a third micro-batch's peak,
+    measured here the same way, to within 2 %."""
+    import torch
+
+    from autotune.measure.probe import probe, probed_line
+
+    (tmp_path / "probe_model.py").write_text(
+        "import torch, torch.nn as nn\n"
+        "def make():\n    return nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 4096), nn.GELU(),"
+        " nn.Linear(4096, 1024))\n"
+        "def batch(b):\n    return torch.randn(b, 1024)\n")
+    env_path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), str(ROOT), env_path]))
+    try:
+        pts = probe("probe_model:make", "probe_model:batch", (256, 512, 2048), half=True, checkpointing=False)
+    finally:
+        os.environ["PYTHONPATH"] = env_path
+    params = (1024 * 4096 + 4096) + (4096 * 4096 + 4096) + (4096 * 1024 + 1024)
+    line = probed_line(pts[:2], 16 * params)
+    predicted, measured = line.at(2048) + 16 * params, pts[2].peak_bytes
+    record(f"probe at 256, 512 -> 2048: predicted {predicted / 2**20:.0f} MiB, measured {measured / 2**20:.0f} MiB")
+    assert abs(predicted - measured) <= 0.02 * measured
+    assert torch.cuda.is_available()
