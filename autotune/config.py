@@ -264,9 +264,10 @@ def config_to_dict(cfg: TrainConfig) -> dict:
 
 
 def apply_overrides(cfg: TrainConfig, updates: dict[str, Any]) -> TrainConfig:
-    """Return a copy with dotted-path updates applied and re-validated."""
-    data = config_to_dict(cfg)
+    """Return a copy with dotted-path updates applied and re-validated. Only what was set (in the file, or
+    by an earlier override) is carried, so a value left to its default still reads as not set."""
+    data = cfg.model_dump(mode="json", exclude_unset=True)
     for dotted, value in updates.items():
         section, key = dotted.split(".")
-        data[section][key] = value
+        data.setdefault(section, {})[key] = value
     return parse_config(data, origin="command line")

@@ -116,12 +116,19 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     lr = dec.learning_rate(x, r, global_batch)
     run = _run_section(cfg, auto_optimize, debug)
     max_steps = min(t.max_steps or DEBUG_MAX_STEPS, DEBUG_MAX_STEPS) if debug else t.max_steps
-    num_samples = cfg.data.num_samples
-    spe, total = dec.steps(num_samples, global_batch, t.epochs, max_steps)
-    r.explain("steps_per_epoch", f"ceil({num_samples} samples / global batch {global_batch}) = {spe}" if spe
-              else "data.num_samples unknown")
+    # a user's script: its data is its own; the figures are known only when the config describes it
+    described = t.entrypoint is None or "num_samples" in cfg.data.model_fields_set
+    num_samples = cfg.data.num_samples if described else None
+    spe, total, per_epoch = dec.steps(num_samples, micro, acc, world, t.epochs, max_steps)
+    r.explain("steps_per_epoch", (f"{num_samples} samples / {world} process(es) = {num_samples // world} each, in "
+                                  f"{per_epoch} whole micro-batches of {micro} (a partial one dropped) / accumulation "
+                                  f"{acc} = {per_epoch / acc:g}" if per_epoch else
+                                  f"{num_samples} samples give no whole micro-batch of {micro} per process")
+              if num_samples else "data.num_samples unknown" if described else
+              "unknown: your script's data is not described (set data.num_samples to have them counted)")
     r.explain("total_steps", f"max_steps {max_steps}" if max_steps else
-              (f"{t.epochs} epoch(s) x {spe} steps" if total else "unknown"))
+              (f"{t.epochs} epoch(s) x {per_epoch} micro-batches // accumulation {acc} = {total}" if total
+               else "unknown"))
     r.explain("warmup_steps", f"training.warmup_steps {t.warmup_steps} carried over")
     m = cfg.model
     return TrainingPlan(

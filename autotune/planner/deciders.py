@@ -382,13 +382,18 @@ def learning_rate(x: Inputs, r: Resolver, global_batch: int) -> float:
     return lr
 
 
-def steps(num_samples: int | None, global_batch: int, epochs: int | None, max_steps: int | None):
-    """(steps per epoch, total optimizer steps); None where unknown."""
-    spe = math.ceil(num_samples / global_batch) if num_samples else None
+def steps(num_samples: int | None, micro: int, acc: int, world: int, epochs: int | None, max_steps: int | None):
+    """(steps per epoch, total optimizer steps, micro-batches per process per epoch); None where unknown.
+
+    Counted as the data stream runs (runtime/data.py): each process gets num_samples // world samples, in whole
+    micro-batches (the last partial one dropped), and the stream goes on across epochs, so a step may straddle
+    two. Steps per epoch is rounded down; the total is epochs x micro-batches per epoch // accumulation."""
+    per_epoch = (num_samples // world) // micro if num_samples else None
+    spe = per_epoch // acc if per_epoch else None
     if max_steps:
         total = max_steps
-    elif epochs and spe:
-        total = epochs * spe
+    elif epochs and per_epoch:
+        total = max(1, epochs * per_epoch // acc)
     else:
         total = None
-    return spe, total
+    return spe, total, per_epoch

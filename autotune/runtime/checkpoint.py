@@ -188,11 +188,15 @@ class CheckpointManager:
         # the differences are said and recorded (never recorded in plan.json and ignored).
         engine.apply_hyperparameters()
         meta["changed"] = resume_changes(meta, engine.plan)
-        # Consumed micro-batches are per rank; rescale if the world size changed.
+        # Consumed micro-batches are per rank, in the saving run's micro-batches: with the same world size the
+        # stream converts them through samples (BatchStream's saved_micro); another world size shards the data
+        # otherwise, and the position restarts from the steps taken, in this run's micro-batches.
         old_world = meta.get("world_size") or self.ctx.world_size
         consumed = meta["micro_batches_consumed"]
         accum_old = meta.get("gradient_accumulation_steps") or b.gradient_accumulation_steps
-        if old_world != self.ctx.world_size or accum_old != b.gradient_accumulation_steps:
+        if old_world != self.ctx.world_size or ("micro_batch_size" not in meta and
+                                                  accum_old != b.gradient_accumulation_steps):
             consumed = meta["step"] * b.gradient_accumulation_steps
+            meta["micro_batch_size"] = b.micro_batch_size
         meta["micro_batches_consumed"] = consumed
         return meta

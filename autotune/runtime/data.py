@@ -26,7 +26,7 @@ def _worker_init(_worker_id: int) -> None:
 class BatchStream:
     def __init__(self, dataset: Dataset, micro_batch_size: int, rank: int, world_size: int, seed: int,
                  num_workers: int = 0, pin_memory: bool = False, prefetch_factor: int | None = None,
-                 start_micro_batch: int = 0):
+                 start_micro_batch: int = 0, saved_micro: int | None = None):
         self.dataset, self.micro = dataset, micro_batch_size
         self.sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
                                           seed=seed, drop_last=True)
@@ -40,7 +40,17 @@ class BatchStream:
         if num_workers:
             self.loader_kw["prefetch_factor"] = prefetch_factor or 2
             self.loader_kw["worker_init_fn"] = _worker_init
-        self.consumed = start_micro_batch
+        self.consumed = self.position(start_micro_batch, saved_micro)
+
+    def position(self, consumed: int, saved_micro: int | None) -> int:
+        """``consumed`` micro-batches of ``saved_micro`` samples (a checkpoint's layout) in this stream's
+        micro-batches: the same epoch and the same samples into it (each epoch drops its own partial
+        micro-batch, so a plain rescale drifts at every epoch boundary). A position inside one of this stream's
+        micro-batches rounds down: those few samples are seen twice, never skipped."""
+        if not saved_micro or saved_micro == self.micro:
+            return consumed
+        epoch, offset = divmod(consumed, len(self.sampler) // saved_micro)
+        return epoch * self.per_epoch + offset * saved_micro // self.micro
 
     @property
     def epoch(self) -> int:

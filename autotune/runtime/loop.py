@@ -88,7 +88,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
     if ctx.is_main and engine.name == "deepspeed":  # DeepSpeed's own reading of the plan's JSON
         write_in_effect(engine.model, run_dir)
     ckpts = CheckpointManager(run_dir, ctx, keep_last=run.keep_last)
-    step, consumed = 0, 0
+    step, consumed, saved_micro = 0, 0, None
     resume_path = Path(run.resume_from) if run.resume_from else None
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     if restart > 0:  # torchrun restarted the group (--max_restarts): continue from the newest good checkpoint
@@ -101,13 +101,14 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
                                                        else "no checkpoint yet, starting over"), flush=True)
     if resume_path is not None:
         meta = ckpts.load(engine, resume_path)
-        step, consumed = meta["step"], meta["micro_batches_consumed"]
+        step, consumed, saved_micro = meta["step"], meta["micro_batches_consumed"], meta.get("micro_batch_size")
         if ctx.is_main:
             _forget_after(run_dir / "metrics.jsonl", step)
             _record_resume(run_dir, resume_path, step, meta.get("changed", {}))
     ld = plan.loader
     stream = BatchStream(train_ds, b.micro_batch_size, ctx.rank, ctx.world_size, run.seed,
-                         ld.num_workers, ld.pin_memory, ld.prefetch_factor, start_micro_batch=consumed)
+                         ld.num_workers, ld.pin_memory, ld.prefetch_factor, start_micro_batch=consumed,
+                         saved_micro=saved_micro)
     logger = make_logger(plan, ctx, run_dir)
     total = plan.schedule.total_steps
     progress = Progress(total, step, ctx.is_main, run.progress_bar)

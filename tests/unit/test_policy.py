@@ -118,7 +118,8 @@ def test_lr_scaling_arithmetic():
     assert sq.schedule.learning_rate == pytest.approx(0.002)
 
 
-@pytest.mark.parametrize("gb, steps", [(4, 7375), (8, 3688)])
+# one process: 29500 samples in whole micro-batches (the stream drops the last partial one): 29500 // 4, 29500 // 8
+@pytest.mark.parametrize("gb, steps", [(4, 7375), (8, 3687)])
 def test_steps_per_epoch(gb, steps):
     cfg = cfg_with(**{"data.num_samples": 29500, "training.global_batch_size": gb})
     p = plan(load_profile("cpu-only"), cfg)
@@ -675,9 +676,11 @@ def test_schedule_world_and_debug_values_by_hand():
     assert p.reasons["world_size"] == "4 process(es) per node x 1 node(s) = 4"
     assert p.reasons["gradient_accumulation_steps"] == "closest integer to target 256 / (16 micro x 4 processes) = 4.00"
     assert p.reasons["global_batch_size"] == "16 x 4 x 4 = 256 (target 256, exact)"
-    assert (p.schedule.steps_per_epoch, p.schedule.total_steps, p.schedule.max_steps) == (40, 120, None)
-    assert p.reasons["steps_per_epoch"] == "ceil(10000 samples / global batch 256) = 40"  # 39.06 -> 40
-    assert p.reasons["total_steps"] == "3 epoch(s) x 40 steps"
+    # 10000 // 4 processes = 2500 each, // micro 16 = 156 micro-batches, // accumulation 4 = 39; 3 x 156 // 4 = 117
+    assert (p.schedule.steps_per_epoch, p.schedule.total_steps, p.schedule.max_steps) == (39, 117, None)
+    assert p.reasons["steps_per_epoch"] == ("10000 samples / 4 process(es) = 2500 each, in 156 whole micro-batches "
+                                            "of 16 (a partial one dropped) / accumulation 4 = 39")
+    assert p.reasons["total_steps"] == "3 epoch(s) x 156 micro-batches // accumulation 4 = 117"
     assert p.reasons["warmup_steps"] == "training.warmup_steps 7 carried over" and p.schedule.warmup_steps == 7
     assert p.workload.data.num_val_samples == 1000 and p.memory.gpu_memory_gib == round(22563 / 1024, 2)
     capped = plan(load_profile("4xL4"), apply_overrides(cfg, {"training.max_steps": 50}), deepspeed_installed=True)
@@ -726,7 +729,9 @@ def test_every_configured_value_reaches_the_plan():
     assert (e.master_port, e.timeout_s, e.rendezvous_timeout_s, e.max_restarts, e.setup_timeout_s, e.step_timeout_s,
             e.checkpoint_timeout_s, e.exit_barrier_s) == (29999, 111, 22, 3, 44, 55, 66, 7)
     assert (e.num_gpus, e.nproc_per_node, e.world_size) == (4, 4, 4)
-    assert p.schedule.steps_per_epoch == 4 and p.schedule.total_steps == 8  # ceil(999 / 256) = 4, x 2 epochs
+    # 999 // 4 processes = 249 each, // micro 16 = 15 micro-batches an epoch, // accumulation 4 = 3 steps an epoch;
+    # 2 epochs x 15 // 4 = 7 steps (the stream runs on across the epoch boundary)
+    assert p.schedule.steps_per_epoch == 3 and p.schedule.total_steps == 7
     narrowed = plan(load_profile("4xL4"), _cfg(**{"distributed.num_gpus": 2}), deepspeed_installed=True)
     assert (narrowed.engine.num_gpus, narrowed.engine.world_size) == (2, 2)
     cpu = plan(make_profile(cores=8), _cfg())
