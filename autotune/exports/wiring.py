@@ -49,6 +49,8 @@ HF_FLAGS = {"--per_device_train_batch_size": False, "--gradient_accumulation_ste
 class ScriptFacts:
     path: str
     flags: dict[str, bool] = field(default_factory=dict)  # declared flag -> is a switch (store_true)
+    aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)  # flag -> every name of its add_argument
+    choices: dict[str, tuple[str, ...]] = field(default_factory=dict)  # flag -> its declared string choices
     uses_accelerate: bool = False
     accelerator_kwargs: set[str] = field(default_factory=set)  # explicit Accelerator(...) arguments
     reads_deepspeed_micro_batch: bool = False  # engine.train_micro_batch_size_per_gpu() or training_data=
@@ -79,9 +81,17 @@ def scan_script(path: str | Path) -> ScriptFacts:
             if name.endswith("add_argument"):
                 switch = any(k.arg == "action" and isinstance(k.value, ast.Constant)
                              and k.value.value in ("store_true", "store_false") for k in node.keywords)
-                for a in node.args:
-                    if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--"):
-                        facts.flags[a.value] = switch
+                names = tuple(a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                              and a.value.startswith("-"))
+                choices = next((k.value for k in node.keywords if k.arg == "choices"), None)
+                words = tuple(e.value for e in choices.elts if isinstance(e, ast.Constant)) \
+                    if isinstance(choices, (ast.List, ast.Tuple, ast.Set)) else ()
+                for name in names:
+                    if name.startswith("--"):
+                        facts.flags[name] = switch
+                        facts.aliases[name] = names
+                        if words:
+                            facts.choices[name] = tuple(str(w) for w in words)
             elif name.endswith("add_config_arguments"):
                 facts.deepspeed_launcher_args = True
                 facts.flags.update({"--deepspeed": True, "--deepspeed_config": False})
@@ -122,8 +132,28 @@ def _call_name(func: ast.AST) -> str:
     return ".".join(reversed(parts))
 
 
-def _passed(args: list[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
+def _passed(args: list[str], flag: str, facts: ScriptFacts | None = None) -> bool:
+    """Whether ``args`` give ``flag`` under any of its names (``--lr`` and ``--learning_rate`` of one
+    add_argument are one value: flags you pass win, whichever name you use)."""
+    names = facts.aliases.get(flag, (flag,)) if facts is not None else (flag,)
+    for a in args:
+        for n in names:
+            if a == n or a.startswith(n + "=") or (len(n) == 2 and not n.startswith("--") and a.startswith(n)):
+                return True
+    return False
+
+
+# The precision in a script's own words: its declared choices first, else the flag's convention
+# (Accelerate's words for --mixed_precision, the plain ones for --precision).
+PRECISION_WORDS = {"bf16": ("bf16", "bfloat16"), "fp16": ("fp16", "float16", "half"),
+                   "fp32": ("fp32", "no", "float32", "32", "full", "none")}
+
+
+def precision_word(flag: str, precision: str, choices: tuple[str, ...] = ()) -> str | None:
+    """What to pass to ``flag`` for ``precision``; None when its declared choices have no word for it."""
+    if choices:
+        return next((w for w in PRECISION_WORDS[precision] if w in choices), None)
+    return ACCELERATE_MIXED_PRECISION[precision] if "mixed" in flag else precision
 
 
 def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], user_args: list[str]
@@ -133,7 +163,8 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
     used: dict[str, str] = {}
     for key, names in FLAGS.items():
         flag = next((n for n in names if n in facts.flags), None)
-        if flag is None or any(_passed(user_args, n) for n in names):
+        if flag is None or any(_passed(user_args, n, facts) for n in names if n in facts.flags) or \
+                any(_passed(user_args, n) for n in names):
             continue
         if key == "precision":
             continue  # below: switches or a value
@@ -161,11 +192,12 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
                 extra += [flag, f"{value:g}"]
                 used.setdefault("optimizer", flag)
     precision, switches = plan.numerics.precision, {"bf16": "--bf16", "fp16": "--fp16"}
-    if any(_passed(user_args, f) for f in (*switches.values(), *FLAGS["precision"])):
+    if any(_passed(user_args, f, facts) for f in (*switches.values(), *FLAGS["precision"])):
         return extra, used  # the user chose the precision
     value_flag = next((n for n in FLAGS["precision"] if n in facts.flags and not facts.flags[n]), None)
-    if value_flag is not None:
-        extra += [value_flag, ACCELERATE_MIXED_PRECISION[precision]]
+    word = None if value_flag is None else precision_word(value_flag, precision, facts.choices.get(value_flag, ()))
+    if value_flag is not None and word is not None:
+        extra += [value_flag, word]
         used["precision"] = value_flag
     elif switches.get(precision) in facts.flags:
         extra.append(switches[precision])

@@ -137,3 +137,64 @@ def test_a_literal_path_to_either_deepspeed_file_counts_as_the_engine_route(tmp_
     given = ["--deepspeed", "/runs/x/deepspeed_config_hf.json"]
     assert delivery(gpu, hf, [], {}, given, True).routes["engine"] == ["Trainer's --deepspeed (its DeepSpeed integration)"]
     assert "engine" in delivery(gpu, hf, [], {}, ["--deepspeed", "/runs/x/other.json"], True).advisory
+
+
+ALIASES = """
+    import argparse
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch_size", "-b", type=int, default=16)
+    p.add_argument("--lr", "--learning_rate", dest="lr", type=float, default=1e-4)
+    p.add_argument("--grad_accum", type=int, default=1)
+"""
+
+
+def test_a_flag_passed_under_its_other_name_wins_and_nothing_is_added_for_it(tmp_path):
+    """One value declared under two names: the user passes the second after `--`; --wire auto must not add the
+    first (argparse would take the later one and the user's value would be lost)."""
+    facts = script(tmp_path, ALIASES)
+    assert facts.aliases["--lr"] == ("--lr", "--learning_rate") and facts.aliases["--batch_size"] == ("--batch_size", "-b")
+    p = a_plan()
+    values = placeholder_values(p, tmp_path, None)
+    for user in (["--learning_rate", "0.5"], ["--learning_rate=0.5"], ["--lr", "0.5"]):
+        extra, used = wire_flags(facts, p, values, user)
+        assert "--lr" not in extra and "--learning_rate" not in extra and "learning_rate" not in used, user
+        assert extra[:2] == ["--batch_size", "16"]  # the others still filled
+    for user in (["-b", "4"], ["-b4"]):
+        extra, used = wire_flags(facts, p, values, user)
+        assert "--batch_size" not in extra and "micro_batch_size" not in used, user
+
+
+def _parser_of(source: str):
+    """The script's own parser, built by running its argparse lines (the test's script, not a user's)."""
+    scope: dict = {}
+    exec(textwrap.dedent(source), scope)
+    return scope["p"]
+
+
+PRECISION_CHOICES = """
+    import argparse
+    p = argparse.ArgumentParser()
+    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32")
+"""
+
+
+def test_precision_is_passed_in_the_scripts_own_vocabulary(tmp_path):
+    """A script with --precision choices fp32/fp16/bf16 exited 2 on Accelerate's "no" for fp32."""
+    facts = script(tmp_path, PRECISION_CHOICES)
+    assert facts.choices["--precision"] == ("fp32", "fp16", "bf16")
+    parser = _parser_of(PRECISION_CHOICES)
+    cpu = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"}),
+               deepspeed_installed=True)
+    for p, want in ((cpu, "fp32"), (a_plan(), "bf16")):
+        extra, used = wire_flags(facts, p, placeholder_values(p, tmp_path, None), [])
+        assert extra == ["--precision", want] and used["precision"] == "--precision"
+        assert parser.parse_args(extra).precision == want  # what the script itself accepts
+    # no word for the plan's precision among the choices: nothing is passed (never an invalid choice)
+    only_half = script(tmp_path, PRECISION_CHOICES.replace('["fp32", "fp16", "bf16"]', '["fp16", "bf16"]'), "h.py")
+    extra, used = wire_flags(only_half, cpu, placeholder_values(cpu, tmp_path, None), [])
+    assert "--precision" not in extra and "precision" not in used
+    # undeclared choices: Accelerate's words for --mixed_precision, the plain ones for --precision
+    mixed = script(tmp_path, 'import argparse\np = argparse.ArgumentParser()\np.add_argument("--mixed_precision")\n', "m.py")
+    assert wire_flags(mixed, cpu, placeholder_values(cpu, tmp_path, None), [])[0] == ["--mixed_precision", "no"]
+    plain = script(tmp_path, 'import argparse\np = argparse.ArgumentParser()\np.add_argument("--precision")\n', "q.py")
+    assert wire_flags(plain, cpu, placeholder_values(cpu, tmp_path, None), [])[0] == ["--precision", "fp32"]
