@@ -33,6 +33,7 @@ def run(setup, replan: Callable | None = None, argv: list[str] | None = None) ->
         setup = _with_the_other_nodes(setup, replan)
     lock = RunLock(setup.records_dir).acquire(argv)
     try:
+        set_aside_abandoned(setup)
         ds = setup.deepspeed_config
         write_records(setup.records_dir, setup.plan, setup.hardware, ds, setup.launch_spec, setup.delivery,
                       ds_framework=None if ds is None else framework_flavour(ds))
@@ -40,6 +41,25 @@ def run(setup, replan: Callable | None = None, argv: list[str] | None = None) ->
             return _execute(setup, lock, log)
     finally:
         lock.release()
+
+
+def set_aside_abandoned(setup) -> None:
+    """Resuming the built-in runtime from an older checkpoint of the same run dir: the checkpoints after it belong
+    to the continuation being abandoned; left in place, the newest of them would win the next --resume_from auto
+    (and a restart). They are moved aside, kept, and the launch says where (node 0, which writes checkpoints)."""
+    import time
+
+    from autotune.rundir.checkpoints import later_than, set_aside
+
+    plan = setup.plan
+    if plan.run.entrypoint or not setup.resume_path or plan.engine.node_rank != 0:
+        return
+    later = later_than(setup.run_dir, setup.resume_path)
+    dest = set_aside(setup.run_dir, later, time.strftime("%Y%m%d-%H%M%S"))
+    if dest is not None:
+        print(f"autotune: resuming from {setup.resume_path.name}: set aside the {len(later)} later checkpoint(s) of "
+              f"the abandoned continuation ({', '.join(c.name for c in later)}) in {dest}, so that "
+              "--resume_from auto continues this run", file=sys.stderr, flush=True)
 
 
 def _with_the_other_nodes(setup, replan):

@@ -16,7 +16,33 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
         return []
     done = [p for p in ckpt_dir.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
             and not p.name.endswith(".tmp") and (p / "meta.json").exists()]
-    return sorted(done, key=lambda p: int(p.name[len(PREFIX):].split(".")[0]))
+    return sorted(done, key=checkpoint_step)
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(path.name[len(PREFIX):].split(".")[0])
+
+
+def later_than(run_dir: str | Path, resume: str | Path) -> list[Path]:
+    """The run dir's checkpoints after ``resume`` (one of them): an abandoned continuation when a run
+    resumes from an older one."""
+    resume = Path(resume).resolve()
+    if resume.parent != (Path(run_dir) / "checkpoints").resolve():
+        return []  # resuming from another run's checkpoint: this run's own are not in its line
+    step = checkpoint_step(resume)
+    return [c for c in list_checkpoints(run_dir) if checkpoint_step(c) > step]
+
+
+def set_aside(run_dir: str | Path, checkpoints: list[Path], stamp: str) -> Path | None:
+    """Move ``checkpoints`` to <run_dir>/checkpoints/abandoned-<stamp>/ (kept, never deleted): the newest
+    checkpoint of the run dir is then the run's own again, for --resume_from auto and for restarts."""
+    if not checkpoints:
+        return None
+    dest = Path(run_dir) / "checkpoints" / f"abandoned-{stamp}"
+    dest.mkdir(parents=True, exist_ok=True)
+    for c in checkpoints:
+        c.rename(dest / c.name)
+    return dest
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

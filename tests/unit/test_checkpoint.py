@@ -162,3 +162,35 @@ def test_a_damaged_checksum_list_is_named_not_a_traceback(tmp_path, text):
     (tmp_path / "checksums.json").write_text(text)
     with pytest.raises(UserError, match="checksums.json is damaged"):
         read_checksums(tmp_path)
+
+
+def test_resuming_from_an_older_checkpoint_sets_the_later_ones_aside(tmp_path, capsys):
+    """keep_last 2: saved 10 and 20, resumed from 10, saved 15: the old 20 must not win --resume_from auto."""
+    import types
+
+    from autotune.launch import set_aside_abandoned
+    from autotune.rundir.checkpoints import latest_checkpoint, list_checkpoints
+
+    def save(step):
+        d = tmp_path / "checkpoints" / f"step-{step:08d}"
+        d.mkdir(parents=True)
+        (d / "meta.json").write_text("{}")
+        return d
+
+    ten, twenty = save(10), save(20)
+    plan = types.SimpleNamespace(run=types.SimpleNamespace(entrypoint=None),
+                                 engine=types.SimpleNamespace(node_rank=0))
+    set_aside_abandoned(types.SimpleNamespace(plan=plan, resume_path=ten, run_dir=tmp_path))
+    fifteen = save(15)
+    assert list_checkpoints(tmp_path) == [ten, fifteen] and latest_checkpoint(tmp_path) == fifteen
+    kept = list((tmp_path / "checkpoints").glob("abandoned-*/step-00000020"))
+    assert len(kept) == 1 and (kept[0] / "meta.json").exists()  # moved, never deleted
+    assert "set aside the 1 later checkpoint(s)" in capsys.readouterr().err and not twenty.exists()
+    # a user's script keeps its own checkpoints its own way; another run's checkpoint sets nothing aside
+    save(30)
+    user = types.SimpleNamespace(run=types.SimpleNamespace(entrypoint="train.py"), engine=plan.engine)
+    set_aside_abandoned(types.SimpleNamespace(plan=user, resume_path=ten, run_dir=tmp_path))
+    other = tmp_path / "elsewhere" / "checkpoints" / "step-00000001"
+    other.mkdir(parents=True)
+    set_aside_abandoned(types.SimpleNamespace(plan=plan, resume_path=other, run_dir=tmp_path))
+    assert latest_checkpoint(tmp_path).name == "step-00000030"
