@@ -256,7 +256,13 @@ def load_config(path: str | Path) -> TrainConfig:
     p = Path(path)
     if not p.exists():
         raise UserError(f"--config: no such file {str(p)!r} (the shipped example is configs/default_config.yaml)")
-    return parse_config(load_yaml(read_text(p, "--config"), str(p)), origin=str(p))
+    data = load_yaml(read_text(p, "--config"), str(p))
+    if data is None or data == {}:
+        import sys
+
+        print(f"warning: --config {p} holds no settings (it is empty or only comments): every default applies, "
+              "which trains the built-in workload; check the file's path and contents", file=sys.stderr, flush=True)
+    return parse_config(data, origin=str(p))
 
 
 def config_to_dict(cfg: TrainConfig) -> dict:

@@ -24,8 +24,10 @@ def exchange(num_nodes: int, node_rank: int, master_addr: str, master_port: int,
     import subprocess
     import sys
 
+    # the deadline on the system's monotonic clock (shared by processes on Linux): the child's start is within it
     request = {"num_nodes": num_nodes, "node_rank": node_rank, "master_addr": master_addr,
-               "master_port": master_port, "timeout_s": timeout_s, "profile": mine.model_dump(mode="json")}
+               "master_port": master_port, "timeout_s": timeout_s, "deadline": time.monotonic() + timeout_s,
+               "profile": mine.model_dump(mode="json")}
     env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
     try:
         r = subprocess.run([sys.executable, "-m", "autotune.launch.nodes"], input=json.dumps(request), capture_output=True,
@@ -44,7 +46,7 @@ def exchange(num_nodes: int, node_rank: int, master_addr: str, master_port: int,
 
 
 def meet(num_nodes: int, node_rank: int, master_addr: str, master_port: int, mine: HardwareProfile,
-         timeout_s: float, poll_s: float = 0.1) -> dict[int, HardwareProfile]:
+         timeout_s: float, poll_s: float = 0.1, deadline: float | None = None) -> dict[int, HardwareProfile]:
     """Every node's detected profile, by node rank, through a TCPStore that node 0 hosts on the master's
     port until every node has read every profile; the other nodes return only once it is closed, so
     their torchrun never meets this store instead of its own. Raises UserError naming the missing nodes
@@ -54,11 +56,14 @@ def meet(num_nodes: int, node_rank: int, master_addr: str, master_port: int, min
 
     import torch.distributed as dist
 
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + timeout_s if deadline is None else deadline  # the budget the launcher printed
     where = f"{master_addr}:{master_port}"
     try:
+        if node_rank != 0:
+            _wait_for_port(master_addr, master_port, deadline)
+        left = max(1.0, deadline - time.monotonic())
         store = dist.TCPStore(master_addr, master_port, is_master=node_rank == 0, wait_for_workers=False,
-                              timeout=timedelta(seconds=timeout_s))
+                              timeout=timedelta(seconds=left))
     except Exception as e:  # torch raises DistNetworkError / RuntimeError with its own text
         if node_rank == 0:
             raise UserError(f"distributed.master_port: node 0 could not open {where} for the nodes' meeting "
@@ -76,6 +81,23 @@ def meet(num_nodes: int, node_rank: int, master_addr: str, master_port: int, min
                         f"({_first_line(e)}); node 0 gave up or stopped: see its output") from None
     finally:
         del store
+
+
+def _wait_for_port(host: str, port: int, deadline: float) -> None:
+    """Until something accepts a connection at host:port, or the deadline: raises TimeoutError then. torch's
+    TCPStore client overshoots its own connect timeout (given 30 s it gave up after 68 s on 2 cores: its retry
+    backoff), so a lone node would overrun the budget it printed by more than the budget itself."""
+    import socket
+
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"nothing answered at {host}:{port}")
+        try:
+            socket.create_connection((host, port), timeout=min(2.0, left)).close()
+            return
+        except OSError:
+            time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
 
 def _first_line(e: BaseException) -> str:
@@ -120,7 +142,7 @@ def _main() -> int:
     req = json.loads(sys.stdin.read())
     try:
         got = meet(req["num_nodes"], req["node_rank"], req["master_addr"], req["master_port"],
-                   HardwareProfile.model_validate(req["profile"]), req["timeout_s"])
+                   HardwareProfile.model_validate(req["profile"]), req["timeout_s"], deadline=req.get("deadline"))
     except UserError as e:
         print(json.dumps({"error": str(e)}))
         return 2

@@ -24,14 +24,19 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_a_lone_node_gives_up_within_its_rendezvous_budget_and_says_why(small_config, tmp_path):
+@pytest.mark.parametrize("node", [0, 1])
+def test_a_lone_node_gives_up_within_its_rendezvous_budget_and_says_why(small_config, tmp_path, node):
+    """The printed budget holds, whole launch included, within 10 s: node 1 alone once took 70 s for a 30 s
+    budget (torch's TCPStore client overshoots its own connect timeout); 20 s here, where that shows."""
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(small_config.read_text() + "distributed: {rendezvous_timeout_s: 8}\n")
-    r, took = _launch("--config", cfg, "--run_dir", tmp_path / "lone", "--num_nodes", 2, "--node_rank", 0,
+    cfg.write_text(small_config.read_text() + "distributed: {rendezvous_timeout_s: 20}\n")
+    r, took = _launch("--config", cfg, "--run_dir", tmp_path / "lone", "--num_nodes", 2, "--node_rank", node,
                       "--master_addr", "127.0.0.1", "--master_port", _free_port(), "--nproc_per_node", 1)
-    assert r.returncode == 2 and took < 60, (r.returncode, took)
-    assert "meets the others at 127.0.0.1:" in r.stdout and "waits up to 8 s" in r.stdout
-    assert "node(s) 1 of 2 did not join at 127.0.0.1:" in r.stderr and "within 8 s" in r.stderr
+    assert r.returncode == 2 and took <= 20 + 10, (r.returncode, took)
+    assert "meets the others at 127.0.0.1:" in r.stdout and "waits up to 20 s" in r.stdout
+    said = ("node(s) 1 of 2 did not join at 127.0.0.1:" if node == 0 else
+            "node 1 of 2 could not reach node 0 at 127.0.0.1:")
+    assert said in r.stderr and "within 20 s" in r.stderr
     assert "Traceback" not in r.stderr
 
 

@@ -256,3 +256,22 @@ def test_a_config_without_a_name_is_called_config():
     with pytest.raises(UserError) as e:
         parse_config([1])
     assert str(e.value).startswith("<config>: the top level must be a mapping")
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "---\n"])
+def test_an_empty_config_file_is_warned_about(tmp_path, capsys, text):
+    from autotune.config import TrainConfig, load_config
+
+    f = tmp_path / "empty.yaml"
+    f.write_text(text)
+    assert load_config(f) == TrainConfig()
+    err = capsys.readouterr().err
+    assert "holds no settings" in err and "every default applies" in err and str(f) in err
+
+
+def test_a_config_with_settings_is_not_warned_about(tmp_path, capsys):
+    from autotune.config import load_config
+
+    f = tmp_path / "c.yaml"
+    f.write_text("training: {epochs: 2}\n")
+    assert load_config(f).training.epochs == 2 and capsys.readouterr().err == ""
