@@ -93,6 +93,23 @@ def test_sigterm_to_every_process_like_slurm_then_resume_repeats_no_step(tmp_pat
     _resume_repeats_nothing(cfg, run, saved, *engine)
 
 
+def test_sigterm_to_one_rank_only_stops_every_rank_at_one_checkpoint(tmp_path):
+    """A user (or a node-local agent) signals rank 1 alone: the ranks agree after the step, every rank saves its
+    share of the one checkpoint, and the launcher exits 75; continuing repeats no step."""
+    engine = ["--nproc_per_node", 2]
+    p, cfg, run = _start(tmp_path, "r", *engine)
+    ranks = sorted((c for c in psutil.Process(p.pid).children(recursive=True)
+                    if "autotune.train" in " ".join(c.cmdline()) and "torch.distributed.run" not in " ".join(c.cmdline())),
+                   key=lambda c: c.environ().get("RANK", ""))
+    assert len(ranks) == 2 and ranks[1].environ()["RANK"] == "1"
+    ranks[1].send_signal(signal.SIGTERM)  # rank 1 only: not the launcher, not torchrun, not rank 0
+    rc, _, out = _stopped(p, tmp_path, "r")
+    saved = _check_saved(run, out, rc, "SIGTERM")
+    ckpt = next(run.glob("checkpoints/step-*"))
+    assert (ckpt / "rng-rank0.pt").exists() and (ckpt / "rng-rank1.pt").exists()  # both ranks saved their part
+    _resume_repeats_nothing(cfg, run, saved, *engine)
+
+
 def test_sigusr1_to_a_one_process_run(tmp_path):
     p, cfg, run = _start(tmp_path, "r", "--single")
     os.kill(p.pid, signal.SIGUSR1)  # SLURM's --signal=USR1@120

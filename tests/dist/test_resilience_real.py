@@ -46,3 +46,30 @@ def test_no_rank_outlives_the_launcher(tmp_path, sig):
     size = (run / "metrics.jsonl").stat().st_size
     time.sleep(2)
     assert (run / "metrics.jsonl").stat().st_size == size  # the run dir stopped changing
+
+
+def test_max_restarts_restart_a_failed_one_process_run(tmp_path):
+    """A CPU plan is one process (the single backend); with --max_restarts 2 a run that fails is still started
+    again (under torchrun, one process), and the launch succeeds when the second attempt does."""
+    import json
+    import sys
+
+    from dist_util import launch
+
+    marker = tmp_path / "attempts"
+    script = tmp_path / "flaky.py"
+    script.write_text("import os, sys\n"
+                      f"p = {str(marker)!r}\n"
+                      "n = int(open(p).read()) if os.path.exists(p) else 0\n"
+                      "open(p, 'w').write(str(n + 1))\n"
+                      "print('ATTEMPT', n + 1, 'RANK', os.environ.get('RANK'), 'WORLD', os.environ.get('WORLD_SIZE'))\n"
+                      "sys.exit(1 if n == 0 else 0)\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"training:\n  entrypoint: {script}\n")
+    r = launch("--config", cfg, "--run_dir", tmp_path / "run", "--max_restarts", 2)
+    assert marker.read_text() == "2" and "ATTEMPT 2 RANK 0 WORLD 1" in r.stdout, r.stdout[-2000:]
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert plan["engine"]["backend"] == "single" and plan["engine"]["max_restarts"] == 2
+    argv = json.loads((tmp_path / "run" / "command.json").read_text())["argv"]
+    assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"] and "--max_restarts=2" in argv
+    assert "--nproc_per_node=1" in argv

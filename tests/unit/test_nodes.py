@@ -58,6 +58,26 @@ def _gpus(hw, **fields):
         d.model_copy(update=fields) for d in hw.gpus.devices)})})
 
 
+def test_nodes_that_differ_only_in_free_gpu_memory_all_plan_for_the_busiest():
+    """Two 4x L4 nodes, identical but that node 1's GPUs are busy (5 GiB free of 23): every node plans for the
+    smallest free memory. A comparison that ignored free memory would leave node 0 planning the 20 GB band's
+    micro-batch (16) where node 1 plans 2 with checkpointing (the < 6 GB band), and the plans-agree check would stop
+    the job."""
+    a = _one_node(L4)
+    b = _gpus(a, memory_free_mib=5 * 1024)
+    assert a.model_copy(update={"gpus": b.gpus}) == b  # nothing else differs
+    cfg = apply_overrides(TrainConfig(), {"distributed.num_nodes": 2, "distributed.node_rank": 0,
+                                          "distributed.master_addr": "10.0.0.1"})
+    for me in (0, 1):
+        combined, lines = smallest({0: a, 1: b}, me=me)
+        assert {d.memory_free_mib for d in combined.gpus.devices} == {5 * 1024}, me
+        assert lines and "5.0 GiB free" in lines[0] and "node 0: 4 GPU(s) NVIDIA L4, 22.0 GiB free" in lines[1]
+        mine = plan(combined, apply_overrides(cfg, {"distributed.node_rank": me}), deepspeed_installed=True)
+        assert mine.batch == plan(b, cfg, deepspeed_installed=True).batch  # the busy node's plan, on both
+    alone = plan(a, cfg, deepspeed_installed=True)
+    assert alone.batch.micro_batch_size > mine.batch.micro_batch_size  # what ignoring free memory would plan
+
+
 def test_the_oldest_gpu_sets_the_precision_and_unknown_memory_is_never_taken_as_large():
     """An L4 (8.9, bf16) node with a node whose GPUs report compute capability 7.0 (no bf16): the plan
     is fp16. A node whose free memory is unknown counts with its total (as the planner would plan it
