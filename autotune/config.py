@@ -143,6 +143,11 @@ class TrainingConfig(_Section):
                                    "such as {micro_batch_size} are replaced by the plan's values")
     wire: Literal["none", "auto"] = Field("none", description="auto: fill the script's own argparse flags "
                                           "(--batch_size, --lr, ...) with the plan's values; flags you pass win")
+    observe: bool = Field(True, description="record what your script really runs (batch sizes, engine, optimizer, "
+                          "precision, samples per step) in <run_dir>/observed/ and judge the plan's delivery by it "
+                          "(--no_observe: off)")
+    strict: bool = Field(False, description="stop the launch when the script observably trains another effective "
+                         "batch (> 10 % off) or engine than the plan (--strict); otherwise a warning")
     probe: bool = Field(True, description="on a CUDA machine, launch measures training.model on GPU 0 (real steps "
                         "at two micro-batches) before the ranks start and plans from that (--no_probe: the trace)")
     workdir: str | None = Field(None, max_length=4096, description="the directory your script starts in "

@@ -165,6 +165,8 @@ class RunSection(_Section):
     wandb_entity: str | None = None
     progress_bar: bool | Literal["auto"] = "auto"
     entrypoint: str | None = None
+    observe: bool = True  # a user's script is observed (autotune.runtime.observe) and delivery judged by it
+    strict: bool = False  # a script observed training another effective batch or engine is stopped
     script_args: tuple[str, ...] = ()  # the config's training.script_args, placeholders not yet expanded
     resume_from: str | None = None  # resolved once by the launcher: a checkpoint directory or None
     auto_optimize: bool = True

@@ -23,7 +23,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--batch_size", type=int, default=16, help="per-GPU batch size")
     p.add_argument("--gradient_accumulation_steps", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-2, help="base learning rate, scaled by the world size")
+    p.add_argument("--lr", type=float, default=1e-2, help="learning rate (autotune's plan scales it: training.lr_scaling)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--num_workers", type=int, default=0)
     args = p.parse_args()
@@ -42,11 +42,11 @@ def main():
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
     if world > 1:
         model = DDP(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr * world)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     if rank == 0:
         print(f"used micro_batch_size={args.batch_size} gradient_accumulation_steps={args.gradient_accumulation_steps} "
               f"world_size={world} effective_batch={args.batch_size * args.gradient_accumulation_steps * world} "
-              f"lr={args.lr * world:g} num_workers={args.num_workers}", flush=True)
+              f"lr={args.lr:g} num_workers={args.num_workers}", flush=True)
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         for i, (xb, yb) in enumerate(loader):

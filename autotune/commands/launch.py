@@ -44,6 +44,11 @@ def add_parser(sub) -> None:
                    help="auto: fill your script's own argparse flags (--batch_size, --lr, --gradient_accumulation_steps, "
                         "--deepspeed_config, --bf16, ...) with the plan's values, read from its source (never run); "
                         "flags you pass after `--` win (training.wire)")
+    p.add_argument("--no_observe", action="store_true", help="do not observe your script (batch sizes, engine, "
+                   "optimizer, precision, samples per step); delivery is then only what was handed over "
+                   "(training.observe: false)")
+    p.add_argument("--strict", action="store_true", help="stop when your script observably trains another effective "
+                   "batch (> 10 %% off the plan) or engine than the plan, naming the fix (training.strict)")
     p.add_argument("--no_probe", action="store_true", help="on a CUDA machine, plan from the trace instead of "
                    "measuring training.model on GPU 0 first (training.probe: false)")
     p.add_argument("--workdir", metavar="DIR", help="start your script in DIR (training.workdir); its path, the "
@@ -83,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
         overrides["training.wire"] = args.wire
     if args.workdir:
         overrides["training.workdir"] = args.workdir
+    if args.no_observe:
+        overrides["training.observe"] = False
+    if args.strict:
+        overrides["training.strict"] = True
     if args.no_probe:
         overrides["training.probe"] = False
     import functools

@@ -12,6 +12,7 @@ Backends map to launchers in one table (``LAUNCHERS`` below):
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ from autotune.rundir.layout import (
     records_dir,
 )
 from autotune.rundir.records import redact
+
+# autotune.runtime.observe's sitecustomize (a path, not an import: exports do not import the runtime)
+OBSERVE_SITE = Path(__file__).resolve().parents[1] / "runtime" / "observe_site"
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,10 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
             env[k], sources[k] = environ[k], "user"
         else:
             env[k], sources[k] = v, "autotune"
+    if plan.run.entrypoint and plan.run.observe:  # the observer starts in every process of the user's script
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(OBSERVE_SITE), environ.get("PYTHONPATH")]))
+        sources["PYTHONPATH"] = "autotune"
+        env["AUTOTUNE_OBSERVE"], sources["AUTOTUNE_OBSERVE"] = "1", "autotune"
     # This launch's facts: always ours, never inherited from an outer run.
     for k, v in {**plan_values_env(plan, run_dir), **single_process_rank_env(plan)}.items():
         env[k], sources[k] = v, "autotune"

@@ -13,7 +13,8 @@ import os
 import sys
 from typing import Callable
 
-from autotune.errors import EXIT_PREEMPTED
+from autotune.errors import EXIT_PREEMPTED, EXIT_USAGE
+from autotune.launch.evidence import ScriptWatch
 from autotune.plan import training_values
 
 
@@ -41,6 +42,21 @@ def run(setup, replan: Callable | None = None, argv: list[str] | None = None) ->
             return _execute(setup, lock, log)
     finally:
         lock.release()
+
+
+def _record_evidence(setup, run_dir):
+    """The final judgement of what the script ran, added to delivery.json (beside what was handed over)."""
+    from autotune.launch.evidence import judge, read_observed
+
+    evidence = judge(setup.plan, read_observed(run_dir))
+    path = setup.records_dir / "delivery.json"
+    try:
+        record = json.loads(path.read_text()) if path.exists() else {}
+        record["observed"] = evidence.to_record()
+        path.write_text(json.dumps(record, indent=2) + "\n")
+    except (OSError, ValueError):
+        pass  # the records stay as written at launch; the evidence is still printed
+    return evidence
 
 
 def set_aside_abandoned(setup) -> None:
@@ -142,16 +158,36 @@ def _execute(setup, lock=None, log=None) -> int:
     statuses = tempfile.mkdtemp(prefix="autotune-status-")  # how each rank ended, outside the run dir
     eng = setup.plan.engine
     watch = RankWatch(eng, statuses)
+    observing = bool(setup.plan.run.entrypoint and setup.plan.run.observe)
+    script = ScriptWatch(setup.plan, run_dir, sys.stderr) if observing else None
+    stop_reason: list[str] = []
+
+    def should_kill() -> str | None:
+        reason = watch.lingering() or (script.check() if script is not None else None)
+        if reason:
+            stop_reason.append(reason)
+        return reason
+
     try:
         rc = execute(setup.launch_spec, environ={**os.environ, "AUTOTUNE_STATUS_DIR": statuses},
                      forwarded=signals, keep_fds=lock.fds() if lock is not None else (),
                      kill_after_s=setup.plan.run.preemption_grace_s + 10,
                      signal_ranks=setup.plan.run.entrypoint is None and eng.backend != "single",
-                     should_kill=watch.lingering, output=log)
+                     should_kill=should_kill, output=log)
         out = watch.outcome(rc, interrupted=bool(signals))
     finally:
         shutil.rmtree(statuses, ignore_errors=True)
     rc, decider = out.rc, out.decider
+    evidence = _record_evidence(setup, run_dir) if observing else None
+    if script is not None and stop_reason and stop_reason[-1].startswith("--strict"):
+        print(f"\nStopped: {stop_reason[-1]}\nRun directory: {run_dir}", file=sys.stderr)
+        return EXIT_USAGE
+    if script is not None and rc != 0 and not signals and script.all_returned():
+        # every rank's script returned: what failed was the processes' teardown, not the training
+        how = ("ended by autotune: " + stop_reason[-1]) if script.cut_teardown else \
+            f"a rank's process ended with code {rc} after its script had returned (teardown)"
+        print(f"autotune: warning: {how}; the training completed", file=sys.stderr)
+        rc = 0
     if out.barrier_note:
         print(f"autotune: {out.barrier_note}", file=sys.stderr)
     if out.ranks_code == EXIT_PREEMPTED:
@@ -171,6 +207,10 @@ def _execute(setup, lock=None, log=None) -> int:
         advisory = setup.delivery.advisory if setup.delivery is not None and setup.plan.run.entrypoint else []
         print(f"\nDone. Run directory: {run_dir}" + (f" (advisory, never reached the script: {', '.join(advisory)})"
                                                      if advisory else ""))
+        if evidence is not None and evidence.steps:
+            print(f"Your script, {evidence.line()}")
+            for w in evidence.wrong:
+                print(f"warning: {w}")
         if (run_dir / "tensorboard").is_dir():
             print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
         metrics = run_dir / "metrics.json"

@@ -249,6 +249,6 @@ def _run_section(cfg: TrainConfig, auto_optimize: bool, debug: bool) -> RunSecti
         save_every_steps=10 if debug else c.save_every_steps,
         keep_last=c.keep_last, save_at_end=c.save_at_end, preemption_grace_s=c.preemption_grace_s,
         tensorboard=lg.tensorboard, wandb=lg.wandb, wandb_project=lg.wandb_project, wandb_entity=lg.wandb_entity,
-        progress_bar=lg.progress_bar, entrypoint=t.entrypoint,
+        progress_bar=lg.progress_bar, entrypoint=t.entrypoint, observe=t.observe, strict=t.strict,
         script_args=tuple(t.script_args), auto_optimize=auto_optimize, debug=debug,
     )

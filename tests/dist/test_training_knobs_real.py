@@ -177,10 +177,61 @@ def test_unmodified_torchrun_script_gets_the_plan_through_its_own_flags(tmp_path
     assert (b.micro_batch_size, b.gradient_accumulation_steps, b.global_batch_size) == (8, 4, 64)  # not its defaults
     used = [line for line in r.stdout.splitlines() if line.startswith("used ")]
     assert used == [f"used micro_batch_size=8 gradient_accumulation_steps=4 world_size=2 effective_batch=64 "
-                    f"lr={plan.schedule.learning_rate * 2:g} num_workers={plan.loader.num_workers}"]
+                    f"lr={plan.schedule.learning_rate:g} num_workers={plan.loader.num_workers}"]
     record = json.loads((tmp_path / "tr" / "delivery.json").read_text())
     assert record["advisory"] == [] and record["routes"]["micro_batch_size"] == ["recognised flag --batch_size"]
     assert "advisory" not in r.stdout.split("Done.")[-1]
+    # what the script really ran, observed in its two processes: everything as planned, the effective batch measured
+    seen = record["observed"]
+    assert {k: v["status"] for k, v in seen["values"].items()} == {
+        "micro_batch_size": "equal", "gradient_accumulation_steps": "equal", "learning_rate": "equal",
+        "precision": "equal", "world_size": "equal", "engine": "equal"}
+    # 1024 samples a rank in micro-batches of 8 = 128 an epoch, 32 steps of 4, 2 epochs
+    assert seen["effective_batch"] == 64 and seen["wrong"] == [] and seen["steps_observed"] == 64
+    assert "Your script, observed after 64 step(s): effective batch 64 per optimizer step" in r.stdout
+
+
+OWN_BATCH = """
+import argparse, os, time
+import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+p = argparse.ArgumentParser()
+p.add_argument("--batch_size", type=int, default=16)
+args = p.parse_args()
+dist.init_process_group("gloo")
+x = torch.randn(4096, 16)
+data = TensorDataset(x, x.sum(1, keepdim=True))
+loader = DataLoader(data, batch_size=64, sampler=DistributedSampler(data))  # its own batch size, not the flag's
+model = nn.parallel.DistributedDataParallel(nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for xb, yb in loader:
+    F.mse_loss(model(xb), yb).backward()
+    opt.step(); opt.zero_grad()
+    time.sleep(0.1)
+dist.barrier(); dist.destroy_process_group()
+"""
+
+
+def test_a_script_training_its_own_batch_is_caught_in_the_first_steps_and_strict_stops_it(tmp_path):
+    """The plan's micro-batch 8 reaches --batch_size, but the script's DataLoader uses 64: the effective batch is
+    128 per step, not 16. The launch names it in the first steps; with --strict it stops there, exit 2."""
+    script = tmp_path / "own.py"
+    script.write_text(OWN_BATCH)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"training:\n  entrypoint: {script}\n  global_batch_size: 16\n  batch_size_per_gpu: 8\n")
+    r = launch("--config", cfg, "--nproc_per_node", 2, "--wire", "auto", "--run_dir", tmp_path / "warn")
+    early = r.stderr.split("autotune: observed after", 1)[1]
+    assert "micro_batch_size 64 (plan 8)" in early.splitlines()[0]
+    assert "the script trains an effective batch of 128 samples per optimizer step, the plan 16" in r.stderr
+    full = subprocess.run([str(ROOT / "launch_distributed_training.sh"), "--config", str(cfg), "--nproc_per_node",
+                           "2", "--wire", "auto", "--strict", "--run_dir", str(tmp_path / "strict")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={k: v for k, v in os.environ.items() if k != "AUTOTUNE_PLAN"})
+    assert full.returncode == 2, full.stderr[-2000:]
+    assert "Stopped: --strict: the script trains an effective batch of 128" in full.stderr
+    steps = json.loads((tmp_path / "strict" / "observed" / "rank-0.json").read_text())["steps"]
+    assert steps < 32  # stopped within the first steps, not after the 32 of the whole run
 
 
 def test_a_script_given_nothing_is_told_its_plan_is_advisory(tmp_path):
