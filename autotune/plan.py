@@ -165,6 +165,9 @@ class RunSection(_Section):
     wandb_entity: str | None = None
     progress_bar: bool | Literal["auto"] = "auto"
     entrypoint: str | None = None
+    # plan values that are only the built-in workload's defaults, for a user's script that did not set them: they
+    # never reach the script (its own defaults stay) and are not judged against what it runs
+    script_defaults: tuple[str, ...] = ()
     observe: bool = True  # a user's script is observed (autotune.runtime.observe) and delivery judged by it
     strict: bool = False  # a script observed training another effective batch or engine is stopped
     script_args: tuple[str, ...] = ()  # the config's training.script_args, placeholders not yet expanded

@@ -207,12 +207,17 @@ LAUNCHERS: dict[str, Callable[[TrainingPlan, str, list[str]], list[str]]] = {
 
 def launch_spec(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str], *, python: str | None = None,
                 has_infiniband: bool | None = None, script_args: list[str] | None = None,
-                cwd: str | None = None) -> LaunchSpec:
-    """Build the command and environment for ``plan``. Pure: reads only its arguments."""
+                cwd: str | None = None, withhold: tuple[str, ...] = ()) -> LaunchSpec:
+    """Build the command and environment for ``plan``. Pure: reads only its arguments. ``withhold``: variables
+    of the plan not to export to this script (the delivery record says why)."""
     python = python or sys.executable
     program = _program(plan, list(script_args or []))
     cmd = LAUNCHERS[plan.engine.backend](plan, python, program)
     env, sources = plan_env(plan, run_dir, environ, has_infiniband)
+    for name in withhold:
+        if sources.get(name) == "autotune":
+            env.pop(name, None)
+            sources.pop(name, None)
     return LaunchSpec(cmd=cmd, env=env, env_sources=sources, cwd=cwd)
 
 

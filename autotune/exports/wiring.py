@@ -172,6 +172,8 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
             continue
         if key in ("epochs", "max_steps") and not values.get(key):
             continue
+        if key in plan.run.script_defaults:  # the built-in workload's default, not the user's: the script's stays
+            continue
         extra += [flag, values[key]]
         used[key] = flag
     # HF's --deepspeed takes the JSON's path; the DeepSpeed launcher's --deepspeed is a switch
@@ -185,11 +187,10 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
         # Trainer builds its own AdamW (its default optim) from these; with the framework-flavoured
         # DeepSpeed JSON they are the only way the plan's optimizer reaches it.
         opt = plan.optimizer
-        for flag, value in (("--weight_decay", opt.weight_decay), ("--adam_beta1", opt.betas[0]),
-                            ("--adam_beta2", opt.betas[1]), ("--adam_epsilon", opt.eps),
-                            ("--max_grad_norm", opt.gradient_clipping or 0.0)):  # 0 = off in Trainer
-            if flag in facts.flags and not _passed(user_args, flag):
-                extra += [flag, f"{value:g}"]
+        for flag, value, key in (("--weight_decay", opt.weight_decay, "weight_decay"),
+                                 ("--max_grad_norm", opt.gradient_clipping or 0.0, "gradient_clipping")):  # 0: off
+            if flag in facts.flags and not _passed(user_args, flag) and key not in plan.run.script_defaults:
+                extra += [flag, f"{value:g}"]  # Trainer's own betas and eps stay: autotune only defaults them
                 used.setdefault("optimizer", flag)
     precision, switches = plan.numerics.precision, {"bf16": "--bf16", "fp16": "--fp16"}
     if any(_passed(user_args, f, facts) for f in (*switches.values(), *FLAGS["precision"])):
@@ -211,9 +212,10 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
 class Delivery:
     routes: dict[str, list[str]]  # plan value -> how it reached the script
     advisory: list[str]  # plan values that reached the script by no route
+    withheld: dict[str, str] = field(default_factory=dict)  # variable -> why it is not exported to this script
 
     def to_record(self) -> dict:
-        return {"routes": self.routes, "advisory": self.advisory}
+        return {"routes": self.routes, "advisory": self.advisory, "withheld": self.withheld}
 
     def summary(self) -> list[str]:
         words = {"micro_batch_size": "batch size", "gradient_accumulation_steps": "accumulation steps",
@@ -227,6 +229,7 @@ class Delivery:
                            "--deepspeed_config {deepspeed_config} or --wire auto)")
             else:
                 out.append(f"the script was given no {words.get(k, k)}: the plan's {k} is advisory")
+        out += [f"{name} not exported: {why}" for name, why in self.withheld.items()]
         return out
 
 
@@ -242,11 +245,6 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
         if k in wired:
             routes[k].append(f"recognised flag {wired[k]}")
     routes["world_size"].append("environment (WORLD_SIZE, RANK, LOCAL_RANK from the launcher)")
-    if facts.uses_accelerate:  # an explicit Accelerator(mixed_precision=...) beats the environment
-        if "mixed_precision" not in facts.accelerator_kwargs:
-            routes["precision"].append("environment (ACCELERATE_MIXED_PRECISION, read by Accelerator())")
-        routes["gradient_accumulation_steps"].append(
-            "environment (ACCELERATE_GRADIENT_ACCUMULATION_STEPS, read by Accelerator())")
     env_names = {"micro_batch_size": "AUTOTUNE_MICRO_BATCH_SIZE",
                  "gradient_accumulation_steps": "AUTOTUNE_GRADIENT_ACCUMULATION_STEPS",
                  "learning_rate": "AUTOTUNE_LEARNING_RATE", "precision": "AUTOTUNE_PRECISION",
@@ -254,6 +252,12 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
     for k, name in env_names.items():
         if name in facts.env_reads:
             routes[k].append(f"environment ({name}, read by the script)")
+    if facts.uses_accelerate:  # an explicit Accelerator(mixed_precision=...) beats the environment
+        if "mixed_precision" not in facts.accelerator_kwargs:
+            routes["precision"].append("environment (ACCELERATE_MIXED_PRECISION, read by Accelerator())")
+        if not withhold_accumulation(facts, routes):
+            routes["gradient_accumulation_steps"].append(
+                "environment (ACCELERATE_GRADIENT_ACCUMULATION_STEPS, read by Accelerator())")
     ds_path_given = "deepspeed_config" in placeholders or "deepspeed_config" in wired or \
         any(a.endswith((ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE)) for a in user_args)
     if deepspeed_json and ds_path_given and facts.uses_deepspeed_initialize:
@@ -273,8 +277,27 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
     if facts.uses_autotune:
         for k in routes:
             routes[k].append("Python API (the script imports autotune)")
+    for k in plan.run.script_defaults:
+        if k in routes and not routes[k]:
+            routes[k].append(f"yours: training.{k} is not set, so the script keeps its own (set it to have autotune "
+                             "deliver it)")
     advisory = [k for k in routes if not routes[k]]
     return Delivery(routes, advisory)
+
+
+def withhold_accumulation(facts: ScriptFacts | None, routes: dict[str, list[str]] | None = None) -> str | None:
+    """Why ACCELERATE_GRADIENT_ACCUMULATION_STEPS must not be exported to this script, or None. Accelerate lets the
+    variable beat an explicit ``Accelerator(gradient_accumulation_steps=...)``, so exporting it would silently
+    override the script; and accumulation without the plan's micro-batch trains another effective batch."""
+    if facts is None or not facts.uses_accelerate:
+        return None
+    if "gradient_accumulation_steps" in facts.accelerator_kwargs:
+        return ("the script passes gradient_accumulation_steps to Accelerator() itself: autotune does not override "
+                "it (pass {gradient_accumulation_steps} there to deliver the plan's)")
+    if routes is not None and not routes.get("micro_batch_size"):
+        return ("the plan's micro-batch has no route to the script, so its accumulation alone would train another "
+                "effective batch: not exported")
+    return None
 
 
 def _engine_routes(plan: TrainingPlan, facts: ScriptFacts, ds_path_given: bool) -> list[str]:

@@ -162,6 +162,9 @@ def judge(plan, observed: list[dict]) -> Judgement:
            "learning_rate": (lr, plan.schedule.learning_rate), "precision": (_precision(first), plan.numerics.precision),
            "world_size": (world, eng.world_size), "engine": (engine, planned_engine)}
     for key, (seen, want) in obs.items():
+        if key in plan.run.script_defaults:  # not planned: the script's own value, observed for the record
+            j.values[key] = {"status": "yours", "observed": seen, "plan": None}
+            continue
         if seen is None:
             j.values[key] = {"status": "not observable", "observed": None, "plan": want}
             continue

@@ -251,4 +251,10 @@ def _run_section(cfg: TrainConfig, auto_optimize: bool, debug: bool) -> RunSecti
         tensorboard=lg.tensorboard, wandb=lg.wandb, wandb_project=lg.wandb_project, wandb_entity=lg.wandb_entity,
         progress_bar=lg.progress_bar, entrypoint=t.entrypoint, observe=t.observe, strict=t.strict,
         script_args=tuple(t.script_args), auto_optimize=auto_optimize, debug=debug,
+        script_defaults=tuple(k for k in SCRIPT_DEFAULTABLE if t.entrypoint and k not in t.model_fields_set),
     )
+
+
+# plan values the built-in workload only defaults (its config's defaults, not planned for a machine): a user's
+# script gets them only when the user set them (issue 25)
+SCRIPT_DEFAULTABLE = ("learning_rate", "epochs", "weight_decay", "gradient_clipping")

@@ -9,6 +9,7 @@ nothing: ``autotune.rundir.records`` writes the records, ``autotune.launch`` run
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import time
@@ -191,7 +192,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
         placeholder_values,
         used_placeholders,
     )
-    from autotune.exports.wiring import delivery, wire_flags
+    from autotune.exports.wiring import delivery, wire_flags, withhold_accumulation
     from autotune.rundir.layout import deepspeed_config_path
 
     facts = script_facts(entry)
@@ -208,8 +209,12 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
         args += extra
     route = delivery(plan, facts, used_placeholders(raw), wired, args, ds is not None) if entry else \
         delivery(plan, None, [], {}, args, ds is not None)
+    why = withhold_accumulation(facts, route.routes) if entry else None
+    if why:
+        route = dataclasses.replace(route, withheld={"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": why})
     spec = launch_spec(plan, str(rd), os.environ if environ is None else environ, python=python,
-                       has_infiniband=bool(hw.infiniband), script_args=args, cwd=workdir)
+                       has_infiniband=bool(hw.infiniband), script_args=args, cwd=workdir,
+                       withhold=tuple(route.withheld))
     return RunSetup(plan=plan, hardware=hw, deepspeed_config=ds, run_dir=rd, resume_path=resume_path,
                     launch_spec=spec, delivery=route)
 

@@ -37,7 +37,7 @@ def test_argparse_flags_are_read_from_the_tree_and_filled(tmp_path):
     facts = script(tmp_path, ARGPARSE)
     assert facts.flags == {"--batch_size": False, "--lr": False, "--grad_accum": False, "--bf16": True,
                            "--epochs": False}
-    p = a_plan()
+    p = a_plan(**{"training.learning_rate": 0.003, "training.epochs": 4})  # set by the user: passed
     values = placeholder_values(p, tmp_path, tmp_path / "deepspeed_config.json")
     extra, used = wire_flags(facts, p, values, [])
     assert extra == ["--batch_size", "16", "--grad_accum", "4", "--lr", str(p.schedule.learning_rate),
@@ -47,7 +47,7 @@ def test_argparse_flags_are_read_from_the_tree_and_filled(tmp_path):
 
 def test_flags_the_user_passed_win_and_a_literal_value_is_no_route(tmp_path):
     facts = script(tmp_path, ARGPARSE)
-    p = a_plan()
+    p = a_plan(**{"training.learning_rate": 0.003})
     values = placeholder_values(p, tmp_path, None)
     extra, used = wire_flags(facts, p, values, ["--batch_size", "4", "--lr=0.1"])
     assert "--batch_size" not in extra and "--lr" not in extra and "micro_batch_size" not in used
@@ -102,11 +102,14 @@ def test_hf_trainer_gets_the_plans_optimizer_through_its_own_flags(tmp_path):
     p = a_plan(**{"training.weight_decay": 0.1, "training.gradient_clipping": None})
     extra, used = wire_flags(hf, p, placeholder_values(p, tmp_path, None), ["--adam_epsilon", "1e-6"])
     at = {extra[i]: extra[i + 1] for i in range(len(extra) - 1) if extra[i].startswith("--")}
-    # the plan's betas (0.9, 0.95), not Trainer's (0.9, 0.999); clipping off is Trainer's max_grad_norm 0;
-    # the user's --adam_epsilon wins
-    assert (at["--weight_decay"], at["--adam_beta1"], at["--adam_beta2"], at["--max_grad_norm"]) == \
-        ("0.1", "0.9", "0.95", "0")
-    assert "--adam_epsilon" not in extra and used["optimizer"] == "--weight_decay"
+    # the weight decay and clipping the user set (clipping off is Trainer's max_grad_norm 0); the betas and eps are
+    # only autotune's built-in constants, not the user's: Trainer keeps its own; the user's --adam_epsilon wins
+    assert (at["--weight_decay"], at["--max_grad_norm"]) == ("0.1", "0")
+    assert not {"--adam_beta1", "--adam_beta2", "--adam_epsilon"} & set(extra) and used["optimizer"] == "--weight_decay"
+    unset = a_plan()  # nothing set: Trainer's own weight decay and clipping stay too
+    assert wire_flags(hf, unset, placeholder_values(unset, tmp_path, None), [])[0] == \
+        ["--per_device_train_batch_size", "16", "--gradient_accumulation_steps", "4", "--dataloader_num_workers",
+         str(unset.loader.num_workers), "--bf16"]
     plain = script(tmp_path, ARGPARSE)  # only Trainer's flags are Trainer's: an argparse script gets none
     assert "--weight_decay" not in wire_flags(plain, p, placeholder_values(p, tmp_path, None), [])[0]
 
@@ -198,3 +201,58 @@ def test_precision_is_passed_in_the_scripts_own_vocabulary(tmp_path):
     assert wire_flags(mixed, cpu, placeholder_values(cpu, tmp_path, None), [])[0] == ["--mixed_precision", "no"]
     plain = script(tmp_path, 'import argparse\np = argparse.ArgumentParser()\np.add_argument("--precision")\n', "q.py")
     assert wire_flags(plain, cpu, placeholder_values(cpu, tmp_path, None), [])[0] == ["--precision", "fp32"]
+
+
+OWN_LR = """
+    import argparse
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch_size", type=int, default=16)
+    p.add_argument("--learning_rate", type=float, default=1e-4)
+    p.add_argument("--epochs", type=int, default=3)
+"""
+
+
+def test_the_built_in_default_learning_rate_never_reaches_a_script(tmp_path):
+    """A torchrun script with its own --learning_rate default: the config sets none, so autotune passes none (its
+    built-in 0.003 is not the user's), nor its default epochs; set in the config, both are passed."""
+    facts = script(tmp_path, OWN_LR)
+    unset = a_plan()
+    assert set(unset.run.script_defaults) == {"learning_rate", "epochs", "weight_decay", "gradient_clipping"}
+    extra, used = wire_flags(facts, unset, placeholder_values(unset, tmp_path, None), [])
+    assert extra == ["--batch_size", "16"] and "learning_rate" not in used
+    d = delivery(unset, facts, [], used, extra, deepspeed_json=False)
+    assert "learning_rate" not in d.advisory and d.routes["learning_rate"][0].startswith("yours: training.learning_rate")
+    mine = a_plan(**{"training.learning_rate": 2e-4, "training.epochs": 5})
+    extra, used = wire_flags(facts, mine, placeholder_values(mine, tmp_path, None), [])
+    assert extra == ["--batch_size", "16", "--learning_rate", "0.0002", "--epochs", "5"]
+
+
+ACCEL_OWN_ACCUM = """
+    from accelerate import Accelerator
+    import argparse
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch_size", type=int, default=16)
+    accelerator = Accelerator(gradient_accumulation_steps=1)
+"""
+
+
+def test_an_explicit_accelerator_accumulation_is_not_overridden_by_the_environment(tmp_path):
+    """Accelerate lets ACCELERATE_GRADIENT_ACCUMULATION_STEPS beat Accelerator(gradient_accumulation_steps=1): the
+    launch withholds the variable, says why, and the delivery record has no environment route for it."""
+    from autotune.prepare import prepare
+
+    (tmp_path / "acc.py").write_text(textwrap.dedent(ACCEL_OWN_ACCUM))
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "acc.py"), "training.wire": "auto",
+                                          "training.global_batch_size": 64, "training.batch_size_per_gpu": 16})
+    setup = prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={})
+    assert setup.plan.batch.gradient_accumulation_steps == 4
+    assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in setup.launch_spec.env
+    assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" in setup.delivery.withheld
+    assert not any("ACCELERATE_GRADIENT" in r for r in setup.delivery.routes["gradient_accumulation_steps"])
+    assert any(line.startswith("ACCELERATE_GRADIENT_ACCUMULATION_STEPS not exported: the script passes")
+               for line in setup.delivery.summary())
+    # the same script without the explicit argument gets it through the environment, as before
+    (tmp_path / "plain.py").write_text(textwrap.dedent(ACCEL_OWN_ACCUM).replace("gradient_accumulation_steps=1", ""))
+    cfg2 = apply_overrides(cfg, {"training.entrypoint": str(tmp_path / "plain.py")})
+    setup2 = prepare(cfg2, hardware="cpu-only", runs_root=tmp_path / "runs", environ={})
+    assert setup2.launch_spec.env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == "4"
