@@ -51,6 +51,36 @@ class UserError(Exception):
         return "\n".join(lines)
 
 
+# Keys of the tools our users come from (Hugging Face TrainingArguments, DeepSpeed's JSON, Accelerate's config),
+# by their last name, with autotune's key for the same thing (what a config error suggests).
+FOREIGN_KEYS = {
+    "fp16": "training.mixed_precision: fp16", "bf16": "training.mixed_precision: bf16",
+    "mixed_precision": "training.mixed_precision (bf16 | fp16 | fp32 | auto)",
+    "per_device_train_batch_size": "training.batch_size_per_gpu",
+    "train_micro_batch_size_per_gpu": "training.batch_size_per_gpu",
+    "micro_batch_size": "training.batch_size_per_gpu", "batch_size": "training.batch_size_per_gpu",
+    "train_batch_size": "training.global_batch_size (the effective batch per optimizer step)",
+    "gradient_accumulation_steps": "training.gradient_accumulation_steps",
+    "learning_rate": "training.learning_rate", "lr": "training.learning_rate",
+    "dataloader_num_workers": "data.num_workers", "num_workers": "data.num_workers",
+    "zero_optimization": "distributed.zero_stage (and distributed.offload_optimizer)",
+    "stage": "distributed.zero_stage", "zero_stage": "distributed.zero_stage",
+    "deepspeed": "distributed.backend: deepspeed (with distributed.zero_stage)",
+    "num_train_epochs": "training.epochs", "max_grad_norm": "training.gradient_clipping",
+    "gradient_clipping": "training.gradient_clipping", "weight_decay": "training.weight_decay",
+    "num_processes": "distributed.nproc_per_node", "nproc_per_node": "distributed.nproc_per_node",
+    "num_machines": "distributed.num_nodes", "gradient_checkpointing": "training.gradient_checkpointing",
+    "seed": "training.seed", "max_steps": "training.max_steps", "warmup_steps": "training.warmup_steps",
+}
+
+
+def foreign_hint(path: str) -> str:
+    """'; autotune's name: <key>' for a key of another tool at ``path`` (a dotted path), else ''."""
+    last = path.rsplit(".", 1)[-1]
+    suggestion = FOREIGN_KEYS.get(last)
+    return f"; autotune's name for it: {suggestion}" if suggestion and not path.startswith(suggestion.split()[0]) else ""
+
+
 def _loc(loc: tuple) -> str:
     out = ""
     for part in loc:
@@ -82,7 +112,8 @@ def validation_problems(err, prefix: str = "", keys_in: str = CONFIG_KEYS) -> li
             path = f"{prefix}.{path}" if path != "<root>" else prefix
         msg = e.get("msg", "invalid")
         if e.get("type") == "extra_forbidden":
-            problems.append(f"{path}: unknown key (check the spelling; allowed keys are listed in {keys_in})")
+            problems.append(f"{path}: unknown key (check the spelling; allowed keys are listed in {keys_in})"
+                            + foreign_hint(path))
             continue
         if e.get("type") == "missing":
             problems.append(f"{path}: required field is missing")

@@ -275,3 +275,25 @@ def test_a_config_with_settings_is_not_warned_about(tmp_path, capsys):
     f = tmp_path / "c.yaml"
     f.write_text("training: {epochs: 2}\n")
     assert load_config(f).training.epochs == 2 and capsys.readouterr().err == ""
+
+
+def test_the_guides_own_keys_are_answered_with_autotunes_names(tmp_path):
+    """Keys from Hugging Face, DeepSpeed and Accelerate configs: every one named with autotune's key, exit 2."""
+    import subprocess
+    import sys
+
+    f = tmp_path / "foreign.yaml"
+    f.write_text("fp16: true\nmixed_precision: bf16\ndeepspeed: {stage: 2}\nzero_optimization: {stage: 3}\n"
+                 "training:\n  per_device_train_batch_size: 8\n  train_batch_size: 256\n  dataloader_num_workers: 4\n"
+                 "  lr: 0.001\n  num_train_epochs: 3\n")
+    r = subprocess.run([sys.executable, "-m", "autotune", "check", "--config", str(f)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    for key, ours in (("fp16", "training.mixed_precision: fp16"), ("mixed_precision", "training.mixed_precision"),
+                      ("deepspeed", "distributed.backend: deepspeed"), ("zero_optimization", "distributed.zero_stage"),
+                      ("training.per_device_train_batch_size", "training.batch_size_per_gpu"),
+                      ("training.train_batch_size", "training.global_batch_size"),
+                      ("training.dataloader_num_workers", "data.num_workers"), ("training.lr", "training.learning_rate"),
+                      ("training.num_train_epochs", "training.epochs")):
+        line = next(x for x in r.stderr.splitlines() if x.strip().startswith(f"- {key}:"))
+        assert f"autotune's name for it: {ours}" in line, line
