@@ -33,6 +33,7 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "deepspeed_config": ("--deepspeed_config", "--deepspeed-config"),
     "epochs": ("--num_train_epochs", "--epochs", "--num_epochs", "--num-epochs"),
     "max_steps": ("--max_steps", "--max-steps"),
+    "resume_from": ("--resume_from", "--resume", "--resume_from_checkpoint", "--resume-from", "--resume-from-checkpoint"),
     "precision": ("--mixed_precision", "--mixed-precision", "--precision"),
 }
 # Values a script acts on (the launch reports each one's routes)
@@ -170,7 +171,7 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
             continue  # below: switches or a value
         if key == "deepspeed_config" and "deepspeed_config" not in values:
             continue
-        if key in ("epochs", "max_steps") and not values.get(key):
+        if key in ("epochs", "max_steps", "resume_from") and not values.get(key):
             continue
         if key in plan.run.script_defaults:  # the built-in workload's default, not the user's: the script's stays
             continue

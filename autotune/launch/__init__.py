@@ -35,6 +35,10 @@ def run(setup, replan: Callable | None = None, argv: list[str] | None = None) ->
     lock = RunLock(setup.records_dir).acquire(argv)
     try:
         set_aside_abandoned(setup)
+        if setup.plan.run.entrypoint and setup.plan.engine.node_rank == 0:  # {checkpoint_dir} exists for the script
+            from autotune.rundir.layout import checkpoint_dir
+
+            checkpoint_dir(setup.run_dir).mkdir(parents=True, exist_ok=True)
         ds = setup.deepspeed_config
         write_records(setup.records_dir, setup.plan, setup.hardware, ds, setup.launch_spec, setup.delivery,
                       ds_framework=None if ds is None else framework_flavour(ds))
@@ -42,6 +46,42 @@ def run(setup, replan: Callable | None = None, argv: list[str] | None = None) ->
             return _execute(setup, lock, log)
     finally:
         lock.release()
+
+
+class _Signals(list):
+    """The signals forwarded to the run, and when the first came."""
+
+    first_at: float | None = None
+
+    def append(self, signum) -> None:
+        if not self:
+            import time
+
+            self.first_at = time.time()
+        super().append(signum)
+
+
+def _script_preempted(setup, signals: _Signals, rc: int) -> int:
+    """A user's script after SIGTERM/SIGUSR1/Ctrl-C: 75 (requeue, resume auto) only when it observably wrote a
+    checkpoint into {checkpoint_dir} after the signal; otherwise it does not handle preemption, and says so."""
+    import signal as _signal
+
+    from autotune.rundir.layout import checkpoint_dir
+
+    name = _signal.Signals(signals[0]).name
+    where = checkpoint_dir(setup.run_dir)
+    since = signals.first_at or 0.0
+    written = [p for p in where.rglob("*") if p.stat().st_mtime >= since] if where.is_dir() else []
+    if written:
+        newest = max(written, key=lambda p: p.stat().st_mtime)
+        print(f"\nPreempted ({name}): your script wrote {newest} after the signal.\nRun directory: {setup.run_dir}\n"
+              f"To continue, run the same command with --run_dir {setup.run_dir} --resume_from auto (the newest entry "
+              f"in {where} reaches your script as {{resume_from}} and $AUTOTUNE_RESUME_FROM)", file=sys.stderr)
+        return EXIT_PREEMPTED
+    print(f"\nInterrupted ({name}): your script wrote no checkpoint into {where} after the signal, so it does not "
+          "handle preemption (to be requeued, save there on SIGTERM/SIGUSR1 and resume from {resume_from}). "
+          f"Run directory: {setup.run_dir}", file=sys.stderr)
+    return 128 + signals[0]
 
 
 def _record_evidence(setup, run_dir):
@@ -147,7 +187,7 @@ def _execute(setup, lock=None, log=None) -> int:
     line = waiting_line(setup.plan)
     if line:
         print(line, flush=True)
-    signals: list[int] = []
+    signals = _Signals()
     import shutil
     import tempfile
     import time
@@ -201,6 +241,8 @@ def _execute(setup, lock=None, log=None) -> int:
                  if out.silent and eng.backend != "single" else "")
               + f"\n{decider.get('message', '')}", file=sys.stderr)
         return out.ranks_code
+    if signals and setup.plan.run.entrypoint and out.ranks_code is None:
+        return _script_preempted(setup, signals, rc)
     if rc != 0 and signals:  # interrupted: the shell convention 128+N, whatever torchrun made of it
         rc = 128 + signals[0]
     if rc == 0:

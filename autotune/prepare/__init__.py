@@ -146,6 +146,15 @@ def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_for
     if warn is None:
         def warn(msg: str) -> None:
             print(f"warning: {msg}", file=sys.stderr, flush=True)
+    if own_format:  # auto, for a user's script: the newest entry its checkpoint directory holds
+        from autotune.rundir.layout import checkpoint_dir
+
+        entries = [p for p in checkpoint_dir(run_dir).glob("*") if not p.name.startswith(".")] \
+            if checkpoint_dir(run_dir).is_dir() else []
+        if not entries:
+            warn(f"--resume_from auto: {checkpoint_dir(run_dir)} holds nothing yet: your script starts fresh")
+            return None
+        return max(entries, key=lambda p: (p.stat().st_mtime, p.name)).resolve()
     if resume_from == "auto":
         return newest_good_checkpoint(run_dir, warn)
     path = Path(resume_from)
@@ -207,6 +216,8 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     if cfg.training.wire == "auto" and facts is not None:
         extra, wired = wire_flags(facts, plan, values, args)
         args += extra
+    if entry and resume_path is not None:
+        _check_resume_reaches(facts, used_placeholders(raw), wired, args)
     route = delivery(plan, facts, used_placeholders(raw), wired, args, ds is not None) if entry else \
         delivery(plan, None, [], {}, args, ds is not None)
     why = withhold_accumulation(facts, route.routes) if entry else None
@@ -217,6 +228,24 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
                        withhold=tuple(route.withheld))
     return RunSetup(plan=plan, hardware=hw, deepspeed_config=ds, run_dir=rd, resume_path=resume_path,
                     launch_spec=spec, delivery=route)
+
+
+def _check_resume_reaches(facts, placeholders: list[str], wired: dict[str, str], args: list[str]) -> None:
+    """A resume point for a user's script must reach it: as {resume_from}, through $AUTOTUNE_RESUME_FROM (read
+    by the script), or its own resume flag (--wire auto, or given after `--`). Otherwise the script would start
+    from scratch without a word: refused."""
+    from autotune.exports.wiring import FLAGS
+
+    if "resume_from" in placeholders or "resume_from" in wired or facts is None or facts.uses_autotune:
+        return
+    if "AUTOTUNE_RESUME_FROM" in facts.env_reads or any(a.split("=")[0] in FLAGS["resume_from"] for a in args):
+        return
+    declared = [f for f in FLAGS["resume_from"] if f in facts.flags]
+    how = (f"your script declares {declared[0]}: add --wire auto, or pass {declared[0]} {{resume_from}} after `--`"
+           if declared else "pass it to your script after `--` (e.g. --resume {resume_from}) or have the script "
+           "read $AUTOTUNE_RESUME_FROM")
+    raise UserError(f"--resume_from: your script has no way to receive the resume point, and would start from "
+                    f"scratch; {how}")
 
 
 def _workdir(value: str | None) -> str | None:

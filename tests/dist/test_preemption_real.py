@@ -171,3 +171,45 @@ def test_a_hung_peer_ends_the_job_within_the_step_budget_naming_it(tmp_path):
     assert "rank 0: step " in text and "did not finish within 5 s (distributed.step_timeout_s)" in text
     assert "Never reported (hung, or killed before they could): rank 1" in text
     assert took < 30, took  # 5 s budget, then the launcher stops the rest 5 s after the report
+
+
+SCRIPT_STOPS = """
+import os, signal, sys, time
+ckpt = os.environ["AUTOTUNE_CHECKPOINT_DIR"]
+assert os.path.isdir(ckpt)  # the launcher created {checkpoint_dir}
+def stop(signum, frame):
+    if os.environ.get("SAVES") == "1":
+        open(os.path.join(ckpt, "last.pt"), "w").write("state")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("READY", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("saves", [True, False])
+def test_a_preempted_script_is_requeued_only_when_it_saved_after_the_signal(tmp_path, saves):
+    """SIGTERM to the launcher of a user's script: exit 75 (requeue, resume auto) when the script wrote into
+    {checkpoint_dir} after the signal; otherwise 128+15 and the launch says the script does not handle preemption."""
+    script = tmp_path / "s.py"
+    script.write_text(SCRIPT_STOPS)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"training:\n  entrypoint: {script}\n")
+    env = {**_env(), "SAVES": "1" if saves else "0"}
+    p = subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(cfg), "--run_dir",
+                          str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         cwd=ROOT)
+    deadline = time.monotonic() + 60
+    line = ""
+    while "READY" not in line:
+        assert time.monotonic() < deadline and p.poll() is None
+        line = p.stdout.readline()
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    if saves:
+        assert p.returncode == 75, err[-2000:]
+        assert "Preempted (SIGTERM): your script wrote" in err and "--resume_from auto" in err
+    else:
+        assert p.returncode == 128 + signal.SIGTERM, err[-2000:]
+        assert "wrote no checkpoint" in err and "does not handle preemption" in err

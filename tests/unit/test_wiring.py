@@ -256,3 +256,37 @@ def test_an_explicit_accelerator_accumulation_is_not_overridden_by_the_environme
     cfg2 = apply_overrides(cfg, {"training.entrypoint": str(tmp_path / "plain.py")})
     setup2 = prepare(cfg2, hardware="cpu-only", runs_root=tmp_path / "runs", environ={})
     assert setup2.launch_spec.env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == "4"
+
+
+def test_a_resume_point_must_reach_the_script_or_is_refused(tmp_path):
+    """--resume_from given before `--` to a script with no way to receive it (no {resume_from}, no
+    $AUTOTUNE_RESUME_FROM, no resume flag) was silently dropped: now refused, naming the way in; a script that
+    declares --resume gets it under --wire auto; `auto` is the newest entry of {checkpoint_dir}."""
+    import os
+    import time
+
+    import pytest
+
+    from autotune.errors import UserError
+    from autotune.prepare import prepare
+
+    saved = tmp_path / "mine.ckpt"
+    saved.write_text("weights")
+    (tmp_path / "deaf.py").write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--lr')\n")
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "deaf.py")})
+    with pytest.raises(UserError, match="no way to receive the resume point.*--resume \\{resume_from\\}"):
+        prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={}, resume_from=str(saved))
+    ok = prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={}, resume_from=str(saved),
+                 script_args=["--lr", "1", "--resume", "{resume_from}"])  # the user's own way in
+    assert ok.launch_spec.cmd[-2:] == ["--resume", str(saved.resolve())]
+    (tmp_path / "hears.py").write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--resume')\n")
+    wired = apply_overrides(cfg, {"training.entrypoint": str(tmp_path / "hears.py"), "training.wire": "auto"})
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    old, new = run / "checkpoints" / "epoch-1", run / "checkpoints" / "epoch-2"
+    old.write_text("1")
+    new.write_text("2")
+    os.utime(old, (time.time() - 60, time.time() - 60))
+    s = prepare(wired, hardware="cpu-only", run_dir=run, environ={}, resume_from="auto")
+    assert s.plan.run.resume_from == str(new.resolve()) and s.launch_spec.cmd[-2:] == ["--resume", str(new.resolve())]
+    assert s.launch_spec.env["AUTOTUNE_RESUME_FROM"] == str(new.resolve())
