@@ -101,7 +101,8 @@ def _lr(rec: dict):
     opts = rec.get("optimizers") or []
     if not opts:
         return None
-    lrs = opts[-1].get("lr_now") or opts[-1].get("lr") or []
+    # the peak a scheduler starts from (initial_lr), not the warm-up's current rate
+    lrs = opts[-1].get("lr_peak") or opts[-1].get("lr") or []
     return lrs[0] if lrs else None
 
 
@@ -148,13 +149,13 @@ def judge(plan, observed: list[dict]) -> Judgement:
         j.effective_batch = sum(rates) / len(rates) * world
     b, eng = plan.batch, plan.engine
     micro = _micro(first)
-    acc = None
-    if first.get("deepspeed"):
+    acc = None  # measured (samples per optimizer step / micro-batch) where it can be, else the engine's own word
+    if micro and _per_step_samples(first):
+        acc = round(_per_step_samples(first) / micro)
+    elif first.get("deepspeed"):
         acc = first["deepspeed"].get("gradient_accumulation_steps")
     elif (first.get("accelerate") or {}).get("gradient_accumulation_steps"):
         acc = first["accelerate"]["gradient_accumulation_steps"]
-    elif micro and _per_step_samples(first):
-        acc = round(_per_step_samples(first) / micro)
     engine = _engine(first) or ("single" if world == 1 else None)
     planned_engine = eng.backend if eng.backend != "single" else "single"
     lr = _lr(first)

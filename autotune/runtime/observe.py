@@ -184,12 +184,17 @@ def _optim(mod) -> None:
 
     @_guarded("optimizer step")
     def stepped(optimizer, *_a, **_k):
+        # a wrapper around another optimizer (Accelerate's AcceleratedOptimizer, which "steps" every micro-batch
+        # and skips while accumulating; DeepSpeed's ZeRO optimizers): its inner optimizer's real steps count
+        if isinstance(getattr(optimizer, "optimizer", None), mod.Optimizer):
+            return
         rec = _record()
         rec["steps"] += 1
         if rec["steps"] <= WRITE_AT[-1]:
             rec["samples_at_step"][str(rec["steps"])] = rec["samples"]
             rec["optimizers"][-1:] and rec["optimizers"][-1].update(
-                lr_now=[g.get("lr") for g in optimizer.param_groups])
+                lr_now=[g.get("lr") for g in optimizer.param_groups],
+                lr_peak=[g.get("initial_lr", g.get("lr")) for g in optimizer.param_groups])  # before warm-up
         if rec["steps"] in WRITE_AT:
             write()
 

@@ -3,6 +3,7 @@
 import json
 import os
 import subprocess
+from pathlib import Path
 from support import ROOT
 
 SMALL = """
@@ -80,3 +81,13 @@ def check_run_dir(run_dir, backend, world):
     assert sorted(loss) == list(range(1, 13))
     assert loss[12] < loss[1] * 0.9, loss  # the loss falls
     return loss
+
+
+def observed_as_planned(run_dir) -> dict:
+    """What the launch observed the user's script run (delivery.json's "observed"): every plan value equal to
+    the plan's, the script's own (not planned) or not observable, never different; no wrong batch or engine."""
+    seen = json.loads((Path(run_dir) / "delivery.json").read_text())["observed"]
+    statuses = {k: v["status"] for k, v in seen["values"].items()}
+    assert seen["steps_observed"] > 0 and seen["wrong"] == [], seen
+    assert not [k for k, s in statuses.items() if s == "different"], seen["values"]
+    return statuses

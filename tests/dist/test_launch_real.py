@@ -127,6 +127,9 @@ def test_bring_your_own_script(tmp_path):
     assert acc > 0.8, r.stdout[-2000:]
     plan = plan_json(tmp_path / "byo" / "plan.json")
     assert plan["world_size"] == nproc and plan["global_batch_size"] == 64
+    from dist_util import observed_as_planned
+
+    assert observed_as_planned(tmp_path / "byo")["engine"] == "equal"
 
 
 def test_module_function_entrypoint(small_config, tmp_path):

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from dist_util import ROOT, SMALL, launch, losses
+from dist_util import ROOT, SMALL, launch, losses, observed_as_planned
 
 
 def _config(tmp_path, extra: str, name: str = "c.yaml"):
@@ -152,6 +152,8 @@ def test_unmodified_accelerate_script_follows_the_plan(tmp_path):
     used = [line for line in r.stdout.splitlines() if line.startswith("USED ")]
     assert used == [f"USED world=2 micro=8 accumulation=4 precision=no effective={b.global_batch_size} device=cpu"]
     assert b.global_batch_size == 64
+    seen = observed_as_planned(tmp_path / "acc")  # observed in its processes, not only what it printed
+    assert seen["micro_batch_size"] == seen["gradient_accumulation_steps"] == seen["engine"] == "equal"
 
 
 def test_unmodified_deepspeed_script_follows_the_plan(tmp_path):
@@ -163,6 +165,8 @@ def test_unmodified_deepspeed_script_follows_the_plan(tmp_path):
     assert len(used) == 1 and used[0].startswith("USED world=2 micro=8 accumulation=4 effective=64 precision=float32 device=cpu train_batch_size=64")
     argv = json.loads((tmp_path / "ds" / "command.json").read_text())["argv"]
     assert argv[-2:] == ["--deepspeed_config", str(tmp_path / "ds" / "deepspeed_config.json")]
+    seen = observed_as_planned(tmp_path / "ds")
+    assert seen["engine"] == seen["micro_batch_size"] == seen["gradient_accumulation_steps"] == "equal"
 
 
 def test_unmodified_torchrun_script_gets_the_plan_through_its_own_flags(tmp_path):
@@ -261,6 +265,8 @@ def test_unmodified_hf_trainer_script_follows_the_plan(tmp_path):
     record = json.loads((tmp_path / "hf" / "delivery.json").read_text())
     assert record["advisory"] == [] and record["routes"]["micro_batch_size"] == [
         "recognised flag --per_device_train_batch_size"]
+    seen = observed_as_planned(tmp_path / "hf")
+    assert seen["micro_batch_size"] == seen["learning_rate"] == seen["engine"] == "equal"
     # the launcher's and the script's output, also in the run directory
     logged = (tmp_path / "hf" / "logs" / "stdout.log").read_text()
     assert logged.startswith("==== ") and " autotune launch --config " in logged.splitlines()[0]
@@ -340,3 +346,65 @@ def test_a_user_scripts_own_checkpoint_reaches_it_as_placeholder_and_variable_on
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "no such file or directory" in bad.stderr and "Traceback" not in bad.stderr
     assert not (tmp_path / "r2").exists()
+
+
+DEEPSPEED_BEHIND_A_SWITCH = """
+import argparse, os, time
+import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+p = argparse.ArgumentParser()
+p.add_argument("--use_deepspeed", action="store_true")
+p.add_argument("--deepspeed_config")
+p.add_argument("--batch_size", type=int, default=8)
+p.add_argument("--own_optimizer_lr", type=float)
+args = p.parse_args()
+x = torch.randn(2048, 16)
+data = TensorDataset(x, x.sum(1, keepdim=True))
+model = nn.Linear(16, 1)
+if args.use_deepspeed:
+    import deepspeed
+    deepspeed.init_distributed(dist_backend="gloo")
+    own = torch.optim.AdamW(model.parameters(), lr=args.own_optimizer_lr) if args.own_optimizer_lr else None
+    engine, _, loader, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), optimizer=own,
+                                                training_data=data, config=args.deepspeed_config)
+    for i, (xb, yb) in enumerate(loader):
+        engine.backward(F.mse_loss(engine(xb), yb)); engine.step()
+        if i == 40:
+            break
+else:  # the path the script takes unless told: DDP with its own batch size
+    dist.init_process_group("gloo")
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=DistributedSampler(data))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    for xb, yb in loader:
+        F.mse_loss(ddp(xb), yb).backward(); opt.step(); opt.zero_grad()
+dist.barrier(); dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("case", ["switch_off", "own_optimizer"])
+def test_deepspeed_planted_mismatches_are_named_from_evidence(tmp_path, case):
+    """A DeepSpeed script whose DeepSpeed path sits behind its own --use_deepspeed: planned DeepSpeed, it trains DDP
+    (the delivery record once said the engine had arrived through the JSON). Taking the switch but passing its own
+    optimizer: DeepSpeed ignores the JSON's learning rate, and the evidence shows the rate that ran."""
+    script = tmp_path / "ds_switch.py"
+    script.write_text(DEEPSPEED_BEHIND_A_SWITCH)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"training:\n  entrypoint: {script}\n  global_batch_size: 32\n  batch_size_per_gpu: 8\n"
+                   "  learning_rate: 0.002\n")
+    extra = ["--use_deepspeed", "--own_optimizer_lr", "0.0001"] if case == "own_optimizer" else []
+    r = launch("--config", cfg, "--deepspeed", "--zero_stage", 1, "--nproc_per_node", 2, "--wire", "auto",
+               "--run_dir", tmp_path / "r", "--", *extra, timeout=600)
+    seen = json.loads((tmp_path / "r" / "delivery.json").read_text())["observed"]
+    if case == "switch_off":
+        assert seen["values"]["engine"] == {"status": "different", "observed": "ddp", "plan": "deepspeed",
+                                            "fix": seen["values"]["engine"]["fix"]}
+        assert any(w.startswith("the script runs ddp, the plan deepspeed") for w in seen["wrong"])
+        assert "warning: the script runs ddp, the plan deepspeed" in r.stdout
+    else:
+        lr = seen["values"]["learning_rate"]
+        assert (lr["status"], lr["observed"], lr["plan"]) == ("different", 0.0001, 0.002)
+        assert "DeepSpeed ignores the JSON's optimizer and learning rate" in lr["note"]
+        assert seen["values"]["engine"]["status"] == "equal"
+        assert "different: learning_rate 0.0001 (plan 0.002)" in r.stdout
