@@ -42,6 +42,42 @@ print((time.perf_counter() - t0) / (steps - 20))
 """
 
 
+DIRECT = """
+import os, sys, time, timeit, torch
+from autotune.runtime import observe
+observe.install()
+import torch.utils.data
+from torch.utils.data import dataloader as dl
+from torch.optim.optimizer import _global_optimizer_post_hooks
+batch = (torch.zeros(64, 16), torch.zeros(64, dtype=torch.long))
+yielded = dl._BaseDataLoaderIter.__next__
+class It(dl._BaseDataLoaderIter):
+    def __init__(self): pass
+    def _next_data(self): return batch
+    def _get_iterator(self): return self
+opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))], lr=1e-3)
+hooks = list(_global_optimizer_post_hooks.values())
+it = It()
+it._sampler_iter = iter(range(10**9)); it._num_yielded = 0; it._profile_name = "x"; it._IterableDataset_len_called = None
+it._dataset_kind = 0
+n = 20000
+t_next = min(timeit.repeat(lambda: yielded(it), number=n, repeat=5)) / n
+orig = getattr(yielded, "__wrapped__")
+t_plain = min(timeit.repeat(lambda: orig(it), number=n, repeat=5)) / n
+t_step = min(timeit.repeat(lambda: [h(opt, (), {}) for h in hooks], number=n, repeat=5)) / n
+print(t_next - t_plain, t_step)
+"""
+
+
+def direct(run_dir: str) -> tuple[float, float]:
+    """Seconds the observer adds per DataLoader batch and per optimizer step, timed on the hooks themselves."""
+    env = {**os.environ, "RANK": "0", "AUTOTUNE_RUN_DIR": run_dir, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", DIRECT], capture_output=True, text=True, env=env, timeout=300,
+                       check=True)
+    per_batch, per_step = map(float, r.stdout.split())
+    return per_batch, per_step
+
+
 def one(observe: bool, steps: int, run_dir: str) -> float:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "AUTOTUNE_OBSERVE")}
     env.update(RANK="0", AUTOTUNE_RUN_DIR=run_dir, OMP_NUM_THREADS="1")
@@ -62,10 +98,15 @@ def main(argv=None) -> int:
             plain.append(one(False, a.steps, td))
             observed.append(one(True, a.steps, td))
         assert (Path(td) / "observed" / "rank-0.json").exists(), "the observer did not run"
+        per_batch, per_step = direct(td)
     p, o = statistics.median(plain), statistics.median(observed)
     print(f"step without observer: {p * 1e3:.3f} ms (runs: {', '.join(f'{x * 1e3:.3f}' for x in plain)})")
     print(f"step with observer:    {o * 1e3:.3f} ms (runs: {', '.join(f'{x * 1e3:.3f}' for x in observed)})")
-    print(f"cost: {(o - p) * 1e6:+.1f} us a step, {(o - p) / p * 100:+.2f} % of the step (median of {a.runs} runs each)")
+    print(f"A/B difference: {(o - p) * 1e6:+.1f} us a step, {(o - p) / p * 100:+.2f} % (median of {a.runs} runs each; "
+          "within the noise of separate processes)")
+    cost = per_batch + per_step  # this loop: one micro-batch per optimizer step
+    print(f"the hooks themselves: {per_batch * 1e6:.2f} us per batch, {per_step * 1e6:.2f} us per optimizer step: "
+          f"{cost * 1e6:.2f} us a step = {cost / p * 100:.3f} % of this {p * 1e3:.2f} ms step")
     return 0
 
 
