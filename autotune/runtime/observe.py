@@ -313,6 +313,11 @@ def install() -> None:
         if name in sys.modules:
             _guarded(f"hook {name}")(hook)(sys.modules[name])
     sys.meta_path.insert(0, _AfterImport())
+    # "returned" the moment the script's main module has finished: threading's exit hook runs before Python
+    # joins the non-daemon threads a script may leave behind (a teardown that lingers); atexit only after them
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        register(_ended, "returned")
     atexit.register(_ended, "returned")
     previous = sys.excepthook
 

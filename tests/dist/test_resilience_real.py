@@ -73,3 +73,46 @@ def test_max_restarts_restart_a_failed_one_process_run(tmp_path):
     argv = json.loads((tmp_path / "run" / "command.json").read_text())["argv"]
     assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"] and "--max_restarts=2" in argv
     assert "--nproc_per_node=1" in argv
+
+
+LINGERS = """
+import os, threading, time
+import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+dist.init_process_group("gloo")
+x = torch.randn(256, 16)
+data = TensorDataset(x, x.sum(1, keepdim=True))
+model = nn.parallel.DistributedDataParallel(nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for xb, yb in DataLoader(data, batch_size=int(os.environ["AUTOTUNE_MICRO_BATCH_SIZE"]), sampler=DistributedSampler(data)):
+    F.mse_loss(model(xb), yb).backward(); opt.step(); opt.zero_grad()
+dist.barrier(); dist.destroy_process_group()
+print("SUMMARY rank", os.environ["RANK"], flush=True)
+if os.environ["RANK"] == "1":  # a teardown that never ends: a thread left behind after the script returned
+    threading.Thread(target=time.sleep, args=(600,)).start()
+"""
+
+
+def test_a_rank_lingering_after_its_script_returned_is_ended_and_the_run_reported_done(tmp_path):
+    """Every rank's script returned (observed); rank 1's process lingers. After distributed.exit_barrier_s the
+    launch ends it and reports success with a warning, not "Training exited with code ..."."""
+    import time
+
+    from dist_util import launch
+
+    script = tmp_path / "lingers.py"
+    script.write_text(LINGERS)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"training:\n  entrypoint: {script}\n  global_batch_size: 32\ndistributed:\n  exit_barrier_s: 3\n")
+    t0 = time.monotonic()
+    r = launch("--config", cfg, "--nproc_per_node", 2, "--run_dir", tmp_path / "run", timeout=240)
+    took = time.monotonic() - t0
+    import json
+
+    assert "SUMMARY rank 0" in r.stdout and "Done. Run directory" in r.stdout
+    rank1 = json.loads((tmp_path / "run" / "observed" / "rank-1.json").read_text())
+    assert rank1["returned"] is True and rank1["steps"] > 0  # its script had returned when it was ended
+    assert "every rank's script returned and its processes still linger 3 s later" in r.stderr
+    assert "the training completed" in r.stderr and "Training exited with code" not in r.stderr
+    assert took < 120, took  # ended by the launch, not the 600 s thread
