@@ -11,7 +11,6 @@ every rank's script has returned and processes linger, it ends them (a teardown 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,16 +34,10 @@ FIX = {
 
 
 def read_observed(run_dir: str | Path) -> list[dict]:
-    d = Path(run_dir) / "observed"
-    out = []
-    for p in sorted(d.glob("rank-*.json")) if d.is_dir() else []:
-        try:
-            rec = json.loads(p.read_text()[:1_000_000])
-        except (OSError, ValueError):
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("rank"), int):
-            out.append(rec)
-    return out
+    from autotune.rundir.layout import OBSERVED
+    from autotune.rundir.status import read_rank_files
+
+    return read_rank_files(Path(run_dir) / OBSERVED, "rank", 1_000_000)
 
 
 def _per_step_samples(rec: dict) -> float | None:

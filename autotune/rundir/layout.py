@@ -4,8 +4,10 @@ users' scripts (through placeholders and variables) all find a path here."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from autotune.plan import TrainingPlan
+if TYPE_CHECKING:  # a name for the annotations only: a user's process (the observer) reads this module light
+    from autotune.plan import TrainingPlan
 
 PLAN = "plan.json"
 HARDWARE = "hardware.json"
@@ -22,6 +24,7 @@ STATUS_DIR = ".status"
 LOCK = ".autotune.lock"
 METRICS = "metrics.json"
 TENSORBOARD = "tensorboard"
+OBSERVED = "observed"  # what a user's script ran, per rank (autotune.runtime.observe)
 
 
 def records_dir(plan: TrainingPlan, run_dir: str | Path) -> Path:

@@ -34,17 +34,23 @@ def write_status(run_dir: str | Path, rank: int, code: int, message: str = "", *
         pass
 
 
-def read_statuses(directory: str | Path) -> list[dict]:
+def read_rank_files(directory: str | Path, key: str, limit: int) -> list[dict]:
+    """Every rank-*.json in ``directory`` that reads as an object with an integer ``key`` (at most ``limit``
+    characters each; a file being replaced or damaged is skipped): what ranks leave for the launcher."""
     d = Path(directory)
     out = []
     for p in sorted(d.glob("rank-*.json")) if d.is_dir() else []:
         try:
-            s = json.loads(p.read_text()[:10000])
+            s = json.loads(p.read_text()[:limit])
         except (OSError, ValueError):
             continue
-        if isinstance(s, dict) and isinstance(s.get("code"), int):
+        if isinstance(s, dict) and isinstance(s.get(key), int):
             out.append(s)
     return out
+
+
+def read_statuses(directory: str | Path) -> list[dict]:
+    return read_rank_files(directory, "code", 10_000)
 
 
 def combined_exit(statuses: list[dict]) -> tuple[int | None, dict | None]:

@@ -51,7 +51,9 @@ def _path() -> str | None:
     run_dir = os.environ.get("AUTOTUNE_RUN_DIR")
     if not run_dir:
         return None
-    return os.path.join(run_dir, "observed", f"rank-{os.environ.get('RANK', '0')}.json")
+    from autotune.rundir.layout import OBSERVED
+
+    return os.path.join(run_dir, OBSERVED, f"rank-{os.environ.get('RANK', '0')}.json")
 
 
 def write() -> None:
