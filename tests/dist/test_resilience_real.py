@@ -88,7 +88,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for xb, yb in DataLoader(data, batch_size=int(os.environ["AUTOTUNE_MICRO_BATCH_SIZE"]), sampler=DistributedSampler(data)):
     F.mse_loss(model(xb), yb).backward(); opt.step(); opt.zero_grad()
 dist.barrier(); dist.destroy_process_group()
-print("SUMMARY rank", os.environ["RANK"], flush=True)
+os.write(1, f"SUMMARY rank {os.environ['RANK']}\\n".encode())  # one write: two ranks share the pipe
 if os.environ["RANK"] == "1":  # a teardown that never ends: a thread left behind after the script returned
     threading.Thread(target=time.sleep, args=(600,)).start()
 """
@@ -110,7 +110,7 @@ def test_a_rank_lingering_after_its_script_returned_is_ended_and_the_run_reporte
     took = time.monotonic() - t0
     import json
 
-    assert "SUMMARY rank 0" in r.stdout and "Done. Run directory" in r.stdout
+    assert "SUMMARY rank 0\n" in r.stdout and "SUMMARY rank 1\n" in r.stdout and "Done. Run directory" in r.stdout
     rank1 = json.loads((tmp_path / "run" / "observed" / "rank-1.json").read_text())
     assert rank1["returned"] is True and rank1["steps"] > 0  # its script had returned when it was ended
     assert "every rank's script returned and its processes still linger 3 s later" in r.stderr
