@@ -84,7 +84,8 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
         target = micro * world
         band = dec.BandChoice(micro, f"--debug: a tiny micro-batch of {micro}", band.gradient_checkpointing,
                               band.checkpointing_reason)
-    if auto_optimize and facts.traced_as_cuda and not debug:  # measured: up to what fits, not the band
+    if auto_optimize and facts.traced_as_cuda and not debug and policy.micro_batch_rule == "fit":
+        # measured as the GPU runs it: up to what fits, not the band (policy.micro_batch_rule)
         band = dec.BandChoice(max(1, target // world), "the largest micro-batch that fits", False,
                               "off unless it is the only way to a fast micro-batch (it costs 30-70 % a step)")
     if auto_optimize:

@@ -192,7 +192,8 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
     if not opts:
         opts = [(default, ckpt_choices[0])]
     known = facts.num_parameters is not None and (budget.device_gib is not None or budget.host_gib is not None)
-    search = facts.traced_as_cuda and not fixed_micro  # measured: the largest that fits, not the band's halvings
+    # measured: the largest that fits, not the band's halvings (unless the policy keeps the band)
+    search = facts.traced_as_cuda and not fixed_micro and x.policy.micro_batch_rule == "fit"
     if not known:  # nothing to weigh: the first option, planned blind (the reasons say so)
         s, ckpt = opts[0]
         chosen = Row(s, ckpt, top, sz.need(s, top, ckpt), None)
@@ -229,7 +230,7 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
     ckpt = r.resolve("gradient_checkpointing", ckpt_user, lambda: Decision(chosen.checkpointing, _ckpt_reason(
         chosen, band, ckpt_supported)), verbatim=False)
     auto_micro = Decision(band.micro_batch_size, band.micro_reason) if fixed_micro else \
-        Decision(micro, _micro_reason(band, chosen, top, facts))
+        Decision(micro, _micro_reason(band, chosen, top, facts, x.policy.micro_batch_rule))
     micro = r.resolve("micro_batch_size", micro_user, lambda: auto_micro, path="training.batch_size_per_gpu")
     return MemoryFit(chosen.strategy, micro, bool(ckpt), _estimate(chosen, facts, budget, bool(ckpt)))
 
@@ -269,9 +270,13 @@ def _estimate(row: Row, facts: ModelFacts, budget: Budget, ckpt: bool) -> Memory
         host_gib_per_node=round(n.host_gib, 2) if n.host_gib else None, unknown=unknown)
 
 
-def _micro_reason(band: BandChoice, chosen: Row, top: int, facts: ModelFacts | None = None) -> str:
+def _micro_reason(band: BandChoice, chosen: Row, top: int, facts: ModelFacts | None = None,
+                  rule: str = "fit") -> str:
     if facts is not None and facts.traced_as_cuda:
-        return traced_micro_reason(chosen.label, chosen.need.total_gib, top)
+        if rule == "fit":
+            return traced_micro_reason(chosen.label, chosen.need.total_gib, top)
+        band = BandChoice(band.micro_batch_size, f"{band.micro_reason} (policy micro_batch_rule: band)",
+                          band.gradient_checkpointing, band.checkpointing_reason)
     if chosen.micro == top:
         return band.micro_reason
     return (f"{band.micro_reason}; {chosen.micro} is the largest that fits with {chosen.label} "

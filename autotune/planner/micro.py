@@ -49,5 +49,5 @@ def steady_micro(largest: int, target: int, world: int) -> int:
 def traced_micro_reason(label: str, total_gib: float | None, top: int) -> str:
     est = "" if total_gib is None else f" ({total_gib:.1f} GiB, {CUDA_TRACED})"
     return (f"the largest micro-batch whose estimate fits with {label}{est}, up to global / world = {top}, with the "
-            f"global batch within {GLOBAL_TOLERANCE:.0%} of its target (the VRAM band is for models autotune cannot "
-            "trace)")
+            f"global batch within {GLOBAL_TOLERANCE:.0%} of its target (policy micro_batch_rule: fit; the VRAM band "
+            "is for models autotune cannot trace)")

@@ -10,6 +10,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autotune.errors import UserError, format_validation_error
@@ -57,6 +59,9 @@ class Policy(_Strict):
     cuda_context_mib: float = Field(ge=0)
     nccl_buffers_mib: float = Field(ge=0)
     traced_activation_margin: float = Field(ge=1)
+    # a model traced as CUDA runs it: "fit" plans the largest micro-batch that fits (up to global / world);
+    # "band" keeps the VRAM band table's, as for the built-in workload and models that are not traced
+    micro_batch_rule: Literal["fit", "band"] = "fit"
     # fp32 on GPUs: cuDNN's fp32 convolution workspaces, which no trace on a CPU sees (measured on an H100
     # against the CPU trace, BENCHMARKS.md); half precision needs none since the trace runs as CUDA does.
     traced_activation_margin_gpu_fp32: float = Field(4.5, ge=1)
