@@ -68,33 +68,34 @@ def ckpt_raises():
     return _CkptRaises()
 
 
-class _ReadsValues(nn.Module):
+class _Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class _ReadsValues(_Small):
     """An initialiser that reads a value (like transformers 5.24's ViT): fails under fake tensors."""
 
     def __init__(self):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
         if self.net[0].weight.abs().max().item() > 1e9:  # a value read in the constructor
             raise AssertionError("unreachable")
-
-    def forward(self, x):
-        return self.net(x)
 
 
 def reads_values():
     return _ReadsValues()
 
 
-class _InitReadsValues(nn.Module):
+class _InitReadsValues(_Small):
     """Reads a value only through torch.nn.init (what skipping initialisation avoids)."""
 
     def __init__(self):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
         nn.init.normal_(self.net[0].weight, std=0.02)
-
-    def forward(self, x):
-        return self.net(x)
 
 
 def init_reads_values():

@@ -164,8 +164,7 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
     used: dict[str, str] = {}
     for key, names in FLAGS.items():
         flag = next((n for n in names if n in facts.flags), None)
-        if flag is None or any(_passed(user_args, n, facts) for n in names if n in facts.flags) or \
-                any(_passed(user_args, n) for n in names):
+        if flag is None or any(_passed(user_args, n, facts) for n in names):
             continue
         if key == "precision":
             continue  # below: switches or a value

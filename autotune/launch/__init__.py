@@ -219,7 +219,7 @@ def _execute(setup, lock=None, log=None) -> int:
         shutil.rmtree(statuses, ignore_errors=True)
     rc, decider = out.rc, out.decider
     evidence = _record_evidence(setup, run_dir) if observing else None
-    if script is not None and stop_reason and stop_reason[-1].startswith("--strict"):
+    if script is not None and script.stopped_strict:
         print(f"\nStopped: {stop_reason[-1]}\nRun directory: {run_dir}", file=sys.stderr)
         return EXIT_USAGE
     if script is not None and rc != 0 and not signals and script.all_returned():

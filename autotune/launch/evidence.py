@@ -150,7 +150,7 @@ def judge(plan, observed: list[dict]) -> Judgement:
     elif (first.get("accelerate") or {}).get("gradient_accumulation_steps"):
         acc = first["accelerate"]["gradient_accumulation_steps"]
     engine = _engine(first) or ("single" if world == 1 else None)
-    planned_engine = eng.backend if eng.backend != "single" else "single"
+    planned_engine = eng.backend
     lr = _lr(first)
     obs = {"micro_batch_size": (micro, b.micro_batch_size), "gradient_accumulation_steps": (acc, b.gradient_accumulation_steps),
            "learning_rate": (lr, plan.schedule.learning_rate), "precision": (_precision(first), plan.numerics.precision),
@@ -166,7 +166,7 @@ def judge(plan, observed: list[dict]) -> Judgement:
         j.values[key] = {"status": "equal" if same else "different", "observed": seen, "plan": want}
         if not same:
             j.values[key]["fix"] = FIX.get(key, "")
-    if first.get("deepspeed", {}) and first["deepspeed"].get("script_optimizer"):
+    if (first.get("deepspeed") or {}).get("script_optimizer"):
         j.values["learning_rate"]["note"] = ("the script passes its own optimizer to deepspeed.initialize: DeepSpeed "
                                              "ignores the JSON's optimizer and learning rate")
     if j.effective_batch is not None and abs(j.effective_batch - b.global_batch_size) > TOLERANCE * b.global_batch_size:
@@ -187,6 +187,7 @@ class ScriptWatch:
         self.early: Judgement | None = None
         self._returned_since: float | None = None
         self.cut_teardown = False
+        self.stopped_strict = False  # --strict stopped the run
 
     def _local(self, observed: list[dict]) -> list[dict]:
         eng = self.plan.engine
@@ -207,6 +208,7 @@ class ScriptWatch:
             for w in self.early.wrong:
                 print(f"autotune: warning: {w}", file=self.out, flush=True)
             if self.early.wrong and self.plan.run.strict:
+                self.stopped_strict = True
                 return ("--strict: " + "; ".join(self.early.wrong) + "; or drop --strict (training.strict) to let it "
                         "train as it is")
         local = self._local(observed)

@@ -20,7 +20,6 @@ def model_facts(cfg: TrainConfig, policy=None, hw: HardwareProfile | None = None
     from autotune.planner.policy import load_policy
 
     t = cfg.training
-
     pol = policy or load_policy()
     margin = pol.traced_activation_margin
     modes: tuple[str, ...] = ("fp32", "half")
@@ -163,8 +162,13 @@ def model_facts_probed(cfg: TrainConfig, policy=None, hw: HardwareProfile | None
     acts, gpu = facts.activations, hw.gpus.devices[0]
     half = acts.half is not None
     line = acts.half if half else acts.fp32
-    free = (gpu.memory_free_mib or gpu.memory_total_mib or 0) * 2**20 * 0.85
-    states = 16 * (facts.trainable_parameters or 0) + 4 * ((facts.num_parameters or 0) - (facts.trainable_parameters or 0))
+    from autotune.planner.deciders import usable_mib
+    from autotune.planner.policy import load_policy
+
+    free = (usable_mib(gpu)[0] or 0) * 2**20 * (policy or load_policy()).memory_headroom_fraction
+    # the probed step's fp32 weights, gradients and AdamW moments (cuda_trace.state_bytes, counted from the facts)
+    trainable = facts.trainable_parameters or 0
+    states = 16 * trainable + 4 * ((facts.num_parameters or 0) - trainable)
     largest = max((m for m in range(1, 4097) if states + line.at(m) <= free), default=0)
     if largest < 2:  # not even two micro-batches fit one GPU: the trace stays (a probe would run out of memory)
         return facts

@@ -149,6 +149,12 @@ def cuda_kernels():
         lib._destroy()
 
 
+def state_bytes(parameters) -> int:
+    """What a traced (or probed) AdamW step holds for its parameters: weights, gradients and the two moments, each
+    in the weights' dtype (16 bytes a parameter in fp32, 8 in bf16); frozen weights alone."""
+    return sum(p.numel() * p.element_size() * (4 if p.requires_grad else 1) for p in parameters)
+
+
 def to_half_weights(model) -> None:
     """The model as DeepSpeed's bf16 engine runs it: bf16 weights and buffers (``p.data``: a fake module cannot
     swap its parameters through ``module.to``)."""
@@ -183,9 +189,7 @@ def step_peaks(model, make_batch: Callable[[int], Any], call: Callable, loss_of:
         for p in model.parameters():
             base._seen(p)
         step(1)  # the warm-up step: AdamW's state exists from here on, as in training
-    # weights, gradients and AdamW's two moments, each in the weights' dtype (16 bytes a parameter in fp32,
-    # 8 in bf16); frozen weights alone
-    states = sum(p.numel() * p.element_size() * (4 if p.requires_grad else 1) for p in model.parameters())
+    states = state_bytes(model.parameters())
     out = []
     for b in points:
         tr = PeakTracker(base.current)

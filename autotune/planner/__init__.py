@@ -30,6 +30,7 @@ from autotune.plan import (
 from autotune.planner import deciders as dec
 from autotune.planner import memory
 from autotune.planner.memory_fit import fit
+from autotune.planner.micro import plans_largest
 from autotune.planner.model_facts import ModelFacts, facts_for
 from autotune.planner.policy import Policy, load_policy
 from autotune.planner.resolve import Decision, Resolver, is_set
@@ -84,8 +85,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
         target = micro * world
         band = dec.BandChoice(micro, f"--debug: a tiny micro-batch of {micro}", band.gradient_checkpointing,
                               band.checkpointing_reason)
-    if auto_optimize and facts.traced_as_cuda and not debug and policy.micro_batch_rule == "fit":
-        # measured as the GPU runs it: up to what fits, not the band (policy.micro_batch_rule)
+    if auto_optimize and plans_largest(facts, policy) and not debug:  # measured as the GPU runs it: up to what fits
         band = dec.BandChoice(max(1, target // world), "the largest micro-batch that fits", False,
                               "off unless it is the only way to a fast micro-batch (it costs 30-70 % a step)")
     if auto_optimize:

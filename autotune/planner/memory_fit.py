@@ -25,6 +25,7 @@ from autotune.planner.memory import STRATEGIES, Strategy
 from autotune.planner.micro import (
     FAST_MICRO,
     largest_fitting,
+    plans_largest,
     steady_micro,
     traced_micro_reason,
 )
@@ -193,7 +194,7 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         opts = [(default, ckpt_choices[0])]
     known = facts.num_parameters is not None and (budget.device_gib is not None or budget.host_gib is not None)
     # measured: the largest that fits, not the band's halvings (unless the policy keeps the band)
-    search = facts.traced_as_cuda and not fixed_micro and x.policy.micro_batch_rule == "fit"
+    search = plans_largest(facts, x.policy) and not fixed_micro
     if not known:  # nothing to weigh: the first option, planned blind (the reasons say so)
         s, ckpt = opts[0]
         chosen = Row(s, ckpt, top, sz.need(s, top, ckpt), None)

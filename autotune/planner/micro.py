@@ -17,6 +17,12 @@ FAST_MICRO = 16  # below this a step leaves an H100 idle (bench/gpu_truth): chec
 GLOBAL_TOLERANCE = 0.03  # the global batch may differ from its target by this much (exact when a divisor allows)
 
 
+def plans_largest(facts, policy) -> bool:
+    """Whether the plan takes the largest micro-batch that fits (a model traced as CUDA runs it, under the
+    policy's ``micro_batch_rule: fit``) rather than the VRAM band's."""
+    return facts.traced_as_cuda and policy.micro_batch_rule == "fit"
+
+
 def largest_fitting(top: int, fits: Callable[[int], bool]) -> int:
     """The largest micro-batch in 1..top for which ``fits`` holds (0: not even 1), by bisection: the need of a
     step grows with its micro-batch."""

@@ -194,9 +194,10 @@ def _optim(mod) -> None:
         rec["steps"] += 1
         if rec["steps"] <= WRITE_AT[-1]:
             rec["samples_at_step"][str(rec["steps"])] = rec["samples"]
-            rec["optimizers"][-1:] and rec["optimizers"][-1].update(
-                lr_now=[g.get("lr") for g in optimizer.param_groups],
-                lr_peak=[g.get("initial_lr", g.get("lr")) for g in optimizer.param_groups])  # before warm-up
+            if rec["optimizers"]:
+                rec["optimizers"][-1].update(
+                    lr_now=[g.get("lr") for g in optimizer.param_groups],
+                    lr_peak=[g.get("initial_lr", g.get("lr")) for g in optimizer.param_groups])  # before warm-up
         if rec["steps"] in WRITE_AT:
             write()
 
