@@ -91,9 +91,9 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     if auto_optimize:
         band = dec.fit_to_target(r, band, target, world, debug)
     half = precision in ("bf16", "fp16")
-    bucket = memory.bucket_size(None if mem_mib is None else round(mem_mib / 1024, 2))
+    bucket = memory.bucket_size(None if mem_mib is None else round(mem_mib / 1024, 2), facts.num_parameters)
     mf = fit(x, r, band, facts, default_backend=backend, default_zero=zero, world=world, nproc=nproc,
-             num_nodes=num_nodes, half=half, budget=_budget(x, mem_mib, nproc, bool(devs)),
+             num_nodes=num_nodes, half=half, budget=_budget(x, mem_mib, nproc, bool(devs), world),
              bucket_elements=bucket, force=force,
              record=record, target=target)
     micro = mf.micro_batch_size
@@ -163,14 +163,22 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     )
 
 
-def _budget(x: dec.Inputs, mem_mib: float | None, nproc: int, on_gpu: bool) -> Budget:
-    """Usable memory per GPU (per process on CPU) and host RAM per node, from the policy's fractions."""
+def _budget(x: dec.Inputs, mem_mib: float | None, nproc: int, on_gpu: bool, world: int) -> Budget:
+    """Usable memory per GPU (per process on CPU) and host RAM per node, from the policy's fractions. On a GPU
+    what PyTorch's allocator never counts comes off the budget, not onto the estimate (which is the allocated
+    peak, as ``torch.cuda.max_memory_allocated`` reports it): the CUDA context and, with several ranks, NCCL's
+    buffers."""
     policy, ram = x.policy, x.hw.memory.effective_mib
     host = None if ram is None else ram / 1024 * policy.host_ram_headroom_fraction
     if on_gpu:
-        dev = None if mem_mib is None else mem_mib / 1024 * policy.memory_headroom_fraction
-        return Budget(dev, host, True, "per GPU: free memory x memory_headroom_fraction "
-                      f"{policy.memory_headroom_fraction}" if dev is not None else "GPU memory unknown")
+        if mem_mib is None:
+            return Budget(None, host, True, "GPU memory unknown")
+        outside = policy.cuda_context_mib + (policy.nccl_buffers_mib if world > 1 else 0)
+        dev = mem_mib / 1024 * policy.memory_headroom_fraction - outside / 1024
+        basis = (f"per GPU: free memory x memory_headroom_fraction {policy.memory_headroom_fraction} - CUDA "
+                 f"context {policy.cuda_context_mib:g} MiB" +
+                 (f" - NCCL buffers {policy.nccl_buffers_mib:g} MiB" if world > 1 else ""))
+        return Budget(dev, host, True, basis, outside / 1024)
     dev = None if host is None else host / nproc
     basis = (f"no GPU: {ram / 1024:.1f} GiB effective RAM x host_ram_headroom_fraction "
              f"{policy.host_ram_headroom_fraction} / {nproc} process(es)" if ram is not None else "RAM unknown")

@@ -7,17 +7,24 @@ mixed precision, m + v = 8 in fp32; SGD with momentum 8 / 4; plain SGD 4 / 0):
 
 - ``ddp`` (and one process): PyTorch AMP keeps fp32 weights and gradients, so
   ``4 + 4 + o_fp32`` = 16 bytes with Adam (ZeRO paper, Rajbhandari et al. 2020, sec. 3).
-- ``zero1`` and ``zero2``: DeepSpeed's own accounting (one optimizer implements both
-  stages), which exceeds the paper's ``4 + 12/N`` and ``2 + 14/N``: a full
-  half-precision gradient buffer plus an fp32 gradient partition, ``(w + g) Psi +
-  (o + 4) Psi / N`` = ``4 Psi + 16 Psi / N`` in mixed precision
-  (``deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs``).
+- ``zero1`` and ``zero2``: what DeepSpeed holds at the peak of forward and backward,
+  ``(w + g) Psi + (o + m) Psi / N``: the half-precision weights and gradients whole, the
+  optimizer state partitioned (``m`` = 4 in fp32 for DeepSpeed's fp32 partition copy of the
+  weights; in mixed precision ``o`` already holds the fp32 master). DeepSpeed's estimator
+  (``deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs``) adds an
+  fp32 gradient partition, ``4 Psi / N``; that exists only at the optimizer step, after the
+  activations are freed (``step_bytes``: it counts where it is larger than they are). One
+  H100 (bench/gpu_truth/deepspeed, world 1, bf16) held 14 bytes a parameter after a step and
+  peaked at 16 plus the activations, under both stages.
 - ``zero2_offload``: the optimizer (and its fp32 gradients) on the host: ``w Psi`` on the
   GPU; host per node ``Psi * max(4 G, (o + 4) G / N)`` for G ranks per node (DeepSpeed's
   ``max(4 * gpus, 16)`` on one node), times the policy's host margin.
-- ``zero3``: ``(w + g) L + (w + g + o + 2) Psi / N`` = ``4 L + 18 Psi / N`` in mixed
-  precision: the largest layer gathered whole, everything else partitioned
-  (``deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs``).
+- ``zero3``: ``(w + g) L + (w + g + o + 8) Psi / N`` = ``4 L + 24 Psi / N`` in mixed
+  precision: the largest layer gathered whole, everything else partitioned. DeepSpeed's
+  estimator (``deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs``) says
+  ``w + g + o + 2`` = 18; one H100 held 24-25 bytes a parameter after the first step
+  (bench/gpu_truth/deepspeed: 16 after ``initialize``, 8 more from the first step on), and
+  the recorded peaks are that plus the activations.
 - ``zero3_offload`` (optimizer and parameters on the host): ``(w + g) L`` on the GPU;
   host per node ``(w + g + o + 2) Psi / nodes`` (DeepSpeed's ``18 Psi`` per node with
   ``zero.Init``), times the host margin.
@@ -87,8 +94,9 @@ def gpt_largest_layer(n_embd: int, vocab_size: int, block_size: int) -> int:
 
 @dataclass(frozen=True)
 class ModelStates:
-    gpu_bytes: float
+    gpu_bytes: float  # held through forward and backward
     host_bytes_per_node: float  # offloaded state, before the policy's margin
+    step_bytes: float = 0.0  # made at the optimizer step, when the activations are gone (ZeRO-1/2's fp32 gradients)
 
 
 def model_state_bytes(strategy: Strategy | str, num_params: int, world_size: int, *, largest_layer: int = 0,
@@ -109,25 +117,34 @@ def model_state_bytes(strategy: Strategy | str, num_params: int, world_size: int
     if s.zero_stage in (1, 2):
         if s.offload_optimizer:
             return ModelStates(w * p, p * max(4 * g_node, (o + 4) * g_node / n))
-        return ModelStates((w + g) * p + (o + 4) * p / n, 0.0)
-    per_param = w + g + o + 2
-    if s.offload_param:
-        return ModelStates((w + g) * big, per_param * p / max(1, num_nodes))
+        master = 0 if half else 4  # fp32: DeepSpeed's own fp32 partition besides the fp32 weights
+        return ModelStates((w + g) * p + (o + master) * p / n, 0.0, 4 * p / n)
+    if s.offload_param:  # DeepSpeed's estimator for the host side (no recording of offload yet)
+        return ModelStates((w + g) * big, (w + g + o + 2) * p / max(1, num_nodes))
     if s.offload_optimizer:  # optimizer only (not offered by the planner, kept for users who ask)
         return ModelStates((w + g) * big + w * p / n, (o + 4) * p / max(1, num_nodes))
-    return ModelStates((w + g) * big + per_param * p / n, 0.0)
+    return ModelStates((w + g) * big + (w + g + o + 8) * p / n, 0.0)
 
 
 _MIN_BUCKET, _MAX_BUCKET = 50_000_000, 500_000_000
 
 
-def bucket_size(gpu_memory_gib: float | None) -> int:
+_BUCKETS_PER_MODEL, _SMALLEST_BUCKET = 10, 1_000_000
+
+
+def bucket_size(gpu_memory_gib: float | None, num_params: int | None = None) -> int:
     """DeepSpeed reduce/allgather bucket in elements: 5e8 (DeepSpeed's default) needs ~1 GB of
     fp16 buffers per bucket, too much for a small GPU; scale with memory, 10M elements per
-    GiB, clamped to [5e7, 5e8]. The DeepSpeed JSON and the memory estimate both use it."""
-    if gpu_memory_gib is None:
-        return _MIN_BUCKET
-    return int(min(_MAX_BUCKET, max(_MIN_BUCKET, gpu_memory_gib * 10_000_000)))
+    GiB, clamped to [5e7, 5e8]. DeepSpeed allocates each bucket whole whatever the model
+    (``torch.empty(reduce_bucket_size)`` in ZeRO-1/2's ``setup_buckets``), so no bucket is
+    larger than a tenth of the model: ten buckets a backward still let the reduction overlap
+    it, and a 124M-parameter model no longer carries 2 GB of buffers for a 250 MB gradient.
+    The DeepSpeed JSON and the memory estimate both use it (``plan.memory.bucket_elements``)."""
+    by_memory = _MIN_BUCKET if gpu_memory_gib is None else \
+        int(min(_MAX_BUCKET, max(_MIN_BUCKET, gpu_memory_gib * 10_000_000)))
+    if num_params is None:
+        return by_memory
+    return min(by_memory, max(_SMALLEST_BUCKET, -(-num_params // _BUCKETS_PER_MODEL)))
 
 
 def bucket_bytes(strategy: Strategy, bucket_elements: int, half: bool) -> float:

@@ -52,13 +52,11 @@ class Sizer:
                                       half=self.half, optimizer=self.x.cfg.training.optimizer,
                                       ranks_per_node=self.nproc, num_nodes=self.num_nodes)
         acts = f.activations.bytes(micro, self.half, ckpt, s.backend == "deepspeed") if f.activations else None
-        overhead = 0.0
-        if self.on_gpu:
-            overhead = policy.cuda_context_mib * 2**20 + memory.bucket_bytes(s, self.bucket_elements, self.half)
-            if self.world > 1:
-                overhead += policy.nccl_buffers_mib * 2**20
+        # ZeRO-1/2's fp32 gradient partition is made at the optimizer step, when the activations are gone
+        states = st.gpu_bytes + max(0.0, st.step_bytes - (acts or 0.0))
+        overhead = memory.bucket_bytes(s, self.bucket_elements, self.half) if self.on_gpu else 0.0
         host = st.host_bytes_per_node * policy.offload_host_ram_margin
-        return Need(st.gpu_bytes / GIB, None if acts is None else acts / GIB, overhead / GIB, host / GIB)
+        return Need(states / GIB, None if acts is None else acts / GIB, overhead / GIB, host / GIB)
 
 
 def _over(need: float, usable: float) -> tuple[str, str]:
@@ -83,6 +81,9 @@ HOST_RAM = "host RAM"  # how a reason about offloaded state starts (_fits writes
 def _fits(need: Need, b: Budget) -> str | None:
     """None if it fits, else why not (with the numbers)."""
     total = need.total_gib
+    if b.device_gib is not None and total is not None and b.device_gib <= 0:
+        return (f"{total:.2f} GiB needed, and no GPU memory is usable: the {b.outside_gib:.2f} GiB outside the "
+                "allocator (CUDA context, NCCL buffers) take all the headroom leaves")
     if b.device_gib is not None and total is not None and total > b.device_gib:
         return "%s GiB needed > %s GiB usable" % _over(total, b.device_gib)
     if need.host_gib > 0 and b.host_gib is not None and need.host_gib > b.host_gib:
@@ -349,11 +350,13 @@ def _refuse(x: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: ModelF
                                                              and rw.need.host_gib <= budget.host_gib)]
     if host_ok and budget.device_gib is not None and host_ok[0].need.total_gib is not None:
         best = min(host_ok, key=lambda rw: (rw.need.total_gib or 0.0))
-        per_dev = best.need.total_gib / (policy.memory_headroom_fraction if budget.on_gpu else
-                                         policy.host_ram_headroom_fraction)
+        per_dev = (best.need.total_gib + budget.outside_gib) / (policy.memory_headroom_fraction if budget.on_gpu else
+                                                                 policy.host_ram_headroom_fraction)
         if budget.on_gpu:
+            outside = f" + {budget.outside_gib:.2f} GiB outside the allocator" if budget.outside_gib else ""
             would.append(f"{best.label}: GPUs with at least {_up(per_dev * GIB / 1e9, 0):.0f} GB free each "
-                         f"({best.need.total_gib:.2f} GiB estimated / headroom {policy.memory_headroom_fraction})")
+                         f"(({best.need.total_gib:.2f} GiB estimated{outside}) / headroom "
+                         f"{policy.memory_headroom_fraction})")
         else:
             would.append(f"{best.label}: at least {_up(per_dev * sz.nproc):.1f} GiB of RAM for {sz.nproc} "
                          "process(es)")

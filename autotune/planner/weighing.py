@@ -15,6 +15,7 @@ class Budget:
     host_gib: float | None  # usable host RAM per node for offloaded state; None = unknown
     on_gpu: bool
     basis: str  # one phrase: what the budget is
+    outside_gib: float = 0.0  # taken off a GPU's budget for what the allocator never counts (CUDA context, NCCL)
 
 
 @dataclass(frozen=True)

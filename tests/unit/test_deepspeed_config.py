@@ -80,8 +80,10 @@ def test_offload_debug_and_checkpointing_configs_validate(monkeypatch):
 def test_fp16_uses_dynamic_loss_scaling_and_buckets_scale_with_memory():
     t4 = deepspeed_config(plan(load_profile("4xT4"), TrainConfig(), deepspeed_installed=True))
     assert t4["fp16"]["enabled"] and t4["fp16"]["loss_scale"] == 0 and "bf16" not in t4
-    h100 = deepspeed_config(plan(load_profile("8xH100-80GB"), TrainConfig(), deepspeed_installed=True))
-    assert h100["zero_optimization"]["reduce_bucket_size"] > t4["zero_optimization"]["reduce_bucket_size"]
+    big = apply_overrides(TrainConfig(), {"training.num_parameters": 7_000_000_000, "training.entrypoint": "t.py"})
+    t4_big = deepspeed_config(plan(load_profile("4xT4"), big, deepspeed_installed=True, force=True))
+    h100 = deepspeed_config(plan(load_profile("8xH100-80GB"), big, deepspeed_installed=True))
+    assert h100["zero_optimization"]["reduce_bucket_size"] > t4_big["zero_optimization"]["reduce_bucket_size"]
     assert bucket_size(None) == 50_000_000 and bucket_size(1000) == 500_000_000
 
 
@@ -93,14 +95,22 @@ def test_our_own_key_check_rejects_typos():
 
 def test_fields_that_change_training_hand_derived():
     """overlap_comm needs CUDA streams (off on CPU, on with GPUs); buckets are 10M elements per GiB of
-    the planned GPU memory, clamped to [5e7, 5e8]; clipping off is DeepSpeed's 0.0, never absent."""
+    the planned GPU memory, clamped to [5e7, 5e8], and no larger than a tenth of the model (never under 1M);
+    clipping off is DeepSpeed's 0.0, never absent."""
     l4 = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)  # 22563 MiB free = 22.03 GiB
     ds = deepspeed_config(l4)
     assert ds["zero_optimization"]["overlap_comm"] is True
-    assert ds["zero_optimization"]["reduce_bucket_size"] == 220_300_000 == ds["zero_optimization"]["allgather_bucket_size"]
-    cpu = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {"distributed.backend": "deepspeed",
-                                                                          "distributed.nproc_per_node": 2}),
-               deepspeed_installed=True)
+    # the built-in GPT's 101,696 parameters: the smallest bucket
+    assert ds["zero_optimization"]["reduce_bucket_size"] == 1_000_000 == ds["zero_optimization"]["allgather_bucket_size"]
+    big = apply_overrides(TrainConfig(), {"training.num_parameters": 7_000_000_000, "training.entrypoint": "t.py"})
+    l4_big = deepspeed_config(plan(load_profile("4xL4"), big, deepspeed_installed=True, force=True))
+    assert l4_big["zero_optimization"]["reduce_bucket_size"] == 220_300_000  # 22.03 GiB x 10M < 7e8
+    mid = apply_overrides(big, {"training.num_parameters": 1_500_000_000})
+    assert deepspeed_config(plan(load_profile("4xL4"), mid, deepspeed_installed=True, force=True))[
+        "zero_optimization"]["reduce_bucket_size"] == 150_000_000  # a tenth of the model
+    cpu = plan(load_profile("cpu-only"), apply_overrides(big, {"distributed.backend": "deepspeed",
+                                                               "distributed.nproc_per_node": 2}),
+               deepspeed_installed=True, force=True)
     cpu_ds = deepspeed_config(cpu)
     assert cpu_ds["zero_optimization"]["overlap_comm"] is False
     assert cpu_ds["zero_optimization"]["reduce_bucket_size"] == 50_000_000  # no GPU memory: the floor
@@ -120,29 +130,29 @@ ADAMW = {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.95], "eps": 1
 
 
 def test_whole_json_4xl4_bf16_zero2():
-    # micro 16 (>= 20 GB band) x accumulation 4 x 4 GPUs = 256; 22563 MiB free = 22.03 GiB -> buckets of
-    # 22.03 x 10M elements; log every 10 steps -> DeepSpeed prints every 1000.
+    # micro 16 (>= 20 GB band) x accumulation 4 x 4 GPUs = 256; buckets: the smallest (1M elements), the
+    # built-in GPT's 101,696 parameters being far below ten of 22.03 GiB x 10M elements; log every 10 steps -> DeepSpeed prints every 1000.
     got = deepspeed_config(plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True))
     assert got == {
         "train_batch_size": 256, "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 4,
         "gradient_clipping": 1.0, "steps_per_print": 1000, "wall_clock_breakdown": False,
-        "zero_optimization": {"stage": 2, **ZERO2_STAGE, "reduce_bucket_size": 220_300_000,
-                              "allgather_bucket_size": 220_300_000},
+        "zero_optimization": {"stage": 2, **ZERO2_STAGE, "reduce_bucket_size": 1_000_000,
+                              "allgather_bucket_size": 1_000_000},
         "optimizer": ADAMW, "bf16": {"enabled": True},
     }
 
 
 def test_whole_json_4xt4_fp16_offload_checkpointing():
     # T4: fp16 with dynamic loss scaling; micro 12 x 4 GPUs: accumulation round(256 / 48) = 5 -> 240;
-    # 14930 MiB = 14.58 GiB -> 145.8M-element buckets; offload runs DeepSpeed's CPU Adam.
+    # the smallest buckets (1M elements: the model is small); offload runs DeepSpeed's CPU Adam.
     cfg = apply_overrides(TrainConfig(), {"distributed.offload_optimizer": True,
                                           "training.gradient_checkpointing": True})
     got = deepspeed_config(plan(load_profile("4xT4"), cfg, deepspeed_installed=True))
     assert got == {
         "train_batch_size": 240, "train_micro_batch_size_per_gpu": 12, "gradient_accumulation_steps": 5,
         "gradient_clipping": 1.0, "steps_per_print": 1000, "wall_clock_breakdown": False,
-        "zero_optimization": {"stage": 2, **ZERO2_STAGE, "reduce_bucket_size": 145_800_000,
-                              "allgather_bucket_size": 145_800_000,
+        "zero_optimization": {"stage": 2, **ZERO2_STAGE, "reduce_bucket_size": 1_000_000,
+                              "allgather_bucket_size": 1_000_000,
                               "offload_optimizer": {"device": "cpu", "pin_memory": True}},
         "optimizer": {"type": "AdamW", "params": {**ADAMW["params"], "torch_adam": False}},
         "fp16": FP16_DYNAMIC,
@@ -163,7 +173,7 @@ def test_whole_json_8xh100_zero3_without_clipping():
         "train_batch_size": 256, "train_micro_batch_size_per_gpu": 32, "gradient_accumulation_steps": 1,
         "gradient_clipping": 0.0, "steps_per_print": 500, "wall_clock_breakdown": False,
         "zero_optimization": {"stage": 3, "overlap_comm": True, "contiguous_gradients": True,
-                              "reduce_bucket_size": 500_000_000, "stage3_prefetch_bucket_size": 500_000_000,
+                              "reduce_bucket_size": 1_000_000, "stage3_prefetch_bucket_size": 1_000_000,
                               "stage3_param_persistence_threshold": 100_000},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8,
                                                   "weight_decay": 0.1, "torch_adam": True}},
@@ -180,7 +190,7 @@ def test_whole_json_cpu_zero1_fp32():
         "train_batch_size": 256, "train_micro_batch_size_per_gpu": 64, "gradient_accumulation_steps": 2,
         "gradient_clipping": 1.0, "steps_per_print": 1000, "wall_clock_breakdown": False,
         "zero_optimization": {"stage": 1, "overlap_comm": False, "contiguous_gradients": True,
-                              "reduce_bucket_size": 50_000_000, "allgather_bucket_size": 50_000_000,
+                              "reduce_bucket_size": 1_000_000, "allgather_bucket_size": 1_000_000,
                               "reduce_scatter": True},
         "optimizer": ADAMW,
     }

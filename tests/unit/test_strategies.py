@@ -40,13 +40,17 @@ PSI, LARGEST = 124_439_808, 50257 * 768
 
 def test_model_state_bytes_for_gpt2_small_by_hand():
     assert model_state_bytes("ddp", PSI, 8).gpu_bytes == 16 * PSI  # fp32 weights+grads (8) + Adam m, v (8)
-    assert model_state_bytes("zero2", PSI, 8).gpu_bytes == 4 * PSI + 16 * PSI / 8  # DeepSpeed's estimator
-    assert model_state_bytes("zero3", PSI, 8, largest_layer=LARGEST).gpu_bytes == 4 * LARGEST + 18 * PSI / 8
+    # ZeRO-2 through forward and backward: bf16 weights and grads whole, the 12-byte optimizer partitioned; the fp32
+    # gradient partition of DeepSpeed's estimator (its 4P + 16P/N) only at the optimizer step
+    z2 = model_state_bytes("zero2", PSI, 8)
+    assert z2.gpu_bytes == 4 * PSI + 12 * PSI / 8 and z2.step_bytes == 4 * PSI / 8
+    # ZeRO-3: 24 bytes a parameter partitioned, as one H100 held (DeepSpeed's estimator says 18)
+    assert model_state_bytes("zero3", PSI, 8, largest_layer=LARGEST).gpu_bytes == 4 * LARGEST + 24 * PSI / 8
     off = model_state_bytes("zero2_offload", PSI, 8, ranks_per_node=8)
     assert off.gpu_bytes == 2 * PSI and off.host_bytes_per_node == PSI * max(4 * 8, 16 * 8 / 8)
     z3o = model_state_bytes("zero3_offload", PSI, 8, largest_layer=LARGEST)
     assert z3o.gpu_bytes == 4 * LARGEST and z3o.host_bytes_per_node == 18 * PSI
-    # fp32 under DeepSpeed: 4-byte weights and grads, Adam without a master copy (8)
+    # fp32 under DeepSpeed: 4-byte weights and grads, Adam's m and v (8) and DeepSpeed's fp32 partition copy (4)
     assert model_state_bytes("zero2", PSI, 8, half=False).gpu_bytes == 8 * PSI + 12 * PSI / 8
     # optimizers beyond Adam: SGD with momentum keeps 4 bytes (fp32), plain SGD none
     assert model_state_bytes("ddp", PSI, 1, optimizer="sgd_momentum").gpu_bytes == 12 * PSI
@@ -54,31 +58,35 @@ def test_model_state_bytes_for_gpt2_small_by_hand():
 
 
 # -- 4 GPUs x 10000 MiB free, bf16, DeepSpeed installed, a user model of P parameters ------------
-# budget 0.85 x 10000 MiB = 8,912,896,000 B; overhead 856 MiB = 897,581,056 B + buckets
-# 2 x 97,700,000 x 2 B = 390,800,000 B (gpu_memory_gib 9.77) -> 7,624,514,944 B for the states.
-# ZeRO-2: 4P + 16P/4 = 8P  -> P <= 953,064,368
-# ZeRO-3 (largest layer unknown: 0): 18P/4 = 4.5P -> P <= 1,694,336,654
+# budget 0.85 x 10000 MiB - (CUDA context 600 + NCCL 256 MiB) = 8,912,896,000 - 897,581,056 = 8,015,314,944 B;
+# overhead: DeepSpeed's two buckets of min(97,700,000 (gpu_memory_gib 9.77), ceil(P / 10)) elements x 2 B.
+# Activations unknown (0), so ZeRO-2's fp32 gradient partition at the step (4P/4) counts.
+# ZeRO-2: 4P + 12P/4 + P = 8P, + 4 ceil(P/10) below P = 977M -> P <= 954,204,160 (8.4P = the budget)
+# ZeRO-3 (largest layer unknown: 0): 24P/4 = 6P + 390,800,000 -> P <= 1,270,752,490
 # ZeRO-2 + offload: 2P on the GPU; host 16P x 1.5 = 24P per node, usable 0.85 x RAM
-ROOM = int(0.85 * 10000 * MIB) - (856 * MIB + 390_800_000)
+BUDGET = int(0.85 * 10000 * MIB) - 856 * MIB
 
 
 def test_room_derivation_is_what_the_comment_says_and_what_the_planner_uses():
-    assert ROOM == 7_624_514_944 and ROOM // 8 == 953_064_368 and math.floor(ROOM / 4.5) == 1_694_336_654
+    assert BUDGET == 8_015_314_944
+    assert 8 * 954_204_160 + 4 * 95_420_416 == BUDGET and 8 * 954_204_161 + 4 * 95_420_417 > BUDGET
+    assert 6 * 1_270_752_490 + 390_800_000 <= BUDGET < 6 * 1_270_752_491 + 390_800_000
     est = plan(gpus(4, 10000), user_model(1_000_000)).memory.estimate  # ZeRO-2, activations unknown
-    assert est.budget_gib == pytest.approx(0.85 * 10000 * MIB / GIB, abs=1e-4)
-    assert est.overhead_gib == pytest.approx((856 * MIB + 390_800_000) / GIB, abs=1e-4)
+    assert est.budget_gib == pytest.approx(BUDGET / GIB, abs=1e-4)
+    assert est.overhead_gib == pytest.approx(4 * 1_000_000 / GIB, abs=1e-4)  # the smallest bucket: 1M elements
     assert est.model_states_gib == pytest.approx(8 * 1_000_000 / GIB, abs=1e-4)
 
 
 def test_zero2_up_to_its_threshold_then_zero3():
     hw = gpus(4, 10000)
-    at = plan(hw, user_model(953_064_368))
-    over = plan(hw, user_model(953_064_369))
+    at = plan(hw, user_model(954_204_160))
+    over = plan(hw, user_model(954_204_161))
     assert (at.engine.backend, at.engine.zero_stage) == ("deepspeed", 2)
     assert (over.engine.zero_stage, over.engine.offload_optimizer) == (3, False)
     assert "ZeRO-2:" in over.reasons["zero_stage"] and "GiB needed >" in over.reasons["zero_stage"]
-    top = plan(hw, user_model(1_694_336_654))
+    top = plan(hw, user_model(1_270_752_490))
     assert top.engine.zero_stage == 3 and top.memory.estimate.total_gib <= top.memory.estimate.budget_gib
+    assert plan(hw, user_model(1_270_752_491)).engine.offload_optimizer  # one more: ZeRO-3 no longer fits
 
 
 @pytest.mark.parametrize("ram_gib, outcome", [(45, "zero2_offload"), (44, "refused")])
@@ -104,22 +112,23 @@ def test_offload_beyond_zero3_and_its_host_ram_threshold(ram_gib, outcome):
 def test_what_would_fit_after_a_refusal_by_hand():
     """The refusal above (P = 1,694,336,655 on 4 x 10000 MiB, 44 GiB RAM), every suggestion by hand and
     rounded up (a suggestion must be enough):
-    - ZeRO-3 is the smallest need: 4.5P + 897,581,056 + 390,800,000 B = 8,912,896,003.5 B = 8.30 GiB;
-      / 0.85 = 10,485,760,004 B = 10.49 GB free per GPU -> "11 GB" (10 would not do);
-    - more GPUs for ZeRO-3: its states shrink as 1/world (largest layer 0): 4 x 7,624,514,947.5 B of
-      states / 7,624,514,944 B of room = 4.000000002 -> 5 GPUs;
+    - ZeRO-3 is the smallest need: 6P + 390,800,000 B of buckets = 10,556,819,930 B = 9.83 GiB; with the
+      856 MiB outside the allocator (897,581,056 B) / 0.85 = 13,475,765,866 B = 13.48 GB free per GPU -> "14 GB";
+    - more GPUs for ZeRO-3: its states shrink as 1/world (largest layer 0): 4 x 6P = 40,664,079,720 B of
+      states / (8,015,314,944 - 390,800,000) B of room = 5.33 -> 6 GPUs;
     - ZeRO-2 offload: 24P = 37.87 GiB per node vs 0.85 x 44 = 37.40 usable -> 0.47 -> 0.5 GiB more;
     - ZeRO-3 offload: 27P = 45,747,089,685 B = 42.61 GiB -> 5.21 -> 5.3 GiB more (5.2 would be short).
-    ZeRO-3's need exceeds its usable by 3.5 bytes: shown with as many decimals as there are (8.3008)."""
+    ZeRO-2 on the GPU: 8P + 390,800,000 B = 12.99 GiB against 8,015,314,944 B = 7.46 GiB."""
     with pytest.raises(PlanRefused) as e:
         plan(gpus(4, 10000, ram_gib=44), user_model(1_694_336_655))
     assert e.value.would_fit == [
-        "ZeRO-3: GPUs with at least 11 GB free each (8.30 GiB estimated / headroom 0.85)",
-        "ZeRO-3 across 5 GPUs of this size",
+        "ZeRO-3: GPUs with at least 14 GB free each ((9.83 GiB estimated + 0.84 GiB outside the allocator) / "
+        "headroom 0.85)",
+        "ZeRO-3 across 6 GPUs of this size",
         "ZeRO-2 + optimizer offload: 0.5 GiB more host RAM per node (37.9 GiB needed, 37.4 usable)",
         "ZeRO-3 + optimizer and parameter offload: 5.3 GiB more host RAM per node (42.6 GiB needed, 37.4 usable)"]
-    assert "ZeRO-3: 8.3008 GiB needed > 8.3008 GiB usable even at micro-batch 1" in e.value.tried
-    assert "ZeRO-2: 13.8 GiB needed > 8.3 GiB usable even at micro-batch 1" in e.value.tried  # 4P + 16P/4 + 1.2
+    assert "ZeRO-3: 9.8 GiB needed > 7.5 GiB usable even at micro-batch 1" in e.value.tried
+    assert "ZeRO-2: 13.0 GiB needed > 7.5 GiB usable even at micro-batch 1" in e.value.tried
     # host RAM for offloaded state is the same at any micro-batch: no "even at micro-batch 1" there
     assert "ZeRO-2 + optimizer offload: host RAM 37.9 GiB needed per node > 37.4 GiB usable" in e.value.tried
 
@@ -150,20 +159,21 @@ def test_a_refusal_with_the_micro_batch_set_says_so_and_ram_scales_with_the_proc
     assert e.value.would_fit == ["DDP: at least 45.6 GiB of RAM for 2 process(es)"]
 
 
-@pytest.mark.parametrize("ram_gib, best, need", [(512, "ZeRO-3 + optimizer and parameter offload", "1.02"),
-                                                 (1, "ZeRO-3", "1.23")])
+@pytest.mark.parametrize("ram_gib, best, need", [(512, "ZeRO-3 + optimizer and parameter offload", "0.02"),
+                                                 (1, "ZeRO-3", "0.30")])
 def test_the_smallest_gpu_need_that_the_host_can_hold_is_the_suggestion(ram_gib, best, need):
-    """4 GPUs x 1000 MiB free (budget 0.85 x 1000 MiB = 0.83 GiB), DeepSpeed, P = 5e7, no largest layer:
-    overhead 856 MiB + buckets 2 x 5e7 (the minimum) x 2 B = 1.0222 GiB for every ZeRO row; states
-    ZeRO-3 + offload 0, ZeRO-2 + offload 2P = 0.09, ZeRO-3 18P/4 = 0.21, ZeRO-2 4P + 16P/4 = 0.37 GiB.
-    Nothing fits. With 512 GiB of RAM the offloads' host needs (ZeRO-2: max(4P x 4 ranks, 16P) x 1.5 =
-    1.12 GiB, ZeRO-3: 18P x 1.5 = 1.26 GiB) fit, so the smallest GPU need is ZeRO-3 + offload's 1.02 GiB: / 0.85 =
-    1.29 GB -> 2 GB. With 1 GiB (0.85 usable) neither offload fits the host: ZeRO-3's 1.23 GiB -> 1.56
-    GB -> 2 GB, and no "more host RAM" line (the offloads would not fit the GPUs either). ZeRO-3 over
-    more GPUs cannot help: the unsharded part alone (1.02 GiB) exceeds the budget."""
+    """4 GPUs x 1000 MiB free, DeepSpeed, P = 5e7, no largest layer. The budget is 0.85 x 1000 MiB less 856 MiB
+    outside the allocator (CUDA context, NCCL): -6 MiB, so nothing fits. Buckets: 2 x 5e6 (a tenth of the model)
+    x 2 B = 0.0186 GiB for every ZeRO row; states ZeRO-3 + offload 0, ZeRO-3 24P/4 = 0.279 GiB (0.30 with the
+    buckets). With 512 GiB of RAM the offloads' host needs (ZeRO-2: max(4P x 4 ranks, 16P) x 1.5 = 1.12 GiB,
+    ZeRO-3: 18P x 1.5 = 1.26 GiB) fit, so the smallest GPU need is ZeRO-3 + offload's 0.02 GiB: + 0.84 GiB
+    outside, / 0.85 = 1.08 GB -> 2 GB. With 1 GiB (0.85 usable) neither offload fits the host: ZeRO-3's 0.30
+    GiB -> 1.43 GB -> 2 GB, and no "more host RAM" line (the offloads would not fit the GPUs either). ZeRO-3
+    over more GPUs cannot help: there is no room at all."""
     with pytest.raises(PlanRefused) as e:
         plan(gpus(4, 1000, ram_gib=ram_gib), user_model(50_000_000, **{"distributed.backend": "deepspeed"}))
-    assert e.value.would_fit == [f"{best}: GPUs with at least 2 GB free each ({need} GiB estimated / headroom 0.85)"]
+    assert e.value.would_fit == [f"{best}: GPUs with at least 2 GB free each (({need} GiB estimated + 0.84 GiB "
+                                 "outside the allocator) / headroom 0.85)"]
 
 
 # -- one GPU, 30000 MiB free, bf16, no DeepSpeed, a traced-like model ----------------------------
@@ -347,15 +357,15 @@ def test_model_state_bytes_at_the_edges_by_hand():
     z3_opt = Strategy("zero3", "deepspeed", 3, offload_optimizer=True)
     assert model_state_bytes(z3_opt, p, 16).host_bytes_per_node == 16 * p
     assert model_state_bytes(z3_opt, p, 16, num_nodes=2).host_bytes_per_node == 8 * p
-    assert model_state_bytes("zero3", p, 8).gpu_bytes == 18 * p / 8  # largest layer not given: 0
+    assert model_state_bytes("zero3", p, 8).gpu_bytes == 24 * p / 8  # largest layer not given: 0
 
 
 @pytest.mark.parametrize("ckpt", [False, True])
 def test_no_auto_optimize_estimates_the_config_as_written(ckpt):
     """--no_auto_optimize on 1 GPU (30000 MiB free, no DeepSpeed), one process, micro-batch 8, the test
     model (P = 1e8; 1,000,000 B of bf16 activations per sample, 100,000 with checkpointing): the
-    estimate is of exactly that: states 16P, activations 8 x per-sample, overhead the CUDA context
-    (600 MiB), budget 0.85 x 30000 MiB; checkpointing as written."""
+    estimate is of exactly that: states 16P, activations 8 x per-sample, no overhead (no DeepSpeed buckets),
+    budget 0.85 x 30000 MiB less the CUDA context (600 MiB); checkpointing as written."""
     cfg = parse_config({"training": {"entrypoint": "train.py", "batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
                                      "mixed_precision": "bf16", "gradient_checkpointing": ckpt},
                         "distributed": {"backend": "single"}})
@@ -364,8 +374,8 @@ def test_no_auto_optimize_estimates_the_config_as_written(ckpt):
     assert p.memory.gradient_checkpointing is ckpt and p.batch.micro_batch_size == 8
     assert e.model_states_gib == pytest.approx(16e8 / GIB, abs=1e-3)
     assert e.activations_gib == pytest.approx(8 * (100_000 if ckpt else 1_000_000) / GIB, abs=1e-4)
-    assert e.overhead_gib == pytest.approx(600 / 1024, abs=1e-3)
-    assert e.budget_gib == pytest.approx(0.85 * 30000 / 1024, abs=1e-3)
+    assert e.overhead_gib == 0
+    assert e.budget_gib == pytest.approx((0.85 * 30000 - 600) / 1024, abs=1e-3)
     assert e.strategy == ("DDP + checkpointing" if ckpt else "DDP") and e.num_parameters == 100_000_000
     assert p.reasons["gradient_checkpointing"] == "--no_auto_optimize: taken from the config verbatim"
     # activations traced without checkpointing only: the verbatim estimate says which could not be measured
@@ -401,13 +411,15 @@ def test_offload_asked_for_is_the_strategy(stage, strategy):
 
 
 def test_force_plans_the_smallest_need_at_micro_batch_1_and_says_so():
-    """Nothing fits (the 4 x 1000 MiB case above): --force takes the row with the smallest need, ZeRO-3 + offload
-    (1.02 GiB), at micro-batch 1, or at the micro-batch you set."""
+    """Nothing fits (the 4 x 1000 MiB case above, where the memory outside the allocator exceeds the headroom's
+    budget): --force takes the row with the smallest need, ZeRO-3 + offload (0.02 GiB), at micro-batch 1, or at
+    the micro-batch you set."""
     cfg = user_model(50_000_000, **{"distributed.backend": "deepspeed"})
     p = plan(gpus(4, 1000), cfg, force=True)
     assert p.memory.estimate.strategy == "ZeRO-3 + optimizer and parameter offload" and p.batch.micro_batch_size == 1
     assert ("--force: nothing fits by the estimate; planning ZeRO-3 + optimizer and parameter offload at micro-batch 1 "
-            "anyway (1.0 GiB needed > 0.8 GiB usable): EXPECT OUT-OF-MEMORY ERRORS") in p.warnings
+            "anyway (0.02 GiB needed, and no GPU memory is usable: the 0.84 GiB outside the allocator (CUDA context, "
+            "NCCL buffers) take all the headroom leaves): EXPECT OUT-OF-MEMORY ERRORS") in p.warnings
     fixed = plan(gpus(4, 1000), user_model(50_000_000, **{"distributed.backend": "deepspeed",
                                                           "training.batch_size_per_gpu": 6}), force=True)
     assert fixed.batch.micro_batch_size == 6 and any("at micro-batch 6 anyway" in w for w in fixed.warnings)
@@ -444,18 +456,20 @@ def test_an_estimate_without_activations_for_the_plan_s_mode_says_why():
 
 
 def test_the_strategy_reasons_name_what_was_rejected_and_why():
-    """4 x 10000 MiB (8.3008 GiB usable each), in the policy's order ZeRO-2, DDP, ZeRO-1, ZeRO-3, ZeRO-2 + offload:
-    - P = 953,064,369 (one over ZeRO-2's threshold): ZeRO-2 8P + 1.2 GiB overhead = 8.3008 GiB (8 bytes over),
-      DDP 16P + 856 MiB = 15.0 GiB, ZeRO-1 as ZeRO-2 (never below it); ZeRO-3 18P/4 + overhead = 5.19 GiB fits;
-    - P = 1,694,336,655: ZeRO-3 too (3.5 bytes over); ZeRO-2 + offload 2P + overhead = 4.36 GiB fits.
+    """4 x 10000 MiB (7.4648 GiB usable each after the CUDA context and NCCL), in the policy's order ZeRO-2, DDP,
+    ZeRO-1, ZeRO-3, ZeRO-2 + offload:
+    - P = 954,204,161 (one over ZeRO-2's threshold): ZeRO-2 8P + 4 x 95,420,417 B of buckets = 8,015,314,956 B
+      (12 bytes over), DDP 16P = 14.2 GiB, ZeRO-1 as ZeRO-2 (never below it); ZeRO-3 6P + buckets = 5.69 GiB fits;
+    - P = 1,694,336,655: ZeRO-2 8P + 390,800,000 = 13.0 GiB, ZeRO-3 9.83 GiB too; ZeRO-2 + offload 2P + buckets =
+      3.52 GiB fits.
     Checkpointing cannot reach a model known only by its size: off, said so."""
-    p = plan(gpus(4, 10000), user_model(953_064_369))
-    rejected = ("ZeRO-2: 8.3008 GiB needed > 8.3008 GiB usable; DDP: 15.0 GiB needed > 8.3 GiB usable; "
-                "ZeRO-1: 8.3008 GiB needed > 8.3008 GiB usable")
+    p = plan(gpus(4, 10000), user_model(954_204_161))
+    rejected = ("ZeRO-2: 7.4648 GiB needed > 7.4648 GiB usable; DDP: 14.2 GiB needed > 7.5 GiB usable; "
+                "ZeRO-1: 7.4648 GiB needed > 7.4648 GiB usable")
     assert p.reasons["backend"] == p.reasons["zero_stage"] == (
         f"ZeRO-3 is the most preferred option that fits micro-batch 8 (rejected: {rejected})")
-    assert p.reasons["strategy"] == ("ZeRO-3: 5.19 GiB of 8.3 GiB usable (per GPU: free memory x "
-                                     "memory_headroom_fraction 0.85)")
+    assert p.reasons["strategy"] == ("ZeRO-3: 5.69 GiB of 7.5 GiB usable (per GPU: free memory x "
+                                     "memory_headroom_fraction 0.85 - CUDA context 600 MiB - NCCL buffers 256 MiB)")
     assert p.reasons["offload_optimizer"] == "the model states fit in GPU memory without it (offload costs throughput)"
     assert p.reasons["offload_param"] == "not needed"
     assert p.reasons["gradient_checkpointing"] == "autotune cannot apply or measure checkpointing for this model: off"
@@ -463,12 +477,13 @@ def test_the_strategy_reasons_name_what_was_rejected_and_why():
                           "(package.module:factory) and training.sample_input so autotune can measure them",)
     big = plan(gpus(4, 10000), user_model(1_694_336_655))
     assert big.reasons["backend"].startswith("ZeRO-2 + optimizer offload is the most preferred option that fits "
-                                             "micro-batch 8 (rejected: ZeRO-2: 13.8 GiB needed > 8.3 GiB usable; ")
-    assert big.reasons["backend"].endswith("; ZeRO-3: 8.3008 GiB needed > 8.3008 GiB usable)")
+                                             "micro-batch 8 (rejected: ZeRO-2: 13.0 GiB needed > 7.5 GiB usable; ")
+    assert big.reasons["backend"].endswith("; ZeRO-3: 9.8 GiB needed > 7.5 GiB usable)")
     assert big.reasons["offload_optimizer"] == "needed for memory"
     ddp = plan(gpus(4, 10000), user_model(1000, **{"distributed.backend": "ddp"}))
     assert ddp.reasons["backend"].startswith("you set ddp (auto would choose deepspeed")
-    assert ddp.reasons["strategy"] == "DDP: 0.84 GiB of 8.3 GiB usable (per GPU: free memory x memory_headroom_fraction 0.85)"
+    assert ddp.reasons["strategy"] == ("DDP: 0.00 GiB of 7.5 GiB usable (per GPU: free memory x memory_headroom_fraction "
+                                       "0.85 - CUDA context 600 MiB - NCCL buffers 256 MiB)")
     assert (ddp.reasons["offload_optimizer"], ddp.reasons["offload_param"]) == (
         "not a DeepSpeed run: optimizer offload is a ZeRO feature", "not a DeepSpeed run")
     plain = plan(gpus(4, 10000), user_model(1000))  # the default strategy fits: no "most preferred" story
@@ -484,16 +499,17 @@ P7 = 7_000_000
     ("ddp", {"optimizer": "sgd_momentum"}, 12 * P7, 0),
     # ZeRO-0: half weights and grads (2 + 2) + the mixed-precision optimizer (adamw 12), nothing partitioned
     ("zero0", {}, 16 * P7, 0), ("zero0", {"half": False}, (4 + 4 + 8) * P7, 0),
-    # ZeRO-1 and ZeRO-2: (w + g) P + (o + 4) P / N (DeepSpeed's estimator)
-    ("zero1", {}, 4 * P7 + 16 * P7 / 4, 0), ("zero2", {"optimizer": "sgd"}, 4 * P7 + 8 * P7 / 4, 0),
+    # ZeRO-1 and ZeRO-2 through forward and backward: (w + g) P + (o + m) P / N, m = 4 for DeepSpeed's fp32
+    # partition copy in fp32 (in mixed precision o holds the master); the step's fp32 gradients apart
+    ("zero1", {}, 4 * P7 + 12 * P7 / 4, 0), ("zero2", {"optimizer": "sgd"}, 4 * P7 + 4 * P7 / 4, 0),
     ("zero2", {"half": False, "optimizer": "sgd_momentum"}, 8 * P7 + 8 * P7 / 4, 0),
     # ZeRO-2 offload: w P on the GPU; host P x max(4 x ranks on the node, (o + 4) x ranks on the node / N)
     ("zero2_offload", {}, 2 * P7, P7 * max(4 * 4, 16 * 4 / 4)),
     ("zero2_offload", {"num_nodes": 2}, 2 * P7, P7 * max(4 * 2, 16 * 2 / 4)),  # 2 ranks per node
     ("zero2_offload", {"half": False}, 4 * P7, P7 * max(4 * 4, 12 * 4 / 4)),
-    # ZeRO-3: (w + g) x largest layer + (w + g + o + 2) P / N
-    ("zero3", {"largest_layer": 1000}, 4 * 1000 + 18 * P7 / 4, 0),
-    ("zero3", {"largest_layer": 1000, "half": False}, 8 * 1000 + 18 * P7 / 4, 0),  # 4 + 4 + 8 + 2
+    # ZeRO-3: (w + g) x largest layer + (w + g + o + 8) P / N (recorded: 24 a parameter in bf16)
+    ("zero3", {"largest_layer": 1000}, 4 * 1000 + 24 * P7 / 4, 0),
+    ("zero3", {"largest_layer": 1000, "half": False}, 8 * 1000 + 24 * P7 / 4, 0),  # 4 + 4 + 8 + 8
     # ZeRO-3 with both offloads: only the largest layer on the GPU, everything per node in host RAM
     ("zero3_offload", {"largest_layer": 1000}, 4 * 1000, 18 * P7),
     ("zero3_offload", {"largest_layer": 1000, "num_nodes": 2}, 4 * 1000, 18 * P7 / 2),
@@ -501,6 +517,8 @@ P7 = 7_000_000
 def test_model_state_bytes_table_by_hand(strategy, kw, gpu, host):
     s = model_state_bytes(strategy, P7, 4, **kw)
     assert s.gpu_bytes == gpu and s.host_bytes_per_node == host
+    # only ZeRO-1/2 without offload make their fp32 gradient partition at the step
+    assert s.step_bytes == (4 * P7 / 4 if strategy in ("zero1", "zero2") else 0)
 
 
 def test_model_state_bytes_edges():
@@ -510,7 +528,8 @@ def test_model_state_bytes_edges():
     opt_only = Strategy("zero3_opt", "deepspeed", 3, True, False)
     s = model_state_bytes(opt_only, P7, 4, largest_layer=1000, num_nodes=2)
     assert s.gpu_bytes == 4 * 1000 + 2 * P7 / 4 and s.host_bytes_per_node == 16 * P7 / 2
-    assert model_state_bytes(STRATEGIES["zero2"], P7, 0).gpu_bytes == 4 * P7 + 16 * P7  # a world of 0 counts as 1
+    assert model_state_bytes(STRATEGIES["zero2"], P7, 0).gpu_bytes == 4 * P7 + 12 * P7  # a world of 0 counts as 1
+    assert model_state_bytes(STRATEGIES["zero2"], P7, 0).step_bytes == 4 * P7
     # ranks per node from the world and the nodes when not given: 8 ranks on 2 nodes -> 4
     assert model_state_bytes("zero2_offload", P7, 8, num_nodes=2).host_bytes_per_node == P7 * max(16, 16 * 4 / 8)
     assert model_state_bytes("zero2_offload", P7, 8, num_nodes=2, ranks_per_node=1).host_bytes_per_node == 4 * P7
@@ -523,6 +542,17 @@ def test_bucket_size_scales_with_memory_between_its_clamps(gib, elements):
     from autotune.planner.memory import bucket_size
 
     assert bucket_size(gib) == elements
+    assert bucket_size(gib, 10 * elements) == elements  # a model of ten buckets or more keeps them
+
+
+@pytest.mark.parametrize("params, elements", [(124_439_808, 12_443_981), (5_000_000_000, 500_000_000),
+                                              (1_000_000, 1_000_000), (10_000_001, 1_000_001), (0, 1_000_000)])
+def test_no_bucket_is_larger_than_a_tenth_of_the_model(params, elements):
+    """DeepSpeed allocates a bucket whole: a tenth of the model (rounded up), never under 1M elements, never
+    over what the GPU's memory allows (80 GiB: 5e8)."""
+    from autotune.planner.memory import bucket_size
+
+    assert bucket_size(80.0, params) == elements
 
 
 def test_bucket_bytes_are_two_buckets_of_the_plan_s_element_size():
@@ -565,10 +595,11 @@ def test_suggestions_round_up_at_their_decimals():
 
 def test_refusal_suggestions_at_their_edges():
     """By hand (see the cases above for the terms):
-    - 4 x 1500 MiB free (budget 1,336,934,400 B), 1 GiB of RAM (0.85 usable), P = 1e8, DeepSpeed:
-      ZeRO-3 = overhead 1,097,581,056 + 18P/4 = 1.44 GiB -> "2 GB"; the room beside the unsharded part is
-      239,353,344 B (less than 1 GiB) for 4.5e8 B of states (less than 1 GiB) -> ceil(4 x 1.88) = 8 GPUs;
-      ZeRO-2 offload fits the GPUs (1.21 GiB) but needs 16P x 1.5 = 2.24 GiB of RAM -> 1.4 GiB more; ZeRO-3
+    - 4 x 1500 MiB free (budget 0.85 x 1500 MiB - 856 MiB = 439,353,344 B), 1 GiB of RAM (0.85 usable), P = 1e8,
+      DeepSpeed: buckets 2 x 1e7 (a tenth of the model) x 2 B = 4e7 B; ZeRO-3 = 24P/4 + 4e7 = 0.60 GiB, + 0.84 GiB
+      outside the allocator, / 0.85 = 1.81 GB -> "2 GB"; the room beside the unsharded part (the buckets) is
+      399,353,344 B (less than 1 GiB) for 6e8 B of states -> ceil(4 x 1.50) = 7 GPUs;
+      ZeRO-2 offload fits the GPUs (0.22 GiB) but needs 16P x 1.5 = 2.24 GiB of RAM -> 1.4 GiB more; ZeRO-3
       offload 18P x 1.5 = 2.51 GiB -> 1.7 GiB more;
     - only offload allowed (ZeRO-3 + offload asked for) and neither the GPUs nor the RAM hold it: nothing
       smaller to suggest than a machine with more memory;
@@ -576,8 +607,9 @@ def test_refusal_suggestions_at_their_edges():
     with pytest.raises(PlanRefused) as e:
         plan(gpus(4, 1500, ram_gib=1), user_model(100_000_000, **{"distributed.backend": "deepspeed"}))
     assert e.value.would_fit == [
-        "ZeRO-3: GPUs with at least 2 GB free each (1.44 GiB estimated / headroom 0.85)",
-        "ZeRO-3 across 8 GPUs of this size",
+        "ZeRO-3: GPUs with at least 2 GB free each ((0.60 GiB estimated + 0.84 GiB outside the allocator) / "
+        "headroom 0.85)",
+        "ZeRO-3 across 7 GPUs of this size",
         "ZeRO-2 + optimizer offload: 1.4 GiB more host RAM per node (2.2 GiB needed, 0.8 usable)",
         "ZeRO-3 + optimizer and parameter offload: 1.7 GiB more host RAM per node (2.5 GiB needed, 0.8 usable)"]
     with pytest.raises(PlanRefused) as e:
@@ -589,14 +621,15 @@ def test_refusal_suggestions_at_their_edges():
                                                                       "available_mib": None})})
     with pytest.raises(PlanRefused) as e:
         plan(hw, user_model(50_000_000, **{"distributed.backend": "deepspeed"}))
-    assert e.value.would_fit == ["ZeRO-3: GPUs with at least 2 GB free each (1.23 GiB estimated / headroom 0.85)"]
+    assert e.value.would_fit == ["ZeRO-3: GPUs with at least 2 GB free each ((0.30 GiB estimated + 0.84 GiB outside "
+                                 "the allocator) / headroom 0.85)"]
 
 
-@pytest.mark.parametrize("largest, gpus_needed", [(0, 5), (700_000_000, 7)])
+@pytest.mark.parametrize("largest, gpus_needed", [(0, 6), (700_000_000, 9)])
 def test_more_gpus_for_zero3_leave_the_largest_layer_unsharded(largest, gpus_needed):
     """The refusal case (P = 1,694,336,655 on 4 x 10000 MiB) with a largest layer L: 4L bytes (bf16 weight and
-    gradient) stay on every GPU. L = 7e8: room 8,912,896,000 - 1,288,381,056 - 2.8e9 = 4,824,514,944 B for
-    4 x 7,624,514,947.5 B of sharded states -> ceil(6.32) = 7 GPUs (5 without the layer)."""
+    gradient) stay on every GPU. L = 7e8: room 8,015,314,944 - 390,800,000 (buckets) - 2.8e9 = 4,824,514,944 B
+    for 4 x 6P = 40,664,079,720 B of sharded states -> ceil(8.43) = 9 GPUs (ceil(5.33) = 6 without the layer)."""
     f = ModelFacts(source="m", num_parameters=1_694_336_655, largest_layer_parameters=largest)
     with pytest.raises(PlanRefused) as e:
         plan(gpus(4, 10000, ram_gib=44), user_model(1_694_336_655), facts=f)
@@ -621,13 +654,14 @@ def test_the_ram_suggestion_divides_by_the_host_headroom(tmp_path):
 
 
 def test_ddp_where_zero_s_buckets_do_not_fit():
-    """4 x 1100 MiB free (budget 935 MiB = 0.913 GiB), a model of 1000 parameters: ZeRO-2 needs the 856 MiB
-    overhead + two 5e7-element buckets (2e8 B) = 1.02 GiB; DDP needs no buckets: 856 MiB + 16 kB = 0.84 GiB.
-    The automatic DeepSpeed backend becomes DDP, with no ZeRO stage, and says why."""
-    p = plan(gpus(4, 1100), user_model(1000))
+    """4 x 1010 MiB free: 0.85 x 1010 - 856 MiB = 2.5 MiB = 2,621,440 B usable; a model of 1e5 parameters: ZeRO-2
+    needs 8P = 8e5 B + two buckets of the smallest size, 1e6 elements x 2 B = 4.8e6 B (0.004 GiB); DDP needs no
+    buckets: 16P = 1.6e6 B (0.0015 GiB). The automatic DeepSpeed backend becomes DDP, with no ZeRO stage, and
+    says why."""
+    p = plan(gpus(4, 1010), user_model(100_000))
     assert (p.engine.backend, p.engine.zero_stage, p.batch.micro_batch_size) == ("ddp", None, 2)
     assert p.reasons["backend"] == ("DDP is the most preferred option that fits micro-batch 2 (rejected: ZeRO-2: "
-                                    "1.0 GiB needed > 0.9 GiB usable)")
+                                    "0.004 GiB needed > 0.002 GiB usable)")
 
 
 def test_the_strategy_reason_names_the_budget_or_what_is_unknown():
@@ -718,22 +752,22 @@ def test_a_verbatim_config_is_weighed_at_its_own_micro_batch_and_refused_or_forc
     with pytest.raises(PlanRefused) as e:
         plan(gpus(1, 4000), cfg, auto_optimize=False)
     assert str(e.value).endswith(", with the config verbatim (--no_auto_optimize): DDP, micro-batch 512")
-    assert e.value.tried == ["DDP: 50.9 GiB needed > 3.3 GiB usable"]
+    assert e.value.tried == ["DDP: 50.3 GiB needed > 2.7 GiB usable"]
     forced = plan(gpus(1, 4000), cfg, auto_optimize=False, force=True)
     assert forced.batch.micro_batch_size == 512
-    assert forced.warnings == ("--force: the config does not fit by the estimate (50.9 GiB needed > 3.3 GiB usable): "
+    assert forced.warnings == ("--force: the config does not fit by the estimate (50.3 GiB needed > 2.7 GiB usable): "
                                "EXPECT OUT-OF-MEMORY ERRORS",)
-    assert forced.reasons["strategy"] == "DDP (the config verbatim); 50.9 GiB needed > 3.3 GiB usable"
+    assert forced.reasons["strategy"] == "DDP (the config verbatim); 50.3 GiB needed > 2.7 GiB usable"
 
 
 def test_the_sizer_uses_the_plan_s_precision_optimizer_and_nodes():
-    """P = 1e8. DeepSpeed ZeRO-2 on 2 CPU processes runs fp32: 8P + 12P / 2 = 14P = 1.3039 GiB (bf16 would
-    give 12P); plain SGD under DDP keeps 8P = 0.7451 GiB; ZeRO-3 offload over 2 nodes keeps 18P x 1.5 / 2 =
+    """P = 1e8. DeepSpeed ZeRO-2 on 2 CPU processes runs fp32: 8P + 12P / 2, and the step's fp32 gradient partition
+    4P / 2 with no activations known: 16P = 1.4901 GiB (bf16 would give 4P + 6P + 2P = 12P); plain SGD under DDP keeps 8P = 0.7451 GiB; ZeRO-3 offload over 2 nodes keeps 18P x 1.5 / 2 =
     1.35e9 B = 1.2573 GiB of host RAM per node, shown with two decimals."""
     p = plan(make_profile(cores=8, ram_gib=64), user_model(100_000_000, **{
         "distributed.backend": "deepspeed", "distributed.nproc_per_node": 2}))
     assert (p.numerics.precision, p.engine.zero_stage) == ("fp32", 2)
-    assert p.memory.estimate.model_states_gib == round(14e8 / GIB, 4)
+    assert p.memory.estimate.model_states_gib == round(16e8 / GIB, 4)
     sgd = plan(make_profile(cores=8, ram_gib=64), user_model(100_000_000, **{"training.optimizer": "sgd"}))
     assert sgd.memory.estimate.model_states_gib == round(8e8 / GIB, 4)
     nodes = plan(gpus(4, 10000), user_model(100_000_000, **{
@@ -779,9 +813,12 @@ def test_debug_keeps_the_band_s_checkpointing_and_the_weighing_is_recorded():
     record = []
     plan(gpus(4, 10000), user_model(1000), record=record)
     assert len(record) == 1 and [rw.strategy.name for rw in record[0].rows][:2] == ["zero2", "ddp"]
-    b = record[0].budget  # 0.85 x 10000 MiB per GPU; 64 GiB of RAM x 0.85 for offload
-    assert (b.device_gib, b.on_gpu) == (pytest.approx(0.85 * 10000 / 1024), True)
-    assert b.basis == "per GPU: free memory x memory_headroom_fraction 0.85"
+    b = record[0].budget  # 0.85 x 10000 MiB - 856 MiB per GPU; 64 GiB of RAM x 0.85 for offload
+    assert (b.device_gib, b.on_gpu, b.outside_gib) == (pytest.approx((0.85 * 10000 - 856) / 1024), True, 856 / 1024)
+    assert b.basis == "per GPU: free memory x memory_headroom_fraction 0.85 - CUDA context 600 MiB - NCCL buffers 256 MiB"
+    one = []
+    plan(gpus(1, 10000), user_model(1000), record=one)  # one process: no NCCL
+    assert one[0].budget.device_gib == pytest.approx((0.85 * 10000 - 600) / 1024)
     record = []
     with pytest.raises(PlanRefused):
         plan(gpus(4, 1000, ram_gib=1), user_model(50_000_000, **{"distributed.backend": "deepspeed"}), record=record)
@@ -825,8 +862,9 @@ def test_a_verbatim_config_refused_on_a_cpu_says_how_much_ram_would_do():
 
 
 def test_the_gpu_suggestion_divides_by_the_gpu_headroom_not_the_host_s(tmp_path):
-    """The 4 x 1000 MiB refusal above (ZeRO-3 + offload, 1.0222 GiB) under a policy whose host headroom is 0.5:
-    the GPU suggestion is still 1.0222 / 0.85 = 1.2026 GiB = 1.29 GB -> 2 GB (/ 0.5 would give 2.19 GB -> 3 GB);
+    """The 4 x 1000 MiB refusal above (ZeRO-3 + offload, 0.0186 GiB + 0.8359 outside the allocator) under a policy
+    whose host headroom is 0.5: the GPU suggestion is still 0.8545 / 0.85 = 1.005 GiB = 1.08 GB -> 2 GB (/ 0.5
+    would give 1.83 GB, still 2 GB: the 1000 MiB below make the difference);
     the host side, 512 x 0.5 = 256 GiB usable, holds either offload."""
     import yaml
 
@@ -839,20 +877,20 @@ def test_the_gpu_suggestion_divides_by_the_gpu_headroom_not_the_host_s(tmp_path)
         plan(gpus(4, 1000, ram_gib=512), user_model(50_000_000, **{"distributed.backend": "deepspeed"}),
              policy=load_policy(str(tmp_path / "p.yaml")))
     assert e.value.would_fit == ["ZeRO-3 + optimizer and parameter offload: GPUs with at least 2 GB free each "
-                                 "(1.02 GiB estimated / headroom 0.85)"]
+                                 "((0.02 GiB estimated + 0.84 GiB outside the allocator) / headroom 0.85)"]
 
 
 def test_more_gpus_for_zero3_in_fp32_keep_an_fp32_largest_layer_on_every_gpu():
-    """P = 1,694,336,655 with a largest layer L = 3e8 on 4 x 10000 MiB, trained in fp32: budget 8,912,896,000 B;
-    overhead 856 MiB + two fp32 buckets of 9.77e7 elements = 897,581,056 + 781,600,000 = 1,679,181,056 B; the
-    layer's fp32 weight and gradient 8L = 2.4e9 B stay whole. Room 4,833,714,944 B for 18P = 30,498,059,790 B
-    of sharded states: ceil(6.31) = 7 GPUs (with a half-precision layer, 4L, it would say 6). ZeRO-3 at 4 GPUs
-    needs 2.4e9 + 18P / 4 + overhead = 10.90 GiB: / 0.85 = 13.7 GB -> 14 GB."""
+    """P = 1,694,336,655 with a largest layer L = 3e8 on 4 x 10000 MiB, trained in fp32: budget 8,015,314,944 B
+    (856 MiB outside the allocator taken off); two fp32 buckets of 9.77e7 elements = 781,600,000 B; the layer's
+    fp32 weight and gradient 8L = 2.4e9 B stay whole. Room 4,833,714,944 B for 24P = 40,664,079,720 B of sharded
+    states: ceil(8.41) = 9 GPUs (with a half-precision layer, 4L, it would say 7). ZeRO-3 at 4 GPUs needs
+    2.4e9 + 24P / 4 + buckets = 12.43 GiB: + 0.84 GiB, / 0.85 = 16.76 GB -> 17 GB."""
     f = ModelFacts(source="m", num_parameters=1_694_336_655, largest_layer_parameters=300_000_000)
     with pytest.raises(PlanRefused) as e:
         plan(gpus(4, 10000, ram_gib=44), user_model(1_694_336_655, **{"training.mixed_precision": "fp32"}), facts=f)
-    assert e.value.would_fit[:2] == ["ZeRO-3: GPUs with at least 14 GB free each (10.90 GiB estimated / headroom 0.85)",
-                                     "ZeRO-3 across 7 GPUs of this size"]
+    assert e.value.would_fit[:2] == ["ZeRO-3: GPUs with at least 17 GB free each ((12.43 GiB estimated + 0.84 GiB "
+                                     "outside the allocator) / headroom 0.85)", "ZeRO-3 across 9 GPUs of this size"]
 
 
 def test_a_model_of_unknown_size_without_a_reason_is_said_to_be_unchecked():
@@ -894,15 +932,15 @@ def test_with_no_memory_known_at_all_the_blind_estimate_is_of_the_checkpointing_
 
 
 def test_force_keeps_the_checkpointing_of_the_smallest_need():
-    """P = 2e9 on one GPU (30000 MiB free, 24.90 GiB usable), no DeepSpeed: DDP's 16P = 29.8 GiB fits neither
-    way; --force takes the smaller need, DDP + checkpointing at micro-batch 1 (16P + 100,000 B + 600 MiB =
-    30.39 GiB), and the plan turns checkpointing on."""
+    """P = 2e9 on one GPU (30000 MiB free, 24.90 GiB - 600 MiB of CUDA context = 24.32 GiB usable), no DeepSpeed:
+    DDP's 16P = 29.8 GiB fits neither way; --force takes the smaller need, DDP + checkpointing at micro-batch 1
+    (16P + 100,000 B = 29.80 GiB), and the plan turns checkpointing on."""
     cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"})
     p = plan(gpus(1, 30000, deepspeed=None), cfg, facts=facts(2_000_000_000), force=True)
     assert (p.memory.gradient_checkpointing, p.batch.micro_batch_size) == (True, 1)
     assert p.memory.estimate.strategy == "DDP + checkpointing"
-    assert ("--force: nothing fits by the estimate; planning DDP + checkpointing at micro-batch 1 anyway (30.4 GiB "
-            "needed > 24.9 GiB usable): EXPECT OUT-OF-MEMORY ERRORS") in p.warnings
+    assert ("--force: nothing fits by the estimate; planning DDP + checkpointing at micro-batch 1 anyway (29.8 GiB "
+            "needed > 24.3 GiB usable): EXPECT OUT-OF-MEMORY ERRORS") in p.warnings
 
 
 def test_a_policy_whose_first_choice_fits_names_nothing_rejected(tmp_path):
@@ -921,26 +959,27 @@ def test_a_policy_whose_first_choice_fits_names_nothing_rejected(tmp_path):
 
 
 def test_a_model_whose_single_sample_does_not_fit_is_refused_never_planned_at_micro_batch_0():
-    """P = 1e9 on one GPU (24.90 GiB usable), bf16 activations of 2e10 B per sample (1.5e10 with checkpointing):
-    16P + 600 MiB = 15.49 GiB of states and overhead would fit alone, but not with one sample: DDP 16e9 + 2e10 +
-    629,145,600 B = 34.1 GiB, with checkpointing 29.5 GiB. The halving stops at micro-batch 1."""
+    """P = 1e9 on one GPU (24.90 GiB - 600 MiB of CUDA context = 24.32 GiB usable), bf16 activations of 2e10 B per
+    sample (1.5e10 with checkpointing): 16P = 14.90 GiB of states would fit alone, but not with one sample: DDP
+    16e9 + 2e10 B = 33.5 GiB, with checkpointing 16e9 + 1.5e10 B = 28.9 GiB. The halving stops at micro-batch 1."""
     cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"})
     with pytest.raises(PlanRefused) as e:
         plan(gpus(1, 30000, deepspeed=None), cfg, facts=facts(1_000_000_000, per_sample=20_000_000_000,
                                                               ckpt_per_sample=15_000_000_000))
-    assert e.value.tried == ["DDP: 34.1 GiB needed > 24.9 GiB usable even at micro-batch 1",
-                             "DDP + checkpointing: 29.5 GiB needed > 24.9 GiB usable even at micro-batch 1"]
+    assert e.value.tried == ["DDP: 33.5 GiB needed > 24.3 GiB usable even at micro-batch 1",
+                             "DDP + checkpointing: 28.9 GiB needed > 24.3 GiB usable even at micro-batch 1"]
 
 
 def test_a_zero_stage_set_on_a_cpu_weighs_every_option_of_that_stage():
     """2 CPU processes on 2.5 GiB of RAM (1.0625 GiB usable each, 2.125 per node), P = 1e8 in fp32, ZeRO-2 asked
-    for with the backend on auto: ZeRO-2 keeps 8P + 12P / 2 = 14P = 1.30 GiB per process (too much); ZeRO-2 +
+    for with the backend on auto: ZeRO-2 keeps 8P + 12P / 2 + the step's 4P / 2 = 16P = 1.49 GiB per process (too
+    much); ZeRO-2 +
     offload keeps 4P = 0.37 GiB per process and 12P x 1.5 = 1.68 GiB of the node's RAM: planned."""
     hw = make_profile(cores=8, ram_gib=2.5, deepspeed="0.19.8")
     p = plan(hw, user_model(100_000_000, **{"distributed.zero_stage": 2, "distributed.nproc_per_node": 2}))
     assert (p.engine.backend, p.engine.zero_stage, p.engine.offload_optimizer) == ("deepspeed", 2, True)
     assert p.reasons["backend"] == ("ZeRO-2 + optimizer offload is the most preferred option that fits micro-batch 64 "
-                                    "(rejected: ZeRO-2: 1.3 GiB needed > 1.1 GiB usable)")
+                                    "(rejected: ZeRO-2: 1.5 GiB needed > 1.1 GiB usable)")
 
 
 def test_a_model_of_unknown_size_is_recorded_as_its_one_blind_option():
@@ -949,4 +988,4 @@ def test_a_model_of_unknown_size_is_recorded_as_its_one_blind_option():
     plan(gpus(4, 10000), apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"}), record=record)
     assert len(record) == 1 and [(rw.label, rw.need.total_gib, rw.why_not) for rw in record[0].rows] == [
         ("ZeRO-2", None, None)]
-    assert record[0].budget.device_gib == pytest.approx(0.85 * 10000 / 1024)
+    assert record[0].budget.device_gib == pytest.approx((0.85 * 10000 - 856) / 1024)
