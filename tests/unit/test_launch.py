@@ -404,3 +404,20 @@ def test_kill_tree_kills_the_process_and_everything_under_it_and_nothing_else(tm
     finally:
         sibling.kill()
         sibling.wait()
+
+
+def test_the_observer_starts_only_in_a_users_script_and_only_when_asked():
+    """The observer's sitecustomize goes first on the ranks' PYTHONPATH of a user's script (before what the user
+    exported), with AUTOTUNE_OBSERVE=1; never for the built-in runtime, and not with training.observe false."""
+    from autotune.exports.launch_spec import OBSERVE_SITE
+
+    _, builtin = spec_for("cpu-only")
+    assert "AUTOTUNE_OBSERVE" not in builtin.env and "PYTHONPATH" not in builtin.env
+    _, script = spec_for("cpu-only", {"HOME": "/home/u", "PYTHONPATH": "/mine"}, **{"training.entrypoint": "train.py"})
+    assert script.env["PYTHONPATH"] == os.pathsep.join([str(OBSERVE_SITE), "/mine"])
+    assert script.env["AUTOTUNE_OBSERVE"] == "1" and script.env_sources["PYTHONPATH"] == "autotune"
+    _, bare = spec_for("cpu-only", **{"training.entrypoint": "train.py"})
+    assert bare.env["PYTHONPATH"] == str(OBSERVE_SITE)
+    _, off = spec_for("cpu-only", {"HOME": "/home/u", "PYTHONPATH": "/mine"},
+                      **{"training.entrypoint": "train.py", "training.observe": False})
+    assert "AUTOTUNE_OBSERVE" not in off.env and off.env.get("PYTHONPATH", "/mine") == "/mine"
