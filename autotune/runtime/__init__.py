@@ -9,16 +9,30 @@ User scripts can use these directly (see examples/autotune_train.py)::
     engine = runtime.make_engine(plan, model, ctx)
     ...
     runtime.cleanup(ctx)
+
+Nothing is imported until it is used: the observer (``autotune.runtime.observe``) starts in every process of a
+user's script, before the script's own imports, and must not import torch (a second) or anything else there.
 """
 
-from autotune.plan import TrainingPlan, load_plan
-from autotune.runtime.checkpoint import CheckpointManager
-from autotune.runtime.data import BatchStream
-from autotune.runtime.dist import DistContext, cleanup, init, wait_for_everyone
-from autotune.runtime.engine import Engine, make_engine
-from autotune.runtime.logging import make_logger
+import importlib
 
-__all__ = [
-    "TrainingPlan", "load_plan", "DistContext", "init", "cleanup", "wait_for_everyone",
-    "Engine", "make_engine", "CheckpointManager", "BatchStream", "make_logger",
-]
+_WHERE = {
+    "TrainingPlan": "autotune.plan", "load_plan": "autotune.plan",
+    "CheckpointManager": "autotune.runtime.checkpoint", "BatchStream": "autotune.runtime.data",
+    "DistContext": "autotune.runtime.dist", "cleanup": "autotune.runtime.dist", "init": "autotune.runtime.dist",
+    "wait_for_everyone": "autotune.runtime.dist", "Engine": "autotune.runtime.engine",
+    "make_engine": "autotune.runtime.engine", "make_logger": "autotune.runtime.logging",
+}
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))

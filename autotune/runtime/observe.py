@@ -165,8 +165,19 @@ def _fsdp(mod) -> None:
         _record()["engine"] = "fsdp"
 
     cls = getattr(mod, "FullyShardedDataParallel", None)
-    if cls is not None:
-        _after(cls, "__init__", fsdp)
+    if cls is None:
+        return
+    original = cls.__init__
+    if not getattr(original, "_autotune_observed", False):
+        count = _guarded("FullyShardedDataParallel.__init__")(lambda module: _params(module))
+
+        @functools.wraps(original)
+        def counted(self, module=None, *a, **k):  # before wrapping: FSDP flattens (and shards) the parameters
+            count(module)
+            return original(self, module, *a, **k)
+
+        cls.__init__ = counted
+    _after(cls, "__init__", fsdp)
 
 
 def _params(model) -> None:

@@ -1,0 +1,131 @@
+"""The observer in a user's process (autotune.runtime.observe, started by observe_site/sitecustomize.py): what it
+records from a real script, that a failing hook never reaches the script, and that it can be turned off. Each case
+runs a small script in a fresh interpreter with the launcher's environment for one rank."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.exports.launch_spec import OBSERVE_SITE
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FSDP_AUTOCAST_SCALER = """
+import os
+import autotune.runtime.observe as observe
+if os.environ.get("PLANT_FAILING_HOOK"):  # a hook that raises as soon as an optimizer is made (planted before torch)
+    observe.HOOKS["torch.optim"] = lambda mod: observe._after(mod.Optimizer, "__init__", lambda *a, **k: 1 / 0)
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+dist.init_process_group("gloo", rank=0, world_size=1)
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+model = FSDP(nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1)), device_id=torch.device("cpu"))
+opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+scaler = torch.amp.GradScaler("cpu")
+x = torch.randn(64, 4)
+for i, (xb,) in enumerate(DataLoader(TensorDataset(x), batch_size=4)):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(xb).float().pow(2).mean()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    if i == 2:
+        break
+dist.destroy_process_group()
+print("SCRIPT DONE", flush=True)
+"""
+
+
+def run_observed(tmp_path, code, **env):
+    script = tmp_path / "script.py"
+    script.write_text(code)
+    full = {**os.environ, "PYTHONPATH": os.pathsep.join([str(OBSERVE_SITE), str(ROOT)]), "RANK": "0",
+            "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+            "AUTOTUNE_RUN_DIR": str(tmp_path / "run"), "AUTOTUNE_OBSERVE": "1", **env}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=full, timeout=180,
+                       cwd=tmp_path)
+    record = tmp_path / "run" / "observed" / "rank-0.json"
+    return r, (json.loads(record.read_text()) if record.exists() else None)
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_fsdp_autocast_a_grad_scaler_and_the_parameter_count_are_recorded(tmp_path):
+    """FSDP flattens its module's parameters: the count is taken before it wraps them (4x8+8 + 8x1+1 = 49)."""
+    r, rec = run_observed(tmp_path, FSDP_AUTOCAST_SCALER)
+    assert r.returncode == 0 and "SCRIPT DONE" in r.stdout, r.stderr[-2000:]
+    assert rec["engine"] == "fsdp" and rec["num_parameters"] == 49
+    assert rec["autocast"] == "bfloat16" and rec["grad_scaler"] is True
+    assert rec["process_group"]["backend"] == "gloo" and rec["process_group"]["world_size"] == 1
+    assert [o["class"] for o in rec["optimizers"]] == ["AdamW"] and rec["optimizers"][0]["lr"] == [0.01]
+    assert rec["dataloaders"][0]["batch_size"] == 4 and rec["steps"] == 3 and rec["samples"] == 12
+    assert rec["returned"] is True and rec["raised"] is None and rec["hook_errors"] == []
+
+
+def test_a_failing_hook_is_recorded_and_never_reaches_the_script(tmp_path):
+    r, rec = run_observed(tmp_path, FSDP_AUTOCAST_SCALER, PLANT_FAILING_HOOK="1")
+    assert r.returncode == 0 and "SCRIPT DONE" in r.stdout, r.stderr[-2000:]
+    assert any("ZeroDivisionError" in e for e in rec["hook_errors"]) and rec["returned"] is True
+    assert rec["engine"] == "fsdp" and rec["steps"] == 0  # the step counter was the hook that failed
+
+
+@pytest.mark.parametrize("env", [{"AUTOTUNE_OBSERVE": "0"}, {"RANK": ""}])
+def test_off_or_outside_a_rank_nothing_is_observed(tmp_path, env):
+    """AUTOTUNE_OBSERVE=0 turns it off; a process without RANK (torchrun's agent, a DataLoader worker) is not a
+    rank and writes nothing."""
+    if env.get("RANK") == "":
+        env = {k: v for k, v in os.environ.items() if k != "RANK"}
+        r, rec = _run_without_rank(tmp_path)
+    else:
+        r, rec = run_observed(tmp_path, FSDP_AUTOCAST_SCALER, **env)
+    assert r.returncode == 0 and "SCRIPT DONE" in r.stdout, r.stderr[-2000:]
+    assert rec is None and not (tmp_path / "run" / "observed").exists()
+
+
+def _run_without_rank(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import torch\nprint('SCRIPT DONE', flush=True)\n")
+    full = {k: v for k, v in os.environ.items() if k != "RANK"}
+    full.update(PYTHONPATH=os.pathsep.join([str(OBSERVE_SITE), str(ROOT)]), AUTOTUNE_RUN_DIR=str(tmp_path / "run"),
+                AUTOTUNE_OBSERVE="1")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=full, timeout=120)
+    return r, None
+
+
+def test_no_observe_keeps_the_observer_out_of_the_launch(cli, tmp_path):
+    """`launch --no_observe` (config: training.observe false): the ranks' environment has neither the observer's
+    sitecustomize on PYTHONPATH nor AUTOTUNE_OBSERVE (the launch's own dry run shows the environment it would set)."""
+    (tmp_path / "train.py").write_text("")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("training:\n  entrypoint: train.py\n")
+    runs = {}
+    for flag in ((), ("--no_observe",)):
+        r = cli("autotune", "launch", "--config", str(cfg), "--hardware", "cpu-only", "--dry-run", "--json", *flag,
+                cwd=tmp_path, env={"PYTHONPATH": ""})
+        assert r.returncode == 0, r.stderr
+        runs[bool(flag)] = json.loads(r.stdout)["launch"]["env"]
+    assert runs[False]["AUTOTUNE_OBSERVE"] == "1" and str(OBSERVE_SITE) in runs[False]["PYTHONPATH"]
+    assert "AUTOTUNE_OBSERVE" not in runs[True] and str(OBSERVE_SITE) not in runs[True].get("PYTHONPATH", "")
+
+
+def test_the_observer_starts_without_importing_torch_or_the_plan(tmp_path):
+    """The observer runs before the script's first line: it imports neither torch nor autotune's plan or runtime
+    (the runtime package once imported both, 1.2 s and torch before the script could set its environment)."""
+    full = {**os.environ, "PYTHONPATH": os.pathsep.join([str(OBSERVE_SITE), str(ROOT)]), "RANK": "0",
+            "AUTOTUNE_RUN_DIR": str(tmp_path / "run"), "AUTOTUNE_OBSERVE": "1"}
+    r = subprocess.run([sys.executable, "-c", "import sys; import autotune.runtime.observe as o; "
+                        "print(o._state.get('installed'), sorted(m for m in ('torch', 'autotune.plan', "
+                        "'autotune.runtime.checkpoint') if m in sys.modules))"],
+                       capture_output=True, text=True, env=full, timeout=60)
+    assert r.stdout.split() == ["True", "[]"], r.stderr[-2000:]
