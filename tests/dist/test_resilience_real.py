@@ -116,3 +116,23 @@ def test_a_rank_lingering_after_its_script_returned_is_ended_and_the_run_reporte
     assert "every rank's script returned and its processes still linger 3 s later" in r.stderr
     assert "the training completed" in r.stderr and "Training exited with code" not in r.stderr
     assert took < 120, took  # ended by the launch, not the 600 s thread
+
+
+def test_a_rank_aborting_after_its_script_returned_is_reported_as_teardown_not_a_failed_training(tmp_path):
+    """Rank 1's process aborts (SIGABRT) in its exit handlers, after its script returned (observed): torchrun
+    reports a failed rank, and the launch says what it was, a teardown after the training completed, and exits 0."""
+    import json
+
+    from dist_util import launch
+
+    script = tmp_path / "aborts.py"
+    script.write_text(LINGERS.replace(
+        "    threading.Thread(target=time.sleep, args=(600,)).start()",
+        "    import atexit; atexit.register(os.abort)  # after the script's main module has finished"))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"training:\n  entrypoint: {script}\n  global_batch_size: 32\n")
+    r = launch("--config", cfg, "--nproc_per_node", 2, "--run_dir", tmp_path / "run", timeout=240)
+    assert "SUMMARY rank 1\n" in r.stdout and "Done. Run directory" in r.stdout
+    assert json.loads((tmp_path / "run" / "observed" / "rank-1.json").read_text())["returned"] is True
+    assert "after its script had returned (teardown); the training completed" in r.stderr, r.stderr[-3000:]
+    assert "Training exited with code" not in r.stderr

@@ -60,3 +60,66 @@ def test_nothing_observed_is_not_observable_not_equal():
     j = judge(p, [bare])
     assert j.effective_batch is None and j.values["micro_batch_size"]["status"] == "not observable"
     assert judge(p, []).values == {}
+
+
+def _write(run_dir, *records):
+    import json
+
+    obs = run_dir / "observed"
+    obs.mkdir(parents=True, exist_ok=True)
+    for rec in records:
+        (obs / f"rank-{rec['rank']}.json").write_text(json.dumps(rec))
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_the_first_steps_name_another_engine_and_strict_stops_on_it(tmp_path):
+    """The batch is the plan's (64) but the script runs FSDP where the plan says DDP: after EARLY_STEPS steps on
+    every rank the watch prints the evidence and the warning; with --strict (training.strict) it stops the run,
+    naming the fix. Before every rank has taken those steps nothing is judged."""
+    import io
+
+    from autotune.launch.evidence import EARLY_STEPS, ScriptWatch
+
+    out = io.StringIO()
+    _write(tmp_path, record(0, engine="fsdp", steps=EARLY_STEPS), record(1, engine="fsdp", steps=EARLY_STEPS - 1))
+    watch = ScriptWatch(a_plan(**{"training.strict": True}), tmp_path, out)
+    assert watch.check() is None and watch.early is None and out.getvalue() == ""
+    _write(tmp_path, record(1, engine="fsdp", steps=EARLY_STEPS))
+    why = watch.check()
+    assert watch.stopped_strict and why.startswith("--strict: the script runs fsdp, the plan ddp: let the script take")
+    assert why.endswith("or drop --strict (training.strict) to let it train as it is")
+    assert "effective batch 64 per optimizer step" in out.getvalue()
+    assert "autotune: warning: the script runs fsdp, the plan ddp" in out.getvalue()
+    lenient = ScriptWatch(a_plan(), tmp_path, io.StringIO())  # without --strict: warned, never stopped
+    assert lenient.check() is None and not lenient.stopped_strict and lenient.early.wrong
+
+
+def test_a_teardown_that_lingers_after_every_script_returned_is_ended_after_the_exit_barrier(tmp_path):
+    """Every rank's script returned (observed): the watch waits distributed.exit_barrier_s, then asks to end the
+    processes and says why (a teardown hang is not a failed training); one rank still running: nothing."""
+    import io
+
+    from autotune.launch.evidence import ScriptWatch
+
+    p = a_plan()
+    clock = _Clock()
+    _write(tmp_path, {**record(0), "returned": True}, {**record(1), "returned": None})
+    watch = ScriptWatch(p, tmp_path, io.StringIO(), clock=clock)
+    watch.check()
+    clock.now += 10 * p.engine.exit_barrier_s
+    assert watch.check() is None and not watch.all_returned()
+    _write(tmp_path, {**record(1), "returned": True})
+    assert watch.check() is None and watch.all_returned()  # the wait starts now
+    clock.now += p.engine.exit_barrier_s - 1
+    assert watch.check() is None
+    clock.now += 1
+    assert watch.check() == (f"every rank's script returned and its processes still linger "
+                             f"{p.engine.exit_barrier_s} s later (distributed.exit_barrier_s)")
+    assert watch.cut_teardown and not watch.stopped_strict
