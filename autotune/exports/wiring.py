@@ -280,7 +280,7 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
     for k in plan.run.script_defaults:
         if k in routes and not routes[k]:
             routes[k].append(f"yours: training.{k} is not set, so the script keeps its own (set it to have autotune "
-                             "deliver it)")
+                             "pass it)")
     advisory = [k for k in routes if not routes[k]]
     return Delivery(routes, advisory)
 

@@ -159,7 +159,10 @@ def print_delivery(setup, out=None) -> None:
     d = setup.delivery
     if d is None or not setup.plan.run.entrypoint:
         return
-    print("How the plan reaches your script:", file=out)
+    # handed over, not delivered: what the script really ran is observed in its first steps (evidence.py)
+    observed = setup.plan.run.observe
+    print("How the plan is handed to your script" + (" (what it runs is observed in its first steps):" if observed
+                                                      else " (not observed: --no_observe):"), file=out)
     for k, routes in d.routes.items():
         print(f"  {k}: {'; '.join(routes) if routes else 'NO ROUTE (advisory)'}", file=out)
     for line in d.summary():

@@ -270,7 +270,7 @@ def test_unmodified_hf_trainer_script_follows_the_plan(tmp_path):
     # the launcher's and the script's output, also in the run directory
     logged = (tmp_path / "hf" / "logs" / "stdout.log").read_text()
     assert logged.startswith("==== ") and " autotune launch --config " in logged.splitlines()[0]
-    assert used[0] in logged and "How the plan reaches your script:" in logged and "\nDone. Run directory:" in logged
+    assert used[0] in logged and "How the plan is handed to your script (what it runs is observed in its first steps):" in logged and "\nDone. Run directory:" in logged
     assert "it/s]" in (tmp_path / "hf" / "logs" / "stderr.log").read_text()  # Trainer's progress bar (stderr)
 
 

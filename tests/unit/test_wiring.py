@@ -290,3 +290,40 @@ def test_a_resume_point_must_reach_the_script_or_is_refused(tmp_path):
     s = prepare(wired, hardware="cpu-only", run_dir=run, environ={}, resume_from="auto")
     assert s.plan.run.resume_from == str(new.resolve()) and s.launch_spec.cmd[-2:] == ["--resume", str(new.resolve())]
     assert s.launch_spec.env["AUTOTUNE_RESUME_FROM"] == str(new.resolve())
+
+
+def test_no_accumulation_is_exported_to_a_script_the_micro_batch_cannot_reach(tmp_path):
+    """An Accelerate script with no batch-size flag: the plan's micro-batch has no route, so its accumulation alone
+    would train another effective batch (the script's own batch x 4). The variable is withheld and the launch says
+    so; the micro-batch is advisory."""
+    from autotune.prepare import prepare
+
+    (tmp_path / "nobatch.py").write_text("from accelerate import Accelerator\naccelerator = Accelerator()\n")
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "nobatch.py"), "training.wire": "auto",
+                                          "training.global_batch_size": 64, "training.batch_size_per_gpu": 16})
+    setup = prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={})
+    assert setup.plan.batch.gradient_accumulation_steps == 4 and setup.delivery.routes["micro_batch_size"] == []
+    assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in setup.launch_spec.env
+    assert any(line.startswith("ACCELERATE_GRADIENT_ACCUMULATION_STEPS not exported: the plan's micro-batch has no "
+                               "route to the script") for line in setup.delivery.summary())
+    assert "micro_batch_size" in setup.delivery.advisory
+
+
+def test_the_routes_printed_before_a_launch_are_handed_over_not_delivered(tmp_path):
+    """Before the script runs, the launch can only say how each value is handed over (a flag, a JSON path, a
+    variable); it says that what the script runs is observed, and never calls a route delivered."""
+    import io
+
+    from autotune.launch import print_delivery
+    from autotune.prepare import prepare
+
+    (tmp_path / "acc.py").write_text(textwrap.dedent(ACCEL_OWN_ACCUM).replace("gradient_accumulation_steps=1", ""))
+    for observe, tail in ((True, "(what it runs is observed in its first steps):"), (False, "(not observed: --no_observe):")):
+        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "acc.py"), "training.wire": "auto",
+                                              "training.observe": observe})
+        out = io.StringIO()
+        print_delivery(prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={}), out)
+        text = out.getvalue()
+        assert text.startswith(f"How the plan is handed to your script {tail}\n")
+        assert "deliver" not in text.lower() and "reaches" not in text
+        assert "  micro_batch_size: recognised flag --batch_size" in text
