@@ -416,6 +416,7 @@ def test_the_observer_starts_only_in_a_users_script_and_only_when_asked():
     _, script = spec_for("cpu-only", {"HOME": "/home/u", "PYTHONPATH": "/mine"}, **{"training.entrypoint": "train.py"})
     assert script.env["PYTHONPATH"] == os.pathsep.join([str(OBSERVE_SITE), "/mine"])
     assert script.env["AUTOTUNE_OBSERVE"] == "1" and script.env_sources["PYTHONPATH"] == "autotune"
+    assert script.env_sources["AUTOTUNE_OBSERVE"] == "autotune"
     _, bare = spec_for("cpu-only", **{"training.entrypoint": "train.py"})
     assert bare.env["PYTHONPATH"] == str(OBSERVE_SITE)
     _, off = spec_for("cpu-only", {"HOME": "/home/u", "PYTHONPATH": "/mine"},

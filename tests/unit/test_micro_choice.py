@@ -61,3 +61,77 @@ def test_the_arithmetic():
     assert steady_micro(176, 256, 1) == 131  # nothing in 159..176 keeps 256 within 3 %: 131 x 2 = 262
     # 7 x 5 x 3 = 105 (5 % off), 6 x 6 x 3 = 108, 5 x 7 x 3 = 105, 4 x 8 x 3 = 96 (4 %), 3 x 11 x 3 = 99 (1 %)
     assert steady_micro(7, 100, 3) == 3
+
+
+def test_the_arithmetic_at_its_edges():
+    """Each case by hand:
+    - 1 fits but 2 does not: 1 (not 0);
+    - (10, 99, 1): 9 divides 99 and is 0.9 of 10: exact beats 10 x 10 = 100 (1 % off);
+    - (10, 88, 1): no divisor in 9..10 (8 is below 0.9 x 10): 10 x 9 = 90, 2.3 % off;
+    - (6, 36, 4): 6 x 4 = 24 does not divide 36; 6 x 2 x 4 = 48, 5 x 2 x 4 = 40, 4 x 2 x 4 = 32 are too far;
+      3 x 3 x 4 = 36;
+    - (2, 3, 1): 2 x 2 = 4 is 33 % off; 1 x 3 = 3;
+    - (100, 101, 1): 101 is prime; 100 x 1 = 100, 1 % off (accumulation 1 is allowed);
+    - (97, 100, 1): 97 x 1 = 97 is exactly 3 % off: allowed, the tolerance includes its bound."""
+    assert largest_fitting(10, lambda m: m <= 1) == 1
+    assert steady_micro(10, 99, 1) == 9
+    assert steady_micro(10, 88, 1) == 10
+    assert steady_micro(6, 36, 4) == 3
+    assert steady_micro(2, 3, 1) == 1
+    assert steady_micro(100, 101, 1) == 100
+    assert steady_micro(97, 100, 1) == 97
+
+
+def test_a_measured_line_between_and_beyond_its_points():
+    """Interpolated (a trace's points): flat below the first point, linear between neighbours, extended from the
+    last two points above, never downward (a line that falls stays at its last value)."""
+    bent = LinearBytes(points=((2, 100), (4, 300), (8, 400)), interpolate=True)
+    assert [bent.at(m) for m in (1, 2, 3, 6, 8, 10)] == [100, 100, 200, 350, 400, 450]
+    falling = LinearBytes(points=((1, 100), (2, 50)), interpolate=True)
+    assert falling.at(4) == 50
+    assert LinearBytes(points=((4, 70),), interpolate=True).at(9) == 70
+
+
+def test_the_reason_names_the_rule_and_the_estimate():
+    from autotune.planner.micro import traced_micro_reason
+
+    assert traced_micro_reason("DDP", 63.16, 256) == (
+        f"the largest micro-batch whose estimate fits with DDP (63.2 GiB, {CUDA_TRACED}), up to global / world = 256, "
+        "with the global batch within 3% of its target (policy micro_batch_rule: fit; the VRAM band is for models "
+        "autotune cannot trace)")
+    assert traced_micro_reason("ZeRO-2", None, 8).startswith("the largest micro-batch whose estimate fits with ZeRO-2, "
+                                                             "up to global / world = 8,")
+
+
+def test_a_traced_model_that_fits_no_micro_batch_is_refused_with_its_need_at_one():
+    """70 GiB of activations a sample (69 with checkpointing) on the H100 (66.72 GiB usable): states 1.49 GiB +
+    one sample = 71.5 GiB, 70.5 with checkpointing: refused, each with its need at micro-batch 1."""
+    from autotune.errors import PlanRefused
+
+    with pytest.raises(PlanRefused) as e:
+        plan(H100, CFG, facts=facts(70, checkpointed=69), deepspeed_installed=False)
+    assert e.value.tried == ["DDP: 71.5 GiB needed > 66.7 GiB usable even at micro-batch 1",
+                             "DDP + checkpointing: 70.5 GiB needed > 66.7 GiB usable even at micro-batch 1"]
+
+
+def test_what_a_config_declares_about_a_scripts_model():
+    """training.num_parameters: every parameter trained, activations unknown; nothing: the model is unknown."""
+    from autotune.planner.model_facts import declared_facts
+
+    sized = declared_facts(apply_overrides(TrainConfig(), {"training.entrypoint": "t.py",
+                                                           "training.num_parameters": 1_500_000}))
+    assert (sized.source, sized.num_parameters, sized.trainable_parameters) == (
+        "training.num_parameters = 1,500,000", 1_500_000, 1_500_000)
+    assert sized.unknown_reason.startswith("activations unknown: give training.model")
+    blank = declared_facts(apply_overrides(TrainConfig(), {"training.entrypoint": "t.py"}))
+    assert (blank.source, blank.num_parameters) == ("unknown (your script's model is not described)", None)
+
+
+def test_which_memory_a_gpu_is_planned_by():
+    """A MIG GPU: its smallest slice; else the free memory; else the total; with the figure's name."""
+    from autotune.planner.deciders import usable_mib
+
+    gpu = H100.gpus.devices[0]
+    assert usable_mib(gpu.model_copy(update={"mig_slices_mib": (9856, 4864)})) == (4864, "MIG slice")
+    assert usable_mib(gpu) == (81079, "free")
+    assert usable_mib(gpu.model_copy(update={"memory_free_mib": None})) == (gpu.memory_total_mib, "total")

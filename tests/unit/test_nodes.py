@@ -282,3 +282,75 @@ def test_a_bigger_node_planned_for_a_smaller_one_stays_itself():
     p = plan(combined, TrainConfig(), deepspeed_installed=True)
     assert (p.engine.node_rank, p.engine.num_nodes, p.engine.master_addr) == (1, 2, "n0")
     assert p.loader.omp_num_threads == 2
+
+
+def _host(hw, cores, ram_mib):
+    return hw.model_copy(update={"cpu": hw.cpu.model_copy(update={"effective_cores": cores}),
+                                 "memory": hw.memory.model_copy(update={"effective_mib": ram_mib})})
+
+
+def test_the_node_with_fewest_gpus_is_lowered_to_every_smaller_figure_of_the_others():
+    """Node 0: 4 L4s, 64 cores, 256 GiB, NVLink, InfiniBand; node 1: 8 A100-40GB (compute 8.0), 8 cores, 32 GiB,
+    PCIe, no InfiniBand. The base is node 0 (fewer GPUs); its host figures, link and InfiniBand come down to node 1's,
+    each with a reason; GPU i keeps the lower compute capability; node 0's description is replaced, its own
+    num_nodes kept. The lines say it by hand."""
+    a = _host(L4, 64, 256 * 1024).model_copy(update={
+        "num_nodes": 2, "infiniband": ("mlx5_0",), "gpus": L4.gpus.model_copy(update={"interconnect": "nvlink"})})
+    b = _host(A100_40, 8, 32 * 1024).model_copy(update={
+        "num_nodes": 2, "infiniband": (), "gpus": A100_40.gpus.model_copy(update={"interconnect": "pcie"})})
+    combined, lines = smallest({0: a, 1: b}, me=0)
+    assert combined.gpus.count == 4 and combined.num_nodes == 2 and combined.hostname == a.hostname
+    assert (combined.cpu.effective_cores, combined.cpu.effective_cores_reason) == (8, "the smallest of 2 nodes: 8")
+    assert (combined.memory.effective_mib, combined.memory.effective_reason) == (
+        32 * 1024, "the smallest of 2 nodes: 32768 MiB")
+    assert (combined.gpus.interconnect, combined.gpus.interconnect_reason) == ("pcie", "the smallest of 2 nodes: pcie")
+    assert combined.infiniband == () and combined.description == "the smallest of 2 nodes of this job"
+    l4, a100 = L4.gpus.devices[0], A100_40.gpus.devices[0]
+    assert {d.compute_capability for d in combined.gpus.devices} == {"8.0"}  # 8.9 and 8.0: the lower
+    free = min(l4.memory_free_mib, a100.memory_free_mib)
+    assert {(d.memory_total_mib, d.memory_free_mib) for d in combined.gpus.devices} == {
+        (min(l4.memory_total_mib, a100.memory_total_mib), free)}
+    assert lines == [
+        f"the nodes differ; every node plans for the smallest (4 GPU(s) {l4.name}, {free / 1024:.1f} GiB free, "
+        "8 effective core(s), 32.0 GiB RAM):",
+        f"  node 0: 4 GPU(s) {l4.name}, {l4.memory_free_mib / 1024:.1f} GiB free, 64 effective core(s), 256.0 GiB RAM, "
+        "InfiniBand mlx5_0",
+        f"  node 1: 8 GPU(s) {a100.name}, {a100.memory_free_mib / 1024:.1f} GiB free, 8 effective core(s), 32.0 GiB RAM"]
+    # the same nodes with node 0's link the weaker one: its own reason stays
+    weak = a.model_copy(update={"gpus": a.gpus.model_copy(update={"interconnect": "none"})})
+    combined, _ = smallest({0: weak, 1: b}, me=1)
+    assert (combined.gpus.interconnect, combined.gpus.interconnect_reason) == ("none", a.gpus.interconnect_reason)
+
+
+def test_what_a_node_line_says_when_a_figure_is_unknown():
+    """No GPU; a GPU without a name or memory; RAM unknown; several InfiniBand devices."""
+    from autotune.planner.nodes import node_line
+
+    cpu = _host(CPU, 4, None)
+    assert node_line(cpu) == "no GPU, 4 effective core(s), RAM unknown"
+    blind = _gpus(L4, name=None, memory_free_mib=None, memory_total_mib=None)
+    ib = _host(blind, 16, 1536).model_copy(update={"infiniband": ("mlx5_0", "mlx5_1")})
+    assert node_line(ib) == "4 GPU(s) ?, memory unknown, 16 effective core(s), 1.5 GiB RAM, InfiniBand mlx5_0/mlx5_1"
+    two = L4.model_copy(update={"gpus": L4.gpus.model_copy(update={"devices": (
+        L4.gpus.devices[0], L4.gpus.devices[1].model_copy(update={"name": "NVIDIA A10"}))})})
+    assert node_line(two).startswith("2 GPU(s) NVIDIA A10/NVIDIA L4, ")
+
+
+def test_unknown_figures_never_count_as_the_largest():
+    """Nodes whose free GPU memory is unknown everywhere keep it unknown (the total's minimum stays); a compute
+    capability unknown on one node is unknown for the job; a node whose GPU memory is unknown is the smallest
+    (its GPUs are the template), and so is a node whose RAM is unknown among equals."""
+    l4 = L4.gpus.devices[0]
+    no_free = _gpus(L4, memory_free_mib=None)
+    smaller = _gpus(no_free, memory_total_mib=l4.memory_total_mib - 100)
+    combined, _ = smallest({0: no_free, 1: smaller}, me=0)
+    assert {(d.memory_total_mib, d.memory_free_mib) for d in combined.gpus.devices} == {(l4.memory_total_mib - 100, None)}
+    cc = _gpus(L4, compute_capability=None)
+    combined, _ = smallest({0: L4, 1: cc}, me=0)
+    assert {d.compute_capability for d in combined.gpus.devices} == {None}
+    marked = _gpus(L4, name="unknown-memory", memory_free_mib=None, memory_total_mib=None)
+    combined, _ = smallest({0: L4, 1: marked}, me=0)
+    assert {d.name for d in combined.gpus.devices} == {"unknown-memory"}
+    no_ram = _host(L4, L4.cpu.effective_cores, None).model_copy(update={"description": "node without RAM figure"})
+    combined, _ = smallest({0: L4, 1: no_ram}, me=0)
+    assert combined.memory.effective_mib is None and combined.hostname == L4.hostname
