@@ -213,3 +213,40 @@ def test_a_preempted_script_is_requeued_only_when_it_saved_after_the_signal(tmp_
     else:
         assert p.returncode == 128 + signal.SIGTERM, err[-2000:]
         assert "wrote no checkpoint" in err and "does not handle preemption" in err
+
+
+def test_sigterm_to_one_node_of_two_stops_both_nodes_at_one_checkpoint(tmp_path):
+    """Two nodes on this machine (one rank each, a shared run directory as on a shared file system). SIGTERM to
+    node 1's launcher alone (its scheduler preempting that node): node 1's rank stops after its step, the ranks
+    agree, both save their share of one checkpoint, and both launchers exit 75; no process is left running."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "two.yaml"
+    cfg.write_text(LONG.replace("GRACE", "60"))
+    run = tmp_path / "two"
+    outs = [open(tmp_path / f"node{n}.out", "w") for n in (0, 1)]
+    procs = [subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(cfg), "--run_dir", str(run),
+                               "--nproc_per_node", "1", "--num_nodes", "2", "--node_rank", str(n), "--master_addr",
+                               "127.0.0.1", "--master_port", str(port)], stdout=outs[n], stderr=subprocess.STDOUT,
+                              env=_env(), cwd=ROOT) for n in (0, 1)]
+    deadline = time.monotonic() + 180
+    while not ((run / "metrics.jsonl").exists() and len(_steps(run)) >= 10):
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, \
+            (tmp_path / "node0.out").read_text()[-2000:] + (tmp_path / "node1.out").read_text()[-2000:]
+        time.sleep(0.3)
+    tree = [c for p in procs for c in psutil.Process(p.pid).children(recursive=True)]
+    procs[1].send_signal(signal.SIGTERM)  # node 1's launcher only
+    rcs = [p.wait(timeout=120) for p in procs]
+    gone, alive = psutil.wait_procs(tree, timeout=20)
+    assert not alive, [a.cmdline() for a in alive]
+    texts = [(tmp_path / f"node{n}.out").read_text() for n in (0, 1)]
+    assert rcs == [75, 75], (rcs, texts[0][-2000:], texts[1][-2000:])
+    ckpts = sorted((run / "checkpoints").glob("step-*"))
+    assert len(ckpts) == 1, ckpts
+    saved = json.loads((ckpts[0] / "meta.json").read_text())["step"]
+    assert saved == max(_steps(run))
+    assert (ckpts[0] / "rng-rank0.pt").exists() and (ckpts[0] / "rng-rank1.pt").exists()
+    assert all(f"after step {saved}" in t for t in texts)
