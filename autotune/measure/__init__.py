@@ -101,9 +101,9 @@ def cache_key(model: str, sample: str | None, margin: float, modes: tuple[str, .
 
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
+    code = ("probe.py",) if "probe" in modes else ("trace.py", "cuda_trace.py")  # the code that measured it
     for part in (model, sample or "", repr(margin), ",".join(modes), str(cuda), _source_of(model), _source_of(sample),
-                 version("torch"), version("transformers"), (here / "trace.py").read_text(),
-                 (here / "cuda_trace.py").read_text()):
+                 version("torch"), version("transformers"), *((here / c).read_text() for c in code)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
@@ -136,13 +136,7 @@ def _traced(model: str, sample: str | None, margin: float, cwd: str, modes: tupl
     facts = trace(model, sample, margin=margin, progress=progress, modes=modes, cuda=cuda)
     _TRACE_CACHE[key] = facts
     if facts.activations is not None:  # a failed trace is not kept: the user may fix the model and retry
-        try:
-            where.parent.mkdir(parents=True, exist_ok=True)
-            tmp = where.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(facts.model_dump_json())
-            tmp.replace(where)
-        except OSError:
-            pass  # a read-only home: measure again next time
+        _store(where, facts)
     print(f"autotune: measured {model} in {time.monotonic() - start:.1f} s", file=sys.stderr, flush=True)
     return facts
 
@@ -176,6 +170,16 @@ def model_facts_probed(cfg: TrainConfig, policy=None, hw: HardwareProfile | None
     if key in _TRACE_CACHE:
         return _TRACE_CACHE[key]
     micros = probe_micro_batches(largest)
+    # on disk like the trace, for this GPU model and memory, these micro-batches and the traced facts it refines
+    where = cache_dir() / (cache_key(t.model, t.sample_input, 1.0, ("probe", "half" if half else "fp32", str(gpu.name),
+                                                                   str(gpu.memory_total_mib), str(micros),
+                                                                   facts.model_dump_json()), True) + ".json")
+    try:
+        _TRACE_CACHE[key] = type(facts).model_validate_json(where.read_text())
+        print(f"autotune: {t.model}: measured on this GPU model before (cache {where})", file=sys.stderr, flush=True)
+        return _TRACE_CACHE[key]
+    except (OSError, ValueError):
+        pass
     print(f"autotune: measuring {t.model} on GPU {gpu.index} ({gpu.name}): real steps at micro-batch "
           f"{micros[0]} and {micros[1]} ...", file=sys.stderr, flush=True)
     try:
@@ -190,4 +194,16 @@ def model_facts_probed(cfg: TrainConfig, policy=None, hw: HardwareProfile | None
         "activations": acts.model_copy(update={**update, "source": CUDA_TRACED, "margin": 1.0}),
         "source": facts.source + f"; {source}"})
     _TRACE_CACHE[key] = probed_facts
+    _store(where, probed_facts)
     return probed_facts
+
+
+def _store(where: Path, facts) -> None:
+    """Keep measured facts on disk (atomically); a read-only cache only means measuring again next time."""
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        tmp = where.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(facts.model_dump_json())
+        tmp.replace(where)
+    except OSError:
+        pass

@@ -219,3 +219,40 @@ def test_a_model_too_big_to_build_for_real_is_refused_naming_the_way_out(monkeyp
     monkeypatch.setattr(tr, "_free_ram", lambda: 1000)  # 1000 bytes free: a real build may take 250
     with pytest.raises(UserError, match="training.model: .*exceed a quarter of the free RAM.*training.num_parameters"):
         trace("trace_models:reads_values", "[32]")
+
+
+def test_the_gpu_probe_is_cached_on_disk_like_the_trace(tmp_path, monkeypatch, capsys):
+    """On a detected CUDA machine the plan is made from real steps on GPU 0 (autotune.measure.probe). A second plan
+    of the same model on the same GPU model reads the probe's line from the cache directory: no GPU step runs."""
+    from autotune.config import TrainConfig
+    from autotune.measure import _TRACE_CACHE, cache_dir, model_facts_probed
+    from autotune.measure.probe import PROBED, ProbePoint
+    from autotune.planner.model_facts import CUDA_TRACED, ActivationModel, LinearBytes, ModelFacts
+    from autotune.profiles import load_profile
+
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    traced = ModelFacts(source="m", num_parameters=1_000_000, trainable_parameters=1_000_000, activations=ActivationModel(
+        half=LinearBytes.line(100 * 2**20, 50 * 2**20), source=CUDA_TRACED))
+    monkeypatch.setattr("autotune.measure.model_facts", lambda cfg, policy=None, hw=None: traced)
+    runs = []
+
+    def probe(model, sample, micros, **kw):
+        runs.append(micros)  # peaks: the states (16 B x 1e6) + 40 MiB a sample + 90 MiB
+        return [ProbePoint(m, 16_000_000 + 90 * 2**20 + m * 40 * 2**20) for m in micros]
+
+    monkeypatch.setattr("autotune.measure.probe.probe", probe)
+    hw = load_profile("4xA100-80GB").model_copy(update={"source": "detected"})
+    cfg = TrainConfig.model_validate({"training": {"entrypoint": "t.py", "model": "t:m", "sample_input": "[16]"}})
+    _TRACE_CACHE.clear()
+    first = model_facts_probed(cfg, hw=hw)
+    assert len(runs) == 1 and first.source.startswith(f"m; {PROBED} 0 at micro-batch")
+    top = runs[0][1]  # the larger probed micro-batch: the line goes through it, the states taken off
+    assert first.activations.half.at(top) == pytest.approx(90 * 2**20 + top * 40 * 2**20)
+    assert len(list(cache_dir().glob("*.json"))) == 1
+    _TRACE_CACHE.clear()
+    assert model_facts_probed(cfg, hw=hw) == first and len(runs) == 1  # from disk: no GPU step
+    assert "measured on this GPU model before" in capsys.readouterr().err
+    other = hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"devices": tuple(
+        d.model_copy(update={"name": "NVIDIA H100 80GB HBM3"}) for d in hw.gpus.devices)})})
+    model_facts_probed(cfg, hw=other)
+    assert len(runs) == 2  # another GPU model is another key
