@@ -316,6 +316,10 @@ def test_the_node_with_fewest_gpus_is_lowered_to_every_smaller_figure_of_the_oth
         f"  node 0: 4 GPU(s) {l4.name}, {l4.memory_free_mib / 1024:.1f} GiB free, 64 effective core(s), 256.0 GiB RAM, "
         "InfiniBand mlx5_0",
         f"  node 1: 8 GPU(s) {a100.name}, {a100.memory_free_mib / 1024:.1f} GiB free, 8 effective core(s), 32.0 GiB RAM"]
+    # the same nodes the other way round: the smallest is node 1 now, whatever the ranks' order
+    swapped, _ = smallest({0: b, 1: a}, me=0)
+    assert (swapped.gpus.count, swapped.cpu.effective_cores, swapped.hostname) == (4, 8, b.hostname)
+    assert {d.name for d in swapped.gpus.devices} == {l4.name}
     # the same nodes with node 0's link the weaker one: its own reason stays
     weak = a.model_copy(update={"gpus": a.gpus.model_copy(update={"interconnect": "none"})})
     combined, _ = smallest({0: weak, 1: b}, me=1)
