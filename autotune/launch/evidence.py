@@ -5,7 +5,8 @@ Each plan value is one of: observed equal to the plan; observed different (the v
 deliver it); not observable (the evidence does not show it). The effective batch is measured: the samples the
 ranks' DataLoaders yielded per optimizer step, summed over the ranks. While the run goes, ``ScriptWatch`` reads
 the evidence once every rank has taken a few steps: it prints one line, warns when the effective batch is more
-than 10 % off the plan's or the engine is another (and, with ``--strict``, stops the run naming the fix); when
+than 10 % off the plan's, the engine is another or the learning rate is not the one the plan set (and, with
+``--strict``, stops the run naming the fix); when
 every rank's script has returned and processes linger, it ends them (a teardown hang is not a failed training).
 """
 
@@ -151,6 +152,10 @@ def judge(plan, observed: list[dict]) -> Judgement:
         acc = first["accelerate"]["gradient_accumulation_steps"]
     engine = _engine(first) or ("single" if world == 1 else None)
     planned_engine = eng.backend
+    if world == 1 and engine == "ddp":  # one process: a DDP wrapper (or Accelerate's MULTI_CPU) trains as "single"
+        engine = "single"
+    if eng.world_size == 1 and planned_engine == "ddp":
+        planned_engine = "single"
     lr = _lr(first)
     obs = {"micro_batch_size": (micro, b.micro_batch_size), "gradient_accumulation_steps": (acc, b.gradient_accumulation_steps),
            "learning_rate": (lr, plan.schedule.learning_rate), "precision": (_precision(first), plan.numerics.precision),
@@ -175,6 +180,11 @@ def judge(plan, observed: list[dict]) -> Judgement:
                        f"{eng.world_size})")
     if engine is not None and engine != planned_engine:
         j.wrong.append(f"the script runs {engine}, the plan {planned_engine}: {FIX['engine']}")
+    rate = j.values.get("learning_rate", {})
+    if rate.get("status") == "different":  # a rate the plan set (a script's own default is "yours", not this)
+        why = rate.get("note") or FIX["learning_rate"].format(learning_rate=_fmt(rate["plan"]))
+        j.wrong.append(f"the script trains at learning rate {_fmt(rate['observed'])}, the plan "
+                       f"{_fmt(rate['plan'])}: {why}")
     return j
 
 

@@ -408,3 +408,44 @@ def test_deepspeed_planted_mismatches_are_named_from_evidence(tmp_path, case):
         assert "DeepSpeed ignores the JSON's optimizer and learning rate" in lr["note"]
         assert seen["values"]["engine"]["status"] == "equal"
         assert "different: learning_rate 0.0001 (plan 0.002)" in r.stdout
+
+
+ACCELERATE_OWN_ACCUMULATION = """
+import argparse
+import torch, torch.nn as nn, torch.nn.functional as F
+from accelerate import Accelerator
+from torch.utils.data import DataLoader, TensorDataset
+p = argparse.ArgumentParser()
+p.add_argument("--batch_size", type=int, default=16)
+args = p.parse_args()
+accelerator = Accelerator(cpu=True, gradient_accumulation_steps=1)  # the script's own accumulation, explicit
+x = torch.randn(1024, 8)
+model, opt = nn.Linear(8, 1), None
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=args.batch_size)
+model, opt, loader = accelerator.prepare(model, opt, loader)
+for i, (xb, yb) in enumerate(loader):
+    with accelerator.accumulate(model):
+        accelerator.backward(F.mse_loss(model(xb), yb)); opt.step(); opt.zero_grad()
+    if i == 40:
+        break
+"""
+
+
+def test_an_explicit_accelerator_accumulation_is_kept_and_its_effective_batch_named(tmp_path):
+    """The plan (global 32, micro 8, one process) needs accumulation 4; the script fixes Accelerator's at 1. The
+    launch does not override it through the environment (Accelerate would let the variable win) and says so, and
+    the evidence names the effective batch the script really trains: 8, not 32."""
+    script = tmp_path / "acc_own.py"
+    script.write_text(ACCELERATE_OWN_ACCUMULATION)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"training:\n  entrypoint: {script}\n  global_batch_size: 32\n  batch_size_per_gpu: 8\n")
+    r = launch("--config", cfg, "--wire", "auto", "--run_dir", tmp_path / "r", timeout=300)
+    assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS not exported: the script passes gradient_accumulation_steps" in r.stdout
+    seen = json.loads((tmp_path / "r" / "delivery.json").read_text())["observed"]
+    assert seen["effective_batch"] == 8 and seen["values"]["micro_batch_size"]["status"] == "equal"
+    assert (seen["values"]["gradient_accumulation_steps"]["observed"], seen["values"]["gradient_accumulation_steps"]
+            ["plan"]) == (1, 4)
+    # the final lines (the early one comes only when the run outlasts the first checks)
+    assert "warning: the script trains an effective batch of 8 samples per optimizer step, the plan 32" in r.stdout
+    assert seen["values"]["engine"]["status"] == "equal"  # Accelerate's one CPU process is the plan's "single"

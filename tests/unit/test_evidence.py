@@ -123,3 +123,35 @@ def test_a_teardown_that_lingers_after_every_script_returned_is_ended_after_the_
     assert watch.check() == (f"every rank's script returned and its processes still linger "
                              f"{p.engine.exit_barrier_s} s later (distributed.exit_barrier_s)")
     assert watch.cut_teardown and not watch.stopped_strict
+
+
+def test_a_learning_rate_other_than_the_plans_is_a_wrong_training_and_strict_stops_it(tmp_path):
+    """The plan set 0.002; the script's optimizer runs 0.0001 (its own optimizer handed to DeepSpeed, say): named
+    with the fix and, under --strict, a reason to stop. A rate the plan only defaults is the script's own: not wrong."""
+    import io
+
+    from autotune.launch.evidence import ScriptWatch
+
+    j = judge(a_plan(), [record(0, lr=1e-4), record(1, lr=1e-4)])
+    assert j.wrong == ["the script trains at learning rate 0.0001, the plan 0.002: pass 0.002 to your script's "
+                       "learning-rate flag (it is the rate the optimizer should run with, not a base to scale)"]
+    _write(tmp_path, record(0, lr=1e-4), record(1, lr=1e-4))
+    watch = ScriptWatch(a_plan(**{"training.strict": True}), tmp_path, io.StringIO())
+    assert watch.check().startswith("--strict: the script trains at learning rate 0.0001, the plan 0.002")
+    unset = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
+        "training.entrypoint": "train.py", "distributed.nproc_per_node": 2}), deepspeed_installed=False)
+    assert not any("learning rate" in w for w in judge(unset, [record(0, lr=1e-4), record(1, lr=1e-4)]).wrong)
+
+
+def test_one_process_under_a_ddp_wrapper_is_the_single_plan():
+    """World 1: a DDP wrapper (or Accelerate's MULTI_CPU) trains exactly as one process; not another engine."""
+    one = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
+        "training.entrypoint": "train.py", "training.global_batch_size": 32, "training.batch_size_per_gpu": 8}),
+        deepspeed_installed=False)
+    assert (one.engine.backend, one.engine.world_size) == ("single", 1)
+    rec = {**record(0, per_step=32), "process_group": {"backend": "gloo", "world_size": 1}}
+    j = judge(one, [rec])
+    assert j.values["engine"]["status"] == "equal" and j.wrong == []
+    fsdp = judge(one, [{**rec, "engine": "fsdp"}])
+    assert fsdp.values["engine"] == {"status": "different", "observed": "fsdp", "plan": "single",
+                                     "fix": fsdp.values["engine"]["fix"]}

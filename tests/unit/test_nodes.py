@@ -284,7 +284,7 @@ def test_a_bigger_node_planned_for_a_smaller_one_stays_itself():
     assert p.loader.omp_num_threads == 2
 
 
-def _host(hw, cores, ram_mib):
+def _sized(hw, cores, ram_mib):
     return hw.model_copy(update={"cpu": hw.cpu.model_copy(update={"effective_cores": cores}),
                                  "memory": hw.memory.model_copy(update={"effective_mib": ram_mib})})
 
@@ -294,9 +294,9 @@ def test_the_node_with_fewest_gpus_is_lowered_to_every_smaller_figure_of_the_oth
     PCIe, no InfiniBand. The base is node 0 (fewer GPUs); its host figures, link and InfiniBand come down to node 1's,
     each with a reason; GPU i keeps the lower compute capability; node 0's description is replaced, its own
     num_nodes kept. The lines say it by hand."""
-    a = _host(L4, 64, 256 * 1024).model_copy(update={
+    a = _sized(L4, 64, 256 * 1024).model_copy(update={
         "num_nodes": 2, "infiniband": ("mlx5_0",), "gpus": L4.gpus.model_copy(update={"interconnect": "nvlink"})})
-    b = _host(A100_40, 8, 32 * 1024).model_copy(update={
+    b = _sized(A100_40, 8, 32 * 1024).model_copy(update={
         "num_nodes": 2, "infiniband": (), "gpus": A100_40.gpus.model_copy(update={"interconnect": "pcie"})})
     combined, lines = smallest({0: a, 1: b}, me=0)
     assert combined.gpus.count == 4 and combined.num_nodes == 2 and combined.hostname == a.hostname
@@ -330,10 +330,10 @@ def test_what_a_node_line_says_when_a_figure_is_unknown():
     """No GPU; a GPU without a name or memory; RAM unknown; several InfiniBand devices."""
     from autotune.planner.nodes import node_line
 
-    cpu = _host(CPU, 4, None)
+    cpu = _sized(CPU, 4, None)
     assert node_line(cpu) == "no GPU, 4 effective core(s), RAM unknown"
     blind = _gpus(L4, name=None, memory_free_mib=None, memory_total_mib=None)
-    ib = _host(blind, 16, 1536).model_copy(update={"infiniband": ("mlx5_0", "mlx5_1")})
+    ib = _sized(blind, 16, 1536).model_copy(update={"infiniband": ("mlx5_0", "mlx5_1")})
     assert node_line(ib) == "4 GPU(s) ?, memory unknown, 16 effective core(s), 1.5 GiB RAM, InfiniBand mlx5_0/mlx5_1"
     two = L4.model_copy(update={"gpus": L4.gpus.model_copy(update={"devices": (
         L4.gpus.devices[0], L4.gpus.devices[1].model_copy(update={"name": "NVIDIA A10"}))})})
@@ -355,6 +355,6 @@ def test_unknown_figures_never_count_as_the_largest():
     marked = _gpus(L4, name="unknown-memory", memory_free_mib=None, memory_total_mib=None)
     combined, _ = smallest({0: L4, 1: marked}, me=0)
     assert {d.name for d in combined.gpus.devices} == {"unknown-memory"}
-    no_ram = _host(L4, L4.cpu.effective_cores, None).model_copy(update={"description": "node without RAM figure"})
+    no_ram = _sized(L4, L4.cpu.effective_cores, None).model_copy(update={"description": "node without RAM figure"})
     combined, _ = smallest({0: L4, 1: no_ram}, me=0)
     assert combined.memory.effective_mib is None and combined.hostname == L4.hostname
