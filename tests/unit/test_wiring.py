@@ -327,3 +327,25 @@ def test_the_routes_printed_before_a_launch_are_handed_over_not_delivered(tmp_pa
         assert text.startswith(f"How the plan is handed to your script {tail}\n")
         assert "deliver" not in text.lower() and "reaches" not in text
         assert "  micro_batch_size: recognised flag --batch_size" in text
+
+
+def test_every_route_by_hand_for_a_script_that_reads_the_environment(tmp_path):
+    """A script that reads AUTOTUNE_* variables (no flags, no placeholders): each value's route names its variable;
+    world size comes from the launcher; nothing is advisory; the summary has nothing to warn about."""
+    from autotune.exports.wiring import delivery, scan_script
+
+    src = tmp_path / "env.py"
+    src.write_text("import os\n" + "".join(f"x{i} = os.environ['{n}']\n" for i, n in enumerate((
+        "AUTOTUNE_MICRO_BATCH_SIZE", "AUTOTUNE_GRADIENT_ACCUMULATION_STEPS", "AUTOTUNE_LEARNING_RATE",
+        "AUTOTUNE_PRECISION", "AUTOTUNE_NUM_WORKERS"))))
+    facts = scan_script(src)
+    assert facts.path == str(src)
+    d = delivery(a_plan(**{"training.learning_rate": 0.001}), facts, [], {}, [], deepspeed_json=False)
+    assert d.routes == {
+        "micro_batch_size": ["environment (AUTOTUNE_MICRO_BATCH_SIZE, read by the script)"],
+        "gradient_accumulation_steps": ["environment (AUTOTUNE_GRADIENT_ACCUMULATION_STEPS, read by the script)"],
+        "learning_rate": ["environment (AUTOTUNE_LEARNING_RATE, read by the script)"],
+        "precision": ["environment (AUTOTUNE_PRECISION, read by the script)"],
+        "num_workers": ["environment (AUTOTUNE_NUM_WORKERS, read by the script)"],
+        "world_size": ["environment (WORLD_SIZE, RANK, LOCAL_RANK from the launcher)"]}
+    assert d.advisory == [] and d.summary() == []
