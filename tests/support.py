@@ -2,6 +2,7 @@
 
 import importlib
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -21,3 +22,10 @@ def examples(n: int) -> int:
     """Hypothesis examples for a property test: ``n``, or a fifth of it under `make mutation`
     (MUTANT_UNDER_TEST set), where every surviving mutant reruns the property tests (QUALITY.md)."""
     return max(20, n // 5) if os.environ.get("MUTANT_UNDER_TEST") else n
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the tests' rendezvous and master ports)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,6 +1,5 @@
 """Small models for the tracing tests (importable as trace_models:<factory>)."""
 
-import torch
 import torch.nn as nn
 
 

@@ -66,6 +66,11 @@ def _engine(rec: dict) -> str | None:
     return None
 
 
+def _trains_as(engine: str | None, world: int) -> str | None:
+    """One process under a DDP wrapper (or Accelerate's MULTI_CPU) trains exactly as one process: "single"."""
+    return "single" if world == 1 and engine == "ddp" else engine
+
+
 def _precision(rec: dict) -> str | None:
     ds, acc = rec.get("deepspeed"), rec.get("accelerate")
     if ds:
@@ -150,12 +155,8 @@ def judge(plan, observed: list[dict]) -> Judgement:
         acc = first["deepspeed"].get("gradient_accumulation_steps")
     elif (first.get("accelerate") or {}).get("gradient_accumulation_steps"):
         acc = first["accelerate"]["gradient_accumulation_steps"]
-    engine = _engine(first) or ("single" if world == 1 else None)
-    planned_engine = eng.backend
-    if world == 1 and engine == "ddp":  # one process: a DDP wrapper (or Accelerate's MULTI_CPU) trains as "single"
-        engine = "single"
-    if eng.world_size == 1 and planned_engine == "ddp":
-        planned_engine = "single"
+    engine = _trains_as(_engine(first) or ("single" if world == 1 else None), world)
+    planned_engine = _trains_as(eng.backend, eng.world_size)
     lr = _lr(first)
     obs = {"micro_batch_size": (micro, b.micro_batch_size), "gradient_accumulation_steps": (acc, b.gradient_accumulation_steps),
            "learning_rate": (lr, plan.schedule.learning_rate), "precision": (_precision(first), plan.numerics.precision),

@@ -169,7 +169,7 @@ def _fsdp(mod) -> None:
         return
     original = cls.__init__
     if not getattr(original, "_autotune_observed", False):
-        count = _guarded("FullyShardedDataParallel.__init__")(lambda module: _params(module))
+        count = _guarded("FullyShardedDataParallel.__init__")(_params)
 
         @functools.wraps(original)
         def counted(self, module=None, *a, **k):  # before wrapping: FSDP flattens (and shards) the parameters

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from dist_util import metric_rows
-from support import ROOT
+from support import ROOT, free_port
 
 LONG = """
 model: {n_layer: 1, n_head: 2, n_embd: 32}
@@ -219,11 +219,7 @@ def test_sigterm_to_one_node_of_two_stops_both_nodes_at_one_checkpoint(tmp_path)
     """Two nodes on this machine (one rank each, a shared run directory as on a shared file system). SIGTERM to
     node 1's launcher alone (its scheduler preempting that node): node 1's rank stops after its step, the ranks
     agree, both save their share of one checkpoint, and both launchers exit 75; no process is left running."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cfg = tmp_path / "two.yaml"
     cfg.write_text(LONG.replace("GRACE", "60"))
     run = tmp_path / "two"

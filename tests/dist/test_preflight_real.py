@@ -6,7 +6,7 @@ import subprocess
 import time
 
 import pytest
-from support import ROOT
+from support import ROOT, free_port
 
 
 def _launch(*args, timeout=120):
@@ -18,11 +18,6 @@ def _launch(*args, timeout=120):
     return r, time.monotonic() - start
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.parametrize("node", [0, 1])
 def test_a_lone_node_gives_up_within_its_rendezvous_budget_and_says_why(small_config, tmp_path, node):
@@ -31,7 +26,7 @@ def test_a_lone_node_gives_up_within_its_rendezvous_budget_and_says_why(small_co
     cfg = tmp_path / "c.yaml"
     cfg.write_text(small_config.read_text() + "distributed: {rendezvous_timeout_s: 20}\n")
     r, took = _launch("--config", cfg, "--run_dir", tmp_path / "lone", "--num_nodes", 2, "--node_rank", node,
-                      "--master_addr", "127.0.0.1", "--master_port", _free_port(), "--nproc_per_node", 1)
+                      "--master_addr", "127.0.0.1", "--master_port", free_port(), "--nproc_per_node", 1)
     assert r.returncode == 2 and took <= 20 + 10, (r.returncode, took)
     assert "meets the others at 127.0.0.1:" in r.stdout and "waits up to 20 s" in r.stdout
     said = ("node(s) 1 of 2 did not join at 127.0.0.1:" if node == 0 else

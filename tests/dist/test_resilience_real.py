@@ -129,6 +129,7 @@ def test_a_rank_aborting_after_its_script_returned_is_reported_as_teardown_not_a
     script.write_text(LINGERS.replace(
         "    threading.Thread(target=time.sleep, args=(600,)).start()",
         "    import atexit; atexit.register(os.abort)  # after the script's main module has finished"))
+    assert "atexit.register(os.abort)" in script.read_text()  # the planted abort, not the lingering thread
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"training:\n  entrypoint: {script}\n  global_batch_size: 32\n")
     r = launch("--config", cfg, "--nproc_per_node", 2, "--run_dir", tmp_path / "run", timeout=240)

@@ -10,14 +10,12 @@ two-node path is covered by the two-launcher tests in test_launch_real.py.
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from support import ROOT
+from support import ROOT, free_port
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -37,11 +35,6 @@ def _install() -> None:
         if r.returncode != 0:
             _unavailable(f"{' '.join(cmd)} failed: {r.stderr[-500:]}")
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(cond, timeout: float, what: str) -> None:
@@ -79,8 +72,8 @@ StateSaveLocation={d}/state
 SlurmdSpoolDir={d}/spool
 SlurmctldPidFile={d}/slurmctld.pid
 SlurmdPidFile={d}/slurmd.pid
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres

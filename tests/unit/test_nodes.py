@@ -12,6 +12,7 @@ from autotune.launch.nodes import exchange, meet
 from autotune.planner.nodes import smallest
 from autotune.planner import plan
 from autotune.profiles import load_profile
+from support import free_port
 
 A100_80 = load_profile("4xA100-80GB")
 A100_40 = load_profile("8xA100-40GB")
@@ -124,11 +125,6 @@ def test_a_smaller_cpu_node_lowers_cores_and_ram():
     assert "1 effective core(s), 2.0 GiB RAM" in lines[0]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _nodes(profiles, port, timeout_s=20.0):
     """Run ``exchange`` for each node rank in its own thread (one process, real sockets)."""
@@ -149,7 +145,7 @@ def _nodes(profiles, port, timeout_s=20.0):
 
 
 def test_every_node_receives_every_profile_and_node_0_frees_the_port():
-    port = _free_port()
+    port = free_port()
     out, errors = _nodes({0: L4, 1: CPU, 2: A100_40}, port)
     assert errors == {}
     assert all(got == {0: L4, 1: CPU, 2: A100_40} for got in out.values()) and sorted(out) == [0, 1, 2]
@@ -160,15 +156,15 @@ def test_every_node_receives_every_profile_and_node_0_frees_the_port():
 
 def test_a_lone_node_0_names_the_missing_nodes_and_a_lone_node_1_names_node_0():
     with pytest.raises(UserError, match=r"node\(s\) 1, 2 of 3 did not join at 127.0.0.1:\d+ within 1 s"):
-        meet(3, 0, "127.0.0.1", _free_port(), CPU, 1.0, poll_s=0.02)
+        meet(3, 0, "127.0.0.1", free_port(), CPU, 1.0, poll_s=0.02)
     with pytest.raises(UserError, match=r"node 1 of 2 could not reach node 0 at 127.0.0.1:\d+ within 1 s .*"
                                         r"127.0.0.1 is this machine, so node 0 must run here too"):
-        meet(2, 1, "127.0.0.1", _free_port(), CPU, 1.0)
+        meet(2, 1, "127.0.0.1", free_port(), CPU, 1.0)
 
 
 def test_two_nodes_claiming_one_rank_are_refused():
     """Node 0 joined by two nodes that both say they are node 1 (a copy-pasted --node_rank)."""
-    port = _free_port()
+    port = free_port()
     results = []
 
     def twin():
@@ -205,7 +201,7 @@ def _node_0_launch_beside(mine, peer, tmp_path):
     from autotune.launch import _with_the_other_nodes
     from autotune.prepare import prepare
 
-    port = _free_port()
+    port = free_port()
     over = {"distributed.num_nodes": 2, "distributed.node_rank": 0, "distributed.master_addr": "127.0.0.1",
             "distributed.master_port": port, "distributed.rendezvous_timeout_s": 30}
     planned = functools.partial(prepare, TrainConfig(), over, environ={}, runs_root=tmp_path)
@@ -244,7 +240,7 @@ def test_a_node_whose_node_0_gives_up_says_so_in_one_line():
     """3 nodes expected, node 2 never comes: node 0 gives up after 8 s naming node 2; node 1 then loses
     node 0 and says so in one line, without the C++ store's stack frames. Both through the launcher's
     child process (each starts torch at about the same time, well inside node 0's 8 s)."""
-    port = _free_port()
+    port = free_port()
     gave_up = []
     host = threading.Thread(target=lambda: gave_up.append(pytest.raises(UserError, exchange, 3, 0, "127.0.0.1",
                                                                         port, CPU, 8.0)))
@@ -355,6 +351,8 @@ def test_unknown_figures_never_count_as_the_largest():
     marked = _gpus(L4, name="unknown-memory", memory_free_mib=None, memory_total_mib=None)
     combined, _ = smallest({0: L4, 1: marked}, me=0)
     assert {d.name for d in combined.gpus.devices} == {"unknown-memory"}
-    no_ram = _sized(L4, L4.cpu.effective_cores, None).model_copy(update={"description": "node without RAM figure"})
+    no_ram = _sized(L4, L4.cpu.effective_cores, None)
+    no_ram = no_ram.model_copy(update={"memory": no_ram.memory.model_copy(update={"total_mib": 12345})})
     combined, _ = smallest({0: L4, 1: no_ram}, me=0)
     assert combined.memory.effective_mib is None and combined.hostname == L4.hostname
+    assert combined.memory.total_mib == 12345  # the base is the node whose RAM is unknown

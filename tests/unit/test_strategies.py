@@ -6,7 +6,6 @@ CUDA context 600 MiB, NCCL 256 MiB with more than one rank, host margin 1.5, hos
 0.85; DeepSpeed buckets: 10M elements per GiB of GPU memory, two buckets of 2-byte elements).
 """
 
-import math
 
 import pytest
 from hypothesis import HealthCheck, given, settings
