@@ -449,3 +449,35 @@ def test_an_explicit_accelerator_accumulation_is_kept_and_its_effective_batch_na
     # the final lines (the early one comes only when the run outlasts the first checks)
     assert "warning: the script trains an effective batch of 8 samples per optimizer step, the plan 32" in r.stdout
     assert seen["values"]["engine"]["status"] == "equal"  # Accelerate's one CPU process is the plan's "single"
+
+
+OWN_LR_DEFAULT = """
+import argparse
+import torch, torch.nn as nn, torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+p = argparse.ArgumentParser()
+p.add_argument("--batch_size", type=int, default=16)
+p.add_argument("--learning_rate", type=float, default=1e-4)
+args = p.parse_args()
+x = torch.randn(512, 8)
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=args.learning_rate)
+for xb, yb in DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=args.batch_size):
+    F.mse_loss(model(xb), yb).backward(); opt.step(); opt.zero_grad()
+"""
+
+
+def test_a_scripts_own_learning_rate_default_is_what_it_runs_when_the_config_sets_none(tmp_path):
+    """The config sets no learning rate: under --wire auto the script gets its batch size and no --learning_rate
+    (autotune's built-in default is not the user's), and its optimizer runs at its own 1e-4, observed as its own."""
+    script = tmp_path / "own_lr.py"
+    script.write_text(OWN_LR_DEFAULT)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"training:\n  entrypoint: {script}\n  global_batch_size: 8\n  batch_size_per_gpu: 8\n")
+    r = launch("--config", cfg, "--wire", "auto", "--run_dir", tmp_path / "r")
+    argv = json.loads((tmp_path / "r" / "command.json").read_text())["argv"]
+    assert argv[-2:] == ["--batch_size", "8"] and "--learning_rate" not in argv
+    seen = json.loads((tmp_path / "r" / "delivery.json").read_text())["observed"]
+    assert seen["values"]["learning_rate"] == {"status": "yours", "observed": 1e-4, "plan": None}
+    assert seen["values"]["micro_batch_size"]["status"] == "equal" and seen["wrong"] == []
+    assert "learning rate" not in r.stdout.split("Done.")[-1]

@@ -44,6 +44,17 @@ def test_a_user_scripts_plan_counts_steps_only_when_its_data_is_described(tmp_pa
     assert described.schedule.steps_per_epoch is not None
 
 
+def test_a_user_scripts_printed_plan_says_its_steps_are_unknown(cli, tmp_path):
+    """What `autotune plan` prints for a script whose data is not described: no figure of the built-in workload."""
+    (tmp_path / "s.py").write_text("print(1)\n")
+    (tmp_path / "c.yaml").write_text("training:\n  entrypoint: s.py\n")
+    r = cli("autotune", "plan", "--config", str(tmp_path / "c.yaml"), "--hardware", "cpu-only", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = {ln.split(":", 1)[0]: ln for ln in r.stdout.splitlines() if ln.startswith(("Steps per epoch", "Total steps"))}
+    assert "unknown: your script's data is not described (set data.num_samples" in lines["Steps per epoch"]
+    assert lines["Total steps"].split()[-1] == "unknown"
+
+
 def test_a_resume_with_another_layout_continues_at_the_same_sample():
     """Saved at micro 16 x accumulation 2, resumed at 8 x 4, world size 1, 108 samples an epoch (6 whole
     micro-batches of 16, 13 of 8: each layout drops its own partial one). Wherever it was saved (inside epoch 1,

@@ -59,6 +59,7 @@ def test_fsdp_autocast_a_grad_scaler_and_the_parameter_count_are_recorded(tmp_pa
     assert rec["process_group"]["backend"] == "gloo" and rec["process_group"]["world_size"] == 1
     assert [o["class"] for o in rec["optimizers"]] == ["AdamW"] and rec["optimizers"][0]["lr"] == [0.01]
     assert rec["dataloaders"][0]["batch_size"] == 4 and rec["steps"] == 3 and rec["samples"] == 12
+    assert rec["dataloaders"][0]["distributed"] is False  # a plain sampler (a DistributedSampler says True)
     assert rec["returned"] is True and rec["raised"] is None and rec["hook_errors"] == []
 
 
