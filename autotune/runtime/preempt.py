@@ -24,7 +24,11 @@ class StopRequest:
     """The stop signals are blocked in every thread and received by one thread in ``sigwait``:
     a Python signal handler would only run when the main thread returns to the interpreter, never
     while it waits inside a collective for a hung peer, and then the grace budget could not be
-    enforced."""
+    enforced.
+
+    One receiving thread serves the whole process and hands each signal to the run in progress
+    (``_current``). A thread per run would outlive its run, still waiting in ``sigwait``, and
+    could take the next in-process run's signal (a notebook or a test calling ``train`` twice)."""
 
     def __init__(self, grace_s: float):
         self.grace_s = grace_s
@@ -33,29 +37,32 @@ class StopRequest:
         self._blocked = False
 
     def install(self) -> "StopRequest":
+        global _current
         if threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask"):
+            _current = self
+            _start_receiver()
             # Before torch, gloo or DataLoader start threads of their own: they inherit the mask.
             signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             self._blocked = True
-            threading.Thread(target=self._receive, daemon=True, name="autotune-signals").start()
         return self
 
     def restore(self) -> None:
+        global _current
         self.finished.set()
         if self._blocked:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
             self._blocked = False
+            if _current is self:
+                _current = None
 
-    def _receive(self) -> None:
-        while True:
-            signum = signal.sigwait(STOP_SIGNALS)
-            if self.signum == signal.SIGINT and signum == signal.SIGINT and not self.finished.is_set():
-                print("autotune: second Ctrl-C: stopping now, without a checkpoint", file=sys.stderr, flush=True)
-                os._exit(130)
-            if self.signum or self.finished.is_set():
-                continue  # repeats: SLURM and torchrun both deliver one
-            self.signum = signum
-            threading.Thread(target=self._watchdog, daemon=True, name="autotune-grace").start()
+    def receive(self, signum: int) -> None:
+        if self.signum == signal.SIGINT and signum == signal.SIGINT and not self.finished.is_set():
+            print("autotune: second Ctrl-C: stopping now, without a checkpoint", file=sys.stderr, flush=True)
+            os._exit(130)
+        if self.signum or self.finished.is_set():
+            return  # repeats: SLURM and torchrun both deliver one
+        self.signum = signum
+        threading.Thread(target=self._watchdog, daemon=True, name="autotune-grace").start()
 
     def _watchdog(self) -> None:
         if self.finished.wait(self.grace_s):
@@ -72,6 +79,34 @@ class StopRequest:
         flag = torch.tensor([self.signum], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag.item())
+
+
+_current: StopRequest | None = None  # the run whose stop signals the receiver hands on
+_receiver: threading.Thread | None = None
+
+
+def _start_receiver() -> None:
+    """The process's one receiving thread, started blocked (a thread inherits its creator's mask, and the
+    signals must reach it only through ``sigwait``)."""
+    global _receiver
+    if _receiver is not None and _receiver.is_alive():
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        _receiver = threading.Thread(target=_receive, daemon=True, name="autotune-signals")
+        _receiver.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _receive() -> None:
+    while True:
+        signum = signal.sigwait(STOP_SIGNALS)
+        run = _current
+        if run is not None:
+            run.receive(signum)
+        # No run in progress: the signals are unblocked in the main thread again, which the kernel prefers for
+        # a signal sent to the process; one caught here in between belongs to a run that has finished.
 
 
 def ignore_stop_signals() -> None:

@@ -1,0 +1,198 @@
+"""The built-in workload's loop run in this process (one rank, CPU): what it logs, saves, resumes from, and how
+a stop signal ends it. The multi-process launches in tests/dist cover the same loop across ranks; these runs take
+about a second each, so mutation testing can use them for the runtime's loop, checkpoints and preemption."""
+
+import json
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from autotune.config import TrainConfig, apply_overrides
+from autotune.planner import plan as make_plan
+from autotune.profiles import load_profile
+from autotune.runtime import preempt
+from autotune.runtime.loop import _forget_after, _injection, train
+
+SMALL = {"data.num_samples": 256, "data.num_val_samples": 64, "data.num_workers": 0,
+         "training.global_batch_size": 32, "training.batch_size_per_gpu": 16, "training.warmup_steps": 2,
+         "logging.tensorboard": False, "model.n_layer": 1, "model.n_embd": 32, "model.n_head": 2}
+
+
+def small_plan(tmp_path, resume_from=None, **overrides):
+    cfg = apply_overrides(TrainConfig(), {**SMALL, **overrides})
+    p = make_plan(load_profile("cpu-only"), cfg, deepspeed_installed=False)
+    return p.model_copy(update={"run": p.run.model_copy(update={"resume_from": resume_from})}) if resume_from else p
+
+
+def to_receiver(signum):
+    """The signal, to the thread that receives the stop signals. Sent to the whole process it could land in a
+    thread this test process started before any run blocked the signals (the ranks of a launch block them before
+    they start threads; tests/dist signals whole processes)."""
+    signal.pthread_kill(preempt._receiver.ident, signum)
+
+
+def lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("AUTOTUNE_INJECT_OOM", raising=False)
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_run_logs_evaluates_saves_and_returns_its_last_figures(tmp_path):
+    """6 steps of micro 16 x accumulation 2, logged every 2 (and at step 1), evaluated every 3, saved every 3 and
+    kept 1: metrics.jsonl has each of those steps once, one checkpoint is left (step 6, 6 x 2 micro-batches
+    consumed), and what train returns is the last record, which metrics.json repeats."""
+    p = small_plan(tmp_path, **{"training.max_steps": 6, "training.log_every_steps": 2,
+                                "training.eval_every_steps": 3, "checkpoint.save_every_steps": 3,
+                                "checkpoint.keep_last": 1})
+    assert (p.batch.micro_batch_size, p.batch.gradient_accumulation_steps) == (16, 2)
+    final = train(p, tmp_path)
+    rows = lines(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 4, 6]
+    assert [r["step"] for r in rows if "val/loss" in r] == [3, 6]
+    assert all(r["val/samples"] == 64 for r in rows if "val/loss" in r)  # every validation sample once
+    assert rows[-1] == {"step": 6, **final}
+    summary = json.loads((tmp_path / "metrics.json").read_text())
+    assert summary["steps"] == 6 and summary["final"] == final and len(summary["history"]) == len(rows)
+    step_6 = [r for r in rows if r["step"] == 6 and "train/loss" in r][0]
+    assert step_6["train/epoch"] == pytest.approx(6 * 32 / 256)
+    assert 0 < step_6["train/lr"] <= 0.003
+    kept = sorted(d.name for d in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["step-00000006"], kept
+    meta = json.loads((tmp_path / "checkpoints" / kept[0] / "meta.json").read_text())
+    assert (meta["step"], meta["micro_batches_consumed"], meta["micro_batch_size"]) == (6, 12, 16)
+
+
+def test_a_resume_continues_after_its_step_and_logs_each_step_once(tmp_path, capsys):
+    """Run 4 steps saving at 2 and 4, resume from step 2 at another layout (8 x 4): the run goes on at step 3,
+    the entries logged after step 2 move to metrics.superseded.jsonl, resumes.jsonl records the resume, and the
+    stream continues at the same sample: 64 samples at the checkpoint, 192 at step 6 (24 micro-batches of 8)."""
+    first = small_plan(tmp_path, **{"training.max_steps": 4, "training.log_every_steps": 1,
+                                    "checkpoint.save_every_steps": 2})
+    train(first, tmp_path)
+    ckpt = tmp_path / "checkpoints" / "step-00000002"
+    again = small_plan(tmp_path, resume_from=str(ckpt), **{
+        "training.max_steps": 6, "training.log_every_steps": 1, "checkpoint.save_every_steps": 2,
+        "training.batch_size_per_gpu": 8})
+    assert (again.batch.micro_batch_size, again.batch.gradient_accumulation_steps) == (8, 4)
+    train(again, tmp_path)
+    out = capsys.readouterr().out
+    assert f"resumed at step 2 from {ckpt}" in out
+    steps = [r["step"] for r in lines(tmp_path / "metrics.jsonl") if "train/loss" in r]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in lines(tmp_path / "metrics.superseded.jsonl")] == [3, 4, 4]  # step 4: loss, eval
+    (resume,) = lines(tmp_path / "resumes.jsonl")
+    assert (resume["step"], resume["checkpoint"]) == (2, str(ckpt))
+    meta = json.loads((tmp_path / "checkpoints" / "step-00000006" / "meta.json").read_text())
+    assert (meta["micro_batches_consumed"], meta["micro_batch_size"]) == (24, 8)  # (2 x 32 + 4 x 32) / 8
+
+
+def test_a_stop_signal_ends_the_run_after_its_step_with_one_checkpoint(tmp_path, capsys):
+    """SIGTERM while it trains: the step in progress finishes, one checkpoint is written at that
+    step, and train returns what was preempted; the signals are this process's own again afterwards."""
+    p = small_plan(tmp_path, **{"training.max_steps": 100000, "training.log_every_steps": 1,
+                                "checkpoint.save_every_steps": 100000, "training.eval_every_steps": 100000})
+    jsonl = tmp_path / "metrics.jsonl"
+
+    def signal_after_a_step():
+        deadline = time.monotonic() + 60
+        while not jsonl.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        to_receiver(signal.SIGTERM)
+
+    threading.Thread(target=signal_after_a_step, daemon=True).start()
+    result = train(p, tmp_path)
+    assert result["preempted"] is True and result["signal"] == "SIGTERM"
+    step = result["step"]
+    assert 1 <= step < 100000
+    (kept,) = list((tmp_path / "checkpoints").iterdir())
+    assert result["checkpoint"] == str(kept) and kept.name == f"step-{step:08d}"
+    assert f"autotune: SIGTERM: stopped after step {step}/100000; checkpoint: {kept}" in capsys.readouterr().out
+    assert not (tmp_path / "metrics.json").exists()  # a stopped run has no final summary
+    assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_a_second_run_in_one_process_receives_its_own_stop_signal():
+    """One receiving thread serves the process: after a run has finished, a signal during the next run reaches
+    the next run (a finished run's thread waiting in sigwait once could take it, and the run never stopped)."""
+    first = preempt.StopRequest(60).install()
+    first.restore()
+    second = preempt.StopRequest(60).install()
+    try:
+        to_receiver(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while not second.signum and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (first.signum, second.signum) == (0, signal.SIGUSR1)
+        to_receiver(signal.SIGTERM)  # a repeat is ignored: the first signal stands
+        time.sleep(0.1)
+        assert second.signum == signal.SIGUSR1
+    finally:
+        second.restore()
+    assert sum(t.name == "autotune-signals" for t in threading.enumerate()) == 1
+
+
+def test_an_injected_out_of_memory_halves_the_micro_batch_and_keeps_the_global_batch(tmp_path, monkeypatch, capsys):
+    """AUTOTUNE_INJECT_OOM=0:2:8 (rank 0 runs out from step 2 whenever a piece has more than 8 rows): step 2 is
+    retried at micro 8 x accumulation 4, recorded once in backoff.jsonl, and the run finishes."""
+    monkeypatch.setenv("AUTOTUNE_INJECT_OOM", "0:2:8")
+    p = small_plan(tmp_path, **{"training.max_steps": 3, "training.log_every_steps": 1})
+    train(p, tmp_path)
+    (row,) = lines(tmp_path / "backoff.jsonl")
+    assert row == {"step": 2, "ranks": [0], "micro_batch_size": 8, "gradient_accumulation_steps": 4,
+                   "was_micro_batch_size": 16}
+    assert ("out of memory on rank 0 at step 2 with micro-batch 16: every rank retries the step with micro-batch "
+            "8 x accumulation 4 (global batch unchanged)") in capsys.readouterr().out
+    assert [r["step"] for r in lines(tmp_path / "metrics.jsonl") if "train/loss" in r] == [1, 2, 3]
+
+
+def test_out_of_memory_at_micro_batch_1_is_a_clear_error(tmp_path, monkeypatch):
+    from autotune.errors import UserError
+
+    monkeypatch.setenv("AUTOTUNE_INJECT_OOM", "0:1:0")
+    p = small_plan(tmp_path, **{"training.max_steps": 2, "training.batch_size_per_gpu": 1,
+                                "training.global_batch_size": 1})
+    with pytest.raises(UserError, match="out of memory on rank 0 at step 1 with micro-batch 1: nothing smaller"):
+        train(p, tmp_path)
+
+
+def test_the_injection_spec_names_one_rank_and_anything_else_injects_nothing():
+    assert _injection("1:5:3", 1) == (5, 3)
+    assert _injection("1:5:3", 0) == (10**12, 0)  # another rank: never from any step it reaches
+    assert _injection("", 0) is None and _injection("1:x:3", 1) is None and _injection("1:2", 1) is None
+
+
+def test_forgetting_after_a_step_moves_later_entries_and_keeps_unreadable_lines(tmp_path):
+    jsonl = tmp_path / "metrics.jsonl"
+    jsonl.write_text('{"step": 1}\n{"step": 2}\nnot json\n{"step": 3, "x": 1}\n[4]\n')
+    _forget_after(jsonl, 2)
+    assert jsonl.read_text() == '{"step": 1}\n{"step": 2}\nnot json\n[4]\n'
+    assert (tmp_path / "metrics.superseded.jsonl").read_text() == '{"step": 3, "x": 1}\n'
+    _forget_after(jsonl, 2)  # nothing later: nothing moved, nothing appended
+    assert (tmp_path / "metrics.superseded.jsonl").read_text() == '{"step": 3, "x": 1}\n'
+    _forget_after(tmp_path / "absent.jsonl", 0)
+    assert not (tmp_path / "absent.jsonl").exists()
+
+
+def test_a_restart_by_torchrun_resumes_from_the_newest_good_checkpoint(tmp_path, monkeypatch, capsys):
+    """TORCHELASTIC_RESTART_COUNT > 0 (torchrun's --max_restarts): the run goes on from the newest checkpoint
+    that verifies, and says so; with none yet it starts over and says that."""
+    p = small_plan(tmp_path, **{"training.max_steps": 2, "checkpoint.save_every_steps": 1})
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    train(p, tmp_path / "fresh")
+    assert "autotune: restart 1: no checkpoint yet, starting over" in capsys.readouterr().out
+    later = small_plan(tmp_path, **{"training.max_steps": 3, "checkpoint.save_every_steps": 1})
+    train(later, tmp_path / "fresh")
+    newest = tmp_path / "fresh" / "checkpoints" / "step-00000002"
+    out = capsys.readouterr().out
+    assert f"autotune: restart 1: resuming from {newest}" in out and "resumed at step 2" in out
