@@ -247,6 +247,7 @@ def test_an_explicit_accelerator_accumulation_is_not_overridden_by_the_environme
     setup = prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={})
     assert setup.plan.batch.gradient_accumulation_steps == 4
     assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in setup.launch_spec.env
+    assert set(setup.launch_spec.env_sources) == set(setup.launch_spec.env)  # no source for a withheld variable
     assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" in setup.delivery.withheld
     assert not any("ACCELERATE_GRADIENT" in r for r in setup.delivery.routes["gradient_accumulation_steps"])
     assert any(line.startswith("ACCELERATE_GRADIENT_ACCUMULATION_STEPS not exported: the script passes")
