@@ -53,7 +53,7 @@ def _expand_one(expr: str) -> list[str]:
         lo, hi = r.group(1), r.group(2) or r.group(1)
         if int(hi) < int(lo):
             raise ValueError(f"descending range {part!r}")
-        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+        width = len(lo) if lo.startswith("0") else 0  # zero padding kept; without it, no number is shorter than lo
         for n in range(int(lo), int(hi) + 1):
             out.extend(_expand_one(f"{head}{str(n).zfill(width)}{tail}"))
     return out
@@ -99,15 +99,12 @@ def allocation(environ: Mapping[str, str]) -> Allocation | None:
     job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
     if not job:
         return None
-    src: dict[str, str] = {}
-
     def num(*names: str) -> int | None:
         for n in names:
             v = environ.get(n)
             if v is not None and v.strip():
                 if not (v.strip().isascii() and v.strip().isdigit()):
                     raise UserError(f"{n}={v!r}: expected a whole number (is this a SLURM allocation?)")
-                src.setdefault(n, v)
                 return int(v)
         return None
 

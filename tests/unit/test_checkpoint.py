@@ -194,3 +194,19 @@ def test_resuming_from_an_older_checkpoint_sets_the_later_ones_aside(tmp_path, c
     other.mkdir(parents=True)
     set_aside_abandoned(types.SimpleNamespace(plan=plan, resume_path=other, run_dir=tmp_path))
     assert latest_checkpoint(tmp_path).name == "step-00000030"
+
+
+def test_a_checkpoint_without_checksums_still_needs_this_ranks_random_state_at_its_own_world_size(tmp_path):
+    """A checkpoint written before checksums existed: the manager checks the rank's random-number state itself,
+    and only when the checkpoint was saved at this world size (at another, the ranks' states are not this
+    layout's, and a resume at another world size starts them afresh)."""
+    eng = engine_for()
+    mgr = CheckpointManager(tmp_path, CTX)
+    path = mgr.save(eng, 1, consumed=4)
+    (path / "checksums.json").unlink()
+    assert mgr.verify(path) == []
+    (path / "rng-rank0.pt").unlink()
+    assert mgr.verify(path) == [f"{path / 'rng-rank0.pt'}: missing"]
+    meta = json.loads((path / "meta.json").read_text())
+    (path / "meta.json").write_text(json.dumps({**meta, "world_size": 2}))
+    assert mgr.verify(path) == []

@@ -21,15 +21,42 @@ from autotune.hardware.slurm import allocation, expand_hostlist, gpus_per_node
     ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
     ("a,b[2-3],c", ["a", "b2", "b3", "c"]),
     ("10.0.0.1", ["10.0.0.1"]),
+    ("n[09-100]", [f"n{i:02d}" for i in range(9, 101)]),  # padded to lo's width; 100 is wider
+    ("n[98-100]", ["n98", "n99", "n100"]),
 ])
 def test_hostlists_expand_as_scontrol_does(text, hosts):
     assert expand_hostlist(text) == hosts
 
 
-@pytest.mark.parametrize("bad", ["node[01-", "node]1[", "node[3-1]", "node[a-b]"])
-def test_malformed_hostlists_are_errors(bad):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("bad, why", [("node[01-", "unbalanced '['"), ("node]1[", "unbalanced ']'"),
+                                      ("node[3-1]", "descending range '3-1'"), ("node[a-b]", "bad range 'a-b'")])
+def test_malformed_hostlists_are_errors_that_say_what_is_wrong(bad, why):
+    with pytest.raises(ValueError) as e:
         expand_hostlist(bad)
+    assert str(e.value) == why
+    with pytest.raises(UserError) as e:
+        allocation({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": bad})
+    assert str(e.value) == f"SLURM_JOB_NODELIST={bad!r}: cannot expand it ({why})"
+
+
+def test_a_hostlist_is_bounded_at_100000_hosts():
+    assert len(expand_hostlist("n[1-100000]")) == 100_000
+    with pytest.raises(ValueError, match="more than 100000 hosts"):
+        expand_hostlist("n[1-100000],m")
+
+
+def test_the_older_variable_names_are_read_when_the_newer_are_absent():
+    """SLURM_JOBID, SLURM_NODELIST, SLURM_NNODES and SLURM_GPUS_PER_NODE, which older SLURM sets (and newer
+    still sets beside the SLURM_JOB_* names); with neither a count nor a list, one node."""
+    old = {"SLURM_JOBID": "9", "SLURM_NODELIST": "gpu[1-3]", "SLURM_NNODES": "3", "SLURM_NODEID": "2",
+           "SLURM_GPUS_PER_NODE": "gpu:a100:8,gpu:v100:2"}
+    a = allocation(old)
+    assert (a.job_id, a.hosts, a.num_nodes, a.node_rank, a.gpus_per_node) == ("9", ("gpu1", "gpu2", "gpu3"), 3, 2, 8)
+    assert a.sources["num_nodes"] == "SLURM_NNODES" and a.sources["master_addr"] == "first host of SLURM_JOB_NODELIST (gpu[1-3])"
+    bare = allocation({"SLURM_JOB_ID": "9"})
+    assert (bare.num_nodes, bare.node_rank, bare.hosts, bare.gpus_per_node) == (1, 0, ("127.0.0.1",), None)
+    assert bare.sources == {"num_nodes": "SLURM_JOB_NODELIST", "node_rank": "default 0",
+                            "master_addr": "no SLURM_JOB_NODELIST: 127.0.0.1"}
 
 
 @pytest.mark.parametrize("name, value", [("SLURM_JOB_NUM_NODES", "two"), ("SLURM_NODEID", "²"),
