@@ -1,7 +1,9 @@
 """Delivery from evidence, by hand: observed records (as autotune.runtime.observe writes them) against a plan."""
 
+import pytest
+
 from autotune.config import TrainConfig, apply_overrides
-from autotune.launch.evidence import judge
+from autotune.launch.evidence import Judgement, _engine, _fmt, _lr, _micro, _per_step_samples, _precision, judge
 from autotune.planner import plan
 from autotune.profiles import load_profile
 
@@ -155,3 +157,117 @@ def test_one_process_under_a_ddp_wrapper_is_the_single_plan():
     fsdp = judge(one, [{**rec, "engine": "fsdp"}])
     assert fsdp.values["engine"] == {"status": "different", "observed": "fsdp", "plan": "single",
                                      "fix": fsdp.values["engine"]["fix"]}
+
+
+# What each reader takes from one rank's record, as the observer writes it (tests/unit/test_observer.py shows a
+# real script's record; these are its fields one at a time).
+
+
+@pytest.mark.parametrize("rec, engine", [
+    ({"engine": "deepspeed"}, "deepspeed"),
+    ({"accelerate": {"distributed_type": "DistributedType.DEEPSPEED"}}, "deepspeed"),
+    ({"engine": "fsdp"}, "fsdp"),
+    ({"accelerate": {"distributed_type": "FSDP"}}, "fsdp"),
+    ({"engine": "ddp"}, "ddp"),
+    ({"accelerate": {"distributed_type": "DistributedType.MULTI_GPU"}}, "ddp"),
+    ({"accelerate": {"distributed_type": "MULTI_CPU"}}, "ddp"),
+    ({"accelerate": {"distributed_type": "NO"}}, None),
+    ({"accelerate": {"distributed_type": None}}, None),
+    ({}, None),
+])
+def test_the_engine_a_record_names(rec, engine):
+    assert _engine(rec) == engine
+
+
+@pytest.mark.parametrize("rec, precision", [
+    ({"deepspeed": {"bfloat16": True}}, "bf16"),
+    ({"deepspeed": {"fp16": True}}, "fp16"),
+    ({"deepspeed": {"lr": [1e-3]}}, "fp32"),
+    ({"accelerate": {"mixed_precision": "no"}, "autocast": "bfloat16"}, "fp32"),  # Accelerate's word first
+    ({"accelerate": {"mixed_precision": "bf16"}}, "bf16"),
+    ({"accelerate": {"mixed_precision": "fp8"}}, "fp8"),
+    ({"accelerate": {"mixed_precision": "None"}, "autocast": "float16"}, "fp16"),
+    ({"autocast": "bfloat16"}, "bf16"),
+    ({"grad_scaler": True}, "fp16"),
+    ({"steps": 3}, "fp32"),
+    ({}, None),
+])
+def test_the_precision_a_record_names(rec, precision):
+    assert _precision(rec) == precision
+
+
+@pytest.mark.parametrize("rec, micro", [
+    ({"deepspeed": {"train_micro_batch_size_per_gpu": 6}, "dataloaders": [{"batch_size": 9}]}, 6),
+    ({"dataloaders": [{"batch_size": 64}, {"batch_size": 8, "distributed": True}]}, 8),  # the sharded loader
+    ({"dataloaders": [{"batch_size": 64}, {"batch_size": 8}]}, 64),  # else the first
+    ({"dataloaders": []}, None),
+    ({}, None),
+])
+def test_the_micro_batch_a_record_names(rec, micro):
+    assert _micro(rec) == micro
+
+
+@pytest.mark.parametrize("rec, lr", [
+    ({"deepspeed": {"lr": [2e-4]}, "optimizers": [{"lr": [9.0]}]}, 2e-4),
+    ({"deepspeed": {"lr": []}, "optimizers": [{"lr": [3e-4]}]}, 3e-4),
+    ({"optimizers": [{"lr": [1.0]}, {"lr": [5e-4], "lr_peak": [1e-3]}]}, 1e-3),  # the last optimizer's peak
+    ({"optimizers": [{"lr": [5e-4]}]}, 5e-4),
+    ({"optimizers": [{"lr": []}]}, None),
+    ({"optimizers": []}, None),
+])
+def test_the_learning_rate_a_record_names(rec, lr):
+    assert _lr(rec) == lr
+
+
+@pytest.mark.parametrize("rec, per_step", [
+    ({"samples_at_step": {"1": 100, "2": 132, "4": 196}}, 32.0),  # step 1 carries what was loaded before
+    ({"samples_at_step": {"1": 100, "3": 164, "5": 228}}, 32.0),  # from the first step >= 2 to the last
+    ({"samples_at_step": {"2": 64}, "steps": 4, "samples": 120}, 30.0),  # one point: the mean over all steps
+    ({"samples_at_step": {"1": 10}, "steps": 2, "samples": 60}, 30.0),
+    ({"steps": 1, "samples": 60}, None),  # one step says nothing yet
+    ({"steps": 3, "samples": 0}, None),
+    ({"samples": 60}, None),
+])
+def test_samples_per_optimizer_step(rec, per_step):
+    assert _per_step_samples(rec) == per_step
+
+
+def test_the_judgement_line_names_each_status_and_a_figure_as_a_person_writes_it():
+    j = Judgement(values={"micro_batch_size": {"status": "equal", "observed": 8, "plan": 8},
+                          "learning_rate": {"status": "different", "observed": 0.0005, "plan": 0.001},
+                          "precision": {"status": "not observable", "observed": None, "plan": "bf16"},
+                          "world_size": {"status": "different", "observed": 2.0, "plan": 4}},
+                  effective_batch=64.0, steps=5)
+    assert j.line() == ("observed after 5 step(s): effective batch 64 per optimizer step; as planned: "
+                        "micro_batch_size; different: learning_rate 0.0005 (plan 0.001); world_size 2 (plan 4); "
+                        "not observable: precision")
+    assert Judgement(steps=1).line() == ("observed after 1 step(s): effective batch unknown per optimizer step; "
+                                         "as planned: nothing")
+    assert (_fmt(2.5), _fmt(3.0), _fmt(7), _fmt("x")) == ("2.5", "3", "7", "x")
+
+
+def test_where_the_world_and_the_accumulation_come_from():
+    """The world is the process group's, else the number of ranks observed (one: 1). The accumulation is
+    measured (samples per step / micro-batch) where the samples are known, else the engine's own word
+    (DeepSpeed's, then Accelerate's). A script handing DeepSpeed its own optimizer gets a note on the rate."""
+    p = a_plan()
+    bare = {**record(0), "process_group": None}
+    assert judge(p, [bare]).world_size == 1
+    assert judge(p, [bare, {**record(1), "process_group": None}]).world_size == 2
+    assert judge(p, [record(0, per_step=48), record(1, per_step=48)]).values["gradient_accumulation_steps"] == \
+        {"status": "different", "observed": 6, "plan": 4, "fix": judge(p, [record(0, per_step=48)]).values[
+            "gradient_accumulation_steps"]["fix"]}
+    unknown = {**record(0), "samples_at_step": {}, "steps": 0}
+    ds = {**unknown, "engine": "deepspeed", "deepspeed": {"gradient_accumulation_steps": 4, "lr": [0.002],
+                                                         "train_micro_batch_size_per_gpu": 8, "script_optimizer": True}}
+    j = judge(p, [ds, {**ds, "rank": 1}])
+    assert j.values["gradient_accumulation_steps"]["observed"] == 4 and j.effective_batch is None
+    assert j.values["learning_rate"]["note"].startswith("the script passes its own optimizer to deepspeed.initialize")
+    acc = {**unknown, "engine": None, "accelerate": {"gradient_accumulation_steps": 2, "distributed_type": "MULTI_CPU",
+                                                    "mixed_precision": "no"}}
+    j = judge(p, [acc, {**acc, "rank": 1}])
+    assert (j.values["gradient_accumulation_steps"]["observed"], j.values["engine"]["status"]) == (2, "equal")
+    assert "note" not in j.values["learning_rate"]
+    nothing = judge(p, [{**unknown, "engine": None}, {**unknown, "engine": None, "rank": 1}])
+    assert nothing.values["gradient_accumulation_steps"] == {"status": "not observable", "observed": None, "plan": 4}
+    assert nothing.values["engine"] == {"status": "not observable", "observed": None, "plan": "ddp"}
