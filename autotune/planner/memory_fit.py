@@ -272,17 +272,15 @@ def _estimate(row: Row, facts: ModelFacts, budget: Budget, ckpt: bool) -> Memory
         host_gib_per_node=round(n.host_gib, 2) if n.host_gib else None, unknown=unknown)
 
 
-def _micro_reason(band: BandChoice, chosen: Row, top: int, facts: ModelFacts | None = None,
-                  rule: str = "fit") -> str:
+def _micro_reason(band: BandChoice, chosen: Row, top: int, facts: ModelFacts | None, rule: str) -> str:
+    reason = band.micro_reason
     if facts is not None and facts.traced_as_cuda:
         if rule == "fit":
             return traced_micro_reason(chosen.label, chosen.need.total_gib, top)
-        band = BandChoice(band.micro_batch_size, f"{band.micro_reason} (policy micro_batch_rule: band)",
-                          band.gradient_checkpointing, band.checkpointing_reason)
+        reason += " (policy micro_batch_rule: band)"
     if chosen.micro == top:
-        return band.micro_reason
-    return (f"{band.micro_reason}; {chosen.micro} is the largest that fits with {chosen.label} "
-            f"({chosen.need.total_gib:.1f} GiB estimated)")
+        return reason
+    return f"{reason}; {chosen.micro} is the largest that fits with {chosen.label} ({chosen.need.total_gib:.1f} GiB estimated)"
 
 
 def _ckpt_reason(chosen: Row, band: BandChoice, supported: bool) -> str:

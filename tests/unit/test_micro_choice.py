@@ -33,7 +33,10 @@ def test_the_largest_micro_batch_that_fits_with_the_global_batch_held():
     p = plan(H100, CFG, facts=facts(), deepspeed_installed=False)
     assert (p.batch.micro_batch_size, p.batch.gradient_accumulation_steps, p.batch.global_batch_size) == (43, 6, 258)
     assert p.memory.gradient_checkpointing is False
-    assert "policy micro_batch_rule: fit" in p.reasons["micro_batch_size"]
+    assert p.reasons["micro_batch_size"] == (
+        "the largest micro-batch whose estimate fits with DDP (66.0 GiB, traced as CUDA runs it), up to global / "
+        "world = 256, with the global batch within 3% of its target (policy micro_batch_rule: fit; the VRAM band is "
+        "for models autotune cannot trace)")
     assert p.memory.estimate.total_gib == pytest.approx(1.4901 + 64.5, abs=0.01)  # the allocated peak
 
 
@@ -41,7 +44,9 @@ def test_the_band_stays_a_policy_choice():
     """micro_batch_rule: band -> the >= 80 GB band's 64, halved to what fits: 64 needs 97.5 GiB, 32 needs 49.5."""
     band = load_policy().model_copy(update={"micro_batch_rule": "band"})
     p = plan(H100, CFG, facts=facts(), policy=band, deepspeed_installed=False)
-    assert p.batch.micro_batch_size == 32 and "policy micro_batch_rule: band" in p.reasons["micro_batch_size"]
+    assert p.batch.micro_batch_size == 32 and p.reasons["micro_batch_size"] == (
+        "85.0 GB free per GPU is in the >= 80 GB band: micro-batch 64 (policy micro_batch_rule: band); 32 is the "
+        "largest that fits with DDP (49.5 GiB estimated)")
 
 
 def test_checkpointing_only_when_without_it_a_step_would_be_slow():
@@ -135,3 +140,19 @@ def test_which_memory_a_gpu_is_planned_by():
     assert usable_mib(gpu.model_copy(update={"mig_slices_mib": (9856, 4864)})) == (4864, "MIG slice")
     assert usable_mib(gpu) == (81079, "free")
     assert usable_mib(gpu.model_copy(update={"memory_free_mib": None})) == (gpu.memory_total_mib, "total")
+
+
+def test_the_built_in_gpts_activations_are_the_formula_times_the_micro_batch():
+    """No fixed part: the built-in workload's activations at micro-batch m are m x the formula's bytes for one
+    sample, for each of the four numerics (fp32 or half, with or without checkpointing)."""
+    from autotune.planner import memory
+    from autotune.planner.model_facts import builtin_facts
+
+    cfg = TrainConfig()
+    m, d = cfg.model, cfg.data
+    block = 2 * d.seq_len - 1
+    acts = builtin_facts(cfg).activations
+    for got, ckpt, half in ((acts.fp32, False, False), (acts.half, False, True), (acts.fp32_checkpointed, True, False),
+                            (acts.half_checkpointed, True, True)):
+        one = memory.activation_bytes(1, block, m.n_embd, m.n_head, m.n_layer, d.vocab_size, ckpt, half)
+        assert (got.at(1), got.at(2), got.at(8)) == (one, 2 * one, 8 * one), (ckpt, half)
