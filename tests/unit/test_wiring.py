@@ -2,11 +2,13 @@
 
 import textwrap
 
+import pytest
+
 from autotune.config import TrainConfig, apply_overrides
 from autotune.planner import plan
 from autotune.profiles import load_profile
 from autotune.exports.script_args import placeholder_values
-from autotune.exports.wiring import delivery, scan_script, wire_flags
+from autotune.exports.wiring import ScriptFacts, delivery, scan_script, wire_flags
 
 
 def script(tmp_path, text, name="train.py"):
@@ -350,3 +352,57 @@ def test_every_route_by_hand_for_a_script_that_reads_the_environment(tmp_path):
         "num_workers": ["environment (AUTOTUNE_NUM_WORKERS, read by the script)"],
         "world_size": ["environment (WORLD_SIZE, RANK, LOCAL_RANK from the launcher)"]}
     assert d.advisory == [] and d.summary() == []
+
+
+# The routes delivery() names for each kind of script, from facts made by hand (scan_script's own tests read real
+# scripts): each route's words, and when each one applies.
+
+
+def routes_of(facts, placeholders=(), wired=None, user_args=(), deepspeed_json=False, **over):
+    d = delivery(a_plan(**over), facts, list(placeholders), dict(wired or {}), list(user_args), deepspeed_json)
+    return d.routes
+
+
+def test_an_accelerate_script_gets_precision_and_accumulation_from_the_environment_unless_it_sets_them():
+    acc = ScriptFacts("s.py", uses_accelerate=True)
+    r = routes_of(acc, placeholders=["micro_batch_size"])
+    assert r["precision"] == ["environment (ACCELERATE_MIXED_PRECISION, read by Accelerator())"]
+    assert r["gradient_accumulation_steps"] == [
+        "environment (ACCELERATE_GRADIENT_ACCUMULATION_STEPS, read by Accelerator())"]
+    own = ScriptFacts("s.py", uses_accelerate=True, accelerator_kwargs={"mixed_precision"})
+    r = routes_of(own, placeholders=["micro_batch_size"])
+    assert r["precision"] == []  # its own Accelerator(mixed_precision=...) wins, and fp32's default is not claimed
+    assert routes_of(acc)["gradient_accumulation_steps"] == []  # no micro-batch route: accumulation withheld
+
+
+def test_the_deepspeed_json_is_a_route_only_to_a_script_that_initializes_deepspeed_with_its_path():
+    ds = ScriptFacts("s.py", uses_deepspeed_initialize=True)
+    keys = ("gradient_accumulation_steps", "precision", "learning_rate", "micro_batch_size")
+    with_path = routes_of(ds, placeholders=["deepspeed_config"], deepspeed_json=True)
+    assert [("DeepSpeed JSON" in with_path[k]) for k in keys] == [True, True, True, False]
+    reads = routes_of(ScriptFacts("s.py", uses_deepspeed_initialize=True, reads_deepspeed_micro_batch=True),
+                      wired={"deepspeed_config": "--deepspeed_config"}, deepspeed_json=True)
+    assert all("DeepSpeed JSON" in reads[k] for k in keys)
+    by_hand = routes_of(ds, user_args=["--cfg", "/runs/x/deepspeed_config_hf.json"], deepspeed_json=True)
+    assert "DeepSpeed JSON" in by_hand["precision"]
+    no_path = routes_of(ds, deepspeed_json=True)
+    assert not any("DeepSpeed JSON" in no_path[k] for k in keys)
+    not_ds = routes_of(ScriptFacts("s.py"), placeholders=["deepspeed_config"], deepspeed_json=True)
+    assert not any("DeepSpeed JSON" in not_ds[k] for k in keys)
+    no_json = routes_of(ds, placeholders=["deepspeed_config"], deepspeed_json=False)
+    assert not any("DeepSpeed JSON" in no_json[k] for k in keys)
+
+
+@pytest.mark.parametrize("facts, claimed", [
+    (ScriptFacts("s.py"), True),
+    (ScriptFacts("s.py", uses_deepspeed_initialize=True), False),
+    (ScriptFacts("s.py", accelerator_kwargs={"mixed_precision"}), False),
+    (ScriptFacts("s.py", flags={"--bf16": True}), False),
+    (ScriptFacts("s.py", flags={"--fp16": True}), False),
+    (ScriptFacts("s.py", flags={"--mixed_precision": False}), False),
+    (ScriptFacts("s.py", flags={"--lr": False}), True),
+])
+def test_fp32_is_claimed_as_pytorchs_default_only_for_a_script_that_sets_no_precision(facts, claimed):
+    r = routes_of(facts, **{"training.mixed_precision": "fp32"})
+    assert (r["precision"] == ["fp32 is PyTorch's default and the script sets no precision"]) is claimed
+    assert routes_of(facts)["precision"] == []  # a bf16 plan: nothing to claim
