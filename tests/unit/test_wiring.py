@@ -406,3 +406,61 @@ def test_fp32_is_claimed_as_pytorchs_default_only_for_a_script_that_sets_no_prec
     r = routes_of(facts, **{"training.mixed_precision": "fp32"})
     assert (r["precision"] == ["fp32 is PyTorch's default and the script sets no precision"]) is claimed
     assert routes_of(facts)["precision"] == []  # a bf16 plan: nothing to claim
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("import autotune\n", {"uses_autotune": True}),
+    ("from autotune.runtime import current_plan\n", {"uses_autotune": True}),
+    ("import autotuner\nfrom . import x\n", {"uses_autotune": False}),
+    ("import argparse\np = argparse.ArgumentParser()\np.add_argument('--fp16', action='store_true')\n"
+     "p.add_argument('--no_eval', action='store_false')\np.add_argument('--lr', '--learning_rate', type=float)\n"
+     "p.add_argument('--mode', action=MODE)\n",
+     {"flags": {"--fp16": True, "--no_eval": True, "--lr": False, "--learning_rate": False, "--mode": False},
+      "aliases": {"--lr": ("--lr", "--learning_rate"), "--learning_rate": ("--lr", "--learning_rate")}}),
+    ("from transformers import TrainingArguments\nargs = TrainingArguments('out')\n",
+     {"uses_hf_trainer": True, "no_flags": True}),  # only HfArgumentParser declares Trainer's flags
+    ("import transformers\nargs = transformers.Seq2SeqTrainingArguments('out')\n", {"uses_hf_trainer": True}),
+    ("from transformers import HfArgumentParser\np = HfArgumentParser(X)\n",
+     {"uses_hf_trainer": True, "deepspeed_flag": False, "hf_flags": True}),
+    ("import transformers\np = transformers.HfArgumentParser(X)\n", {"uses_hf_trainer": True, "hf_flags": True}),
+    # the script's own --deepspeed switch beside Trainer's arguments: Trainer's --deepspeed takes the JSON's path
+    ("import argparse, transformers\np = argparse.ArgumentParser()\np.add_argument('--deepspeed', action='store_true')\n"
+     "a = transformers.TrainingArguments('out')\n", {"deepspeed_flag": False}),
+    # deepspeed.add_config_arguments declares --deepspeed a switch, whatever else the script uses
+    ("import argparse, deepspeed, transformers\np = deepspeed.add_config_arguments(argparse.ArgumentParser())\n"
+     "a = transformers.TrainingArguments('out')\n", {"deepspeed_flag": True, "deepspeed_launcher_args": True}),
+    # a flag whose name is a variable is not read (and does not stop the scan)
+    ("import argparse\np = argparse.ArgumentParser()\np.add_argument(NAME, type=int)\np.add_argument('--x', type=int)\n",
+     {"flags": {"--x": False}, "error": None}),
+    ("from accelerate import Accelerator\na = Accelerator(mixed_precision='bf16')\n",
+     {"uses_accelerate": True, "accelerator_kwargs": {"mixed_precision"}}),
+    ("import accelerate\na = accelerate.Accelerator()\n", {"uses_accelerate": True, "accelerator_kwargs": set()}),
+    ("import deepspeed\nm, o, _, _ = deepspeed.initialize(model=m)\n", {"uses_deepspeed_initialize": True,
+                                                                       "reads_deepspeed_micro_batch": False}),
+    ("from deepspeed import initialize\ne, o, loader, _ = initialize(model=m, training_data=ds)\n",
+     {"uses_deepspeed_initialize": True, "reads_deepspeed_micro_batch": True}),
+    ("def initialize(**k): pass\ninitialize(model=1, other=2)\n", {"uses_deepspeed_initialize": False}),
+    ("import deepspeed\ne, *_ = deepspeed.initialize(model=m)\nb = e.train_micro_batch_size_per_gpu()\n",
+     {"reads_deepspeed_micro_batch": True}),
+])
+def test_what_a_scan_reads_from_each_kind_of_script(tmp_path, text, expect):
+    f = script(tmp_path, text)
+    assert f.error is None
+    for key, want in expect.items():
+        if key == "deepspeed_flag":  # HF's --deepspeed takes the JSON's path: a flag with a value, not a switch
+            assert f.flags.get("--deepspeed") is want, f.flags
+        elif key == "no_flags":
+            assert f.flags == {}
+        elif key == "hf_flags":
+            assert f.flags.get("--per_device_train_batch_size") is False
+        elif key == "flags":
+            assert {k: v for k, v in f.flags.items() if k in want} == want
+        elif key == "aliases":
+            assert {k: v for k, v in f.aliases.items() if k in want} == want
+        else:
+            assert getattr(f, key) == want, key
+
+
+def test_a_script_that_does_not_parse_is_named_with_its_line(tmp_path):
+    f = script(tmp_path, "def broken(:\n")
+    assert f.error.startswith(f"could not read {tmp_path / 'train.py'}: ") and "train.py, line 1" in f.error
