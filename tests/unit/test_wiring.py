@@ -464,3 +464,22 @@ def test_what_a_scan_reads_from_each_kind_of_script(tmp_path, text, expect):
 def test_a_script_that_does_not_parse_is_named_with_its_line(tmp_path):
     f = script(tmp_path, "def broken(:\n")
     assert f.error.startswith(f"could not read {tmp_path / 'train.py'}: ") and "train.py, line 1" in f.error
+
+
+def test_the_delivery_summary_names_each_value_without_a_route_in_words_and_each_withheld_variable():
+    from autotune.exports.wiring import Delivery
+
+    d = Delivery({}, ["micro_batch_size", "gradient_accumulation_steps", "learning_rate", "precision", "num_workers",
+                      "world_size", "engine"], {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "why not"})
+    assert d.summary() == [
+        "the script was given no batch size: the plan's micro_batch_size is advisory",
+        "the script was given no accumulation steps: the plan's gradient_accumulation_steps is advisory",
+        "the script was given no learning rate: the plan's learning_rate is advisory",
+        "the script was given no precision: the plan's precision is advisory",
+        "the script was given no DataLoader workers: the plan's num_workers is advisory",
+        "the script was given no world_size: the plan's world_size is advisory",
+        "the script was given no way to run DeepSpeed: the plan's engine (DeepSpeed ZeRO) is advisory and the script "
+        "trains with whatever it sets up itself (Accelerate and HF Trainer run DeepSpeed on GPUs only; a "
+        "deepspeed.initialize script needs --deepspeed_config {deepspeed_config} or --wire auto)",
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS not exported: why not"]
+    assert Delivery({}, []).summary() == []
