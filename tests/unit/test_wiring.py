@@ -483,3 +483,65 @@ def test_the_delivery_summary_names_each_value_without_a_route_in_words_and_each
         "deepspeed.initialize script needs --deepspeed_config {deepspeed_config} or --wire auto)",
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS not exported: why not"]
     assert Delivery({}, []).summary() == []
+
+
+def _wire(flags, values=None, user_args=(), hf=False, **over):
+    facts = ScriptFacts("s.py", flags=dict(flags), uses_hf_trainer=hf)
+    return wire_flags(facts, a_plan(**over), {"micro_batch_size": "8", **(values or {})}, list(user_args))
+
+
+def test_run_length_and_resume_flags_are_added_only_with_a_value():
+    flags = {"--epochs": False, "--max_steps": False, "--resume_from": False, "--batch_size": False}
+    extra, used = _wire(flags, {"epochs": "", "max_steps": "", "resume_from": ""})
+    assert extra == ["--batch_size", "8"] and used == {"micro_batch_size": "--batch_size"}
+    extra, used = _wire(flags, {"epochs": "3", "max_steps": "100", "resume_from": "/r/step-00000002"},
+                        **{"training.epochs": 3})
+    assert extra == ["--batch_size", "8", "--epochs", "3", "--max_steps", "100", "--resume_from", "/r/step-00000002"]
+
+
+def test_deepspeeds_path_goes_to_its_own_flag_or_to_trainers_value_flag_and_the_launchers_switch_alone():
+    ds = {"deepspeed_config": "/r/deepspeed_config.json"}
+    extra, used = _wire({"--deepspeed_config": False}, ds)
+    assert extra[-2:] == ["--deepspeed_config", "/r/deepspeed_config.json"] and used["deepspeed_config"] == "--deepspeed_config"
+    extra, used = _wire({"--deepspeed": False}, ds)  # Trainer's --deepspeed takes the path
+    assert extra[-2:] == ["--deepspeed", "/r/deepspeed_config.json"] and used["deepspeed_config"] == "--deepspeed"
+    extra, used = _wire({"--deepspeed": True, "--deepspeed_config": False}, ds)  # the launcher's switch
+    assert extra[-3:] == ["--deepspeed_config", "/r/deepspeed_config.json", "--deepspeed"]
+    assert used["deepspeed_config"] == "--deepspeed_config"
+    extra, _ = _wire({"--deepspeed": False}, ds, user_args=["--deepspeed", "mine.json"])
+    assert "--deepspeed" not in extra
+    extra, _ = _wire({"--deepspeed_config": False, "--deepspeed": False})  # no JSON this launch: nothing
+    assert "--deepspeed" not in extra and "--deepspeed_config" not in extra
+
+
+def test_trainers_optimizer_flags_only_for_trainer_and_the_plans_adamw():
+    flags = {"--weight_decay": False, "--max_grad_norm": False}
+    extra, used = _wire(flags, hf=True, **{"training.weight_decay": 0.05, "training.gradient_clipping": 0.5})
+    assert extra[-4:] == ["--weight_decay", "0.05", "--max_grad_norm", "0.5"] and used["optimizer"] == "--weight_decay"
+    extra, used = _wire(flags, hf=False, **{"training.weight_decay": 0.05})
+    assert "--weight_decay" not in extra and "optimizer" not in used
+
+
+@pytest.mark.parametrize("precision, flags, user_args, extra, used", [
+    ("fp16", {"--fp16": True, "--bf16": True}, [], ["--fp16"], "--fp16"),
+    ("bf16", {"--fp16": True, "--bf16": True}, [], ["--bf16"], "--bf16"),
+    ("fp32", {"--fp16": True, "--bf16": True}, [], [], "(no --bf16/--fp16: fp32)"),
+    ("fp32", {"--lr": False}, [], [], None),
+    ("bf16", {"--precision": False}, [], ["--precision", "bf16"], "--precision"),
+    ("bf16", {"--mixed_precision": False, "--bf16": True}, [], ["--mixed_precision", "bf16"], "--mixed_precision"),
+    ("bf16", {"--fp16": True, "--bf16": True}, ["--fp16"], [], None),  # the user chose
+    ("bf16", {"--precision": False}, ["--precision=fp32"], [], None),
+])
+def test_the_precision_flag_a_plan_adds(precision, flags, user_args, extra, used):
+    got_extra, got_used = _wire(flags, user_args=user_args, **{"training.mixed_precision": precision})
+    assert [a for a in got_extra if a not in ("--batch_size", "8")] == extra
+    assert got_used.get("precision") == used
+
+
+def test_a_script_with_both_deepspeed_flags_gets_the_path_once_and_a_precision_alias_counts_as_chosen():
+    extra, _ = _wire({"--deepspeed_config": False, "--deepspeed": False}, {"deepspeed_config": "/r/d.json"})
+    assert extra.count("/r/d.json") == 1 and "--deepspeed" not in extra
+    facts = ScriptFacts("s.py", flags={"--bf16": True, "--half": True}, aliases={"--bf16": ("--bf16", "--half"),
+                                                                                 "--half": ("--bf16", "--half")})
+    extra, used = wire_flags(facts, a_plan(**{"training.mixed_precision": "bf16"}), {}, ["--half"])
+    assert extra == [] and "precision" not in used  # --half is --bf16 under another name: the user chose
