@@ -75,3 +75,16 @@ def test_host_ram_an_offload_lacks_is_suggested_only_when_short_and_when_its_gpu
     assert not any("more host RAM" in w for w in exact.would_fit)
     gpu_full = refusal(Budget(30.0, 50.0, True, "b", 0.0), [row("zero2_offload", 30.5, host_gib=62.5)])
     assert not any("more host RAM" in w for w in gpu_full.would_fit)
+
+
+def test_what_fits_at_the_budgets_bounds():
+    """A need exactly at the budget fits (GPU and host RAM alike); a GPU budget of exactly 0 is said to be taken
+    by what is outside the allocator, not "needed > 0 usable"."""
+    from autotune.planner.memory_fit import _fits
+
+    assert _fits(Need(20.0, 10.0, 0.0, 50.0), Budget(30.0, 50.0, True, "b", 0.6)) is None
+    assert _fits(Need(20.0, 10.5, 0.0, 0.0), Budget(30.0, 50.0, True, "b", 0.6)) == "30.5 GiB needed > 30.0 GiB usable"
+    assert _fits(Need(20.0, 10.0, 0.0, 50.5), Budget(30.0, 50.0, True, "b", 0.6)).startswith("host RAM")
+    assert _fits(Need(1.0, 0.0, 0.0, 0.0), Budget(0.0, 50.0, True, "b", 0.6)) == (
+        "1.00 GiB needed, and no GPU memory is usable: the 0.60 GiB outside the allocator (CUDA context, NCCL "
+        "buffers) take all the headroom leaves")
