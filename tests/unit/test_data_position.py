@@ -75,3 +75,11 @@ def test_a_resume_with_another_layout_continues_at_the_same_sample():
         assert not set(got[:len(rest)]) & set(seen[len(seen) - offset * 16:]), steps_done  # nothing twice
         saving.sampler.set_epoch(epoch + 1)
         assert got[len(rest):] == list(saving.sampler)[:16], steps_done  # then the next epoch from its start
+
+
+def test_one_epoch_of_one_global_batch_is_one_step():
+    """One epoch of exactly one global batch is one step (not rounded up to a minimum of two)."""
+    from autotune.planner.deciders import steps
+
+    assert steps(32, 16, 2, 1, 1, None) == (1, 1, 2)
+    assert steps(31, 16, 2, 1, 1, None) == (0, 1, 1)  # one micro-batch an epoch: no whole step, yet one step runs

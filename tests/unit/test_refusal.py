@@ -88,3 +88,29 @@ def test_what_fits_at_the_budgets_bounds():
     assert _fits(Need(1.0, 0.0, 0.0, 0.0), Budget(0.0, 50.0, True, "b", 0.6)) == (
         "1.00 GiB needed, and no GPU memory is usable: the 0.60 GiB outside the allocator (CUDA context, NCCL "
         "buffers) take all the headroom leaves")
+
+
+def test_deepspeed_strategies_take_the_half_weights_activations_and_others_the_autocast_ones():
+    """DeepSpeed's bf16 engine runs the model with half weights and no autocast: its own traced line (here half
+    the autocast one) for ZeRO rows, the autocast line for DDP; with checkpointing, the checkpointed lines."""
+    from autotune.planner.model_facts import CUDA_TRACED, ActivationModel, LinearBytes
+
+    acts = ActivationModel(half=LinearBytes.line(0.0, 1.0 * GIB), half_checkpointed=LinearBytes.line(0.0, 0.25 * GIB),
+                           half_weights=LinearBytes.line(0.0, 0.5 * GIB),
+                           half_weights_checkpointed=LinearBytes.line(0.0, 0.125 * GIB), source=CUDA_TRACED)
+    facts = FACTS.model_copy(update={"activations": acts})
+    x = Inputs(load_profile("4xA100-80GB"), TrainConfig(), load_policy(), True)
+    sz = Sizer(x, facts, world=1, nproc=1, num_nodes=1, half=True, bucket_elements=10**6, on_gpu=True)
+    got = {(name, ckpt): sz.need(STRATEGIES[name], 4, ckpt).activations_gib
+           for name in ("ddp", "zero2", "zero3") for ckpt in (False, True)}
+    assert got == {("ddp", False): 4.0, ("ddp", True): 1.0, ("zero2", False): 2.0, ("zero2", True): 0.5,
+                   ("zero3", False): 2.0, ("zero3", True): 0.5}
+
+
+def test_a_gpu_of_unknown_memory_is_still_a_gpu_budget():
+    """Its budget is unknown, but it is a GPU's: on_gpu stays true, so a refusal speaks of GPUs."""
+    from autotune.planner import _budget
+
+    hw = load_profile("4xA100-80GB")
+    b = _budget(Inputs(hw, TrainConfig(), load_policy(), True), None, 4, True, 4)
+    assert (b.device_gib, b.on_gpu, b.basis) == (None, True, "GPU memory unknown")
