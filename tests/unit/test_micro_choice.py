@@ -54,6 +54,10 @@ def test_checkpointing_only_when_without_it_a_step_would_be_slow():
     checkpointing wins. At 1.5 GiB without, 43 fits: no checkpointing, however far checkpointing would go."""
     slow = plan(H100, CFG, facts=facts(5.0, checkpointed=0.5), deepspeed_installed=False)
     assert slow.memory.gradient_checkpointing is True and slow.batch.micro_batch_size == 128  # 130 -> 128 divides 256
+    assert slow.memory.estimate.total_gib == pytest.approx(1.4901 + 0.5 * 128, abs=0.01)  # at 128, checkpointed
+    # exactly 16 without checkpointing (1.49 + 4 x 16 = 65.49 <= 66.72 < 1.49 + 4 x 17) is fast enough: no checkpointing
+    edge = plan(H100, CFG, facts=facts(4.0, checkpointed=0.5), deepspeed_installed=False)
+    assert edge.memory.gradient_checkpointing is False and edge.batch.micro_batch_size == 16
     fast = plan(H100, CFG, facts=facts(1.5, checkpointed=0.2), deepspeed_installed=False)
     assert fast.memory.gradient_checkpointing is False and fast.batch.micro_batch_size == 43
 
