@@ -114,3 +114,21 @@ def test_a_gpu_of_unknown_memory_is_still_a_gpu_budget():
     hw = load_profile("4xA100-80GB")
     b = _budget(Inputs(hw, TrainConfig(), load_policy(), True), None, 4, True, 4)
     assert (b.device_gib, b.on_gpu, b.basis) == (None, True, "GPU memory unknown")
+
+
+def test_without_activations_the_optimizer_steps_partition_counts_whole_and_a_cpu_has_no_bucket_overhead():
+    """A model whose activations are unknown: ZeRO-2's fp32 gradient partition made at the step has nothing to
+    overlap with, so the states are the resident states plus all of it, to the byte. On a CPU there are no
+    communication buckets: the overhead is exactly 0."""
+    from autotune.planner import memory
+
+    x = Inputs(load_profile("cpu-only"), TrainConfig(), load_policy(), True)
+    st = memory.model_state_bytes(STRATEGIES["zero2"], FACTS.num_parameters, 4,
+                                  largest_layer=FACTS.largest_layer_parameters, half=True,
+                                  optimizer=x.cfg.training.optimizer, ranks_per_node=4, num_nodes=1)
+    assert st.step_bytes > 0
+    sz = Sizer(x, FACTS, world=4, nproc=4, num_nodes=1, half=True, bucket_elements=10**6, on_gpu=False)
+    need = sz.need(STRATEGIES["zero2"], 8, False)
+    assert need.activations_gib is None
+    assert need.states_gib * GIB == st.gpu_bytes + st.step_bytes
+    assert need.overhead_gib == 0.0
