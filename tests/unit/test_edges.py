@@ -404,6 +404,15 @@ def test_memory_record_whole():
                        "memory.cgroup_limit_mib": "cannot read y", "memory.effective_mib": "RAM unknown"}
     assert probe_memory(FakePsutil(fail=True), CgroupLimits(memory_limit_bytes=2**30), {}).effective_mib == 1024
 
+    class Ragged(FakePsutil):  # what the kernel reports: pages, not whole MiB
+        def virtual_memory(self):
+            from types import SimpleNamespace
+            return SimpleNamespace(total=self.total * 2**20 + 4096, available=self.avail * 2**20 + 4096)
+
+    m = probe_memory(Ragged(), CgroupLimits(), {})
+    assert (m.total_mib, m.available_mib, m.effective_mib) == (32768, 30000, 30000)
+    assert all(type(v) is int for v in (m.total_mib, m.available_mib, m.effective_mib))
+
 
 def test_effective_cores_reasons():
     from autotune.hardware import effective_cores
