@@ -207,14 +207,9 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
                      for s, c in opts)
         if record is not None:
             record.append(Weighing(rows, budget))
-        fitting = [rw for rw in rows if rw.why_not is None]
-        fast = [rw for rw in fitting if not rw.checkpointing and rw.micro >= min(FAST_MICRO, top)] if search else []
-        if fast:  # checkpointing costs 30-70 % a step: only when it is the only way to a fast micro-batch
-            best = max(rw.micro for rw in fast)
-            chosen = next(rw for rw in fast if rw.micro == best)
-        elif fitting:  # the first to reach the band's micro-batch, else the first with the largest
-            best = max(rw.micro for rw in fitting)
-            chosen = next(rw for rw in fitting if rw.micro == best)
+        picked = _pick(rows, search, top)
+        if picked is not None:
+            chosen = picked
         elif force:
             chosen = min(rows, key=lambda rw: rw.need.total_gib or 0.0)
             chosen = Row(chosen.strategy, chosen.checkpointing, top if fixed_micro else 1, chosen.need, chosen.why_not)
@@ -224,17 +219,44 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
             _refuse(x, sz, budget, list(rows), facts,
                     fixed=f"micro-batch {micro_user} (you set it)" if fixed_micro else None)
     if search and chosen.why_not is None and target:
-        steady = steady_micro(chosen.micro, target, world)
-        chosen = Row(chosen.strategy, chosen.checkpointing, steady, sz.need(chosen.strategy, steady,
-                                                                             chosen.checkpointing), None)
+        chosen = _steady(sz, chosen, target, world)
     _explain(r, x, chosen, rows, default, facts, budget)
     micro = chosen.micro
     ckpt = r.resolve("gradient_checkpointing", ckpt_user, lambda: Decision(chosen.checkpointing, _ckpt_reason(
         chosen, band, ckpt_supported)), verbatim=False)
-    auto_micro = Decision(band.micro_batch_size, band.micro_reason) if fixed_micro else \
-        Decision(micro, _micro_reason(band, chosen, top, facts, x.policy.micro_batch_rule))
+    if not fixed_micro:
+        auto_micro = Decision(micro, _micro_reason(band, chosen, top, facts, x.policy.micro_batch_rule))
+    elif known:  # what auto would have chosen: the weighing the user's value skipped
+        top, search = band.micro_batch_size, plans_largest(facts, x.policy)
+        auto = _pick(tuple(_largest(sz, budget, s, c, top) if search else _row(sz, budget, s, c, top, False)
+                           for s, c in opts), search, top)
+        if auto is not None and search and target:
+            auto = _steady(sz, auto, target, world)
+        auto_micro = Decision(1, f"{band.micro_reason}, but no micro-batch fits by the estimate") if auto is None \
+            else Decision(auto.micro, _micro_reason(band, auto, top, facts, x.policy.micro_batch_rule))
+    else:  # nothing to weigh: auto plans the band's micro-batch blind
+        auto_micro = Decision(band.micro_batch_size, band.micro_reason)
     micro = r.resolve("micro_batch_size", micro_user, lambda: auto_micro, path="training.batch_size_per_gpu")
     return MemoryFit(chosen.strategy, micro, bool(ckpt), _estimate(chosen, facts, budget, bool(ckpt)))
+
+
+def _pick(rows: tuple[Row, ...], search: bool, top: int) -> Row | None:
+    """The row a plan takes among those weighed (None: none fits). Searched rows (a model traced as CUDA runs it):
+    the largest fast micro-batch without checkpointing, which costs 30-70 % a step, else the largest with it.
+    Otherwise the first to reach the band's micro-batch, else the first with the largest."""
+    fitting = [rw for rw in rows if rw.why_not is None]
+    fast = [rw for rw in fitting if not rw.checkpointing and rw.micro >= min(FAST_MICRO, top)] if search else []
+    for pool in (fast, fitting):
+        if pool:
+            best = max(rw.micro for rw in pool)
+            return next(rw for rw in pool if rw.micro == best)
+    return None
+
+
+def _steady(sz: Sizer, row: Row, target: int, world: int) -> Row:
+    """The row at the micro-batch that keeps the global batch near its target, with its need there."""
+    steady = steady_micro(row.micro, target, world)
+    return Row(row.strategy, row.checkpointing, steady, sz.need(row.strategy, steady, row.checkpointing), None)
 
 
 def _default_strategy(backend: str, zero: int | None, offload_user) -> Strategy:

@@ -160,3 +160,42 @@ def test_the_built_in_gpts_activations_are_the_formula_times_the_micro_batch():
                             (acts.half_checkpointed, True, True)):
         one = memory.activation_bytes(1, block, m.n_embd, m.n_head, m.n_layer, d.vocab_size, ckpt, half)
         assert (got.at(1), got.at(2), got.at(8)) == (one, 2 * one, 8 * one), (ckpt, half)
+
+
+def test_a_micro_batch_you_set_is_weighed_against_what_auto_would_really_choose():
+    """The override records the micro-batch auto would have planned, found by the same weighing, not the band's
+    starting point: 43 for the traced model (not global / world = 256), 32 under the band rule (not the band's 64,
+    which does not fit). With --force and nothing fitting, auto would plan 1."""
+    p = plan(H100, apply_overrides(CFG, {"training.batch_size_per_gpu": 16}), facts=facts(), deepspeed_installed=False)
+    assert (p.batch.micro_batch_size, p.overrides["micro_batch_size"].auto) == (16, 43)
+    assert p.reasons["micro_batch_size"] == (
+        "you set 16 (auto would choose 43: the largest micro-batch whose estimate fits with DDP (66.0 GiB, traced as "
+        "CUDA runs it), up to global / world = 256, with the global batch within 3% of its target (policy "
+        "micro_batch_rule: fit; the VRAM band is for models autotune cannot trace))")
+    band = load_policy().model_copy(update={"micro_batch_rule": "band"})
+    p = plan(H100, apply_overrides(CFG, {"training.batch_size_per_gpu": 16}), facts=facts(), policy=band,
+             deepspeed_installed=False)
+    assert p.overrides["micro_batch_size"].auto == 32 and p.reasons["micro_batch_size"] == (
+        "you set 16 (auto would choose 32: 85.0 GB free per GPU is in the >= 80 GB band: micro-batch 64 (policy "
+        "micro_batch_rule: band); 32 is the largest that fits with DDP (49.5 GiB estimated))")
+    p = plan(H100, apply_overrides(CFG, {"training.batch_size_per_gpu": 4}), facts=facts(100.0), force=True,
+             deepspeed_installed=False)
+    assert p.batch.micro_batch_size == 4 and p.overrides["micro_batch_size"].auto == 1
+    assert p.reasons["micro_batch_size"] == ("you set 4 (auto would choose 1: the largest micro-batch that fits, but "
+                                             "no micro-batch fits by the estimate)")
+
+
+def test_a_global_batch_of_one_is_one_sample_a_step_and_checkpointing_says_why_it_is_off():
+    """Up to global / world = 1: micro-batch 1 even where more would fit; checkpointing off, with why."""
+    p = plan(H100, apply_overrides(CFG, {"training.global_batch_size": 1}), facts=facts(1.5, checkpointed=0.2),
+             deepspeed_installed=False)
+    assert (p.batch.micro_batch_size, p.batch.gradient_accumulation_steps, p.batch.global_batch_size) == (1, 1, 1)
+    assert p.reasons["micro_batch_size"].startswith(
+        "the largest micro-batch whose estimate fits with DDP (3.0 GiB, traced as CUDA runs it), up to global / "
+        "world = 1, ")
+    four = plan(load_profile("4xA100-80GB"), apply_overrides(CFG, {"training.global_batch_size": 6}),
+                facts=facts(1.5), deepspeed_installed=False)  # 6 // 4 processes = 1, though 6 / 4 rounds to 2
+    assert four.batch.micro_batch_size == 1
+    assert p.memory.gradient_checkpointing is False
+    assert p.reasons["gradient_checkpointing"] == (
+        "off unless it is the only way to a fast micro-batch (it costs 30-70 % a step)")

@@ -689,6 +689,13 @@ def test_schedule_world_and_debug_values_by_hand():
     assert unknown.schedule.steps_per_epoch is None and unknown.schedule.total_steps is None
     assert (unknown.reasons["steps_per_epoch"], unknown.reasons["total_steps"]) == ("data.num_samples unknown",
                                                                                     "unknown")
+    few = plan(load_profile("4xL4"), apply_overrides(cfg, {"data.num_samples": 60}), deepspeed_installed=True)
+    assert few.schedule.steps_per_epoch is None and few.reasons["steps_per_epoch"] == \
+        "60 samples give no whole micro-batch of 16 per process"  # 60 / 4 = 15 each
+    script = plan(load_profile("4xL4"), apply_overrides(_cfg(), {"training.entrypoint": "train.py"}),
+                  deepspeed_installed=True)
+    assert script.schedule.steps_per_epoch is None and script.reasons["steps_per_epoch"] == \
+        "unknown: your script's data is not described (set data.num_samples to have them counted)"
     dbg = plan(load_profile("4xL4"), apply_overrides(cfg, {"training.max_steps": 5}), debug=True)
     assert dbg.schedule.max_steps == 5 and dbg.workload.data.num_val_samples == 256  # min(1000, 256)
     assert (dbg.batch.micro_batch_size, dbg.batch.gradient_accumulation_steps) == (4, 1)
