@@ -452,6 +452,14 @@ def test_execute_exit_codes_cwd_and_session(tmp_path):
     assert execute(spec(code, cwd=str(tmp_path)), environ={"X_OUTER": "o", "PATH": os.environ["PATH"]}) == 0
     cwd, sid, mark, outer = out.read_text().split()
     assert cwd == str(tmp_path) and int(sid) != os.getsid(0) and mark == "1" and outer == "o"
+    # the fds it is told to keep (the run directory's lock) reach the child; others are closed there
+    r, w = os.pipe()
+    try:
+        assert execute(spec(f"import os; os.write({w}, b'held')"), keep_fds=(w,)) == 0
+        assert os.read(r, 4) == b"held"
+        assert execute(spec(f"import os; os.write({w}, b'held')")) == 1  # not kept: closed in the child
+    finally:
+        os.close(r), os.close(w)
 
 
 def test_env_sources_and_unbuffered_output():
