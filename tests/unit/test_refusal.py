@@ -105,6 +105,10 @@ def test_deepspeed_strategies_take_the_half_weights_activations_and_others_the_a
            for name in ("ddp", "zero2", "zero3") for ckpt in (False, True)}
     assert got == {("ddp", False): 4.0, ("ddp", True): 1.0, ("zero2", False): 2.0, ("zero2", True): 0.5,
                    ("zero3", False): 2.0, ("zero3", True): 0.5}
+    # the policy's margin applies to each line alike
+    wide = acts.model_copy(update={"margin": 1.25})
+    assert [wide.bytes(4, True, ck, deepspeed=ds) / GIB for ds in (False, True) for ck in (False, True)] == \
+        [5.0, 1.25, 2.5, 0.625]
 
 
 def test_a_gpu_of_unknown_memory_is_still_a_gpu_budget():
