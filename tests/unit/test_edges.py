@@ -459,7 +459,8 @@ def test_execute_exit_codes_cwd_and_session(tmp_path):
         assert os.read(r, 4) == b"held"
         assert execute(spec(f"import os; os.write({w}, b'held')")) == 1  # not kept: closed in the child
     finally:
-        os.close(r), os.close(w)
+        os.close(r)
+        os.close(w)
 
 
 def test_env_sources_and_unbuffered_output():
