@@ -4,6 +4,7 @@ the root package included, is checked against the table below."""
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,6 +119,63 @@ def test_the_layer_check_is_not_vacuous():
          "autotune.hardware.__main__": {"autotune.commands.report"}}
     bad = layer_violations(g)
     assert len(bad) == 3 and not any(b.startswith(("autotune.launch.z", "autotune.hardware.__main__")) for b in bad)
+
+def _layout_rows(readme: str) -> list[tuple[str, list[str], list[str]]]:
+    """The README's layout table: (row label, its "where" parts, its "what" parts); parts split on ``\\|``."""
+    section = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if len(cells) != 3 or cells[0] in ("row", "---"):
+            continue
+        label, where, what = cells
+        rows.append((label, [w.strip() for w in where.split("\\|")], [w.strip() for w in what.split("\\|")]))
+    return rows
+
+
+def _named_in(where: str, what: str) -> set[str]:
+    """The modules one cell pair names: files in ``where`` (`x.py`), folders in it (`x/`) with the modules
+    ``what`` names in backticks (`name`, `sub/name`)."""
+    named = set()
+    for stem in re.findall(r"`(?:autotune/)?(\w+)\.py`", where):
+        named.add("autotune" if stem == "__init__" else f"autotune.{stem}")
+    for folder in re.findall(r"`(?:autotune/)?(\w+)/`", where):
+        named.add(f"autotune.{folder}")
+        named |= {f"autotune.{folder}." + w.replace("/", ".") for w in re.findall(r"`([\w/]+)`", what)}
+    return named
+
+
+def layout_table_gaps(readme: str) -> list[str]:
+    """What the README's layout table gets wrong: modules it does not name where they are, and rows whose
+    folders are not the row of LAYERS with that number ("programs" is the top row)."""
+    named, bad = set(), []
+    for label, wheres, whats in _layout_rows(readme):
+        units = set()
+        for i, where in enumerate(wheres):
+            what = whats[i] if len(whats) == len(wheres) else " ".join(whats)
+            found = _named_in(where, what)
+            named |= found
+            units |= {_unit(m) for m in found if m in MODULES}
+        row = len(LAYERS) - 1 if label == "programs" else int(label)
+        if units != LAYERS[row]:
+            bad.append(f"README row {label} holds {sorted(units)}, LAYERS row {row} is {sorted(LAYERS[row])}")
+    return bad + [f"README's layout table does not name {m}" for m in sorted(set(MODULES) - named)]
+
+
+def test_the_readme_layout_table_names_every_module_in_its_row():
+    assert layout_table_gaps((ROOT / "README.md").read_text()) == []
+
+
+def test_the_readme_layout_check_is_not_vacuous():
+    """A module dropped from a cell, and a folder moved to another row, are each caught."""
+    readme = (ROOT / "README.md").read_text()
+    assert "`evidence`" in readme and "| 4 | `autotune/prepare/`" in readme
+    dropped = layout_table_gaps(readme.replace("`evidence`", "evidence", 1))
+    assert dropped == ["README's layout table does not name autotune.launch.evidence"]
+    moved = layout_table_gaps(readme.replace("| 4 | `autotune/prepare/`", "| 3 | `autotune/prepare/`", 1))
+    assert len(moved) == 1 and moved[0].startswith("README row 3 holds"), moved
+
+
 def test_no_module_is_shadowed_by_a_package_of_the_same_name():
     """A leftover foo.py beside a foo/ package is dead code that imports never reach."""
     files = list(PKG.rglob("*.py"))
