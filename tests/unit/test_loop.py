@@ -196,3 +196,71 @@ def test_a_restart_by_torchrun_resumes_from_the_newest_good_checkpoint(tmp_path,
     newest = tmp_path / "fresh" / "checkpoints" / "step-00000002"
     out = capsys.readouterr().out
     assert f"autotune: restart 1: resuming from {newest}" in out and "resumed at step 2" in out
+
+
+def test_the_layout_and_a_back_off_do_not_change_what_is_trained(tmp_path, monkeypatch):
+    """The same 32 samples a step as micro 16 x accumulation 2, as 8 x 4, and as 16 x 2 that an injected
+    out-of-memory backs off to 8 x 4 from step 2: every step's logged loss and the validation figures are the
+    same, to float rounding. What a step logs is the mean loss over its samples (not one micro-batch's, not a
+    sum), and the update it makes is the same whatever the split."""
+    runs = {}
+    for name, extra, inject in (("16x2", {}, ""), ("8x4", {"training.batch_size_per_gpu": 8}, ""),
+                                ("backed off", {}, "0:2:8")):
+        monkeypatch.setenv("AUTOTUNE_INJECT_OOM", inject)
+        p = small_plan(tmp_path, **{"training.max_steps": 3, "training.log_every_steps": 1,
+                                    "training.eval_every_steps": 3, **extra})
+        train(p, tmp_path / name)
+        rows = lines(tmp_path / name / "metrics.jsonl")
+        runs[name] = ([r["train/loss"] for r in rows if "train/loss" in r],
+                      [r for r in rows if "val/loss" in r][0])
+    assert (tmp_path / "backed off" / "backoff.jsonl").exists() and not (tmp_path / "8x4" / "backoff.jsonl").exists()
+    losses, val = runs["16x2"]
+    assert len(losses) == 3 and losses[2] < losses[0]
+    for name in ("8x4", "backed off"):
+        assert runs[name][0] == pytest.approx(losses, rel=1e-5), name
+        assert {k: runs[name][1][k] for k in val} == pytest.approx(val, rel=1e-5), name
+
+
+def test_evaluation_is_the_per_token_loss_and_accuracy_over_every_validation_sample():
+    """evaluate() against the same figures computed in one pass over the whole validation set: the mean token
+    loss (cross-entropy's own mean), the share of scored tokens predicted right, the share of sequences predicted
+    right throughout, and the sample count. Two of the sequences are forced right so exact match is not 0."""
+    import contextlib
+
+    from autotune.runtime.dist import DistContext
+    from autotune.runtime.loop import evaluate
+    from autotune.runtime.workload import IGNORE, build_model, make_datasets
+
+    p = small_plan(None, **{"data.num_val_samples": 10})
+    torch.manual_seed(0)
+    model = build_model(p.workload)
+    _, val_ds = make_datasets(p.workload.data)
+    x, y = val_ds.x, val_ds.y
+    with torch.no_grad():
+        pred = model(x).argmax(-1)
+    y = y.clone()
+    y[:2] = torch.where(y[:2] == IGNORE, IGNORE, pred[:2])  # the model's own answer: these two are exact
+    val_ds.y = y
+
+    class Engine:
+        module, autocast = model, contextlib.nullcontext
+        modes: list = []
+
+        def eval(self):
+            self.modes.append("eval")
+
+        def train(self):
+            self.modes.append("train")
+
+    engine = Engine()
+    got = evaluate(engine, val_ds, DistContext(0, 0, 1, torch.device("cpu"), False), 4)
+    with torch.no_grad():
+        logits = model(x)
+    mask = y != IGNORE
+    right = (logits.argmax(-1) == y) & mask
+    assert got == pytest.approx({
+        "val/loss": torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, ignore_index=IGNORE).item(),
+        "val/accuracy": (right.sum() / mask.sum()).item(),
+        "val/exact_match": (right.sum(1) == mask.sum(1)).float().mean().item(),
+        "val/samples": 10}, rel=1e-6)
+    assert 0.2 <= got["val/exact_match"] < 1 and engine.modes == ["eval", "train"]
