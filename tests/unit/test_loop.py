@@ -48,7 +48,7 @@ def one_thread(monkeypatch):
     torch.set_num_threads(threads)
 
 
-def test_a_run_logs_evaluates_saves_and_returns_its_last_figures(tmp_path):
+def test_a_run_logs_evaluates_saves_and_returns_its_last_figures(tmp_path, capsys):
     """6 steps of micro 16 x accumulation 2, logged every 2 (and at step 1), evaluated every 3, saved every 3 and
     kept 1: metrics.jsonl has each of those steps once, one checkpoint is left (step 6, 6 x 2 micro-batches
     consumed), and what train returns is the last record, which metrics.json repeats."""
@@ -57,14 +57,24 @@ def test_a_run_logs_evaluates_saves_and_returns_its_last_figures(tmp_path):
                                 "checkpoint.keep_last": 1})
     assert (p.batch.micro_batch_size, p.batch.gradient_accumulation_steps) == (16, 2)
     final = train(p, tmp_path)
+    out = capsys.readouterr().out
+    assert out.startswith("autotune: single x1 on cpu, micro-batch 16 x accumulation 2 x 1 = 32 per step, fp32, "
+                          "6 steps\n")  # a fresh run: no resume named
     rows = lines(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 4, 6]
+    for r in rows:
+        if "train/loss" in r:
+            assert (f"step {r['step']}/6 | loss {r['train/loss']:.4f} | lr {r['train/lr']:.2e} | grad_norm "
+                    f"{r['train/grad_norm']:.3f} | {r['train/samples_per_s']:.0f} samples/s | "
+                    f"{r['train/step_time_s'] * 1000:.0f} ms/step\n") in out
     assert [r["step"] for r in rows if "val/loss" in r] == [3, 6]
     assert all(r["val/samples"] == 64 for r in rows if "val/loss" in r)  # every validation sample once
     assert rows[-1] == {"step": 6, **final}
     summary = json.loads((tmp_path / "metrics.json").read_text())
     assert summary["steps"] == 6 and summary["final"] == final and len(summary["history"]) == len(rows)
     step_6 = [r for r in rows if r["step"] == 6 and "train/loss" in r][0]
+    assert set(step_6) == {"step", "train/loss", "train/lr", "train/grad_norm", "train/samples_per_s",
+                           "train/step_time_s", "train/epoch"}  # no GPU memory figure on CPU
     assert step_6["train/epoch"] == pytest.approx(6 * 32 / 256)
     assert 0 < step_6["train/lr"] <= 0.003
     kept = sorted(d.name for d in (tmp_path / "checkpoints").iterdir())
@@ -74,25 +84,33 @@ def test_a_run_logs_evaluates_saves_and_returns_its_last_figures(tmp_path):
 
 
 def test_a_resume_continues_after_its_step_and_logs_each_step_once(tmp_path, capsys):
-    """Run 4 steps saving at 2 and 4, resume from step 2 at another layout (8 x 4): the run goes on at step 3,
-    the entries logged after step 2 move to metrics.superseded.jsonl, resumes.jsonl records the resume, and the
-    stream continues at the same sample: 64 samples at the checkpoint, 192 at step 6 (24 micro-batches of 8)."""
+    """Run 4 steps saving at 2 and 4, resume from step 2 at another layout (8 x 4) and learning rate: the run goes
+    on at step 3 and says what changed against the checkpoint, the entries logged after step 2 move to
+    metrics.superseded.jsonl, resumes.jsonl records the resume, and the stream continues at the same sample: 64
+    samples at the checkpoint, 192 at step 6 (24 micro-batches of 8)."""
     first = small_plan(tmp_path, **{"training.max_steps": 4, "training.log_every_steps": 1,
                                     "checkpoint.save_every_steps": 2})
     train(first, tmp_path)
     ckpt = tmp_path / "checkpoints" / "step-00000002"
     again = small_plan(tmp_path, resume_from=str(ckpt), **{
         "training.max_steps": 6, "training.log_every_steps": 1, "checkpoint.save_every_steps": 2,
-        "training.batch_size_per_gpu": 8})
+        "training.batch_size_per_gpu": 8, "training.learning_rate": 1e-3})
     assert (again.batch.micro_batch_size, again.batch.gradient_accumulation_steps) == (8, 4)
     train(again, tmp_path)
     out = capsys.readouterr().out
     assert f"resumed at step 2 from {ckpt}" in out
+    assert ("autotune: changed since step-00000002 (applied from step 3): micro_batch_size 16 -> 8, "
+            "gradient_accumulation_steps 2 -> 4, learning_rate 0.003 -> 0.001, total_steps 4 -> 6\n") in out
     steps = [r["step"] for r in lines(tmp_path / "metrics.jsonl") if "train/loss" in r]
     assert steps == [1, 2, 3, 4, 5, 6]
     assert [r["step"] for r in lines(tmp_path / "metrics.superseded.jsonl")] == [3, 4, 4]  # step 4: loss, eval
     (resume,) = lines(tmp_path / "resumes.jsonl")
     assert (resume["step"], resume["checkpoint"]) == (2, str(ckpt))
+    assert resume["changed"] == {"micro_batch_size": {"checkpoint": 16, "now": 8},
+                                 "gradient_accumulation_steps": {"checkpoint": 2, "now": 4},
+                                 "learning_rate": {"checkpoint": 3e-3, "now": 1e-3},
+                                 "total_steps": {"checkpoint": 4, "now": 6}}
+    assert time.strptime(resume["time"], "%Y-%m-%dT%H:%M:%S").tm_year >= 2024
     meta = json.loads((tmp_path / "checkpoints" / "step-00000006" / "meta.json").read_text())
     assert (meta["micro_batches_consumed"], meta["micro_batch_size"]) == (24, 8)  # (2 x 32 + 4 x 32) / 8
 
@@ -156,6 +174,20 @@ def test_an_injected_out_of_memory_halves_the_micro_batch_and_keeps_the_global_b
     assert [r["step"] for r in lines(tmp_path / "metrics.jsonl") if "train/loss" in r] == [1, 2, 3]
 
 
+def test_back_offs_go_on_halving_down_to_micro_batch_1(tmp_path, monkeypatch):
+    """Rank 0 runs out whenever a piece has more than 4 rows (from step 1): 16 -> 8 -> 4 in two back-offs of the
+    same step; at micro-batch 2 with at most 1 row it backs off once more, to 1, and trains."""
+    monkeypatch.setenv("AUTOTUNE_INJECT_OOM", "0:1:4")
+    train(small_plan(tmp_path, **{"training.max_steps": 2}), tmp_path / "16")
+    assert [(r["step"], r["micro_batch_size"], r["gradient_accumulation_steps"], r["was_micro_batch_size"])
+            for r in lines(tmp_path / "16" / "backoff.jsonl")] == [(1, 8, 4, 16), (1, 4, 8, 8)]
+    monkeypatch.setenv("AUTOTUNE_INJECT_OOM", "0:1:1")
+    train(small_plan(tmp_path, **{"training.max_steps": 1, "training.batch_size_per_gpu": 2,
+                                  "training.global_batch_size": 2}), tmp_path / "2")
+    assert [(r["micro_batch_size"], r["was_micro_batch_size"]) for r in lines(tmp_path / "2" / "backoff.jsonl")] \
+        == [(1, 2)]
+
+
 def test_out_of_memory_at_micro_batch_1_is_a_clear_error(tmp_path, monkeypatch):
     from autotune.errors import UserError
 
@@ -180,6 +212,9 @@ def test_forgetting_after_a_step_moves_later_entries_and_keeps_unreadable_lines(
     assert (tmp_path / "metrics.superseded.jsonl").read_text() == '{"step": 3, "x": 1}\n'
     _forget_after(jsonl, 2)  # nothing later: nothing moved, nothing appended
     assert (tmp_path / "metrics.superseded.jsonl").read_text() == '{"step": 3, "x": 1}\n'
+    jsonl.write_text('{"note": "no step"}\n{"step": 1}\n')
+    _forget_after(jsonl, 0)  # an entry without a step is kept, as if it came before every step
+    assert jsonl.read_text() == '{"note": "no step"}\n'
     _forget_after(tmp_path / "absent.jsonl", 0)
     assert not (tmp_path / "absent.jsonl").exists()
 
@@ -200,24 +235,37 @@ def test_a_restart_by_torchrun_resumes_from_the_newest_good_checkpoint(tmp_path,
 
 def test_the_layout_and_a_back_off_do_not_change_what_is_trained(tmp_path, monkeypatch):
     """The same 32 samples a step as micro 16 x accumulation 2, as 8 x 4, and as 16 x 2 that an injected
-    out-of-memory backs off to 8 x 4 from step 2: every step's logged loss and the validation figures are the
-    same, to float rounding. What a step logs is the mean loss over its samples (not one micro-batch's, not a
-    sum), and the update it makes is the same whatever the split."""
+    out-of-memory backs off to 8 x 4 from step 2: each step's loss and the validation figures are the same, to
+    float rounding, and so is the gradient's norm. So what a step logs is the mean loss over its samples (not one micro-batch's, not a sum), and
+    the update it makes does not depend on the split. The 8 x 4 run logs every 3 steps: its step 3 is the mean of
+    steps 2 and 3. The timings are bounded by the test's own clock."""
     runs = {}
-    for name, extra, inject in (("16x2", {}, ""), ("8x4", {"training.batch_size_per_gpu": 8}, ""),
-                                ("backed off", {}, "0:2:8")):
+    for name, extra, inject in (("16x2", {"training.log_every_steps": 1}, ""),
+                                ("8x4", {"training.batch_size_per_gpu": 8, "training.log_every_steps": 3}, ""),
+                                ("backed off", {"training.log_every_steps": 1}, "0:2:8")):
         monkeypatch.setenv("AUTOTUNE_INJECT_OOM", inject)
-        p = small_plan(tmp_path, **{"training.max_steps": 3, "training.log_every_steps": 1,
-                                    "training.eval_every_steps": 3, **extra})
-        train(p, tmp_path / name)
-        rows = lines(tmp_path / name / "metrics.jsonl")
-        runs[name] = ([r["train/loss"] for r in rows if "train/loss" in r],
-                      [r for r in rows if "val/loss" in r][0])
-    assert (tmp_path / "backed off" / "backoff.jsonl").exists() and not (tmp_path / "8x4" / "backoff.jsonl").exists()
-    losses, val = runs["16x2"]
-    assert len(losses) == 3 and losses[2] < losses[0]
+        p = small_plan(tmp_path, **{"training.max_steps": 3, "training.eval_every_steps": 3, **extra})
+        t0 = time.perf_counter()
+        train(p, tmp_path / name / "run")  # a run directory whose parent does not exist yet
+        wall = time.perf_counter() - t0
+        rows = lines(tmp_path / name / "run" / "metrics.jsonl")
+        runs[name] = ({r["step"]: r["train/loss"] for r in rows if "train/loss" in r},
+                      [r for r in rows if "val/loss" in r][0],
+                      {r["step"]: r["train/grad_norm"] for r in rows if "train/loss" in r})
+        for r in rows:
+            if "train/loss" in r:
+                assert 0 < r["train/step_time_s"] < wall, (name, r)
+                assert 32 / wall < r["train/samples_per_s"], (name, r)
+                if name != "8x4":  # a window of one step: the rate is at most that step's
+                    assert r["train/samples_per_s"] <= 32 / r["train/step_time_s"], (name, r)
+    assert (tmp_path / "backed off" / "run" / "backoff.jsonl").exists()
+    assert not (tmp_path / "8x4" / "run" / "backoff.jsonl").exists()
+    losses, val, _ = runs["16x2"]
+    assert sorted(losses) == [1, 2, 3] and losses[3] < losses[1]
+    assert runs["backed off"][0] == pytest.approx(losses, rel=1e-5)
+    assert runs["backed off"][2] == pytest.approx(runs["16x2"][2], rel=1e-4)  # Adam would hide a scaled gradient
+    assert runs["8x4"][0] == pytest.approx({1: losses[1], 3: (losses[2] + losses[3]) / 2}, rel=1e-5)
     for name in ("8x4", "backed off"):
-        assert runs[name][0] == pytest.approx(losses, rel=1e-5), name
         assert {k: runs[name][1][k] for k in val} == pytest.approx(val, rel=1e-5), name
 
 
@@ -264,3 +312,6 @@ def test_evaluation_is_the_per_token_loss_and_accuracy_over_every_validation_sam
         "val/exact_match": (right.sum(1) == mask.sum(1)).float().mean().item(),
         "val/samples": 10}, rel=1e-6)
     assert 0.2 <= got["val/exact_match"] < 1 and engine.modes == ["eval", "train"]
+    val_ds.x, val_ds.y = x[:1], y[:1]  # one sample, predicted right throughout
+    one = evaluate(engine, val_ds, DistContext(0, 0, 1, torch.device("cpu"), False), 4)
+    assert (one["val/exact_match"], one["val/accuracy"], one["val/samples"]) == (1.0, 1.0, 1)
