@@ -74,13 +74,13 @@ class CheckpointManager:
         self.dir = Path(run_dir) / "checkpoints"
         self.ctx, self.keep_last = ctx, keep_last
 
-    def save(self, engine, step: int, consumed: int, extra: dict | None = None) -> Path:
+    def save(self, engine, step: int, consumed: int) -> Path:
         """Write the checkpoint for ``step`` (a collective: every rank calls it). A full disk or a
         read-only file system is a UserError naming the path and the cause; the partial
         ``.tmp`` folder is removed and every earlier checkpoint is left as it was."""
         final = self.dir / f"{PREFIX}{step:08d}"
         try:
-            return self._save(engine, step, consumed, extra, final)
+            return self._save(engine, step, consumed, final)
         except (OSError, RuntimeError) as e:
             cause = disk_cause(e, self.dir)
             if cause is None:
@@ -89,7 +89,7 @@ class CheckpointManager:
             raise UserError(f"checkpoint: cannot write {final}: {cause}; the earlier checkpoints are intact "
                             f"(--resume_from auto continues from the newest)") from None
 
-    def _save(self, engine, step: int, consumed: int, extra: dict | None, final: Path) -> Path:
+    def _save(self, engine, step: int, consumed: int, final: Path) -> Path:
         tmp = final.with_name(final.name + ".tmp")
         if self.ctx.is_main:
             if tmp.exists():
@@ -106,8 +106,7 @@ class CheckpointManager:
             meta = {"step": step, "micro_batches_consumed": consumed, "backend": engine.name,
                     "world_size": self.ctx.world_size, "micro_batch_size": b.micro_batch_size,
                     "gradient_accumulation_steps": b.gradient_accumulation_steps,
-                    "global_batch_size": b.global_batch_size, "training": training_values(engine.plan),
-                    **(extra or {})}
+                    "global_batch_size": b.global_batch_size, "training": training_values(engine.plan)}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         wait_for_everyone(self.ctx)
         self._write_checksums(tmp)

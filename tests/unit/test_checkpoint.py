@@ -86,7 +86,7 @@ def test_auto_resume_falls_back_to_the_newest_good_checkpoint(tmp_path):
     assert warned == [f"checkpoint step-00000002 is damaged and skipped: {bad / 'trainer.pt'}: 100 bytes, "
                       f"{json.loads((bad / 'checksums.json').read_text())['files']['trainer.pt']['bytes']} "
                       "when written (truncated or changed)"]
-    assert mgr.newest_good(warned.append) == good
+    assert mgr.newest_good(warned.append) == good and warned[1] == warned[0]
     with pytest.raises(UserError, match=f"{bad} is damaged") as e:
         resolve_resume(str(bad), tmp_path)  # an explicit damaged path is an error naming the file
     assert "trainer.pt: 100 bytes" in e.value.problems[0]
@@ -120,12 +120,14 @@ def test_bad_checkpoints_are_user_errors_that_touch_nothing(tmp_path):
     (path / "model.pt").write_bytes(b"garbage")
     with pytest.raises(UserError, match="is damaged") as e:
         mgr.load(eng, path)
+    assert str(e.value).startswith(f"--resume_from: {path} is damaged; resume from an earlier checkpoint "
+                                   "(--resume_from auto skips damaged ones)")
     assert e.value.problems == [f"{path / 'model.pt'}: 7 bytes, {size} when written (truncated or changed)"]
     assert (path / "model.pt").read_bytes() == b"garbage"
     (path / "checksums.json").unlink()  # a checkpoint from before checksums: loading finds the damage
     with pytest.raises(UserError, match="damaged or incompatible with this model") as e:
         mgr.load(eng, path)
-    assert e.value.problems[0].startswith("rank 0: ")
+    assert e.value.problems[0].startswith("rank 0: UnpicklingError: ")
     other = engine_for(**{"training.global_batch_size": 128})
     good = mgr.save(eng, 2, consumed=8)
     with pytest.raises(UserError, match="--global_batch_size 256"):
@@ -210,3 +212,59 @@ def test_a_checkpoint_without_checksums_still_needs_this_ranks_random_state_at_i
     meta = json.loads((path / "meta.json").read_text())
     (path / "meta.json").write_text(json.dumps({**meta, "world_size": 2}))
     assert mgr.verify(path) == []
+
+
+def _saved_then_edited(tmp_path, **meta_changes):
+    """A checkpoint at step 3 of micro 16 x accumulation 2 (6 micro-batches consumed), its checksums removed (a
+    checkpoint from before them) so that its meta can be edited: ``None`` removes a key."""
+    eng = engine_for(**{"training.global_batch_size": 32, "training.batch_size_per_gpu": 16})
+    path = CheckpointManager(tmp_path, CTX).save(eng, 3, consumed=6)
+    (path / "checksums.json").unlink()
+    meta = json.loads((path / "meta.json").read_text())
+    assert (meta["world_size"], meta["micro_batch_size"], meta["gradient_accumulation_steps"]) == (1, 16, 2)
+    meta.update(meta_changes)
+    (path / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if v is not None}))
+    return path
+
+
+@pytest.mark.parametrize("changes, micro, position", [
+    ({}, 16, 6),  # same world: the saving run's micro-batches, which the stream converts through samples
+    ({"world_size": 2}, 8, 12),  # another world: restart the position from the steps taken, in 8 x 4
+    ({"micro_batch_size": None}, 8, 12),  # no micro-batch recorded, another accumulation: from the steps
+])
+def test_a_resume_counts_its_data_position_in_this_runs_micro_batches_where_it_must(tmp_path, changes, micro,
+                                                                                     position):
+    """Loaded at micro 8 x accumulation 4 (the same global batch): what ``load`` returns for the data stream."""
+    path = _saved_then_edited(tmp_path, **changes)
+    meta = CheckpointManager(tmp_path, CTX).load(
+        engine_for(**{"training.global_batch_size": 32, "training.batch_size_per_gpu": 8}), path)
+    assert (meta["micro_batch_size"], meta["micro_batches_consumed"]) == (micro, position)
+
+
+def test_without_a_micro_batch_recorded_the_same_accumulation_keeps_the_position(tmp_path):
+    path = _saved_then_edited(tmp_path, micro_batch_size=None)
+    meta = CheckpointManager(tmp_path, CTX).load(
+        engine_for(**{"training.global_batch_size": 32, "training.batch_size_per_gpu": 16}), path)
+    assert meta["micro_batches_consumed"] == 6 and "micro_batch_size" not in meta
+
+
+@pytest.mark.parametrize("world, restored", [(1, True), (2, False)])
+def test_the_random_state_is_restored_only_at_the_world_size_it_was_saved_at(tmp_path, world, restored):
+    """The checkpoint's rank-0 random state is the one at its save; at another world size the ranks' states are
+    not this layout's, and the loading process keeps its own."""
+    path = _saved_then_edited(tmp_path, world_size=world)
+    saved = torch.load(path / "rng-rank0.pt", weights_only=False)["torch"]
+    eng = engine_for(**{"training.global_batch_size": 32, "training.batch_size_per_gpu": 16})
+    torch.manual_seed(11)
+    own = torch.get_rng_state()
+    assert not torch.equal(own, saved)
+    CheckpointManager(tmp_path, CTX).load(eng, path)
+    assert torch.equal(torch.get_rng_state(), saved if restored else own)
+
+
+def test_a_checkpoint_of_another_engine_family_is_refused_naming_both(tmp_path):
+    path = _saved_then_edited(tmp_path, backend="deepspeed")
+    with pytest.raises(UserError) as e:
+        CheckpointManager(tmp_path, CTX).load(engine_for(**{"training.global_batch_size": 32}), path)
+    assert str(e.value).startswith(f"--resume_from: {path} was written by the deepspeed backend and this run uses "
+                                   "single; resume with the same engine (--deepspeed)")
