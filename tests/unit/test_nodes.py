@@ -3,6 +3,7 @@ presets' vendor figures), and the exchange of profiles through a real TCPStore o
 
 import socket
 import threading
+import time
 
 import pytest
 
@@ -174,11 +175,42 @@ def test_every_node_receives_every_profile_and_node_0_frees_the_port():
 
 
 def test_a_lone_node_0_names_the_missing_nodes_and_a_lone_node_1_names_node_0():
-    with pytest.raises(UserError, match=r"node\(s\) 1, 2 of 3 did not join at 127.0.0.1:\d+ within 1 s"):
-        meet(3, 0, "127.0.0.1", free_port(), CPU, 1.0, poll_s=0.02)
-    with pytest.raises(UserError, match=r"node 1 of 2 could not reach node 0 at 127.0.0.1:\d+ within 1 s .*"
-                                        r"127.0.0.1 is this machine, so node 0 must run here too"):
-        meet(2, 1, "127.0.0.1", free_port(), CPU, 1.0)
+    """Each message whole. A node 1 pointed at this machine is told node 0 must run here too; pointed at an address
+    that is not a loopback one (0.0.0.0 reaches this machine on Linux, where nothing listens), it is not."""
+    port = free_port()
+    with pytest.raises(UserError) as e:
+        meet(3, 0, "127.0.0.1", port, CPU, 1.0, poll_s=0.02)
+    assert str(e.value) == (
+        f"node(s) 1, 2 of 3 did not join at 127.0.0.1:{port} within 1 s (distributed.rendezvous_timeout_s): start "
+        f"the same command on every node (node ranks 0..2), check that 127.0.0.1:{port} is reachable from them, or "
+        "raise the budget")
+    reach = ("within 1 s (distributed.rendezvous_timeout_s): start the same command on node 0, check that the port "
+             "is reachable from here, or raise the budget")
+    for addr, hint in (("127.0.0.1", "; 127.0.0.1 is this machine, so node 0 must run here too: give node 0's "
+                                     "address with --master_addr"), ("0.0.0.0", "")):
+        port = free_port()
+        with pytest.raises(UserError) as e:
+            meet(2, 1, addr, port, CPU, 1.0)
+        assert str(e.value) == f"node 1 of 2 could not reach node 0 at {addr}:{port} {reach}{hint}"
+
+
+def test_waiting_for_node_0s_port_keeps_its_deadline():
+    """Nothing listening: a TimeoutError naming the address once the deadline passes (not before, and not
+    torch's retry backoff later). Something listening: it returns at once, even with under a second left."""
+
+    from autotune.launch.nodes import _wait_for_port
+
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=f"^nothing answered at 127.0.0.1:{port}$"):
+        _wait_for_port("127.0.0.1", port, t0 + 0.6)
+    assert 0.6 <= time.monotonic() - t0 < 1.5
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        t0 = time.monotonic()
+        _wait_for_port("127.0.0.1", listening.getsockname()[1], t0 + 0.8)
+        assert time.monotonic() - t0 < 0.5
 
 
 def test_two_nodes_claiming_one_rank_are_refused():
@@ -200,7 +232,8 @@ def test_two_nodes_claiming_one_rank_are_refused():
         t.start()
     for t in threads:
         t.join(30)
-    assert sum("two nodes of this job both say they are node 1" in r for r in results) == 1, results
+    assert results.count("distributed.node_rank: two nodes of this job both say they are node 1; give each node its "
+                         "own rank 0..2") == 1, results
 
 
 def _node_0_launch_beside(mine, peer, tmp_path):
