@@ -67,6 +67,11 @@ def test_a_run_logs_evaluates_saves_and_returns_its_last_figures(tmp_path, capsy
             assert (f"step {r['step']}/6 | loss {r['train/loss']:.4f} | lr {r['train/lr']:.2e} | grad_norm "
                     f"{r['train/grad_norm']:.3f} | {r['train/samples_per_s']:.0f} samples/s | "
                     f"{r['train/step_time_s'] * 1000:.0f} ms/step\n") in out
+        if "val/loss" in r:
+            assert (f"step {r['step']}/6 | val loss {r['val/loss']:.4f} | val accuracy {r['val/accuracy']:.3f} | "
+                    f"exact match {r['val/exact_match']:.3f}\n") in out
+    for step in (3, 6):
+        assert f"checkpoint: {tmp_path / 'checkpoints' / f'step-{step:08d}'}\n" in out
     assert [r["step"] for r in rows if "val/loss" in r] == [3, 6]
     assert all(r["val/samples"] == 64 for r in rows if "val/loss" in r)  # every validation sample once
     assert rows[-1] == {"step": 6, **final}
@@ -91,6 +96,8 @@ def test_a_resume_continues_after_its_step_and_logs_each_step_once(tmp_path, cap
     first = small_plan(tmp_path, **{"training.max_steps": 4, "training.log_every_steps": 1,
                                     "checkpoint.save_every_steps": 2})
     train(first, tmp_path)
+    # saved every 2 steps and kept 3 (the default): steps 2 and 4, none at the other steps
+    assert sorted(d.name for d in (tmp_path / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
     ckpt = tmp_path / "checkpoints" / "step-00000002"
     again = small_plan(tmp_path, resume_from=str(ckpt), **{
         "training.max_steps": 6, "training.log_every_steps": 1, "checkpoint.save_every_steps": 2,
@@ -135,6 +142,8 @@ def test_a_stop_signal_ends_the_run_after_its_step_with_one_checkpoint(tmp_path,
     assert 1 <= step < 100000
     (kept,) = list((tmp_path / "checkpoints").iterdir())
     assert result["checkpoint"] == str(kept) and kept.name == f"step-{step:08d}"
+    meta = json.loads((kept / "meta.json").read_text())
+    assert meta["micro_batches_consumed"] == 2 * step  # where the stream stopped: a resume starts after it
     assert f"autotune: SIGTERM: stopped after step {step}/100000; checkpoint: {kept}" in capsys.readouterr().out
     assert not (tmp_path / "metrics.json").exists()  # a stopped run has no final summary
     assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
