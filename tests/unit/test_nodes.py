@@ -194,6 +194,15 @@ def test_a_lone_node_0_names_the_missing_nodes_and_a_lone_node_1_names_node_0():
         assert str(e.value) == f"node 1 of 2 could not reach node 0 at {addr}:{port} {reach}{hint}"
 
 
+def test_the_deadline_the_launcher_printed_wins_over_a_fresh_budget():
+    """The launcher prints its budget before the meeting starts and passes that deadline on: a lone node 1 given
+    0.5 s left of a 30 s budget gives up within about that, not 30 s after it was called."""
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match="could not reach node 0"):
+        meet(2, 1, "127.0.0.1", free_port(), CPU, 30.0, deadline=t0 + 0.5)
+    assert time.monotonic() - t0 < 5
+
+
 def test_waiting_for_node_0s_port_keeps_its_deadline():
     """Nothing listening: a TimeoutError naming the address once the deadline passes (not before, and not
     torch's retry backoff later). Something listening: it returns at once, even with under a second left."""
