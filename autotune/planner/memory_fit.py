@@ -190,12 +190,14 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         ckpt_choices = (False, True)
     fixed_micro = is_set(micro_user)
     top = micro_user if fixed_micro else band.micro_batch_size
-    opts = candidates(x, default_backend=default_backend, world=world, on_gpu=budget.on_gpu, ckpt_choices=ckpt_choices)
-    if not opts:
-        opts = [(default, ckpt_choices[0])]
+    opts = candidates(x, default_backend=default_backend, world=world, on_gpu=budget.on_gpu,
+                      ckpt_choices=ckpt_choices) or [(default, ckpt_choices[0])]
+
+    def weigh(top: int, search: bool, fixed: bool) -> tuple[Row, ...]:  # one row per option
+        return tuple(_largest(sz, budget, s, c, top) if search else _row(sz, budget, s, c, top, fixed)
+                     for s, c in opts)
     known = facts.num_parameters is not None and (budget.device_gib is not None or budget.host_gib is not None)
-    # measured: the largest that fits, not the band's halvings (unless the policy keeps the band)
-    search = plans_largest(facts, x.policy) and not fixed_micro
+    search = plans_largest(facts, x.policy) and not fixed_micro  # measured: the largest that fits, not the band
     if not known:  # nothing to weigh: the first option, planned blind (the reasons say so)
         s, ckpt = opts[0]
         chosen = Row(s, ckpt, top, sz.need(s, top, ckpt), None)
@@ -203,8 +205,7 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         if record is not None:
             record.append(Weighing(rows, budget))
     else:
-        rows = tuple(_largest(sz, budget, s, c, top) if search else _row(sz, budget, s, c, top, fixed_micro)
-                     for s, c in opts)
+        rows = weigh(top, search, fixed_micro)
         if record is not None:
             record.append(Weighing(rows, budget))
         picked = _pick(rows, search, top)
@@ -228,8 +229,7 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         auto_micro = Decision(micro, _micro_reason(band, chosen, top, facts, x.policy.micro_batch_rule))
     elif known:  # what auto would have chosen: the weighing the user's value skipped
         top, search = band.micro_batch_size, plans_largest(facts, x.policy)
-        auto = _pick(tuple(_largest(sz, budget, s, c, top) if search else _row(sz, budget, s, c, top, False)
-                           for s, c in opts), search, top)
+        auto = _pick(weigh(top, search, False), search, top)
         if auto is not None and search and target:
             auto = _steady(sz, auto, target, world)
         auto_micro = Decision(1, f"{band.micro_reason}, but no micro-batch fits by the estimate") if auto is None \
