@@ -30,7 +30,7 @@ from autotune.plan import (
 from autotune.planner import deciders as dec
 from autotune.planner import memory
 from autotune.planner.memory_fit import fit
-from autotune.planner.micro import plans_largest
+from autotune.planner.micro import GLOBAL_TOLERANCE, plans_largest
 from autotune.planner.model_facts import ModelFacts, facts_for
 from autotune.planner.policy import Policy, load_policy
 from autotune.planner.resolve import Decision, Resolver, is_set
@@ -90,10 +90,17 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
                               "off unless it is the only way to a fast micro-batch (it costs 30-70 % a step)")
     if auto_optimize:
         band = dec.fit_to_target(r, band, target, world, debug)
+    budget = _budget(x, mem_mib, nproc, bool(devs), world)
+    # --grad_accum alone: the micro-batch holds the global batch (issue 33), where memory allows
+    hold = auto_optimize and not debug and is_set(t.gradient_accumulation_steps) and not is_set(t.batch_size_per_gpu)
+    checkable = facts.num_parameters is not None and (budget.device_gib is not None or budget.host_gib is not None)
+    auto_micro = band.micro_batch_size  # what auto's accumulation is reckoned from ("auto would choose")
+    if hold:
+        band = dec.hold_with_accumulation(band, target, world, t.gradient_accumulation_steps, checkable)
     half = precision in ("bf16", "fp16")
     bucket = memory.bucket_size(None if mem_mib is None else round(mem_mib / 1024, 2), facts.num_parameters)
     mf = fit(x, r, band, facts, default_backend=backend, default_zero=zero, world=world, nproc=nproc,
-             num_nodes=num_nodes, half=half, budget=_budget(x, mem_mib, nproc, bool(devs), world),
+             num_nodes=num_nodes, half=half, budget=budget,
              bucket_elements=bucket, force=force,
              record=record, target=target)
     micro = mf.micro_batch_size
@@ -104,7 +111,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
 
     # -- accumulation and the global batch ---------------------------------------------
     acc = r.resolve("gradient_accumulation_steps", t.gradient_accumulation_steps,
-                    lambda: _accumulation_decision(target, micro, world, debug),
+                    lambda: _accumulation_decision(target, auto_micro if hold else micro, world, debug),
                     path="training.gradient_accumulation_steps")
     global_batch = micro * acc * world
     deviation = global_batch - target
@@ -112,6 +119,8 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
         _check_global_batch(r, t, target, micro, acc, world, global_batch, deviation, debug)
     else:
         r.explain("global_batch_size", f"{micro} x {acc} x {world} = {global_batch} (no target applied)")
+    if hold and abs(deviation) > GLOBAL_TOLERANCE * target:
+        r.warnings.append(_accumulation_shortfall(target, micro, acc, world, global_batch, checkable))
 
     loader = _loader(x, r, nproc, bool(devs))
     lr = dec.learning_rate(x, r, global_batch)
@@ -191,6 +200,23 @@ def _accumulation_decision(target: int, micro: int, world: int, debug: bool) -> 
     per_step = micro * world
     return Decision(dec.accumulation(target, micro, world),
                     f"closest integer to target {target} / ({micro} micro x {world} processes) = {target / per_step:.2f}")
+
+
+def _accumulation_shortfall(target: int, micro: int, acc: int, world: int, global_batch: int,
+                            checkable: bool) -> str:
+    """Why --grad_accum left the global batch off its target, plainly (the learning rate follows the batch
+    only under lr_scaling)."""
+    need = dec.micro_for_accumulation(target, world, acc)
+    off = f"global batch {global_batch} is {100 * abs(global_batch - target) / target:.0f}% " \
+          f"{'below' if global_batch < target else 'above'} the target {target} with your gradient_accumulation_steps {acc}"
+    if micro == need:  # no whole micro-batch comes closer
+        why = f"no micro-batch holds it: {micro} x {acc} x {world} process(es) is the closest"
+    elif checkable:
+        why = f"micro-batch {need} would hold it, but {micro} is the largest that fits in memory"
+    else:
+        why = (f"micro-batch {need} would hold it, but the memory estimate cannot check it (describe the model: "
+               f"training.model or training.num_parameters), so {micro} is kept")
+    return f"{off}: {why}; leave gradient_accumulation_steps to autotune (auto) to hold it"
 
 
 def _check_global_batch(r: Resolver, t, target: int, micro: int, acc: int, world: int, global_batch: int,
