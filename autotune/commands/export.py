@@ -16,7 +16,7 @@ EPILOG = """examples:
   python -m autotune export --format slurm --num_nodes 2 --hardware 8xA100-40GB --time 12:00:00 -o train.sbatch
   python -m autotune export --format deepspeed-hostfile   # inside a SLURM allocation
 
---format slurm writes an sbatch script: one launcher per node (srun --ntasks-per-node=1
+--format slurm (or sbatch) writes an sbatch script: one launcher per node (srun --ntasks-per-node=1
 --kill-on-bad-exit=1), autotune plans again on each node from the allocation and starts
 torchrun with a c10d rendezvous on the first host; the output goes to the run directory
 and to slurm-<name>-<id>.out in the submit directory); SIGUSR1 120 s before the time
@@ -59,8 +59,9 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("export", help=HELP, description=HELP, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--format", required=True, choices=["deepspeed", "accelerate", "torchrun", "slurm",
-                                                       "deepspeed-hostfile"])
+    p.add_argument("--format", required=True, choices=["deepspeed", "accelerate", "torchrun", "slurm", "sbatch",
+                                                       "deepspeed-hostfile"],
+                   help="sbatch is another name of slurm (an sbatch script)")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (refuses to overwrite)")
     p.add_argument("--overwrite", action="store_true", help="allow --output to overwrite an existing file")
     p.add_argument("--script", default="train.py",
@@ -107,14 +108,67 @@ def _sbatch(args, plan, hw, script_args: list[str]) -> str:
                          plan_flags=plan_flags_argv(args, skip=("hardware", "config")))
 
 
+ACCUMULATION_VARIABLE = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
+
+
+def _accelerate(args, plan, raw: list[str]) -> str:
+    """The Accelerate config and the line that starts it. The script is scanned as the launcher scans it: the
+    plan's accumulation is set only for a script that also gets the plan's micro-batch (a {micro_batch_size}
+    placeholder after `--`), else the script's own batch times the plan's accumulation would train another
+    effective batch; withheld, the output says so and how to pair them."""
+    import yaml
+
+    from autotune.exports.script_args import expand, placeholder_values, used_placeholders
+    from autotune.exports.tools import accelerate_config, accelerate_launch_env, accelerate_launch_line
+    from autotune.exports.wiring import FLAGS, withhold_accumulation
+    from autotune.prepare import script_facts
+
+    cfg = accelerate_config(plan)  # refuses what Accelerate cannot run before anything is scanned
+    raw = [*plan.run.script_args, *raw]
+    script_args = expand(raw, placeholder_values(plan, None, None), where="export --format accelerate")
+    facts = script_facts(args.script)
+    paired = "micro_batch_size" in used_placeholders(raw)
+    why = withhold_accumulation(facts, {"micro_batch_size": ["placeholder"] if paired else []}) \
+        if ACCUMULATION_VARIABLE in accelerate_launch_env(plan) else None
+    withhold = (ACCUMULATION_VARIABLE,) if why else ()
+    line = accelerate_launch_line(plan, args.output or "accelerate.yaml", args.script, script_args=script_args,
+                                  withhold=withhold)
+    b = plan.batch
+    accumulation = f"gradient accumulation {b.gradient_accumulation_steps}" + (" (not set: below)" if why else "")
+    notes = [f"{plan.engine.world_size} process(es), micro-batch {b.micro_batch_size} per process (your script's "
+             f"batch size), {accumulation}; start them with:", f"  {line}"]
+    carried = {"ACCELERATE_USE_CPU": "the CPU switch for several CPU processes",
+               ACCUMULATION_VARIABLE: "gradient accumulation outside DeepSpeed"}
+    kept = [carried[k] for k in accelerate_launch_env(plan) if k not in withhold]
+    if kept:
+        notes.append(f"(the variables carry what an Accelerate config file cannot: {', '.join(kept)})")
+    warned = []
+    if why and "gradient_accumulation_steps" in facts.accelerator_kwargs:  # the script's own accumulation
+        warned.append(f"{ACCUMULATION_VARIABLE} is not set for {args.script}: {why}")
+    elif why:
+        flag = next((f for f in FLAGS["micro_batch_size"] if facts is not None and f in facts.flags), None)
+        how = f"pass {flag or 'its batch-size flag'} {{micro_batch_size}} after `--` to deliver both"
+        warned.append(f"{ACCUMULATION_VARIABLE} is not set for {args.script}: {why.removesuffix(': not exported')}; "
+                      f"it trains its own batch size x {plan.engine.world_size} process(es), no accumulation ({how})")
+    elif facts is not None and facts.error and ACCUMULATION_VARIABLE in accelerate_launch_env(plan):
+        warned.append(f"{args.script} was not scanned ({facts.error}): {ACCUMULATION_VARIABLE} assumes the script "
+                      "trains the plan's micro-batch")
+    for note in warned:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"start with: {line}", file=sys.stderr)
+    return "".join(f"# {n}\n" for n in notes + warned) + yaml.safe_dump(cfg, sort_keys=False)
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from autotune.commands.common import plan_from_args
     from autotune.errors import UserError
     from autotune.exports.deepspeed import deepspeed_config
-    from autotune.exports.tools import accelerate_config, torchrun_command
+    from autotune.exports.tools import torchrun_command
 
+    if args.format == "sbatch":  # the help says "an sbatch script": the name users reach for
+        args.format = "slurm"
     plan, hw, ds = plan_from_args(args)
     raw = list(args.script_args or [])
     if raw and raw[0] == "--":
@@ -124,20 +178,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "deepspeed":
         text = json.dumps(ds if ds is not None else deepspeed_config(plan), indent=2) + "\n"
     elif args.format == "accelerate":
-        import yaml
-
-        from autotune.exports.tools import accelerate_launch_env, accelerate_launch_line
-
-        cfg = accelerate_config(plan)
-        line = accelerate_launch_line(plan, args.output or "accelerate.yaml", args.script)
-        header = [f"# {plan.engine.world_size} process(es), micro-batch {plan.batch.micro_batch_size} per process "
-                  f"(your script's batch size), gradient accumulation {plan.batch.gradient_accumulation_steps}; "
-                  "start them with:", f"#   {line}"]
-        if accelerate_launch_env(plan):
-            header.append("# (the variables carry what an Accelerate config file cannot: the CPU switch for "
-                          "several CPU processes, gradient accumulation outside DeepSpeed)")
-        text = "\n".join(header) + "\n" + yaml.safe_dump(cfg, sort_keys=False)
-        print(f"start with: {line}", file=sys.stderr)
+        text = _accelerate(args, plan, raw)
     elif args.format == "torchrun":
         from autotune.exports.script_args import expand, placeholder_values
 

@@ -135,3 +135,56 @@ def test_zero3_offload_reaches_accelerate_and_the_deepspeed_json_and_launch_vari
     two = plan(cpu, apply_overrides(TrainConfig(), {"distributed.backend": "ddp", "distributed.nproc_per_node": 2,
                                                     "training.global_batch_size": 32, "training.batch_size_per_gpu": 16}))
     assert accelerate_launch_env(two) == {"ACCELERATE_USE_CPU": "true"}
+
+
+OWN_YAML_BATCH = """
+import yaml
+from accelerate import Accelerator
+batch_size = yaml.safe_load(open("mine.yaml"))["batch_size"]  # 128: the script's own, in its own YAML
+accelerator = Accelerator({kwargs})
+"""
+
+
+def test_accelerate_export_withholds_accumulation_a_script_cannot_pair_with_the_plans_micro_batch(tmp_path, capsys):
+    """The export scans the script as the launcher does (issue 33): a script whose batch is its own would train
+    its batch x the plan's accumulation, so the start line leaves ACCELERATE_GRADIENT_ACCUMULATION_STEPS out and
+    says why; handed the micro-batch ({micro_batch_size} after `--`), it gets both."""
+    from autotune.__main__ import main
+
+    script = tmp_path / "own.py"
+    script.write_text(OWN_YAML_BATCH.format(kwargs=""))
+    argv = ["export", "--format", "accelerate", "--hardware", "cpu-only", "--nproc_per_node", "2", "--batch_size",
+            "64", "--script", str(script)]  # 64 x 2 processes: accumulation 2 for the global 256
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    line = f"ACCELERATE_USE_CPU=true accelerate launch --config_file accelerate.yaml {script}"
+    note = (f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS is not set for {script}: the plan's micro-batch has no route to "
+            "the script, so its accumulation alone would train another effective batch; it trains its own batch "
+            "size x 2 process(es), no accumulation (pass its batch-size flag {micro_batch_size} after `--` to "
+            "deliver both)")
+    assert out.err.splitlines() == [f"note: {note}", f"start with: {line}"]
+    assert out.out.splitlines()[:4] == [
+        "# 2 process(es), micro-batch 64 per process (your script's batch size), gradient accumulation 2 (not set: "
+        "below); start them with:", f"#   {line}",
+        "# (the variables carry what an Accelerate config file cannot: the CPU switch for several CPU processes)",
+        f"# {note}"]
+    assert main([*argv, "--", "--bs", "{micro_batch_size}"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"start with: ACCELERATE_USE_CPU=true ACCELERATE_GRADIENT_ACCUMULATION_STEPS=2 accelerate launch "
+        f"--config_file accelerate.yaml {script} --bs 64"]
+    script.write_text(OWN_YAML_BATCH.format(kwargs="gradient_accumulation_steps=1"))  # its own accumulation wins
+    assert main([*argv, "--", "--bs", "{micro_batch_size}"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"note: ACCELERATE_GRADIENT_ACCUMULATION_STEPS is not set for {script}: the script "
+                             "passes gradient_accumulation_steps to Accelerator() itself")
+    assert err[1] == f"start with: ACCELERATE_USE_CPU=true accelerate launch --config_file accelerate.yaml {script} --bs 64"
+
+
+def test_export_format_sbatch_is_slurm(capsys):
+    """The help says "an sbatch script": --format sbatch writes it, the same as --format slurm."""
+    from autotune.__main__ import main
+
+    assert main(["export", "--format", "slurm", "--hardware", "4xL4", "--job_name", "j"]) == 0
+    slurm = capsys.readouterr().out
+    assert main(["export", "--format", "sbatch", "--hardware", "4xL4", "--job_name", "j"]) == 0
+    assert capsys.readouterr().out == slurm and slurm.startswith("#!/bin/bash\n#SBATCH --job-name=j\n")
