@@ -8,6 +8,7 @@ import sys
 
 from autotune import __version__
 from autotune.commands import COMMANDS
+from autotune.commands.common import Parser, did_you_mean
 from autotune.errors import run_cli
 
 DESCRIPTION = """autotune: detect the hardware, plan batch sizes / accumulation / precision /
@@ -21,8 +22,7 @@ start here:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="autotune", description=DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="autotune", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = p.add_subparsers(dest="command", metavar="<command>", required=True)
     for name in COMMANDS:
@@ -32,10 +32,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:  # a mistyped command
+        parser.error(f"unknown command {argv[0]!r}{did_you_mean(argv[0], COMMANDS)}; the commands: "
+                     f"{', '.join(COMMANDS)}")
     args, unknown = parser.parse_known_args(argv)
-    if unknown:
+    if unknown:  # the command's own usage, and the flag it has that comes closest
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+        flags = [s for a in sub._actions for s in a.option_strings]
+        guesses = "".join(did_you_mean(u, flags) for u in unknown if u.startswith("-"))
         hint = " (arguments for your training script go after `--`)" if args.command == "launch" else ""
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+        sub.error(f"unrecognized arguments: {' '.join(unknown)}{guesses}{hint}")
     return run_cli(lambda: args.func(args))
 
 

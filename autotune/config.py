@@ -93,8 +93,9 @@ class ModelConfig(_Section):
     n_head: int = Field(4, ge=1, le=1024, description="attention heads")
     n_embd: int = Field(64, ge=8, le=65536, description="embedding width, divisible by n_head")
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    # Moved to training.num_parameters (it describes your own script's model); kept to say so.
-    num_parameters: int | None = Field(None, ge=1, le=10**15)
+    # Moved to training.num_parameters (it describes your own script's model); kept to say so, and left out of
+    # every dump (`check` prints only keys a config may set).
+    num_parameters: int | None = Field(None, ge=1, le=10**15, exclude=True)
 
 
 class DataConfig(_Section):
@@ -238,6 +239,14 @@ def _cross_checks(cfg: TrainConfig) -> list[str]:
     return problems
 
 
+def _keys_at(section: str) -> list[str]:
+    """The keys a config may set at ``section`` ('' for the top level, 'training', ...): what an unknown key
+    is compared with."""
+    model = TrainConfig if not section else TrainConfig.model_fields[section].annotation \
+        if section in TrainConfig.model_fields else None
+    return [k for k, f in model.model_fields.items() if not f.exclude] if model is not None else []
+
+
 def parse_config(data: Any, origin: str = "<config>") -> TrainConfig:
     if data is None:
         data = {}
@@ -246,7 +255,7 @@ def parse_config(data: Any, origin: str = "<config>") -> TrainConfig:
     try:
         cfg = TrainConfig.model_validate(data)
     except ValidationError as e:
-        problems = [p.replace("Value error, ", "") for p in validation_problems(e)]
+        problems = [p.replace("Value error, ", "") for p in validation_problems(e, siblings=_keys_at)]
         raise UserError(f"{origin}: {len(problems)} problem(s) in the config", problems) from None
     problems = _cross_checks(cfg)
     if problems:

@@ -9,7 +9,8 @@ from typing import Callable
 EXIT_USAGE = 2
 EXIT_REFUSED = 3  # the request is valid but no plan fits by autotune's own estimate
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; --resume_from auto continues
-CONFIG_KEYS = "configs/default_config.yaml"  # where the training config's keys are listed
+# where the training config's keys are listed: autotune's own defaults, whatever the user's file is called
+CONFIG_KEYS = "`python -m autotune check`'s output (every key, with its default)"
 
 
 class PlanRefused(Exception):
@@ -100,9 +101,13 @@ def _short_repr(value) -> str:
     return r.repr(value)
 
 
-def validation_problems(err, prefix: str = "", keys_in: str = CONFIG_KEYS) -> list[str]:
+def validation_problems(err, prefix: str = "", keys_in: str = CONFIG_KEYS,
+                        siblings: Callable[[str], list[str]] | None = None) -> list[str]:
     """Turn a pydantic ValidationError into 'field.path: message, got X' lines; an unknown key's
-    line says where the allowed keys are listed (``keys_in``)."""
+    line says where the allowed keys are listed (``keys_in``) and, given ``siblings`` (dotted parent path ->
+    the keys allowed there), the closest one."""
+    import difflib
+
     problems = []
     for e in err.errors(include_url=False):
         # Union errors repeat the path with the tried type appended; keep the field path.
@@ -112,8 +117,11 @@ def validation_problems(err, prefix: str = "", keys_in: str = CONFIG_KEYS) -> li
             path = f"{prefix}.{path}" if path != "<root>" else prefix
         msg = e.get("msg", "invalid")
         if e.get("type") == "extra_forbidden":
-            problems.append(f"{path}: unknown key (check the spelling; allowed keys are listed in {keys_in})"
-                            + foreign_hint(path))
+            hint = foreign_hint(path)
+            parent, _, last = path.rpartition(".")
+            close = [] if hint or siblings is None else difflib.get_close_matches(last, siblings(parent), n=1)
+            spelling = f"did you mean {parent + '.' if parent else ''}{close[0]}?" if close else "check the spelling"
+            problems.append(f"{path}: unknown key ({spelling}; allowed keys are listed in {keys_in}){hint}")
             continue
         if e.get("type") == "missing":
             problems.append(f"{path}: required field is missing")

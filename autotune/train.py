@@ -19,7 +19,7 @@ from autotune.plan import load_plan
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m autotune.train",
+        prog="python -m autotune.train", allow_abbrev=False,
         description="Train the built-in workload (a small GPT sorting digits) under a plan written by "
                     "`python -m autotune launch`. Ranks never plan: to plan and train, run "
                     "`python -m autotune launch [--config FILE]` (or ./launch_distributed_training.sh).",

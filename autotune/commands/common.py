@@ -10,6 +10,23 @@ from autotune.config import load_config
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent.parent / "configs" / "default_config.yaml"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviations (``--nproc_per_nod`` is a typo, not ``--nproc_per_node``); the sub-commands'
+    parsers are of this class too (argparse makes them of their parent's)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+def did_you_mean(word: str, known) -> str:
+    """' (did you mean --x?)' for the closest of ``known`` to a mistyped ``word``, else ''."""
+    import difflib
+
+    close = difflib.get_close_matches(word.split("=", 1)[0], list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def _int_at_least(minimum: int, what: str):
     def parse(text: str) -> int:
         try:

@@ -33,10 +33,18 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _gib(v) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.2f}" if v >= 0.01 or v == 0 else f"{v * 1024:.2f}M"
+SIZES = ("model_states_gib", "activations_gib", "overhead_gib", "total_gib", "host_gib_per_node")
+
+
+def table_unit(table: list[dict]) -> tuple[str, float]:
+    """One unit for the whole table, named in its footer: MiB when every figure is below 1 GiB (a small model
+    would read 0.00 GiB), else GiB; (name, factor from GiB)."""
+    largest = max((t[k] for t in table for k in SIZES if t[k] is not None), default=0.0)
+    return ("GiB", 1.0) if largest >= 1 else ("MiB", 1024.0)
+
+
+def _size(v, factor: float) -> str:
+    return "-" if v is None else f"{v * factor:.2f}"
 
 
 def measured_by(source: str | None) -> str:
@@ -82,8 +90,11 @@ def run(args: argparse.Namespace) -> int:
     if plan is not None and (budget is None or budget.device_gib is None or
                              any(r.need.total_gib is None for r in rows)):
         blind = plan.reasons.get("strategy")
+    from autotune.exports.report import engine_label
+
+    backend = None if plan is None else plan.engine.backend  # a refused plan has none: the planner's names
     table = [{
-        "strategy": r.label, "checkpointing": r.checkpointing, "largest_micro_batch": r.micro,
+        "strategy": engine_label(r.label, backend or ""), "checkpointing": r.checkpointing, "largest_micro_batch": r.micro,
         "model_states_gib": r.need.states_gib, "activations_gib": r.need.activations_gib,
         "overhead_gib": r.need.overhead_gib, "total_gib": r.need.total_gib,
         "host_gib_per_node": r.need.host_gib or None, "why_not": r.why_not,
@@ -114,13 +125,15 @@ def run(args: argparse.Namespace) -> int:
             w(f"bytes: {measured_by(plan.memory.estimate.model_source)}; the total is the allocated peak of a "
               "step (CUDA context and NCCL buffers in 'over')\n")
         w(f"\n{'option':<58}{'micro':>6}{'states':>9}{'acts':>8}{'over':>7}{'total':>8}{'host':>8}  fits\n")
+        unit, factor = table_unit(table)
         for t in table:
             label = t["strategy"] + (" + ckpt" if t["checkpointing"] and "checkpointing" not in t["strategy"] else "")
             mark = "<- plan" if t["chosen"] else ("yes" if t["fits"] else f"no: {t['why_not']}")
-            w(f"{label:<58}{t['largest_micro_batch']:>6}{_gib(t['model_states_gib']):>9}"
-              f"{_gib(t['activations_gib']):>8}{_gib(t['overhead_gib']):>7}{_gib(t['total_gib']):>8}"
-              f"{_gib(t['host_gib_per_node']):>8}  {mark}\n")
-        w("(GiB per GPU, per process on CPU; micro = largest micro-batch that fits, up to the band's)\n")
+            w(f"{label:<58}{t['largest_micro_batch']:>6}"
+              + "".join(f"{_size(t[k], factor):>{width}}" for k, width in zip(SIZES, (9, 8, 7, 8, 8)))
+              + f"  {mark}\n")
+        per = "per GPU" if budget is None or budget.on_gpu else "per process, no GPU"
+        w(f"({unit} {per}; host: per node; micro = largest micro-batch that fits, up to the band's)\n")
         if blind:
             w(f"not weighed: {blind}\n")
         if refused is not None:

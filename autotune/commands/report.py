@@ -50,7 +50,9 @@ def run(args: argparse.Namespace, out=None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry for `python -m autotune.hardware report [...]`."""
-    p = argparse.ArgumentParser(prog="python -m autotune.hardware", description=HELP)
+    from autotune.commands.common import Parser
+
+    p = Parser(prog="python -m autotune.hardware", description=HELP)
     sub = p.add_subparsers(dest="command", metavar="report", required=True)
     add_parser(sub)
     args = p.parse_args(argv)

@@ -97,6 +97,12 @@ def _size(gib: float) -> str:
     return f"{gib:.2f} GiB" if gib >= 0.1 else f"{gib * 1024:.1f} MiB"
 
 
+def engine_label(label: str, backend: str) -> str:
+    """A memory option's name as the plan's engine says it: the planner weighs "DDP" (whole replicas, no
+    sharding) for any world size, and a one-process plan runs that option as the ``single`` engine."""
+    return "single" + label[3:] if backend == "single" and label.startswith("DDP") else label
+
+
 _PLAN_ROWS = (
     ("Batch size per GPU", "micro_batch_size"),
     ("Gradient accumulation", "gradient_accumulation_steps"),
@@ -125,7 +131,8 @@ def render_plan(plan, out: TextIO) -> None:
 
     flat = public_dict(plan)
     w = out.write
-    w(f"\n{RULE}\nOPTIMAL TRAINING SETTINGS\n{RULE}\n")
+    title = "OPTIMAL TRAINING SETTINGS" if plan.run.auto_optimize else "TRAINING SETTINGS (the config verbatim)"
+    w(f"\n{RULE}\n{title}\n{RULE}\n")
     w(f"Planned for: {plan.hardware}" + ("" if plan.run.auto_optimize else "  [--no_auto_optimize: config verbatim]")
       + ("  [--debug]" if plan.run.debug else "") + "\n")
     for label, key in _PLAN_ROWS:
@@ -137,6 +144,8 @@ def render_plan(plan, out: TextIO) -> None:
         elif value is None:
             value = "-"
         reason = plan.reasons.get(key, "")
+        if key == "micro_batch_size" and plan.engine.device != "cuda":
+            label = "Batch size per process"  # no GPU: a CPU process trains it
         w(f"{label + ':':<26}{str(value):<10} {reason}\n")
     e = plan.memory.estimate
     if e:
@@ -147,7 +156,8 @@ def render_plan(plan, out: TextIO) -> None:
             acts = "unknown" if e.activations_gib is None else _size(e.activations_gib)
             budget = f" of {e.budget_gib:.1f} GiB usable" if e.budget_gib else " (budget unknown)"
             params = f"{e.num_parameters:,} parameters" if e.num_parameters else "parameters unknown"
-            w(f"{'Memory estimate:':<26}{_size(e.total_gib)} per {unit}{budget} with {e.strategy}: model states "
+            w(f"{'Memory estimate:':<26}{_size(e.total_gib)} per {unit}{budget} with "
+              f"{engine_label(e.strategy, plan.engine.backend)}: model states "
               f"{_size(e.model_states_gib)} + activations {acts} + overhead {_size(e.overhead_gib)} ({params})\n")
             if e.host_gib_per_node:
                 w(f"{'':<26}host RAM for offloaded state: {_size(e.host_gib_per_node)} per node\n")
@@ -155,7 +165,7 @@ def render_plan(plan, out: TextIO) -> None:
             if e.unknown:
                 w(f"{'':<26}not known: {e.unknown}\n")
         if "strategy" in plan.reasons:
-            w(f"{'Memory strategy:':<26}{plan.reasons['strategy']}\n")
+            w(f"{'Memory strategy:':<26}{engine_label(plan.reasons['strategy'], plan.engine.backend)}\n")
     if plan.overrides:
         w("\nYour settings (beat auto):\n")
         for k, o in plan.overrides.items():

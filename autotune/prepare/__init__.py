@@ -109,24 +109,37 @@ def new_run_dir_name() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
-def latest_run_with_checkpoint(root: Path) -> Path | None:
+def script_checkpoints(run_dir: Path) -> list[Path]:
+    """What a user's script keeps in the run's checkpoint directory, in its own format (hidden names aside)."""
+    from autotune.rundir.layout import checkpoint_dir
+
+    where = checkpoint_dir(run_dir)
+    return [p for p in where.glob("*") if not p.name.startswith(".")] if where.is_dir() else []
+
+
+def latest_run_with_checkpoint(root: Path, own_format: bool = False) -> Path | None:
+    """The newest run under ``root`` holding a checkpoint (``own_format``: anything a user's script kept)."""
     from autotune.rundir.checkpoints import latest_checkpoint
 
     runs = sorted((d for d in root.glob("*") if d.is_dir()), key=lambda d: d.stat().st_mtime, reverse=True)
-    return next((d for d in runs if latest_checkpoint(d) is not None), None)
+    return next((d for d in runs if (script_checkpoints(d) if own_format else latest_checkpoint(d) is not None)),
+                None)
 
 
-def choose_run_dir(run_dir: str | Path | None, resume_from: str | None, runs_root: Path) -> Path:
+def choose_run_dir(run_dir: str | Path | None, resume_from: str | None, runs_root: Path,
+                   own_format: bool = False) -> Path:
     if run_dir:
         return Path(run_dir)
     if resume_from == "auto":
-        return latest_run_with_checkpoint(runs_root) or runs_root / new_run_dir_name()
+        return latest_run_with_checkpoint(runs_root, own_format) or runs_root / new_run_dir_name()
     return runs_root / new_run_dir_name()
 
 
-def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_format: bool = False) -> Path | None:
-    """'auto' -> the newest checkpoint in run_dir that verifies (None: start fresh), each damaged
-    newer one named through ``warn`` (default: a warning on stderr); a path must exist and verify.
+def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_format: bool = False,
+                   searched: Path | None = None) -> Path | None:
+    """'auto' -> the newest checkpoint in run_dir that verifies (None: start fresh, said in one line through
+    ``warn``), each damaged newer one named through ``warn`` (default: a warning on stderr); a path must exist and
+    verify. ``searched``: the folder of runs 'auto' looked through when no --run_dir was given.
 
     ``own_format`` (a user's script, which keeps checkpoints its own way): a path only has to exist
     (file or directory); it reaches the script as {resume_from} and AUTOTUNE_RESUME_FROM, never as
@@ -146,17 +159,23 @@ def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_for
     if warn is None:
         def warn(msg: str) -> None:
             print(f"warning: {msg}", file=sys.stderr, flush=True)
-    if own_format:  # auto, for a user's script: the newest entry its checkpoint directory holds
-        from autotune.rundir.layout import checkpoint_dir
+    from autotune.rundir.layout import checkpoint_dir
 
-        entries = [p for p in checkpoint_dir(run_dir).glob("*") if not p.name.startswith(".")] \
-            if checkpoint_dir(run_dir).is_dir() else []
+    who = "your script" if own_format else "training"
+    fresh = (f"--resume_from auto: no run under {searched}/ holds a checkpoint: {who} starts fresh in {run_dir}"
+             if searched is not None else
+             f"--resume_from auto: {checkpoint_dir(run_dir)} holds no checkpoint yet: {who} starts fresh")
+    if own_format:  # auto, for a user's script: the newest entry its checkpoint directory holds
+        entries = script_checkpoints(run_dir)
         if not entries:
-            warn(f"--resume_from auto: {checkpoint_dir(run_dir)} holds nothing yet: your script starts fresh")
+            warn(fresh)
             return None
         return max(entries, key=lambda p: (p.stat().st_mtime, p.name)).resolve()
     if resume_from == "auto":
-        return newest_good_checkpoint(run_dir, warn)
+        found = newest_good_checkpoint(run_dir, warn)
+        if found is None:
+            warn(fresh)
+        return found
     path = Path(resume_from)
     if not path.is_dir():
         raise UserError(f"--resume_from: no checkpoint directory {resume_from!r}")
@@ -184,14 +203,14 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     entry = plan.run.entrypoint
     if entry and entry.endswith(".py") and not Path(entry).is_file():
         raise UserError(f"training.entrypoint: no such script {entry!r} (paths are relative to {Path.cwd()})")
-    rd = choose_run_dir(run_dir, resume_from, Path(runs_root))
+    rd = choose_run_dir(run_dir, resume_from, Path(runs_root), own_format=bool(entry))
     workdir = _workdir(cfg.training.workdir)
     if workdir is not None:  # the child starts elsewhere: every path it is given must not depend on its cwd
         rd = rd.absolute()
         if entry and entry.endswith(".py"):
             entry = str(Path(entry).absolute())
             plan = plan.model_copy(update={"run": plan.run.model_copy(update={"entrypoint": entry})})
-    resume_path = resolve_resume(resume_from, rd, own_format=bool(entry))
+    resume_path = resolve_resume(resume_from, rd, own_format=bool(entry), searched=None if run_dir else Path(runs_root))
     if resume_path is not None:
         if not entry:  # the built-in runtime's checkpoints: refuse an incompatible one before any rank starts
             check_compatible(read_meta(resume_path), resume_path, plan.engine.backend, plan.batch.global_batch_size)

@@ -155,3 +155,96 @@ def test_estimate_table_and_json(cli, tmp_path):
     assert "no: 40.6 GiB needed > 32.6 GiB usable" in line
     refused = cli("autotune", "estimate", "--config", str(cfg), "--hardware", "4xL4", cwd=tmp_path)
     assert refused.returncode == 3 and "refused" in refused.stderr and "ZeRO-3" in refused.stdout
+
+
+def _exit_2(argv, capsys, main=None):
+    """``autotune <argv>`` in this process: it must stop with argparse's exit 2; its stderr."""
+    from autotune.__main__ import main as autotune_main
+
+    with pytest.raises(SystemExit) as e:
+        (main or autotune_main)(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_abbreviations_are_refused_and_a_typo_gets_did_you_mean_with_its_commands_usage(capsys):
+    """argparse would take --nproc_per_nod for --nproc_per_node: every parser refuses abbreviations, and a
+    mistyped flag or command is answered with the closest name, under the command's own usage."""
+    err = _exit_2(["plan", "--hardware", "4xL4", "--nproc_per_nod", "2"], capsys)
+    assert err.startswith("usage: autotune plan ")
+    assert err.endswith("autotune plan: error: unrecognized arguments: --nproc_per_nod 2 (did you mean "
+                        "--nproc_per_node?)\n")
+    err = _exit_2(["launch", "--dry-run", "--batchsize=8"], capsys)
+    assert err.startswith("usage: autotune launch ") and "--batchsize=8 (did you mean --batch_size?) (arguments " \
+        "for your training script go after `--`)" in err
+    err = _exit_2(["plna", "--hardware", "4xL4"], capsys)
+    assert err.splitlines()[-1] == ("autotune: error: unknown command 'plna' (did you mean plan?); the commands: "
+                                    "check, report, plan, estimate, export, launch")
+    assert "did you mean" not in _exit_2(["plan", "--zzzzzz"], capsys)  # nothing close: no guess
+    from autotune.commands.report import main as hardware_main
+    from autotune.train import build_parser as train_parser
+
+    assert "unrecognized arguments: --jso" in _exit_2(["report", "--jso"], capsys, hardware_main)
+    assert train_parser().allow_abbrev is False
+
+
+def test_on_a_cpu_plan_estimate_and_memory_strategy_name_one_engine_in_one_unit(capsys):
+    """cpu-only: the plan's engine is single, so the memory option it runs is 'single' in the plan's memory lines
+    and in the estimate table; the table's figures are all MiB (a small model), its footer says so and per
+    what; with no GPU the micro-batch is per process; --no_auto_optimize is not 'optimal'."""
+    from autotune.__main__ import main
+
+    assert main(["plan", "--hardware", "cpu-only"]) == 0
+    text = capsys.readouterr().out
+    rows = {ln.split(":", 1)[0]: ln.split(":", 1)[1].split() for ln in text.splitlines() if ":" in ln}
+    assert rows["Distributed engine"][0] == "single" and rows["Memory strategy"][0] == "single:"
+    assert "with single: model states" in text and "DDP" not in text
+    assert rows["Batch size per process"][0] == "64" and "Batch size per GPU" not in text
+    assert "\nOPTIMAL TRAINING SETTINGS\n" in text
+    assert main(["estimate", "--hardware", "cpu-only"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[-3].split() == ["single", "64", "1.55", "9.14", "0.00", "10.69", "-", "<-", "plan"]
+    assert table[-2].split()[:6] == ["single", "+", "checkpointing", "64", "1.55", "0.54"]
+    assert table[-1] == ("(MiB per process, no GPU; host: per node; micro = largest micro-batch that fits, up to the "
+                         "band's)")
+    assert main(["plan", "--hardware", "cpu-only", "--config", str(ROOT / "tests" / "golden" / "verbatim.yaml"),
+                 "--no_auto_optimize"]) == 0
+    text = capsys.readouterr().out
+    assert "\nTRAINING SETTINGS (the config verbatim)\n" in text and "OPTIMAL" not in text
+
+
+def test_the_estimate_table_keeps_one_unit_large_or_small():
+    from autotune.commands.estimate import table_unit
+
+    row = dict.fromkeys(("model_states_gib", "activations_gib", "overhead_gib", "total_gib", "host_gib_per_node"))
+    assert table_unit([{**row, "total_gib": 0.99}, {**row, "host_gib_per_node": 0.5}]) == ("MiB", 1024.0)
+    assert table_unit([{**row, "total_gib": 0.01}, {**row, "host_gib_per_node": 1.0}]) == ("GiB", 1.0)
+    assert table_unit([row]) == ("MiB", 1024.0)
+
+
+def test_resume_auto_with_nothing_to_resume_says_so_in_one_line(tmp_path, capsys):
+    """--resume_from auto that finds no checkpoint starts fresh and says so, once, for the built-in runtime and
+    for a user's script (whose own checkpoints count when 'auto' looks for the newest run)."""
+    from autotune.config import TrainConfig, apply_overrides
+    from autotune.prepare import prepare
+
+    runs = tmp_path / "runs"
+    setup = prepare(TrainConfig(), hardware="cpu-only", runs_root=runs, resume_from="auto", environ={})
+    assert setup.resume_path is None and setup.run_dir.parent == runs
+    assert capsys.readouterr().err == (f"warning: --resume_from auto: no run under {runs}/ holds a checkpoint: "
+                                       f"training starts fresh in {setup.run_dir}\n")
+    prepare(TrainConfig(), hardware="cpu-only", run_dir=tmp_path / "r", resume_from="auto", environ={})
+    assert capsys.readouterr().err == (f"warning: --resume_from auto: {tmp_path / 'r' / 'checkpoints'} holds no "
+                                       "checkpoint yet: training starts fresh\n")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    mine = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "train.py")})
+    setup = prepare(mine, hardware="cpu-only", runs_root=runs, resume_from="auto", environ={},
+                    script_args=["--resume", "{resume_from}"])
+    assert capsys.readouterr().err == (f"warning: --resume_from auto: no run under {runs}/ holds a checkpoint: "
+                                       f"your script starts fresh in {setup.run_dir}\n")
+    kept = runs / "old" / "checkpoints" / "epoch-3.pt"  # the script's own format
+    kept.parent.mkdir(parents=True)
+    kept.write_text("weights")
+    setup = prepare(mine, hardware="cpu-only", runs_root=runs, resume_from="auto", environ={},
+                    script_args=["--resume", "{resume_from}"])
+    assert (setup.run_dir, setup.resume_path, capsys.readouterr().err) == (runs / "old", kept.resolve(), "")

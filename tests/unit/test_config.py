@@ -1,5 +1,6 @@
 """Config: strict validation, every problem at once, field paths, exit 2 without a traceback."""
 
+import json
 import re
 import textwrap
 
@@ -121,6 +122,36 @@ def test_check_command_ok(cli):
     r = cli("autotune", "check", "--config", "configs/default_config.yaml")
     assert r.returncode == 0, r.stderr
     assert "OK" in r.stdout and "training.batch_size_per_gpu" in r.stdout
+
+
+def test_check_prints_only_keys_a_config_may_set(capsys, tmp_path):
+    """model.num_parameters is refused (it moved to training.num_parameters): `check` no longer lists it as a key,
+    and every key it lists is accepted back."""
+    import yaml
+
+    from autotune.__main__ import main
+
+    assert main(["check", "--config", str(ROOT / "configs" / "default_config.yaml")]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out.split("\n", 1)[1])
+    assert "num_parameters" not in printed["model"] and "num_parameters" in printed["training"]
+    assert parse_config(printed) == parse_config({})
+    assert main(["check", "--json"]) == 0
+    assert "num_parameters" not in json.loads(capsys.readouterr().out)["model"]
+
+
+def test_an_unknown_key_names_the_closest_key_and_not_autotunes_file(tmp_path):
+    """In a user's project configs/default_config.yaml is their own file (or none): the message names the
+    closest allowed key and the command that lists every key."""
+    p = write(tmp_path, "trainig: {}\ntraining:\n  learning_rat: 0.1\n  zzzz: 1\n  batch_size: 8\n", "my.yaml")
+    with pytest.raises(UserError) as e:
+        load_config(p)
+    where = "allowed keys are listed in `python -m autotune check`'s output (every key, with its default)"
+    assert sorted(e.value.problems) == sorted([
+        f"trainig: unknown key (did you mean training?; {where})",
+        f"training.learning_rat: unknown key (did you mean training.learning_rate?; {where})",
+        f"training.zzzz: unknown key (check the spelling; {where})",
+        f"training.batch_size: unknown key (check the spelling; {where}); autotune's name for it: "
+        "training.batch_size_per_gpu"])
 
 
 def test_check_command_bad_config_exit_2_no_traceback(cli, tmp_path):
