@@ -58,6 +58,41 @@ def default_cache_dir(environ: Mapping[str, str]) -> str:
     return str(Path(base) / "autotune")
 
 
+def build_key(python: tuple[int, int], torch_version: str | None, requires: list[str] | tuple[str, ...] = ()) -> str:
+    """What a JIT-built extension (DeepSpeed's ops) is bound to, as a folder name: the Python version, torch's
+    version and its CUDA build, e.g. ``py3.11-torch2.13.0+cpu``. PyPI's default Linux wheel has no local tag
+    (``2.5.1``): its CUDA runtime is named by its requirement on ``nvidia-cuda-runtime-cuNN==X.Y.Z``."""
+    import re
+
+    key = f"py{python[0]}.{python[1]}"
+    if torch_version is None:
+        return key
+    version = torch_version
+    if "+" not in version:
+        cuda = next((m for r in requires if (m := re.match(r"nvidia-cuda-runtime-cu\d+\s*==\s*(\d+)\.(\d+)", r))),
+                    None)
+        version += f"+cu{cuda[1]}{cuda[2]}" if cuda else ""
+    return f"{key}-torch{re.sub(r'[^0-9A-Za-z.+_-]', '_', version)}"
+
+
+_BUILD_KEY: list[str] = []
+
+
+def torch_build() -> str:
+    """``build_key`` of this interpreter (the ranks' too: the launch runs them with it), from torch's installed
+    metadata (never importing torch); read once."""
+    if not _BUILD_KEY:
+        from importlib import metadata
+
+        try:
+            dist = metadata.distribution("torch")
+            version, requires = dist.version, tuple(dist.requires or ())
+        except metadata.PackageNotFoundError:
+            version, requires = None, ()
+        _BUILD_KEY.append(build_key(sys.version_info[:2], version, requires))
+    return _BUILD_KEY[0]
+
+
 def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
              has_infiniband: bool | None) -> tuple[dict[str, str], dict[str, str]]:
     """The environment the plan asks for; a value the user exported wins and is recorded as theirs."""
@@ -66,7 +101,8 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         # Elastic restarts are flaky with the shared rendezvous TCP store (PyTorch issue 135712).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        "TORCH_EXTENSIONS_DIR": str(Path(default_cache_dir(environ)) / "torch_extensions"),
+        # keyed by the torch build: virtualenvs with another torch (or Python) never rebuild each other's ops
+        "TORCH_EXTENSIONS_DIR": str(Path(default_cache_dir(environ)) / "torch_extensions" / torch_build()),
         "PYTHONUNBUFFERED": "1",
     }
     if plan.engine.backend != "single":
@@ -208,7 +244,8 @@ LAUNCHERS: dict[str, Callable[[TrainingPlan, str, list[str]], list[str]]] = {
 def launch_spec(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str], *, python: str | None = None,
                 has_infiniband: bool | None = None, script_args: list[str] | None = None,
                 cwd: str | None = None, withhold: tuple[str, ...] = ()) -> LaunchSpec:
-    """Build the command and environment for ``plan``. Pure: reads only its arguments. ``withhold``: variables
+    """Build the command and environment for ``plan``. Pure: reads only its arguments (and, once, the installed
+    torch's version for the extension cache's folder: ``torch_build``). ``withhold``: variables
     of the plan not to export to this script (the delivery record says why)."""
     python = python or sys.executable
     program = _program(plan, list(script_args or []))

@@ -204,8 +204,12 @@ def _execute(setup, lock=None, log=None) -> int:
     observing = bool(setup.plan.run.entrypoint and setup.plan.run.observe)
     script = ScriptWatch(setup.plan, run_dir, sys.stderr) if observing else None
     stop_reason: list[str] = []
+    from autotune.launch.builds import BuildWatch
+
+    builds = BuildWatch(setup.launch_spec.env.get("TORCH_EXTENSIONS_DIR"), deepspeed=setup.plan.is_deepspeed)
 
     def should_kill() -> str | None:
+        builds.check()  # a first DeepSpeed launch builds its ops: say so while the ranks wait on it
         reason = watch.lingering() or (script.check() if script is not None else None)
         if reason:
             stop_reason.append(reason)

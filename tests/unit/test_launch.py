@@ -11,7 +11,7 @@ import time
 import pytest
 
 from autotune.config import TrainConfig, apply_overrides
-from autotune.exports.launch_spec import LaunchSpec, launch_spec
+from autotune.exports.launch_spec import LaunchSpec, build_key, launch_spec, torch_build
 from autotune.launch.process import execute
 from autotune.planner import plan
 from autotune.profiles import load_profile, preset_names
@@ -60,7 +60,61 @@ def test_user_exported_values_win_and_are_recorded_as_theirs():
     assert s.env["OMP_NUM_THREADS"] == "3" and s.env_sources["OMP_NUM_THREADS"] == "user"
     assert s.env["AUTOTUNE_PLAN"] == "runs/x/plan.json"  # the run's own file always
     assert s.env_sources["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "autotune"
-    assert s.env["TORCH_EXTENSIONS_DIR"] == "/h/.cache/autotune/torch_extensions"
+    assert s.env["TORCH_EXTENSIONS_DIR"] == f"/h/.cache/autotune/torch_extensions/{torch_build()}"
+
+
+def test_the_extension_cache_is_keyed_by_python_and_the_torch_build():
+    """Two virtualenvs with another torch (or Python) used to share one folder and rebuild each other's
+    DeepSpeed ops in turn (issue 33): the folder names the Python version, torch's version and its CUDA build,
+    read from torch's metadata (torch is never imported by the launcher)."""
+    import torch
+
+    assert torch_build() == f"py{sys.version_info[0]}.{sys.version_info[1]}-torch{torch.__version__}"
+    cu12 = ["filelock", 'nvidia-cuda-runtime-cu12==12.4.127; platform_system == "Linux" and platform_machine == "x86_64"']
+    assert build_key((3, 12), "2.5.1", cu12) == "py3.12-torch2.5.1+cu124"  # PyPI's default wheel: no local tag
+    assert build_key((3, 12), "2.5.1+cu121", cu12) == "py3.12-torch2.5.1+cu121"  # the tag wins
+    assert build_key((3, 10), "2.5.1", ["filelock"]) == "py3.10-torch2.5.1"  # a CPU build from elsewhere
+    assert build_key((3, 10), None) == "py3.10"
+    assert build_key((3, 10), "2.5/../1") == "py3.10-torch2.5_.._1"  # a folder name, never a path
+
+
+def test_the_launcher_says_while_an_op_builds_and_nothing_when_none_does(tmp_path):
+    """torch holds <dir>/<op>/lock while it builds an op and for a moment when it only loads one: a lock held
+    5 s is a build, said at once, then every 15 s, and once when it is gone; a stale one names the fix."""
+    import io
+
+    from autotune.launch.builds import BuildWatch
+
+    now = [1000.0]
+    out = io.StringIO()
+    watch = BuildWatch(tmp_path, out=out, clock=lambda: now[0])
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir()
+    lock.write_text("")
+    os.utime(lock, (now[0] - 1, now[0] - 1))  # a load: held for a moment
+    watch.check()
+    (tmp_path / "fused_adam").mkdir()  # built before: no lock
+    assert out.getvalue() == ""
+    for t in (1004.0, 1010.0, 1018.0, 1019.0):
+        now[0] = t
+        watch.check()
+    lock.unlink()
+    now[0] = 1050.0
+    watch.check()
+    watch.check()
+    assert out.getvalue().splitlines() == [
+        "autotune: building DeepSpeed's deepspeed_shm_comm (first time only, ~1-2 min): 5 s so far",
+        "autotune: building DeepSpeed's deepspeed_shm_comm (first time only, ~1-2 min): 20 s so far",
+        f"autotune: built DeepSpeed's deepspeed_shm_comm in 51 s (kept in {tmp_path}; later launches with this "
+        "torch load it)"]
+    lock.write_text("")
+    os.utime(lock, (now[0] - 900, now[0] - 900))
+    stale = io.StringIO()
+    BuildWatch(tmp_path, deepspeed=False, out=stale, clock=lambda: now[0]).check()
+    assert stale.getvalue() == (f"autotune: the torch extension deepspeed_shm_comm has been building for 15 min: if "
+                                "no build is running (a killed build leaves its lock behind and every later one "
+                                f"waits on it), delete {lock}\n")
+    BuildWatch(None).check()  # no folder given: nothing to watch
 
 
 def test_spec_is_pure_and_never_leaks_secrets():
