@@ -96,7 +96,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     checkable = facts.num_parameters is not None and (budget.device_gib is not None or budget.host_gib is not None)
     auto_micro = band.micro_batch_size  # what auto's accumulation is reckoned from ("auto would choose")
     if hold:
-        band = dec.hold_with_accumulation(band, target, world, t.gradient_accumulation_steps, checkable)
+        band = _hold_with_accumulation(band, target, world, t.gradient_accumulation_steps, checkable)
     half = precision in ("bf16", "fp16")
     bucket = memory.bucket_size(None if mem_mib is None else round(mem_mib / 1024, 2), facts.num_parameters)
     mf = fit(x, r, band, facts, default_backend=backend, default_zero=zero, world=world, nproc=nproc,
@@ -202,11 +202,34 @@ def _accumulation_decision(target: int, micro: int, world: int, debug: bool) -> 
                     f"closest integer to target {target} / ({micro} micro x {world} processes) = {target / per_step:.2f}")
 
 
+def _micro_for_accumulation(target: int, world: int, accumulation: int) -> int:
+    """The micro-batch that holds the target global batch with a fixed accumulation (closest, at least 1)."""
+    return max(1, round(target / (accumulation * world)))
+
+
+def _hold_with_accumulation(band: dec.BandChoice, target: int, world: int, accumulation: int,
+                           checkable: bool) -> dec.BandChoice:
+    """Your accumulation, the planner's micro-batch: the micro-batch becomes the one that holds the target
+    global batch (the memory fit then halves it if it does not fit). Raised above the band only where the
+    memory estimate can check it; else the band's stays, and the reason says why."""
+    need = _micro_for_accumulation(target, world, accumulation)
+    if need == band.micro_batch_size:
+        return band
+    verb = "holds" if need * accumulation * world == target else "comes closest to"
+    holds = (f"micro-batch {need} {verb} the target global batch {target} with your gradient_accumulation_steps "
+             f"{accumulation} ({need} x {accumulation} x {world} process(es))")
+    if need > band.micro_batch_size and not checkable:
+        return dec.BandChoice(band.micro_batch_size, f"{band.micro_reason}; {holds}, but the memory estimate "
+                              "cannot check it: the band's is kept", band.gradient_checkpointing,
+                              band.checkpointing_reason)
+    return dec.BandChoice(need, holds, band.gradient_checkpointing, band.checkpointing_reason)
+
+
 def _accumulation_shortfall(target: int, micro: int, acc: int, world: int, global_batch: int,
                             checkable: bool) -> str:
     """Why --grad_accum left the global batch off its target, plainly (the learning rate follows the batch
     only under lr_scaling)."""
-    need = dec.micro_for_accumulation(target, world, acc)
+    need = _micro_for_accumulation(target, world, acc)
     off = f"global batch {global_batch} is {100 * abs(global_batch - target) / target:.0f}% " \
           f"{'below' if global_batch < target else 'above'} the target {target} with your gradient_accumulation_steps {acc}"
     if micro == need:  # no whole micro-batch comes closer

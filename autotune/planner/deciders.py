@@ -357,28 +357,6 @@ def fit_to_target(r: Resolver, band: BandChoice, target: int, world: int, debug:
     return BandChoice(reduced, why, band.gradient_checkpointing, band.checkpointing_reason)
 
 
-def micro_for_accumulation(target: int, world: int, accumulation: int) -> int:
-    """The micro-batch that holds the target global batch with a fixed accumulation (closest, at least 1)."""
-    return max(1, round(target / (accumulation * world)))
-
-
-def hold_with_accumulation(band: BandChoice, target: int, world: int, accumulation: int,
-                           checkable: bool) -> BandChoice:
-    """Your accumulation, the planner's micro-batch: the micro-batch becomes the one that holds the target
-    global batch (the memory fit then halves it if it does not fit). Raised above the band only where the
-    memory estimate can check it; else the band's stays, and the reason says why."""
-    need = micro_for_accumulation(target, world, accumulation)
-    if need == band.micro_batch_size:
-        return band
-    verb = "holds" if need * accumulation * world == target else "comes closest to"
-    holds = (f"micro-batch {need} {verb} the target global batch {target} with your gradient_accumulation_steps "
-             f"{accumulation} ({need} x {accumulation} x {world} process(es))")
-    if need > band.micro_batch_size and not checkable:
-        return BandChoice(band.micro_batch_size, f"{band.micro_reason}; {holds}, but the memory estimate cannot "
-                          "check it: the band's is kept", band.gradient_checkpointing, band.checkpointing_reason)
-    return BandChoice(need, holds, band.gradient_checkpointing, band.checkpointing_reason)
-
-
 # -- accumulation, learning rate, steps ---------------------------------------------
 
 def accumulation(target: int, micro: int, world: int) -> int:
