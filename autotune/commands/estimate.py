@@ -85,16 +85,17 @@ def run(args: argparse.Namespace) -> int:
     budget = record[-1].budget if record else None
     rows = list(record[-1].rows) if record else []
     chosen = None if plan is None else plan.memory.estimate.strategy if plan.memory.estimate else None
+    from autotune.exports.report import engine_label
+
+    backend = None if plan is None else plan.engine.backend  # a refused plan has none: the planner's names
     # an undescribed model or an unknown budget: the plan's one option, planned blind, and why
     blind = None
     if plan is not None and (budget is None or budget.device_gib is None or
                              any(r.need.total_gib is None for r in rows)):
-        blind = plan.reasons.get("strategy")
-    from autotune.exports.report import engine_label
-
-    backend = None if plan is None else plan.engine.backend  # a refused plan has none: the planner's names
+        blind = engine_label(plan.reasons.get("strategy", ""), plan.engine.backend) or None
     table = [{
-        "strategy": engine_label(r.label, backend or ""), "checkpointing": r.checkpointing, "largest_micro_batch": r.micro,
+        "strategy": engine_label(r.label, backend or ""), "checkpointing": r.checkpointing,
+        "largest_micro_batch": r.micro,
         "model_states_gib": r.need.states_gib, "activations_gib": r.need.activations_gib,
         "overhead_gib": r.need.overhead_gib, "total_gib": r.need.total_gib,
         "host_gib_per_node": r.need.host_gib or None, "why_not": r.why_not,

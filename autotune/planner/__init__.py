@@ -230,8 +230,9 @@ def _accumulation_shortfall(target: int, micro: int, acc: int, world: int, globa
     """Why --grad_accum left the global batch off its target, plainly (the learning rate follows the batch
     only under lr_scaling)."""
     need = _micro_for_accumulation(target, world, acc)
-    off = f"global batch {global_batch} is {100 * abs(global_batch - target) / target:.0f}% " \
-          f"{'below' if global_batch < target else 'above'} the target {target} with your gradient_accumulation_steps {acc}"
+    off = (f"global batch {global_batch} is {100 * abs(global_batch - target) / target:.0f}% "
+           f"{'below' if global_batch < target else 'above'} the target {target} with your "
+           f"gradient_accumulation_steps {acc}")
     if micro == need:  # no whole micro-batch comes closer
         why = f"no micro-batch holds it: {micro} x {acc} x {world} process(es) is the closest"
     elif checkable:

@@ -177,7 +177,8 @@ def test_accelerate_export_withholds_accumulation_a_script_cannot_pair_with_the_
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith(f"note: ACCELERATE_GRADIENT_ACCUMULATION_STEPS is not set for {script}: the script "
                              "passes gradient_accumulation_steps to Accelerator() itself")
-    assert err[1] == f"start with: ACCELERATE_USE_CPU=true accelerate launch --config_file accelerate.yaml {script} --bs 64"
+    assert err[1] == ("start with: ACCELERATE_USE_CPU=true accelerate launch --config_file accelerate.yaml "
+                      f"{script} --bs 64")
 
 
 def test_export_format_sbatch_is_slurm(capsys):

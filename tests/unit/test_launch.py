@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -67,10 +68,15 @@ def test_the_extension_cache_is_keyed_by_python_and_the_torch_build():
     """Two virtualenvs with another torch (or Python) used to share one folder and rebuild each other's
     DeepSpeed ops in turn (issue 33): the folder names the Python version, torch's version and its CUDA build,
     read from torch's metadata (torch is never imported by the launcher)."""
-    import torch
+    import importlib.util
+    import re
 
-    assert torch_build() == f"py{sys.version_info[0]}.{sys.version_info[1]}-torch{torch.__version__}"
-    cu12 = ["filelock", 'nvidia-cuda-runtime-cu12==12.4.127; platform_system == "Linux" and platform_machine == "x86_64"']
+    # torch's own torch/version.py (read, not imported: 2-3 s), a source other than the metadata the key reads
+    version_py = Path(importlib.util.find_spec("torch").submodule_search_locations[0]) / "version.py"
+    version = re.search(r"^__version__ = '([^']+)'", version_py.read_text(), re.M)[1]
+    assert torch_build() == f"py{sys.version_info[0]}.{sys.version_info[1]}-torch{version}"
+    cu12 = ["filelock",
+            'nvidia-cuda-runtime-cu12==12.4.127; platform_system == "Linux" and platform_machine == "x86_64"']
     assert build_key((3, 12), "2.5.1", cu12) == "py3.12-torch2.5.1+cu124"  # PyPI's default wheel: no local tag
     assert build_key((3, 12), "2.5.1+cu121", cu12) == "py3.12-torch2.5.1+cu121"  # the tag wins
     assert build_key((3, 10), "2.5.1", ["filelock"]) == "py3.10-torch2.5.1"  # a CPU build from elsewhere
