@@ -24,6 +24,7 @@ from autotune.planner.deciders import BandChoice, Inputs
 from autotune.planner.memory import STRATEGIES, Strategy
 from autotune.planner.micro import (
     FAST_MICRO,
+    GLOBAL_TOLERANCE,
     largest_fitting,
     plans_largest,
     steady_micro,
@@ -31,7 +32,7 @@ from autotune.planner.micro import (
 )
 from autotune.planner.model_facts import ModelFacts
 from autotune.planner.resolve import Decision, Resolver, is_set
-from autotune.planner.weighing import Budget, MemoryFit, Need, Row, Weighing
+from autotune.planner.weighing import Budget, MemoryFit, Need, Row, Timer, Weighing
 
 GIB = memory.GIB
 
@@ -153,10 +154,13 @@ def candidates(x: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckp
 
 def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_backend: str, default_zero: int | None,
         world: int, nproc: int, num_nodes: int, half: bool, budget: Budget, bucket_elements: int,
-        force: bool, record: list | None = None, target: int | None = None) -> MemoryFit:
+        force: bool, record: list | None = None, target: int | None = None, timer: Timer | None = None
+        ) -> MemoryFit:
     """Choose strategy, micro-batch and checkpointing; refuse when nothing fits (unless ``force``).
 
-    ``record``, when given, receives one ``Weighing`` (also when the plan is refused)."""
+    ``record``, when given, receives one ``Weighing`` (also when the plan is refused). ``timer`` (a model traced
+    as CUDA runs it, on a GPU of the table): among the options that fit, the highest predicted samples/s at the
+    held global batch wins (ties within TIE: preference order); without it the seed rule's ``_pick``."""
     cfg = x.cfg
     t, d = cfg.training, cfg.distributed
     micro_user, ckpt_user = t.batch_size_per_gpu, t.gradient_checkpointing
@@ -174,7 +178,7 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
             _refuse(x, sz, budget, [row], facts, fixed=f"the config verbatim (--no_auto_optimize): {row.label}, "
                     f"micro-batch {micro}")
         _explain_verbatim(r, default, row, force)
-        return MemoryFit(default, micro, bool(ckpt), _estimate(row, facts, budget, bool(ckpt)))
+        return MemoryFit(default, micro, bool(ckpt), _estimate(row, facts, budget, bool(ckpt)), None)
 
     ckpt_supported = facts.checkpointing_supported
     if is_set(ckpt_user):
@@ -208,7 +212,12 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         rows = weigh(top, search, fixed_micro)
         if record is not None:
             record.append(Weighing(rows, budget))
-        picked = _pick(rows, search, top)
+        by_time = timer is not None and search and bool(target)
+        if by_time:
+            rows = tuple(_timed(sz, rw, timer, target, world) for rw in rows)
+            if record is not None:
+                record[-1] = Weighing(rows, budget)
+        picked = _pick_by_time(rows) if by_time else _pick(rows, search, top)
         if picked is not None:
             chosen = picked
         elif force:
@@ -219,9 +228,12 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         else:
             _refuse(x, sz, budget, list(rows), facts,
                     fixed=f"micro-batch {micro_user} (you set it)" if fixed_micro else None)
-    if search and chosen.why_not is None and target:
+    timed = None
+    if chosen.time is not None and known and not fixed_micro:
+        timed = _time_reason(chosen, rows)
+    elif search and chosen.why_not is None and target:
         chosen = _steady(sz, chosen, target, world)
-    _explain(r, x, chosen, rows, default, facts, budget)
+    engine_reason = _explain(r, x, chosen, rows, default, facts, budget, timed)
     micro = chosen.micro
     ckpt = r.resolve("gradient_checkpointing", ckpt_user, lambda: Decision(chosen.checkpointing, _ckpt_reason(
         chosen, band, ckpt_supported)), verbatim=False)
@@ -229,15 +241,78 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         auto_micro = Decision(micro, _micro_reason(band, chosen, top, facts, x.policy.micro_batch_rule))
     elif known:  # what auto would have chosen: the weighing the user's value skipped
         top, search = band.micro_batch_size, plans_largest(facts, x.policy)
-        auto = _pick(weigh(top, search, False), search, top)
-        if auto is not None and search and target:
-            auto = _steady(sz, auto, target, world)
+        if timer is not None and search and target:
+            auto = _pick_by_time(tuple(_timed(sz, rw, timer, target, world) for rw in weigh(top, search, False)))
+        else:
+            auto = _pick(weigh(top, search, False), search, top)
+            if auto is not None and search and target:
+                auto = _steady(sz, auto, target, world)
         auto_micro = Decision(1, f"{band.micro_reason}, but no micro-batch fits by the estimate") if auto is None \
             else Decision(auto.micro, _micro_reason(band, auto, top, facts, x.policy.micro_batch_rule))
     else:  # nothing to weigh: auto plans the band's micro-batch blind
         auto_micro = Decision(band.micro_batch_size, band.micro_reason)
     micro = r.resolve("micro_batch_size", micro_user, lambda: auto_micro, path="training.batch_size_per_gpu")
-    return MemoryFit(chosen.strategy, micro, bool(ckpt), _estimate(chosen, facts, budget, bool(ckpt)))
+    return MemoryFit(chosen.strategy, micro, bool(ckpt), _estimate(chosen, facts, budget, bool(ckpt)), engine_reason)
+
+
+TIE = 0.005  # predicted samples/s within 0.5 % of the best: a tie, settled by the policy's preference order
+
+
+def _holding(largest: int, target: int, world: int, most: int = 6) -> list[tuple[int, int]]:
+    """(micro-batch, accumulation) pairs at or below ``largest`` that hold the global batch within
+    GLOBAL_TOLERANCE: the largest micro-batch for each of the ``most`` smallest accumulations (fewer accumulation
+    steps, fewer fixed costs); else the steady micro-batch's."""
+    out: dict[int, int] = {}
+    for m in range(largest, 0, -1):
+        acc = max(1, round(target / (m * world)))
+        if abs(m * acc * world - target) <= GLOBAL_TOLERANCE * target and acc not in out:
+            out[acc] = m
+            if len(out) >= most:
+                break
+    if not out:
+        m = steady_micro(largest, target, world)
+        return [(m, max(1, round(target / (m * world))))]
+    return [(m, acc) for acc, m in sorted(out.items())]
+
+
+def _timed(sz: Sizer, row: Row, timer: Timer, target: int, world: int) -> Row:
+    """The row at its fastest micro-batch holding the global batch, with its predicted step time."""
+    if row.why_not is not None or row.micro < 1:
+        return row
+    best = None
+    for m, acc in _holding(row.micro, target, world):
+        t = timer.time(row.strategy, row.checkpointing, m, acc)
+        if t is not None and (best is None or t.samples_per_s > best[2].samples_per_s):
+            best = (m, acc, t)
+    if best is None:
+        return row
+    m, _acc, t = best
+    return Row(row.strategy, row.checkpointing, m, sz.need(row.strategy, m, row.checkpointing), None, t)
+
+
+def _pick_by_time(rows: tuple[Row, ...]) -> Row | None:
+    """The fitting row with the most predicted samples/s; within TIE of it, the first in preference order."""
+    timed = [rw for rw in rows if rw.why_not is None and rw.time is not None]
+    if not timed:
+        return None
+    best = max(rw.time.samples_per_s for rw in timed)
+    return next(rw for rw in timed if rw.time.samples_per_s >= best * (1 - TIE))
+
+
+def _time_reason(chosen: Row, rows: tuple[Row, ...]) -> str:
+    """The ranking in numbers: the chosen option first, then the others that fit, fastest first."""
+    def one(rw: Row, first: bool) -> str:
+        extra = rw.time.describe()
+        rate = f"{rw.time.samples_per_s:,.0f}" + (" samples/s predicted" if first else "")
+        return f"{rw.label} at micro-batch {rw.micro}: {rate}" + (f" ({extra})" if extra else "")
+
+    others = sorted((rw for rw in rows if rw.time is not None and rw is not chosen and rw.why_not is None),
+                    key=lambda rw: -rw.time.samples_per_s)
+    cut = [rw for rw in rows if rw.why_not is not None]
+    text = "; ".join([one(chosen, True)] + [one(rw, False) for rw in others[:4]])
+    if cut:
+        text += f" (does not fit: {', '.join(rw.label for rw in cut)})"
+    return f"the most samples/s at the global batch: {text}"
 
 
 def _pick(rows: tuple[Row, ...], search: bool, top: int) -> Row | None:
@@ -314,8 +389,11 @@ def _ckpt_reason(chosen: Row, band: BandChoice, supported: bool) -> str:
 
 
 def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], default: Strategy, facts: ModelFacts,
-             budget: Budget) -> None:
+             budget: Budget, timed: str | None = None) -> str | None:
+    """The reasons of the strategy and offload; returns the engine's reason (None: the seed rule's stands), which
+    ``deciders.settle_engine`` records once. ``timed``: the ranking by predicted samples/s, when it chose."""
     s = chosen.strategy
+    why = timed
     before = []
     for rw in rows:
         if (rw.strategy, rw.checkpointing) == (chosen.strategy, chosen.checkpointing):
@@ -323,13 +401,9 @@ def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], default
         before.append(rw)
     rejected = [f"{rw.label}: {rw.why_not}" if rw.micro == 0 else f"{rw.label}: micro-batch {rw.micro} at most"
                 for rw in before]
-    if s != default or rejected:
+    if why is None and (s != default or rejected):
         tail = f" (rejected: {'; '.join(rejected)})" if rejected else ""
         why = f"{s.label} is the most preferred option that fits micro-batch {chosen.micro}{tail}"
-        if not is_set(x.cfg.distributed.backend):
-            r.reasons["backend"] = why
-        if s.backend == "deepspeed" and not is_set(x.cfg.distributed.zero_stage):
-            r.reasons["zero_stage"] = why
     if budget.device_gib is None:
         weighed = f"{budget.basis}: the memory estimate cannot be checked"
     elif chosen.need.total_gib is None:
@@ -348,6 +422,7 @@ def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], default
         r.explain("offload_param", "not a DeepSpeed run")
     if facts.activations is None and facts.num_parameters is not None:
         r.warnings.append(f"the memory estimate covers model states only: {facts.unknown_reason}")
+    return why
 
 
 def _explain_verbatim(r: Resolver, s: Strategy, row: Row, force: bool) -> None:
