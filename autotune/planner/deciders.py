@@ -249,8 +249,9 @@ def settle_engine(x: Inputs, r: Resolver, seed: Decision, start: tuple[str, int 
                         Decision(auto_backend, why or seed.reason), path="distributed.backend")
     if backend == "deepspeed":
         stage = auto_zero if auto_zero is not None else zero0 if zero0 is not None else 2
-        zero = r.resolve("zero_stage", d.zero_stage, lambda: Decision(
-            stage, why if (why and not is_set(d.zero_stage)) else ZERO2_WHY), path="distributed.zero_stage")
+        # the user's stage: "auto would choose" is the seed rule's (the weighing saw only the user's stage)
+        zero = r.resolve("zero_stage", d.zero_stage, lambda: Decision(2, ZERO2_WHY) if is_set(d.zero_stage) else
+                         Decision(stage, why or ZERO2_WHY), path="distributed.zero_stage")
         return backend, zero
     if is_set(d.zero_stage):
         why_not = f"backend is {backend}, not deepspeed"
