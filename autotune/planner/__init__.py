@@ -29,6 +29,7 @@ from autotune.plan import (
 )
 from autotune.planner import deciders as dec
 from autotune.planner import memory
+from autotune.planner.choice import settle_engine
 from autotune.planner.memory_fit import fit
 from autotune.planner.micro import plans_largest
 from autotune.planner.model_facts import ModelFacts, facts_for
@@ -104,7 +105,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
              record=record, target=target, timer=chooser)
     micro = mf.micro_batch_size
     if auto_optimize:  # the one engine decision: the weighing's strategy, resolved against the user's settings
-        backend, zero = dec.settle_engine(x, r, seed, (backend, zero), mf.strategy.backend, mf.strategy.zero_stage,
+        backend, zero = settle_engine(x, r, seed, (backend, zero), mf.strategy.backend, mf.strategy.zero_stage,
                                           mf.engine_reason)
 
     # -- accumulation and the global batch ---------------------------------------------

@@ -54,6 +54,9 @@ def infiniband_note(hw: HardwareProfile) -> str:
     return "no InfiniBand (NCCL_IB_DISABLE=1: between nodes NCCL uses TCP sockets)"
 
 
+ZERO2_WHY = "ZeRO-2 partitions gradients and optimizer state with no extra communication over DDP"
+
+
 # -- GPUs and engine ----------------------------------------------------------------
 
 def mig_view(hw: HardwareProfile, policy: Policy, r: Resolver) -> HardwareProfile:
@@ -183,9 +186,8 @@ def _auto_backend(x: Inputs, n_gpus: int, nproc: int, num_nodes: int) -> Decisio
 
 
 def decide_engine(x: Inputs, r: Resolver, n_gpus: int, num_nodes: int) -> tuple[str, int, int | None, Decision]:
-    """(backend, processes per node, ZeRO stage, the seed rule's backend decision). The backend and stage are what
-    the weighing starts from (the user's, else the seed rule's: 2+ GPUs and DeepSpeed installed -> ZeRO-2); under
-    auto they are recorded once, after the weighing, by ``settle_engine``; verbatim, here."""
+    """(backend, processes per node, ZeRO stage, the seed rule's backend decision): what the weighing starts from
+    (the user's, else the seed rule's); recorded once after it (``choice.settle_engine``), verbatim here."""
     d = x.cfg.distributed
     on_gpu = n_gpus > 0
     if on_gpu:
@@ -226,40 +228,6 @@ def decide_engine(x: Inputs, r: Resolver, n_gpus: int, num_nodes: int) -> tuple[
     elif not r.auto_optimize:
         r.explain("zero_stage", f"not used by the {backend} backend")
     return backend, nproc, zero, seed
-
-
-ZERO2_WHY = "ZeRO-2 partitions gradients and optimizer state with no extra communication over DDP"
-
-
-def settle_engine(x: Inputs, r: Resolver, seed: Decision, start: tuple[str, int | None], chosen_backend: str,
-                  chosen_zero: int | None, why: str | None) -> tuple[str, int | None]:
-    """The one engine decision of an auto plan: the weighing's strategy (``why``: its reason in numbers, or None
-    where the seed rule's stands), resolved against the user's backend and ZeRO stage. ``start`` is the backend
-    and stage the weighing started from (``decide_engine``)."""
-    d = x.cfg.distributed
-    backend0, zero0 = start
-    if chosen_backend == "deepspeed":
-        auto_backend, auto_zero = "deepspeed", chosen_zero
-    elif backend0 == "deepspeed":  # DDP fits where ZeRO's buckets do not
-        auto_backend, auto_zero = "ddp", None
-    else:
-        auto_backend, auto_zero = backend0, None
-    # the user's backend: "auto would choose" is the seed rule's (the weighing saw only the user's engine)
-    backend = r.resolve("backend", d.backend, lambda: seed if is_set(d.backend) else
-                        Decision(auto_backend, why or seed.reason), path="distributed.backend")
-    if backend == "deepspeed":
-        stage = auto_zero if auto_zero is not None else zero0 if zero0 is not None else 2
-        # the user's stage: "auto would choose" is the seed rule's (the weighing saw only the user's stage)
-        zero = r.resolve("zero_stage", d.zero_stage, lambda: Decision(2, ZERO2_WHY) if is_set(d.zero_stage) else
-                         Decision(stage, why or ZERO2_WHY), path="distributed.zero_stage")
-        return backend, zero
-    if is_set(d.zero_stage):
-        why_not = f"backend is {backend}, not deepspeed"
-        if not x.deepspeed_installed and not is_set(d.backend):
-            why_not += " (DeepSpeed is not installed: pip install --no-build-isolation deepspeed)"
-        r.warnings.append(f"distributed.zero_stage={d.zero_stage} is ignored: {why_not}")
-    r.explain("zero_stage", f"not used by the {backend} backend")
-    return backend, None
 
 
 # -- precision ----------------------------------------------------------------------

@@ -32,6 +32,7 @@ from autotune.planner.micro import (
 )
 from autotune.planner.model_facts import ModelFacts
 from autotune.planner.resolve import Decision, Resolver, is_set
+from autotune.planner.choice import candidates, pick_by_time, time_reason, timed
 from autotune.planner.weighing import Budget, MemoryFit, Need, Row, Timer, Weighing
 
 GIB = memory.GIB
@@ -118,40 +119,6 @@ def _halvings(top: int) -> list[int]:
     return out
 
 
-def candidates(x: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckpt_choices: tuple[bool, ...]
-               ) -> list[tuple[Strategy, bool]]:
-    """The policy's options that the user's settings and the machine allow, in preference order."""
-    d = x.cfg.distributed
-    user_backend = d.backend if is_set(d.backend) else None
-    stage = d.zero_stage if is_set(d.zero_stage) else None
-    off = d.offload_optimizer if is_set(d.offload_optimizer) else None
-    # on CPU DeepSpeed only when asked for (the backend, or a setting only DeepSpeed has)
-    ds_ok = x.deepspeed_installed and (on_gpu or user_backend == "deepspeed" or default_backend == "deepspeed")
-    out = []
-    options = [(STRATEGIES[o.strategy], o.checkpointing) for o in x.policy.strategy_preference]
-    if stage == 0:
-        options = [(STRATEGIES["zero0"], c) for c in (False, True)] + options
-    for s, ckpt in options:
-        if ckpt not in ckpt_choices:
-            continue
-        is_ds = s.backend == "deepspeed"
-        if is_ds and not ds_ok:
-            continue
-        if user_backend is not None and (user_backend == "deepspeed") != is_ds:
-            continue
-        if stage is not None and is_ds and s.zero_stage != stage:
-            continue
-        if stage is not None and not is_ds and default_backend == "deepspeed":
-            continue
-        if off is not None and s.offload_optimizer != off:
-            continue
-        if is_ds and world == 1 and not s.offload_optimizer and stage is None and user_backend != "deepspeed":
-            continue  # plain ZeRO on one process partitions nothing: only worth it for offload
-        if (s, ckpt) not in out:
-            out.append((s, ckpt))
-    return out
-
-
 def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_backend: str, default_zero: int | None,
         world: int, nproc: int, num_nodes: int, half: bool, budget: Budget, bucket_elements: int,
         force: bool, record: list | None = None, target: int | None = None, timer: Timer | None = None
@@ -214,10 +181,10 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
             record.append(Weighing(rows, budget))
         by_time = timer is not None and search and bool(target)
         if by_time:
-            rows = tuple(_timed(sz, rw, timer, target, world) for rw in rows)
+            rows = tuple(timed(sz, rw, timer, target, world) for rw in rows)
             if record is not None:
                 record[-1] = Weighing(rows, budget)
-        picked = _pick_by_time(rows) if by_time else _pick(rows, search, top)
+        picked = pick_by_time(rows) if by_time else _pick(rows, search, top)
         if picked is not None:
             chosen = picked
         elif force:
@@ -230,7 +197,7 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
                     fixed=f"micro-batch {micro_user} (you set it)" if fixed_micro else None)
     timed = None
     if chosen.time is not None and known and not fixed_micro:
-        timed = _time_reason(chosen, rows)
+        timed = time_reason(chosen, rows)
     elif search and chosen.why_not is None and target:
         chosen = _steady(sz, chosen, target, world)
     engine_reason = _explain(r, x, chosen, rows, default, facts, budget, timed)
@@ -242,7 +209,7 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
     elif known:  # what auto would have chosen: the weighing the user's value skipped
         top, search = band.micro_batch_size, plans_largest(facts, x.policy)
         if timer is not None and search and target:
-            auto = _pick_by_time(tuple(_timed(sz, rw, timer, target, world) for rw in weigh(top, search, False)))
+            auto = pick_by_time(tuple(timed(sz, rw, timer, target, world) for rw in weigh(top, search, False)))
         else:
             auto = _pick(weigh(top, search, False), search, top)
             if auto is not None and search and target:
@@ -253,66 +220,6 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         auto_micro = Decision(band.micro_batch_size, band.micro_reason)
     micro = r.resolve("micro_batch_size", micro_user, lambda: auto_micro, path="training.batch_size_per_gpu")
     return MemoryFit(chosen.strategy, micro, bool(ckpt), _estimate(chosen, facts, budget, bool(ckpt)), engine_reason)
-
-
-TIE = 0.005  # predicted samples/s within 0.5 % of the best: a tie, settled by the policy's preference order
-
-
-def _holding(largest: int, target: int, world: int, most: int = 6) -> list[tuple[int, int]]:
-    """(micro-batch, accumulation) pairs at or below ``largest`` that hold the global batch within
-    GLOBAL_TOLERANCE: the largest micro-batch for each of the ``most`` smallest accumulations (fewer accumulation
-    steps, fewer fixed costs); else the steady micro-batch's."""
-    out: dict[int, int] = {}
-    for m in range(largest, 0, -1):
-        acc = max(1, round(target / (m * world)))
-        if abs(m * acc * world - target) <= GLOBAL_TOLERANCE * target and acc not in out:
-            out[acc] = m
-            if len(out) >= most:
-                break
-    if not out:
-        m = steady_micro(largest, target, world)
-        return [(m, max(1, round(target / (m * world))))]
-    return [(m, acc) for acc, m in sorted(out.items())]
-
-
-def _timed(sz: Sizer, row: Row, timer: Timer, target: int, world: int) -> Row:
-    """The row at its fastest micro-batch holding the global batch, with its predicted step time."""
-    if row.why_not is not None or row.micro < 1:
-        return row
-    best = None
-    for m, acc in _holding(row.micro, target, world):
-        t = timer.time(row.strategy, row.checkpointing, m, acc)
-        if t is not None and (best is None or t.samples_per_s > best[2].samples_per_s):
-            best = (m, acc, t)
-    if best is None:
-        return row
-    m, _acc, t = best
-    return Row(row.strategy, row.checkpointing, m, sz.need(row.strategy, m, row.checkpointing), None, t)
-
-
-def _pick_by_time(rows: tuple[Row, ...]) -> Row | None:
-    """The fitting row with the most predicted samples/s; within TIE of it, the first in preference order."""
-    timed = [rw for rw in rows if rw.why_not is None and rw.time is not None]
-    if not timed:
-        return None
-    best = max(rw.time.samples_per_s for rw in timed)
-    return next(rw for rw in timed if rw.time.samples_per_s >= best * (1 - TIE))
-
-
-def _time_reason(chosen: Row, rows: tuple[Row, ...]) -> str:
-    """The ranking in numbers: the chosen option first, then the others that fit, fastest first."""
-    def one(rw: Row, first: bool) -> str:
-        extra = rw.time.describe()
-        rate = f"{rw.time.samples_per_s:,.0f}" + (" samples/s predicted" if first else "")
-        return f"{rw.label} at micro-batch {rw.micro}: {rate}" + (f" ({extra})" if extra else "")
-
-    others = sorted((rw for rw in rows if rw.time is not None and rw is not chosen and rw.why_not is None),
-                    key=lambda rw: -rw.time.samples_per_s)
-    cut = [rw for rw in rows if rw.why_not is not None]
-    text = "; ".join([one(chosen, True)] + [one(rw, False) for rw in others[:4]])
-    if cut:
-        text += f" (does not fit: {', '.join(rw.label for rw in cut)})"
-    return f"the most samples/s at the global batch: {text}"
 
 
 def _pick(rows: tuple[Row, ...], search: bool, top: int) -> Row | None:
@@ -391,7 +298,7 @@ def _ckpt_reason(chosen: Row, band: BandChoice, supported: bool) -> str:
 def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], default: Strategy, facts: ModelFacts,
              budget: Budget, timed: str | None = None) -> str | None:
     """The reasons of the strategy and offload; returns the engine's reason (None: the seed rule's stands), which
-    ``deciders.settle_engine`` records once. ``timed``: the ranking by predicted samples/s, when it chose."""
+    ``choice.settle_engine`` records once. ``timed``: the ranking by predicted samples/s, when it chose."""
     s = chosen.strategy
     why = timed
     before = []
