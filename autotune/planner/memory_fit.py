@@ -195,12 +195,12 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         else:
             _refuse(x, sz, budget, list(rows), facts,
                     fixed=f"micro-batch {micro_user} (you set it)" if fixed_micro else None)
-    timed = None
+    ranking = None
     if chosen.time is not None and known and not fixed_micro:
-        timed = time_reason(chosen, rows)
+        ranking = time_reason(chosen, rows)
     elif search and chosen.why_not is None and target:
         chosen = _steady(sz, chosen, target, world)
-    engine_reason = _explain(r, x, chosen, rows, default, facts, budget, timed)
+    engine_reason = _explain(r, x, chosen, rows, default, facts, budget, ranking)
     micro = chosen.micro
     ckpt = r.resolve("gradient_checkpointing", ckpt_user, lambda: Decision(chosen.checkpointing, _ckpt_reason(
         chosen, band, ckpt_supported)), verbatim=False)
