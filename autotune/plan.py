@@ -133,6 +133,23 @@ class LoaderSection(_Section):
     omp_num_threads: int = Field(1, ge=1)
 
 
+class TimeEstimate(_Section):
+    """How long the run takes, predicted (``autotune.planner.step_time``); a null figure has its reason in
+    ``unknown`` (field -> why), never a guess."""
+
+    micro_step_s: float | None = None  # forward + backward of one micro-batch
+    optimizer_step_s: float | None = None  # the optimizer step (CPU Adam under offload)
+    communication_s: float | None = None  # collectives and PCIe per optimizer step, not hidden behind backward
+    step_s: float | None = None  # one optimizer step, accumulation and communication included
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    total_s: float | None = None  # the configured steps (or epochs)
+    speedup_vs_1_gpu: float | None = None
+    basis: str = ""
+    speedup_basis: str | None = None
+    unknown: dict[str, str] = {}
+
+
 class ScheduleSection(_Section):
     learning_rate: float = Field(gt=0)
     warmup_steps: int = Field(0, ge=0)
@@ -141,6 +158,7 @@ class ScheduleSection(_Section):
     max_steps: int | None = None
     steps_per_epoch: int | None = None
     total_steps: int | None = None
+    time_estimate: TimeEstimate | None = None
 
 
 class OptimizerSection(_Section):
@@ -259,6 +277,7 @@ PUBLIC_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("learning_rate", "schedule", "learning_rate"), ("warmup_steps", "schedule", "warmup_steps"),
     ("steps_per_epoch", "schedule", "steps_per_epoch"), ("total_steps", "schedule", "total_steps"),
     ("gpu_memory_gib", "memory", "gpu_memory_gib"), ("memory_estimate", "memory", "estimate"),
+    ("time_estimate", "schedule", "time_estimate"),
     ("auto_optimize", "run", "auto_optimize"), ("debug", "run", "debug"),
 )
 

@@ -44,6 +44,12 @@ class GPUInfo(_Frozen):
     # A whole GPU in MIG mode: the memory of each of its MIG instances (a process gets one).
     mig_slices_mib: tuple[int, ...] = ()
     error: str | None = None  # set when the device failed to answer at all
+    # what NVML tells of speed (nvidia-smi's clocks.max.sm, clocks.max.memory, pcie.link.gen.max,
+    # pcie.link.width.max); None: not asked (an older profile or a preset) or not answered
+    clocks_max_sm_mhz: int | None = None
+    clocks_max_memory_mhz: int | None = None
+    pcie_link_gen_max: int | None = None
+    pcie_link_width_max: int | None = None
 
     def compute_capability_tuple(self) -> tuple[int, int] | None:
         if not self.compute_capability:

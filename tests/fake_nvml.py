@@ -68,6 +68,7 @@ class _Dev:
     free_mib: int
     cc: tuple[int, int]
     bus_id: str
+    speed: tuple = (None, None, None, None)  # max SM clock, max memory clock (MHz), PCIe gen, width; None: refused
 
 
 @dataclass
@@ -106,7 +107,8 @@ class FakeNVML:
         devs = []
         for g in profile.gpus.devices:
             major, minor = (int(x) for x in g.compute_capability.split("."))
-            devs.append(_Dev(g.uuid, g.name, g.memory_total_mib, g.memory_free_mib, (major, minor), g.pci_bus_id))
+            devs.append(_Dev(g.uuid, g.name, g.memory_total_mib, g.memory_free_mib, (major, minor), g.pci_bus_id,
+                             (g.clocks_max_sm_mhz, g.clocks_max_memory_mhz, g.pcie_link_gen_max, g.pcie_link_width_max)))
         return cls(devs, {tuple(p) for p in profile.gpus.nvlink_pairs}, {tuple(p) for p in profile.gpus.p2p_pairs},
                    **knobs)
 
@@ -183,6 +185,24 @@ class FakeNVML:
     def nvmlDeviceGetCudaComputeCapability(self, h):
         self._per_gpu("nvmlDeviceGetCudaComputeCapability", h)
         return self.devices[h.index].cc
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
+
+    def _speed(self, name: str, h: _Handle, i: int):
+        self._per_gpu(name, h)
+        value = self.devices[h.index].speed[i]
+        if value is None:
+            raise NVMLError_NotSupported()
+        return value
+
+    def nvmlDeviceGetMaxClockInfo(self, h, clock):
+        return self._speed("nvmlDeviceGetMaxClockInfo", h, 0 if clock == self.NVML_CLOCK_SM else 1)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h):
+        return self._speed("nvmlDeviceGetMaxPcieLinkGeneration", h, 2)
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h):
+        return self._speed("nvmlDeviceGetMaxPcieLinkWidth", h, 3)
 
     def nvmlDeviceGetPciInfo(self, h):
         self._per_gpu("nvmlDeviceGetPciInfo", h)

@@ -177,6 +177,15 @@ def _probe_device(nvml: Any, h: Any, cuda_index: int, v: Visible, pr: Probes) ->
         vals["mig_instance"] = True
     elif vals.get("mig_mode"):
         vals["mig_slices_mib"] = tuple(_mig_slices_mib(nvml, h))
+    # speed facts for the step-time model (nvidia-smi's clocks.max.sm, clocks.max.memory, pcie.link.gen.max,
+    # pcie.link.width.max): optional, so a refusal leaves them None (the GPU table's row stands) and is not an unknown
+    for field, ask in (("clocks_max_sm_mhz", lambda: nvml.nvmlDeviceGetMaxClockInfo(parent, nvml.NVML_CLOCK_SM)),
+                       ("clocks_max_memory_mhz", lambda: nvml.nvmlDeviceGetMaxClockInfo(parent, nvml.NVML_CLOCK_MEM)),
+                       ("pcie_link_gen_max", lambda: nvml.nvmlDeviceGetMaxPcieLinkGeneration(parent)),
+                       ("pcie_link_width_max", lambda: nvml.nvmlDeviceGetMaxPcieLinkWidth(parent))):
+        value = _try(ask)
+        if isinstance(value, int) and value > 0:
+            vals[field] = value
     failed = [k for k in ("name", "memory_total_mib", "compute_capability") if k not in vals]
     error = "device did not answer NVML queries" if len(failed) == 3 else None
     return GPUInfo(index=cuda_index, nvml_index=v.nvml_index, error=error, **vals)

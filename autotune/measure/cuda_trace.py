@@ -17,6 +17,10 @@ where it changes the memory a step holds (measured against an H100: bench/gpu_tr
   ``AdamW(foreach=True).step()`` with its temporaries and ``zero_grad(set_to_none=True)``;
 - the caching allocator's rounding: every storage is counted in 512-byte blocks.
 
+The same pass counts the work of each phase (forward, backward with any recomputed forward, optimizer step): the
+FLOPs of every op ``torch.utils.flop_counter`` has a formula for, the bytes each op reads and writes, and one kernel
+per op that is not a view (``WorkCount``); the step-time model (``autotune.planner.step_time``) times them.
+
 The peak of that step minus the weights, gradients and AdamW state it held (16 bytes a parameter with
 fp32 weights, 8 with bf16 ones) is what the planner adds to each strategy's own model states. DeepSpeed's
 bf16 runs the model in bf16 weights without autocast (``to_half_weights``): its own line, measured
@@ -41,11 +45,99 @@ CUDA_FP32 = ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "
 CUDA_FP32_SET_OPT_DTYPE = ("softmax.int", "log_softmax.int", "cumsum", "cumprod", "prod", "sum")
 
 
+# ops that launch no kernel: metadata and allocation without a write (views are found by their schema)
+NO_KERNEL = ("_unsafe_view", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh",
+             "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_local_scalar_dense", "set_", "resize_",
+             "_reshape_alias", "is_same_size", "_has_compatible_shallow_copy_type")
+# the kinds of op the step-time model gives their own efficiency; every other op is memory-bound
+KINDS = {"mm": "matmul", "addmm": "matmul", "bmm": "matmul", "baddbmm": "matmul", "_scaled_mm": "matmul",
+         "convolution": "conv", "_convolution": "conv", "convolution_backward": "conv", "cudnn_convolution": "conv",
+         "convolution_overrideable": "conv", "_slow_conv2d_forward": "conv",
+         "_scaled_dot_product_flash_attention_for_cpu": "attention",
+         "_scaled_dot_product_flash_attention_for_cpu_backward": "attention",
+         "_scaled_dot_product_flash_attention": "attention", "_scaled_dot_product_flash_attention_backward": "attention",
+         "_scaled_dot_product_efficient_attention": "attention",
+         "_scaled_dot_product_efficient_attention_backward": "attention",
+         "_scaled_dot_product_cudnn_attention": "attention", "_scaled_dot_product_cudnn_attention_backward": "attention",
+         "_flash_attention_forward": "attention", "_flash_attention_backward": "attention",
+         "_efficient_attention_forward": "attention", "_efficient_attention_backward": "attention"}
+MAX_BIN = 14  # log2 of FLOPs per byte: 2^14 is far beyond any GPU's ridge point
+
+
+class WorkCount:
+    """FLOPs, bytes and kernels of every op a traced step dispatches, by phase, kind and arithmetic intensity.
+
+    FLOPs: ``torch.utils.flop_counter``'s formulas (matmuls, convolutions, attention; the CPU flash kernel the trace
+    runs takes the CUDA flash kernel's formula, halved when causal as CUDA's flash kernel skips the masked half).
+    Ops without a formula are memory-bound: their bytes only, and their names are kept (largest first). Bytes: what
+    each op reads (its tensor inputs, an expanded view counted as its storage) and writes (its outputs). One kernel
+    per op that is not a view or an allocation. Rows are summed per (phase, kind, log2 FLOPs per byte), so that
+    the model's roofline per row is the roofline per op to within a factor 2 of intensity."""
+
+    def __init__(self):
+        self.phase = "forward"
+        self.rows: dict[tuple[str, str, int], list] = {}
+        self.unformulated: dict[str, float] = {}
+
+    def add(self, func, args, kwargs, out) -> None:
+        import math
+
+        import torch
+        from torch.utils._pytree import tree_leaves
+
+        name = func.overloadpacket.__name__
+        if func.is_view or name in NO_KERNEL or func.namespace == "prim":  # prim: metadata (prim.device)
+            return
+        seen, moved = set(), 0
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and id(t) not in seen:
+                seen.add(id(t))
+                moved += min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                moved += t.numel() * t.element_size()
+        kind = KINDS.get(name, "memory")
+        flops = _flops(func, name, args, kwargs, out) if kind != "memory" else 0
+        if kind == "memory":
+            self.unformulated[name] = self.unformulated.get(name, 0.0) + moved
+        b = -1 if not flops else min(MAX_BIN, max(0, round(math.log2(flops / max(moved, 1)))))
+        row = self.rows.setdefault((self.phase, kind, b), [0.0, 0.0, 0])
+        row[0] += flops
+        row[1] += moved
+        row[2] += 1
+
+
+def _flops(func, name: str, args, kwargs, out) -> float:
+    from torch.utils.flop_counter import flop_registry
+
+    import torch
+
+    aten = torch.ops.aten
+    packet, causal = func.overloadpacket, False
+    if name == "_scaled_dot_product_flash_attention_for_cpu":
+        packet, causal = aten._scaled_dot_product_flash_attention, _arg(args, kwargs, 4, "is_causal")
+    elif name == "_scaled_dot_product_flash_attention_for_cpu_backward":
+        packet, causal = aten._scaled_dot_product_flash_attention_backward, _arg(args, kwargs, 7, "is_causal")
+    formula = flop_registry.get(packet)
+    if formula is None:
+        return 0.0
+    try:
+        n = float(formula(*args, **(kwargs or {}), out_val=out))
+    except Exception:  # noqa: BLE001 - a formula that does not take this overload's arguments: memory-bound
+        return 0.0
+    return n / 2 if causal else n
+
+
+def _arg(args, kwargs, i: int, name: str):
+    return args[i] if len(args) > i else (kwargs or {}).get(name, False)
+
+
 class PeakTracker:
     """A dispatch mode that counts every live storage once (views share theirs), rounded like the CUDA
-    allocator, and keeps the peak. ``current`` starts from what was already allocated."""
+    allocator, and keeps the peak. ``current`` starts from what was already allocated. With ``work``, it also
+    counts each op's FLOPs, bytes and kernels there."""
 
-    def __init__(self, current: int = 0):
+    def __init__(self, current: int = 0, work: WorkCount | None = None):
         from torch.utils._python_dispatch import TorchDispatchMode
         from torch.utils.weak import WeakIdKeyDictionary
 
@@ -55,9 +147,12 @@ class PeakTracker:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
                 tracker._seen(out)
+                if work is not None:
+                    work.add(func, args, kwargs, out)
                 return out
 
         self.mode, self.live, self.current, self.peak = _Mode(), WeakIdKeyDictionary(), current, current
+        self.work = work
 
     def _seen(self, out: Any) -> None:
         import torch
@@ -166,21 +261,26 @@ def to_half_weights(model) -> None:
 
 
 def step_peaks(model, make_batch: Callable[[int], Any], call: Callable, loss_of: Callable, *, half: bool,
-               points: tuple[int, ...] = POINTS, say: Callable[[str], None] = lambda _m: None
-               ) -> tuple[tuple[int, float], ...]:
+               points: tuple[int, ...] = POINTS, say: Callable[[str], None] = lambda _m: None,
+               work: list | None = None) -> tuple[tuple[int, float], ...]:
     """(micro-batch, peak bytes of one full training step minus 16 bytes a parameter) at each point,
-    traced under the fake-tensor mode the caller holds and ``cuda_kernels()``."""
+    traced under the fake-tensor mode the caller holds and ``cuda_kernels()``. ``work``, when given, receives
+    one ``StepWork`` per point (the same step's FLOPs, bytes and kernels)."""
     import torch
 
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
     cast = torch.autocast("cpu", dtype=torch.bfloat16) if half else contextlib.nullcontext()
 
-    def step(b: int) -> None:
+    def step(b: int, count: WorkCount | None = None) -> None:
         batch = make_batch(b)
         with cast:
             out = call(model, batch)  # alive through backward, as in a training loop (`outputs.loss.backward()`)
             loss = loss_of(out)
+        if count is not None:
+            count.phase = "backward"
         loss.backward()
+        if count is not None:
+            count.phase = "optimizer"
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -192,9 +292,26 @@ def step_peaks(model, make_batch: Callable[[int], Any], call: Callable, loss_of:
     states = state_bytes(model.parameters())
     out = []
     for b in points:
-        tr = PeakTracker(base.current)
+        count = WorkCount() if work is not None else None
+        tr = PeakTracker(base.current, count)
         with tr:
-            step(b)
+            step(b, count)
         out.append((b, float(tr.peak - states)))
+        if count is not None:
+            work.append(step_work(b, count))
         say(f"traced a full step at micro-batch {b}")
     return tuple(out)
+
+
+def step_work(micro: int, count: WorkCount):
+    """The planner's record of one traced step's work (``model_facts.StepWork``)."""
+    from autotune.planner.model_facts import PhaseWork, StepWork
+
+    def phase(name: str) -> PhaseWork:
+        rows = sorted((kind, b, round(v[0]), round(v[1]), v[2]) for (ph, kind, b), v in count.rows.items()
+                      if ph == name)
+        return PhaseWork(rows=tuple(rows))
+
+    top = sorted(count.unformulated.items(), key=lambda kv: -kv[1])[:12]
+    return StepWork(micro=micro, forward=phase("forward"), backward=phase("backward"),
+                    optimizer=phase("optimizer"), memory_bound_ops=tuple(n for n, _ in top))

@@ -36,6 +36,8 @@ from autotune.planner.model_facts import (
     ActivationModel,
     LinearBytes,
     ModelFacts,
+    WorkLine,
+    WorkModel,
 )
 
 SHAPE_RE = re.compile(SAMPLE_SHAPE_RE)
@@ -192,38 +194,43 @@ def _cpu_lines(model, make_batch, modes, say, t0):
         fp32_c = _line(model, make_batch, False) if "fp32" in modes else None
         half_c = _line(model, make_batch, True) if "half" in modes else None
         say(f"traced with gradient checkpointing ({time.monotonic() - t0:.1f} s)")
-    return fp32, half, fp32_c, half_c, note, None, None
+    return fp32, half, fp32_c, half_c, note, None, None, None
 
 
 def _cuda_lines(model, make_batch, modes, say, t0):
     """Lines of whole steps as CUDA runs them: fp32 and bf16 autocast (single, DDP), then, when ``modes`` asks
-    for "deepspeed", bf16 weights without autocast (DeepSpeed's bf16), each with checkpointing when offered."""
+    for "deepspeed", bf16 weights without autocast (DeepSpeed's bf16), each with checkpointing when offered; and
+    the work of the same steps (FLOPs, bytes, kernels) for the step-time model."""
     from autotune.measure.cuda_trace import cuda_kernels, step_peaks, to_half_weights
 
-    def line(half: bool, what: str) -> LinearBytes:
-        pts = step_peaks(model, make_batch, _call, _loss, half=half)
+    work: dict[str, WorkLine] = {}
+
+    def line(half: bool, what: str, key: str) -> LinearBytes:
+        counted: list = []
+        pts = step_peaks(model, make_batch, _call, _loss, half=half, work=counted)
+        work[key] = WorkLine(points=tuple(counted))
         say(f"traced {what} steps as CUDA runs them ({time.monotonic() - t0:.1f} s)")
         return LinearBytes(points=pts, interpolate=True)
 
     ds = ds_c = None
     with cuda_kernels():
-        fp32 = line(False, "fp32") if "fp32" in modes else None
-        half = line(True, "bf16-autocast") if "half" in modes else None
+        fp32 = line(False, "fp32", "fp32") if "fp32" in modes else None
+        half = line(True, "bf16-autocast", "half") if "half" in modes else None
         enabled, note = _enable_checkpointing(model)
         fp32_c = half_c = None
         if enabled:
-            fp32_c = line(False, "checkpointed fp32") if "fp32" in modes else None
-            half_c = line(True, "checkpointed bf16-autocast") if "half" in modes else None
+            fp32_c = line(False, "checkpointed fp32", "fp32_checkpointed") if "fp32" in modes else None
+            half_c = line(True, "checkpointed bf16-autocast", "half_checkpointed") if "half" in modes else None
         if "deepspeed" in modes:
             to_half_weights(model)
             if enabled:
-                ds_c = line(False, "checkpointed DeepSpeed bf16")
+                ds_c = line(False, "checkpointed DeepSpeed bf16", "half_weights_checkpointed")
             disable = getattr(model, "gradient_checkpointing_disable", None)
             if not enabled or callable(disable):
                 if enabled:
                     disable()
-                ds = line(False, "DeepSpeed bf16")
-    return fp32, half, fp32_c, half_c, note, ds, ds_c
+                ds = line(False, "DeepSpeed bf16", "half_weights")
+    return fp32, half, fp32_c, half_c, note, ds, ds_c, WorkModel(**work)
 
 
 def _free_ram() -> int | None:
@@ -263,7 +270,7 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
         try:
             model.train()
             lines = _cuda_lines if cuda else _cpu_lines
-            fp32, half, fp32_c, half_c, ckpt_note, ds, ds_c = lines(model, make_batch, modes, say, t0)
+            fp32, half, fp32_c, half_c, ckpt_note, ds, ds_c, work = lines(model, make_batch, modes, say, t0)
         except Exception as e:  # noqa: BLE001 - data-dependent shapes, custom ops, bad sample input
             return ModelFacts(source=source, num_parameters=total, trainable_parameters=trainable,
                               largest_layer_parameters=largest,
@@ -278,4 +285,4 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                                        f"{', '.join(str(b) for b, _ in (fp32 or half).points) if (fp32 or half) else 'none'}"
                                        + (f"; {ckpt_note}" if ckpt_note else ""),
                       num_parameters=total, trainable_parameters=trainable, largest_layer_parameters=largest,
-                      activations=acts)
+                      activations=acts, work=work)

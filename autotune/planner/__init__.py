@@ -29,11 +29,13 @@ from autotune.plan import (
 )
 from autotune.planner import deciders as dec
 from autotune.planner import memory
+from autotune.planner.choice import settle_engine
 from autotune.planner.memory_fit import fit
 from autotune.planner.micro import GLOBAL_TOLERANCE, plans_largest
 from autotune.planner.model_facts import ModelFacts, facts_for
 from autotune.planner.policy import Policy, load_policy
 from autotune.planner.resolve import Decision, Resolver, is_set
+from autotune.planner.step_time import time_estimate, timing_for
 from autotune.planner.weighing import Budget
 from autotune.profiles import HardwareProfile
 
@@ -65,9 +67,14 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     n_gpus = dec.decide_num_gpus(x, r)
     num_nodes = dec.decide_num_nodes(x, r)
     node_rank, master_addr, rdzv_id = dec.decide_rendezvous(x, r, num_nodes)
-    backend, nproc, zero = dec.decide_engine(x, r, n_gpus, num_nodes)
+    backend, nproc, zero, seed = dec.decide_engine(x, r, n_gpus, num_nodes)
     devs = hw.gpus.devices[:nproc] if (n_gpus and nproc) else ()
     precision, tf32 = dec.decide_precision(x, r, devs)
+    world_ = (nproc or 1) * num_nodes
+    timing, untimed = timing_for(hw, devs, facts, precision=precision, tf32=tf32, nproc=nproc or 1,
+                                 num_nodes=num_nodes, world=world_)
+    # the engine by time where the model's work was counted (a traced model); else the seed rule (policy)
+    chooser = timing if (timing is not None and not facts.builtin_gpt and policy.engine_rule == "time") else None
     if not auto_optimize:  # every value the verbatim plan needs, all problems at once
         r.resolve("micro_batch_size", t.batch_size_per_gpu, lambda: None, path="training.batch_size_per_gpu")
         r.resolve("gradient_accumulation_steps", t.gradient_accumulation_steps, lambda: None,
@@ -102,12 +109,11 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     mf = fit(x, r, band, facts, default_backend=backend, default_zero=zero, world=world, nproc=nproc,
              num_nodes=num_nodes, half=half, budget=budget,
              bucket_elements=bucket, force=force,
-             record=record, target=target)
+             record=record, target=target, timer=chooser)
     micro = mf.micro_batch_size
-    if mf.strategy.backend == "deepspeed":
-        backend, zero = "deepspeed", mf.strategy.zero_stage
-    elif backend == "deepspeed":  # DDP fits where ZeRO's buckets do not (several ranks: a user's deepspeed
-        backend, zero = "ddp", None  # on one process keeps DeepSpeed rows only)
+    if auto_optimize:  # the one engine decision: the weighing's strategy, resolved against the user's settings
+        backend, zero = settle_engine(x, r, seed, (backend, zero), mf.strategy.backend, mf.strategy.zero_stage,
+                                          mf.engine_reason)
 
     # -- accumulation and the global batch ---------------------------------------------
     acc = r.resolve("gradient_accumulation_steps", t.gradient_accumulation_steps,
@@ -140,6 +146,8 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
               (f"{t.epochs} epoch(s) x {per_epoch} micro-batches // accumulation {acc} = {total}" if total
                else "unknown"))
     r.explain("warmup_steps", f"training.warmup_steps {t.warmup_steps} carried over")
+    estimate = time_estimate(timing, untimed, mf.strategy, mf.gradient_checkpointing, micro, acc, total,
+                             _tokens_per_sample(cfg), world)
     m = cfg.model
     return TrainingPlan(
         engine=EngineSection(backend=backend, zero_stage=zero, device="cuda" if devs else "cpu",
@@ -160,7 +168,8 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
             estimate=mf.estimate, bucket_elements=bucket),
         loader=loader,
         schedule=ScheduleSection(learning_rate=lr, warmup_steps=t.warmup_steps, min_lr_ratio=t.min_lr_ratio,
-                                 epochs=t.epochs, max_steps=max_steps, steps_per_epoch=spe, total_steps=total),
+                                 epochs=t.epochs, max_steps=max_steps, steps_per_epoch=spe, total_steps=total,
+                                 time_estimate=estimate),
         optimizer=OptimizerSection(weight_decay=t.weight_decay, gradient_clipping=t.gradient_clipping),
         run=run,
         workload=WorkloadSection(
@@ -170,6 +179,18 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
                              seed=cfg.data.seed)),
         reasons=r.reasons, overrides=r.overrides, warnings=tuple(r.warnings), hardware=dec.summary(hw, network=True),
     )
+
+
+def _tokens_per_sample(cfg: TrainConfig) -> int | None:
+    """Tokens in one sample where there is a sequence: the built-in GPT's, or a sample input of token ids."""
+    import re
+
+    t = cfg.training
+    if t.entrypoint is None:
+        return cfg.data.seq_len
+    spec = (t.sample_input or "").replace(" ", "")
+    found = re.fullmatch(r"int\[(\d+)\](<\d+)?", spec)
+    return int(found.group(1)) if found else None
 
 
 def _budget(x: dec.Inputs, mem_mib: float | None, nproc: int, on_gpu: bool, world: int) -> Budget:

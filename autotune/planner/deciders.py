@@ -54,6 +54,9 @@ def infiniband_note(hw: HardwareProfile) -> str:
     return "no InfiniBand (NCCL_IB_DISABLE=1: between nodes NCCL uses TCP sockets)"
 
 
+ZERO2_WHY = "ZeRO-2 partitions gradients and optimizer state with no extra communication over DDP"
+
+
 # -- GPUs and engine ----------------------------------------------------------------
 
 def mig_view(hw: HardwareProfile, policy: Policy, r: Resolver) -> HardwareProfile:
@@ -182,17 +185,20 @@ def _auto_backend(x: Inputs, n_gpus: int, nproc: int, num_nodes: int) -> Decisio
     return Decision("ddp", f"no GPU and {nproc} process(es) x {num_nodes} node(s): DDP over gloo")
 
 
-def decide_engine(x: Inputs, r: Resolver, n_gpus: int, num_nodes: int) -> tuple[str, int, int | None]:
-    """(backend, processes per node, ZeRO stage)."""
+def decide_engine(x: Inputs, r: Resolver, n_gpus: int, num_nodes: int) -> tuple[str, int, int | None, Decision]:
+    """(backend, processes per node, ZeRO stage, the seed rule's backend decision): what the weighing starts from
+    (the user's, else the seed rule's); recorded once after it (``choice.settle_engine``), verbatim here."""
     d = x.cfg.distributed
     on_gpu = n_gpus > 0
     if on_gpu:
         nproc = n_gpus
     else:
         nproc = 1 if d.nproc_per_node == AUTO else d.nproc_per_node
-    backend = r.resolve("backend", d.backend, lambda: _auto_backend(x, n_gpus, nproc, num_nodes),
-                        path="distributed.backend")
-    if not r.auto_optimize:
+    seed = _auto_backend(x, n_gpus, nproc, num_nodes)
+    if r.auto_optimize:
+        backend = d.backend if is_set(d.backend) else seed.value
+    else:
+        backend = r.resolve("backend", d.backend, lambda: seed, path="distributed.backend")
         if backend == "single":
             if is_set(d.nproc_per_node) and d.nproc_per_node != 1:
                 raise UserError("distributed.nproc_per_node: the single backend runs one process; use ddp or deepspeed")
@@ -216,17 +222,12 @@ def decide_engine(x: Inputs, r: Resolver, n_gpus: int, num_nodes: int) -> tuple[
         r.explain("nproc_per_node", f"one process per GPU ({nproc})" if on_gpu else f"{nproc} CPU process(es)")
     zero = None
     if backend == "deepspeed":
-        zero = r.resolve("zero_stage", d.zero_stage, lambda: Decision(
-            2, "ZeRO-2 partitions gradients and optimizer state with no extra communication over DDP"),
-            path="distributed.zero_stage")
-    else:
-        if is_set(d.zero_stage) and r.auto_optimize:
-            why = f"backend is {backend}, not deepspeed"
-            if not x.deepspeed_installed and not is_set(d.backend):
-                why += " (DeepSpeed is not installed: pip install --no-build-isolation deepspeed)"
-            r.warnings.append(f"distributed.zero_stage={d.zero_stage} is ignored: {why}")
+        zero = d.zero_stage if is_set(d.zero_stage) else 2
+        if not r.auto_optimize:
+            zero = r.resolve("zero_stage", d.zero_stage, lambda: Decision(2, ZERO2_WHY), path="distributed.zero_stage")
+    elif not r.auto_optimize:
         r.explain("zero_stage", f"not used by the {backend} backend")
-    return backend, nproc, zero
+    return backend, nproc, zero, seed
 
 
 # -- precision ----------------------------------------------------------------------

@@ -24,6 +24,7 @@ from autotune.planner.deciders import BandChoice, Inputs
 from autotune.planner.memory import STRATEGIES, Strategy
 from autotune.planner.micro import (
     FAST_MICRO,
+    GLOBAL_TOLERANCE,
     largest_fitting,
     plans_largest,
     steady_micro,
@@ -31,7 +32,8 @@ from autotune.planner.micro import (
 )
 from autotune.planner.model_facts import ModelFacts
 from autotune.planner.resolve import Decision, Resolver, is_set
-from autotune.planner.weighing import Budget, MemoryFit, Need, Row, Weighing
+from autotune.planner.choice import candidates, pick_by_time, time_reason, timed
+from autotune.planner.weighing import Budget, MemoryFit, Need, Row, Timer, Weighing
 
 GIB = memory.GIB
 
@@ -117,46 +119,15 @@ def _halvings(top: int) -> list[int]:
     return out
 
 
-def candidates(x: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckpt_choices: tuple[bool, ...]
-               ) -> list[tuple[Strategy, bool]]:
-    """The policy's options that the user's settings and the machine allow, in preference order."""
-    d = x.cfg.distributed
-    user_backend = d.backend if is_set(d.backend) else None
-    stage = d.zero_stage if is_set(d.zero_stage) else None
-    off = d.offload_optimizer if is_set(d.offload_optimizer) else None
-    # on CPU DeepSpeed only when asked for (the backend, or a setting only DeepSpeed has)
-    ds_ok = x.deepspeed_installed and (on_gpu or user_backend == "deepspeed" or default_backend == "deepspeed")
-    out = []
-    options = [(STRATEGIES[o.strategy], o.checkpointing) for o in x.policy.strategy_preference]
-    if stage == 0:
-        options = [(STRATEGIES["zero0"], c) for c in (False, True)] + options
-    for s, ckpt in options:
-        if ckpt not in ckpt_choices:
-            continue
-        is_ds = s.backend == "deepspeed"
-        if is_ds and not ds_ok:
-            continue
-        if user_backend is not None and (user_backend == "deepspeed") != is_ds:
-            continue
-        if stage is not None and is_ds and s.zero_stage != stage:
-            continue
-        if stage is not None and not is_ds and default_backend == "deepspeed":
-            continue
-        if off is not None and s.offload_optimizer != off:
-            continue
-        if is_ds and world == 1 and not s.offload_optimizer and stage is None and user_backend != "deepspeed":
-            continue  # plain ZeRO on one process partitions nothing: only worth it for offload
-        if (s, ckpt) not in out:
-            out.append((s, ckpt))
-    return out
-
-
 def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_backend: str, default_zero: int | None,
         world: int, nproc: int, num_nodes: int, half: bool, budget: Budget, bucket_elements: int,
-        force: bool, record: list | None = None, target: int | None = None) -> MemoryFit:
+        force: bool, record: list | None = None, target: int | None = None, timer: Timer | None = None
+        ) -> MemoryFit:
     """Choose strategy, micro-batch and checkpointing; refuse when nothing fits (unless ``force``).
 
-    ``record``, when given, receives one ``Weighing`` (also when the plan is refused)."""
+    ``record``, when given, receives one ``Weighing`` (also when the plan is refused). ``timer`` (a model traced
+    as CUDA runs it, on a GPU of the table): among the options that fit, the highest predicted samples/s at the
+    held global batch wins (ties within TIE: preference order); without it the seed rule's ``_pick``."""
     cfg = x.cfg
     t, d = cfg.training, cfg.distributed
     micro_user, ckpt_user = t.batch_size_per_gpu, t.gradient_checkpointing
@@ -174,7 +145,7 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
             _refuse(x, sz, budget, [row], facts, fixed=f"the config verbatim (--no_auto_optimize): {row.label}, "
                     f"micro-batch {micro}")
         _explain_verbatim(r, default, row, force)
-        return MemoryFit(default, micro, bool(ckpt), _estimate(row, facts, budget, bool(ckpt)))
+        return MemoryFit(default, micro, bool(ckpt), _estimate(row, facts, budget, bool(ckpt)), None)
 
     ckpt_supported = facts.checkpointing_supported
     if is_set(ckpt_user):
@@ -208,7 +179,12 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         rows = weigh(top, search, fixed_micro)
         if record is not None:
             record.append(Weighing(rows, budget))
-        picked = _pick(rows, search, top)
+        by_time = timer is not None and search and bool(target)
+        if by_time:
+            rows = tuple(timed(sz, rw, timer, target, world) for rw in rows)
+            if record is not None:
+                record[-1] = Weighing(rows, budget)
+        picked = pick_by_time(rows) if by_time else _pick(rows, search, top)
         if picked is not None:
             chosen = picked
         elif force:
@@ -219,9 +195,12 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         else:
             _refuse(x, sz, budget, list(rows), facts,
                     fixed=f"micro-batch {micro_user} (you set it)" if fixed_micro else None)
-    if search and chosen.why_not is None and target:
+    ranking = None
+    if chosen.time is not None and known and not fixed_micro:
+        ranking = time_reason(chosen, rows)
+    elif search and chosen.why_not is None and target:
         chosen = _steady(sz, chosen, target, world)
-    _explain(r, x, chosen, rows, default, facts, budget)
+    engine_reason = _explain(r, x, chosen, rows, default, facts, budget, ranking)
     micro = chosen.micro
     ckpt = r.resolve("gradient_checkpointing", ckpt_user, lambda: Decision(chosen.checkpointing, _ckpt_reason(
         chosen, band, ckpt_supported)), verbatim=False)
@@ -229,15 +208,18 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         auto_micro = Decision(micro, _micro_reason(band, chosen, top, facts, x.policy.micro_batch_rule))
     elif known:  # what auto would have chosen: the weighing the user's value skipped
         top, search = band.micro_batch_size, plans_largest(facts, x.policy)
-        auto = _pick(weigh(top, search, False), search, top)
-        if auto is not None and search and target:
-            auto = _steady(sz, auto, target, world)
+        if timer is not None and search and target:
+            auto = pick_by_time(tuple(timed(sz, rw, timer, target, world) for rw in weigh(top, search, False)))
+        else:
+            auto = _pick(weigh(top, search, False), search, top)
+            if auto is not None and search and target:
+                auto = _steady(sz, auto, target, world)
         auto_micro = Decision(1, f"{band.micro_reason}, but no micro-batch fits by the estimate") if auto is None \
             else Decision(auto.micro, _micro_reason(band, auto, top, facts, x.policy.micro_batch_rule))
     else:  # nothing to weigh: auto plans the band's micro-batch blind
         auto_micro = Decision(band.micro_batch_size, band.micro_reason)
     micro = r.resolve("micro_batch_size", micro_user, lambda: auto_micro, path="training.batch_size_per_gpu")
-    return MemoryFit(chosen.strategy, micro, bool(ckpt), _estimate(chosen, facts, budget, bool(ckpt)))
+    return MemoryFit(chosen.strategy, micro, bool(ckpt), _estimate(chosen, facts, budget, bool(ckpt)), engine_reason)
 
 
 def _pick(rows: tuple[Row, ...], search: bool, top: int) -> Row | None:
@@ -314,8 +296,11 @@ def _ckpt_reason(chosen: Row, band: BandChoice, supported: bool) -> str:
 
 
 def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], default: Strategy, facts: ModelFacts,
-             budget: Budget) -> None:
+             budget: Budget, timed: str | None = None) -> str | None:
+    """The reasons of the strategy and offload; returns the engine's reason (None: the seed rule's stands), which
+    ``choice.settle_engine`` records once. ``timed``: the ranking by predicted samples/s, when it chose."""
     s = chosen.strategy
+    why = timed
     before = []
     for rw in rows:
         if (rw.strategy, rw.checkpointing) == (chosen.strategy, chosen.checkpointing):
@@ -323,13 +308,9 @@ def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], default
         before.append(rw)
     rejected = [f"{rw.label}: {rw.why_not}" if rw.micro == 0 else f"{rw.label}: micro-batch {rw.micro} at most"
                 for rw in before]
-    if s != default or rejected:
+    if why is None and (s != default or rejected):
         tail = f" (rejected: {'; '.join(rejected)})" if rejected else ""
         why = f"{s.label} is the most preferred option that fits micro-batch {chosen.micro}{tail}"
-        if not is_set(x.cfg.distributed.backend):
-            r.reasons["backend"] = why
-        if s.backend == "deepspeed" and not is_set(x.cfg.distributed.zero_stage):
-            r.reasons["zero_stage"] = why
     if budget.device_gib is None:
         weighed = f"{budget.basis}: the memory estimate cannot be checked"
     elif chosen.need.total_gib is None:
@@ -348,6 +329,7 @@ def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], default
         r.explain("offload_param", "not a DeepSpeed run")
     if facts.activations is None and facts.num_parameters is not None:
         r.warnings.append(f"the memory estimate covers model states only: {facts.unknown_reason}")
+    return why
 
 
 def _explain_verbatim(r: Resolver, s: Strategy, row: Row, force: bool) -> None:

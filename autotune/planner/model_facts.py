@@ -113,6 +113,102 @@ class ActivationModel(_Frozen):
         return lin.at(micro) * self.margin
 
 
+class PhaseWork(_Frozen):
+    """One phase of a traced step (forward, backward with any recomputed forward, optimizer step): its ops summed
+    in rows ``(kind, log2 FLOPs per byte, FLOPs, bytes, kernels)``; kind is matmul, conv, attention or memory
+    (no FLOP formula: memory-bound, intensity -1)."""
+
+    rows: tuple[tuple[str, int, float, float, int], ...] = ()
+
+    @property
+    def flops(self) -> float:
+        return sum(r[2] for r in self.rows)
+
+    @property
+    def bytes(self) -> float:
+        return sum(r[3] for r in self.rows)
+
+    @property
+    def kernels(self) -> int:
+        return sum(r[4] for r in self.rows)
+
+    def scaled(self, other: "PhaseWork", w: float) -> "PhaseWork":
+        """self + w x (other - self), row by row (a row missing on one side counts 0 there)."""
+        a = {r[:2]: r[2:] for r in self.rows}
+        b = {r[:2]: r[2:] for r in other.rows}
+        out = []
+        for key in sorted(set(a) | set(b)):
+            x, y = a.get(key, (0.0, 0.0, 0)), b.get(key, (0.0, 0.0, 0))
+            vals = [max(0.0, x[i] + w * (y[i] - x[i])) for i in range(3)]
+            out.append((key[0], key[1], vals[0], vals[1], max(0, round(vals[2]))))
+        return PhaseWork(rows=tuple(out))
+
+
+class StepWork(_Frozen):
+    """The work of one traced training step at one micro-batch (``autotune.measure.cuda_trace.WorkCount``)."""
+
+    micro: int
+    forward: PhaseWork
+    backward: PhaseWork
+    optimizer: PhaseWork
+    memory_bound_ops: tuple[str, ...] = ()  # ops without a FLOP formula, counted memory-bound, most bytes first
+
+
+class WorkLine(_Frozen):
+    """Traced steps at several micro-batches; between them linear, beyond the last along the last segment (FLOPs
+    and bytes of a step are linear in the micro-batch; kernels are not, and stay where they are)."""
+
+    points: tuple[StepWork, ...] = Field(min_length=1)
+
+    def at(self, micro: int) -> StepWork:
+        pts = sorted(self.points, key=lambda p: p.micro)
+        if len(pts) == 1 or micro <= pts[0].micro:
+            lo, hi = pts[0], pts[0]
+        else:
+            lo, hi = next(((a, b) for a, b in zip(pts, pts[1:]) if micro <= b.micro), (pts[-2], pts[-1]))
+        if lo.micro == micro or lo is hi:
+            return lo if lo.micro == micro or lo is hi else hi
+        w = (micro - lo.micro) / (hi.micro - lo.micro)
+        return StepWork(micro=micro, forward=lo.forward.scaled(hi.forward, w),
+                        backward=lo.backward.scaled(hi.backward, w), optimizer=hi.optimizer,
+                        memory_bound_ops=hi.memory_bound_ops)
+
+
+class WorkModel(_Frozen):
+    """The traced work per numeric mode and checkpointing, keyed like ``ActivationModel``'s lines."""
+
+    source: str = "traced FLOPs, bytes and kernels"
+
+    fp32: WorkLine | None = None
+    half: WorkLine | None = None
+    fp32_checkpointed: WorkLine | None = None
+    half_checkpointed: WorkLine | None = None
+    half_weights: WorkLine | None = None
+    half_weights_checkpointed: WorkLine | None = None
+
+    def line(self, half: bool, checkpointing: bool, deepspeed: bool = False) -> WorkLine | None:
+        own = (self.half_weights_checkpointed if checkpointing else self.half_weights) if half and deepspeed else None
+        if own is not None:
+            return own
+        if checkpointing:
+            return self.half_checkpointed if half else self.fp32_checkpointed
+        return self.half if half else self.fp32
+
+
+class MeasuredSteps(_Frozen):
+    """The model's own training step timed for real (``autotune.measure.timing``): (micro-batch, forward+backward
+    seconds, optimizer seconds) at two micro-batches; linear between and beyond them."""
+
+    points: tuple[tuple[int, float, float], ...] = Field(min_length=2)
+    threads: int = Field(ge=1)
+    basis: str  # where and how: "timed on this machine's CPU (2 threads) at micro-batch 8 and 32"
+
+    def at(self, micro: int) -> tuple[float, float]:
+        (b0, f0, o0), (b1, f1, o1) = sorted(self.points)[:2]
+        slope = (f1 - f0) / (b1 - b0)
+        return max(f0 * micro / b0 if micro < b0 else 0.0, f0 + slope * (micro - b0)), (o0 + o1) / 2
+
+
 class ModelFacts(_Frozen):
     source: str  # one line: where these facts come from
     num_parameters: int | None = None
@@ -121,6 +217,8 @@ class ModelFacts(_Frozen):
     activations: ActivationModel | None = None
     unknown_reason: str | None = None  # why parameters or activations are unknown
     builtin_gpt: bool = False  # the built-in workload: activations from the formula for any micro-batch
+    work: WorkModel | None = None  # FLOPs, bytes and kernels of a step (traced as CUDA runs it; None: not counted)
+    measured_steps: MeasuredSteps | None = None  # the step timed for real on this machine's CPU
 
     @property
     def checkpointing_supported(self) -> bool:
@@ -148,7 +246,43 @@ def builtin_facts(cfg: TrainConfig) -> ModelFacts:
                            half_checkpointed=lin(True, True), source="formula")
     return ModelFacts(source=f"the built-in GPT ({m.n_layer} layers x {m.n_embd} wide)", num_parameters=n,
                       trainable_parameters=n, largest_layer_parameters=memory.gpt_largest_layer(m.n_embd, d.vocab_size, block),
-                      activations=acts, builtin_gpt=True)
+                      activations=acts, builtin_gpt=True, work=builtin_work(cfg, n))
+
+
+# kernels per transformer layer, forward and backward, as counted in GPT-2 small's trace (412 and 602 for 12 layers)
+KERNELS_PER_LAYER = (34, 50)
+
+
+def builtin_work(cfg: TrainConfig, num_params: int) -> WorkModel:
+    """The built-in GPT's work by formula (it is never traced): matmul FLOPs 2 x tokens x (12 L d^2 + d V)
+    forward and twice that backward, causal attention 2 L s^2 d forward (recomputed under checkpointing), memory-bound
+    bytes twice the activations the Korthikanti formula holds (written, then read), the AdamW step's 16 bytes of
+    state read and 12 written per parameter; kernels per layer as GPT-2 small's trace counted them."""
+    m, d = cfg.model, cfg.data
+    s, h, layers, vocab = 2 * d.seq_len - 1, m.n_embd, m.n_layer, d.vocab_size
+
+    def line(half: bool, ckpt: bool) -> WorkLine:
+        def at(b: int) -> StepWork:
+            mm = 2.0 * b * s * (12 * layers * h * h + h * vocab)
+            att = 2.0 * layers * b * s * s * h
+            weights = (2 if half else 4) * (12 * layers * h * h + h * vocab)
+            acts = memory.activation_bytes(b, s, h, m.n_head, layers, vocab, False, half)
+            kf, kb = (k * layers + 10 for k in KERNELS_PER_LAYER)
+            fwd = PhaseWork(rows=(("attention", 8, att, 4.0 * b * s * h * layers, layers),
+                                  ("matmul", 8, mm, weights + 2.0 * acts / 3, 4 * layers + 1),
+                                  ("memory", -1, 0.0, 2.0 * acts, kf - 5 * layers - 1)))
+            again = 1 if ckpt else 0
+            bwd = PhaseWork(rows=(("attention", 8, (2 + again) * att, (2 + again) * 4.0 * b * s * h * layers,
+                                   (1 + again) * layers),
+                                  ("matmul", 8, (2 + again) * mm, (2 + again) * (weights + 2.0 * acts / 3),
+                                   (8 + 4 * again) * layers + 2),
+                                  ("memory", -1, 0.0, (3 + 2 * again) * acts, kb + again * kf)))
+            opt = PhaseWork(rows=(("memory", -1, 0.0, 28.0 * num_params, 13),))
+            return StepWork(micro=b, forward=fwd, backward=bwd, optimizer=opt)
+        return WorkLine(points=(at(1), at(64)))
+
+    return WorkModel(source="the built-in GPT's FLOPs and bytes by formula", fp32=line(False, False),
+                     half=line(True, False), fp32_checkpointed=line(False, True), half_checkpointed=line(True, True))
 
 
 def declared_facts(cfg: TrainConfig) -> ModelFacts:

@@ -67,6 +67,10 @@ class Policy(_Strict):
     traced_activation_margin_gpu_fp32: float = Field(4.5, ge=1)
     host_ram_headroom_fraction: float = Field(gt=0, le=1)
     mig_multi_process: bool = False
+    # how the engine is chosen where the model's work is counted (a traced model on a GPU of the table): "time",
+    # the most predicted samples/s at the held global batch; "seed", the preference order's rule (2+ GPUs and
+    # DeepSpeed installed -> ZeRO-2), which stays the rule where there is nothing to time
+    engine_rule: Literal["time", "seed"] = "time"
 
     def band_for(self, memory_gb: float) -> Band:
         for band in sorted(self.micro_batch_bands, key=lambda b: -b.min_memory_gb):

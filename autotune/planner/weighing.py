@@ -4,9 +4,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from autotune.plan import MemoryEstimate
 from autotune.planner.memory import Strategy
+from autotune.planner.step_time import StepTime
+
+
+class Timer(Protocol):
+    """Predicted time of one option at a micro-batch and accumulation (``planner.timing.Timing``)."""
+
+    def time(self, strategy: Strategy, checkpointing: bool, micro: int, accumulation: int) -> StepTime | None: ...
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class Row:
     micro: int  # largest micro-batch that fits (0: none)
     need: Need  # at ``micro`` (or at 1 when nothing fits)
     why_not: str | None  # None when it fits
+    time: StepTime | None = None  # predicted at ``micro``, holding the global batch (a plan chosen by time)
 
     @property
     def label(self) -> str:
@@ -61,3 +70,4 @@ class MemoryFit:
     micro_batch_size: int
     gradient_checkpointing: bool
     estimate: MemoryEstimate | None
+    engine_reason: str | None = None  # why this engine, in numbers where time chose it (None: the seed rule's)

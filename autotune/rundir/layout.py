@@ -23,6 +23,7 @@ CHECKPOINT_PREFIX = "step-"
 STATUS_DIR = ".status"
 LOCK = ".autotune.lock"
 METRICS = "metrics.json"
+TIMING = "timing.json"  # predicted against measured samples/s (autotune.launch.timing)
 TENSORBOARD = "tensorboard"
 OBSERVED = "observed"  # what a user's script ran, per rank (autotune.runtime.observe)
 

@@ -138,6 +138,8 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
     metrics: dict = {}
     backoff = OomBackoff(plan, ctx, engine, run_dir)
     preempted: dict | None = None
+    # samples/s after warm-up: the steps after the first logged window (which holds the first step's set-up)
+    timed_steps, timed_s, first_window_done = 0, 0.0, False
     while step < total:
         watch.enter("step", f"step {step + 1}")
         t0 = time.perf_counter()
@@ -153,6 +155,8 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
         window_loss += step_loss.cpu()
         window_steps += 1
         step_time = time.perf_counter() - t0
+        if first_window_done:
+            timed_steps, timed_s = timed_steps + 1, timed_s + step_time
         if step % log_every == 0 or step == total or step == 1:
             loss = all_reduce_sum(ctx, window_loss.clone()).item() / (window_steps * ctx.world_size)
             elapsed = time.perf_counter() - window_t0
@@ -169,6 +173,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
             )
             window_loss.zero_()
             window_steps, window_t0 = 0, time.perf_counter()
+            first_window_done = True
         progress.update(1, {"loss": f"{metrics.get('train/loss', float('nan')):.3f}"})
         if step % eval_every == 0 or step == total:
             watch.enter("step", f"evaluation at step {step}")
@@ -205,7 +210,8 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
                    sharded=plan.engine.backend == "deepspeed" and plan.engine.zero_stage == 3)
     final = dict(history[-1]) if history else {}
     if ctx.is_main:
-        summary = {"steps": step, "history": history, "final": final}
+        summary = {"steps": step, "history": history, "final": final,
+                   "measured_samples_per_s": timed_steps * b.global_batch_size / timed_s if timed_steps else None}
         (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2, default=_nan_safe))
     return final
 

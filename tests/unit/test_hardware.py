@@ -375,7 +375,8 @@ def test_real_detect_on_this_machine_never_raises():
 PROFILE_KEYS = {"schema_version", "source", "description", "hostname", "num_nodes", "gpus", "cpu", "memory",
                 "infiniband", "slurm", "software", "unknown"}
 GPU_KEYS = {"index", "nvml_index", "uuid", "name", "memory_total_mib", "memory_free_mib", "compute_capability",
-            "pci_bus_id", "mig_mode", "mig_instance", "mig_slices_mib", "error"}
+            "pci_bus_id", "mig_mode", "mig_instance", "mig_slices_mib", "error", "clocks_max_sm_mhz",
+            "clocks_max_memory_mhz", "pcie_link_gen_max", "pcie_link_width_max"}
 
 
 def test_report_json_schema_is_pinned(cli):

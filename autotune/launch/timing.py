@@ -1,0 +1,79 @@
+"""The run's speed against the plan's prediction: ``timing.json`` in the run directory, and the line the launch
+prints ("predicted X samples/s, measured Y (+-Z %)").
+
+The built-in loop records samples/s after warm-up (the first logged window, which holds the first step's set-up,
+is left out: ``measured_samples_per_s`` in metrics.json); a user's script's figure can come from its observer
+later through ``compare`` with the figure it counted. Off by more than ``WARN_FRACTION`` is a warning naming both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+WARN_FRACTION = 0.25
+
+
+def settings(plan) -> dict:
+    """What a measured speed belongs to: the same model on the same kind of GPU with these settings."""
+    e, b = plan.engine, plan.batch
+    return {"hardware": plan.hardware, "backend": e.backend, "zero_stage": e.zero_stage,
+            "offload_optimizer": e.offload_optimizer, "world_size": e.world_size,
+            "micro_batch_size": b.micro_batch_size, "gradient_accumulation_steps": b.gradient_accumulation_steps,
+            "precision": plan.numerics.precision, "gradient_checkpointing": plan.memory.gradient_checkpointing,
+            "model": (plan.memory.estimate.model_source if plan.memory.estimate else None)}
+
+
+def compare(plan, measured: float | None, source: str) -> tuple[dict, list[str]]:
+    """(the timing.json record, the lines to print). ``measured``: samples/s after warm-up, or None."""
+    te = plan.schedule.time_estimate
+    predicted = te.samples_per_s if te is not None else None
+    record = {"predicted_samples_per_s": predicted, "measured_samples_per_s": measured,
+              "prediction_basis": te.basis if te is not None else None, "measured_by": source,
+              "settings": settings(plan)}
+    if measured is None:
+        return record, [f"speed: predicted {_fmt(predicted)} samples/s, not measured ({source})"]
+    if predicted is None:
+        why = next(iter(te.unknown.values()), "") if te is not None and te.unknown else ""
+        return record, [f"speed: measured {measured:,.1f} samples/s (no prediction{': ' + why if why else ''})"]
+    off = (measured - predicted) / predicted
+    record["error_fraction"] = round(off, 4)
+    lines = [f"speed: predicted {predicted:,.1f} samples/s, measured {measured:,.1f} ({off * 100:+.0f} %)"]
+    if abs(off) > WARN_FRACTION:
+        lines.append(f"warning: the prediction ({predicted:,.1f} samples/s) is off by {off * 100:+.0f} % from what "
+                     f"this run measured ({measured:,.1f} samples/s); basis: {te.basis}")
+    return record, lines
+
+
+def _fmt(v) -> str:
+    return "unknown" if v is None else f"{v:,.1f}"
+
+
+def measured_from_metrics(run_dir: Path) -> float | None:
+    """The built-in loop's samples/s after warm-up (metrics.json), or None."""
+    from autotune.rundir.layout import METRICS
+
+    try:
+        value = json.loads((Path(run_dir) / METRICS).read_text()).get("measured_samples_per_s")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def write(run_dir: Path, record: dict) -> Path:
+    from autotune.rundir.layout import TIMING
+
+    path = Path(run_dir) / TIMING
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
+
+
+def report(plan, run_dir: Path, out) -> None:
+    """After a run of the built-in loop: compare, print, write timing.json (never fails the launch)."""
+    record, lines = compare(plan, measured_from_metrics(run_dir), "the built-in loop, after its first logged window")
+    try:
+        write(run_dir, record)
+    except OSError as e:
+        lines.append(f"warning: timing.json not written ({e})")
+    for line in lines:
+        print(line, file=out)

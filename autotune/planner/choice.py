@@ -1,0 +1,141 @@
+"""The choice among the options that fit, by predicted time, and the one engine decision (pure).
+
+``memory_fit`` weighs each option's largest fitting micro-batch; here each is timed at its fastest micro-batch
+that holds the global batch (``timed``), the fastest wins (``pick_by_time``; ties by the policy's preference
+order), its reason is the ranking in numbers (``time_reason``), and ``settle_engine`` records the engine once,
+against the user's settings, whether time or the seed rule chose it.
+"""
+
+from __future__ import annotations
+
+from autotune.planner.deciders import ZERO2_WHY, Inputs
+from autotune.planner.memory import STRATEGIES, Strategy
+from autotune.planner.micro import GLOBAL_TOLERANCE, steady_micro
+from autotune.planner.resolve import Decision, Resolver, is_set
+from autotune.planner.weighing import Row, Timer
+
+
+def candidates(x: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckpt_choices: tuple[bool, ...]
+               ) -> list[tuple[Strategy, bool]]:
+    """The policy's options that the user's settings and the machine allow, in preference order."""
+    d = x.cfg.distributed
+    user_backend = d.backend if is_set(d.backend) else None
+    stage = d.zero_stage if is_set(d.zero_stage) else None
+    off = d.offload_optimizer if is_set(d.offload_optimizer) else None
+    # on CPU DeepSpeed only when asked for (the backend, or a setting only DeepSpeed has)
+    ds_ok = x.deepspeed_installed and (on_gpu or user_backend == "deepspeed" or default_backend == "deepspeed")
+    out = []
+    options = [(STRATEGIES[o.strategy], o.checkpointing) for o in x.policy.strategy_preference]
+    if stage == 0:
+        options = [(STRATEGIES["zero0"], c) for c in (False, True)] + options
+    for s, ckpt in options:
+        if ckpt not in ckpt_choices:
+            continue
+        is_ds = s.backend == "deepspeed"
+        if is_ds and not ds_ok:
+            continue
+        if user_backend is not None and (user_backend == "deepspeed") != is_ds:
+            continue
+        if stage is not None and is_ds and s.zero_stage != stage:
+            continue
+        if stage is not None and not is_ds and default_backend == "deepspeed":
+            continue
+        if off is not None and s.offload_optimizer != off:
+            continue
+        if is_ds and world == 1 and not s.offload_optimizer and stage is None and user_backend != "deepspeed":
+            continue  # plain ZeRO on one process partitions nothing: only worth it for offload
+        if (s, ckpt) not in out:
+            out.append((s, ckpt))
+    return out
+
+
+TIE = 0.005  # predicted samples/s within 0.5 % of the best: a tie, settled by the policy's preference order
+
+
+def holding(largest: int, target: int, world: int, most: int = 6) -> list[tuple[int, int]]:
+    """(micro-batch, accumulation) pairs at or below ``largest`` that hold the global batch within
+    GLOBAL_TOLERANCE: the largest micro-batch for each of the ``most`` smallest accumulations (fewer accumulation
+    steps, fewer fixed costs); else the steady micro-batch's."""
+    out: dict[int, int] = {}
+    for m in range(largest, 0, -1):
+        acc = max(1, round(target / (m * world)))
+        if abs(m * acc * world - target) <= GLOBAL_TOLERANCE * target and acc not in out:
+            out[acc] = m
+            if len(out) >= most:
+                break
+    if not out:
+        m = steady_micro(largest, target, world)
+        return [(m, max(1, round(target / (m * world))))]
+    return [(m, acc) for acc, m in sorted(out.items())]
+
+
+def timed(sz, row: Row, timer: Timer, target: int, world: int) -> Row:
+    """The row at its fastest micro-batch holding the global batch, with its predicted step time."""
+    if row.why_not is not None or row.micro < 1:
+        return row
+    best = None
+    for m, acc in holding(row.micro, target, world):
+        t = timer.time(row.strategy, row.checkpointing, m, acc)
+        if t is not None and (best is None or t.samples_per_s > best[2].samples_per_s):
+            best = (m, acc, t)
+    if best is None:
+        return row
+    m, _acc, t = best
+    return Row(row.strategy, row.checkpointing, m, sz.need(row.strategy, m, row.checkpointing), None, t)
+
+
+def pick_by_time(rows: tuple[Row, ...]) -> Row | None:
+    """The fitting row with the most predicted samples/s; within TIE of it, the first in preference order."""
+    timed = [rw for rw in rows if rw.why_not is None and rw.time is not None]
+    if not timed:
+        return None
+    best = max(rw.time.samples_per_s for rw in timed)
+    return next(rw for rw in timed if rw.time.samples_per_s >= best * (1 - TIE))
+
+
+def time_reason(chosen: Row, rows: tuple[Row, ...]) -> str:
+    """The ranking in numbers: the chosen option first, then the others that fit, fastest first."""
+    def one(rw: Row, first: bool) -> str:
+        extra = rw.time.describe()
+        rate = f"{rw.time.samples_per_s:,.0f}" + (" samples/s predicted" if first else "")
+        return f"{rw.label} at micro-batch {rw.micro}: {rate}" + (f" ({extra})" if extra else "")
+
+    others = sorted((rw for rw in rows if rw.time is not None and rw is not chosen and rw.why_not is None),
+                    key=lambda rw: -rw.time.samples_per_s)
+    cut = [rw for rw in rows if rw.why_not is not None]
+    text = "; ".join([one(chosen, True)] + [one(rw, False) for rw in others[:4]])
+    if cut:
+        text += f" (does not fit: {', '.join(rw.label for rw in cut)})"
+    return f"the most samples/s at the global batch: {text}"
+
+
+
+def settle_engine(x: Inputs, r: Resolver, seed: Decision, start: tuple[str, int | None], chosen_backend: str,
+                  chosen_zero: int | None, why: str | None) -> tuple[str, int | None]:
+    """The one engine decision of an auto plan: the weighing's strategy (``why``: its reason in numbers, or None
+    where the seed rule's stands), resolved against the user's backend and ZeRO stage. ``start`` is the backend
+    and stage the weighing started from (``decide_engine``)."""
+    d = x.cfg.distributed
+    backend0, zero0 = start
+    if chosen_backend == "deepspeed":
+        auto_backend, auto_zero = "deepspeed", chosen_zero
+    elif backend0 == "deepspeed":  # DDP fits where ZeRO's buckets do not
+        auto_backend, auto_zero = "ddp", None
+    else:
+        auto_backend, auto_zero = backend0, None
+    # the user's backend: "auto would choose" is the seed rule's (the weighing saw only the user's engine)
+    backend = r.resolve("backend", d.backend, lambda: seed if is_set(d.backend) else
+                        Decision(auto_backend, why or seed.reason), path="distributed.backend")
+    if backend == "deepspeed":
+        stage = auto_zero if auto_zero is not None else zero0 if zero0 is not None else 2
+        # the user's stage: "auto would choose" is the seed rule's (the weighing saw only the user's stage)
+        zero = r.resolve("zero_stage", d.zero_stage, lambda: Decision(2, ZERO2_WHY) if is_set(d.zero_stage) else
+                         Decision(stage, why or ZERO2_WHY), path="distributed.zero_stage")
+        return backend, zero
+    if is_set(d.zero_stage):
+        why_not = f"backend is {backend}, not deepspeed"
+        if not x.deepspeed_installed and not is_set(d.backend):
+            why_not += " (DeepSpeed is not installed: pip install --no-build-isolation deepspeed)"
+        r.warnings.append(f"distributed.zero_stage={d.zero_stage} is ignored: {why_not}")
+    r.explain("zero_stage", f"not used by the {backend} backend")
+    return backend, None

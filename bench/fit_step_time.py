@@ -1,0 +1,111 @@
+"""Fit the step-time model's constants (autotune/planner/step_time.py: CALIBRATION) on the H100 recordings.
+
+    .venv/bin/python bench/fit_step_time.py [--truth DIR]
+
+Traces each recorded model as CUDA runs it (the planner's own trace and cache), then chooses the efficiencies of
+matmuls, attention, convolutions and memory-bound ops and the host time per kernel that minimise the squared
+log error of the predicted forward+backward time over every recorded point (checkpointing on and off), by
+Nelder-Mead; the optimizer's memory efficiency is the median of what the recorded optimizer steps need. Prints
+the constants and each point's error. Only the three shared models are used (../shared/gpu-truth).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def facts_of(record: dict, truth: Path):
+    from autotune.measure import _traced
+
+    sys.path.insert(0, str(truth.parent))
+    os.chdir(truth.parent)
+    return _traced(record["factory"], record["sample_input"], 1.0, str(truth.parent), ("half",), True)
+
+
+def nelder_mead(f, x0, steps, iters=600):
+    pts = [list(x0)] + [[x + (s if i == j else 0) for j, x in enumerate(x0)] for i, s in enumerate(steps)]
+    vals = [f(p) for p in pts]
+    for _ in range(iters):
+        order = sorted(range(len(pts)), key=lambda i: vals[i])
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        centre = [sum(p[j] for p in pts[:-1]) / (len(pts) - 1) for j in range(len(x0))]
+        refl = [c + (c - w) for c, w in zip(centre, pts[-1])]
+        fr = f(refl)
+        if fr < vals[0]:
+            exp = [c + 2 * (c - w) for c, w in zip(centre, pts[-1])]
+            fe = f(exp)
+            pts[-1], vals[-1] = (exp, fe) if fe < fr else (refl, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = refl, fr
+        else:
+            con = [c + 0.5 * (w - c) for c, w in zip(centre, pts[-1])]
+            fc = f(con)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = con, fc
+            else:
+                pts = [pts[0]] + [[b + 0.5 * (p - b) for b, p in zip(pts[0], q)] for q in pts[1:]]
+                vals = [vals[0]] + [f(p) for p in pts[1:]]
+    i = min(range(len(pts)), key=lambda k: vals[k])
+    return pts[i], vals[i]
+
+
+def main(argv=None) -> int:
+    from autotune.planner.gpus import spec_for
+    from autotune.planner.step_time import CALIBRATION, compute_s, phase_gpu_s
+    from autotune.profiles import HardwareProfile
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--truth", default=str(ROOT / "bench" / "gpu_truth" / "h100"))
+    a = ap.parse_args(argv)
+    truth = Path(a.truth).resolve()
+    profile = next(truth.glob("*profile.json"))
+    gpu = spec_for(HardwareProfile.from_json(profile.read_text()).gpus.devices[0])
+    data = []  # (model, ckpt, micro, StepWork, t_fb, t_opt)
+    for f in sorted(truth.glob("*.json")):
+        if f == profile:
+            continue
+        rec = json.loads(f.read_text())
+        facts = facts_of(rec, truth)
+        for p in rec["points"]:
+            line = facts.work.line(True, p["ckpt"]) if facts.work else None
+            if p["ok"] and line is not None:
+                data.append((rec["model"], p["ckpt"], p["micro"], line.at(p["micro"]), p["t_fb"], p["t_opt"]))
+    names = ("matmul", "attention", "conv", "memory", "kernel_s")
+
+    def cal_of(x):
+        return dataclasses.replace(CALIBRATION, **{n: math.exp(v) for n, v in zip(names, x)})
+
+    def loss(x):
+        cal = cal_of(x)
+        if any(getattr(cal, n) > 1 for n in names[:4]):
+            return 1e9
+        return sum(math.log(compute_s(w, gpu, "bf16", True, cal)[0] / t) ** 2 for *_, w, t, _o in data)
+
+    x0 = [math.log(getattr(CALIBRATION, n)) for n in names]
+    best, _ = nelder_mead(loss, x0, [0.3] * len(names))
+    cal = cal_of(best)
+    opt_need = [phase_gpu_s(w.optimizer, gpu, "bf16", True, cal, 1.0) / t_opt for *_, w, _t, t_opt in data]
+    cal = dataclasses.replace(cal, optimizer_memory=statistics.median(opt_need))
+    print("CALIBRATION = Calibration(" + ", ".join(f"{n}={getattr(cal, n):.3g}" for n in
+                                                   (*names[:4], "optimizer_memory", "kernel_s")) + ")")
+    errs = []
+    for model, ckpt, micro, w, t_fb, t_opt in data:
+        fb, opt, _ = compute_s(w, gpu, "bf16", True, cal)
+        errs.append(abs(fb / t_fb - 1))
+        print(f"{model:11s} ckpt {'on ' if ckpt else 'off'} micro {micro:5d}: t_fb {t_fb * 1e3:8.2f} ms predicted "
+              f"{fb * 1e3:8.2f} ({(fb / t_fb - 1) * 100:+6.1f} %), t_opt {t_opt * 1e3:5.2f} predicted {opt * 1e3:5.2f}")
+    print(f"|error| median {statistics.median(errs) * 100:.1f} %, max {max(errs) * 100:.1f} % over {len(errs)} points")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
