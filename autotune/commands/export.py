@@ -137,11 +137,14 @@ def _kubernetes_flags(args) -> None:
     if flags:
         raise UserError(f"{', '.join(flags)}: every pod takes its rank and master from the operator's variables "
                         "(PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT); drop the flag(s)")
+    if args.no_auto_optimize:
+        raise UserError("--no_auto_optimize: it takes node rank and master from the config alone, so every pod "
+                        "would train by itself; drop it (your config's values and flags still win)")
     if not args.image:
         raise UserError(f"--image: required for --format {fmt}: the container image every pod runs (with autotune "
                         "and torch), e.g. --image registry.example.com/team/train:1.0")
-    if args.job_restarts < 0:
-        raise UserError(f"--job_restarts: must be 0 or more, got {args.job_restarts}")
+    if not 0 <= args.job_restarts <= 10_000:
+        raise UserError(f"--job_restarts: a number from 0 to 10000, got {args.job_restarts}")
 
 
 def _kubernetes(args, plan, raw: list[str]) -> str:

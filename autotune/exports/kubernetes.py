@@ -137,7 +137,7 @@ def problems(job: Job) -> list[str]:
     if why:
         out.append(f"--run_dir: {why}")
     for i, arg in enumerate(job.command):
-        why = _text(arg)
+        why = _text(arg) if arg else None  # an empty argument is one a script may want
         if why:
             out.append(f"command argument {i} ({arg[:40]!r}): {why}")
     return out

@@ -23,7 +23,7 @@ data: {seq_len: 6, num_samples: 100000, num_val_samples: 64}
 training: {global_batch_size: 32, base_batch_size: 32, max_steps: MAX, log_every_steps: 1, eval_every_steps: 100000}
 checkpoint: {save_every_steps: null, save_at_end: false, preemption_grace_s: 60}
 """
-MAX_STEPS = 120
+MAX_STEPS = 60
 
 
 def _steps(run):

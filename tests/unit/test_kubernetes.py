@@ -198,7 +198,9 @@ def test_a_manifest_without_gpu_limits_or_with_a_bad_image_is_refused_at_export(
     assert bad.returncode == 2 and "2 value(s) cannot go into the manifest" in bad.stderr
     assert "--image: not an image reference" in bad.stderr and "--job_name: a DNS-1035 label" in bad.stderr
     for args, why in ((["--node_rank", "1"], "--node_rank: every pod takes its rank"),
-                      (["--master_port", "1234"], "--master_port: every pod takes"), ([], "--image: required")):
+                      (["--master_port", "1234"], "--master_port: every pod takes"), ([], "--image: required"),
+                      (["--no_auto_optimize"], "--no_auto_optimize: it takes node rank and master from the config"),
+                      (["--job_restarts", "-1"], "--job_restarts: a number from 0 to 10000")):
         r = cli("autotune", "export", "--format", "kubeflow", "--hardware", "2x4xL4",
                 *(["--image", IMAGE] if args else []), *args)
         assert r.returncode == 2 and why in r.stderr, r.stderr
