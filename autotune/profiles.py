@@ -114,6 +114,22 @@ class SlurmInfo(_Frozen):
     mem_per_node_mib: int | None = None
 
 
+class KubernetesInfo(_Frozen):
+    """A Kubernetes pod (KUBERNETES_SERVICE_HOST is set) and what a training operator told it about the job:
+    the Kubeflow Trainer's PET_NNODES / PET_NODE_RANK / PET_MASTER_ADDR / PET_MASTER_PORT (torchrun's own
+    defaults), or the v1 operator's WORLD_SIZE / RANK / MASTER_ADDR where one pod is one node
+    (``autotune.hardware.kubernetes``). ``sources`` names the variable each value came from."""
+
+    pod: bool = False
+    num_nodes: int | None = Field(None, ge=1, le=100_000)
+    node_rank: int | None = Field(None, ge=0)
+    master_addr: str | None = Field(None, max_length=253)
+    master_port: int | None = Field(None, ge=1, le=65535)
+    nproc_per_node: str | None = Field(None, max_length=16)  # PET_NPROC_PER_NODE as given; each node plans its own
+    sources: dict[str, str] = {}
+    error: str | None = Field(None, max_length=2000)  # a variable that cannot be read: the plan refuses, naming it
+
+
 class HardwareProfile(_Frozen):
     schema_version: int = SCHEMA_VERSION
     source: str = "detected"  # "detected" or "preset:<name>" or a file path
@@ -125,6 +141,7 @@ class HardwareProfile(_Frozen):
     memory: MemoryInfo = MemoryInfo()
     infiniband: tuple[str, ...] | None = None  # None = unknown, () = none present
     slurm: SlurmInfo | None = None
+    kubernetes: KubernetesInfo | None = None
     software: dict[str, str | None] = {}
     unknown: dict[str, str] = {}  # dotted field -> why it is unknown
 

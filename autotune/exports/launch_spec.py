@@ -137,6 +137,14 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
     # This launch's facts: always ours, never inherited from an outer run.
     for k, v in {**plan_values_env(plan, run_dir), **single_process_rank_env(plan)}.items():
         env[k], sources[k] = v, "autotune"
+    # torchrun takes PET_<FLAG> as the default of each flag it is not given: a training operator's
+    # PET_NNODES=2 would turn a one-node --standalone run (--num_nodes 1 in a pod) into a wait for a node
+    # that never comes. Those the environment has get the plan's values.
+    eng = plan.engine
+    for k, v in {"PET_NNODES": eng.num_nodes, "PET_NODE_RANK": eng.node_rank, "PET_MASTER_ADDR": eng.master_addr,
+                 "PET_MASTER_PORT": eng.master_port, "PET_NPROC_PER_NODE": eng.nproc_per_node}.items():
+        if k in environ:
+            env[k], sources[k] = str(v), "autotune"
     return env, sources
 
 

@@ -1,6 +1,7 @@
 """Checks on this node before any rank starts (multi-node): one line each, with the fix.
 
-- the master address resolves;
+- the master address resolves (in a Kubernetes pod, the operator's master name within the rendezvous
+  budget: a headless service's record for node 0 exists only once node 0's pod has an address);
 - on node 0, the master port is free (another program listening there would take the
   rendezvous, or make it fail after a long wait);
 - on the other nodes, whatever answers at the master's port is a PyTorch rendezvous store (torchrun's
@@ -16,20 +17,19 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import sys
+import time
+from typing import Mapping
 
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan
 
 
-def check(plan: TrainingPlan) -> None:
+def check(plan: TrainingPlan, environ: Mapping[str, str] | None = None, poll_s: float = 1.0) -> None:
     eng = plan.engine
     if eng.num_nodes == 1:
         return
-    try:
-        socket.getaddrinfo(eng.master_addr, eng.master_port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as e:
-        raise UserError(f"distributed.master_addr: {eng.master_addr!r} does not resolve on this node ({e}); give "
-                        "node 0's address or host name, the same on every node") from None
+    _resolves(plan, os.environ if environ is None else environ, poll_s)
     # Node 0 hosts the store (under SLURM node 0 is the allocation's first host, the master): its port
     # must be free. The other nodes find it taken once node 0 is up (on one test host, by node 0 itself):
     # they check what answers there.
@@ -43,6 +43,34 @@ def check(plan: TrainingPlan) -> None:
         raise UserError(f"distributed.master_port: {eng.master_addr}:{eng.master_port} is answered by another "
                         f"program, not node 0's rendezvous ({found.partition(': ')[2]}); choose a free port with "
                         "--master_port, the same on every node")
+
+
+def _resolves(plan: TrainingPlan, environ: Mapping[str, str], poll_s: float) -> None:
+    """The master resolves now; or, when a training operator named it in a pod, within the rendezvous
+    budget (pods of one job start in any order, and node 0's DNS record follows its pod's address)."""
+    eng = plan.engine
+    try:
+        socket.getaddrinfo(eng.master_addr, eng.master_port, type=socket.SOCK_STREAM)
+        return
+    except (socket.gaierror, UnicodeError) as e:
+        first = e
+    operators = (environ.get("PET_MASTER_ADDR"), environ.get("MASTER_ADDR"))
+    if not (environ.get("KUBERNETES_SERVICE_HOST") and eng.master_addr in operators):
+        raise UserError(f"distributed.master_addr: {eng.master_addr!r} does not resolve on this node ({first}); give "
+                        "node 0's address or host name, the same on every node") from None
+    print(f"waiting up to {eng.rendezvous_timeout_s} s for node 0's name {eng.master_addr} to resolve (its pod may "
+          "not have an address yet)", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + eng.rendezvous_timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+        try:
+            socket.getaddrinfo(eng.master_addr, eng.master_port, type=socket.SOCK_STREAM)
+            return
+        except (socket.gaierror, UnicodeError) as e:
+            first = e
+    raise UserError(f"distributed.master_addr: node 0's name {eng.master_addr!r} did not resolve within "
+                    f"{eng.rendezvous_timeout_s} s (distributed.rendezvous_timeout_s; {first}): node 0's pod has not "
+                    "started, or the job's headless service is missing (kubectl get pods,services)") from None
 
 
 # torch's TCPStore protocol (torch/csrc/distributed/c10d/TCPStoreBackend.hpp, the same in the libuv and

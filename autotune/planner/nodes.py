@@ -64,8 +64,8 @@ def smallest(profiles: Mapping[int, HardwareProfile], me: int) -> tuple[Hardware
     differ; none when they plan alike). The smallest is the node with the fewest GPUs (then the least
     GPU memory, RAM, cores), with every per-GPU and host figure lowered to the smallest any node has:
     GPU i's memory and compute capability over the nodes' GPU i, effective cores and RAM; InfiniBand
-    only if every node has it; the weakest interconnect. Node ``me`` stays itself: its SLURM facts
-    (which give its node rank) and host name are its own."""
+    only if every node has it; the weakest interconnect. Node ``me`` stays itself: its SLURM and
+    Kubernetes facts (which give its node rank) and host name are its own."""
     if me not in profiles:
         raise ValueError(f"node {me} is not among the profiles {sorted(profiles)}")
     ranks = sorted(profiles)
@@ -107,7 +107,8 @@ def smallest(profiles: Mapping[int, HardwareProfile], me: int) -> tuple[Hardware
             else f"{why}: {interconnect}"}),
         "cpu": base.cpu.model_copy(update={"effective_cores": cores, "effective_cores_reason": f"{why}: {cores}"}),
         "memory": base.memory.model_copy(update={"effective_mib": ram, "effective_reason": f"{why}: {ram} MiB"}),
-        "infiniband": infiniband, "slurm": own.slurm, "hostname": own.hostname, "num_nodes": own.num_nodes,
+        "infiniband": infiniband, "slurm": own.slurm, "kubernetes": own.kubernetes, "hostname": own.hostname,
+        "num_nodes": own.num_nodes,
     })
     lines = [f"the nodes differ; every node plans for the smallest ({node_line(combined)}):"]
     lines += [f"  node {r}: {node_line(profiles[r])}" for r in ranks]
