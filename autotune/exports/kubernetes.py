@@ -267,7 +267,7 @@ def header(plan: TrainingPlan, job: Job, kind: str, out_name: str, config: str |
     ns = f" -n {job.namespace}" if job.namespace else ""
     out_name = out_name if _text(out_name) is None else "<this file>"
     where = (f"and, relative to its working directory, {config}" if config and not config.startswith("/")
-             else f"and {config}" if config else "(the launcher's default config)")
+             else f"and {config}" if config else "and its default config, configs/default_config.yaml")
     lines = [
         f"{what} written by `python -m autotune export` (docs/kubernetes.md):",
         f"{eng.num_nodes} node(s) x {eng.nproc_per_node} process(es), {gpus}. Every pod runs the same launcher",
