@@ -129,13 +129,13 @@ class TimeEstimate(_Section):
     optimizer_step_s: float | None = None  # the optimizer step (CPU Adam under offload)
     communication_s: float | None = None  # collectives and PCIe per optimizer step, not hidden behind backward
     step_s: float | None = None  # one optimizer step, accumulation and communication included
-    samples_per_s: float | None = None
-    tokens_per_s: float | None = None
+    samples_per_s: float | None = None  # global batch / step_s, the whole job's
+    tokens_per_s: float | None = None  # samples_per_s x the sequence length, for a model that has one
     total_s: float | None = None  # the configured steps (or epochs)
-    speedup_vs_1_gpu: float | None = None
-    basis: str = ""
-    speedup_basis: str | None = None
-    unknown: dict[str, str] = {}
+    speedup_vs_1_gpu: float | None = None  # samples_per_s against the same model on one of these GPUs
+    basis: str = ""  # where the figures come from: the model's work, the GPU table's row, the links
+    speedup_basis: str | None = None  # what the one-GPU figure assumed
+    unknown: dict[str, str] = {}  # field -> why it is null
 
 
 class ScheduleSection(_Section):
