@@ -290,7 +290,7 @@ def test_a_node_rank_equal_to_the_node_count_is_refused():
 
 
 def test_the_example_sbatch_script_is_what_export_writes(cli, tmp_path):
-    """examples/train_slurm.sbatch is `export --format slurm` output (as the README says), regenerated on a
+    """examples/train_slurm.sbatch is `export --format slurm` output (as docs/multi-node.md says), regenerated on a
     2-core machine: a stale copy (it once lacked the requeue on a preemption checkpoint) fails here."""
     prof = load_profile("cpu-only")
     prof = prof.model_copy(update={"cpu": prof.cpu.model_copy(update={"effective_cores": 2})})
