@@ -124,9 +124,11 @@ def choose_run_dir(run_dir: str | Path | None, resume_from: str | None, runs_roo
     return runs_root / new_run_dir_name()
 
 
-def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_format: bool = False) -> Path | None:
+def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_format: bool = False,
+                   trust: bool = False) -> Path | None:
     """'auto' -> the newest checkpoint in run_dir that verifies (None: start fresh), each damaged
-    newer one named through ``warn`` (default: a warning on stderr); a path must exist and verify.
+    newer one named through ``warn`` (default: a warning on stderr); a path must exist and verify. What verifying
+    cannot excuse is refused (exit 2): a link, an object that is not data, no checksums without ``trust``.
 
     ``own_format`` (a user's script, which keeps checkpoints its own way): a path only has to exist
     (file or directory); it reaches the script as {resume_from} and AUTOTUNE_RESUME_FROM, never as
@@ -149,22 +151,44 @@ def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_for
     if own_format:  # auto, for a user's script: the newest entry its checkpoint directory holds
         from autotune.rundir.layout import checkpoint_dir
 
-        entries = [p for p in checkpoint_dir(run_dir).glob("*") if not p.name.startswith(".")] \
-            if checkpoint_dir(run_dir).is_dir() else []
+        entries = _script_checkpoints(checkpoint_dir(run_dir), warn)
         if not entries:
             warn(f"--resume_from auto: {checkpoint_dir(run_dir)} holds nothing yet: your script starts fresh")
             return None
-        return max(entries, key=lambda p: (p.stat().st_mtime, p.name)).resolve()
+        return max(entries, key=lambda e: (e[1], e[0].name))[0].resolve()
     if resume_from == "auto":
-        return newest_good_checkpoint(run_dir, warn)
+        return newest_good_checkpoint(run_dir, warn, trust)
     path = Path(resume_from)
     if not path.is_dir():
         raise UserError(f"--resume_from: no checkpoint directory {resume_from!r}")
-    problems = verify_checkpoint(path)
+    problems = verify_checkpoint(path, trust)
     if problems:
         raise UserError(f"--resume_from: {path} is damaged; choose another checkpoint (or --resume_from auto, "
                         "which skips damaged ones)", problems)
     return path.resolve()
+
+
+def _script_checkpoints(where: Path, warn) -> list[tuple[Path, float]]:
+    """A user's script's checkpoints folder: its entries that are folders or regular files, with their times. A link
+    (dangling or not), a named pipe or a socket is not followed or read: skipped, and said through ``warn``."""
+    import stat
+
+    if where.is_symlink() or not where.is_dir():
+        return []
+    out = []
+    for p in where.iterdir():
+        if p.name.startswith("."):
+            continue
+        try:
+            st = p.lstat()
+        except OSError:  # gone this moment
+            continue
+        if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+            out.append((p, st.st_mtime))
+        else:
+            warn(f"--resume_from auto: {p} is " + ("a symbolic link" if stat.S_ISLNK(st.st_mode) else
+                                                   "not a file or a folder") + ": skipped (never followed)")
+    return out
 
 
 def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
@@ -172,8 +196,9 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
             policy: str | None = None, run_dir: str | Path | None = None, resume_from: str | None = None,
             script_args: list[str] | tuple[str, ...] = (), environ: Mapping[str, str] | None = None,
             python: str | None = None, runs_root: str | Path = "runs", force: bool = False,
-            measure: Measure | None = None) -> RunSetup:
-    """Plan, pick the run dir, resolve the resume point once, build the launch spec. Writes nothing."""
+            measure: Measure | None = None, trust_checkpoint: bool = False) -> RunSetup:
+    """Plan, pick the run dir, resolve the resume point once, build the launch spec. Writes nothing.
+    ``trust_checkpoint``: resume from a checkpoint without checksums (--trust_checkpoint); it is loaded as data."""
     from autotune.exports.launch_spec import launch_spec
     from autotune.rundir.checkpoints import check_compatible, read_meta
 
@@ -191,7 +216,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
         if entry and entry.endswith(".py"):
             entry = str(Path(entry).absolute())
             plan = plan.model_copy(update={"run": plan.run.model_copy(update={"entrypoint": entry})})
-    resume_path = resolve_resume(resume_from, rd, own_format=bool(entry))
+    resume_path = resolve_resume(resume_from, rd, own_format=bool(entry), trust=trust_checkpoint)
     if resume_path is not None:
         if not entry:  # the built-in runtime's checkpoints: refuse an incompatible one before any rank starts
             check_compatible(read_meta(resume_path), resume_path, plan.engine.backend, plan.batch.global_batch_size)
