@@ -54,8 +54,8 @@ class GPUInfo(_Frozen):
     def compute_capability_tuple(self) -> tuple[int, int] | None:
         if not self.compute_capability:
             return None
-        major, _, minor = self.compute_capability.partition(".")
-        return int(major), int(minor or 0)
+        found = re.fullmatch(r"([0-9]+)(?:\.([0-9]+))?", self.compute_capability)
+        return (int(found.group(1)), int(found.group(2) or 0)) if found else None  # not a capability: unknown
 
 
 Interconnect = Literal["nvlink", "pcie", "none", "unknown"]
@@ -174,6 +174,28 @@ class HardwareProfile(_Frozen):
             raise UserError(f"{origin}: not a possible machine ({len(problems)} problem(s)); fix the numbers or "
                             "write the profile again with `python -m autotune.hardware report --json`", problems)
         return profile
+
+
+def peer_profile(data, node: int) -> HardwareProfile:
+    """A profile another node sent over the nodes' exchange, with the checks a profile file gets (its schema, its
+    fields, numbers no machine has): UserError "node N sent an impossible profile: field ..." (exit 2) otherwise."""
+    from autotune.errors import validation_problems
+
+    head = f"node {node} sent an impossible profile"
+    if not isinstance(data, dict):
+        raise UserError(f"{head}: not a JSON object")
+    if data.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise UserError(f"{head}: field schema_version: {data.get('schema_version')!r}, this autotune reads "
+                        f"{SCHEMA_VERSION}; run the same autotune on every node")
+    try:
+        profile = HardwareProfile.model_validate(data)
+    except ValidationError as e:
+        problems = validation_problems(e, keys_in="`python -m autotune.hardware report --json`")
+    else:
+        problems = profile_problems(profile)
+    if problems:
+        raise UserError(f"{head}: field {problems[0]}", problems[1:])
+    return profile
 
 
 def profile_problems(p: HardwareProfile) -> list[str]:

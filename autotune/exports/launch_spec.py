@@ -25,7 +25,7 @@ from autotune.rundir.layout import (
     FRAMEWORK_FLAVOUR_FILE,
     records_dir,
 )
-from autotune.rundir.records import redact
+from autotune.rundir.records import redact, redact_args
 
 # autotune.runtime.observe's sitecustomize (a path, not an import: exports do not import the runtime)
 OBSERVE_SITE = Path(__file__).resolve().parents[1] / "runtime" / "observe_site"
@@ -39,9 +39,10 @@ class LaunchSpec:
     cwd: str | None = None
 
     def to_record(self) -> dict:
-        """What command.json holds: argv and the variables set, never a secret."""
+        """What command.json holds: argv and the variables set, never a secret (a script argument whose name says
+        it is one, such as --hub_token, is shown as <redacted>; the script still receives it)."""
         return {
-            "argv": list(self.cmd),
+            "argv": redact_args(self.cmd),
             "env": redact(self.env),
             "env_sources": {k: v for k, v in self.env_sources.items() if k in self.env},
             "cwd": self.cwd,
@@ -49,7 +50,7 @@ class LaunchSpec:
 
     def shell(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact(self.env).items()))
-        line = f"{env} {shlex.join(self.cmd)}".strip()
+        line = f"{env} {shlex.join(redact_args(self.cmd))}".strip()
         return f"cd {shlex.quote(self.cwd)} && {line}" if self.cwd else line
 
 
