@@ -244,6 +244,11 @@ def _execute(setup, lock=None, log=None) -> int:
     if script is not None and script.stopped_strict:
         print(f"\nStopped: {stop_reason[-1]}\nRun directory: {run_dir}", file=sys.stderr)
         return EXIT_USAGE
+    if evidence is not None and evidence.wrong and setup.plan.run.strict and rc == 0 and not signals:
+        # it ended before its first steps were judged: --strict still fails what it trained wrongly
+        print(f"\n--strict: {'; '.join(evidence.wrong)}; the script ended before its first steps were judged, so the "
+              f"launch fails now (exit 2)\nRun directory: {run_dir}", file=sys.stderr)
+        return EXIT_USAGE
     failure = script.script_failure() if script is not None and rc != 0 and not signals else None
     if script is not None and rc != 0 and not signals and failure is None and script.all_returned():
         # every rank's script returned normally: what failed was the processes' teardown, not the training

@@ -36,6 +36,8 @@ FIX = {
     "learning_rate": "pass {learning_rate} to your script's learning-rate flag (it is the rate the optimizer should "
                      "run with, not a base to scale)",
     "precision": "pass your script's precision flag ({precision}), or read $AUTOTUNE_PRECISION",
+    "num_workers": "pass {num_workers} to your script's DataLoader (num_workers=), through its workers flag or "
+                   "$AUTOTUNE_NUM_WORKERS",
     "engine": "let the script take the DeepSpeed path (its own switch, e.g. --use_deepspeed / --deepspeed) or "
               "plan for the engine it runs (--ddp / --deepspeed)",
     "world_size": "start the script with the launcher's ranks (it reads WORLD_SIZE/RANK)",
@@ -117,6 +119,13 @@ def _micro(rec: dict) -> int | None:
     distributed = [d for d in loaders if d.get("distributed")]
     pick = (distributed or loaders)[:1]
     return pick[0].get("batch_size") if pick else None
+
+
+def _workers(rec: dict) -> int | None:
+    """The training loader's workers (the sharded one, else the first): a DataLoader's num_workers."""
+    loaders = rec.get("dataloaders") or []
+    pick = ([d for d in loaders if d.get("distributed")] or loaders)[:1]
+    return pick[0].get("num_workers") if pick else None
 
 
 @dataclass(frozen=True)
@@ -244,7 +253,8 @@ def judge(plan, observed: list[dict], wired: bool = False) -> Judgement:
     rate = _lr(first)
     obs = {"micro_batch_size": (micro, b.micro_batch_size), "gradient_accumulation_steps": (acc, b.gradient_accumulation_steps),
            "learning_rate": (rate, plan.schedule.learning_rate), "precision": (_precision(first), plan.numerics.precision),
-           "world_size": (world, eng.world_size), "engine": (engine, planned_engine)}
+           "num_workers": (_workers(first), plan.loader.num_workers), "world_size": (world, eng.world_size),
+           "engine": (engine, planned_engine)}
     hint = "" if wired else WIRE_HINT
     for key, (seen, want) in obs.items():
         if key == "learning_rate" and seen is not None:
@@ -281,9 +291,11 @@ def judge(plan, observed: list[dict], wired: bool = False) -> Judgement:
         j.unjudged.append("the effective batch (nothing the script trained could be counted: no training forward of a "
                           "model it wrapped or optimized, no DataLoader batch)")
     elif abs(j.effective_batch - b.global_batch_size) > TOLERANCE * b.global_batch_size:
+        fixes = [j.values[k]["fix"] for k in ("micro_batch_size", "gradient_accumulation_steps")
+                 if j.values[k]["status"] == "different"]  # the fix for each part of it seen different
         j.wrong.append(f"the script trains an effective batch of {_fmt(j.effective_batch)} samples per optimizer step, "
                        f"the plan {b.global_batch_size} ({b.micro_batch_size} x {b.gradient_accumulation_steps} x "
-                       f"{eng.world_size})")
+                       f"{eng.world_size})" + (f": {'; '.join(fixes)}" if fixes else ""))
     if engine is not None and engine != planned_engine:
         j.wrong.append(f"the script runs {engine}, the plan {planned_engine}: {FIX['engine']}")
     rate_v = j.values.get("learning_rate", {})

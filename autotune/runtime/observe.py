@@ -215,7 +215,8 @@ def _count_forwards(model) -> None:
     def pre(mod, args, kwargs):
         if mod.training and torch.is_grad_enabled():
             _state["fwd_calls"] += 1
-            _state["fwd_samples"] += _batch_size((args, kwargs)) or 0
+            shape = getattr(args[0], "shape", None) if args else None  # the common case first: model(x)
+            _state["fwd_samples"] += int(shape[0]) if shape else _batch_size((args, kwargs)) or 0
 
     model.register_forward_pre_hook(_guarded("model forward")(pre), with_kwargs=True)
     counted.add(model)

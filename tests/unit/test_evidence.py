@@ -30,7 +30,7 @@ def record(rank, micro=8, per_step=32, lr=0.002, engine="ddp", steps=16):
     """A rank whose DataLoader yields ``per_step`` samples per optimizer step (after step 1's extra loading), its
     optimizer at a constant ``lr``; no training forward counted (see ``trained``)."""
     return {"rank": rank, "pid": 1000 + rank, "dataloaders": [{"batch_size": micro, "distributed": True,
-                                                               "num_workers": 0}],
+                                                               "num_workers": 3}],
             "process_group": {"backend": "gloo", "world_size": 2}, "engine": engine,
             "optimizers": [{"class": "AdamW", "lr": [lr], "lr_base": None, "lr_now": lr, "lr_max": lr,
                             "lr_steps": steps, "lr_at": {str(s): lr for s in range(1, min(steps, 16) + 1)}}],
@@ -52,9 +52,9 @@ def test_a_script_that_ran_the_plan_is_observed_equal():
     p = a_plan()
     assert (p.batch.micro_batch_size, p.batch.gradient_accumulation_steps, p.engine.world_size) == (8, 4, 2)
     j = judge(p, [record(0), record(1)])
-    assert {k: v["status"] for k, v in j.values.items()} == dict.fromkeys(
-        ("micro_batch_size", "gradient_accumulation_steps", "learning_rate", "precision", "world_size", "engine"),
-        "equal")
+    assert p.loader.num_workers == 3 and {k: v["status"] for k, v in j.values.items()} == dict.fromkeys(
+        ("micro_batch_size", "gradient_accumulation_steps", "learning_rate", "precision", "num_workers", "world_size",
+         "engine"), "equal")
     assert j.effective_batch == 64 and j.wrong == [] and j.steps == 16
 
 
@@ -367,7 +367,8 @@ def test_an_accumulation_the_script_divides_by_its_world_size_is_named_with_the_
         "processes, {gradient_accumulation_steps_total} (8), which --wire auto passes when it reads the division")
     assert judge(p, ranks, wired=True).values["gradient_accumulation_steps"]["fix"].endswith("{gradient_accumulation_"
                                                                                              "steps_total} (8)")
-    assert j.wrong[0].startswith("the script trains an effective batch of 32 samples per optimizer step, the plan 64")
+    assert j.wrong[0] == ("the script trains an effective batch of 32 samples per optimizer step, the plan 64 (8 x 4 x "
+                          f"2): {j.values['gradient_accumulation_steps']['fix']}")  # the fix, where --strict prints it
 
 
 def test_nothing_counted_is_not_observable_and_strict_says_it_cannot_judge_it(tmp_path):
@@ -404,7 +405,8 @@ def test_the_line_says_a_warm_up_and_the_scripts_own_values_and_a_deepspeed_scri
     warm["optimizers"][0].update(lr=[0.002], lr_at={"1": 0.0003, "2": 0.0006, "3": 0.0009})
     j = judge(a_plan(), [trained(warm, 32, 4), trained({**warm, "rank": 1}, 32, 4)])
     assert j.line() == ("observed after 16 step(s): effective batch 64 per optimizer step (the model's training inputs); "
-                        "as planned: micro_batch_size, gradient_accumulation_steps, precision, world_size, engine; "
+                        "as planned: micro_batch_size, gradient_accumulation_steps, precision, num_workers, "
+                        "world_size, engine; "
                         "learning_rate warming up toward 0.002 (at 0.0009 after 16 steps)")
     unset = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
         "training.entrypoint": "train.py", "distributed.nproc_per_node": 2, "training.global_batch_size": 64,
@@ -467,7 +469,45 @@ def test_the_done_line_names_as_advisory_only_what_no_route_reached_and_nothing_
 
     p = a_plan()
     setup = SimpleNamespace(plan=p, delivery=Delivery({}, ["micro_batch_size", "num_workers"]))
-    seen = judge(p, [trained(record(r), 32, 4) for r in (0, 1)])
+    seen = judge(p, [{**trained(record(r), 32, 4), "dataloaders": []} for r in (0, 1)])  # no loader: no workers seen
     assert _unreached(setup, seen) == " (advisory: no route to the script, and not observed: num_workers)"
+    assert _unreached(setup, judge(p, [trained(record(r), 32, 4) for r in (0, 1)])) == ""
     assert _unreached(setup, None) == " (advisory: no route to the script: micro_batch_size, num_workers)"
     assert _unreached(SimpleNamespace(plan=p, delivery=Delivery({}, [])), seen) == ""
+
+
+FAST_AND_WRONG = """
+import json, os
+# a script that trained the wrong batch and ended before the launch judged its first steps (its own record, as the
+# observer would have written it; os._exit so the observer's exit hook leaves it)
+rec = {"rank": 0, "pid": os.getpid(), "steps": 16, "ended": 1.0, "returned": True, "process_group": None,
+       "dataloaders": [], "optimizers": [], "step_samples": {str(s): 64 for s in range(2, 17)},
+       "step_forwards": {str(s): 1 for s in range(2, 17)}, "step_backwards": {str(s): 1 for s in range(2, 17)}}
+path = os.path.join(os.environ["AUTOTUNE_RUN_DIR"], "observed", "rank-0.json")
+open(path, "w").write(json.dumps(rec))
+os._exit(0)
+"""
+
+
+def test_strict_fails_a_wrong_training_that_ended_before_it_was_judged(tmp_path, capsys):
+    """A run too short for the first steps' judgement (the watch asks once a second) that trained 64 for the plan's
+    8: --strict fails the launch at its end, exit 2, saying why and that it ended before it was judged; without
+    --strict it is done with the warning."""
+    from autotune.launch import run
+    from autotune.prepare import prepare
+
+    (tmp_path / "fast.py").write_text(FAST_AND_WRONG)
+    for strict, rc in ((True, 2), (False, 0)):
+        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "fast.py"), "training.strict": strict,
+                                              "training.global_batch_size": 8, "training.batch_size_per_gpu": 8})
+        setup = prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", run_dir=tmp_path / f"r{strict}")
+        assert run(setup, argv=["test"]) == rc
+        out, err = capsys.readouterr()
+        wrong = ("the script trains an effective batch of 64 samples per optimizer step, the plan 8 (8 x 1 x 1): pass it "
+                 "to your script's batch-size setting after `--` (--batch_size {micro_batch_size}, or "
+                 "--batch_size={micro_batch_size} for a --key=value configurator), or use --wire auto")
+        if strict:
+            assert (f"\n--strict: {wrong}; the script ended before its first steps were judged, so the launch fails now "
+                    f"(exit 2)\nRun directory: {tmp_path / 'rTrue'}") in err and "Done." not in out
+        else:
+            assert f"\nwarning: {wrong}\n" in out and "Done." in out
