@@ -222,6 +222,10 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
     for k, name in env_names.items():
         if name in facts.env_reads and k not in plan.run.script_defaults:  # not exported then
             routes[k].append(f"environment ({name}, read by the script)")
+    if "AUTOTUNE_PLAN" in facts.env_reads:  # the whole plan, read from the file the variable names
+        for k in DELIVERED:
+            if k not in plan.run.script_defaults and k != "world_size":
+                routes[k].append("environment (AUTOTUNE_PLAN, the plan's file, read by the script)")
     if facts.uses_accelerate:  # an explicit Accelerator(mixed_precision=...) beats the environment
         if "mixed_precision" not in facts.accelerator_kwargs:
             routes["precision"].append("environment (ACCELERATE_MIXED_PRECISION, read by Accelerator())")

@@ -115,17 +115,13 @@ def _micro(rec: dict) -> int | None:
         return trained[0] // trained[1]  # samples per training forward
     if rec.get("deepspeed"):
         return rec["deepspeed"].get("train_micro_batch_size_per_gpu")
-    loaders = rec.get("dataloaders") or []
-    distributed = [d for d in loaders if d.get("distributed")]
-    pick = (distributed or loaders)[:1]
-    return pick[0].get("batch_size") if pick else None
+    return _training_loader(rec).get("batch_size")
 
 
-def _workers(rec: dict) -> int | None:
-    """The training loader's workers (the sharded one, else the first): a DataLoader's num_workers."""
+def _training_loader(rec: dict) -> dict:
+    """The DataLoader the script most likely trains with: the sharded one, else the first ({} without one)."""
     loaders = rec.get("dataloaders") or []
-    pick = ([d for d in loaders if d.get("distributed")] or loaders)[:1]
-    return pick[0].get("num_workers") if pick else None
+    return ([d for d in loaders if d.get("distributed")] or loaders or [{}])[0]
 
 
 @dataclass(frozen=True)
@@ -253,13 +249,15 @@ def judge(plan, observed: list[dict], wired: bool = False) -> Judgement:
     rate = _lr(first)
     obs = {"micro_batch_size": (micro, b.micro_batch_size), "gradient_accumulation_steps": (acc, b.gradient_accumulation_steps),
            "learning_rate": (rate, plan.schedule.learning_rate), "precision": (_precision(first), plan.numerics.precision),
-           "num_workers": (_workers(first), plan.loader.num_workers), "world_size": (world, eng.world_size),
+           "num_workers": (_training_loader(first).get("num_workers"), plan.loader.num_workers), "world_size": (world, eng.world_size),
            "engine": (engine, planned_engine)}
     hint = "" if wired else WIRE_HINT
+    ds = first.get("deepspeed") or {}
+    json_rate = bool(ds) and not ds.get("script_optimizer")  # DeepSpeed built the optimizer from autotune's JSON
     for key, (seen, want) in obs.items():
         if key == "learning_rate" and seen is not None:
             seen_value = seen.peak if seen.peak is not None else seen.built
-            if key in plan.run.script_defaults:
+            if key in plan.run.script_defaults and not json_rate:
                 j.values[key] = {"status": "yours", "observed": seen_value, "plan": None}
             else:
                 j.values[key] = _rate_verdict(seen, want, world)

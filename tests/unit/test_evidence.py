@@ -511,3 +511,16 @@ def test_strict_fails_a_wrong_training_that_ended_before_it_was_judged(tmp_path,
                     f"(exit 2)\nRun directory: {tmp_path / 'rTrue'}") in err and "Done." not in out
         else:
             assert f"\nwarning: {wrong}\n" in out and "Done." in out
+
+
+def test_a_rate_deepspeed_took_from_the_plans_json_is_judged_not_the_scripts_own():
+    """The config sets no rate, but DeepSpeed built the optimizer from autotune's JSON (which carries one): the rate
+    is the plan's, judged as such, not called the script's own; with the script's own optimizer it is its own."""
+    unset = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
+        "training.entrypoint": "train.py", "training.global_batch_size": 64, "training.batch_size_per_gpu": 8,
+        "distributed.nproc_per_node": 2, "distributed.zero_stage": 1}), deepspeed_installed=True)
+    assert "learning_rate" in unset.run.script_defaults
+    ds = {**record(0, lr=unset.schedule.learning_rate), "engine": "deepspeed", "deepspeed": {"script_optimizer": False}}
+    assert judge(unset, [ds, {**ds, "rank": 1}]).values["learning_rate"]["status"] == "equal"
+    own = {**ds, "deepspeed": {"script_optimizer": True}}
+    assert judge(unset, [own, {**own, "rank": 1}]).values["learning_rate"]["status"] == "yours"

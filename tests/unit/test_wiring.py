@@ -774,3 +774,14 @@ def test_a_learning_rate_the_config_does_not_set_is_shown_and_exported_as_the_sc
         line = next(x for x in out.getvalue().splitlines() if x.startswith("Learning rate:"))
         assert line[26:].startswith(row), line
         assert s.launch_spec.env.get("AUTOTUNE_LEARNING_RATE") == exported
+
+
+def test_a_script_that_reads_the_plans_file_is_handed_every_value_it_holds(tmp_path):
+    """A script that reads $AUTOTUNE_PLAN reads the whole plan: every value the plan sets is handed over that way
+    (it was once called advisory on all of them, and the final line said they "never reached the script"); a rate
+    the config does not set stays the script's own."""
+    f = script(tmp_path, "import json, os\nplan = json.load(open(os.environ['AUTOTUNE_PLAN']))\n")
+    d = delivery(a_plan(), f, [], {}, [], deepspeed_json=False)
+    via = "environment (AUTOTUNE_PLAN, the plan's file, read by the script)"
+    assert d.advisory == [] and d.routes["micro_batch_size"] == [via] and d.routes["num_workers"] == [via]
+    assert d.routes["learning_rate"][0].startswith("yours: training.learning_rate is not set")
