@@ -165,10 +165,11 @@ class Delivery:
     withheld: dict[str, str] = field(default_factory=dict)  # variable -> why it is not exported to this script
     notes: tuple[str, ...] = ()  # what the script does with what it is handed (said before the launch)
     wired: bool = False  # --wire auto filled the script's own settings
+    divides_accumulation: str | None = None  # the script's statement dividing its accumulation by its world size
 
     def to_record(self) -> dict:
         return {"routes": self.routes, "advisory": self.advisory, "withheld": self.withheld, "notes": list(self.notes),
-                "wired": self.wired}
+                "wired": self.wired, "divides_accumulation": self.divides_accumulation}
 
     def summary(self) -> list[str]:
         words = {"micro_batch_size": "batch size", "gradient_accumulation_steps": "accumulation steps",
@@ -204,11 +205,12 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
             routes[k].append(_wired_route(k, wired[k], facts, plan))
     if world > 1 and "gradient_accumulation_steps" in placeholders and \
             "gradient_accumulation_steps" in facts.divided_by_world:
-        notes.append(f"the script divides its accumulation by its world size "
-                     f"(`{facts.divided_by_world['gradient_accumulation_steps']}`): {{gradient_accumulation_steps}} makes "
-                     f"it accumulate {plan.batch.gradient_accumulation_steps // world or 'less than 1'} a process, "
-                     f"not the plan's {plan.batch.gradient_accumulation_steps}; pass "
-                     "{gradient_accumulation_steps_total} (the total over the processes) instead")
+        divides, accumulation = facts.divided_by_world["gradient_accumulation_steps"], \
+            plan.batch.gradient_accumulation_steps
+        notes.append(f"the script divides its accumulation by its world size (`{divides}`): "
+                     f"{{gradient_accumulation_steps}} makes it accumulate {accumulation // world or 'less than 1'} a "
+                     f"process, not the plan's {accumulation}; pass {{gradient_accumulation_steps_total}} (the total "
+                     "over the processes) instead")
     if world > 1 and "learning_rate" in placeholders and "learning_rate" in facts.scaled_by_world:
         notes.append(f"the script multiplies its learning rate by its world size "
                      f"(`{facts.scaled_by_world['learning_rate']}`): {{learning_rate}} makes it train at "
@@ -256,7 +258,8 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
             routes[k].append(f"yours: training.{k} is not set, so the script keeps its own (set it to have autotune "
                              "pass it)")
     advisory = [k for k in routes if not routes[k]]
-    return Delivery(routes, advisory, notes=tuple(notes))
+    return Delivery(routes, advisory, notes=tuple(notes),
+                    divides_accumulation=facts.divided_by_world.get("gradient_accumulation_steps"))
 
 
 def _behind(route: str, facts: ScriptFacts) -> str:

@@ -88,7 +88,7 @@ def _record_evidence(setup, run_dir):
     """The final judgement of what the script ran, added to delivery.json (beside what was handed over)."""
     from autotune.launch.evidence import judge, read_observed
 
-    evidence = judge(setup.plan, read_observed(run_dir), _wired(setup))
+    evidence = judge(setup.plan, read_observed(run_dir), setup.delivery)
     path = setup.records_dir / "delivery.json"
     try:
         record = json.loads(path.read_text()) if path.exists() else {}
@@ -99,10 +99,6 @@ def _record_evidence(setup, run_dir):
     return evidence
 
 
-def _wired(setup) -> bool:
-    return bool(setup.delivery is not None and setup.delivery.wired)
-
-
 def _unreached(setup, evidence) -> str:
     """The "Done" line's word on the plan values no route reached, after the observation: a value observed (equal,
     different, the script's own) is in the observed line below it; only what no route reached and nothing observed
@@ -111,7 +107,8 @@ def _unreached(setup, evidence) -> str:
     if d is None or not setup.plan.run.entrypoint or not d.advisory:
         return ""
     if evidence is not None and evidence.steps:
-        unseen = [k for k in d.advisory if evidence.values.get(k, {}).get("status", "not observable") == "not observable"]
+        unseen = [k for k in d.advisory
+                  if evidence.values.get(k, {}).get("status", "not observable") == "not observable"]
         return f" (advisory: no route to the script, and not observed: {', '.join(unseen)})" if unseen else ""
     return f" (advisory: no route to the script: {', '.join(d.advisory)})"
 
@@ -221,7 +218,7 @@ def _execute(setup, lock=None, log=None) -> int:
     eng = setup.plan.engine
     watch = RankWatch(eng, statuses)
     observing = bool(setup.plan.run.entrypoint and setup.plan.run.observe)
-    script = ScriptWatch(setup.plan, run_dir, sys.stderr, wired=_wired(setup)) if observing else None
+    script = ScriptWatch(setup.plan, run_dir, sys.stderr, delivery=setup.delivery) if observing else None
     stop_reason: list[str] = []
 
     def should_kill() -> str | None:

@@ -168,9 +168,9 @@ def _rate_verdict(rate: Rate, plan_lr: float, world: int) -> dict:
     seen = max(v for v in (rate.built, rate.peak) if v is not None)
     out = {"status": "different", "observed": seen, "plan": plan_lr, "fix": FIX["learning_rate"]}
     if world > 1 and _close(seen, plan_lr * world):
-        out["fix"] = (f"the script multiplies the rate by its world size ({_fmt(seen)} = {_fmt(plan_lr)} x {world}): "
-                      f"pass {_fmt(plan_lr / world)} (the plan's rate / {world}) to its learning-rate flag; --wire auto "
-                      "does when it reads the multiplication in the script")
+        out["fix"] = (f"the script runs the plan's rate times its world size ({_fmt(seen)} = {_fmt(plan_lr)} x "
+                      f"{world}): pass {_fmt(plan_lr / world)} (the plan's rate / {world}) to its learning-rate flag; "
+                      "--wire auto does when it reads the multiplication in the script")
     return out
 
 
@@ -218,9 +218,13 @@ def _fmt(v) -> str:
 BATCH_SOURCES = ("the model's training inputs", "the DataLoaders' batches, evaluation included")
 
 
-def judge(plan, observed: list[dict], wired: bool = False) -> Judgement:
+def judge(plan, observed: list[dict], delivery=None) -> Judgement:
     """Each plan value as observed in the script's processes (all ranks agree, or rank 0 speaks for them).
-    ``wired``: the launch ran with --wire auto (its fixes do not suggest it again)."""
+    ``delivery`` (autotune.exports.wiring.Delivery): what was handed over, read from the script before the launch:
+    whether --wire auto ran (its fixes do not suggest it again), whether the script divides its accumulation by its
+    world size (only then is an accumulation of plan / world put down to that)."""
+    wired = bool(delivery is not None and delivery.wired)
+    divides = delivery.divides_accumulation if delivery is not None else None
     j = Judgement()
     if not observed:
         return j
@@ -247,10 +251,12 @@ def judge(plan, observed: list[dict], wired: bool = False) -> Judgement:
     engine = _trains_as(_engine(first) or ("single" if world == 1 else None), world)
     planned_engine = _trains_as(eng.backend, eng.world_size)
     rate = _lr(first)
-    obs = {"micro_batch_size": (micro, b.micro_batch_size), "gradient_accumulation_steps": (acc, b.gradient_accumulation_steps),
-           "learning_rate": (rate, plan.schedule.learning_rate), "precision": (_precision(first), plan.numerics.precision),
-           "num_workers": (_training_loader(first).get("num_workers"), plan.loader.num_workers), "world_size": (world, eng.world_size),
-           "engine": (engine, planned_engine)}
+    obs = {"micro_batch_size": (micro, b.micro_batch_size),
+           "gradient_accumulation_steps": (acc, b.gradient_accumulation_steps),
+           "learning_rate": (rate, plan.schedule.learning_rate),
+           "precision": (_precision(first), plan.numerics.precision),
+           "num_workers": (_training_loader(first).get("num_workers"), plan.loader.num_workers),
+           "world_size": (world, eng.world_size), "engine": (engine, planned_engine)}
     hint = "" if wired else WIRE_HINT
     ds = first.get("deepspeed") or {}
     json_rate = bool(ds) and not ds.get("script_optimizer")  # DeepSpeed built the optimizer from autotune's JSON
@@ -274,8 +280,9 @@ def judge(plan, observed: list[dict], wired: bool = False) -> Judgement:
             j.values[key]["fix"] = FIX.get(key, "") + (hint if key in ("micro_batch_size",
                                                                          "gradient_accumulation_steps") else "")
     accumulation = j.values["gradient_accumulation_steps"]
-    if accumulation["status"] == "different" and world > 1 and accumulation["observed"] * world == accumulation["plan"]:
-        accumulation["fix"] = (f"the script divides its accumulation by its world size ({accumulation['observed']} a "
+    if accumulation["status"] == "different" and divides and accumulation["observed"] * world == accumulation["plan"]:
+        accumulation["fix"] = (f"the script divides its accumulation by its world size (`{divides}`: "
+                               f"{accumulation['observed']} a "
                                f"process = {accumulation['plan']} / {world}): pass the total over the processes, "
                                f"{{gradient_accumulation_steps_total}} ({accumulation['plan'] * world})"
                                + (", which --wire auto passes when it reads the division" if not wired else ""))
@@ -308,8 +315,8 @@ class ScriptWatch:
     """Asked every second while a user's script runs (with the rank watch): the early judgement, --strict, and
     ending the processes that linger after every rank's script has ended."""
 
-    def __init__(self, plan, run_dir: str | Path, out, clock=time.monotonic, wired: bool = False):
-        self.plan, self.run_dir, self.out, self.clock, self.wired = plan, Path(run_dir), out, clock, wired
+    def __init__(self, plan, run_dir: str | Path, out, clock=time.monotonic, delivery=None):
+        self.plan, self.run_dir, self.out, self.clock, self.delivery = plan, Path(run_dir), out, clock, delivery
         self.early: Judgement | None = None
         self._ended_since: tuple[frozenset, float] | None = None  # the local ranks' (rank, pid) and when all ended
         self.cut_teardown = False
@@ -344,7 +351,7 @@ class ScriptWatch:
         observed = read_observed(self.run_dir)
         if self.early is None and len(observed) >= self.plan.engine.nproc_per_node and \
                 min(r.get("steps") or 0 for r in observed) >= EARLY_STEPS:
-            self.early = judge(self.plan, observed, self.wired)
+            self.early = judge(self.plan, observed, self.delivery)
             print(f"autotune: {self.early.line()}", file=self.out, flush=True)
             for note in self.early.notes:
                 print(f"autotune: note: {note}", file=self.out, flush=True)

@@ -1,10 +1,10 @@
 """What a user's script really runs, observed in the rank's own process without an edit to it.
 
 The launcher puts ``observe_site/`` on the ranks' PYTHONPATH; its ``sitecustomize`` calls ``install()`` (then the
-user's own sitecustomize, if any); the record is ``autotune.runtime.observe_record``'s. ``install`` adds an import hook: when the script imports
-``torch.utils.data``, ``torch.distributed``, ``torch.optim``, ``torch.autograd``, ``deepspeed`` or ``accelerate``, a
-few entry points are wrapped after the module has loaded. Each records, per rank, into
-``<run_dir>/observed/rank-<RANK>.json``:
+user's own sitecustomize, if any); the record is ``autotune.runtime.observe_record``'s. ``install`` adds an import
+hook: when the script imports ``torch.utils.data``, ``torch.distributed``, ``torch.optim``, ``torch.autograd``,
+``deepspeed`` or ``accelerate``, a few entry points are wrapped after the module has loaded. Each records, per rank,
+into ``<run_dir>/observed/rank-<RANK>.json``:
 
 - every DataLoader created: its batch size and whether its sampler is distributed;
 - the process group: backend and world size;

@@ -191,6 +191,7 @@ def test_an_accelerate_script_with_its_own_batch_trains_the_plan_under_slurm(slu
     assert "TRAINED effective=64 " in log and "ACCELERATE_GRADIENT_ACCUMULATION_STEPS not exported" in log
     seen = json.loads((run_dir / "delivery.json").read_text())["observed"]
     assert seen["effective_batch"] == 64 and seen["batch_source"] == "the model's training inputs", seen
-    assert seen["wrong"] == [] and seen["values"]["learning_rate"] == {"status": "yours", "observed": 0.01, "plan": None}
+    assert seen["wrong"] == []
+    assert seen["values"]["learning_rate"] == {"status": "yours", "observed": 0.01, "plan": None}
     assert "Learning rate:            yours      training.learning_rate is not set" in log
     assert "; the script's own: learning_rate 0.01" in log.split("\nDone. Run directory")[1]

@@ -274,7 +274,7 @@ def test_the_learning_rate_is_judged_as_a_schedule(rate, status, observed, note)
 def test_a_rate_the_script_multiplies_by_its_world_size_gets_the_rate_to_pass():
     v = _rate_verdict(Rate(0.0032, now=0.0032, peak=0.0032, steps=8), 0.0016, world=2)
     assert v["status"] == "different" and v["fix"] == (
-        "the script multiplies the rate by its world size (0.0032 = 0.0016 x 2): pass 0.0008 (the plan's rate / 2) "
+        "the script runs the plan's rate times its world size (0.0032 = 0.0016 x 2): pass 0.0008 (the plan's rate / 2) "
         "to its learning-rate flag; --wire auto does when it reads the multiplication in the script")
     assert _rate_verdict(Rate(0.0032), 0.0016, world=1)["fix"].startswith("pass {learning_rate} to your script's")
 
@@ -357,18 +357,27 @@ def test_the_effective_batch_is_counted_at_the_models_training_forwards():
 
 
 def test_an_accumulation_the_script_divides_by_its_world_size_is_named_with_the_total_to_pass():
-    """{gradient_accumulation_steps} (4) to a script that divides it by its 2 processes: it accumulates 2 a process
-    and trains 32 for the plan's 64; the fix names the total and the placeholder that carries it."""
+    """{gradient_accumulation_steps} (4) to a script read dividing it by its 2 processes: it accumulates 2 a process
+    and trains 32 for the plan's 64; the fix names the division and the total to pass (with the placeholder that
+    carries it). The same figures from a script not read dividing it (its own accumulation of 2, say) are not put
+    down to a division: the plain fix."""
+    from autotune.exports.wiring import Delivery
+
     p = a_plan()
     ranks = [trained(record(r), 16, 2) for r in (0, 1)]
-    j = judge(p, ranks)
+    read = Delivery({}, [], divides_accumulation="gradient_accumulation_steps //= ddp_world_size")
+    j = judge(p, ranks, read)
     assert j.values["gradient_accumulation_steps"]["fix"] == (
-        "the script divides its accumulation by its world size (2 a process = 4 / 2): pass the total over the "
-        "processes, {gradient_accumulation_steps_total} (8), which --wire auto passes when it reads the division")
-    assert judge(p, ranks, wired=True).values["gradient_accumulation_steps"]["fix"].endswith("{gradient_accumulation_"
-                                                                                             "steps_total} (8)")
+        "the script divides its accumulation by its world size (`gradient_accumulation_steps //= ddp_world_size`: 2 a "
+        "process = 4 / 2): pass the total over the processes, {gradient_accumulation_steps_total} (8), which --wire "
+        "auto passes when it reads the division")
+    wired = Delivery({}, [], wired=True, divides_accumulation=read.divides_accumulation)
+    assert judge(p, ranks, wired).values["gradient_accumulation_steps"]["fix"].endswith("_total} (8)")
     assert j.wrong[0] == ("the script trains an effective batch of 32 samples per optimizer step, the plan 64 (8 x 4 x "
                           f"2): {j.values['gradient_accumulation_steps']['fix']}")  # the fix, where --strict prints it
+    assert judge(p, ranks).values["gradient_accumulation_steps"]["fix"] == (
+        "pass {gradient_accumulation_steps} to your script's accumulation flag, or read "
+        "$AUTOTUNE_GRADIENT_ACCUMULATION_STEPS, or use --wire auto")
 
 
 def test_nothing_counted_is_not_observable_and_strict_says_it_cannot_judge_it(tmp_path):
@@ -404,8 +413,8 @@ def test_the_line_says_a_warm_up_and_the_scripts_own_values_and_a_deepspeed_scri
     warm = record(0, lr=0.0009)
     warm["optimizers"][0].update(lr=[0.002], lr_at={"1": 0.0003, "2": 0.0006, "3": 0.0009})
     j = judge(a_plan(), [trained(warm, 32, 4), trained({**warm, "rank": 1}, 32, 4)])
-    assert j.line() == ("observed after 16 step(s): effective batch 64 per optimizer step (the model's training inputs); "
-                        "as planned: micro_batch_size, gradient_accumulation_steps, precision, num_workers, "
+    assert j.line() == ("observed after 16 step(s): effective batch 64 per optimizer step (the model's training "
+                        "inputs); as planned: micro_batch_size, gradient_accumulation_steps, precision, num_workers, "
                         "world_size, engine; "
                         "learning_rate warming up toward 0.002 (at 0.0009 after 16 steps)")
     unset = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
@@ -498,17 +507,18 @@ def test_strict_fails_a_wrong_training_that_ended_before_it_was_judged(tmp_path,
 
     (tmp_path / "fast.py").write_text(FAST_AND_WRONG)
     for strict, rc in ((True, 2), (False, 0)):
-        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "fast.py"), "training.strict": strict,
-                                              "training.global_batch_size": 8, "training.batch_size_per_gpu": 8})
+        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "fast.py"),
+                                              "training.strict": strict, "training.global_batch_size": 8,
+                                              "training.batch_size_per_gpu": 8})
         setup = prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", run_dir=tmp_path / f"r{strict}")
         assert run(setup, argv=["test"]) == rc
         out, err = capsys.readouterr()
-        wrong = ("the script trains an effective batch of 64 samples per optimizer step, the plan 8 (8 x 1 x 1): pass it "
-                 "to your script's batch-size setting after `--` (--batch_size {micro_batch_size}, or "
+        wrong = ("the script trains an effective batch of 64 samples per optimizer step, the plan 8 (8 x 1 x 1): pass "
+                 "it to your script's batch-size setting after `--` (--batch_size {micro_batch_size}, or "
                  "--batch_size={micro_batch_size} for a --key=value configurator), or use --wire auto")
         if strict:
-            assert (f"\n--strict: {wrong}; the script ended before its first steps were judged, so the launch fails now "
-                    f"(exit 2)\nRun directory: {tmp_path / 'rTrue'}") in err and "Done." not in out
+            assert (f"\n--strict: {wrong}; the script ended before its first steps were judged, so the launch fails "
+                    f"now (exit 2)\nRun directory: {tmp_path / 'rTrue'}") in err and "Done." not in out
         else:
             assert f"\nwarning: {wrong}\n" in out and "Done." in out
 

@@ -188,7 +188,8 @@ def test_how_a_script_ended_is_its_own(tmp_path, case, rc, exit_code, returned):
         from autotune.planner import plan
         from autotune.profiles import load_profile
 
-        p = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {"training.entrypoint": "no_such.module:main"}))
+        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "no_such.module:main"})
+        p = plan(load_profile("cpu-only"), cfg)
         (tmp_path / "plan.json").write_text(p.model_dump_json())
         r, rec = run_observed(tmp_path, "import runpy\nrunpy.run_module('autotune.entry', run_name='__main__')\n",
                               AUTOTUNE_PLAN=str(tmp_path / "plan.json"))

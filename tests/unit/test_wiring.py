@@ -745,10 +745,11 @@ def test_the_hint_after_the_routes_does_not_suggest_wire_auto_to_a_wired_launch(
 
     (tmp_path / "bare.py").write_text("print('no flags')\n")
     for wire, hint in (("auto", "  (--wire auto found no setting for them in your script: pass them after `--` as "
-                                "placeholders, e.g. --batch_size {micro_batch_size}, or --batch_size={micro_batch_size} "
-                                "for a --key=value configurator)\n"),
+                                "placeholders, e.g. --batch_size {micro_batch_size}, or "
+                                "--batch_size={micro_batch_size} for a --key=value configurator)\n"),
                        ("none", "  (pass them after `--` as placeholders, e.g. --batch_size {micro_batch_size}, or "
-                                "--batch_size={micro_batch_size} for a --key=value configurator; or use --wire auto)\n")):
+                                "--batch_size={micro_batch_size} for a --key=value configurator; or use --wire "
+                                "auto)\n")):
         cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "bare.py"), "training.wire": wire})
         out = io.StringIO()
         print_delivery(prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={}), out)
