@@ -118,7 +118,7 @@ def _params(model) -> None:
 
 
 def _optim(mod) -> None:
-    by_optimizer = _state.setdefault("optimizer_records", weakref.WeakKeyDictionary())
+    by_optimizer = _state.setdefault("optimizer_records", {})  # id -> its entry (a new one at that id replaces it)
 
     def made(_r, self, *a, **k):
         groups = getattr(self, "param_groups", [])
@@ -126,7 +126,7 @@ def _optim(mod) -> None:
                  "num_parameters": sum(p.numel() for g in groups for p in g.get("params", [])),
                  "lr_base": None, "lr_now": None, "lr_max": None, "lr_steps": 0, "lr_at": {}}
         _record()["optimizers"].append(entry)
-        by_optimizer[self] = entry
+        by_optimizer[id(self)] = entry
 
     _after(mod.Optimizer, "__init__", made)
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -150,7 +150,7 @@ def _optim(mod) -> None:
         st["fwd_samples"] = st["fwd_calls"] = st["bwd_calls"] = 0
         if n <= WINDOW:
             rec["samples_at_step"][str(n)] = rec["samples"]
-        entry = by_optimizer.get(optimizer)
+        entry = by_optimizer.get(id(optimizer))
         groups = optimizer.param_groups
         lr = groups[0].get("lr") if entry is not None and groups else None
         if isinstance(lr, (int, float)):  # the rate this step ran with (a schedule sets it before the step)
