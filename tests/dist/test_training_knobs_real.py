@@ -323,7 +323,6 @@ def test_exported_accelerate_config_starts_the_planned_processes(tmp_path):
 JSON_WANDB_RESUME = """
 import argparse, json, os
 import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
-import wandb
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 p = argparse.ArgumentParser()
@@ -347,7 +346,9 @@ data = TensorDataset(x, x.sum(1, keepdim=True))
 sampler = DistributedSampler(data)
 loader = DataLoader(data, batch_size=cfg["batch_size"], sampler=sampler)
 val = DataLoader(TensorDataset(x[:64], x[:64].sum(1, keepdim=True)), batch_size=64)
-run = wandb.init(config=cfg) if rank == 0 else None
+if rank == 0:  # W&B on the first rank only
+    import wandb
+    run = wandb.init(config=cfg)
 for epoch in range(start, cfg["epochs"]):
     sampler.set_epoch(epoch)
     model.train()

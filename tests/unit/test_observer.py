@@ -142,7 +142,7 @@ for it in range(12):
     model.train()
     opt.step(); opt.zero_grad(); warmup.step()
     if it == 1:  # a helper the script runs mid-training inherits the observer's environment
-        subprocess.run([sys.executable, "-c", "import torch; print('HELPER', flush=True)"], check=True)
+        subprocess.run([sys.executable, "-c", "print('HELPER', flush=True)"], check=True)
         rec = json.load(open(os.path.join(os.environ["AUTOTUNE_RUN_DIR"], "observed", "rank-0.json")))
         print("AFTER HELPER", rec["pid"], rec["steps"], rec["returned"], rec["exit_code"], flush=True)
 print("SCRIPT DONE", flush=True)
