@@ -65,17 +65,31 @@ t_next = min(timeit.repeat(lambda: yielded(it), number=n, repeat=5)) / n
 orig = getattr(yielded, "__wrapped__")
 t_plain = min(timeit.repeat(lambda: orig(it), number=n, repeat=5)) / n
 t_step = min(timeit.repeat(lambda: [h(opt, (), {}) for h in hooks], number=n, repeat=5)) / n
-print(t_next - t_plain, t_step)
+# per training forward: the pre-hook on the model the script trains (the leading dimension of its input)
+model = torch.nn.Linear(16, 4)
+observe._count_forwards(model)
+(pre,) = model._forward_pre_hooks.values()
+x = torch.zeros(64, 16)
+t_forward = min(timeit.repeat(lambda: pre(model, (x,), {}), number=n, repeat=5)) / n
+# per backward pass: the wrapper around torch.autograd.backward, timed around a function that does nothing
+class Mod:
+    backward = staticmethod(lambda *a, **k: None)
+plain = Mod.backward
+observe._autograd(Mod)
+t_backward = (min(timeit.repeat(lambda: Mod.backward(), number=n, repeat=5))
+              - min(timeit.repeat(lambda: plain(), number=n, repeat=5))) / n
+print(t_next - t_plain, t_step, t_forward, t_backward)
 """
 
 
-def direct(run_dir: str) -> tuple[float, float]:
-    """Seconds the observer adds per DataLoader batch and per optimizer step, timed on the hooks themselves."""
+def direct(run_dir: str) -> tuple[float, float, float, float]:
+    """Seconds the observer adds per DataLoader batch, per optimizer step, per training forward and per backward
+    pass, timed on the hooks themselves."""
     env = {**os.environ, "RANK": "0", "AUTOTUNE_RUN_DIR": run_dir, "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", DIRECT], capture_output=True, text=True, env=env, timeout=300,
                        check=True)
-    per_batch, per_step = map(float, r.stdout.split())
-    return per_batch, per_step
+    per_batch, per_step, per_forward, per_backward = map(float, r.stdout.split())
+    return per_batch, per_step, per_forward, per_backward
 
 
 def one(observe: bool, steps: int, run_dir: str) -> float:
@@ -98,14 +112,15 @@ def main(argv=None) -> int:
             plain.append(one(False, a.steps, td))
             observed.append(one(True, a.steps, td))
         assert (Path(td) / "observed" / "rank-0.json").exists(), "the observer did not run"
-        per_batch, per_step = direct(td)
+        per_batch, per_step, per_forward, per_backward = direct(td)
     p, o = statistics.median(plain), statistics.median(observed)
     print(f"step without observer: {p * 1e3:.3f} ms (runs: {', '.join(f'{x * 1e3:.3f}' for x in plain)})")
     print(f"step with observer:    {o * 1e3:.3f} ms (runs: {', '.join(f'{x * 1e3:.3f}' for x in observed)})")
     print(f"A/B difference: {(o - p) * 1e6:+.1f} us a step, {(o - p) / p * 100:+.2f} % (median of {a.runs} runs each; "
           "within the noise of separate processes)")
-    cost = per_batch + per_step  # this loop: one micro-batch per optimizer step
-    print(f"the hooks themselves: {per_batch * 1e6:.2f} us per batch, {per_step * 1e6:.2f} us per optimizer step: "
+    cost = per_batch + per_step + per_forward + per_backward  # this loop: one micro-batch per optimizer step
+    print(f"the hooks themselves: {per_batch * 1e6:.2f} us per batch, {per_step * 1e6:.2f} us per optimizer step, "
+          f"{per_forward * 1e6:.2f} us per training forward, {per_backward * 1e6:.2f} us per backward pass: "
           f"{cost * 1e6:.2f} us a step = {cost / p * 100:.3f} % of this {p * 1e3:.2f} ms step")
     return 0
 

@@ -159,11 +159,12 @@ def plan_values_env(plan: TrainingPlan, run_dir: str) -> dict[str, str]:
         "AUTOTUNE_MICRO_BATCH_SIZE": str(plan.batch.micro_batch_size),
         "AUTOTUNE_GRADIENT_ACCUMULATION_STEPS": str(plan.batch.gradient_accumulation_steps),
         "AUTOTUNE_GLOBAL_BATCH_SIZE": str(plan.batch.global_batch_size),
-        "AUTOTUNE_LEARNING_RATE": str(plan.schedule.learning_rate),
         "AUTOTUNE_PRECISION": plan.numerics.precision,
         "AUTOTUNE_NUM_WORKERS": str(plan.loader.num_workers),
         "AUTOTUNE_BACKEND": plan.engine.backend,
     }
+    if "learning_rate" not in plan.run.script_defaults:  # a rate the config does not set is the script's own
+        out["AUTOTUNE_LEARNING_RATE"] = str(plan.schedule.learning_rate)
     if plan.is_deepspeed:
         out["AUTOTUNE_DEEPSPEED_CONFIG"] = str(records / ENGINE_FLAVOUR_FILE)
         if plan.engine.device == "cuda":  # an unmodified Accelerator() runs DeepSpeed with the plan's ZeRO
@@ -176,11 +177,14 @@ def plan_values_env(plan: TrainingPlan, run_dir: str) -> dict[str, str]:
 
 def single_process_rank_env(plan: TrainingPlan) -> dict[str, str]:
     """torchrun's variables for a one-process launch too, so a script that reads RANK works unchanged
-    (under torchrun, torchrun sets them per rank)."""
-    if plan.engine.backend != "single":
+    (under torchrun, --max_restarts included, torchrun sets them per rank, and its agent must not look like a rank).
+    A script that decides on DDP by testing RANK gets them withheld (``launch_spec(withhold=...)``, the delivery
+    record says why): the observer then knows the process as rank 0 by AUTOTUNE_OBSERVE_RANK."""
+    if plan.engine.backend != "single" or plan.engine.max_restarts:
         return {}
     return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": plan.engine.master_addr, "MASTER_PORT": str(plan.engine.master_port)}
+            "MASTER_ADDR": plan.engine.master_addr, "MASTER_PORT": str(plan.engine.master_port),
+            "AUTOTUNE_OBSERVE_RANK": "0"}
 
 
 def accelerate_env(plan: TrainingPlan) -> dict[str, str]:

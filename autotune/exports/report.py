@@ -150,6 +150,8 @@ def render_plan(plan, out: TextIO) -> None:
         reason = plan.reasons.get(key, "")
         if key == "micro_batch_size" and plan.engine.device != "cuda":
             label = "Batch size per process"  # no GPU: a CPU process trains it
+        if key in plan.run.script_defaults:  # a user's script keeps its own (issue 33): the plan sets none
+            value, reason = "yours", f"training.{key} is not set: your script keeps its own (the launch shows it)"
         w(f"{label + ':':<26}{str(value):<10} {reason}\n")
     e = plan.memory.estimate
     if e:

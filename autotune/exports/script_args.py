@@ -4,7 +4,8 @@ Every scalar that ``plan --json`` prints is a placeholder (``{micro_batch_size}`
 ``{gradient_accumulation_steps}``, ``{global_batch_size}``, ``{learning_rate}``,
 ``{num_workers}``, ``{precision}``, ``{world_size}``, ...), plus the run's paths and
 schedule: ``{deepspeed_config}``, ``{run_dir}``, ``{checkpoint_dir}``, ``{resume_from}``,
-``{epochs}``, ``{max_steps}``, ``{seed}``. autotune replaces them itself (no shell is
+``{epochs}``, ``{max_steps}``, ``{seed}``, and ``{gradient_accumulation_steps_total}`` (the accumulation
+over all processes, for a script that divides it by its world size). autotune replaces them itself (no shell is
 involved); ``{{`` and ``}}`` are literal braces; an unknown name is a UserError naming
 it and the known names.
 """
@@ -38,6 +39,8 @@ def placeholder_values(plan: TrainingPlan, run_dir: str | Path | None,
         resume_from=_text(plan.run.resume_from), node_rank=_text(plan.engine.node_rank),
         master_addr=plan.engine.master_addr, master_port=_text(plan.engine.master_port),
         num_gpus=_text(plan.engine.num_gpus),
+        # for a script that divides its accumulation by its world size (nanoGPT's gradient_accumulation_steps)
+        gradient_accumulation_steps_total=_text(plan.batch.gradient_accumulation_steps * plan.engine.world_size),
     )
     if run_dir is not None:
         values.update(run_dir=str(run_dir), checkpoint_dir=str(Path(run_dir) / "checkpoints"))

@@ -1,137 +1,34 @@
 """How the plan reaches a user's script, and the honest record of it (pure; no torch).
 
-``scan_script(path)`` reads the script's syntax tree (never runs it): the argparse flags
-it declares (``add_argument``), ``deepspeed.add_config_arguments`` (``--deepspeed``,
-``--deepspeed_config``), Hugging Face ``HfArgumentParser``/``TrainingArguments`` (their
-flags), and whether it uses Accelerate's ``Accelerator``, ``deepspeed.initialize``,
-``autotune`` itself, or reads ``AUTOTUNE_*`` variables.
-
-``wire_flags`` (``--wire auto``) adds the recognised flags with the plan's values; a flag
-the user passed wins. ``delivery`` records, for each plan value a script can act on, every
-route by which it reached the script (placeholder, recognised flag, environment read by
-Accelerate or the script, DeepSpeed JSON, Python API); a value with no route is
-*advisory*, and the launch says so.
+``autotune.exports.script_scan`` reads what the script declares and does (never running it). ``wire_flags``
+(``--wire auto``) adds the recognised flags and configurator settings with the plan's values (the total accumulation
+to a script that divides it by its world size, the rate / world size to one that multiplies it); a flag the user
+passed wins. ``delivery`` records, for each plan value a script can act on, every route by which it reached the
+script (placeholder, recognised flag or setting, environment read by Accelerate or the script, DeepSpeed JSON,
+Python API); a value with no route is *advisory*, and the launch says so. Before the launch these are the routes
+handed over; what the script ran is observed in its first steps (autotune.launch.evidence).
 """
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.exports.script_scan import (  # noqa: F401 - the scan's names, where callers have found them
+    FLAGS,
+    SETTINGS,
+    ScriptFacts,
+    scan_script,
+)
 from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
 from autotune.rundir.layout import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE
 
-# plan value -> flag names a script may declare for it (first declared one is used)
-FLAGS: dict[str, tuple[str, ...]] = {
-    "micro_batch_size": ("--per_device_train_batch_size", "--micro_batch_size", "--batch_size", "--batch-size",
-                         "--micro-batch-size"),
-    "gradient_accumulation_steps": ("--gradient_accumulation_steps", "--grad_accum", "--gradient-accumulation-steps",
-                                    "--grad-accum"),
-    "learning_rate": ("--learning_rate", "--lr", "--learning-rate"),
-    "num_workers": ("--num_workers", "--dataloader_num_workers", "--num-workers", "--workers"),
-    "deepspeed_config": ("--deepspeed_config", "--deepspeed-config"),
-    "epochs": ("--num_train_epochs", "--epochs", "--num_epochs", "--num-epochs"),
-    "max_steps": ("--max_steps", "--max-steps"),
-    "resume_from": ("--resume_from", "--resume", "--resume_from_checkpoint", "--resume-from", "--resume-from-checkpoint"),
-    "precision": ("--mixed_precision", "--mixed-precision", "--precision"),
-}
+DTYPE_WORDS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# torchrun's variables for one process: withheld from a script that decides on DDP by testing them
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # Values a script acts on (the launch reports each one's routes)
 DELIVERED = ("micro_batch_size", "gradient_accumulation_steps", "learning_rate", "precision", "num_workers",
              "world_size")
-HF_FLAGS = {"--per_device_train_batch_size": False, "--gradient_accumulation_steps": False,
-            "--learning_rate": False, "--dataloader_num_workers": False, "--num_train_epochs": False,
-            "--max_steps": False, "--deepspeed": False, "--bf16": True, "--fp16": True, "--output_dir": False,
-            "--seed": False, "--weight_decay": False, "--adam_beta1": False, "--adam_beta2": False,
-            "--adam_epsilon": False, "--max_grad_norm": False}
-
-
-@dataclass
-class ScriptFacts:
-    path: str
-    flags: dict[str, bool] = field(default_factory=dict)  # declared flag -> is a switch (store_true)
-    aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)  # flag -> every name of its add_argument
-    choices: dict[str, tuple[str, ...]] = field(default_factory=dict)  # flag -> its declared string choices
-    uses_accelerate: bool = False
-    accelerator_kwargs: set[str] = field(default_factory=set)  # explicit Accelerator(...) arguments
-    reads_deepspeed_micro_batch: bool = False  # engine.train_micro_batch_size_per_gpu() or training_data=
-    uses_deepspeed_initialize: bool = False
-    deepspeed_launcher_args: bool = False  # deepspeed.add_config_arguments: --deepspeed is a switch
-    uses_hf_trainer: bool = False
-    uses_autotune: bool = False
-    env_reads: set[str] = field(default_factory=set)  # AUTOTUNE_* names found as string literals
-    error: str | None = None
-
-
-def scan_script(path: str | Path) -> ScriptFacts:
-    facts = ScriptFacts(str(path))
-    try:
-        tree = ast.parse(Path(path).read_text(), filename=str(path))
-    except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as e:
-        facts.error = f"could not read {path}: {e}"
-        return facts
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            if any(m == "autotune" or m.startswith("autotune.") for m in mods):
-                facts.uses_autotune = True
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("AUTOTUNE_"):
-            facts.env_reads.add(node.value)
-        elif isinstance(node, ast.Call):
-            name = _call_name(node.func)
-            if name.endswith("add_argument"):
-                switch = any(k.arg == "action" and isinstance(k.value, ast.Constant)
-                             and k.value.value in ("store_true", "store_false") for k in node.keywords)
-                names = tuple(a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
-                              and a.value.startswith("-"))
-                choices = next((k.value for k in node.keywords if k.arg == "choices"), None)
-                words = tuple(e.value for e in choices.elts if isinstance(e, ast.Constant)) \
-                    if isinstance(choices, (ast.List, ast.Tuple, ast.Set)) else ()
-                for name in names:
-                    if name.startswith("--"):
-                        facts.flags[name] = switch
-                        facts.aliases[name] = names
-                        if words:
-                            facts.choices[name] = tuple(str(w) for w in words)
-            elif name.endswith("add_config_arguments"):
-                facts.deepspeed_launcher_args = True
-                facts.flags.update({"--deepspeed": True, "--deepspeed_config": False})
-            elif name.split(".")[-1] in ("HfArgumentParser", "TrainingArguments", "Seq2SeqTrainingArguments"):
-                facts.uses_hf_trainer = True
-                if name.split(".")[-1] == "HfArgumentParser":
-                    for flag, switch in HF_FLAGS.items():
-                        facts.flags.setdefault(flag, switch)
-            elif name.split(".")[-1] == "Accelerator":
-                facts.uses_accelerate = True
-                facts.accelerator_kwargs.update(k.arg for k in node.keywords if k.arg)
-            elif name.endswith("deepspeed.initialize") or name == "initialize" and "deepspeed" in _imports(tree):
-                facts.uses_deepspeed_initialize = True
-                if any(k.arg == "training_data" for k in node.keywords):
-                    facts.reads_deepspeed_micro_batch = True
-        elif isinstance(node, ast.Attribute) and node.attr == "train_micro_batch_size_per_gpu":
-            facts.reads_deepspeed_micro_batch = True
-    if facts.uses_hf_trainer and "--deepspeed" in facts.flags and not facts.deepspeed_launcher_args:
-        facts.flags["--deepspeed"] = False  # HF's --deepspeed takes the JSON's path
-    return facts
-
-
-def _imports(tree: ast.AST) -> set[str]:
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module.split(".")[0])
-    return out
-
-
-def _call_name(func: ast.AST) -> str:
-    parts = []
-    while isinstance(func, ast.Attribute):
-        parts.append(func.attr)
-        func = func.value
-    if isinstance(func, ast.Name):
-        parts.append(func.id)
-    return ".".join(reversed(parts))
-
 
 def _passed(args: list[str], flag: str, facts: ScriptFacts | None = None) -> bool:
     """Whether ``args`` give ``flag`` under any of its names (``--lr`` and ``--learning_rate`` of one
@@ -168,14 +65,26 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
             continue
         if key == "precision":
             continue  # below: switches or a value
-        if key == "deepspeed_config" and "deepspeed_config" not in values:
+        if key in ("deepspeed_config", "checkpoint_dir") and key not in values:
             continue
         if key in ("epochs", "max_steps", "resume_from") and not values.get(key):
             continue
         if key in plan.run.script_defaults:  # the built-in workload's default, not the user's: the script's stays
             continue
-        extra += [flag, values[key]]
+        value = _for_the_script(key, facts, plan)
+        extra += [flag, values[key] if value is None else _text(value)]
         used[key] = flag
+    if facts.configurator:  # module settings in the one-token form its configurator reads
+        for key, names in SETTINGS.items():
+            name = next((n for n in names if n in facts.settings), None)
+            if name is None or key in used or key in plan.run.script_defaults or _passed(user_args, f"--{name}"):
+                continue
+            if key == "precision" and any(_passed(user_args, f, facts) for f in ("--bf16", "--fp16", *FLAGS[key])):
+                continue
+            text = _as_setting(_setting_value(key, facts, plan), facts.settings[name])
+            if text is not None:
+                extra.append(f"--{name}={text}")
+                used[key] = f"--{name}="
     # HF's --deepspeed takes the JSON's path; the DeepSpeed launcher's --deepspeed is a switch
     if "deepspeed_config" in values and "--deepspeed" in facts.flags and not _passed(user_args, "--deepspeed"):
         if facts.flags["--deepspeed"]:
@@ -208,14 +117,59 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
     return extra, used
 
 
+def _for_the_script(key: str, facts: ScriptFacts, plan: TrainingPlan):
+    """The value that makes the script run the plan's, where the script transforms what it gets: the total
+    accumulation over the processes to a script that divides it by its world size, the rate / world size to one that
+    multiplies it (None: the plan's value as it is)."""
+    world = plan.engine.world_size
+    if key == "gradient_accumulation_steps" and key in facts.divided_by_world:
+        return plan.batch.gradient_accumulation_steps * world
+    if key == "learning_rate" and key in facts.scaled_by_world and world > 1:
+        return plan.schedule.learning_rate / world
+    return None
+
+
+def _text(value) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _setting_value(key: str, facts: ScriptFacts, plan: TrainingPlan):
+    value = _for_the_script(key, facts, plan)
+    if value is not None:
+        return value
+    return {"micro_batch_size": plan.batch.micro_batch_size,
+            "gradient_accumulation_steps": plan.batch.gradient_accumulation_steps,
+            "learning_rate": plan.schedule.learning_rate, "warmup_steps": plan.schedule.warmup_steps,
+            "max_steps": plan.schedule.max_steps, "num_workers": plan.loader.num_workers,
+            "precision": DTYPE_WORDS[plan.numerics.precision]}[key]
+
+
+def _as_setting(value, kind: str) -> str | None:
+    """``value`` as a configurator reads it back into a setting of ``kind`` (literal_eval, then its type check):
+    a float keeps its point (1.0, not 1); None when the setting's type cannot hold it."""
+    if value is None or isinstance(value, bool):
+        return None
+    if kind == "str":
+        return value if isinstance(value, str) else None
+    if kind == "float" and isinstance(value, (int, float)):
+        return repr(float(value))
+    if kind == "int" and isinstance(value, (int, float)) and float(value).is_integer():
+        return str(int(value))
+    return None
+
+
 @dataclass(frozen=True)
 class Delivery:
     routes: dict[str, list[str]]  # plan value -> how it reached the script
     advisory: list[str]  # plan values that reached the script by no route
     withheld: dict[str, str] = field(default_factory=dict)  # variable -> why it is not exported to this script
+    notes: tuple[str, ...] = ()  # what the script does with what it is handed (said before the launch)
+    wired: bool = False  # --wire auto filled the script's own settings
+    divides_accumulation: str | None = None  # the script's statement dividing its accumulation by its world size
 
     def to_record(self) -> dict:
-        return {"routes": self.routes, "advisory": self.advisory, "withheld": self.withheld}
+        return {"routes": self.routes, "advisory": self.advisory, "withheld": self.withheld, "notes": list(self.notes),
+                "wired": self.wired, "divides_accumulation": self.divides_accumulation}
 
     def summary(self) -> list[str]:
         words = {"micro_batch_size": "batch size", "gradient_accumulation_steps": "accumulation steps",
@@ -229,8 +183,11 @@ class Delivery:
                            "--deepspeed_config {deepspeed_config} or --wire auto)")
             else:
                 out.append(f"the script was given no {words.get(k, k)}: the plan's {k} is advisory")
-        out += [f"{name} not exported: {why}" for name, why in self.withheld.items()]
-        return out
+        reasons: dict[str, list[str]] = {}
+        for name, why in self.withheld.items():  # one line per reason (torchrun's six variables share one)
+            reasons.setdefault(why, []).append(name)
+        out += [f"{', '.join(names)} not exported: {why}" for why, names in reasons.items()]
+        return out + list(self.notes)
 
 
 def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[str], wired: dict[str, str],
@@ -239,19 +196,38 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
     routes: dict[str, list[str]] = {k: [] for k in DELIVERED}
     if facts is None:  # autotune's own runtime or a module:function entrypoint that reads the plan
         return Delivery({k: ["Python API (autotune runtime)"] for k in DELIVERED}, [])
+    world = plan.engine.world_size
+    notes = []
     for k in DELIVERED:
         if k in placeholders:
             routes[k].append(f"placeholder {{{k}}}")
         if k in wired:
-            routes[k].append(f"recognised flag {wired[k]}")
+            routes[k].append(_wired_route(k, wired[k], facts, plan))
+    if world > 1 and "gradient_accumulation_steps" in placeholders and \
+            "gradient_accumulation_steps" in facts.divided_by_world:
+        divides, accumulation = facts.divided_by_world["gradient_accumulation_steps"], \
+            plan.batch.gradient_accumulation_steps
+        notes.append(f"the script divides its accumulation by its world size (`{divides}`): "
+                     f"{{gradient_accumulation_steps}} makes it accumulate {accumulation // world or 'less than 1'} a "
+                     f"process, not the plan's {accumulation}; pass {{gradient_accumulation_steps_total}} (the total "
+                     "over the processes) instead")
+    if world > 1 and "learning_rate" in placeholders and "learning_rate" in facts.scaled_by_world:
+        notes.append(f"the script multiplies its learning rate by its world size "
+                     f"(`{facts.scaled_by_world['learning_rate']}`): {{learning_rate}} makes it train at "
+                     f"{plan.schedule.learning_rate * world:g}, not the plan's {plan.schedule.learning_rate:g}; "
+                     f"pass {plan.schedule.learning_rate / world:g} instead (--wire auto does)")
     routes["world_size"].append("environment (WORLD_SIZE, RANK, LOCAL_RANK from the launcher)")
     env_names = {"micro_batch_size": "AUTOTUNE_MICRO_BATCH_SIZE",
                  "gradient_accumulation_steps": "AUTOTUNE_GRADIENT_ACCUMULATION_STEPS",
                  "learning_rate": "AUTOTUNE_LEARNING_RATE", "precision": "AUTOTUNE_PRECISION",
                  "num_workers": "AUTOTUNE_NUM_WORKERS"}
     for k, name in env_names.items():
-        if name in facts.env_reads:
+        if name in facts.env_reads and k not in plan.run.script_defaults:  # not exported then
             routes[k].append(f"environment ({name}, read by the script)")
+    if "AUTOTUNE_PLAN" in facts.env_reads:  # the whole plan, read from the file the variable names
+        for k in DELIVERED:
+            if k not in plan.run.script_defaults and k != "world_size":
+                routes[k].append("environment (AUTOTUNE_PLAN, the plan's file, read by the script)")
     if facts.uses_accelerate:  # an explicit Accelerator(mixed_precision=...) beats the environment
         if "mixed_precision" not in facts.accelerator_kwargs:
             routes["precision"].append("environment (ACCELERATE_MIXED_PRECISION, read by Accelerator())")
@@ -267,7 +243,7 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
         if facts.reads_deepspeed_micro_batch:
             keys.append("micro_batch_size")
         for k in keys:
-            routes[k].append("DeepSpeed JSON")
+            routes[k].append(_behind("DeepSpeed JSON", facts))
     if plan.numerics.precision == "fp32" and not routes["precision"] and not facts.uses_deepspeed_initialize \
             and "mixed_precision" not in facts.accelerator_kwargs \
             and not any(f in facts.flags for f in ("--bf16", "--fp16", *FLAGS["precision"])):
@@ -282,7 +258,29 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
             routes[k].append(f"yours: training.{k} is not set, so the script keeps its own (set it to have autotune "
                              "pass it)")
     advisory = [k for k in routes if not routes[k]]
-    return Delivery(routes, advisory)
+    return Delivery(routes, advisory, notes=tuple(notes),
+                    divides_accumulation=facts.divided_by_world.get("gradient_accumulation_steps"))
+
+
+def _behind(route: str, facts: ScriptFacts) -> str:
+    """A route the script takes only on its own condition is handed over, not a fact until observed."""
+    if facts.deepspeed_condition is None:
+        return route
+    return (f"{route}, only if the script takes its deepspeed.initialize path (behind `if "
+            f"{facts.deepspeed_condition}`; the first steps show which it took)")
+
+
+def _wired_route(key: str, flag: str, facts: ScriptFacts, plan: TrainingPlan) -> str:
+    how = (f"recognised setting {flag[2:-1]} ({flag}..., read by the script's --key=value configurator)"
+           if flag.endswith("=") else f"recognised flag {flag}")
+    world = plan.engine.world_size
+    if key == "gradient_accumulation_steps" and key in facts.divided_by_world:
+        how += (f", given the total over the {world} process(es), {plan.batch.gradient_accumulation_steps * world}: "
+                f"the script divides it by its world size (`{facts.divided_by_world[key]}`)")
+    if key == "learning_rate" and key in facts.scaled_by_world and world > 1:
+        how += (f", given the plan's rate / {world}, {plan.schedule.learning_rate / world:g}: the script multiplies "
+                f"it by its world size (`{facts.scaled_by_world[key]}`)")
+    return how
 
 
 def withhold_accumulation(facts: ScriptFacts | None, routes: dict[str, list[str]] | None = None) -> str | None:
@@ -300,10 +298,20 @@ def withhold_accumulation(facts: ScriptFacts | None, routes: dict[str, list[str]
     return None
 
 
+def withhold_rank_env(plan: TrainingPlan, facts: ScriptFacts | None) -> str | None:
+    """Why torchrun's variables must not be exported to this one-process script, or None: a script that tests RANK
+    to decide on DDP would take its DDP path where plain `python train.py` does not (issue 39). A script that reads
+    them without testing them needs them, and gets them."""
+    if facts is None or facts.decides_ddp_by is None or plan.engine.backend != "single" or plan.engine.max_restarts:
+        return None
+    return (f"the script decides on DDP by testing RANK (`{facts.decides_ddp_by}`): one process runs as plain Python, "
+            f"as `python {Path(facts.path).name}` would")
+
+
 def _engine_routes(plan: TrainingPlan, facts: ScriptFacts, ds_path_given: bool) -> list[str]:
     out = []
     if facts.uses_deepspeed_initialize and ds_path_given:
-        out.append("DeepSpeed JSON (deepspeed.initialize)")
+        out.append(_behind("DeepSpeed JSON (deepspeed.initialize)", facts))
     if plan.engine.device == "cuda":  # on CPU their CPU switch turns DeepSpeed off
         if facts.uses_accelerate:
             out.append("environment (ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_CONFIG_FILE, read by Accelerator())")

@@ -89,7 +89,7 @@ def _record_evidence(setup, run_dir):
     """The final judgement of what the script ran, added to delivery.json (beside what was handed over)."""
     from autotune.launch.evidence import judge, read_observed
 
-    evidence = judge(setup.plan, read_observed(run_dir))
+    evidence = judge(setup.plan, read_observed(run_dir), setup.delivery)
     path = setup.records_dir / "delivery.json"
     try:
         record = json.loads(path.read_text()) if path.exists() else {}
@@ -98,6 +98,20 @@ def _record_evidence(setup, run_dir):
     except (OSError, ValueError):
         pass  # the records stay as written at launch; the evidence is still printed
     return evidence
+
+
+def _unreached(setup, evidence) -> str:
+    """The "Done" line's word on the plan values no route reached, after the observation: a value observed (equal,
+    different, the script's own) is in the observed line below it; only what no route reached and nothing observed
+    stays advisory."""
+    d = setup.delivery
+    if d is None or not setup.plan.run.entrypoint or not d.advisory:
+        return ""
+    if evidence is not None and evidence.steps:
+        unseen = [k for k in d.advisory
+                  if evidence.values.get(k, {}).get("status", "not observable") == "not observable"]
+        return f" (advisory: no route to the script, and not observed: {', '.join(unseen)})" if unseen else ""
+    return f" (advisory: no route to the script: {', '.join(d.advisory)})"
 
 
 def set_aside_abandoned(setup) -> None:
@@ -169,8 +183,10 @@ def print_delivery(setup, out=None) -> None:
     for line in d.summary():
         print(f"warning: {line}", file=out)
     if d.advisory:
-        print("  (pass them as placeholders after `--`, e.g. --batch_size {micro_batch_size}, or use --wire auto)",
-              file=out)
+        print("  (--wire auto found no setting for them in your script: pass them after `--` as placeholders, e.g. "
+              "--batch_size {micro_batch_size}, or --batch_size={micro_batch_size} for a --key=value configurator)"
+              if d.wired else "  (pass them after `--` as placeholders, e.g. --batch_size {micro_batch_size}, or "
+              "--batch_size={micro_batch_size} for a --key=value configurator; or use --wire auto)", file=out)
 
 
 def _execute(setup, lock=None, log=None) -> int:
@@ -204,7 +220,7 @@ def _execute(setup, lock=None, log=None) -> int:
     eng = setup.plan.engine
     watch = RankWatch(eng, statuses)
     observing = bool(setup.plan.run.entrypoint and setup.plan.run.observe)
-    script = ScriptWatch(setup.plan, run_dir, sys.stderr) if observing else None
+    script = ScriptWatch(setup.plan, run_dir, sys.stderr, delivery=setup.delivery) if observing else None
     stop_reason: list[str] = []
     from autotune.launch.builds import BuildWatch
 
@@ -232,8 +248,14 @@ def _execute(setup, lock=None, log=None) -> int:
     if script is not None and script.stopped_strict:
         print(f"\nStopped: {stop_reason[-1]}\nRun directory: {run_dir}", file=sys.stderr)
         return EXIT_USAGE
-    if script is not None and rc != 0 and not signals and script.all_returned():
-        # every rank's script returned: what failed was the processes' teardown, not the training
+    if evidence is not None and evidence.wrong and setup.plan.run.strict and rc == 0 and not signals:
+        # it ended before its first steps were judged: --strict still fails what it trained wrongly
+        print(f"\n--strict: {'; '.join(evidence.wrong)}; the script ended before its first steps were judged, so the "
+              f"launch fails now (exit 2)\nRun directory: {run_dir}", file=sys.stderr)
+        return EXIT_USAGE
+    failure = script.script_failure() if script is not None and rc != 0 and not signals else None
+    if script is not None and rc != 0 and not signals and failure is None and script.all_returned():
+        # every rank's script returned normally: what failed was the processes' teardown, not the training
         how = ("ended by autotune: " + stop_reason[-1]) if script.cut_teardown else \
             f"a rank's process ended with code {rc} after its script had returned (teardown)"
         print(f"autotune: warning: {how}; the training completed", file=sys.stderr)
@@ -255,12 +277,15 @@ def _execute(setup, lock=None, log=None) -> int:
         return _script_preempted(setup, signals, rc)
     if rc != 0 and signals:  # interrupted: the shell convention 128+N, whatever torchrun made of it
         rc = 128 + signals[0]
+    if failure is not None and out.ranks_code is None:  # the script's own code, where torchrun says 1
+        rc = failure[0]
+        print(f"\nYour script failed: {failure[1]}; the training did not complete.", file=sys.stderr)
     if rc == 0:
-        advisory = setup.delivery.advisory if setup.delivery is not None and setup.plan.run.entrypoint else []
-        print(f"\nDone. Run directory: {run_dir}" + (f" (advisory, never reached the script: {', '.join(advisory)})"
-                                                     if advisory else ""))
+        print(f"\nDone. Run directory: {run_dir}" + _unreached(setup, evidence))
         if evidence is not None and evidence.steps:
             print(f"Your script, {evidence.line()}")
+            for note in evidence.notes:
+                print(f"note: {note}")
             for w in evidence.wrong:
                 print(f"warning: {w}")
         if not setup.plan.run.entrypoint:  # the built-in loop measured its speed: against the prediction

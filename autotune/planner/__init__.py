@@ -338,4 +338,4 @@ def _run_section(cfg: TrainConfig, auto_optimize: bool, debug: bool) -> RunSecti
 
 # plan values the built-in workload only defaults (its config's defaults, not planned for a machine): a user's
 # script gets them only when the user set them (issue 25)
-SCRIPT_DEFAULTABLE = ("learning_rate", "epochs", "weight_decay", "gradient_clipping")
+SCRIPT_DEFAULTABLE = ("learning_rate", "warmup_steps", "epochs", "weight_decay", "gradient_clipping")

@@ -242,7 +242,13 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
         placeholder_values,
         used_placeholders,
     )
-    from autotune.exports.wiring import delivery, wire_flags, withhold_accumulation
+    from autotune.exports.wiring import (
+        RANK_VARIABLES,
+        delivery,
+        wire_flags,
+        withhold_accumulation,
+        withhold_rank_env,
+    )
     from autotune.rundir.layout import deepspeed_config_path
 
     facts = script_facts(entry)
@@ -262,8 +268,11 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     route = delivery(plan, facts, used_placeholders(raw), wired, args, ds is not None) if entry else \
         delivery(plan, None, [], {}, args, ds is not None)
     why = withhold_accumulation(facts, route.routes) if entry else None
+    withheld = {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": why} if why else {}
+    why = withhold_rank_env(plan, facts) if entry else None
     if why:
-        route = dataclasses.replace(route, withheld={"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": why})
+        withheld.update(dict.fromkeys(RANK_VARIABLES, why))
+    route = dataclasses.replace(route, withheld=withheld, wired=bool(wired) or cfg.training.wire == "auto")
     spec = launch_spec(plan, str(rd), os.environ if environ is None else environ, python=python,
                        has_infiniband=bool(hw.infiniband), script_args=args, cwd=workdir,
                        withhold=tuple(route.withheld))

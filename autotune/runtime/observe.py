@@ -1,24 +1,31 @@
-"""What a user's script really runs, observed in each of its processes without an edit to it.
+"""What a user's script really runs, observed in the rank's own process without an edit to it.
 
-The launcher puts ``observe_site/`` on the ranks' PYTHONPATH; its ``sitecustomize`` calls ``install()``
-(then the user's own sitecustomize, if any). ``install`` adds an import hook: when the script imports
-``torch.utils.data``, ``torch.distributed``, ``torch.optim``, ``deepspeed`` or ``accelerate``, a few entry points
-are wrapped after the module has loaded. Each records, per rank, into ``<run_dir>/observed/rank-<RANK>.json``:
+The launcher puts ``observe_site/`` on the ranks' PYTHONPATH; its ``sitecustomize`` calls ``install()`` (then the
+user's own sitecustomize, if any); the record is ``autotune.runtime.observe_record``'s. ``install`` adds an import
+hook: when the script imports ``torch.utils.data``, ``torch.distributed``, ``torch.optim``, ``torch.autograd``,
+``deepspeed`` or ``accelerate``, a few entry points are wrapped after the module has loaded. Each records, per rank,
+into ``<run_dir>/observed/rank-<RANK>.json``:
 
 - every DataLoader created: its batch size and whether its sampler is distributed;
 - the process group: backend and world size;
 - the engine: DDP or FSDP wrapping, ``deepspeed.initialize`` (the config it got, whether the script passed
   its own optimizer, and the engine's micro-batch, accumulation and train batch), an ``Accelerator`` (mixed
   precision, accumulation);
-- every optimizer: class and learning rates; the parameters it trains;
+- every optimizer: class and the learning rates it was built with; the parameters it trains; the rate at each step
+  (the first steps one by one, the latest and the peak so far: a schedule, not one number);
 - autocast's dtype, a GradScaler;
-- optimizer steps (a global post-step hook) and the samples the DataLoaders yielded until each of the first
-  steps, so the effective batch is measured, not assumed;
-- whether the script returned (atexit) or raised (excepthook), and when.
+- optimizer steps (a global post-step hook) and, in each of the first steps, what reached the model the script
+  trains: the samples of its training forwards (the leading dimension of the inputs, in training mode with
+  gradients on: evaluation batches and a loader's look-ahead never count) and the backward passes; the samples the
+  DataLoaders yielded are kept beside them as a cross-check;
+- whether the script returned (threading's exit hook), exited with a code (``sys.exit``) or raised (excepthook).
 
-Nothing here raises into the user's code (every hook is guarded), and a hook costs a counter increment per
-batch and per step; the file is written at the first steps (1, 2, 4, 8, 16), at the end, and on a
-preemption signal (bench/bench_observer.py measures the cost).
+The record belongs to the rank's own process: the first process of a rank claims it (``AUTOTUNE_OBSERVED_BY``,
+inherited by everything it starts), so a helper run with ``subprocess``, torch.compile's workers, DataLoader workers
+and multiprocessing children run untouched and never write it, forked or spawned. Nothing here raises into the
+user's code (every hook is guarded), and a hook costs a counter increment per batch, forward, backward and step;
+the file is written at the first steps (1, 2, 4, 8, 16), at the end, and on a preemption signal
+(bench/bench_observer.py measures the cost).
 """
 
 from __future__ import annotations
@@ -27,98 +34,14 @@ import atexit
 import functools
 import importlib.abc
 import importlib.util
-import json
 import os
 import sys
 import threading
 import time
+import weakref
 
-WRITE_AT = (1, 2, 4, 8, 16)  # optimizer steps after which the record is written (and at exit)
-_lock = threading.Lock()
-_state: dict = {}
-
-
-def _record() -> dict:
-    return _state.setdefault("record", {
-        "rank": int(os.environ.get("RANK", "0")), "pid": os.getpid(), "started": time.time(),
-        "dataloaders": [], "process_group": None, "engine": None, "optimizers": [], "autocast": None,
-        "grad_scaler": False, "num_parameters": None, "steps": 0, "samples": 0, "samples_at_step": {},
-        "deepspeed": None, "accelerate": None, "returned": None, "raised": None, "ended": None,
-        "hook_errors": []})
-
-
-def _path() -> str | None:
-    run_dir = os.environ.get("AUTOTUNE_RUN_DIR")
-    if not run_dir:
-        return None
-    from autotune.rundir.layout import OBSERVED
-
-    return os.path.join(run_dir, OBSERVED, f"rank-{os.environ.get('RANK', '0')}.json")
-
-
-def write() -> None:
-    """Write this rank's record atomically (a temporary file, then rename); never raises."""
-    path = _path()
-    if path is None:
-        return
-    try:
-        with _lock:
-            text = json.dumps(_record(), default=str)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp{os.getpid()}"
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except Exception:  # noqa: BLE001 - observing must never break the user's run
-        pass
-
-
-def _guarded(where: str):
-    """A hook body that can never raise into the user's code: its errors are recorded, not thrown."""
-    def wrap(fn):
-        @functools.wraps(fn)
-        def inner(*a, **k):
-            try:
-                return fn(*a, **k)
-            except Exception as e:  # noqa: BLE001
-                errors = _record()["hook_errors"]
-                if len(errors) < 10:
-                    errors.append(f"{where}: {type(e).__name__}: {e}")
-                return None
-        return inner
-    return wrap
-
-
-def _after(cls_or_mod, name: str, hook) -> None:
-    """Wrap ``cls_or_mod.name`` so ``hook(result, *args, **kwargs)`` runs after it (guarded)."""
-    original = getattr(cls_or_mod, name, None)
-    if original is None or getattr(original, "_autotune_observed", False):
-        return
-    guarded = _guarded(f"{getattr(cls_or_mod, '__name__', cls_or_mod)}.{name}")(hook)
-
-    @functools.wraps(original)
-    def wrapper(*args, **kwargs):
-        result = original(*args, **kwargs)
-        guarded(result, *args, **kwargs)
-        return result
-
-    wrapper._autotune_observed = True
-    setattr(cls_or_mod, name, wrapper)
-
-
-def _batch_size(batch) -> int | None:
-    """The number of samples in one yielded batch: the first dimension of its first tensor."""
-    seen = [batch]
-    while seen:
-        item = seen.pop(0)
-        shape = getattr(item, "shape", None)
-        if shape is not None and len(shape) > 0:
-            return int(shape[0])
-        if isinstance(item, dict):
-            seen.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            seen.extend(item)
-    return None
+from autotune.runtime.observe_record import OWNER, WINDOW, WRITE_AT, _after, _batch_size, _guarded, _rank, _record
+from autotune.runtime.observe_record import _state, write  # noqa: F401 - also where tests and tools find them
 
 
 # -- the hooks, one module each ----------------------------------------------------------------------------------
@@ -152,10 +75,18 @@ def _distributed(mod) -> None:
     _after(mod, "init_process_group", group_made)
 
 
+def _wrapper(model) -> None:
+    """A model the script wrapped for training (DDP, FSDP, DeepSpeed's engine, Accelerate's prepared model): the
+    outermost of them is the one whose forwards are counted (chosen at the first step)."""
+    if model is not None:
+        _state.setdefault("wrappers", []).append(weakref.ref(model))
+
+
 def _parallel(mod) -> None:
     def ddp(_r, self, module=None, *a, **k):
         _record()["engine"] = _record()["engine"] or "ddp"
         _params(getattr(self, "module", module))
+        _wrapper(self)
 
     _after(mod.DistributedDataParallel, "__init__", ddp)
 
@@ -163,6 +94,7 @@ def _parallel(mod) -> None:
 def _fsdp(mod) -> None:
     def fsdp(_r, self, *a, **k):
         _record()["engine"] = "fsdp"
+        _wrapper(self)
 
     cls = getattr(mod, "FullyShardedDataParallel", None)
     if cls is None:
@@ -186,11 +118,15 @@ def _params(model) -> None:
 
 
 def _optim(mod) -> None:
+    by_optimizer = _state.setdefault("optimizer_records", {})  # id -> its entry (a new one at that id replaces it)
+
     def made(_r, self, *a, **k):
         groups = getattr(self, "param_groups", [])
-        _record()["optimizers"].append({"class": type(self).__name__,
-                                        "lr": [g.get("lr") for g in groups if isinstance(g, dict)],
-                                        "num_parameters": sum(p.numel() for g in groups for p in g.get("params", []))})
+        entry = {"class": type(self).__name__, "lr": [g.get("lr") for g in groups if isinstance(g, dict)],
+                 "num_parameters": sum(p.numel() for g in groups for p in g.get("params", [])),
+                 "lr_base": None, "lr_now": None, "lr_max": None, "lr_steps": 0, "lr_at": {}}
+        _record()["optimizers"].append(entry)
+        by_optimizer[id(self)] = entry
 
     _after(mod.Optimizer, "__init__", made)
     from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -201,18 +137,111 @@ def _optim(mod) -> None:
         # and skips while accumulating; DeepSpeed's ZeRO optimizers): its inner optimizer's real steps count
         if isinstance(getattr(optimizer, "optimizer", None), mod.Optimizer):
             return
-        rec = _record()
+        rec, st = _record(), _state
         rec["steps"] += 1
-        if rec["steps"] <= WRITE_AT[-1]:
-            rec["samples_at_step"][str(rec["steps"])] = rec["samples"]
-            if rec["optimizers"]:
-                rec["optimizers"][-1].update(
-                    lr_now=[g.get("lr") for g in optimizer.param_groups],
-                    lr_peak=[g.get("initial_lr", g.get("lr")) for g in optimizer.param_groups])  # before warm-up
-        if rec["steps"] in WRITE_AT:
+        n = rec["steps"]
+        rec["exit_code"] = None  # training goes on: an exit asked for earlier was caught (argparse in a try, ...)
+        if n == 1:
+            _guarded("choosing the model")(_choose_model)(optimizer)
+        elif n <= WINDOW and st.get("counted") is not None:  # what reached the model in this step (from step 2)
+            key = str(n)
+            rec["step_samples"][key], rec["step_forwards"][key] = st["fwd_samples"], st["fwd_calls"]
+            rec["step_backwards"][key] = st["bwd_calls"]
+        st["fwd_samples"] = st["fwd_calls"] = st["bwd_calls"] = 0
+        if n <= WINDOW:
+            rec["samples_at_step"][str(n)] = rec["samples"]
+        entry = by_optimizer.get(id(optimizer))
+        groups = optimizer.param_groups
+        lr = groups[0].get("lr") if entry is not None and groups else None
+        if isinstance(lr, (int, float)):  # the rate this step ran with (a schedule sets it before the step)
+            entry["lr_now"], entry["lr_steps"] = lr, entry["lr_steps"] + 1
+            entry["lr_max"] = lr if entry["lr_max"] is None else max(entry["lr_max"], lr)
+            entry["lr_base"] = groups[0].get("initial_lr", entry["lr_base"])  # a torch scheduler's base rate
+            if n <= WINDOW:
+                entry["lr_at"][str(n)] = lr
+        if n in WRITE_AT:
             write()
 
     register_optimizer_step_post_hook(stepped)
+
+
+def _choose_model(optimizer) -> None:
+    """The model whose forwards are counted, chosen at the first optimizer step: the outermost wrapper the script
+    made (DDP, FSDP, DeepSpeed's engine, Accelerate's prepared model), else the outermost module that holds the
+    optimizer's parameters, found once among the live modules (a plain model, a torch.compile'd one)."""
+    import gc
+
+    import torch
+
+    wrappers = [m for m in (r() for r in _state.get("wrappers", [])) if m is not None]
+    if wrappers:
+        inner = {id(m) for w in wrappers for m in w.modules() if m is not w}
+        roots = [w for w in wrappers if id(w) not in inner]
+    else:
+        params = {id(p) for g in optimizer.param_groups for p in g.get("params", [])}
+        module = torch.nn.Module  # type(), not isinstance(): no object's __class__ or __getattr__ is run
+        modules = [o for o in gc.get_objects() if issubclass(type(o), module)]
+        parents: dict[int, list] = {}
+        for m in modules:  # vars(): a module still in its __init__ may not have them yet
+            for child in (vars(m).get("_modules") or {}).values():
+                if child is not None:
+                    parents.setdefault(id(child), []).append(m)
+        todo = [m for m in modules if any(id(p) in params for p in (vars(m).get("_parameters") or {}).values())]
+        roots, seen = [], set()
+        while todo:  # from the modules holding the parameters up to the ones nothing holds
+            m = todo.pop()
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            if id(m) in parents:
+                todo.extend(parents[id(m)])
+            else:
+                roots.append(m)
+        roots.sort(key=lambda r: -sum(1 for p in r.parameters() if id(p) in params))
+    if roots:
+        _count_forwards(roots[0])
+
+
+def _count_forwards(model) -> None:
+    """Count what reaches ``model`` in training: the samples of each forward (the leading dimension of its first
+    tensor input) in training mode with gradients on; evaluation (eval mode or no_grad) and a loader's look-ahead
+    batches never reach it."""
+    import torch
+
+    counted = _state.setdefault("counted", weakref.WeakSet())
+    if model in counted:
+        return
+
+    def pre(mod, args, kwargs):
+        if mod.training and torch.is_grad_enabled():
+            _state["fwd_calls"] += 1
+            shape = getattr(args[0], "shape", None) if args else None  # the common case first: model(x)
+            _state["fwd_samples"] += int(shape[0]) if shape else _batch_size((args, kwargs)) or 0
+
+    model.register_forward_pre_hook(_guarded("model forward")(pre), with_kwargs=True)
+    counted.add(model)
+    _record()["model"] = type(model).__name__
+
+
+def _autograd(mod) -> None:
+    """Backward passes (the micro-steps of an optimizer step): the outermost calls only (a re-entrant gradient
+    checkpoint calls backward again inside one)."""
+    original = getattr(mod, "backward", None)
+    if original is None or getattr(original, "_autotune_observed", False):
+        return
+
+    @functools.wraps(original)
+    def backward(*args, **kwargs):
+        if _state["bwd_depth"] == 0:
+            _state["bwd_calls"] += 1
+        _state["bwd_depth"] += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _state["bwd_depth"] -= 1
+
+    backward._autotune_observed = True
+    mod.backward = backward
 
 
 def _amp(mod) -> None:
@@ -251,6 +280,7 @@ def _deepspeed(mod) -> None:
             "bfloat16": bool(engine.bfloat16_enabled()), "fp16": bool(engine.fp16_enabled()),
             "lr": [g.get("lr") for g in getattr(engine.optimizer, "param_groups", [])] or None}
         _params(getattr(engine, "module", None))
+        _wrapper(engine)
         write()
 
     _after(mod, "initialize", initialized)
@@ -266,11 +296,12 @@ def _accelerate(mod) -> None:
                              "explicit": sorted(k)}
 
     _after(mod.Accelerator, "__init__", made)
+    _after(mod.Accelerator, "prepare_model", lambda model, *a, **k: _wrapper(model))
 
 
 HOOKS = {"torch.utils.data": _data, "torch.distributed": _distributed, "torch.nn.parallel": _parallel,
-         "torch.distributed.fsdp": _fsdp, "torch.optim": _optim, "torch.amp": _amp, "torch.amp.grad_scaler": _scaler,
-         "deepspeed": _deepspeed, "accelerate": _accelerate}
+         "torch.distributed.fsdp": _fsdp, "torch.optim": _optim, "torch.autograd": _autograd, "torch.amp": _amp,
+         "torch.amp.grad_scaler": _scaler, "deepspeed": _deepspeed, "accelerate": _accelerate}
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -307,21 +338,31 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 def _ended(how: str) -> None:
     rec = _record()
     rec["ended"] = time.time()
-    if how == "returned" and rec["raised"] is None:
-        rec["returned"] = True
+    if how == "returned" and rec["raised"] is None and not rec["exit_code"]:
+        rec["returned"] = True  # returned normally: only then may a teardown failure after it be forgiven
     write()
+
+
+def _exit_code(status) -> int:
+    """The code ``sys.exit(status)`` ends the process with: None is 0, any other non-integer (a message) is 1."""
+    return 0 if status is None else status if isinstance(status, int) else 1
 
 
 def install() -> None:
     """Start observing this process (the script's own code runs after). Off with AUTOTUNE_OBSERVE=0."""
     if os.environ.get("AUTOTUNE_OBSERVE", "1") == "0" or _state.get("installed"):
         return
-    # Only the script's own ranks: torchrun's agent (no RANK) and multiprocessing's spawned children (DataLoader
+    # Only the script's own ranks: torchrun's agent (no rank) and multiprocessing's spawned children (DataLoader
     # workers) inherit the PYTHONPATH too, and must not write a rank's record.
-    if "RANK" not in os.environ or "--multiprocessing-fork" in sys.argv or \
+    if _rank() is None or "--multiprocessing-fork" in sys.argv or \
             any(a.startswith("from multiprocessing") for a in sys.argv):
         return
-    _state["installed"] = True
+    run_dir = os.environ.get("AUTOTUNE_RUN_DIR", "")
+    owner, _, owner_dir = os.environ.get(OWNER, "").partition(" ")
+    if owner and owner != str(os.getpid()) and owner_dir == run_dir:
+        return  # started by the rank's process (a helper, a compile worker): not the rank, left untouched
+    os.environ[OWNER] = f"{os.getpid()} {run_dir}"
+    _state.update(installed=True, pid=os.getpid())
     _record()
     for name, hook in HOOKS.items():  # already imported (rare: sitecustomize runs first)
         if name in sys.modules:
@@ -341,4 +382,14 @@ def install() -> None:
         previous(kind, value, tb)
 
     sys.excepthook = excepthook
+    # sys.exit(3), argparse's error exit, `sys.exit(main())`: the code the script asked for (SystemExit never
+    # reaches excepthook, and the exit hooks above run for it as for a return)
+    original_exit = sys.exit
+
+    @functools.wraps(original_exit)
+    def exit(status=None):
+        _guarded("sys.exit")(lambda: _record().update(exit_code=_exit_code(status)))()
+        return original_exit(status)
+
+    sys.exit = exit
     write()

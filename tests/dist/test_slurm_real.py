@@ -160,3 +160,38 @@ def test_exported_script_trains_under_slurm_and_requeues_itself_when_preempted(s
     assert [p.name for p in run_dir.glob("slurm-*.out")] == [f"slurm-{job}.out"]  # the job's log, in the run dir
     hw = json.loads((run_dir / "hardware.json").read_text())
     assert hw["slurm"]["job_id"] == job and hw["slurm"]["hosts"] == ["localhost"]
+
+
+def test_an_accelerate_script_with_its_own_batch_trains_the_plan_under_slurm(slurm, tmp_path):
+    """The seed guides' Accelerate script (batch and rate from its own YAML, epochs of 8 steps with a validation pass),
+    exported as an sbatch script with training.strict and submitted unchanged: the plan's 64 is its own 32 x 2
+    processes, and the plan's accumulation, which cannot pair with the script's batch, is withheld. The observed
+    effective batch is 64 to the sample (its validation and Accelerate's look-ahead batch not counted), --strict lets
+    it train, the rate it keeps is shown as its own, and the job ends 0."""
+    import json
+
+    from dist_util import accelerate_own_yaml
+
+    cfg = accelerate_own_yaml(tmp_path, batch_size=32)
+    run_dir, script = tmp_path / "job", tmp_path / "acc.sbatch"
+    env = {**slurm, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "autotune", "export", "--format", "slurm",
+                        "--config", str(cfg), "--nproc_per_node", "2", "--time", "00:10:00", "--run_dir", str(run_dir),
+                        "-o", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    sb = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,
+                        cwd=tmp_path, timeout=60)
+    assert sb.returncode == 0, sb.stderr
+    job = sb.stdout.strip().split(";")[0]
+    show = lambda: subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True,  # noqa: E731
+                                  env=env, timeout=10).stdout
+    _wait(lambda: "JobState=COMPLETED" in show() or "JobState=FAILED" in show(), 300, "the job to end")
+    log = (run_dir / f"slurm-{job}.out").read_text()
+    assert "JobState=COMPLETED" in show() and "ExitCode=0:0" in show(), log[-4000:]
+    assert "TRAINED effective=64 " in log and "ACCELERATE_GRADIENT_ACCUMULATION_STEPS not exported" in log
+    seen = json.loads((run_dir / "delivery.json").read_text())["observed"]
+    assert seen["effective_batch"] == 64 and seen["batch_source"] == "the model's training inputs", seen
+    assert seen["wrong"] == []
+    assert seen["values"]["learning_rate"] == {"status": "yours", "observed": 0.01, "plan": None}
+    assert "Learning rate:            yours      training.learning_rate is not set" in log
+    assert "; the script's own: learning_rate 0.01" in log.split("\nDone. Run directory")[1]

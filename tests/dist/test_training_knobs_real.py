@@ -189,62 +189,78 @@ def test_unmodified_torchrun_script_gets_the_plan_through_its_own_flags(tmp_path
     seen = record["observed"]
     assert {k: v["status"] for k, v in seen["values"].items()} == {
         "micro_batch_size": "equal", "gradient_accumulation_steps": "equal", "learning_rate": "equal",
-        "precision": "equal", "world_size": "equal", "engine": "equal"}
+        "precision": "equal", "num_workers": "equal", "world_size": "equal", "engine": "equal"}
     # 1024 samples a rank in micro-batches of 8 = 128 an epoch, 32 steps of 4, 2 epochs
     assert seen["effective_batch"] == 64 and seen["wrong"] == [] and seen["steps_observed"] == 64
     assert "Your script, observed after 64 step(s): effective batch 64 per optimizer step" in r.stdout
 
 
-OWN_BATCH = """
-import argparse, os, time
+# The seed guides' torchrun script: argparse flags, DDP with a DistributedSampler, the rate multiplied by the world
+# size (guide 002's habit), epochs of 8 steps a process (shorter than the observer's first 16) with a validation pass
+# after each on every rank.
+TORCHRUN_LR_TIMES_WORLD = """
+import argparse
 import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 p = argparse.ArgumentParser()
-p.add_argument("--batch_size", type=int, default=16)
+p.add_argument("--batch_size", type=int, default=64)
+p.add_argument("--lr", type=float, default=1e-3, help="per process; scaled by the world size")
+p.add_argument("--epochs", type=int, default=3)
 args = p.parse_args()
 dist.init_process_group("gloo")
-x = torch.randn(4096, 16)
+world = dist.get_world_size()
+g = torch.Generator().manual_seed(0)
+x = torch.randn(256, 16, generator=g)
 data = TensorDataset(x, x.sum(1, keepdim=True))
-loader = DataLoader(data, batch_size=64, sampler=DistributedSampler(data))  # its own batch size, not the flag's
+sampler = DistributedSampler(data)
+loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
+val = DataLoader(TensorDataset(x[:64], x[:64].sum(1, keepdim=True)), batch_size=32)
 model = nn.parallel.DistributedDataParallel(nn.Linear(16, 1))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for xb, yb in loader:
-    F.mse_loss(model(xb), yb).backward()
-    opt.step(); opt.zero_grad()
-    time.sleep(0.1)
+opt = torch.optim.AdamW(model.parameters(), lr=args.lr * world)
+for epoch in range(args.epochs):
+    sampler.set_epoch(epoch)
+    model.train()
+    for xb, yb in loader:
+        F.mse_loss(model(xb), yb).backward(); opt.step(); opt.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        val_loss = sum(F.mse_loss(model(xb), yb).item() for xb, yb in val)
+if dist.get_rank() == 0:
+    print(f"TRAINED lr={opt.param_groups[0]['lr']:g} effective={args.batch_size * world}", flush=True)
 dist.barrier(); dist.destroy_process_group()
 """
 
 
-def test_a_script_training_its_own_batch_is_caught_in_the_first_steps_and_strict_stops_it(tmp_path):
-    """The plan's micro-batch 8 reaches --batch_size, but the script's DataLoader uses 64: the effective batch is
-    128 per step, not 16. The launch names it in the first steps; with --strict it stops there, exit 2."""
-    script = tmp_path / "own.py"
-    script.write_text(OWN_BATCH)
+def test_a_torchrun_script_scaling_its_rate_by_the_world_trains_the_plan_and_strict_stops_a_wrong_batch(tmp_path):
+    """The seed torchrun script under --wire auto --strict: it multiplies --lr by its world size, so autotune passes
+    the plan's rate / 2 and says so; its epochs (8 steps) end inside the first steps the observer keeps, with a
+    validation pass after each, yet the observed effective batch is the plan's 32 to the sample and nothing is
+    different: exit 0. Given --batch_size 64 after `--` (the user's flag wins), it trains 128: the first steps name
+    it and --strict stops it, exit 2, naming the fix."""
+    script = tmp_path / "lr_world.py"
+    script.write_text(TORCHRUN_LR_TIMES_WORLD)
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"training:\n  entrypoint: {script}\n  global_batch_size: 16\n  batch_size_per_gpu: 8\n")
-    r = launch("--config", cfg, "--nproc_per_node", 2, "--wire", "auto", "--run_dir", tmp_path / "warn")
-    early = r.stderr.split("autotune: observed after", 1)[1]
-    assert "micro_batch_size 64 (plan 8)" in early.splitlines()[0]
-    assert "the script trains an effective batch of 128 samples per optimizer step, the plan 16" in r.stderr
-    full = subprocess.run([str(ROOT / "launch_distributed_training.sh"), "--config", str(cfg), "--nproc_per_node",
-                           "2", "--wire", "auto", "--strict", "--run_dir", str(tmp_path / "strict")],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env={k: v for k, v in os.environ.items() if k != "AUTOTUNE_PLAN"})
-    assert full.returncode == 2, full.stderr[-2000:]
-    assert "Stopped: --strict: the script trains an effective batch of 128" in full.stderr
-    steps = json.loads((tmp_path / "strict" / "observed" / "rank-0.json").read_text())["steps"]
-    assert steps < 32  # stopped within the first steps, not after the 32 of the whole run
-
-
-def test_a_script_given_nothing_is_told_its_plan_is_advisory(tmp_path):
-    r = launch("--config", ROOT / "examples" / "torchrun_config.yaml", "--run_dir", tmp_path / "adv", "--",
-               "--epochs", "1")  # the script's own flag, literally: no route for the plan's values
-    record = json.loads((tmp_path / "adv" / "delivery.json").read_text())
-    assert "micro_batch_size" in record["advisory"] and "gradient_accumulation_steps" in record["advisory"]
-    assert "the script was given no batch size: the plan's micro_batch_size is advisory" in r.stdout
-    assert "advisory, never reached the script: micro_batch_size" in r.stdout.split("Done.")[-1]
+    cfg.write_text(f"training:\n  entrypoint: {script}\n  global_batch_size: 32\n  batch_size_per_gpu: 16\n"
+                   "  learning_rate: 0.004\n")
+    r = launch("--config", cfg, "--nproc_per_node", 2, "--wire", "auto", "--strict", "--run_dir", tmp_path / "ok")
+    assert "  learning_rate: recognised flag --lr, given the plan's rate / 2, 0.002: the script multiplies it by its " \
+           "world size (`args.lr * world`)" in r.stdout
+    assert "TRAINED lr=0.004 effective=32" in r.stdout
+    seen = json.loads((tmp_path / "ok" / "delivery.json").read_text())["observed"]
+    assert seen["effective_batch"] == 32 and seen["wrong"] == [] and seen["steps_observed"] == 24
+    assert {k for k, v in seen["values"].items() if v["status"] != "equal"} <= {"num_workers"}  # not its flag
+    wrong = subprocess.run([str(ROOT / "launch_distributed_training.sh"), "--config", str(cfg), "--nproc_per_node",
+                            "2", "--wire", "auto", "--strict", "--run_dir", str(tmp_path / "wrong"), "--",
+                            "--batch_size", "64"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                           env={k: v for k, v in os.environ.items() if k != "AUTOTUNE_PLAN"})
+    assert wrong.returncode == 2, wrong.stderr[-2000:]
+    early = wrong.stderr.split("autotune: observed after", 1)[1].splitlines()[0]
+    assert "effective batch 128 per optimizer step (the model's training inputs)" in early
+    assert "micro_batch_size 64 (plan 16)" in early
+    assert ("Stopped: --strict: the script trains an effective batch of 128 samples per optimizer step, the plan 32 "
+            "(16 x 1 x 2)") in wrong.stderr
+    assert json.loads((tmp_path / "wrong" / "observed" / "rank-0.json").read_text())["steps"] < 24
 
 
 def test_unmodified_hf_trainer_script_follows_the_plan(tmp_path):
@@ -303,31 +319,93 @@ def test_exported_accelerate_config_starts_the_planned_processes(tmp_path):
     assert used == ["USED world=2 micro=16 accumulation=1 precision=no effective=32 device=cpu"], run.stdout[-2000:]
 
 
-def test_a_script_started_in_its_workdir_logs_to_wandb_where_the_plan_says(tmp_path):
-    """--workdir starts the script there (relative data files work, the plan's paths still do); --wandb hands
-    a plain wandb.init() W&B's own variables: this run's project, its folder inside the run dir, offline
-    without a key."""
+# The seed guides' JSON-configured script: batch, rate and epochs from its own JSON (no flag for autotune to fill),
+# W&B on rank 0, its own checkpoints each epoch in --checkpoint_dir and --resume from one; epochs of 8 steps a
+# process with a validation pass after each.
+JSON_WANDB_RESUME = """
+import argparse, json, os
+import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+p = argparse.ArgumentParser()
+p.add_argument("--config", default="train.json")
+p.add_argument("--checkpoint_dir", default="checkpoints")
+p.add_argument("--resume")
+args = p.parse_args()
+cfg = json.load(open(args.config))
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+model, start = nn.Linear(16, 1), 0
+if args.resume:
+    state = torch.load(args.resume, weights_only=True)
+    model.load_state_dict(state["model"])
+    start = state["epoch"] + 1
+model = nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"])
+g = torch.Generator().manual_seed(0)
+x = torch.randn(256, 16, generator=g)
+data = TensorDataset(x, x.sum(1, keepdim=True))
+sampler = DistributedSampler(data)
+loader = DataLoader(data, batch_size=cfg["batch_size"], sampler=sampler)
+val = DataLoader(TensorDataset(x[:64], x[:64].sum(1, keepdim=True)), batch_size=64)
+if rank == 0:  # W&B on the first rank only
+    import wandb
+    run = wandb.init(config=cfg)
+for epoch in range(start, cfg["epochs"]):
+    sampler.set_epoch(epoch)
+    model.train()
+    for xb, yb in loader:
+        F.mse_loss(model(xb), yb).backward(); opt.step(); opt.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        val_loss = sum(F.mse_loss(model(xb), yb).item() for xb, yb in val)
+    if rank == 0:
+        run.log({"val_loss": val_loss})
+        os.makedirs(args.checkpoint_dir, exist_ok=True)
+        torch.save({"model": model.module.state_dict(), "epoch": epoch},
+                   os.path.join(args.checkpoint_dir, f"epoch-{epoch}.pt"))
+if rank == 0:
+    print("SAW", os.getcwd(), start, run.project, run.settings.mode, run.dir, flush=True)
+    run.finish()
+dist.barrier(); dist.destroy_process_group()
+"""
+
+
+def test_a_json_configured_script_with_wandb_and_resume_is_observed_training_the_plan(tmp_path):
+    """The seed JSON-configured script, 2 processes, --wire auto --strict: started in its --workdir (its relative
+    train.json works, the plan's paths still do); --wandb hands its plain wandb.init() this run's project, a folder
+    inside the run dir, offline without a key; --resume_from hands it its own checkpoint through its --resume, and
+    --wire fills its --checkpoint_dir with the run's. Its batch comes from its JSON: before the launch the plan's
+    micro-batch has no route (advisory); the observer sees it train the plan's 32 to the sample (validation passes
+    not counted), so --strict lets it run and the final line calls nothing advisory that it saw."""
+    import torch
+
     work = tmp_path / "work"
     work.mkdir()
-    (work / "data.txt").write_text("42\n")
-    script = tmp_path / "wb.py"
-    script.write_text(
-        "import json, os, wandb\n"
-        "n = int(open('data.txt').read())\n"
-        "plan = json.load(open(os.environ['AUTOTUNE_PLAN']))\n"
-        "run = wandb.init()\n"
-        "run.log({'n': n})\n"
-        "print('SAW', os.getcwd(), n, run.project, run.settings.mode, run.dir, flush=True)\n"
-        "run.finish()\n")
-    cfg = _config(tmp_path, f"  entrypoint: {script}\n")
+    (work / "train.json").write_text('{"batch_size": 16, "lr": 0.05, "epochs": 3}')
+    script = tmp_path / "json_train.py"
+    script.write_text(JSON_WANDB_RESUME)
+    mine = tmp_path / "epoch-0.pt"
+    torch.save({"model": torch.nn.Linear(16, 1).state_dict(), "epoch": 0}, mine)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"training:\n  entrypoint: {script}\n  global_batch_size: 32\n  batch_size_per_gpu: 16\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    r = launch("--config", cfg, "--run_dir", tmp_path / "wb", "--wandb", "--workdir", work, env=env)
+    r = launch("--config", cfg, "--nproc_per_node", 2, "--wire", "auto", "--strict", "--run_dir", tmp_path / "wb",
+               "--wandb", "--workdir", work, "--resume_from", mine, env=env)
     saw = [line.split() for line in r.stdout.splitlines() if line.startswith("SAW ")]
     assert len(saw) == 1, r.stdout[-2000:]
-    _, cwd, n, project, mode, run_dir = saw[0]
-    assert (cwd, n, project, mode) == (str(work), "42", "autotune", "offline")
+    _, cwd, start, project, mode, run_dir = saw[0]
+    assert (cwd, start, project, mode) == (str(work), "1", "autotune", "offline")
     assert run_dir.startswith(str(tmp_path / "wb" / "wandb") + "/")
-    assert json.loads((tmp_path / "wb" / "command.json").read_text())["cwd"] == str(work)
+    argv = json.loads((tmp_path / "wb" / "command.json").read_text())["argv"]
+    assert argv[-4:] == ["--resume", str(mine.resolve()), "--checkpoint_dir", str(tmp_path / "wb" / "checkpoints")]
+    assert sorted(p.name for p in (tmp_path / "wb" / "checkpoints").iterdir()) == ["epoch-1.pt", "epoch-2.pt"]
+    assert "the script was given no batch size: the plan's micro_batch_size is advisory" in r.stdout
+    seen = json.loads((tmp_path / "wb" / "delivery.json").read_text())["observed"]
+    assert seen["effective_batch"] == 32 and seen["wrong"] == [] and seen["steps_observed"] == 16
+    assert seen["values"]["micro_batch_size"]["status"] == "equal"
+    done = r.stdout.split("\nDone. Run directory: ")[1].splitlines()[0]
+    assert done == str(tmp_path / "wb")  # its batch and workers were observed: nothing is left advisory
 
 
 def test_a_user_scripts_own_checkpoint_reaches_it_as_placeholder_and_variable_only(tmp_path):
@@ -350,8 +428,11 @@ def test_a_user_scripts_own_checkpoint_reaches_it_as_placeholder_and_variable_on
     assert not (tmp_path / "r2").exists()
 
 
+# The seed guides' DeepSpeed script: its DeepSpeed path behind its own --use_deepspeed (DDP with its own batch
+# otherwise), optionally its own optimizer handed to deepspeed.initialize; epochs of 8 optimizer steps with a
+# validation pass after each.
 DEEPSPEED_BEHIND_A_SWITCH = """
-import argparse, os, time
+import argparse
 import torch, torch.distributed as dist, torch.nn as nn, torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
@@ -361,55 +442,66 @@ p.add_argument("--deepspeed_config")
 p.add_argument("--batch_size", type=int, default=8)
 p.add_argument("--own_optimizer_lr", type=float)
 args = p.parse_args()
-x = torch.randn(2048, 16)
+x = torch.randn(256, 16, generator=torch.Generator().manual_seed(0))
 data = TensorDataset(x, x.sum(1, keepdim=True))
+val = x[:32]
 model = nn.Linear(16, 1)
 if args.use_deepspeed:
     import deepspeed
     deepspeed.init_distributed(dist_backend="gloo")
     own = torch.optim.AdamW(model.parameters(), lr=args.own_optimizer_lr) if args.own_optimizer_lr else None
-    engine, _, loader, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), optimizer=own,
-                                                training_data=data, config=args.deepspeed_config)
-    for i, (xb, yb) in enumerate(loader):
-        engine.backward(F.mse_loss(engine(xb), yb)); engine.step()
-        if i == 40:
-            break
+    model, _, loader, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), optimizer=own,
+                                               training_data=data, config=args.deepspeed_config)
+    for epoch in range(3):
+        model.train()
+        for xb, yb in loader:
+            model.backward(F.mse_loss(model(xb), yb)); model.step()
+        model.eval()
+        with torch.no_grad():
+            model(val)
 else:  # the path the script takes unless told: DDP with its own batch size
     dist.init_process_group("gloo")
     loader = DataLoader(data, batch_size=args.batch_size, sampler=DistributedSampler(data))
-    ddp = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
-    for xb, yb in loader:
-        F.mse_loss(ddp(xb), yb).backward(); opt.step(); opt.zero_grad()
+    model = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for epoch in range(3):
+        for xb, yb in loader:
+            F.mse_loss(model(xb), yb).backward(); opt.step(); opt.zero_grad()
 dist.barrier(); dist.destroy_process_group()
 """
 
 
 @pytest.mark.parametrize("case", ["switch_off", "own_optimizer"])
-def test_deepspeed_planted_mismatches_are_named_from_evidence(tmp_path, case):
-    """A DeepSpeed script whose DeepSpeed path sits behind its own --use_deepspeed: planned DeepSpeed, it trains DDP
-    (the delivery record once said the engine had arrived through the JSON). Taking the switch but passing its own
-    optimizer: DeepSpeed ignores the JSON's learning rate, and the evidence shows the rate that ran."""
+def test_a_deepspeed_path_behind_a_switch_is_handed_over_observed_and_judged_under_strict(tmp_path, case):
+    """The seed DeepSpeed script under --deepspeed --wire auto --strict. Before the launch the JSON's routes are
+    handed over only if the script takes its deepspeed.initialize path (the delivery record once claimed the engine
+    and rate arrived through the JSON). Without --use_deepspeed it trains DDP with its own batch: the first steps
+    name both and --strict stops it, exit 2. With the switch and its own optimizer at the plan's rate it trains the
+    plan: 32 a step to the sample (its validation not counted), exit 0, and the note that DeepSpeed ignores the
+    JSON's optimizer and rate is printed, not only written to delivery.json."""
     script = tmp_path / "ds_switch.py"
     script.write_text(DEEPSPEED_BEHIND_A_SWITCH)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"training:\n  entrypoint: {script}\n  global_batch_size: 32\n  batch_size_per_gpu: 8\n"
                    "  learning_rate: 0.002\n")
-    extra = ["--use_deepspeed", "--own_optimizer_lr", "0.0001"] if case == "own_optimizer" else []
-    r = launch("--config", cfg, "--deepspeed", "--zero_stage", 1, "--nproc_per_node", 2, "--wire", "auto",
-               "--run_dir", tmp_path / "r", "--", *extra, timeout=600)
-    seen = json.loads((tmp_path / "r" / "delivery.json").read_text())["observed"]
+    extra = ["--use_deepspeed", "--own_optimizer_lr", "0.002"] if case == "own_optimizer" else []
+    r = _launch_rc("--config", cfg, "--deepspeed", "--zero_stage", 1, "--nproc_per_node", 2, "--wire", "auto",
+                   "--strict", "--run_dir", tmp_path / "r", "--", *extra, timeout=600)
+    assert ("  learning_rate: DeepSpeed JSON, only if the script takes its deepspeed.initialize path (behind `if "
+            "args.use_deepspeed`; the first steps show which it took)") in r.stdout
     if case == "switch_off":
-        assert seen["values"]["engine"] == {"status": "different", "observed": "ddp", "plan": "deepspeed",
-                                            "fix": seen["values"]["engine"]["fix"]}
-        assert any(w.startswith("the script runs ddp, the plan deepspeed") for w in seen["wrong"])
-        assert "warning: the script runs ddp, the plan deepspeed" in r.stdout
-    else:
-        lr = seen["values"]["learning_rate"]
-        assert (lr["status"], lr["observed"], lr["plan"]) == ("different", 0.0001, 0.002)
-        assert "DeepSpeed ignores the JSON's optimizer and learning rate" in lr["note"]
-        assert seen["values"]["engine"]["status"] == "equal"
-        assert "different: learning_rate 0.0001 (plan 0.002)" in r.stdout
+        assert r.returncode == 2, r.stderr[-3000:]
+        assert ("--strict: the script trains an effective batch of 16 samples per optimizer step, the plan 32 (8 x 2 x "
+                "2): pass {gradient_accumulation_steps} to your script's accumulation flag") in r.stderr
+        assert "; the script runs ddp, the plan deepspeed: let the script take the DeepSpeed path" in r.stderr
+        return
+    assert r.returncode == 0, r.stderr[-3000:]
+    seen = json.loads((tmp_path / "r" / "delivery.json").read_text())["observed"]
+    assert seen["effective_batch"] == 32 and seen["wrong"] == [] and seen["steps_observed"] == 24
+    assert {k: v["status"] for k, v in seen["values"].items() if v["status"] != "equal"} in (
+        {}, {"num_workers": "different"})  # DeepSpeed's loader has none; a bigger machine plans some
+    assert ("note: the script passes its own optimizer to deepspeed.initialize: DeepSpeed ignores the JSON's optimizer "
+            "and learning rate (the script's optimizer runs at 0.002)") in r.stdout
 
 
 ACCELERATE_OWN_ACCUMULATION = """
@@ -483,3 +575,115 @@ def test_a_scripts_own_learning_rate_default_is_what_it_runs_when_the_config_set
     assert seen["values"]["learning_rate"] == {"status": "yours", "observed": 1e-4, "plan": None}
     assert seen["values"]["micro_batch_size"]["status"] == "equal" and seen["wrong"] == []
     assert "learning rate" not in r.stdout.split("Done.")[-1]
+    assert "; the script's own: learning_rate 0.0001" in r.stdout.split("Done.")[-1]  # the figure it ran, shown
+
+
+# -- a run is reported as what it was (issue 33): the script's exit code, the rank's own record --------------------
+def _launch_rc(*args, timeout=300):
+    """A launch whose exit code the test reads (dist_util.launch asserts 0)."""
+    env = {k: v for k, v in os.environ.items() if k != "AUTOTUNE_PLAN"}
+    return subprocess.run([str(ROOT / "launch_distributed_training.sh"), *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+HELPER_COMPILE_EXIT = """
+import os, subprocess, sys, time
+import torch, torch.nn as nn
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+@torch.compile
+def evaluate(x):  # torch.compile starts its own Python helpers the first time it compiles
+    return (x * 2).sin().sum()
+
+
+for step in range(1, 41):
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    opt.step(); opt.zero_grad()
+    if step == 2:
+        evaluate(torch.randn(8))
+    if step == 3:  # an evaluation or upload helper, run with subprocess: the rank's environment, not the rank
+        subprocess.run([sys.executable, "-c", "print('HELPER DONE', flush=True)"], check=True)
+    time.sleep(0.1)  # training goes on well past distributed.exit_barrier_s after the helpers ended
+print(f"TRAINED {step} STEPS", flush=True)
+sys.exit(3)
+"""
+
+
+def test_helpers_and_torch_compile_never_end_a_training_and_the_scripts_exit_code_is_the_launchs(tmp_path):
+    """One process: a torch.compile'd function first called at step 2 (its compile helpers) and a helper run with
+    subprocess at step 3 inherit the rank's environment. They once wrote the rank's record as "returned", and
+    exit_barrier_s later the launch killed the training and called it complete, exit 0. Now they are not the rank:
+    the script trains its 40 steps and its sys.exit(3) is the launch's exit code, with no "completed"."""
+    script = tmp_path / "helpers.py"
+    script.write_text(HELPER_COMPILE_EXIT)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"training:\n  entrypoint: {script}\ndistributed:\n  exit_barrier_s: 1\n")
+    r = _launch_rc("--config", cfg, "--run_dir", tmp_path / "run")
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert "HELPER DONE" in r.stdout and "TRAINED 40 STEPS" in r.stdout
+    assert "Your script failed: rank 0 exited with code 3 before its end; the training did not complete." in r.stderr
+    assert "completed" not in r.stderr and "Done." not in r.stdout
+    rec = json.loads((tmp_path / "run" / "observed" / "rank-0.json").read_text())
+    assert rec["steps"] == 40 and rec["exit_code"] == 3 and rec["returned"] is None
+
+
+def test_a_script_that_exits_non_zero_on_one_of_two_ranks_fails_the_launch_with_its_code(tmp_path):
+    """Two processes: rank 1 ends with sys.exit(3), rank 0 returns. torchrun says 1; the launch says the script's 3
+    (it once read both records as "returned", forgave the exit as a teardown and said "the training completed")."""
+    script = tmp_path / "exits.py"
+    script.write_text("import os, sys\nprint('RANK', os.environ['RANK'], flush=True)\n"
+                      "if os.environ['RANK'] == '1':\n    sys.exit(3)\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"training:\n  entrypoint: {script}\n")
+    r = _launch_rc("--config", cfg, "--nproc_per_node", 2, "--run_dir", tmp_path / "run")
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert "Your script failed: rank 1 exited with code 3 before its end" in r.stderr and "completed" not in r.stderr
+
+
+# -- nanoGPT's shape (issue 39): --key=value settings, no DataLoader, world-divided accumulation, hand warm-up -------
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_nanogpt_shaped_script_trains_the_plan_unedited_under_wire_auto_and_strict(tmp_path, nproc):
+    """examples/gpt_style_train.py under --wire auto --strict: its settings get the plan as --key=value (the
+    accumulation as the total it divides by its world size), so its own count of samples per iteration is the plan's
+    global batch; the observer counts the same at the model's training forwards (no DataLoader; its evaluation
+    under no_grad is not counted); its hand-written warm-up toward the plan's rate is "warming up", not different;
+    one process runs as plain Python (it decides on DDP by RANK); exit 0."""
+    from autotune.plan import load_plan
+
+    r = launch("--config", ROOT / "examples" / "gpt_style_config.yaml", "--nproc_per_node", nproc, "--wire", "auto",
+               "--strict", "--run_dir", tmp_path / "r")
+    plan = load_plan(tmp_path / "r" / "plan.json")
+    b = plan.batch
+    assert (b.micro_batch_size, b.gradient_accumulation_steps * nproc, b.global_batch_size) == (8, 4, 32)
+    assert "samples per iteration: 32 (512 tokens)" in r.stdout and "trained 12 iterations of 32 samples" in r.stdout
+    argv = json.loads((tmp_path / "r" / "command.json").read_text())["argv"]
+    assert argv[-6:] == ["--batch_size=8", "--gradient_accumulation_steps=4", "--learning_rate=0.002",
+                         "--warmup_iters=20", "--max_iters=12", "--dtype=float32"]
+    seen = json.loads((tmp_path / "r" / "delivery.json").read_text())["observed"]
+    assert seen["effective_batch"] == 32 and seen["batch_source"] == "the model's training inputs"
+    assert seen["wrong"] == [] and seen["steps_observed"] == 12
+    statuses = {k: v["status"] for k, v in seen["values"].items()}
+    assert statuses == {"micro_batch_size": "equal", "gradient_accumulation_steps": "equal",
+                        "learning_rate": "warming up", "precision": "equal", "num_workers": "not observable",
+                        "world_size": "equal", "engine": "equal"}  # no DataLoader: no workers to see
+    assert ("learning_rate warming up toward 0.002 (at 0.00114286 after 12 steps)" in
+            r.stdout.split("Done.")[-1].split("Your script, ")[1])
+    rank_env = json.loads((tmp_path / "r" / "command.json").read_text())["env"]
+    assert ("RANK" in rank_env) is False and ("not exported: the script decides on DDP by testing RANK" in r.stdout) \
+        is (nproc == 1)
+
+
+def test_an_accelerate_script_whose_own_yaml_batch_is_not_the_plans_is_stopped_by_strict(tmp_path):
+    """The seed Accelerate script (tests/dist/test_slurm_real.py trains it right under SLURM) with 64 in its own YAML:
+    it trains 64 x 2 = 128 for the plan's 64, counted at its model (its look-ahead and validation batches not), and
+    training.strict fails it, exit 2: stopped in its first steps, or, its 12 steps being quick, when it has ended
+    before they were judged (a wrong training never passes --strict for having been fast)."""
+    from dist_util import accelerate_own_yaml
+
+    cfg = accelerate_own_yaml(tmp_path, batch_size=64)
+    r = _launch_rc("--config", cfg, "--nproc_per_node", 2, "--run_dir", tmp_path / "r")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert ("--strict: the script trains an effective batch of 128 samples per optimizer step, the plan 64 "
+            "(16 x 2 x 2)") in r.stderr and "Done." not in r.stdout

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from autotune.exports.launch_spec import OBSERVE_SITE
 from support import ROOT, free_port
 
@@ -116,3 +118,97 @@ def test_the_observer_starts_without_importing_torch_or_the_plan(tmp_path):
                         "'autotune.runtime.checkpoint') if m in sys.modules))"],
                        capture_output=True, text=True, env=full, timeout=60)
     assert r.stdout.split() == ["True", "[]"], r.stderr[-2000:]
+
+
+NO_LOADER = """
+import json, os, subprocess, sys
+import torch, torch.nn as nn
+print("PID", os.getpid(), flush=True)
+model = nn.Linear(4, 2)
+opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))  # toward 0.01 in 10 steps
+data = torch.randn(1000, 4)
+try:
+    sys.exit(4)  # caught: the script goes on (an exit asked for and caught is not how it ended)
+except SystemExit:
+    pass
+for it in range(12):
+    for micro in range(3):  # accumulation 3, micro-batches of 5 sliced from a tensor: no DataLoader
+        i = (it * 3 + micro) * 5
+        model(data[i:i + 5]).pow(2).mean().backward()
+    model.eval()
+    with torch.no_grad():
+        model(data[:50])  # evaluation: not a training step
+    model.train()
+    opt.step(); opt.zero_grad(); warmup.step()
+    if it == 1:  # a helper the script runs mid-training inherits the observer's environment
+        subprocess.run([sys.executable, "-c", "print('HELPER', flush=True)"], check=True)
+        rec = json.load(open(os.path.join(os.environ["AUTOTUNE_RUN_DIR"], "observed", "rank-0.json")))
+        print("AFTER HELPER", rec["pid"], rec["steps"], rec["returned"], rec["exit_code"], flush=True)
+print("SCRIPT DONE", flush=True)
+sys.exit(3)
+"""
+
+
+def test_a_script_without_a_dataloader_is_counted_at_its_models_forwards_and_its_helper_leaves_the_record_alone(
+        tmp_path):
+    """No DataLoader: the samples of each step are counted from the leading dimension of the model's training inputs
+    (3 forwards of 5 a step; the no_grad evaluation of 50 is not a training step), the backward passes per step, the
+    rate a torch scheduler's warm-up sets at each step with its base. A helper the script runs mid-training (a
+    Python child with the rank's environment) neither becomes the rank nor writes its record. An exit caught by the
+    script is not its end; sys.exit(3) is recorded as the script's code: it did not return."""
+    r, rec = run_observed(tmp_path, NO_LOADER)
+    assert r.returncode == 3 and "SCRIPT DONE" in r.stdout and "HELPER" in r.stdout, r.stderr[-2000:]
+    pid = int(r.stdout.split("PID ")[1].split()[0])
+    assert f"AFTER HELPER {pid} 2 None None" in r.stdout  # the rank's own record, untouched by the helper
+    assert rec["pid"] == pid and rec["steps"] == 12 and rec["model"] == "Linear" and rec["samples"] == 0
+    assert rec["step_samples"] == {str(s): 15 for s in range(2, 13)}
+    assert rec["step_forwards"] == rec["step_backwards"] == {str(s): 3 for s in range(2, 13)}
+    (o,) = rec["optimizers"]
+    assert (o["lr"], o["lr_base"], o["lr_max"], o["lr_steps"]) == ([0.01], 0.01, 0.01, 12)
+    assert [round(o["lr_at"][str(s)], 6) for s in (1, 2, 10, 12)] == [0.001, 0.002, 0.01, 0.01]
+    assert rec["exit_code"] == 3 and rec["returned"] is None and rec["ended"] is not None
+
+
+@pytest.mark.parametrize("case, rc, exit_code, returned", [
+    ("argparse", 2, 2, None),  # a required flag missing: argparse's own error exit
+    ("message", 1, 1, None),  # sys.exit("text") prints it and exits 1
+    ("returns", 0, None, True),
+    ("exit0", 0, 0, True),
+    ("entry", 2, 2, None),  # autotune.entry with a module:function that does not exist
+])
+def test_how_a_script_ended_is_its_own(tmp_path, case, rc, exit_code, returned):
+    """Only a script whose code returned normally is "returned" (teardown forgiveness depends on it); the code it
+    asked for is recorded. No torch: these end before any training."""
+    code = {"argparse": "import argparse\np = argparse.ArgumentParser()\np.add_argument('--data_root', required=True)\n"
+                        "p.parse_args()\n",
+            "message": "import sys\nsys.exit('no data')\n", "returns": "x = 1\n", "exit0": "import sys\nsys.exit(0)\n"}
+    if case == "entry":
+        from autotune.config import TrainConfig, apply_overrides
+        from autotune.planner import plan
+        from autotune.profiles import load_profile
+
+        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "no_such.module:main"})
+        p = plan(load_profile("cpu-only"), cfg)
+        (tmp_path / "plan.json").write_text(p.model_dump_json())
+        r, rec = run_observed(tmp_path, "import runpy\nrunpy.run_module('autotune.entry', run_name='__main__')\n",
+                              AUTOTUNE_PLAN=str(tmp_path / "plan.json"))
+        assert "cannot import 'no_such.module:main'" in r.stderr
+    else:
+        r, rec = run_observed(tmp_path, code[case])
+    assert r.returncode == rc, r.stderr[-2000:]
+    assert (rec["exit_code"], rec["returned"]) == (exit_code, returned)
+
+
+def test_a_nested_launch_observes_its_own_ranks(tmp_path):
+    """The claim on a rank is per run directory: a process started under another run (a launch inside a launched
+    script) is that run's rank and writes there; one under the same run is a child and writes nothing."""
+    inner = tmp_path / "inner"
+    code = ("import os, subprocess, sys\n"
+            f"env = {{**os.environ, 'AUTOTUNE_RUN_DIR': {str(inner)!r}}}\n"
+            "subprocess.run([sys.executable, '-c', 'x = 1'], env=env, check=True)\n"
+            "subprocess.run([sys.executable, '-c', 'x = 1'], check=True)\n")
+    r, rec = run_observed(tmp_path, code)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((inner / "observed" / "rank-0.json").read_text())["pid"] != rec["pid"]
+    assert [p.name for p in (tmp_path / "run" / "observed").iterdir()] == ["rank-0.json"]

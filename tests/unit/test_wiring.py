@@ -219,7 +219,8 @@ def test_the_built_in_default_learning_rate_never_reaches_a_script(tmp_path):
     built-in 0.003 is not the user's), nor its default epochs; set in the config, both are passed."""
     facts = script(tmp_path, OWN_LR)
     unset = a_plan()
-    assert set(unset.run.script_defaults) == {"learning_rate", "epochs", "weight_decay", "gradient_clipping"}
+    assert set(unset.run.script_defaults) == {"learning_rate", "warmup_steps", "epochs", "weight_decay",
+                                              "gradient_clipping"}
     extra, used = wire_flags(facts, unset, placeholder_values(unset, tmp_path, None), [])
     assert extra == ["--batch_size", "16"] and "learning_rate" not in used
     d = delivery(unset, facts, [], used, extra, deepspeed_json=False)
@@ -545,3 +546,243 @@ def test_a_script_with_both_deepspeed_flags_gets_the_path_once_and_a_precision_a
                                                                                  "--half": ("--bf16", "--half")})
     extra, used = wire_flags(facts, a_plan(**{"training.mixed_precision": "bf16"}), {}, ["--half"])
     assert extra == [] and "precision" not in used  # --half is --bf16 under another name: the user chose
+
+
+# -- scripts beyond argparse (issue 39): configurator settings, what a script does with the world size ----------------
+CONFIGURATOR = """
+    import os
+    import torch
+    batch_size = 12
+    gradient_accumulation_steps = 5 * 8
+    learning_rate = 6e-4
+    warmup_iters = 2000
+    max_iters = 600000
+    dtype = 'bfloat16' if torch.cuda.is_available() else 'float16'
+    compile = True
+    _private = 1
+    exec(open('configurator.py').read())
+    late = 3  # after the configurator: not a setting it can override
+    ddp = int(os.environ.get('RANK', -1)) != -1
+    if ddp:
+        ddp_world_size = int(os.environ['WORLD_SIZE'])
+        assert gradient_accumulation_steps % ddp_world_size == 0
+        gradient_accumulation_steps //= ddp_world_size
+"""
+INLINE_CONFIGURATOR = """
+    import sys
+    device_batch_size = 32
+    lr = 0.02
+    for arg in sys.argv[1:]:
+        key, val = arg[2:].split('=')
+        globals()[key] = type(globals()[key])(val)
+"""
+
+
+def test_configurator_settings_and_a_world_divided_accumulation_are_read(tmp_path):
+    """nanoGPT's shape: module settings before `exec(open('configurator.py').read())` (their types from the constants,
+    5 * 8 included, nanoGPT's dtype from both sides of its conditional), its accumulation divided by the world size
+    after a RANK test;
+    the inline form (a loop over sys.argv assigning globals()) too. An argparse script has no configurator."""
+    f = script(tmp_path, CONFIGURATOR)
+    assert f.configurator == "exec(open('configurator.py').read())"
+    assert f.settings == {"batch_size": "int", "learning_rate": "float", "warmup_iters": "int", "max_iters": "int",
+                          "dtype": "str", "compile": "bool", "gradient_accumulation_steps": "int"}  # not _private, late
+    assert f.divided_by_world == {"gradient_accumulation_steps": "gradient_accumulation_steps //= ddp_world_size"}
+    assert f.decides_ddp_by == "int(os.environ.get('RANK', -1)) != -1" and f.scaled_by_world == {}
+    inline = script(tmp_path, INLINE_CONFIGURATOR, "inline.py")
+    assert inline.configurator == "globals()[key] = value, for each --key=value in sys.argv"
+    assert inline.settings == {"device_batch_size": "int", "lr": "float"}
+    assert script(tmp_path, ARGPARSE, "a.py").configurator is None
+
+
+@pytest.mark.parametrize("text, divided, scaled, decides", [
+    # argparse attributes: divided in place, multiplied into another name
+    ("import argparse, torch.distributed as dist\np = argparse.ArgumentParser()\n"
+     "p.add_argument('--grad_accum', type=int)\np.add_argument('--lr', type=float)\nargs = p.parse_args()\n"
+     "world_size = dist.get_world_size()\nargs.grad_accum = args.grad_accum // world_size\n"
+     "opt = make(lr=args.lr * world_size)\n",
+     "args.grad_accum = args.grad_accum // world_size", "args.lr * world_size", None),
+    # the rate's dest= is its attribute; the world from the environment through another name; *= in place
+    ("import argparse, os\np = argparse.ArgumentParser()\np.add_argument('--learning-rate', dest='base_lr')\n"
+     "args = p.parse_args()\nn = int(os.environ['WORLD_SIZE'])\nprocs = n\nargs.base_lr *= procs\n",
+     None, "args.base_lr *= procs", None),
+    ("from accelerate import Accelerator\nlr = 1e-3\nexec(open('configurator.py').read())\n"
+     "acc = Accelerator()\nopt = make(lr=lr * acc.num_processes)\n", None, "lr * acc.num_processes", None),
+    # a batch multiplied by the world is not the rate; a RANK read without a test is a need, not a decision
+    ("import os, argparse\np = argparse.ArgumentParser()\np.add_argument('--batch_size', type=int)\n"
+     "args = p.parse_args()\nrank = int(os.environ['RANK'])\ntotal = args.batch_size * int(os.environ['WORLD_SIZE'])\n",
+     None, None, None),
+    ("import os\nif 'RANK' in os.environ:\n    setup()\n", None, None, "'RANK' in os.environ"),
+    ("import os\nif os.getenv('RANK') is None:\n    single()\n", None, None, "os.getenv('RANK') is None"),
+    ("import os\nrank = int(os.environ.get('RANK', 0))\nworld = int(os.environ.get('WORLD_SIZE', 1))\n"
+     "if world > 1:\n    setup()\n", None, None, None),  # decides by WORLD_SIZE's value: the same at world 1
+])
+def test_what_a_script_does_with_the_world_size_and_rank(tmp_path, text, divided, scaled, decides):
+    f = script(tmp_path, text)
+    assert f.divided_by_world.get("gradient_accumulation_steps") == divided
+    assert f.scaled_by_world.get("learning_rate") == scaled and f.decides_ddp_by == decides
+
+
+def test_a_configurator_script_gets_the_plan_as_key_value_settings(tmp_path):
+    """--wire auto on nanoGPT's shape: one token each (--batch_size=8), in the setting's own type (a float keeps its
+    point, dtype its word), the accumulation as the total over the processes it divides it by; warm-up and
+    iterations only when the config sets them; a setting the user passed wins; compile (nothing in the plan) is left."""
+    f = script(tmp_path, CONFIGURATOR)
+    p = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
+        "training.entrypoint": "train.py", "distributed.nproc_per_node": 2, "training.global_batch_size": 64,
+        "training.batch_size_per_gpu": 8, "training.learning_rate": 1, "training.max_steps": 30}),
+        deepspeed_installed=False)
+    assert (p.batch.micro_batch_size, p.batch.gradient_accumulation_steps, p.engine.world_size) == (8, 4, 2)
+    extra, used = wire_flags(f, p, placeholder_values(p, tmp_path, None), [])
+    assert extra == ["--batch_size=8", "--gradient_accumulation_steps=8", "--learning_rate=1.0", "--max_iters=30",
+                     "--dtype=float32"]
+    assert used["micro_batch_size"] == "--batch_size=" and "warmup_steps" not in used
+    d = delivery(p, f, [], used, extra, deepspeed_json=False)
+    assert d.routes["gradient_accumulation_steps"] == [
+        "recognised setting gradient_accumulation_steps (--gradient_accumulation_steps=..., read by the script's "
+        "--key=value configurator), given the total over the 2 process(es), 8: the script divides it by its world "
+        "size (`gradient_accumulation_steps //= ddp_world_size`)"]
+    extra, used = wire_flags(f, p, placeholder_values(p, tmp_path, None), ["--batch_size=4", "--dtype=float16"])
+    assert "micro_batch_size" not in used and "precision" not in used and not any("batch_size" in a for a in extra)
+    warm = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {"training.entrypoint": "train.py",
+                                                                          "training.warmup_steps": 7}))
+    assert "--warmup_iters=7" in wire_flags(f, warm, placeholder_values(warm, tmp_path, None), [])[0]
+
+
+def test_a_rate_the_script_multiplies_by_its_world_size_is_passed_divided_and_said(tmp_path):
+    """guide 002's habit: the script multiplies --lr by the world size. --wire auto passes the plan's rate / world,
+    and the route says why; a {learning_rate} placeholder gets a warning naming the rate it would train at."""
+    f = script(tmp_path, """
+        import argparse, torch.distributed as dist
+        p = argparse.ArgumentParser()
+        p.add_argument("--lr", type=float, default=1e-3)
+        p.add_argument("--checkpoint_dir")
+        args = p.parse_args()
+        opt = make(lr=args.lr * dist.get_world_size())
+    """)
+    p = a_plan(**{"training.learning_rate": 0.0016})
+    assert p.engine.world_size == 4
+    values = placeholder_values(p, tmp_path / "run", None)
+    extra, used = wire_flags(f, p, values, [])
+    assert extra == ["--lr", "0.0004", "--checkpoint_dir", str(tmp_path / "run" / "checkpoints")]
+    d = delivery(p, f, [], used, extra, deepspeed_json=False)
+    assert d.routes["learning_rate"] == ["recognised flag --lr, given the plan's rate / 4, 0.0004: the script "
+                                         "multiplies it by its world size (`args.lr * dist.get_world_size()`)"]
+    placed = delivery(p, f, ["learning_rate"], {}, ["--lr", "0.0016"], deepspeed_json=False)
+    assert placed.notes == ("the script multiplies its learning rate by its world size (`args.lr * "
+                            "dist.get_world_size()`): {learning_rate} makes it train at 0.0064, not the plan's 0.0016; "
+                            "pass 0.0004 instead (--wire auto does)",)
+    assert placed.summary()[-1] == placed.notes[0]
+
+
+def test_the_accumulation_placeholder_to_a_script_that_divides_it_is_named_and_the_total_offered(tmp_path):
+    f = script(tmp_path, CONFIGURATOR)
+    p = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
+        "training.entrypoint": "train.py", "distributed.nproc_per_node": 2, "training.global_batch_size": 64,
+        "training.batch_size_per_gpu": 8}), deepspeed_installed=False)
+    values = placeholder_values(p, None, None)
+    assert values["gradient_accumulation_steps_total"] == "8" and values["gradient_accumulation_steps"] == "4"
+    d = delivery(p, f, ["gradient_accumulation_steps"], {}, ["--gradient_accumulation_steps=4"], deepspeed_json=False)
+    assert d.notes == ("the script divides its accumulation by its world size (`gradient_accumulation_steps //= "
+                       "ddp_world_size`): {gradient_accumulation_steps} makes it accumulate 2 a process, not the "
+                       "plan's 4; pass {gradient_accumulation_steps_total} (the total over the processes) instead",)
+
+
+def test_one_process_runs_as_plain_python_when_the_script_decides_ddp_by_rank(tmp_path):
+    """A script that tests RANK gets no torchrun variables at world 1 (it would take its DDP path); the delivery
+    record says why; the observer still knows it as rank 0. One that reads RANK without a test needs them; under
+    torchrun (two processes, or --max_restarts) torchrun sets them and its agent gets none."""
+    from autotune.exports.wiring import RANK_VARIABLES
+    from autotune.prepare import prepare
+
+    (tmp_path / "decides.py").write_text(textwrap.dedent(CONFIGURATOR))
+    (tmp_path / "needs.py").write_text("import os\nrank = int(os.environ['RANK'])\n")
+    # (script, flags, torchrun's variables in the launcher's environment, the delivery record says they are withheld)
+    for name, flags, exported, withheld in (("decides.py", {}, False, True), ("needs.py", {}, True, False),
+                                            ("decides.py", {"distributed.max_restarts": 1}, False, False)):
+        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / name), **flags})
+        s = prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={})
+        env = s.launch_spec.env
+        assert all((v in env) is exported for v in RANK_VARIABLES), name
+        assert (env.get("AUTOTUNE_OBSERVE_RANK") == "0") is (not flags), name  # not for torchrun's agent
+        lines = [x for x in s.delivery.summary() if x.startswith("RANK, LOCAL_RANK")]
+        assert lines == ([f"RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT not exported: the "
+                          f"script decides on DDP by testing RANK (`int(os.environ.get('RANK', -1)) != -1`): one "
+                          f"process runs as plain Python, as `python decides.py` would"] if withheld else []), name
+
+
+def test_a_deepspeed_path_behind_the_scripts_own_switch_is_handed_over_not_claimed(tmp_path):
+    """deepspeed.initialize under `if args.use_deepspeed:`: before the launch the JSON's routes say they hold only if
+    the script takes that path (the first steps show which it took); an unconditional call is claimed plainly."""
+    f = script(tmp_path, """
+        import argparse, deepspeed
+        p = argparse.ArgumentParser()
+        p.add_argument("--use_deepspeed", action="store_true")
+        p.add_argument("--deepspeed_config")
+        args = p.parse_args()
+        if args.use_deepspeed:
+            engine, *_ = deepspeed.initialize(model=m, config=args.deepspeed_config)
+        else:
+            model = ddp(m)
+    """)
+    assert f.deepspeed_condition == "args.use_deepspeed"
+    p = a_plan()
+    d = delivery(p, f, ["deepspeed_config"], {}, ["--deepspeed_config", "/r/deepspeed_config.json"], True)
+    behind = ("only if the script takes its deepspeed.initialize path (behind `if args.use_deepspeed`; the first "
+              "steps show which it took)")
+    assert d.routes["learning_rate"] == [f"DeepSpeed JSON, {behind}"]
+    assert d.routes["engine"] == [f"DeepSpeed JSON (deepspeed.initialize), {behind}"]
+    under_main = script(tmp_path, "import deepspeed\nif __name__ == '__main__':\n    deepspeed.initialize(model=m)\n",
+                        "main.py")
+    assert under_main.uses_deepspeed_initialize and under_main.deepspeed_condition is None
+
+
+def test_the_hint_after_the_routes_does_not_suggest_wire_auto_to_a_wired_launch(tmp_path):
+    import io
+
+    from autotune.launch import print_delivery
+    from autotune.prepare import prepare
+
+    (tmp_path / "bare.py").write_text("print('no flags')\n")
+    for wire, hint in (("auto", "  (--wire auto found no setting for them in your script: pass them after `--` as "
+                                "placeholders, e.g. --batch_size {micro_batch_size}, or "
+                                "--batch_size={micro_batch_size} for a --key=value configurator)\n"),
+                       ("none", "  (pass them after `--` as placeholders, e.g. --batch_size {micro_batch_size}, or "
+                                "--batch_size={micro_batch_size} for a --key=value configurator; or use --wire "
+                                "auto)\n")):
+        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "bare.py"), "training.wire": wire})
+        out = io.StringIO()
+        print_delivery(prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={}), out)
+        assert out.getvalue().endswith(hint), out.getvalue()
+
+
+def test_a_learning_rate_the_config_does_not_set_is_shown_and_exported_as_the_scripts_own(tmp_path):
+    """No training.learning_rate: the plan table says the script keeps its own (not "0.003 ... as given"), and
+    AUTOTUNE_LEARNING_RATE is not exported; set, both carry the value."""
+    import io
+
+    from autotune.exports.report import render_plan
+    from autotune.prepare import prepare
+
+    (tmp_path / "t.py").write_text("print(1)\n")
+    for over, row, exported in (({}, "yours      training.learning_rate is not set: your script keeps its own (the "
+                                     "launch shows it)", None),
+                                ({"training.learning_rate": 0.002}, "0.002", "0.002")):
+        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "t.py"), **over})
+        s = prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={})
+        out = io.StringIO()
+        render_plan(s.plan, out)
+        line = next(x for x in out.getvalue().splitlines() if x.startswith("Learning rate:"))
+        assert line[26:].startswith(row), line
+        assert s.launch_spec.env.get("AUTOTUNE_LEARNING_RATE") == exported
+
+
+def test_a_script_that_reads_the_plans_file_is_handed_every_value_it_holds(tmp_path):
+    """A script that reads $AUTOTUNE_PLAN reads the whole plan: every value the plan sets is handed over that way
+    (it was once called advisory on all of them, and the final line said they "never reached the script"); a rate
+    the config does not set stays the script's own."""
+    f = script(tmp_path, "import json, os\nplan = json.load(open(os.environ['AUTOTUNE_PLAN']))\n")
+    d = delivery(a_plan(), f, [], {}, [], deepspeed_json=False)
+    via = "environment (AUTOTUNE_PLAN, the plan's file, read by the script)"
+    assert d.advisory == [] and d.routes["micro_batch_size"] == [via] and d.routes["num_workers"] == [via]
+    assert d.routes["learning_rate"][0].startswith("yours: training.learning_rate is not set")

@@ -1,0 +1,293 @@
+"""What a user's script declares and does, read from its syntax tree (pure; never run; no torch).
+
+``scan_script(path)`` reads the argparse flags it declares (``add_argument``), ``deepspeed.add_config_arguments``
+(``--deepspeed``, ``--deepspeed_config``), Hugging Face ``HfArgumentParser``/``TrainingArguments`` (their flags),
+module-level settings a ``--key=value`` configurator overrides (nanoGPT's ``exec(open('configurator.py').read())``,
+or the same loop inline), and whether it uses Accelerate's ``Accelerator``, ``deepspeed.initialize`` (and whether
+only behind its own ``if``), ``autotune`` itself, or reads ``AUTOTUNE_*`` variables. It also reads what the script
+does with what it is given: an accumulation it divides by its world size (it takes the total over the processes), a
+learning rate it multiplies by its world size, and a test of ``RANK`` that decides on DDP (one process then runs as
+plain Python). ``autotune.exports.wiring`` turns these facts into arguments and the delivery record.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# plan value -> flag names a script may declare for it (first declared one is used)
+FLAGS: dict[str, tuple[str, ...]] = {
+    "micro_batch_size": ("--per_device_train_batch_size", "--micro_batch_size", "--batch_size", "--batch-size",
+                         "--micro-batch-size"),
+    "gradient_accumulation_steps": ("--gradient_accumulation_steps", "--grad_accum", "--gradient-accumulation-steps",
+                                    "--grad-accum"),
+    "learning_rate": ("--learning_rate", "--lr", "--learning-rate"),
+    "num_workers": ("--num_workers", "--dataloader_num_workers", "--num-workers", "--workers"),
+    "deepspeed_config": ("--deepspeed_config", "--deepspeed-config"),
+    "epochs": ("--num_train_epochs", "--epochs", "--num_epochs", "--num-epochs"),
+    "max_steps": ("--max_steps", "--max-steps"),
+    "resume_from": ("--resume_from", "--resume", "--resume_from_checkpoint", "--resume-from", "--resume-from-checkpoint"),
+    "precision": ("--mixed_precision", "--mixed-precision", "--precision"),
+    "warmup_steps": ("--warmup_steps", "--warmup-steps", "--warmup_iters"),
+    "checkpoint_dir": ("--checkpoint_dir", "--checkpoint-dir", "--ckpt_dir", "--ckpt-dir", "--save_dir", "--save-dir"),
+}
+# plan value -> module-level settings a --key=value configurator script may have for it (first found is used),
+# passed in the one-token form configurators accept (--batch_size=8)
+SETTINGS: dict[str, tuple[str, ...]] = {
+    "micro_batch_size": ("batch_size", "micro_batch_size", "device_batch_size", "per_device_batch_size"),
+    "gradient_accumulation_steps": ("gradient_accumulation_steps", "grad_accum_steps", "grad_accum",
+                                    "accumulation_steps"),
+    "learning_rate": ("learning_rate", "lr"),
+    "warmup_steps": ("warmup_iters", "warmup_steps"),
+    "max_steps": ("max_iters", "max_steps", "num_iterations"),
+    "num_workers": ("num_workers",),
+    "precision": ("dtype",),
+}
+HF_FLAGS = {"--per_device_train_batch_size": False, "--gradient_accumulation_steps": False,
+            "--learning_rate": False, "--dataloader_num_workers": False, "--num_train_epochs": False,
+            "--max_steps": False, "--deepspeed": False, "--bf16": True, "--fp16": True, "--output_dir": False,
+            "--seed": False, "--weight_decay": False, "--adam_beta1": False, "--adam_beta2": False,
+            "--adam_epsilon": False, "--max_grad_norm": False}
+
+
+@dataclass
+class ScriptFacts:
+    path: str
+    flags: dict[str, bool] = field(default_factory=dict)  # declared flag -> is a switch (store_true)
+    aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)  # flag -> every name of its add_argument
+    choices: dict[str, tuple[str, ...]] = field(default_factory=dict)  # flag -> its declared string choices
+    uses_accelerate: bool = False
+    accelerator_kwargs: set[str] = field(default_factory=set)  # explicit Accelerator(...) arguments
+    reads_deepspeed_micro_batch: bool = False  # engine.train_micro_batch_size_per_gpu() or training_data=
+    uses_deepspeed_initialize: bool = False
+    deepspeed_launcher_args: bool = False  # deepspeed.add_config_arguments: --deepspeed is a switch
+    uses_hf_trainer: bool = False
+    uses_autotune: bool = False
+    env_reads: set[str] = field(default_factory=set)  # AUTOTUNE_* names found as string literals
+    dests: dict[str, str] = field(default_factory=dict)  # flag -> the argparse attribute it sets
+    configurator: str | None = None  # how the script overrides its module settings from --key=value
+    settings: dict[str, str] = field(default_factory=dict)  # module setting -> its type (int, float, bool, str)
+    divided_by_world: dict[str, str] = field(default_factory=dict)  # plan key -> the statement dividing it
+    scaled_by_world: dict[str, str] = field(default_factory=dict)  # plan key -> the expression multiplying it
+    deepspeed_condition: str | None = None  # the `if` test that deepspeed.initialize sits behind
+    decides_ddp_by: str | None = None  # the test of RANK by which the script decides on DDP
+    error: str | None = None
+
+    def names_for(self, key: str) -> set[str]:
+        """The names the script's code uses for a plan value: the attributes its flags set, its settings."""
+        flags = {self.dests.get(f, f.lstrip("-").replace("-", "_")) for f in FLAGS.get(key, ()) if f in self.flags}
+        return flags | {n for n in SETTINGS.get(key, ()) if n in self.settings}
+
+
+def scan_script(path: str | Path) -> ScriptFacts:
+    facts = ScriptFacts(str(path))
+    try:
+        tree = ast.parse(Path(path).read_text(), filename=str(path))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as e:
+        facts.error = f"could not read {path}: {e}"
+        return facts
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if any(m == "autotune" or m.startswith("autotune.") for m in mods):
+                facts.uses_autotune = True
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("AUTOTUNE_"):
+            facts.env_reads.add(node.value)
+        elif isinstance(node, ast.Call):
+            name = _call_name(node.func)
+            if name.endswith("add_argument"):
+                switch = any(k.arg == "action" and isinstance(k.value, ast.Constant)
+                             and k.value.value in ("store_true", "store_false") for k in node.keywords)
+                names = tuple(a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                              and a.value.startswith("-"))
+                choices = next((k.value for k in node.keywords if k.arg == "choices"), None)
+                words = tuple(e.value for e in choices.elts if isinstance(e, ast.Constant)) \
+                    if isinstance(choices, (ast.List, ast.Tuple, ast.Set)) else ()
+                dest = _dest(node, names)
+                for name in names:
+                    if name.startswith("--"):
+                        facts.flags[name] = switch
+                        facts.aliases[name] = names
+                        if dest:
+                            facts.dests[name] = dest
+                        if words:
+                            facts.choices[name] = tuple(str(w) for w in words)
+            elif name.endswith("add_config_arguments"):
+                facts.deepspeed_launcher_args = True
+                facts.flags.update({"--deepspeed": True, "--deepspeed_config": False})
+            elif name.split(".")[-1] in ("HfArgumentParser", "TrainingArguments", "Seq2SeqTrainingArguments"):
+                facts.uses_hf_trainer = True
+                if name.split(".")[-1] == "HfArgumentParser":
+                    for flag, switch in HF_FLAGS.items():
+                        facts.flags.setdefault(flag, switch)
+            elif name.split(".")[-1] == "Accelerator":
+                facts.uses_accelerate = True
+                facts.accelerator_kwargs.update(k.arg for k in node.keywords if k.arg)
+            elif _initializes_deepspeed(node, tree):
+                facts.uses_deepspeed_initialize = True
+                if any(k.arg == "training_data" for k in node.keywords):
+                    facts.reads_deepspeed_micro_batch = True
+        elif isinstance(node, ast.Attribute) and node.attr == "train_micro_batch_size_per_gpu":
+            facts.reads_deepspeed_micro_batch = True
+    if facts.uses_hf_trainer and "--deepspeed" in facts.flags and not facts.deepspeed_launcher_args:
+        facts.flags["--deepspeed"] = False  # HF's --deepspeed takes the JSON's path
+    _scan_settings(tree, facts)
+    _scan_uses(tree, facts)
+    return facts
+
+
+def _dest(call: ast.Call, names: tuple[str, ...]) -> str | None:
+    """The attribute an add_argument call sets: its dest=, else its first long option's name."""
+    dest = next((k.value.value for k in call.keywords if k.arg == "dest" and isinstance(k.value, ast.Constant)), None)
+    first = next((n for n in names if n.startswith("--")), None)
+    return dest or (first[2:].replace("-", "_") if first else None)
+
+
+def _literal_type(value: ast.AST) -> str | None:
+    """The type of a module setting a configurator can override: a constant (or either side of a conditional of
+    two constants of one type, like nanoGPT's dtype)."""
+    if isinstance(value, ast.Constant) and type(value.value) in (bool, int, float, str):
+        return type(value.value).__name__
+    if isinstance(value, ast.UnaryOp) and isinstance(value.op, (ast.USub, ast.UAdd)):
+        return _literal_type(value.operand)
+    if isinstance(value, ast.IfExp):
+        a, b = _literal_type(value.body), _literal_type(value.orelse)
+        return a if a == b else None
+    if isinstance(value, ast.BinOp):  # nanoGPT's gradient_accumulation_steps = 5 * 8
+        a, b = _literal_type(value.left), _literal_type(value.right)
+        if a in ("int", "float") and b in ("int", "float"):
+            return "float" if "float" in (a, b) or isinstance(value.op, ast.Div) else "int"
+    return None
+
+
+def _configurator(stmt: ast.stmt) -> str | None:
+    """A module-level statement that overrides the module's settings from --key=value arguments: nanoGPT's
+    ``exec(open('configurator.py').read())``, or a loop over sys.argv assigning ``globals()[key]``."""
+    text = None
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and _call_name(stmt.value.func) == "exec":
+        if any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "configurator" in n.value
+               for n in ast.walk(stmt)):
+            text = ast.unparse(stmt)
+    elif isinstance(stmt, (ast.For, ast.While, ast.If, ast.With, ast.Try)):
+        argv = any(isinstance(n, ast.Attribute) and n.attr == "argv" for n in ast.walk(stmt))
+        to_globals = any(isinstance(n, (ast.Assign, ast.AugAssign)) and any(
+            isinstance(t, ast.Subscript) and isinstance(t.value, ast.Call) and _call_name(t.value.func) == "globals"
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])) for n in ast.walk(stmt))
+        if argv and to_globals:
+            text = "globals()[key] = value, for each --key=value in sys.argv"
+    return text
+
+
+def _scan_settings(tree: ast.Module, facts: ScriptFacts) -> None:
+    """Module-level settings (constants assigned before the configurator runs) and the configurator itself."""
+    settings: dict[str, str] = {}
+    for stmt in tree.body:
+        how = _configurator(stmt)
+        if how is not None:
+            facts.configurator, facts.settings = how, settings
+            return
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            kind = _literal_type(stmt.value)
+            for t in targets:
+                if isinstance(t, ast.Name) and kind is not None and not t.id.startswith("_"):
+                    settings[t.id] = kind
+
+
+def _refers(node: ast.AST, names: set[str]) -> bool:
+    """``node`` is one of ``names`` (a name, or an attribute such as args.lr)."""
+    return (isinstance(node, ast.Name) and node.id in names) or (isinstance(node, ast.Attribute) and node.attr in names)
+
+
+def _world_names(tree: ast.Module) -> set[str]:
+    """Names that hold the world size: assigned from WORLD_SIZE, get_world_size(), num_processes, or named so."""
+    names: set[str] = set()
+    for _ in range(2):  # a name assigned from another world name
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Assign) and _mentions_world(n.value, names):
+                names |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _mentions_world(node: ast.AST, names: set[str]) -> bool:
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and (n.id in names or "world" in n.id.lower()):
+            return True
+        if isinstance(n, ast.Attribute) and ("world" in n.attr.lower() or n.attr == "num_processes"):
+            return True
+        if isinstance(n, ast.Constant) and n.value == "WORLD_SIZE":
+            return True
+    return False
+
+
+def _env_test(node: ast.Compare) -> bool:
+    """A comparison that tests whether torchrun's RANK is set: ``os.environ.get('RANK', -1) != -1``,
+    ``'RANK' in os.environ``, ``os.getenv('RANK') is None``."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call) and _call_name(n.func).endswith(("environ.get", "getenv")) and n.args and \
+                isinstance(n.args[0], ast.Constant) and n.args[0].value == "RANK":
+            return True
+    return (isinstance(node.left, ast.Constant) and node.left.value == "RANK"
+            and any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops)
+            and any("environ" in ast.unparse(c) for c in node.comparators))
+
+
+def _scan_uses(tree: ast.Module, facts: ScriptFacts) -> None:
+    """What the script does with the values it is given (the world size, RANK, its DeepSpeed path)."""
+    world = _world_names(tree)
+    acc, lr = facts.names_for("gradient_accumulation_steps"), facts.names_for("learning_rate")
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.AugAssign) and _refers(n.target, acc) and isinstance(n.op, (ast.FloorDiv, ast.Div)) \
+                and _mentions_world(n.value, world):
+            facts.divided_by_world["gradient_accumulation_steps"] = ast.unparse(n)
+        elif isinstance(n, ast.Assign) and any(_refers(t, acc) for t in n.targets) and isinstance(n.value, ast.BinOp) \
+                and isinstance(n.value.op, (ast.FloorDiv, ast.Div)) and _refers(n.value.left, acc) \
+                and _mentions_world(n.value.right, world):
+            facts.divided_by_world["gradient_accumulation_steps"] = ast.unparse(n)
+        elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (
+                (_refers(n.left, lr) and _mentions_world(n.right, world))
+                or (_refers(n.right, lr) and _mentions_world(n.left, world))):
+            facts.scaled_by_world["learning_rate"] = ast.unparse(n)
+        elif isinstance(n, ast.AugAssign) and _refers(n.target, lr) and isinstance(n.op, ast.Mult) \
+                and _mentions_world(n.value, world):
+            facts.scaled_by_world["learning_rate"] = ast.unparse(n)
+        elif isinstance(n, ast.Compare) and facts.decides_ddp_by is None and _env_test(n):
+            facts.decides_ddp_by = ast.unparse(n)
+        elif isinstance(n, ast.Call) and facts.deepspeed_condition is None and _initializes_deepspeed(n, tree):
+            facts.deepspeed_condition = _condition(n, parents)
+
+
+def _condition(node: ast.AST, parents: dict) -> str | None:
+    """The innermost ``if`` test ``node`` sits behind (not ``if __name__ == "__main__"``), as the script writes it."""
+    child, up = node, parents.get(node)
+    while up is not None:
+        if isinstance(up, ast.If) and "__name__" not in ast.unparse(up.test):
+            test = ast.unparse(up.test)
+            return test if child in up.body else f"not ({test})"
+        child, up = up, parents.get(up)
+    return None
+
+
+def _initializes_deepspeed(call: ast.Call, tree: ast.AST) -> bool:
+    name = _call_name(call.func)
+    return name.endswith("deepspeed.initialize") or name == "initialize" and "deepspeed" in _imports(tree)
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def _call_name(func: ast.AST) -> str:
+    parts = []
+    while isinstance(func, ast.Attribute):
+        parts.append(func.attr)
+        func = func.value
+    if isinstance(func, ast.Name):
+        parts.append(func.id)
+    return ".".join(reversed(parts))

@@ -1,0 +1,111 @@
+"""The record a rank's observer keeps (autotune.runtime.observe installs the hooks that fill it): its fields, where
+it is written (``<run_dir>/observed/rank-<rank>.json``, by the rank's own process only) and the guards every hook
+runs under (a hook never raises into the user's code). Imports nothing heavy: it runs before the script's first line.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+import time
+
+WRITE_AT = (1, 2, 4, 8, 16)  # optimizer steps after which the record is written (and at exit)
+WINDOW = WRITE_AT[-1]  # the first steps, each kept one by one (samples, forwards, backwards, learning rate)
+# "<pid> <run dir>" of the process that observes a rank: set by it, inherited by every process it starts, which is
+# then not the rank's own and is left alone (a nested launch has another run dir and observes its own ranks)
+OWNER = "AUTOTUNE_OBSERVED_BY"
+# the rank of a one-process launch that gets no RANK (a script that decides on DDP by RANK runs as plain Python)
+SINGLE_RANK = "AUTOTUNE_OBSERVE_RANK"
+_lock = threading.Lock()
+_state: dict = {"fwd_samples": 0, "fwd_calls": 0, "bwd_calls": 0, "bwd_depth": 0}
+
+
+def _rank() -> str | None:
+    return os.environ.get("RANK") or os.environ.get(SINGLE_RANK) or None
+
+
+def _record() -> dict:
+    return _state.setdefault("record", {
+        "rank": int(_rank() or "0"), "pid": os.getpid(), "started": time.time(),
+        "dataloaders": [], "process_group": None, "engine": None, "optimizers": [], "autocast": None,
+        "grad_scaler": False, "num_parameters": None, "steps": 0, "samples": 0, "samples_at_step": {},
+        "model": None, "step_samples": {}, "step_forwards": {}, "step_backwards": {},
+        "deepspeed": None, "accelerate": None, "returned": None, "exit_code": None, "raised": None, "ended": None,
+        "hook_errors": []})
+
+
+def _path() -> str | None:
+    run_dir = os.environ.get("AUTOTUNE_RUN_DIR")
+    if not run_dir:
+        return None
+    from autotune.rundir.layout import OBSERVED
+
+    return os.path.join(run_dir, OBSERVED, f"rank-{_rank() or '0'}.json")
+
+
+def write() -> None:
+    """Write this rank's record atomically (a temporary file, then rename); never raises. Only the rank's own
+    process writes: a child forked from it carries the hooks in its memory, not the record."""
+    path = _path()
+    if path is None or _state.get("pid") != os.getpid():
+        return
+    try:
+        with _lock:
+            text = json.dumps(_record(), default=str)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except Exception:  # noqa: BLE001 - observing must never break the user's run
+        pass
+
+
+def _guarded(where: str):
+    """A hook body that can never raise into the user's code: its errors are recorded, not thrown."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*a, **k):
+            try:
+                return fn(*a, **k)
+            except Exception as e:  # noqa: BLE001
+                errors = _record()["hook_errors"]
+                if len(errors) < 10:
+                    errors.append(f"{where}: {type(e).__name__}: {e}")
+                return None
+        return inner
+    return wrap
+
+
+def _after(cls_or_mod, name: str, hook) -> None:
+    """Wrap ``cls_or_mod.name`` so ``hook(result, *args, **kwargs)`` runs after it (guarded)."""
+    original = getattr(cls_or_mod, name, None)
+    if original is None or getattr(original, "_autotune_observed", False):
+        return
+    guarded = _guarded(f"{getattr(cls_or_mod, '__name__', cls_or_mod)}.{name}")(hook)
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        result = original(*args, **kwargs)
+        guarded(result, *args, **kwargs)
+        return result
+
+    wrapper._autotune_observed = True
+    setattr(cls_or_mod, name, wrapper)
+
+
+def _batch_size(batch) -> int | None:
+    """The number of samples in one yielded batch: the first dimension of its first tensor."""
+    seen = [batch]
+    while seen:
+        item = seen.pop(0)
+        shape = getattr(item, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+        if isinstance(item, dict):
+            seen.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            seen.extend(item)
+    return None
