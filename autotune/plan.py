@@ -7,10 +7,11 @@ of typed, frozen sections; nothing in it is a free-form dict of config values.
 
 Sections (read as ``plan.<section>.<field>``):
 
-- ``engine``    backend (single | ddp | deepspeed), zero_stage, device (cuda | cpu),
+- ``engine``    backend (single | ddp | deepspeed | fsdp), zero_stage, device (cuda | cpu),
                 num_nodes, node_rank, master_addr, master_port, nproc_per_node,
                 world_size, num_gpus (per node, 0 on CPU), offload_optimizer, offload_param
-                (ZeRO-3), timeout_s (process-group timeout).
+                (ZeRO-3; FSDP2's CPUOffloadPolicy sets both), reshard_after_forward and fsdp_unit
+                (FSDP2: the module class each ``fully_shard`` unit is), timeout_s (process-group timeout).
 - ``batch``     micro_batch_size (per process), gradient_accumulation_steps,
                 global_batch_size (= micro x accumulation x world_size, what really runs),
                 target_global_batch_size (what the config asked for), global_batch_deviation.
@@ -46,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autotune.errors import UserError, format_validation_error
 
-Backend = Literal["single", "ddp", "deepspeed"]
+Backend = Literal["single", "ddp", "deepspeed", "fsdp"]
 # The plan's precision in Accelerate's words (its mixed_precision argument, variable and config key)
 ACCELERATE_MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -57,6 +58,7 @@ Knob = Literal[
     "backend", "zero_stage", "num_nodes", "num_gpus", "node_rank", "master_addr", "nproc_per_node", "world_size",
     "micro_batch_size", "gradient_accumulation_steps", "global_batch_size",
     "precision", "tf32", "gradient_checkpointing", "offload_optimizer", "offload_param", "strategy",
+    "reshard_after_forward",
     "num_workers", "pin_memory", "prefetch_factor", "omp_num_threads",
     "learning_rate", "warmup_steps", "steps_per_epoch", "total_steps",
 ]
@@ -79,7 +81,11 @@ class EngineSection(_Section):
     world_size: int = Field(ge=1)
     num_gpus: int = Field(0, ge=0)
     offload_optimizer: bool = False
-    offload_param: bool = False  # ZeRO-3 parameter offload to host RAM
+    offload_param: bool = False  # ZeRO-3 parameter offload to host RAM (FSDP2: CPUOffloadPolicy, with the optimizer)
+    # FSDP2 (backend fsdp): free each unit's gathered weights after its forward (all-gather again for the backward),
+    # and the module class each fully_shard unit is (None: the model's own blocks are unknown, or not FSDP2)
+    reshard_after_forward: bool = True
+    fsdp_unit: str | None = None
     timeout_s: int = Field(1800, ge=1)
     rendezvous_timeout_s: int = Field(60, ge=1)  # nodes waiting for each other (multi-node)
     max_restarts: int = Field(0, ge=0)

@@ -4,6 +4,7 @@ that spawns is ``autotune.launch.process.execute``).
 Backends map to launchers in one table (``LAUNCHERS`` below):
 - ``single``    -> ``python -m autotune.train`` (or the user's script) in one process;
 - ``ddp``       -> ``torchrun`` (as ``python -m torch.distributed.run``, so the same interpreter);
+- ``fsdp``      -> ``torchrun``, one process per GPU (FSDP2 needs a process group, one process too);
 - ``deepspeed`` -> ``torchrun`` as well. DeepSpeed's engine reads torchrun's RANK/LOCAL_RANK/
   WORLD_SIZE through ``deepspeed.init_distributed``; one launcher for both engines means the
   same flags, the same multi-node rendezvous and the same signal handling, and no dependency
@@ -246,6 +247,7 @@ LAUNCHERS: dict[str, Callable[[TrainingPlan, str, list[str]], list[str]]] = {
     "single": _single,
     "ddp": _torchrun,
     "deepspeed": _torchrun,
+    "fsdp": _torchrun,
 }
 
 
