@@ -99,3 +99,17 @@ class _InitReadsValues(_Small):
 
 def init_reads_values():
     return _InitReadsValues()
+
+
+def small_gpt():
+    """The built-in workload's GPT at a size whose weights matter beside its activations (FSDP2's tests)."""
+    from autotune.runtime.workload import GPT
+
+    return GPT(vocab_size=256, block_size=32, n_layer=3, n_head=4, n_embd=128)
+
+
+def small_gpt_batch(b):
+    import torch
+
+    ids = torch.randint(0, 256, (b, 32))
+    return ids, ids

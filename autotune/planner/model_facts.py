@@ -100,6 +100,7 @@ class ActivationModel(_Frozen):
     # (planner.memory's fsdp lines) at the traced world size; None: FSDP2 takes the line its numerics match
     fsdp: LinearBytes | None = None
     fsdp_checkpointed: LinearBytes | None = None
+    fsdp_world: int | None = None  # the world size FSDP2 was traced at (exact there; see measure.fsdp_trace)
     source: str  # "formula" | "traced"
     margin: float = 1.0  # multiplier the planner applies (traced: policy; formula: 1)
 
