@@ -134,8 +134,13 @@ def _load(directory: Path, module: nn.Module, optimizer, *, model: bool) -> dict
     state = {"optim": {"state": optim_sd["state"]}}
     if model:
         state["model"] = model_sd
-    dcp.load(state, storage_reader=_reader(directory / SHARDED_DIR), planner=_planner(),
-             no_dist=not (dist.is_available() and dist.is_initialized()))
+    try:
+        dcp.load(state, storage_reader=_reader(directory / SHARDED_DIR), planner=_planner(),
+                 no_dist=not (dist.is_available() and dist.is_initialized()))
+    except dcp.api.CheckpointException as e:  # DCP wraps each rank's failure: say the cause, not the wrapping
+        causes = [f[0] if isinstance(f, tuple) else f for f in getattr(e, "failures", {}).values()]
+        raise RuntimeError(f"{directory / SHARDED_DIR}: " + "; ".join(f"{type(c).__name__}: {c}" for c in causes)
+                           ) from None
     set_state_dict(module, optimizer, model_state_dict=state["model"] if model else {},
                    optim_state_dict={"state": state["optim"]["state"], "param_groups": trainer["param_groups"]})
     return trainer

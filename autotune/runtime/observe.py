@@ -7,7 +7,8 @@ are wrapped after the module has loaded. Each records, per rank, into ``<run_dir
 
 - every DataLoader created: its batch size and whether its sampler is distributed;
 - the process group: backend and world size;
-- the engine: DDP or FSDP wrapping, ``deepspeed.initialize`` (the config it got, whether the script passed
+- the engine: DDP or FSDP wrapping (FSDP1's class; FSDP2's ``fully_shard``, or an optimizer over DTensors),
+  ``deepspeed.initialize`` (the config it got, whether the script passed
   its own optimizer, and the engine's micro-batch, accumulation and train batch), an ``Accelerator`` (mixed
   precision, accumulation);
 - every optimizer: class and learning rates; the parameters it trains;
@@ -164,6 +165,7 @@ def _fsdp(mod) -> None:
     def fsdp(_r, self, *a, **k):
         _record()["engine"] = "fsdp"
 
+    _fully_shard(mod)
     cls = getattr(mod, "FullyShardedDataParallel", None)
     if cls is None:
         return
@@ -180,6 +182,31 @@ def _fsdp(mod) -> None:
     _after(cls, "__init__", fsdp)
 
 
+def _fully_shard(mod) -> None:
+    """FSDP2: ``fully_shard`` is called on each block, then on the root. Each call is counted before it shards
+    (a block sharded earlier keeps its whole size: a DTensor's numel is the global one); the root's count is the
+    model's."""
+    original = getattr(mod, "fully_shard", None)
+    if original is None or getattr(original, "_autotune_observed", False):
+        return
+
+    @_guarded("fully_shard")
+    def seen(module) -> None:
+        rec = _record()
+        rec["engine"] = "fsdp"
+        if hasattr(module, "parameters"):
+            n = sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+            rec["num_parameters"] = max(rec["num_parameters"] or 0, n)
+
+    @functools.wraps(original)
+    def wrapper(module, *a, **k):
+        seen(module)
+        return original(module, *a, **k)
+
+    wrapper._autotune_observed = True
+    mod.fully_shard = wrapper
+
+
 def _params(model) -> None:
     if model is not None and hasattr(model, "parameters") and _record()["num_parameters"] is None:
         _record()["num_parameters"] = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
@@ -188,6 +215,8 @@ def _params(model) -> None:
 def _optim(mod) -> None:
     def made(_r, self, *a, **k):
         groups = getattr(self, "param_groups", [])
+        if _record()["engine"] is None and any(type(p).__name__ == "DTensor" for g in groups for p in g["params"]):
+            _record()["engine"] = "fsdp"  # sharded parameters: fully_shard reached by another import path
         _record()["optimizers"].append({"class": type(self).__name__,
                                         "lr": [g.get("lr") for g in groups if isinstance(g, dict)],
                                         "num_parameters": sum(p.numel() for g in groups for p in g.get("params", []))})
