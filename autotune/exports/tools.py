@@ -21,10 +21,12 @@ def accelerate_config(plan: TrainingPlan) -> dict:
     if eng.backend in ("deepspeed", "fsdp") and eng.device == "cpu":
         from autotune.errors import UserError
 
-        name = {"deepspeed": "DeepSpeed", "fsdp": "FSDP"}[eng.backend]
-        raise UserError(f"export --format accelerate: Accelerate runs {name} on GPUs only (on CPU its CPU mode "
-                        f"trains with DDP instead); export this CPU plan with --ddp, or run it with "
-                        f"{'--format deepspeed with torchrun or ' if name == 'DeepSpeed' else ''}the launcher")
+        if eng.backend == "fsdp":
+            raise UserError("export --format accelerate: Accelerate runs FSDP on GPUs only (on CPU its CPU mode "
+                            "trains with DDP instead); export this CPU plan with --ddp, or run it with the launcher")
+        raise UserError("export --format accelerate: Accelerate runs DeepSpeed on GPUs only (on CPU its CPU mode "
+                        "turns DeepSpeed off); export this CPU plan with --ddp, or use --format deepspeed with "
+                        "torchrun or the launcher")
     mixed = ACCELERATE_MIXED_PRECISION[plan.numerics.precision]
     cfg: dict = {
         "compute_environment": "LOCAL_MACHINE",
