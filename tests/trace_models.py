@@ -113,3 +113,17 @@ def small_gpt_batch(b):
 
     ids = torch.randint(0, 256, (b, 32))
     return ids, ids
+
+
+def gpu_gpt():
+    """The built-in GPT at ~0.1B parameters (the GPU tier's FSDP2 memory test)."""
+    from autotune.runtime.workload import GPT
+
+    return GPT(vocab_size=8192, block_size=512, n_layer=8, n_head=16, n_embd=1024)
+
+
+def gpu_gpt_batch(b):
+    import torch
+
+    ids = torch.randint(0, 8192, (b, 512))
+    return ids, ids

@@ -9,13 +9,14 @@ is one unit (and FSDP2 gathers all of it at once: the arithmetic says so).
 The trace (``fsdp_lines``): the model is built again under fake tensors, wrapped with ``MixedPrecisionPolicy(bf16,
 fp32 reduction)`` (GPU plans in bf16) over a fake process group of the plan's world size (collectives that move
 nothing), and whole training steps (forward, backward, ``AdamW.step()``) run under CUDA's kernels
-(``cuda_trace.cuda_kernels``) inside torch's ``FSDPMemTracker``, which follows FSDP2's gathered units, its
-reduce-scatter buffers and the storages it frees by resizing. The line kept is the traced peak beyond what the
-planner's arithmetic (``planner.memory``: the sharded state at the traced world size and the gathered units) already
-counts; the planner adds the arithmetic back, so at the traced world size its estimate is the traced peak (at another,
-the sharded state moves by 16 bytes a parameter / world, of which the gradients not yet made at the peak are not
-there: the estimate errs low by at most those, 4 bytes a parameter x (1 / traced - 1 / planned)). The trace runs one thread: what CUDA's all-gather stream holds ahead of the compute is the part it
-cannot see (the GPU tier checks a real peak against the estimate).
+(``cuda_trace.cuda_kernels``) inside torch's ``FSDPMemTracker``, which follows FSDP2's gathered units, its reduce-
+scatter buffers and the storages it frees by resizing. The line kept is the traced peak beyond what the planner's
+arithmetic (``planner.memory``: the sharded state at the traced world size and the gathered units) already counts;
+the planner adds the arithmetic back, so at the traced world size its estimate is the traced peak (at another, the
+sharded state moves by 16 bytes a parameter / world, of which the gradients not yet made at the peak are not there:
+the estimate errs low by at most those, 4 bytes a parameter x (1 / traced - 1 / planned)). The trace runs one
+thread: what CUDA's all-gather stream holds ahead of the compute is the part it cannot see (the GPU tier checks a
+real peak against the estimate).
 """
 
 from __future__ import annotations

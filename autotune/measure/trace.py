@@ -288,7 +288,8 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
             ckpt_note = "; ".join(filter(None, (ckpt_note, note)))
     acts = ActivationModel(fp32=fp32, half=half, fp32_checkpointed=fp32_c, half_checkpointed=half_c,
                            half_weights=ds, half_weights_checkpointed=ds_c, fsdp=fsdp, fsdp_checkpointed=fsdp_c,
-                           fsdp_world=fsdp_world if fsdp is not None else None, source=CUDA_TRACED if cuda else "traced", margin=margin)
+                           fsdp_world=fsdp_world if fsdp is not None else None,
+                           source=CUDA_TRACED if cuda else "traced", margin=margin)
     how = "whole steps traced as CUDA runs them" if cuda else "activations traced"
     return ModelFacts(source=source + f", {how} at micro-batch "
                                        f"{', '.join(str(b) for b, _ in (fp32 or half).points) if (fp32 or half) else 'none'}"
@@ -310,4 +311,5 @@ def _fsdp_lines(factory, spec, fake_mode, make_batch, half: bool, checkpointing:
         return plain, ckpt, world, None
     except Exception as e:  # noqa: BLE001 - FSDP2's private tracker, a model fully_shard cannot wrap
         why = str(e).splitlines()[0][:120] if str(e) else ""
-        return None, None, None, f"FSDP2 not traced ({type(e).__name__}: {why}); its estimate takes the bf16-weights line"
+        return None, None, None, (f"FSDP2 not traced ({type(e).__name__}: {why}); its estimate takes the "
+                                  "bf16-weights line")

@@ -134,6 +134,8 @@ def _recorded_gpt2(params=None):
     # whole (2 bytes) and ties ZeRO-3 at micro-batch 16, ahead of it in the policy's order
     ("8xA100-40GB", 1_500_000_000, True, "FSDP2 without resharding after forward"),
     ("8xA100-40GB", 1_500_000_000, False, "FSDP2 without resharding after forward"),
+    # on 80 GB DDP fits micro-batch 16 and hides its all-reduce: fastest
+    ("8xH100-80GB", 1_500_000_000, True, "DDP"),
 ])
 def test_the_engine_is_chosen_by_time_among_ddp_fsdp2_and_zero(preset, params, deepspeed, chosen):
     cfg, facts = _recorded_gpt2(params)

@@ -566,7 +566,8 @@ def test_an_fsdp2_plan_reaches_hf_trainer_accelerate_and_fully_shard_scripts(tmp
     assert extra[i + 1] == "--fsdp_config" and used["engine"] == "--fsdp"
     config = json.loads(extra[i + 2])
     # the script's model is not described: no unit class, so Trainer wraps the model's _no_split_modules
-    assert config == {"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "state_dict_type": "SHARDED_STATE_DICT",
+    assert config == {"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                      "state_dict_type": "SHARDED_STATE_DICT",
                       "reshard_after_forward": gpu.engine.reshard_after_forward, "cpu_ram_efficient_loading": False,
                       "activation_checkpointing": False, "cpu_offload": False}
     transformers = pytest.importorskip("transformers", reason="transformers is not installed")
