@@ -29,7 +29,7 @@ FIX = {
                      "run with, not a base to scale)",
     "precision": "pass your script's precision flag ({precision}), or read $AUTOTUNE_PRECISION",
     "engine": "let the script take the DeepSpeed path (its own switch, e.g. --use_deepspeed / --deepspeed) or "
-              "plan for the engine it runs (--ddp / --deepspeed)",
+              "plan for the engine it runs (--ddp / --fsdp / --deepspeed)",
     "world_size": "start the script with the launcher's ranks (it reads WORLD_SIZE/RANK)",
 }
 

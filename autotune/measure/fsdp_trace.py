@@ -60,7 +60,8 @@ def unit_sizes(model) -> tuple[str | None, int, int]:
 
 
 def fsdp_lines(rebuild: Callable[[], Any], make_batch, call, loss_of, *, half: bool, checkpointing: Callable | None,
-               world: int = TRACED_WORLD, say: Callable[[str], None] = lambda _m: None):
+               world: int = TRACED_WORLD, points: tuple[int, ...] = POINTS,
+               say: Callable[[str], None] = lambda _m: None):
     """(line, line with gradient checkpointing or None): FSDP2's traced peak beyond the planner's arithmetic at
     ``world`` ranks (the plan's), at each of POINTS (``rebuild()`` gives a fresh fake model; ``checkpointing(model)``
     turns it on, True if it did). Needs a process group of its own: none may be running in this process."""
@@ -68,7 +69,8 @@ def fsdp_lines(rebuild: Callable[[], Any], make_batch, call, loss_of, *, half: b
     from autotune.planner.model_facts import LinearBytes
 
     def line(ckpt) -> LinearBytes | None:
-        traced = traced_peaks(rebuild, make_batch, call, loss_of, half=half, checkpointing=ckpt, world=world)
+        traced = traced_peaks(rebuild, make_batch, call, loss_of, half=half, checkpointing=ckpt, world=world,
+                              points=points)
         if traced is None:
             return None
         peaks, num, unit, root = traced

@@ -86,7 +86,7 @@ def test_fsdp_lines_against_a_fake_process_group_trace():
 
     args = (trace_models.small_gpt, trace_models.small_gpt_batch, _call, _loss)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        line, _ = fsdp_lines(*args, half=True, checkpointing=None, world=4)
+        line, _ = fsdp_lines(*args, half=True, checkpointing=None, world=4, points=(16,))
         measured = {(w, r): traced_peaks(*args, half=True, world=w, reshard_after_forward=r, points=(16,))
                     for w, r in ((4, True), (4, False), (8, True))}
 
