@@ -71,6 +71,7 @@ def test_a_torchrun_script_that_calls_fully_shard_is_observed_as_fsdp(tmp_path):
     r = launch("--config", ROOT / "examples" / "fsdp2_config.yaml", "--run_dir", run, "--nproc_per_node", 2,
                "--wire", "auto")
     assert "parameters DTensor" in r.stdout  # the script's own model really is sharded
+    assert json.loads((run / "command.json").read_text())["env"]["AUTOTUNE_BACKEND"] == "fsdp"  # the plan's engine
     statuses = observed_as_planned(run)
     assert statuses["engine"] == "equal"
     seen = json.loads((run / "observed" / "rank-0.json").read_text())
