@@ -77,7 +77,7 @@ AutoSmallPosInt = Annotated[Union[int, str], PlainValidator(partial(_auto_or_int
                                                                     maximum=65536)), _ser]
 AutoBool = Annotated[Union[bool, str], PlainValidator(_auto_or_bool), _ser]
 Precision = Annotated[str, PlainValidator(partial(_auto_or_choice, choices=("bf16", "fp16", "fp32"))), _ser]
-Backend = Annotated[str, PlainValidator(partial(_auto_or_choice, choices=("single", "ddp", "deepspeed"))), _ser]
+Backend = Annotated[str, PlainValidator(partial(_auto_or_choice, choices=("single", "ddp", "deepspeed", "fsdp"))), _ser]
 ZeroStage = Annotated[Union[int, str], PlainValidator(_zero_stage), _ser]
 
 

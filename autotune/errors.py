@@ -67,6 +67,7 @@ FOREIGN_KEYS = {
     "zero_optimization": "distributed.zero_stage (and distributed.offload_optimizer)",
     "stage": "distributed.zero_stage", "zero_stage": "distributed.zero_stage",
     "deepspeed": "distributed.backend: deepspeed (with distributed.zero_stage)",
+    "fsdp": "distributed.backend: fsdp", "fsdp_config": "distributed.backend: fsdp",
     "num_train_epochs": "training.epochs", "max_grad_norm": "training.gradient_clipping",
     "gradient_clipping": "training.gradient_clipping", "weight_decay": "training.weight_decay",
     "num_processes": "distributed.nproc_per_node", "nproc_per_node": "distributed.nproc_per_node",

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autotune.errors import UserError, format_validation_error
 
-Backend = Literal["single", "ddp", "deepspeed"]
+Backend = Literal["single", "ddp", "deepspeed", "fsdp"]
 # The plan's precision in Accelerate's words (its mixed_precision argument, variable and config key)
 ACCELERATE_MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -34,6 +34,7 @@ Knob = Literal[
     "backend", "zero_stage", "num_nodes", "num_gpus", "node_rank", "master_addr", "nproc_per_node", "world_size",
     "micro_batch_size", "gradient_accumulation_steps", "global_batch_size",
     "precision", "tf32", "gradient_checkpointing", "offload_optimizer", "offload_param", "strategy",
+    "reshard_after_forward",
     "num_workers", "pin_memory", "prefetch_factor", "omp_num_threads",
     "learning_rate", "warmup_steps", "steps_per_epoch", "total_steps",
 ]
@@ -46,7 +47,7 @@ class _Section(BaseModel):
 class EngineSection(_Section):
     """Which engine runs, on how many processes and nodes, and how long each wait may last."""
 
-    backend: Backend  # the one dispatch: one process, DDP through torchrun, or DeepSpeed through torchrun
+    backend: Backend  # the one dispatch: one process, or DDP, FSDP2 or DeepSpeed through torchrun
     zero_stage: int | None = Field(None, ge=0, le=3)  # DeepSpeed's zero_optimization.stage; null without DeepSpeed
     device: Device  # where the ranks compute
     num_nodes: int = Field(1, ge=1)
@@ -57,8 +58,11 @@ class EngineSection(_Section):
     nproc_per_node: int = Field(ge=1)  # processes on each node: one per GPU, or the CPU processes asked for
     world_size: int = Field(ge=1)  # nproc_per_node x num_nodes
     num_gpus: int = Field(0, ge=0)  # GPUs used on each node; 0 on CPU
-    offload_optimizer: bool = False  # DeepSpeed keeps the optimizer state in host RAM
-    offload_param: bool = False  # ZeRO-3 parameter offload to host RAM
+    offload_optimizer: bool = False  # DeepSpeed keeps the optimizer state in host RAM (FSDP2: CPUOffloadPolicy)
+    offload_param: bool = False  # ZeRO-3 parameter offload to host RAM (FSDP2: CPUOffloadPolicy, with the optimizer)
+    # FSDP2 (backend fsdp): free each unit's gathered weights after its forward (all-gather again for the backward)
+    reshard_after_forward: bool = True
+    fsdp_unit: str | None = None  # FSDP2: the module class each fully_shard unit is (None: not FSDP2, or unknown)
     timeout_s: int = Field(1800, ge=1)  # the process group's (NCCL / gloo) timeout
     rendezvous_timeout_s: int = Field(60, ge=1)  # nodes waiting for each other (multi-node)
     max_restarts: int = Field(0, ge=0)  # torchrun restarts of the group; ranks resume from the newest good checkpoint

@@ -99,3 +99,31 @@ class _InitReadsValues(_Small):
 
 def init_reads_values():
     return _InitReadsValues()
+
+
+def small_gpt():
+    """The built-in workload's GPT at a size whose weights matter beside its activations (FSDP2's tests)."""
+    from autotune.runtime.workload import GPT
+
+    return GPT(vocab_size=256, block_size=32, n_layer=3, n_head=4, n_embd=128)
+
+
+def small_gpt_batch(b):
+    import torch
+
+    ids = torch.randint(0, 256, (b, 32))
+    return ids, ids
+
+
+def gpu_gpt():
+    """The built-in GPT at ~0.1B parameters (the GPU tier's FSDP2 memory test)."""
+    from autotune.runtime.workload import GPT
+
+    return GPT(vocab_size=8192, block_size=512, n_layer=8, n_head=16, n_embd=1024)
+
+
+def gpu_gpt_batch(b):
+    import torch
+
+    ids = torch.randint(0, 8192, (b, 512))
+    return ids, ids

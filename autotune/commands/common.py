@@ -78,6 +78,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     eng = g.add_mutually_exclusive_group()
     eng.add_argument("--deepspeed", action="store_true", help="force the DeepSpeed engine")
     eng.add_argument("--ddp", action="store_true", help="force DDP via torchrun")
+    eng.add_argument("--fsdp", action="store_true", help="force PyTorch FSDP2 (fully_shard) via torchrun")
     eng.add_argument("--single", action="store_true", help="force one process")
     g.add_argument("--zero_stage", type=zero_stage, metavar="{0,1,2,3}", help="DeepSpeed ZeRO stage 0-3")
     g.add_argument("--precision", choices=["bf16", "fp16", "fp32"], help="mixed precision")
@@ -113,7 +114,7 @@ def plan_flags_argv(args: argparse.Namespace, *, skip: tuple[str, ...] = ("hardw
         value = getattr(args, flag, None)
         if value is not None and flag not in skip:
             out += [f"--{flag}", str(value)]
-    for flag in ("deepspeed", "ddp", "single", "debug", "no_auto_optimize", "force"):
+    for flag in ("deepspeed", "ddp", "fsdp", "single", "debug", "no_auto_optimize", "force"):
         if getattr(args, flag, False):
             out.append(f"--{flag}")
     return out
@@ -121,7 +122,7 @@ def plan_flags_argv(args: argparse.Namespace, *, skip: tuple[str, ...] = ("hardw
 
 def overrides_from_args(args: argparse.Namespace) -> dict:
     out = {field: getattr(args, flag) for flag, field in _FLAG_TO_FIELD.items() if getattr(args, flag, None) is not None}
-    for flag in ("deepspeed", "ddp", "single"):
+    for flag in ("deepspeed", "ddp", "fsdp", "single"):
         if getattr(args, flag, False):
             out["distributed.backend"] = flag
     return out

@@ -135,6 +135,10 @@ def run(args: argparse.Namespace) -> int:
               + f"  {mark}\n")
         per = "per GPU" if budget is None or budget.on_gpu else "per process, no GPU"
         w(f"({unit} {per}; host: per node; micro = largest micro-batch that fits, up to the band's)\n")
+        if any(t["strategy"].startswith("FSDP2") for t in table):
+            w("(FSDP2: states = its sharded fp32 weights, gradients and optimizer state; over = what it gathers, "
+              "the root's weights and one unit in use and one prefetched, in the compute dtype, plus a unit's "
+              "gradients being reduce-scattered: docs/engines.md)\n")
         if blind:
             w(f"not weighed: {blind}\n")
         if refused is not None:

@@ -4,6 +4,7 @@ that spawns is ``autotune.launch.process.execute``).
 Backends map to launchers in one table (``LAUNCHERS`` below):
 - ``single``    -> ``python -m autotune.train`` (or the user's script) in one process;
 - ``ddp``       -> ``torchrun`` (as ``python -m torch.distributed.run``, so the same interpreter);
+- ``fsdp``      -> ``torchrun``, one process per GPU (FSDP2 needs a process group, one process too);
 - ``deepspeed`` -> ``torchrun`` as well. DeepSpeed's engine reads torchrun's RANK/LOCAL_RANK/
   WORLD_SIZE through ``deepspeed.init_distributed``; one launcher for both engines means the
   same flags, the same multi-node rendezvous and the same signal handling, and no dependency
@@ -170,6 +171,8 @@ def plan_values_env(plan: TrainingPlan, run_dir: str) -> dict[str, str]:
         if plan.engine.device == "cuda":  # an unmodified Accelerator() runs DeepSpeed with the plan's ZeRO
             out["ACCELERATE_USE_DEEPSPEED"] = "true"
             out["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(records / FRAMEWORK_FLAVOUR_FILE)
+    if plan.engine.backend == "fsdp" and plan.engine.device == "cuda":  # ... and FSDP2 (on CPU Accelerate runs DDP)
+        out.update(accelerate_fsdp_env(plan))
     if plan.run.resume_from:
         out["AUTOTUNE_RESUME_FROM"] = plan.run.resume_from
     return out
@@ -185,6 +188,48 @@ def single_process_rank_env(plan: TrainingPlan) -> dict[str, str]:
     return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
             "MASTER_ADDR": plan.engine.master_addr, "MASTER_PORT": str(plan.engine.master_port),
             "AUTOTUNE_OBSERVE_RANK": "0"}
+
+
+def fsdp_settings(plan: TrainingPlan) -> dict:
+    """An FSDP2 plan in Accelerate's config keys (``fsdp_config`` of ``accelerate launch --config_file``): version 2
+    (Accelerate's default is still 1), the transformer wrap policy on the plan's unit class (unknown: Accelerate
+    takes the model's ``_no_split_modules``), sharded checkpoints, resharding, offload and checkpointing as
+    planned. Each rank loads its own copy of the weights (``fsdp_cpu_ram_efficient_loading``: off)."""
+    eng = plan.engine
+    out: dict = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}
+    if eng.fsdp_unit:
+        out["fsdp_transformer_layer_cls_to_wrap"] = eng.fsdp_unit
+    out.update(fsdp_state_dict_type="SHARDED_STATE_DICT", fsdp_reshard_after_forward=eng.reshard_after_forward,
+               fsdp_offload_params=eng.offload_param, fsdp_cpu_ram_efficient_loading=False,
+               fsdp_activation_checkpointing=plan.memory.gradient_checkpointing)
+    return out
+
+
+# Accelerate's launcher turns each fsdp_config key into a variable its FullyShardedDataParallelPlugin reads
+# (accelerate/utils/launch.py: prepare_multi_gpu_env); an unmodified Accelerator() started by autotune reads these
+FSDP_ENV = {"fsdp_version": "FSDP_VERSION", "fsdp_auto_wrap_policy": "FSDP_AUTO_WRAP_POLICY",
+            "fsdp_transformer_layer_cls_to_wrap": "FSDP_TRANSFORMER_CLS_TO_WRAP",
+            "fsdp_state_dict_type": "FSDP_STATE_DICT_TYPE", "fsdp_reshard_after_forward": "FSDP_RESHARD_AFTER_FORWARD",
+            "fsdp_offload_params": "FSDP_OFFLOAD_PARAMS",
+            "fsdp_cpu_ram_efficient_loading": "FSDP_CPU_RAM_EFFICIENT_LOADING",
+            "fsdp_activation_checkpointing": "FSDP_ACTIVATION_CHECKPOINTING"}
+
+
+def accelerate_fsdp_env(plan: TrainingPlan) -> dict[str, str]:
+    """ACCELERATE_USE_FSDP and the FSDP_* variables of ``fsdp_settings`` (values as Accelerate's launcher writes
+    them: booleans lower-case)."""
+    out = {"ACCELERATE_USE_FSDP": "true"}
+    for key, value in fsdp_settings(plan).items():
+        out[FSDP_ENV[key]] = str(value).lower() if isinstance(value, bool) else str(value)
+    return out
+
+
+def hf_fsdp_config(plan: TrainingPlan) -> dict:
+    """HF Trainer's ``--fsdp_config`` for an FSDP2 plan (its keys: ``version``, ``reshard_after_forward``, ...)."""
+    out = {k.removeprefix("fsdp_"): v for k, v in fsdp_settings(plan).items() if k != "fsdp_offload_params"}
+    if "transformer_layer_cls_to_wrap" in out:
+        out["transformer_layer_cls_to_wrap"] = out["transformer_layer_cls_to_wrap"].split(",")
+    return {**out, "cpu_offload": plan.engine.offload_param}
 
 
 def accelerate_env(plan: TrainingPlan) -> dict[str, str]:
@@ -251,6 +296,7 @@ LAUNCHERS: dict[str, Callable[[TrainingPlan, str, list[str]], list[str]]] = {
     "single": _single,
     "ddp": _torchrun,
     "deepspeed": _torchrun,
+    "fsdp": _torchrun,
 }
 
 

@@ -48,7 +48,7 @@ HF_FLAGS = {"--per_device_train_batch_size": False, "--gradient_accumulation_ste
             "--learning_rate": False, "--dataloader_num_workers": False, "--num_train_epochs": False,
             "--max_steps": False, "--deepspeed": False, "--bf16": True, "--fp16": True, "--output_dir": False,
             "--seed": False, "--weight_decay": False, "--adam_beta1": False, "--adam_beta2": False,
-            "--adam_epsilon": False, "--max_grad_norm": False}
+            "--adam_epsilon": False, "--max_grad_norm": False, "--fsdp": True, "--fsdp_config": False}
 
 
 @dataclass
@@ -61,6 +61,7 @@ class ScriptFacts:
     accelerator_kwargs: set[str] = field(default_factory=set)  # explicit Accelerator(...) arguments
     reads_deepspeed_micro_batch: bool = False  # engine.train_micro_batch_size_per_gpu() or training_data=
     uses_deepspeed_initialize: bool = False
+    uses_fully_shard: bool = False  # the script wraps its model with FSDP itself (fully_shard, FSDP1's class)
     deepspeed_launcher_args: bool = False  # deepspeed.add_config_arguments: --deepspeed is a switch
     uses_hf_trainer: bool = False
     uses_autotune: bool = False
@@ -124,6 +125,8 @@ def scan_script(path: str | Path) -> ScriptFacts:
             elif name.split(".")[-1] == "Accelerator":
                 facts.uses_accelerate = True
                 facts.accelerator_kwargs.update(k.arg for k in node.keywords if k.arg)
+            elif name.split(".")[-1] in ("fully_shard", "FullyShardedDataParallel"):
+                facts.uses_fully_shard = True
             elif _initializes_deepspeed(node, tree):
                 facts.uses_deepspeed_initialize = True
                 if any(k.arg == "training_data" for k in node.keywords):

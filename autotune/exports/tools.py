@@ -15,12 +15,17 @@ def accelerate_config(plan: TrainingPlan) -> dict:
     path (``MULTI_GPU``) or through mpirun (``MULTI_CPU`` needs an MPI host file); on the torchrun path
     the processes train together over gloo only with ACCELERATE_USE_CPU=true in their environment
     (a config key cannot set it), and gradient accumulation outside DeepSpeed has no key either:
-    ``accelerate_launch_line`` carries both as variables. DeepSpeed through Accelerate
-    needs GPUs (its CPU switch turns DeepSpeed off): refused for a CPU plan."""
+    ``accelerate_launch_line`` carries both as variables. DeepSpeed and FSDP through Accelerate
+    need GPUs (its CPU mode trains with DDP instead): refused for a CPU plan. An FSDP2 plan writes
+    ``distributed_type: FSDP`` with ``fsdp_config`` (``launch_spec.fsdp_settings``: ``fsdp_version: 2``, the wrap
+    policy and unit, the state-dict type, resharding, offload, checkpointing)."""
     eng = plan.engine
-    if eng.backend == "deepspeed" and eng.device == "cpu":
+    if eng.backend in ("deepspeed", "fsdp") and eng.device == "cpu":
         from autotune.errors import UserError
 
+        if eng.backend == "fsdp":
+            raise UserError("export --format accelerate: Accelerate runs FSDP on GPUs only (on CPU its CPU mode "
+                            "trains with DDP instead); export this CPU plan with --ddp, or run it with the launcher")
         raise UserError("export --format accelerate: Accelerate runs DeepSpeed on GPUs only (on CPU its CPU mode "
                         "turns DeepSpeed off); export this CPU plan with --ddp, or use --format deepspeed with "
                         "torchrun or the launcher")
@@ -53,6 +58,11 @@ def accelerate_config(plan: TrainingPlan) -> dict:
             "offload_param_device": "cpu" if eng.offload_param else "none",
             "zero3_init_flag": False,
         }
+    elif eng.backend == "fsdp":  # FSDP2: Accelerate's default fsdp_version is still 1
+        from autotune.exports.launch_spec import fsdp_settings
+
+        cfg["distributed_type"] = "FSDP"
+        cfg["fsdp_config"] = fsdp_settings(plan)
     elif eng.world_size > 1:
         cfg["distributed_type"] = "MULTI_GPU"  # accelerate's torchrun path, for CPU processes too (above)
     else:

@@ -92,6 +92,18 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
         elif "deepspeed_config" not in used:
             extra += ["--deepspeed", values["deepspeed_config"]]
             used["deepspeed_config"] = "--deepspeed"
+    # HF Trainer's FSDP2 (transformers >= 5: a bare --fsdp, the rest in --fsdp_config as JSON), on GPUs: on CPU
+    # Trainer's Accelerate trains with DDP
+    if plan.engine.backend == "fsdp" and plan.engine.device == "cuda" and facts.uses_hf_trainer and \
+            "--fsdp" in facts.flags and not _passed(user_args, "--fsdp"):
+        import json
+
+        from autotune.exports.launch_spec import hf_fsdp_config
+
+        extra.append("--fsdp")
+        if not _passed(user_args, "--fsdp_config"):
+            extra += ["--fsdp_config", json.dumps(hf_fsdp_config(plan), separators=(",", ":"))]
+        used["engine"] = "--fsdp"
     if facts.uses_hf_trainer and plan.optimizer.name == "adamw":
         # Trainer builds its own AdamW (its default optim) from these; with the framework-flavoured
         # DeepSpeed JSON they are the only way the plan's optimizer reaches it.
@@ -166,6 +178,7 @@ class Delivery:
     notes: tuple[str, ...] = ()  # what the script does with what it is handed (said before the launch)
     wired: bool = False  # --wire auto filled the script's own settings
     divides_accumulation: str | None = None  # the script's statement dividing its accumulation by its world size
+    engine: str = "deepspeed"  # the plan's backend, for the advisory engine's words
 
     def to_record(self) -> dict:
         return {"routes": self.routes, "advisory": self.advisory, "withheld": self.withheld, "notes": list(self.notes),
@@ -176,7 +189,12 @@ class Delivery:
                  "learning_rate": "learning rate", "precision": "precision", "num_workers": "DataLoader workers"}
         out = []
         for k in self.advisory:
-            if k == "engine":
+            if k == "engine" and self.engine == "fsdp":
+                out.append("the script was given no way to run FSDP2: the plan's engine (FSDP2) is advisory and the "
+                           "script trains with whatever it sets up itself (Accelerate and HF Trainer run FSDP on GPUs "
+                           "only; a torchrun script wraps its model with fully_shard itself, reading "
+                           "$AUTOTUNE_BACKEND)")
+            elif k == "engine":
                 out.append("the script was given no way to run DeepSpeed: the plan's engine (DeepSpeed ZeRO) is "
                            "advisory and the script trains with whatever it sets up itself (Accelerate and HF "
                            "Trainer run DeepSpeed on GPUs only; a deepspeed.initialize script needs "
@@ -250,6 +268,8 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
         routes["precision"].append("fp32 is PyTorch's default and the script sets no precision")
     if deepspeed_json:  # the engine itself: does the script run DeepSpeed with the plan's ZeRO settings?
         routes["engine"] = _engine_routes(plan, facts, ds_path_given)
+    elif plan.engine.backend == "fsdp":  # ... or FSDP2 with the plan's sharding?
+        routes["engine"] = _fsdp_routes(plan, facts, wired)
     if facts.uses_autotune:
         for k in routes:
             routes[k].append("Python API (the script imports autotune)")
@@ -258,7 +278,7 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
             routes[k].append(f"yours: training.{k} is not set, so the script keeps its own (set it to have autotune "
                              "pass it)")
     advisory = [k for k in routes if not routes[k]]
-    return Delivery(routes, advisory, notes=tuple(notes),
+    return Delivery(routes, advisory, notes=tuple(notes), engine=plan.engine.backend,
                     divides_accumulation=facts.divided_by_world.get("gradient_accumulation_steps"))
 
 
@@ -317,4 +337,19 @@ def _engine_routes(plan: TrainingPlan, facts: ScriptFacts, ds_path_given: bool) 
             out.append("environment (ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_CONFIG_FILE, read by Accelerator())")
         if facts.uses_hf_trainer and ds_path_given:
             out.append("Trainer's --deepspeed (its DeepSpeed integration)")
+    return out
+
+
+def _fsdp_routes(plan: TrainingPlan, facts: ScriptFacts, wired: dict[str, str]) -> list[str]:
+    out = []
+    if facts.uses_fully_shard:
+        out.append("the script wraps its model with FSDP itself")
+    if "AUTOTUNE_BACKEND" in facts.env_reads:
+        out.append("environment (AUTOTUNE_BACKEND=fsdp, read by the script)")
+    if plan.engine.device == "cuda":  # on CPU Accelerate's CPU mode trains with DDP
+        if facts.uses_accelerate:
+            out.append("environment (ACCELERATE_USE_FSDP, FSDP_VERSION=2 and the FSDP_* settings, read by "
+                       "Accelerator())")
+        if wired.get("engine") == "--fsdp":
+            out.append("Trainer's --fsdp and --fsdp_config (FSDP2)")
     return out

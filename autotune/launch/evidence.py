@@ -39,7 +39,7 @@ FIX = {
     "num_workers": "pass {num_workers} to your script's DataLoader (num_workers=), through its workers flag or "
                    "$AUTOTUNE_NUM_WORKERS",
     "engine": "let the script take the DeepSpeed path (its own switch, e.g. --use_deepspeed / --deepspeed) or "
-              "plan for the engine it runs (--ddp / --deepspeed)",
+              "plan for the engine it runs (--ddp / --fsdp / --deepspeed)",
     "world_size": "start the script with the launcher's ranks (it reads WORLD_SIZE/RANK)",
 }
 WIRE_HINT = ", or use --wire auto"  # added to the batch fixes when the launch was not wired

@@ -33,7 +33,29 @@ def model_facts(cfg: TrainConfig, policy=None, hw: HardwareProfile | None = None
             margin = 1.0 if half else pol.traced_activation_margin_gpu_fp32
             if half and _may_run_deepspeed(cfg, hw):
                 modes = ("half", "deepspeed")
+            if _may_run_fsdp(cfg, hw):  # FSDP2's own line, traced under a fake process group (measure.fsdp_trace)
+                modes += ("fsdp", f"world{_world(cfg, hw)}")
     return _traced(t.model, t.sample_input, margin, str(Path.cwd()), modes, cuda)
+
+
+def _world(cfg: TrainConfig, hw: HardwareProfile) -> int:
+    """The world size a plan on ``hw`` will have: your GPU and node counts, else the profile's."""
+    d = cfg.distributed
+    gpus = d.num_gpus if isinstance(d.num_gpus, int) and d.num_gpus else hw.gpus.count
+    nodes = d.num_nodes if isinstance(d.num_nodes, int) else max(1, hw.num_nodes)
+    return max(1, gpus * nodes)
+
+
+def _may_run_fsdp(cfg: TrainConfig, hw: HardwareProfile) -> bool:
+    """Whether the plan can choose FSDP2 with its shards (so its own line is worth tracing): asked for, or several
+    GPUs and an engine left to autotune; never in fp16 (autotune runs FSDP2 in bf16 or fp32)."""
+    d, mp = cfg.distributed, cfg.training.mixed_precision
+    if d.backend not in ("auto", "fsdp") or d.zero_stage not in (None, "auto") or mp == "fp16":
+        return False
+    ccs = [dev.compute_capability_tuple() for dev in hw.gpus.devices]
+    if mp == "auto" and not all(c is not None and c >= (8, 0) for c in ccs):
+        return False  # auto precision below compute capability 8.0 is fp16
+    return d.backend == "fsdp" or _world(cfg, hw) > 1
 
 
 def _may_run_deepspeed(cfg: TrainConfig, hw: HardwareProfile) -> bool:
@@ -101,7 +123,7 @@ def cache_key(model: str, sample: str | None, margin: float, modes: tuple[str, .
 
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    code = ("probe.py",) if "probe" in modes else ("trace.py", "cuda_trace.py")  # the code that measured it
+    code = ("probe.py",) if "probe" in modes else ("trace.py", "cuda_trace.py", "fsdp_trace.py")  # what measured it
     for part in (model, sample or "", repr(margin), ",".join(modes), str(cuda), _source_of(model), _source_of(sample),
                  version("torch"), version("transformers"), *((here / c).read_text() for c in code)):
         h.update(part.encode())

@@ -262,9 +262,13 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
         total, trainable, largest = count_parameters(model)
         say(f"built {model_spec}: {total:,} parameters ({time.monotonic() - t0:.1f} s)")
         source = f"training.model {model_spec} ({how})"
+        from autotune.measure.fsdp_trace import unit_sizes
+
+        unit_names, unit, root = unit_sizes(model)  # FSDP2's wrap, counted before any step
+        units = dict(fsdp_unit=unit_names, fsdp_unit_parameters=unit, fsdp_root_parameters=root)
         if make_batch is None:
             return ModelFacts(source=source, num_parameters=total, trainable_parameters=trainable,
-                              largest_layer_parameters=largest,
+                              largest_layer_parameters=largest, **units,
                               unknown_reason="activations unknown: give training.sample_input (a per-sample shape "
                                              "such as [3,224,224] or int[512]<50257, or package.module:function)")
         try:
@@ -276,13 +280,36 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                               largest_layer_parameters=largest,
                               unknown_reason=f"activations could not be traced ({type(e).__name__}: "
                                              f"{str(e).splitlines()[0][:200] if str(e) else ''}); the estimate "
-                                             "covers model states only")
+                                             "covers model states only", **units)
+        fsdp = fsdp_c = fsdp_world = None
+        if cuda and "fsdp" in modes:
+            fsdp, fsdp_c, fsdp_world, note = _fsdp_lines(factory, model_spec, fake_mode, make_batch, fp32 is None,
+                                                         fp32_c is not None or half_c is not None, modes, say)
+            ckpt_note = "; ".join(filter(None, (ckpt_note, note)))
     acts = ActivationModel(fp32=fp32, half=half, fp32_checkpointed=fp32_c, half_checkpointed=half_c,
-                           half_weights=ds, half_weights_checkpointed=ds_c,
+                           half_weights=ds, half_weights_checkpointed=ds_c, fsdp=fsdp, fsdp_checkpointed=fsdp_c,
+                           fsdp_world=fsdp_world if fsdp is not None else None,
                            source=CUDA_TRACED if cuda else "traced", margin=margin)
     how = "whole steps traced as CUDA runs them" if cuda else "activations traced"
     return ModelFacts(source=source + f", {how} at micro-batch "
                                        f"{', '.join(str(b) for b, _ in (fp32 or half).points) if (fp32 or half) else 'none'}"
                                        + (f"; {ckpt_note}" if ckpt_note else ""),
                       num_parameters=total, trainable_parameters=trainable, largest_layer_parameters=largest,
-                      activations=acts, work=work)
+                      activations=acts, work=work, **units)
+
+
+def _fsdp_lines(factory, spec, fake_mode, make_batch, half: bool, checkpointing: bool, modes, say):
+    """FSDP2's own lines (``fsdp_trace``) at the world size ``modes`` names ("world8"), or none and why: a failure
+    here costs FSDP2 its own line, not the trace."""
+    from autotune.measure.fsdp_trace import TRACED_WORLD, fsdp_lines
+
+    world = next((int(m[5:]) for m in modes if m.startswith("world") and m[5:].isdigit()), TRACED_WORLD)
+    try:
+        plain, ckpt = fsdp_lines(lambda: build(factory, spec, fake_mode, _free_ram)[0], make_batch, _call, _loss,
+                                 half=half, checkpointing=(lambda m: _enable_checkpointing(m)[0]) if checkpointing
+                                 else None, world=world, say=say)
+        return plain, ckpt, world, None
+    except Exception as e:  # noqa: BLE001 - FSDP2's private tracker, a model fully_shard cannot wrap
+        why = str(e).splitlines()[0][:120] if str(e) else ""
+        return None, None, None, (f"FSDP2 not traced ({type(e).__name__}: {why}); its estimate takes the "
+                                  "bf16-weights line")

@@ -70,6 +70,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     backend, nproc, zero, seed = dec.decide_engine(x, r, n_gpus, num_nodes)
     devs = hw.gpus.devices[:nproc] if (n_gpus and nproc) else ()
     precision, tf32 = dec.decide_precision(x, r, devs)
+    _check_fsdp_precision(backend, precision)
     world_ = (nproc or 1) * num_nodes
     timing, untimed = timing_for(hw, devs, facts, precision=precision, tf32=tf32, nproc=nproc or 1,
                                  num_nodes=num_nodes, world=world_)
@@ -109,7 +110,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     mf = fit(x, r, band, facts, default_backend=backend, default_zero=zero, world=world, nproc=nproc,
              num_nodes=num_nodes, half=half, budget=budget,
              bucket_elements=bucket, force=force,
-             record=record, target=target, timer=chooser)
+             record=record, target=target, timer=chooser, precision=precision)
     micro = mf.micro_batch_size
     if auto_optimize:  # the one engine decision: the weighing's strategy, resolved against the user's settings
         backend, zero = settle_engine(x, r, seed, (backend, zero), mf.strategy.backend, mf.strategy.zero_stage,
@@ -154,7 +155,9 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
                              num_nodes=num_nodes, node_rank=node_rank, master_addr=master_addr,
                              master_port=pods.port(hw, d, r), rdzv_id=rdzv_id, nproc_per_node=nproc, world_size=world,
                              num_gpus=len(devs), offload_optimizer=mf.strategy.offload_optimizer,
-                             offload_param=mf.strategy.offload_param, timeout_s=d.timeout_s,
+                             offload_param=mf.strategy.offload_param,
+                             reshard_after_forward=mf.strategy.reshard_after_forward,
+                             fsdp_unit=facts.fsdp_unit if backend == "fsdp" else None, timeout_s=d.timeout_s,
                              rendezvous_timeout_s=d.rendezvous_timeout_s, max_restarts=d.max_restarts,
                              setup_timeout_s=d.setup_timeout_s, step_timeout_s=d.step_timeout_s,
                              checkpoint_timeout_s=d.checkpoint_timeout_s, exit_barrier_s=d.exit_barrier_s),
@@ -180,6 +183,15 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
         reasons=r.reasons, overrides=r.overrides, warnings=tuple(r.warnings),
         hardware=dec.summary(hw, network=True) + pods.note(hw),
     )
+
+
+def _check_fsdp_precision(backend: str, precision: str) -> None:
+    """FSDP2 asked for with fp16: autotune runs FSDP2 in bf16 or fp32 (fp16 needs a loss scale agreed across the
+    shards, which the built-in runtime does not keep)."""
+    if backend == "fsdp" and precision == "fp16":
+        raise UserError("distributed.backend: autotune runs FSDP2 in bf16 or fp32, and this plan's precision is fp16 "
+                        "(a GPU without bf16, or --precision fp16); use --deepspeed or --ddp for fp16, or "
+                        "--precision fp32 with --fsdp")
 
 
 def _tokens_per_sample(cfg: TrainConfig) -> int | None:

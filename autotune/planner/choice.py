@@ -15,11 +15,15 @@ from autotune.planner.resolve import Decision, Resolver, is_set
 from autotune.planner.weighing import Row, Timer
 
 
-def candidates(x: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckpt_choices: tuple[bool, ...]
-               ) -> list[tuple[Strategy, bool]]:
+def candidates(x: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckpt_choices: tuple[bool, ...],
+               fp16: bool = False) -> list[tuple[Strategy, bool]]:
     """The policy's options that the user's settings and the machine allow, in preference order."""
     d = x.cfg.distributed
     user_backend = d.backend if is_set(d.backend) else None
+    family = {"single": "ddp"}.get(user_backend, user_backend)  # the engine family the user asked for
+    # FSDP2 on CPU processes only when asked for; autotune runs it in bf16 or fp32 (no loss scaling across shards)
+    fsdp_asked = "fsdp" in (user_backend, default_backend)
+    fsdp_ok = fsdp_asked or (on_gpu and not fp16)
     stage = d.zero_stage if is_set(d.zero_stage) else None
     off = d.offload_optimizer if is_set(d.offload_optimizer) else None
     # on CPU DeepSpeed only when asked for (the backend, or a setting only DeepSpeed has)
@@ -31,13 +35,15 @@ def candidates(x: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckp
     for s, ckpt in options:
         if ckpt not in ckpt_choices:
             continue
-        is_ds = s.backend == "deepspeed"
-        if is_ds and not ds_ok:
+        is_ds, is_fsdp = s.backend == "deepspeed", s.backend == "fsdp"
+        if (is_ds and not ds_ok) or (is_fsdp and not fsdp_ok):
             continue
-        if user_backend is not None and (user_backend == "deepspeed") != is_ds:
+        if family is not None and s.backend != family:
             continue
-        if stage is not None and is_ds and s.zero_stage != stage:
-            continue
+        if is_fsdp and world == 1 and not s.offload_optimizer and not fsdp_asked:
+            continue  # FSDP2 on one process shards nothing: only worth it for CPUOffloadPolicy
+        if stage is not None and (is_fsdp or is_ds and s.zero_stage != stage):
+            continue  # a ZeRO stage you set picks DeepSpeed
         if stage is not None and not is_ds and default_backend == "deepspeed":
             continue
         if off is not None and s.offload_optimizer != off:
@@ -119,6 +125,8 @@ def settle_engine(x: Inputs, r: Resolver, seed: Decision, start: tuple[str, int 
     backend0, zero0 = start
     if chosen_backend == "deepspeed":
         auto_backend, auto_zero = "deepspeed", chosen_zero
+    elif chosen_backend == "fsdp":
+        auto_backend, auto_zero = "fsdp", None
     elif backend0 == "deepspeed":  # DDP fits where ZeRO's buckets do not
         auto_backend, auto_zero = "ddp", None
     else:

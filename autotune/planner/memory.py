@@ -29,6 +29,19 @@ mixed precision, m + v = 8 in fp32; SGD with momentum 8 / 4; plain SGD 4 / 0):
   host per node ``(w + g + o + 2) Psi / nodes`` (DeepSpeed's ``18 Psi`` per node with
   ``zero.Init``), times the host margin.
 
+- ``fsdp`` (PyTorch's FSDP2, ``fully_shard`` on each block, then the root, under
+  ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``): the sharded fp32 weights, their
+  gradients and the optimizer state, ``(4 + 4 + o_fp32) Psi / N`` (16 bytes with AdamW), plus
+  what a step gathers (``fsdp_buffer_bytes``): the root unit's own weights (embeddings, final norm:
+  FSDP2 never reshards the root between forward and backward), the unit in use and the one
+  prefetched, in the compute dtype, ``w (R + 2 U)`` for the largest unit U; and the gradients being
+  reduce-scattered, the unit's in ``w`` and its fp32 copy for the reduction, ``(w + 4) U``. That is
+  why the wrap unit matters: a model wrapped as one unit gathers all of it. Without resharding after
+  forward every unit's weights stay gathered from forward to backward: ``w (Psi + U)``.
+  ``fsdp_offload`` (``CPUOffloadPolicy``): the sharded state lives in host RAM (host per node
+  ``(4 + 4 + o_fp32) Psi G / N``), the GPU holds only what is gathered. A model traced under a
+  fake process group (``autotune.measure.fsdp_trace``) brings FSDP2's own line of the rest.
+
 Activations for the built-in GPT follow Korthikanti et al., 2022 ("Reducing Activation
 Recomputation in Large Transformer Models"), eq. 1: per layer ``s*b*h*(34 + 5*a*s/h)``
 bytes in half precision; with full recomputation only each layer's input (``2*s*b*h``
@@ -56,6 +69,7 @@ class Strategy:
     zero_stage: int | None
     offload_optimizer: bool = False
     offload_param: bool = False
+    reshard_after_forward: bool = True  # FSDP2 only
 
     @property
     def label(self) -> str:
@@ -70,10 +84,14 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("zero2_offload", "deepspeed", 2, offload_optimizer=True),
     Strategy("zero3", "deepspeed", 3),
     Strategy("zero3_offload", "deepspeed", 3, offload_optimizer=True, offload_param=True),
+    Strategy("fsdp", "fsdp", None),
+    Strategy("fsdp_no_reshard", "fsdp", None, reshard_after_forward=False),
+    Strategy("fsdp_offload", "fsdp", None, offload_optimizer=True, offload_param=True),
 )}
 LABELS = {"ddp": "DDP", "zero0": "DeepSpeed ZeRO-0", "zero1": "ZeRO-1", "zero2": "ZeRO-2",
           "zero2_offload": "ZeRO-2 + optimizer offload", "zero3": "ZeRO-3",
-          "zero3_offload": "ZeRO-3 + optimizer and parameter offload"}
+          "zero3_offload": "ZeRO-3 + optimizer and parameter offload", "fsdp": "FSDP2",
+          "fsdp_no_reshard": "FSDP2 without resharding after forward", "fsdp_offload": "FSDP2 + CPU offload"}
 
 
 def gpt_num_parameters(n_layer: int, n_embd: int, vocab_size: int, block_size: int) -> int:
@@ -83,6 +101,12 @@ def gpt_num_parameters(n_layer: int, n_embd: int, vocab_size: int, block_size: i
     """
     per_block = 12 * n_embd * n_embd + 13 * n_embd
     return n_layer * per_block + vocab_size * n_embd + block_size * n_embd + 2 * n_embd
+
+
+def gpt_fsdp_units(n_layer: int, n_embd: int, vocab_size: int, block_size: int) -> tuple[int, int]:
+    """(parameters of one FSDP2 unit, parameters of the root unit) of the built-in GPT as the runtime wraps it:
+    each block a unit (12 d^2 + 13 d), the root holding the embeddings and the final norm."""
+    return 12 * n_embd * n_embd + 13 * n_embd, vocab_size * n_embd + block_size * n_embd + 2 * n_embd
 
 
 def gpt_largest_layer(n_embd: int, vocab_size: int, block_size: int) -> int:
@@ -108,6 +132,9 @@ def model_state_bytes(strategy: Strategy | str, num_params: int, world_size: int
     g_node = ranks_per_node or max(1, n // max(1, num_nodes))
     p, big = float(num_params), float(largest_layer)
     o_half, o_full = OPTIMIZER_BYTES[optimizer]
+    if s.backend == "fsdp":  # the sharded fp32 state; what a step gathers is fsdp_buffer_bytes
+        sharded = (4 + 4 + o_full) * p / n
+        return ModelStates(0.0, sharded * g_node) if s.offload_optimizer else ModelStates(sharded, 0.0)
     if s.backend != "deepspeed":
         return ModelStates((4 + 4 + o_full) * p, 0.0)
     w = g = 2 if half else 4
@@ -152,6 +179,23 @@ def bucket_bytes(strategy: Strategy, bucket_elements: int, half: bool) -> float:
     if strategy.backend != "deepspeed" or strategy.zero_stage == 0:
         return 0.0
     return 2.0 * bucket_elements * (2 if half else 4)
+
+
+def fsdp_buffer_bytes(strategy: Strategy, num_params: int, unit: int, root: int | None, half: bool) -> float:
+    """What FSDP2 gathers on a GPU beyond its sharded state (module doc): the root unit's weights, the unit in use and
+    the one prefetched, in the compute dtype, and the unit's gradients with their fp32 copy being reduce-scattered;
+    without resharding after forward, every unit's weights from forward to backward. ``unit`` 0 (the blocks are not
+    known): the whole model is one unit, gathered whole."""
+    if strategy.backend != "fsdp":
+        return 0.0
+    w = 2 if half else 4
+    p = float(num_params)
+    u = float(unit)
+    r = p - u if root is None else float(root)
+    if not unit:
+        u, r = 0.0, p
+    gathered = w * (p + u) if not strategy.reshard_after_forward else w * (r + 2 * u)
+    return gathered + (w + 4) * (u or p)
 
 
 def activation_bytes(micro_batch: int, seq_len: int, n_embd: int, n_head: int, n_layer: int,

@@ -53,10 +53,14 @@ class Sizer:
         st = memory.model_state_bytes(s, f.num_parameters, self.world, largest_layer=f.largest_layer_parameters,
                                       half=self.half, optimizer=self.x.cfg.training.optimizer,
                                       ranks_per_node=self.nproc, num_nodes=self.num_nodes)
-        acts = f.activations.bytes(micro, self.half, ckpt, s.backend == "deepspeed") if f.activations else None
+        acts = f.activations.bytes(micro, self.half, ckpt, s.backend == "deepspeed", s.backend == "fsdp") \
+            if f.activations else None
         # ZeRO-1/2's fp32 gradient partition is made at the optimizer step, when the activations are gone
         states = st.gpu_bytes + max(0.0, st.step_bytes - (acts or 0.0))
         overhead = memory.bucket_bytes(s, self.bucket_elements, self.half) if self.on_gpu else 0.0
+        # FSDP2's gathered units and reduce-scatter buffers (on the CPU too: they are the same tensors in RAM)
+        overhead += memory.fsdp_buffer_bytes(s, f.num_parameters, f.fsdp_unit_parameters, f.fsdp_root_parameters,
+                                             self.half)
         host = st.host_bytes_per_node * policy.offload_host_ram_margin
         return Need(states / GIB, None if acts is None else acts / GIB, overhead / GIB, host / GIB)
 
@@ -121,8 +125,8 @@ def _halvings(top: int) -> list[int]:
 
 def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_backend: str, default_zero: int | None,
         world: int, nproc: int, num_nodes: int, half: bool, budget: Budget, bucket_elements: int,
-        force: bool, record: list | None = None, target: int | None = None, timer: Timer | None = None
-        ) -> MemoryFit:
+        force: bool, record: list | None = None, target: int | None = None, timer: Timer | None = None,
+        precision: str | None = None) -> MemoryFit:
     """Choose strategy, micro-batch and checkpointing; refuse when nothing fits (unless ``force``).
 
     ``record``, when given, receives one ``Weighing`` (also when the plan is refused). ``timer`` (a model traced
@@ -162,7 +166,7 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
     fixed_micro = is_set(micro_user)
     top = micro_user if fixed_micro else band.micro_batch_size
     opts = candidates(x, default_backend=default_backend, world=world, on_gpu=budget.on_gpu,
-                      ckpt_choices=ckpt_choices) or [(default, ckpt_choices[0])]
+                      ckpt_choices=ckpt_choices, fp16=precision == "fp16") or [(default, ckpt_choices[0])]
 
     def weigh(top: int, search: bool, fixed: bool) -> tuple[Row, ...]:  # one row per option
         return tuple(_largest(sz, budget, s, c, top) if search else _row(sz, budget, s, c, top, fixed)
@@ -225,8 +229,10 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
 def _pick(rows: tuple[Row, ...], search: bool, top: int) -> Row | None:
     """The row a plan takes among those weighed (None: none fits). Searched rows (a model traced as CUDA runs it):
     the largest fast micro-batch without checkpointing, which costs 30-70 % a step, else the largest with it.
-    Otherwise the first to reach the band's micro-batch, else the first with the largest."""
+    Otherwise the first to reach the band's micro-batch, else the first with the largest. Offload is the last resort
+    (the policy's order): its rows count only where nothing fits without it (host RAM and PCIe bound their steps)."""
     fitting = [rw for rw in rows if rw.why_not is None]
+    fitting = [rw for rw in fitting if not rw.strategy.offload_optimizer] or fitting
     fast = [rw for rw in fitting if not rw.checkpointing and rw.micro >= min(FAST_MICRO, top)] if search else []
     for pool in (fast, fitting):
         if pool:
@@ -244,11 +250,13 @@ def _steady(sz: Sizer, row: Row, target: int, world: int) -> Row:
 def _default_strategy(backend: str, zero: int | None, offload_user) -> Strategy:
     """The strategy the engine decider chose; it settles a DeepSpeed plan's ZeRO stage (2 by default,
     required by --no_auto_optimize), so ``zero`` is None only for another backend."""
+    if backend == "fsdp":  # FSDP2's CPUOffloadPolicy moves the sharded weights, gradients and optimizer together
+        return STRATEGIES["fsdp_offload" if offload_user is True else "fsdp"]
     if backend != "deepspeed":
         if offload_user is True:
             raise UserError(
-                f"distributed.offload_optimizer: optimizer offload is a DeepSpeed ZeRO feature but the backend is "
-                f"{backend}; use --deepspeed or set offload_optimizer: auto")
+                f"distributed.offload_optimizer: optimizer offload is a DeepSpeed ZeRO or FSDP2 feature but the "
+                f"backend is {backend}; use --deepspeed or --fsdp, or set offload_optimizer: auto")
         return STRATEGIES["ddp"]
     if offload_user is True:
         if zero == 2:
@@ -318,7 +326,16 @@ def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], default
     else:
         weighed = f"{chosen.need.total_gib:.2f} GiB of {budget.device_gib:.1f} GiB usable ({budget.basis})"
     r.explain("strategy", f"{chosen.label}: {weighed}")
-    if s.backend == "deepspeed":
+    if s.backend == "fsdp":
+        r.explain("offload_optimizer", "needed for memory: CPUOffloadPolicy keeps the sharded weights, gradients and "
+                  "optimizer state in host RAM and steps on the CPU" if s.offload_optimizer else
+                  "the sharded state fits in GPU memory without CPUOffloadPolicy (offload costs throughput)"
+                  if budget.on_gpu else "FSDP2 on CPU processes: nothing to offload to")
+        r.explain("offload_param", "with the optimizer (CPUOffloadPolicy)" if s.offload_param else "not needed")
+        r.explain("reshard_after_forward", "each unit's weights are gathered again for the backward (one unit held "
+                  "at a time)" if s.reshard_after_forward else "every unit's bf16 weights stay gathered from forward "
+                  "to backward (one all-gather a micro-step instead of two)")
+    elif s.backend == "deepspeed":
         r.explain("offload_optimizer", "needed for memory" if s.offload_optimizer else
                   f"the model states fit in {'GPU memory' if budget.on_gpu else 'RAM'} without it (offload costs "
                   "throughput)")

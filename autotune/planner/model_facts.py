@@ -95,11 +95,24 @@ class ActivationModel(_Frozen):
     # plans that can choose DeepSpeed); None: DeepSpeed strategies use the autocast line (larger: safe)
     half_weights: LinearBytes | None = None
     half_weights_checkpointed: LinearBytes | None = None
+    # FSDP2 as the runtime wraps the model (fully_shard per unit, bf16 MixedPrecisionPolicy on GPUs), traced under a
+    # fake process group (autotune.measure.fsdp_trace): its peak beyond the sharded state and the gathered units
+    # (planner.memory's fsdp lines) at the traced world size; None: FSDP2 takes the line its numerics match
+    fsdp: LinearBytes | None = None
+    fsdp_checkpointed: LinearBytes | None = None
+    fsdp_world: int | None = None  # the world size FSDP2 was traced at (exact there; see measure.fsdp_trace)
     source: str  # "formula" | "traced"
     margin: float = 1.0  # multiplier the planner applies (traced: policy; formula: 1)
 
-    def bytes(self, micro: int, half: bool, checkpointing: bool, deepspeed: bool = False) -> float | None:
-        own = (self.half_weights_checkpointed if checkpointing else self.half_weights) if half and deepspeed else None
+    def bytes(self, micro: int, half: bool, checkpointing: bool, deepspeed: bool = False,
+              fsdp: bool = False) -> float | None:
+        """``deepspeed`` (and ``fsdp``): the model runs in half-precision weights without autocast, as DeepSpeed's
+        bf16 engine and FSDP2's MixedPrecisionPolicy run it; ``fsdp``: FSDP2's own traced line first."""
+        mine = (self.fsdp_checkpointed if checkpointing else self.fsdp) if fsdp else None
+        if mine is not None:
+            return mine.at(micro) * self.margin
+        weights = deepspeed or fsdp
+        own = (self.half_weights_checkpointed if checkpointing else self.half_weights) if half and weights else None
         if own is not None:
             return own.at(micro) * self.margin
         if checkpointing:
@@ -219,6 +232,11 @@ class ModelFacts(_Frozen):
     builtin_gpt: bool = False  # the built-in workload: activations from the formula for any micro-batch
     work: WorkModel | None = None  # FLOPs, bytes and kernels of a step (traced as CUDA runs it; None: not counted)
     measured_steps: MeasuredSteps | None = None  # the step timed for real on this machine's CPU
+    # FSDP2's wrap: the module class each fully_shard unit is (the model's repeated block), the largest unit's
+    # parameters and the root's own (those in no unit); unknown (None, 0): the whole model is one unit
+    fsdp_unit: str | None = None
+    fsdp_unit_parameters: int = 0
+    fsdp_root_parameters: int | None = None
 
     @property
     def checkpointing_supported(self) -> bool:
@@ -244,9 +262,11 @@ def builtin_facts(cfg: TrainConfig) -> ModelFacts:
 
     acts = ActivationModel(fp32=lin(False, False), half=lin(False, True), fp32_checkpointed=lin(True, False),
                            half_checkpointed=lin(True, True), source="formula")
+    unit, root = memory.gpt_fsdp_units(m.n_layer, m.n_embd, d.vocab_size, block)
     return ModelFacts(source=f"the built-in GPT ({m.n_layer} layers x {m.n_embd} wide)", num_parameters=n,
                       trainable_parameters=n, largest_layer_parameters=memory.gpt_largest_layer(m.n_embd, d.vocab_size, block),
-                      activations=acts, builtin_gpt=True, work=builtin_work(cfg, n))
+                      activations=acts, builtin_gpt=True, work=builtin_work(cfg, n), fsdp_unit="Block",
+                      fsdp_unit_parameters=unit, fsdp_root_parameters=root)
 
 
 # kernels per transformer layer, forward and backward, as counted in GPT-2 small's trace (412 and 602 for 12 layers)

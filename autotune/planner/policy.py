@@ -36,7 +36,8 @@ class PrecisionRule(_Strict):
     tf32: bool
 
 
-STRATEGY_NAMES = ("ddp", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
+STRATEGY_NAMES = ("ddp", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "fsdp", "fsdp_no_reshard",
+                  "fsdp_offload")
 
 
 class StrategyOption(_Strict):

@@ -101,6 +101,20 @@ ENGINES: dict[str, EngineLine] = {
     "zero3_offload": EngineLine((C("from_host", "weights", "micro", True), C("all_gather", "weights", "micro", True),
                                  C("all_gather", "weights", "micro", True), C("reduce_scatter", "grads", "micro", True),
                                  C("to_host", "grads", "micro", True)), cpu_optimizer=True),
+    # FSDP2 (fully_shard per block, bf16 weights gathered, gradients reduce-scattered in fp32: reduce_dtype): each
+    # micro-step gathers every unit for the forward and, resharded after it, again for the backward, and
+    # reduce-scatters the unit's gradients as its backward ends, all on their own stream, overlapped
+    "fsdp": EngineLine((C("all_gather", "weights", "micro", True), C("all_gather", "weights", "micro", True),
+                        C("reduce_scatter", "grads", "micro", True)), grad_bytes=4),
+    # without resharding after forward: one all-gather a micro-step (the weights stay gathered for the backward)
+    "fsdp_no_reshard": EngineLine((C("all_gather", "weights", "micro", True),
+                                   C("reduce_scatter", "grads", "micro", True)), grad_bytes=4),
+    # CPUOffloadPolicy: the fp32 shard to the GPU for each gather, its fp32 gradient shard back, torch's AdamW on
+    # the host (counted at DeepSpeed's CPU Adam rate, which it does not reach: a lower bound on its time)
+    "fsdp_offload": EngineLine((C("from_host", "weights", "micro", True), C("all_gather", "weights", "micro", True),
+                                C("all_gather", "weights", "micro", True), C("reduce_scatter", "grads", "micro", True),
+                                C("to_host", "grads", "micro", True)), grad_bytes=4, weight_bytes=2,
+                               cpu_optimizer=True),
 }
 RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
         "all_gather": lambda n: (n - 1) / n}
@@ -231,7 +245,7 @@ class Timing:
         if self.measured is not None:
             return self._measured(micro, accumulation)
         half = self.precision in ("bf16", "fp16")
-        line = self.work.line(half, checkpointing, strategy.backend == "deepspeed") if self.work else None
+        line = self.work.line(half, checkpointing, strategy.backend in ("deepspeed", "fsdp")) if self.work else None
         if line is None or self.gpu is None or self.link is None:
             return None
         return step_time(line.at(micro), strategy=strategy.name, micro=micro, accumulation=accumulation,

@@ -85,12 +85,15 @@ def read_meta(path: str | Path) -> dict:
 
 
 def check_compatible(meta: dict, path: str | Path, backend: str, global_batch_size: int) -> None:
-    """A checkpoint continues a run only with the same engine family and global batch."""
+    """A checkpoint continues a run only with the same engine family and global batch. Torch's engines are one
+    family: single, DDP and FSDP2 read each other's checkpoints (whole weights and optimizer state, or FSDP2's
+    DCP shards, which any world size reads back); DeepSpeed's own checkpoint is another."""
     saved_by = meta.get("backend")
     if (saved_by == "deepspeed") != (backend == "deepspeed"):
         raise UserError(
             f"--resume_from: {path} was written by the {saved_by} backend and this run uses {backend}; "
-            f"resume with the same engine ({'--deepspeed' if saved_by == 'deepspeed' else '--ddp or --single'})"
+            f"resume with the same engine family "
+            f"({'--deepspeed' if saved_by == 'deepspeed' else '--ddp, --fsdp or --single'})"
         )
     if meta.get("global_batch_size") != global_batch_size:
         raise UserError(

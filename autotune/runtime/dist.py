@@ -60,7 +60,7 @@ def init(plan: TrainingPlan) -> DistContext:
     threads = os.environ.get("OMP_NUM_THREADS", str(plan.loader.omp_num_threads))
     if threads.isascii() and threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
-    distributed = world > 1 or eng.backend in ("ddp", "deepspeed")
+    distributed = world > 1 or eng.backend in ("ddp", "deepspeed", "fsdp")
     if distributed and not dist.is_initialized():
         timeout = timedelta(seconds=eng.timeout_s)
         backend = "nccl" if eng.device == "cuda" else "gloo"

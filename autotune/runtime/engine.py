@@ -1,4 +1,4 @@
-"""One ``Engine`` protocol over single-process, DDP and DeepSpeed.
+"""One ``Engine`` protocol over single-process, DDP, DeepSpeed and FSDP2 (``autotune.runtime.fsdp``).
 
 The training loop calls, per optimizer step, ``forward_backward(batch, boundary)`` for
 each micro-batch (``boundary`` on the last one) and then ``step()``; checkpoints call
@@ -248,6 +248,11 @@ class LocalEngine:
     def load_state(self, directory: Path) -> None:
         weights = torch.load(directory / "model.pt", map_location=self.ctx.device, weights_only=True)
         self.module.load_state_dict(weights)
+        from autotune.runtime import fsdp
+
+        if fsdp.is_sharded(directory):  # an FSDP2 checkpoint: its optimizer shards, gathered whole by DCP
+            fsdp.load_into_local(directory, self.module, self.opt.optimizer, self.opt.scheduler)
+            return
         self.opt.load_state_dict(torch.load(directory / "trainer.pt", map_location=self.ctx.device,
                                             weights_only=True))
 
@@ -373,6 +378,10 @@ def make_engine(plan: TrainingPlan, model: nn.Module, ctx: DistContext, loss_fn:
     ``ds_config``, else the ``deepspeed_config.json`` beside ``plan_path`` (default $AUTOTUNE_PLAN).
     """
     backend = plan.engine.backend
+    if backend == "fsdp":
+        from autotune.runtime.fsdp import FSDPEngine
+
+        return FSDPEngine(plan, model, ctx, loss_fn, LocalOptimizer, apply_hyperparameters)
     if backend == "deepspeed":
         if ds_config is None:
             ds_config = read_ds_config(plan_path)

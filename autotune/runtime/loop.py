@@ -206,8 +206,8 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
     if preempted:
         return preempted
     watch.enter("step", f"comparing the ranks' weights after step {step}")
-    check_replicas(ctx, engine.module, step, run_dir,
-                   sharded=plan.engine.backend == "deepspeed" and plan.engine.zero_stage == 3)
+    check_replicas(ctx, engine.module, step, run_dir, sharded=plan.engine.backend == "fsdp" or
+                   plan.engine.backend == "deepspeed" and plan.engine.zero_stage == 3)
     final = dict(history[-1]) if history else {}
     if ctx.is_main:
         summary = {"steps": step, "history": history, "final": final,

@@ -8,7 +8,8 @@ into ``<run_dir>/observed/rank-<RANK>.json``:
 
 - every DataLoader created: its batch size and whether its sampler is distributed;
 - the process group: backend and world size;
-- the engine: DDP or FSDP wrapping, ``deepspeed.initialize`` (the config it got, whether the script passed
+- the engine: DDP or FSDP wrapping (FSDP1's class; FSDP2's ``fully_shard``, or an optimizer over DTensors),
+  ``deepspeed.initialize`` (the config it got, whether the script passed
   its own optimizer, and the engine's micro-batch, accumulation and train batch), an ``Accelerator`` (mixed
   precision, accumulation);
 - every optimizer: class and the learning rates it was built with; the parameters it trains; the rate at each step
@@ -32,15 +33,14 @@ from __future__ import annotations
 
 import atexit
 import functools
-import importlib.abc
-import importlib.util
 import os
 import sys
 import threading
 import time
 import weakref
 
-from autotune.runtime.observe_record import OWNER, WINDOW, WRITE_AT, _after, _batch_size, _guarded, _rank, _record
+from autotune.runtime.observe_record import OWNER, WINDOW, WRITE_AT, AfterImport, _after, _batch_size, _guarded, _rank
+from autotune.runtime.observe_record import _record
 from autotune.runtime.observe_record import _state, write  # noqa: F401 - also where tests and tools find them
 
 
@@ -96,6 +96,7 @@ def _fsdp(mod) -> None:
         _record()["engine"] = "fsdp"
         _wrapper(self)
 
+    _fully_shard(mod)
     cls = getattr(mod, "FullyShardedDataParallel", None)
     if cls is None:
         return
@@ -112,6 +113,31 @@ def _fsdp(mod) -> None:
     _after(cls, "__init__", fsdp)
 
 
+def _fully_shard(mod) -> None:
+    """FSDP2: ``fully_shard`` is called on each block, then on the root. Each call is counted before it shards
+    (a block sharded earlier keeps its whole size: a DTensor's numel is the global one); the root's count is the
+    model's."""
+    original = getattr(mod, "fully_shard", None)
+    if original is None or getattr(original, "_autotune_observed", False):
+        return
+
+    @_guarded("fully_shard")
+    def seen(module) -> None:
+        rec = _record()
+        rec["engine"] = "fsdp"
+        if hasattr(module, "parameters"):
+            n = sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+            rec["num_parameters"] = max(rec["num_parameters"] or 0, n)
+
+    @functools.wraps(original)
+    def wrapper(module, *a, **k):
+        seen(module)
+        return original(module, *a, **k)
+
+    wrapper._autotune_observed = True
+    mod.fully_shard = wrapper
+
+
 def _params(model) -> None:
     if model is not None and hasattr(model, "parameters") and _record()["num_parameters"] is None:
         _record()["num_parameters"] = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
@@ -122,6 +148,8 @@ def _optim(mod) -> None:
 
     def made(_r, self, *a, **k):
         groups = getattr(self, "param_groups", [])
+        if _record()["engine"] is None and any(type(p).__name__ == "DTensor" for g in groups for p in g["params"]):
+            _record()["engine"] = "fsdp"  # sharded parameters: fully_shard reached by another import path
         entry = {"class": type(self).__name__, "lr": [g.get("lr") for g in groups if isinstance(g, dict)],
                  "num_parameters": sum(p.numel() for g in groups for p in g.get("params", [])),
                  "lr_base": None, "lr_now": None, "lr_max": None, "lr_steps": 0, "lr_at": {}}
@@ -304,37 +332,6 @@ HOOKS = {"torch.utils.data": _data, "torch.distributed": _distributed, "torch.nn
          "torch.amp.grad_scaler": _scaler, "deepspeed": _deepspeed, "accelerate": _accelerate}
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for the modules in HOOKS, wraps the real loader so the hook runs once the module
-    has executed (the script imports them; the observer never imports torch on its own)."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name not in HOOKS or _state.get(f"pending:{name}"):
-            return None
-        _state[f"pending:{name}"] = True
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            _state.pop(f"pending:{name}", None)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader, hook = spec.loader, HOOKS[name]
-
-        class _Loader(importlib.abc.Loader):
-            def create_module(self, s):
-                return loader.create_module(s)
-
-            def exec_module(self, module):
-                loader.exec_module(module)
-                _guarded(f"hook {name}")(hook)(module)
-
-            def __getattr__(self, attr):  # get_source (tracebacks), resource readers, ...: the real loader's
-                return getattr(loader, attr)
-
-        spec.loader = _Loader()
-        return spec
-
-
 def _ended(how: str) -> None:
     rec = _record()
     rec["ended"] = time.time()
@@ -367,7 +364,7 @@ def install() -> None:
     for name, hook in HOOKS.items():  # already imported (rare: sitecustomize runs first)
         if name in sys.modules:
             _guarded(f"hook {name}")(hook)(sys.modules[name])
-    sys.meta_path.insert(0, _AfterImport())
+    sys.meta_path.insert(0, AfterImport(HOOKS))
     # "returned" the moment the script's main module has finished: threading's exit hook runs before Python
     # joins the non-daemon threads a script may leave behind (a teardown that lingers); atexit only after them
     register = getattr(threading, "_register_atexit", None)

@@ -1,11 +1,14 @@
 """The record a rank's observer keeps (autotune.runtime.observe installs the hooks that fill it): its fields, where
 it is written (``<run_dir>/observed/rank-<rank>.json``, by the rank's own process only) and the guards every hook
-runs under (a hook never raises into the user's code). Imports nothing heavy: it runs before the script's first line.
+runs under (a hook never raises into the user's code), and the import finder that runs a hook once its module has
+loaded. Imports nothing heavy: it runs before the script's first line.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
 import json
 import os
 import threading
@@ -109,3 +112,37 @@ def _batch_size(batch) -> int | None:
         elif isinstance(item, (list, tuple)):
             seen.extend(item)
     return None
+
+
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for the modules in ``hooks`` (module name -> hook), wraps the real loader so the hook runs once the module
+    has executed (the script imports them; the observer never imports torch on its own)."""
+
+    def __init__(self, hooks: dict) -> None:
+        self.hooks = hooks
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.hooks or _state.get(f"pending:{name}"):
+            return None
+        _state[f"pending:{name}"] = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            _state.pop(f"pending:{name}", None)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, hook = spec.loader, self.hooks[name]
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, s):
+                return loader.create_module(s)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                _guarded(f"hook {name}")(hook)(module)
+
+            def __getattr__(self, attr):  # get_source (tracebacks), resource readers, ...: the real loader's
+                return getattr(loader, attr)
+
+        spec.loader = _Loader()
+        return spec

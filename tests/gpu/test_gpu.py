@@ -132,6 +132,8 @@ def _losses_and_peak(run_dir):
     pytest.param(["--deepspeed", "--num_gpus", "1"], id="deepspeed-1gpu"),
     pytest.param(["--ddp", "--num_gpus", "2"], id="ddp", marks=pytest.mark.gpus(2)),
     pytest.param(["--deepspeed", "--num_gpus", "2"], id="deepspeed", marks=pytest.mark.gpus(2)),
+    pytest.param(["--fsdp", "--num_gpus", "1"], id="fsdp-1gpu"),
+    pytest.param(["--fsdp", "--num_gpus", "2"], id="fsdp", marks=pytest.mark.gpus(2)),
 ])
 def test_training_on_cuda_checkpoints_and_resumes(engine, tmp_path, record):
     cfg, rd = _config(tmp_path), tmp_path / "run"
@@ -175,6 +177,71 @@ def test_user_scripts_on_cuda(example, extra, expect, tmp_path, record):
     used = [line for line in r.stdout.splitlines() if line.startswith("USED ")]
     assert len(used) == 1 and "world=1" in used[0] and expect in used[0], r.stdout[-2000:]
     record(f"{example} script {' '.join(a for a in extra if a.startswith('--') and '{' not in a)}".strip(), used[0])
+
+
+@pytest.mark.gpus(2)
+def test_an_accelerate_script_runs_fsdp2_from_the_launchers_variables_as_observed(tmp_path, record):
+    """An unmodified Accelerator() under an FSDP2 plan on two GPUs: ACCELERATE_USE_FSDP, FSDP_VERSION=2 and the
+    plan's FSDP_* settings reach it, and the observer sees Accelerate's FSDP."""
+    run = tmp_path / "acc"
+    launch("--config", ROOT / "examples" / "accelerate_config.yaml", "--num_gpus", "2", "--fsdp", "--run_dir", run,
+           "--", "--batch_size", "{micro_batch_size}")
+    seen = json.loads((run / "delivery.json").read_text())["observed"]
+    assert seen["values"]["engine"]["status"] == "equal" and seen["wrong"] == [], seen
+    rank0 = json.loads((run / "observed" / "rank-0.json").read_text())
+    assert "FSDP" in rank0["accelerate"]["distributed_type"]
+    record("accelerate script --fsdp (2 GPUs)", rank0["accelerate"]["distributed_type"])
+
+
+def test_fsdp2_on_one_gpu_peaks_within_the_estimate(record):
+    """FSDP2 in one process, bf16 (MixedPrecisionPolicy, fp32 reduction), each block a unit then the root: the
+    planner's estimate (the sharded state and gathered units by arithmetic, FSDP2's own line traced under a fake
+    process group) against torch.cuda.max_memory_allocated over a full step after a warm-up step, within the
+    memory issue's 10 %; the caching allocator's reserved memory against it is recorded (the headroom the
+    policy's memory_headroom_fraction leaves)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    import trace_models
+    from autotune.measure.fsdp_trace import wrap_units
+    from autotune.measure.trace import _call, _loss, trace
+    from autotune.planner.memory import STRATEGIES, fsdp_buffer_bytes, model_state_bytes
+
+    facts = trace("trace_models:gpu_gpt", "trace_models:gpu_gpt_batch", modes=("half", "fsdp", "world1"), cuda=True)
+    micro = 8
+    s = STRATEGIES["fsdp"]
+    estimate = (model_state_bytes(s, facts.num_parameters, 1).gpu_bytes
+                + fsdp_buffer_bytes(s, facts.num_parameters, facts.fsdp_unit_parameters, facts.fsdp_root_parameters,
+                                    True) + facts.activations.bytes(micro, True, False, fsdp=True))
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29517", rank=0, world_size=1)
+    try:
+        torch.cuda.set_device(0)
+        model = trace_models.gpu_gpt().cuda()
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for unit in wrap_units(model)[1]:
+            fully_shard(unit, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+
+        def step():
+            batch = tuple(t.cuda() for t in trace_models.gpu_gpt_batch(micro))
+            _loss(_call(model, batch)).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        peak, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    finally:
+        dist.destroy_process_group()
+    record("FSDP2, one GPU, bf16", f"estimate {estimate / 2**20:.0f} MiB, allocated peak {peak / 2**20:.0f} MiB "
+                                   f"({100 * (estimate / peak - 1):+.1f} %), reserved {reserved / 2**20:.0f} MiB "
+                                   f"({100 * (reserved / peak - 1):+.1f} % over allocated)")
+    assert abs(estimate - peak) <= 0.10 * peak
 
 
 def test_torchrun_script_wired_on_cuda(tmp_path, record):

@@ -267,4 +267,4 @@ def test_a_checkpoint_of_another_engine_family_is_refused_naming_both(tmp_path):
     with pytest.raises(UserError) as e:
         CheckpointManager(tmp_path, CTX).load(engine_for(**{"training.global_batch_size": 32}), path)
     assert str(e.value).startswith(f"--resume_from: {path} was written by the deepspeed backend and this run uses "
-                                   "single; resume with the same engine (--deepspeed)")
+                                   "single; resume with the same engine family (--deepspeed)")

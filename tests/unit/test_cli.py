@@ -12,8 +12,8 @@ from support import ROOT
 
 PLAN_FLAGS = {"--config", "--hardware", "--policy", "--num_gpus", "--nproc_per_node", "--num_nodes", "--node_rank",
               "--master_addr", "--master_port", "--batch_size",
-              "--grad_accum", "--global_batch_size", "--epochs", "--max_steps", "--deepspeed", "--ddp", "--single",
-              "--zero_stage", "--precision", "--debug", "--no_auto_optimize", "--force"}
+              "--grad_accum", "--global_batch_size", "--epochs", "--max_steps", "--deepspeed", "--ddp", "--fsdp",
+              "--single", "--zero_stage", "--precision", "--debug", "--no_auto_optimize", "--force"}
 SURFACE = {
     "check": {"--config", "--json"},
     "report": {"--json", "--profile", "--config", "--no-plan"},

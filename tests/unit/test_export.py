@@ -189,3 +189,46 @@ def test_export_format_sbatch_is_slurm(capsys):
     slurm = capsys.readouterr().out
     assert main(["export", "--format", "sbatch", "--hardware", "4xL4", "--job_name", "j"]) == 0
     assert capsys.readouterr().out == slurm and slurm.startswith("#!/bin/bash\n#SBATCH --job-name=j\n")
+
+
+def test_an_fsdp2_plan_exports_for_accelerate_as_accelerates_own_launcher_reads_it(tmp_path, monkeypatch):
+    """`export --format accelerate` of an FSDP2 plan: distributed_type FSDP, fsdp_version 2 (Accelerate's default
+    is still 1), the transformer wrap on the plan's unit, sharded checkpoints, resharding, offload, checkpointing.
+    Accelerate's own launcher turns that file into the variables its FSDP plugin reads: exactly those autotune's
+    launcher sets for an unmodified Accelerator() (ACCELERATE_USE_FSDP and FSDP_*), and the plugin is FSDP2's.
+    On CPU Accelerate trains with DDP instead: refused, as for DeepSpeed."""
+    from autotune.exports.launch_spec import FSDP_ENV, plan_values_env
+    from autotune.errors import UserError
+
+    p = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.backend": "fsdp"}))
+    cfg = accelerate_config(p)
+    assert cfg["distributed_type"] == "FSDP" and cfg["fsdp_config"] == {
+        "fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_transformer_layer_cls_to_wrap": "Block", "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_reshard_after_forward": p.engine.reshard_after_forward, "fsdp_offload_params": False,
+        "fsdp_cpu_ram_efficient_loading": False, "fsdp_activation_checkpointing": False}
+    launch = require("accelerate.commands.launch", reason="accelerate is not installed")
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    f = tmp_path / "acc.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    args, _, _ = launch._validate_launch_command(launch.launch_command_parser().parse_args(
+        ["--config_file", str(f), "train.py"]))
+    theirs = prepare_multi_gpu_env(args)
+    ours = plan_values_env(p, str(tmp_path))
+    for name in ("ACCELERATE_USE_FSDP", *FSDP_ENV.values()):
+        assert ours[name] == theirs[name], name
+    for name, value in ours.items():
+        if name.startswith("FSDP_"):
+            monkeypatch.setenv(name, value)
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin()
+    assert (plugin.fsdp_version, plugin.reshard_after_forward, plugin.transformer_cls_names_to_wrap,
+            str(plugin.state_dict_type)) == (2, p.engine.reshard_after_forward, ["Block"],
+                                             "StateDictType.SHARDED_STATE_DICT")
+    cpu = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {"distributed.backend": "fsdp",
+                                                                         "distributed.nproc_per_node": 2}))
+    with pytest.raises(UserError, match="Accelerate runs FSDP on GPUs only"):
+        accelerate_config(cpu)
+    assert "ACCELERATE_USE_FSDP" not in plan_values_env(cpu, str(tmp_path))

@@ -202,9 +202,9 @@ def test_checkpointing_first_then_halving_at_the_exact_threshold():
 
 
 def test_an_explicit_micro_batch_that_cannot_fit_is_refused_with_what_would():
-    hw = gpus(1, 30000, deepspeed=None)
+    hw = gpus(1, 30000, deepspeed=None)  # one process, no sharding (FSDP2's CPU offload would fit it)
     cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py", "training.batch_size_per_gpu": 64,
-                                          "training.gradient_checkpointing": False})
+                                          "training.gradient_checkpointing": False, "distributed.backend": "single"})
     with pytest.raises(PlanRefused) as e:
         plan(hw, cfg, facts=facts(1_630_846_400))
     assert "micro-batch 64 (you set it)" in str(e.value)
@@ -387,8 +387,8 @@ def test_no_auto_optimize_estimates_the_config_as_written(ckpt):
 
 @pytest.mark.parametrize("over, message", [
     ({"distributed.backend": "ddp", "distributed.offload_optimizer": True},
-     "distributed.offload_optimizer: optimizer offload is a DeepSpeed ZeRO feature but the backend is ddp; use "
-     "--deepspeed or set offload_optimizer: auto"),
+     "distributed.offload_optimizer: optimizer offload is a DeepSpeed ZeRO or FSDP2 feature but the backend is "
+     "ddp; use --deepspeed or --fsdp, or set offload_optimizer: auto"),
     ({"distributed.backend": "deepspeed", "distributed.zero_stage": 1, "distributed.offload_optimizer": True},
      "distributed.offload_optimizer: autotune offloads with ZeRO-2 or ZeRO-3, not stage 1; use --zero_stage 2 or 3"),
 ])
@@ -464,7 +464,8 @@ def test_the_strategy_reasons_name_what_was_rejected_and_why():
     Checkpointing cannot reach a model known only by its size: off, said so."""
     p = plan(gpus(4, 10000), user_model(954_204_161))
     rejected = ("ZeRO-2: 7.4648 GiB needed > 7.4648 GiB usable; DDP: 14.2 GiB needed > 7.5 GiB usable; "
-                "ZeRO-1: 7.4648 GiB needed > 7.4648 GiB usable")
+                "ZeRO-1: 7.4648 GiB needed > 7.4648 GiB usable; FSDP2 without resharding after forward: 10.7 GiB "
+                "needed > 7.5 GiB usable")
     assert p.reasons["backend"] == p.reasons["zero_stage"] == (
         f"ZeRO-3 is the most preferred option that fits micro-batch 8 (rejected: {rejected})")
     assert p.reasons["strategy"] == ("ZeRO-3: 5.69 GiB of 7.5 GiB usable (per GPU: free memory x "
@@ -477,7 +478,9 @@ def test_the_strategy_reasons_name_what_was_rejected_and_why():
     big = plan(gpus(4, 10000), user_model(1_694_336_655))
     assert big.reasons["backend"].startswith("ZeRO-2 + optimizer offload is the most preferred option that fits "
                                              "micro-batch 8 (rejected: ZeRO-2: 13.0 GiB needed > 7.5 GiB usable; ")
-    assert big.reasons["backend"].endswith("; ZeRO-3: 9.8 GiB needed > 7.5 GiB usable)")
+    # a model known by its size only: its FSDP2 units are unknown, so it is one unit, gathered whole (2P + 6P)
+    assert big.reasons["backend"].endswith("; ZeRO-3: 9.8 GiB needed > 7.5 GiB usable; FSDP2: 18.9 GiB needed > "
+                                           "7.5 GiB usable)")
     assert big.reasons["offload_optimizer"] == "needed for memory"
     ddp = plan(gpus(4, 10000), user_model(1000, **{"distributed.backend": "ddp"}))
     assert ddp.reasons["backend"].startswith("you set ddp (auto would choose deepspeed")
@@ -696,18 +699,25 @@ def _cands(over=None, ds=True, world=4, on_gpu=True, ckpt=(False, True), default
                                                ckpt_choices=ckpt)]
 
 
-POLICY_ORDER = [("zero2", False), ("ddp", False), ("zero1", False), ("zero2", True), ("ddp", True), ("zero1", True),
-                ("zero3", False), ("zero3", True), ("zero2_offload", False), ("zero2_offload", True),
-                ("zero3_offload", False), ("zero3_offload", True)]
+POLICY_ORDER = [("zero2", False), ("ddp", False), ("zero1", False), ("fsdp_no_reshard", False), ("zero2", True),
+                ("ddp", True), ("zero1", True), ("fsdp_no_reshard", True), ("zero3", False), ("fsdp", False),
+                ("zero3", True), ("fsdp", True), ("zero2_offload", False), ("zero2_offload", True),
+                ("fsdp_offload", False), ("fsdp_offload", True), ("zero3_offload", False), ("zero3_offload", True)]
+DEEPSPEED = ("zero0", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
 
 
 def test_candidates_follow_the_policy_order_filtered_by_what_is_allowed():
     """configs/policy.yaml's strategy_preference, then each filter on its own."""
     assert _cands() == POLICY_ORDER
     assert _cands(ckpt=(False,)) == [o for o in POLICY_ORDER if not o[1]]
-    assert _cands(ds=False) == [("ddp", False), ("ddp", True)]  # DeepSpeed not installed
-    assert _cands(on_gpu=False, default="ddp") == [("ddp", False), ("ddp", True)]  # DeepSpeed runs on CPU only if asked
-    assert _cands({"distributed.backend": "deepspeed"}, on_gpu=False) == [o for o in POLICY_ORDER if o[0] != "ddp"]
+    # DeepSpeed not installed: DDP and FSDP2 (part of torch)
+    assert _cands(ds=False) == [o for o in POLICY_ORDER if o[0] not in DEEPSPEED]
+    # DeepSpeed and FSDP2 run on CPU processes only if asked for
+    assert _cands(on_gpu=False, default="ddp") == [("ddp", False), ("ddp", True)]
+    assert _cands({"distributed.backend": "deepspeed"}, on_gpu=False) == [o for o in POLICY_ORDER if o[0] in DEEPSPEED]
+    assert _cands({"distributed.backend": "fsdp"}, on_gpu=False, default="fsdp") == [
+        o for o in POLICY_ORDER if o[0].startswith("fsdp")]
+    assert _cands({"distributed.backend": "single"}, default="single") == [("ddp", False), ("ddp", True)]
     assert _cands({"distributed.backend": "ddp"}, default="ddp") == [("ddp", False), ("ddp", True)]
     assert _cands({"distributed.zero_stage": 3}) == [("zero3", False), ("zero3", True), ("zero3_offload", False),
                                                      ("zero3_offload", True)]
@@ -716,6 +726,7 @@ def test_candidates_follow_the_policy_order_filtered_by_what_is_allowed():
                                                                     ("ddp", True), ("zero2_offload", False),
                                                                     ("zero2_offload", True)]
     assert _cands({"distributed.offload_optimizer": True}) == [("zero2_offload", False), ("zero2_offload", True),
+                                                               ("fsdp_offload", False), ("fsdp_offload", True),
                                                                ("zero3_offload", False), ("zero3_offload", True)]
     assert _cands({"distributed.offload_optimizer": False}) == [o for o in POLICY_ORDER if "offload" not in o[0]]
 
@@ -724,7 +735,10 @@ def test_on_one_process_plain_zero_is_offered_only_when_asked_for():
     """ZeRO on one process partitions nothing: only its offload variants are worth it, unless the user asked
     for DeepSpeed or a stage."""
     assert _cands(world=1) == [o for o in POLICY_ORDER if o[0] == "ddp" or "offload" in o[0]]
-    assert _cands({"distributed.backend": "deepspeed"}, world=1) == [o for o in POLICY_ORDER if o[0] != "ddp"]
+    assert _cands({"distributed.backend": "deepspeed"}, world=1) == [o for o in POLICY_ORDER if o[0] in DEEPSPEED]
+    # FSDP2 alike: on one process only CPUOffloadPolicy, unless FSDP2 is what you asked for
+    assert _cands({"distributed.backend": "fsdp"}, world=1, default="fsdp") == [
+        o for o in POLICY_ORDER if o[0].startswith("fsdp")]
     assert _cands({"distributed.zero_stage": 1}, world=1) == [("zero1", False), ("zero1", True)]
 
 
@@ -933,8 +947,9 @@ def test_with_no_memory_known_at_all_the_blind_estimate_is_of_the_checkpointing_
 def test_force_keeps_the_checkpointing_of_the_smallest_need():
     """P = 2e9 on one GPU (30000 MiB free, 24.90 GiB - 600 MiB of CUDA context = 24.32 GiB usable), no DeepSpeed:
     DDP's 16P = 29.8 GiB fits neither way; --force takes the smaller need, DDP + checkpointing at micro-batch 1
-    (16P + 100,000 B = 29.80 GiB), and the plan turns checkpointing on."""
-    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"})
+    (16P + 100,000 B = 29.80 GiB), and the plan turns checkpointing on. (One process, no sharding: FSDP2's CPU
+    offload would fit it.)"""
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py", "distributed.backend": "single"})
     p = plan(gpus(1, 30000, deepspeed=None), cfg, facts=facts(2_000_000_000), force=True)
     assert (p.memory.gradient_checkpointing, p.batch.micro_batch_size) == (True, 1)
     assert p.memory.estimate.strategy == "DDP + checkpointing"
@@ -960,8 +975,9 @@ def test_a_policy_whose_first_choice_fits_names_nothing_rejected(tmp_path):
 def test_a_model_whose_single_sample_does_not_fit_is_refused_never_planned_at_micro_batch_0():
     """P = 1e9 on one GPU (24.90 GiB - 600 MiB of CUDA context = 24.32 GiB usable), bf16 activations of 2e10 B per
     sample (1.5e10 with checkpointing): 16P = 14.90 GiB of states would fit alone, but not with one sample: DDP
-    16e9 + 2e10 B = 33.5 GiB, with checkpointing 16e9 + 1.5e10 B = 28.9 GiB. The halving stops at micro-batch 1."""
-    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"})
+    16e9 + 2e10 B = 33.5 GiB, with checkpointing 16e9 + 1.5e10 B = 28.9 GiB. The halving stops at micro-batch 1.
+    (One process, no sharding: FSDP2's CPU offload with checkpointing would fit it, 8e9 + 1.5e10 B.)"""
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py", "distributed.backend": "single"})
     with pytest.raises(PlanRefused) as e:
         plan(gpus(1, 30000, deepspeed=None), cfg, facts=facts(1_000_000_000, per_sample=20_000_000_000,
                                                               ckpt_per_sample=15_000_000_000))

@@ -786,3 +786,45 @@ def test_a_script_that_reads_the_plans_file_is_handed_every_value_it_holds(tmp_p
     via = "environment (AUTOTUNE_PLAN, the plan's file, read by the script)"
     assert d.advisory == [] and d.routes["micro_batch_size"] == [via] and d.routes["num_workers"] == [via]
     assert d.routes["learning_rate"][0].startswith("yours: training.learning_rate is not set")
+
+
+FSDP_HF = """
+    from transformers import HfArgumentParser, TrainingArguments
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+"""
+
+
+def test_an_fsdp2_plan_reaches_hf_trainer_accelerate_and_fully_shard_scripts(tmp_path):
+    """HF Trainer on GPUs gets a bare --fsdp and --fsdp_config as JSON (transformers parses it into FSDP2's
+    plugin arguments); an Accelerator() the FSDP variables; a script that calls fully_shard runs it itself; a plain
+    DDP script is told the engine is advisory. On CPU processes Accelerate and Trainer train with DDP: no route."""
+    import json
+
+    hf = script(tmp_path, FSDP_HF, "hf.py")
+    gpu = a_plan(**{"distributed.backend": "fsdp"})
+    extra, used = wire_flags(hf, gpu, placeholder_values(gpu, tmp_path, None), [])
+    i = extra.index("--fsdp")
+    assert extra[i + 1] == "--fsdp_config" and used["engine"] == "--fsdp"
+    config = json.loads(extra[i + 2])
+    # the script's model is not described: no unit class, so Trainer wraps the model's _no_split_modules
+    assert config == {"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                      "state_dict_type": "SHARDED_STATE_DICT",
+                      "reshard_after_forward": gpu.engine.reshard_after_forward, "cpu_ram_efficient_loading": False,
+                      "activation_checkpointing": False, "cpu_offload": False}
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    (args,) = transformers.HfArgumentParser(transformers.TrainingArguments).parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path / "o"), *extra[i:i + 3]])
+    assert args.fsdp_plugin_args["fsdp_version"] == 2 and args.fsdp_plugin_args["state_dict_type"] == \
+        "SHARDED_STATE_DICT" and args.fsdp_plugin_args["reshard_after_forward"] is gpu.engine.reshard_after_forward
+    assert delivery(gpu, hf, [], used, [], False).routes["engine"] == ["Trainer's --fsdp and --fsdp_config (FSDP2)"]
+    acc = script(tmp_path, "from accelerate import Accelerator\nacc = Accelerator()\n", "a.py")
+    assert delivery(gpu, acc, [], {}, [], False).routes["engine"][0].startswith("environment (ACCELERATE_USE_FSDP")
+    own = script(tmp_path, "from torch.distributed.fsdp import fully_shard\nfully_shard(model)\n", "f.py")
+    assert own.uses_fully_shard
+    assert delivery(gpu, own, [], {}, [], False).routes["engine"] == ["the script wraps its model with FSDP itself"]
+    d = delivery(gpu, script(tmp_path, ARGPARSE), [], {}, [], False)
+    assert "engine" in d.advisory and any(s.startswith("the script was given no way to run FSDP2") for s in d.summary())
+    cpu = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
+        "training.entrypoint": "hf.py", "distributed.backend": "fsdp", "distributed.nproc_per_node": 2}))
+    assert wire_flags(hf, cpu, placeholder_values(cpu, tmp_path, None), [])[1].get("engine") is None
+    assert "engine" in delivery(cpu, acc, [], {}, [], False).advisory

@@ -1,0 +1,293 @@
+"""PyTorch FSDP2 in the ranks: the engine (``fully_shard`` on each unit, then the root) and its checkpoints through
+``torch.distributed.checkpoint`` (DCP), which any world size reads back.
+
+The model is wrapped as ``plan.engine.fsdp_unit`` says (the built-in GPT: each ``Block``), then the root, under
+``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` on GPUs with bf16 and plain fp32 otherwise (autotune
+does not run FSDP2 in fp16: the loss scale would have to be agreed across shards). ``CPUOffloadPolicy`` when the plan
+offloads. Gradients are reduce-scattered at every micro-step (the loss is divided by the accumulation, as for DDP).
+
+A checkpoint (``checkpoint.CheckpointManager`` writes the rest of the folder) holds:
+
+- ``fsdp/``: the sharded model and optimizer state (``get_state_dict``), written by every rank with DCP; tensors
+  only, so nothing in it is unpickled as code on the way back: DCP's ``.metadata`` is read by an unpickler that
+  builds DCP's own metadata classes, torch sizes and dtypes and nothing else (DCP itself calls ``pickle.load``), and
+  a non-tensor entry (which DCP would ``torch.load(weights_only=False)``) is refused;
+- ``trainer.json``: the optimizer's param groups and the scheduler's state (numbers and names), written by rank 0;
+- ``model.pt``: the full fp32 weights (rank 0, as every engine writes them).
+
+Resuming reads ``fsdp/`` into this run's shards whatever the world size was (DCP reshards), and ``set_state_dict``
+puts it in place. A DDP or single-process checkpoint (``model.pt`` + ``trainer.pt``) continues under FSDP2: its full
+weights and optimizer state are sharded on the way in (``set_state_dict`` with ``full_state_dict``); and an FSDP2
+checkpoint continues under DDP or one process (``load_into_local``: DCP gathers the shards into whole tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import pickle
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from autotune.errors import UserError
+from autotune.plan import TrainingPlan
+from autotune.runtime.dist import DistContext
+
+SHARDED_DIR = "fsdp"  # the DCP folder inside a checkpoint
+TRAINER_JSON = "trainer.json"  # param groups and the scheduler's state (rank 0)
+
+
+# -- checkpoints as data ----------------------------------------------------------------------------------------
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+_ALLOWED = {
+    (_DCP_METADATA, name) for name in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                                       "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+                                       "_MEM_FORMAT_ENCODING")
+} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+     ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+     ("collections", "OrderedDict")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's ``.metadata`` as data: only its own metadata classes, torch sizes, dtypes and layouts are built."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in _ALLOWED or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+
+def _reader(path: Path):
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class DataOnlyReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            with open(Path(self.path) / ".metadata", "rb") as f:
+                metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return DataOnlyReader(str(path))
+
+
+def _planner():
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class TensorsOnly(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value):
+            raise UserError(f"--resume_from: the checkpoint holds a non-tensor entry ({read_item.dest_index.fqn}); "
+                            "autotune's FSDP2 checkpoints hold tensors only and never unpickle objects")
+
+    return TensorsOnly()
+
+
+def _json_ready(obj):
+    """Param groups and scheduler state as JSON (tuples become lists; a value JSON cannot hold is refused)."""
+    return json.loads(json.dumps(obj))
+
+
+def _save_trainer(directory: Path, param_groups: list, scheduler) -> None:
+    (directory / TRAINER_JSON).write_text(json.dumps(
+        {"param_groups": _json_ready(param_groups), "scheduler": _json_ready(scheduler.state_dict())}, indent=1))
+
+
+def _read_trainer(directory: Path) -> dict:
+    from autotune.safe_input import load_json, read_text
+
+    data = load_json(read_text(directory / TRAINER_JSON, "--resume_from"), f"--resume_from: {directory}")
+    if not isinstance(data, dict) or not isinstance(data.get("param_groups"), list) or \
+            not isinstance(data.get("scheduler"), dict):
+        raise UserError(f"--resume_from: {directory / TRAINER_JSON} is not the trainer state autotune wrote")
+    for group in data["param_groups"]:
+        if isinstance(group.get("betas"), list):
+            group["betas"] = tuple(group["betas"])
+    return data
+
+
+def save_sharded(directory: Path, module: nn.Module, optimizer, scheduler, is_main: bool) -> None:
+    """Every rank writes its shards of the model and the optimizer state (a collective); rank 0 the rest."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(module, optimizer)
+    dcp.save({"model": model_sd, "optim": {"state": optim_sd["state"]}},
+             storage_writer=dcp.FileSystemWriter(str(directory / SHARDED_DIR)))
+    if is_main:
+        _save_trainer(directory, optim_sd["param_groups"], scheduler)
+
+
+def _load(directory: Path, module: nn.Module, optimizer, *, model: bool) -> dict:
+    """The checkpoint's model (when ``model``) and optimizer state, in this run's layout (DCP reshards)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(module, optimizer)
+    trainer = _read_trainer(directory)
+    state = {"optim": {"state": optim_sd["state"]}}
+    if model:
+        state["model"] = model_sd
+    try:
+        dcp.load(state, storage_reader=_reader(directory / SHARDED_DIR), planner=_planner(),
+                 no_dist=not (dist.is_available() and dist.is_initialized()))
+    except dcp.api.CheckpointException as e:  # DCP wraps each rank's failure: say the cause, not the wrapping
+        causes = [f[0] if isinstance(f, tuple) else f for f in getattr(e, "failures", {}).values()]
+        raise RuntimeError(f"{directory / SHARDED_DIR}: " + "; ".join(f"{type(c).__name__}: {c}" for c in causes)
+                           ) from None
+    set_state_dict(module, optimizer, model_state_dict=state["model"] if model else {},
+                   optim_state_dict={"state": state["optim"]["state"], "param_groups": trainer["param_groups"]})
+    return trainer
+
+
+def load_into_local(directory: Path, module: nn.Module, optimizer, scheduler) -> None:
+    """An FSDP2 checkpoint into a run of one process or DDP (the weights came from model.pt): the optimizer state,
+    gathered whole by DCP, and the scheduler's."""
+    trainer = _load(directory, module, optimizer, model=False)
+    scheduler.load_state_dict(trainer["scheduler"])
+
+
+def is_sharded(directory: Path) -> bool:
+    return (directory / SHARDED_DIR).is_dir()
+
+
+# -- the engine ---------------------------------------------------------------------------------------------------
+class FSDPEngine:
+    """FSDP2 over the plan's mesh (all ranks, one dimension): the engine module's ``LocalOptimizer`` (AdamW,
+    schedule, clipping) on the sharded parameters; ``make_engine`` hands it in with ``apply_hyperparameters``."""
+
+    name = "fsdp"
+
+    def __init__(self, plan: TrainingPlan, model: nn.Module, ctx: DistContext, loss_fn: Callable | None,
+                 local_optimizer: Callable, apply_hyperparameters: Callable):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        self.plan, self.ctx, self.loss_fn = plan, ctx, loss_fn
+        self._apply = apply_hyperparameters
+        eng = plan.engine
+        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        half = {"bf16": torch.bfloat16}.get(plan.numerics.precision)
+        policy = dict(mesh=mesh, reshard_after_forward=eng.reshard_after_forward,
+                      mp_policy=MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32) if half
+                      else MixedPrecisionPolicy())
+        if eng.offload_param:
+            policy["offload_policy"] = CPUOffloadPolicy()
+        else:
+            model = model.to(ctx.device)
+        units = [m for m in model.modules() if eng.fsdp_unit and type(m).__name__ == eng.fsdp_unit and m is not model]
+        for unit in units:
+            fully_shard(unit, **policy)
+        fully_shard(model, **policy)
+        self.module = self.model = model
+        self.num_units = len(units)
+        self.opt = local_optimizer(plan, model, ctx.device)
+
+    def autocast(self):
+        return contextlib.nullcontext()  # MixedPrecisionPolicy casts the gathered weights and the inputs
+
+    def _loss(self, x, y) -> torch.Tensor:
+        return self.model(x, y) if self.loss_fn is None else self.loss_fn(self.model(x), y)
+
+    def forward_backward(self, batch, boundary: bool) -> torch.Tensor:
+        x, y = (t.to(self.ctx.device, non_blocking=True) for t in batch)
+        loss = self._loss(x, y)
+        self.opt.backward(loss)
+        return loss.detach()
+
+    def forward_backward_guarded(self, batch, boundary: bool, agree: Callable[[bool], list[int]],
+                                 before_forward: Callable[[int], None] | None = None):
+        """``forward_backward`` with out-of-memory errors agreed by every rank (``LocalEngine``'s contract). FSDP2's
+        forward and backward gather and reduce-scatter unit by unit, so the ranks agree twice: before the forward
+        (no collective of the step has begun) and after the backward. Ranks hold equal shards and equal
+        micro-batches, so they run out together, in the same unit, and meet at the second agreement; a rank that
+        ran out alone leaves the others inside a collective, where the step watchdog ends the run naming it."""
+        x, y = (t.to(self.ctx.device, non_blocking=True) for t in batch)
+        ran_out = False
+        try:
+            if before_forward is not None:
+                before_forward(int(x.shape[0]))
+        except torch.OutOfMemoryError:
+            ran_out = True
+        who = agree(ran_out)
+        if who:
+            self._drop()
+            return None, who
+        loss = None
+        try:
+            loss = self._loss(x, y)
+            self.opt.backward(loss)
+        except torch.OutOfMemoryError:
+            ran_out = True
+        who = agree(ran_out)
+        if who:
+            del loss
+            self._drop()
+            return None, who
+        return loss.detach(), []
+
+    def _drop(self) -> None:
+        """Forget the step: gradients, and any unit left gathered by an interrupted forward."""
+        from torch.distributed.fsdp import FSDPModule
+
+        self.opt.optimizer.zero_grad(set_to_none=True)
+        for m in self.module.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
+        if self.ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def set_accumulation(self, steps: int) -> None:
+        self.opt.accum = steps
+
+    def step(self) -> float:
+        return self.opt.step()
+
+    def lr(self) -> float:
+        return self.opt.lr()
+
+    def train(self) -> None:
+        self.model.train()
+
+    def eval(self) -> None:
+        self.model.eval()
+
+    def full_state_dict(self) -> dict | None:
+        """The whole fp32 weights on rank 0 (a collective: every rank joins the gathers)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return full if self.ctx.is_main else None
+
+    def save_state(self, directory: Path, is_main: bool) -> None:
+        save_sharded(directory, self.module, self.opt.optimizer, self.opt.scheduler, is_main)
+
+    def load_state(self, directory: Path) -> None:
+        if is_sharded(directory):
+            trainer = _load(directory, self.module, self.opt.optimizer, model=True)
+            self.opt.scheduler.load_state_dict(trainer["scheduler"])
+            return
+        self._load_full(directory)
+
+    def _load_full(self, directory: Path) -> None:
+        """A DDP or single-process checkpoint: whole weights and optimizer state, sharded on the way in."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        weights = torch.load(directory / "model.pt", map_location="cpu", weights_only=True)
+        trainer = torch.load(directory / "trainer.pt", map_location="cpu", weights_only=True)
+        names = [n for n, _ in self.module.named_parameters()]
+        saved = trainer["optimizer"]
+        optim = {"state": {names[i]: s for i, s in saved["state"].items()},
+                 "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]]}
+        set_state_dict(self.module, self.opt.optimizer, model_state_dict=weights, optim_state_dict=optim,
+                       options=StateDictOptions(full_state_dict=True))
+        self.opt.scheduler.load_state_dict(trainer["scheduler"])
+
+    def apply_hyperparameters(self) -> None:
+        self._apply(self.plan, self.opt.optimizer, self.opt.scheduler)
