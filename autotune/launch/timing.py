@@ -68,12 +68,19 @@ def write(run_dir: Path, record: dict) -> Path:
     return path
 
 
-def report(plan, run_dir: Path, out) -> None:
-    """After a run of the built-in loop: compare, print, write timing.json (never fails the launch)."""
-    record, lines = compare(plan, measured_from_metrics(run_dir), "the built-in loop, after its first logged window")
+def report(setup, run_dir: Path, out) -> None:
+    """After a run of the built-in loop: compare, print, write timing.json and keep the measured figure for later
+    plans of the same model on this kind of machine (``autotune.rundir.speeds``; node 0); never fails the launch."""
+    from autotune.rundir.speeds import record as keep
+
+    plan = setup.plan
+    measured = measured_from_metrics(run_dir)
+    record, lines = compare(plan, measured, "the built-in loop, after its first logged window")
     try:
         write(run_dir, record)
     except OSError as e:
         lines.append(f"warning: timing.json not written ({e})")
+    if measured is not None and plan.engine.node_rank == 0:
+        keep(*setup.speed_key, plan, measured, record["predicted_samples_per_s"], Path(run_dir).absolute())
     for line in lines:
         print(line, file=out)
