@@ -57,7 +57,7 @@ bench-gpu-truth: install
 	$(PY) bench/score_gpu_truth.py --deepspeed
 
 # Mutation testing of the pure core against tests/unit (config: [tool.mutmut] in pyproject.toml;
-# scores in QUALITY.md). Not part of `make test`: about an hour on 2 cores (QUALITY.md).
+# scores in QUALITY.md). Not part of `make test`: about 2 hours on 2 cores.
 mutation: install
 	$(PIP) install -q "mutmut==3.8.1"
 	rm -rf mutants

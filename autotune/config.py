@@ -30,8 +30,8 @@ SAMPLE_SHAPE_RE = r"^(float|int)?\[(\d+(?:,\d+)*)\](?:<(\d+))?$"
 
 # -- field types that accept "auto" ------------------------------------------------
 
-# The validators are module functions bound with partial (not closures made at import): each call runs
-# the function itself, which is what mutation testing can change and the tests then see.
+# One validator per kind of value ("auto" or an integer in bounds, a bool, a choice); each field type below binds
+# its own bounds or choices with partial, so a type and its rule read on one line.
 def _auto_or_int(v: Any, minimum: int, what: str, maximum: int = 2**24):
     if v is None or v == AUTO:
         return AUTO

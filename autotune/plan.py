@@ -5,35 +5,12 @@
 JSON validation) and what users' scripts read (``autotune.current_plan()``). It is made
 of typed, frozen sections; nothing in it is a free-form dict of config values.
 
-Sections (read as ``plan.<section>.<field>``):
-
-- ``engine``    backend (single | ddp | deepspeed), zero_stage, device (cuda | cpu),
-                num_nodes, node_rank, master_addr, master_port, nproc_per_node,
-                world_size, num_gpus (per node, 0 on CPU), offload_optimizer, offload_param
-                (ZeRO-3), timeout_s (process-group timeout).
-- ``batch``     micro_batch_size (per process), gradient_accumulation_steps,
-                global_batch_size (= micro x accumulation x world_size, what really runs),
-                target_global_batch_size (what the config asked for), global_batch_deviation.
-- ``numerics``  precision (bf16 | fp16 | fp32), tf32.
-- ``memory``    gradient_checkpointing, gpu_memory_gib (per-GPU memory planned for),
-                estimate (strategy, parameters, model states, activations, overhead, total,
-                budget, host RAM of offloaded state; GiB; what is unknown and why).
-- ``loader``    num_workers, pin_memory, prefetch_factor (DataLoader, per process),
-                omp_num_threads.
-- ``schedule``  learning_rate (peak), warmup_steps, min_lr_ratio, epochs, max_steps,
-                steps_per_epoch, total_steps.
-- ``optimizer`` name, betas, eps, weight_decay, gradient_clipping (None = off); the
-                DeepSpeed JSON and ``torch.optim`` both take them from here.
-- ``run``       seed, eval/log/save intervals, keep_last, save_at_end, logging sinks,
-                entrypoint, resume_from (a concrete checkpoint path or None),
-                auto_optimize, debug.
-- ``workload``  the built-in model and data (ignored by users' own scripts except
-                ``data.num_samples``).
-- ``reasons``   knob -> one sentence; ``overrides`` knob -> {auto, chosen} for every value
-                the user set; ``warnings``; ``hardware`` (a one-line summary).
-
-``public_dict(plan)`` is the flat view printed by ``plan --json`` (a stable interface:
-tests compare it with recorded outputs for every preset).
+Read it as ``plan.<section>.<field>``: ``engine``, ``batch``, ``numerics``, ``memory``, ``loader``,
+``schedule``, ``optimizer``, ``run``, ``workload``, then ``reasons``, ``overrides``, ``warnings`` and
+``hardware``. ``public_dict(plan)`` is the flat view printed by ``plan --json`` (a stable interface: tests
+compare it with recorded outputs for every preset). Every field and key, with its type, default and meaning, is
+in docs/plan-fields.md, generated from the models below and their comments by tools/plan_fields.py (a unit
+test fails when the two disagree): a field's comment here is its documentation.
 """
 
 from __future__ import annotations
@@ -67,39 +44,46 @@ class _Section(BaseModel):
 
 
 class EngineSection(_Section):
-    backend: Backend
-    zero_stage: int | None = Field(None, ge=0, le=3)
-    device: Device
+    """Which engine runs, on how many processes and nodes, and how long each wait may last."""
+
+    backend: Backend  # the one dispatch: one process, DDP through torchrun, or DeepSpeed through torchrun
+    zero_stage: int | None = Field(None, ge=0, le=3)  # DeepSpeed's zero_optimization.stage; null without DeepSpeed
+    device: Device  # where the ranks compute
     num_nodes: int = Field(1, ge=1)
-    node_rank: int = Field(0, ge=0)
-    master_addr: str = "127.0.0.1"
-    master_port: int = Field(29500, ge=1, le=65535)
+    node_rank: int = Field(0, ge=0)  # this node's rank, 0 .. num_nodes - 1
+    master_addr: str = "127.0.0.1"  # the rank-0 node, where the nodes meet
+    master_port: int = Field(29500, ge=1, le=65535)  # node 0's port: the nodes' meeting, then torchrun's store
     rdzv_id: str | None = None  # the SLURM job id: torchrun's c10d rendezvous (same command on every node)
-    nproc_per_node: int = Field(ge=1)
-    world_size: int = Field(ge=1)
-    num_gpus: int = Field(0, ge=0)
-    offload_optimizer: bool = False
+    nproc_per_node: int = Field(ge=1)  # processes on each node: one per GPU, or the CPU processes asked for
+    world_size: int = Field(ge=1)  # nproc_per_node x num_nodes
+    num_gpus: int = Field(0, ge=0)  # GPUs used on each node; 0 on CPU
+    offload_optimizer: bool = False  # DeepSpeed keeps the optimizer state in host RAM
     offload_param: bool = False  # ZeRO-3 parameter offload to host RAM
-    timeout_s: int = Field(1800, ge=1)
+    timeout_s: int = Field(1800, ge=1)  # the process group's (NCCL / gloo) timeout
     rendezvous_timeout_s: int = Field(60, ge=1)  # nodes waiting for each other (multi-node)
-    max_restarts: int = Field(0, ge=0)
-    setup_timeout_s: int = Field(1200, ge=1)  # per-phase hang budgets, watched in every rank
-    step_timeout_s: int = Field(600, ge=1)
+    max_restarts: int = Field(0, ge=0)  # torchrun restarts of the group; ranks resume from the newest good checkpoint
+    # per-phase hang budgets, watched in every rank: a rank past one ends the job, named
+    setup_timeout_s: int = Field(1200, ge=1)  # joining the group, building the engine, the first step
+    step_timeout_s: int = Field(600, ge=1)  # one optimizer step
     exit_barrier_s: int = Field(30, ge=1)  # a finished node waits this long for the others' agents
-    checkpoint_timeout_s: int = Field(1200, ge=1)  # torchrun restarts of the group; ranks resume from the newest good checkpoint
+    checkpoint_timeout_s: int = Field(1200, ge=1)  # writing one checkpoint
 
 
 class BatchSection(_Section):
-    micro_batch_size: int = Field(ge=1)
-    gradient_accumulation_steps: int = Field(ge=1)
-    global_batch_size: int = Field(ge=1)
-    target_global_batch_size: int = Field(ge=1)
-    global_batch_deviation: int
+    """The batch: what one process takes per forward, and what one optimizer step sees."""
+
+    micro_batch_size: int = Field(ge=1)  # samples per process per forward and backward
+    gradient_accumulation_steps: int = Field(ge=1)  # micro-batches per optimizer step
+    global_batch_size: int = Field(ge=1)  # micro x accumulation x world_size: what really runs
+    target_global_batch_size: int = Field(ge=1)  # what the config asked for (training.global_batch_size)
+    global_batch_deviation: int  # global_batch_size - target_global_batch_size
 
 
 class NumericsSection(_Section):
-    precision: Precision
-    tf32: bool = False
+    """The number formats of the step."""
+
+    precision: Precision  # bf16 or fp16 autocast (fp16 with loss scaling), or fp32
+    tf32: bool = False  # TensorFloat-32 matmuls (compute capability >= 8.0)
 
 
 class MemoryEstimate(_Section):
@@ -108,17 +92,19 @@ class MemoryEstimate(_Section):
     strategy: str = ""  # e.g. "ZeRO-2", "DDP"
     model_source: str = ""  # where the model facts come from
     num_parameters: int | None
-    model_states_gib: float | None
-    activations_gib: float | None
-    overhead_gib: float = 0.0
-    total_gib: float | None
-    budget_gib: float | None
+    model_states_gib: float | None  # weights, gradients and optimizer state as the engine holds them at the peak
+    activations_gib: float | None  # traced (or probed) at the planned micro-batch
+    overhead_gib: float = 0.0  # DeepSpeed's communication buckets as configured; 0 for other engines and on CPU
+    total_gib: float | None  # the allocated peak: states + activations + overhead
+    budget_gib: float | None  # usable memory: free x the policy's headroom, less what the allocator never counts
     host_gib_per_node: float | None = None  # offloaded state in host RAM, with the policy's margin
     unknown: str | None = None  # what the estimate cannot know, and why
 
 
 class MemorySection(_Section):
-    gradient_checkpointing: bool = False
+    """What the plan holds in memory, and the estimate that says it fits."""
+
+    gradient_checkpointing: bool = False  # activations recomputed in backward instead of kept
     gpu_memory_gib: float | None = None  # per-GPU memory the plan was sized for
     estimate: MemoryEstimate | None = None
     # DeepSpeed's reduce/allgather/prefetch bucket in elements, sized by the planner for this GPU memory
@@ -127,10 +113,12 @@ class MemorySection(_Section):
 
 
 class LoaderSection(_Section):
-    num_workers: int = Field(0, ge=0)
-    pin_memory: bool = False
-    prefetch_factor: int | None = Field(None, ge=1)
-    omp_num_threads: int = Field(1, ge=1)
+    """The DataLoader of each process, and its CPU threads."""
+
+    num_workers: int = Field(0, ge=0)  # DataLoader workers per process
+    pin_memory: bool = False  # page-locked batches, copied to the GPU without a staging copy
+    prefetch_factor: int | None = Field(None, ge=1)  # batches each worker loads ahead; null without workers
+    omp_num_threads: int = Field(1, ge=1)  # OMP_NUM_THREADS of each process (a value you export wins)
 
 
 class TimeEstimate(_Section):
@@ -141,60 +129,69 @@ class TimeEstimate(_Section):
     optimizer_step_s: float | None = None  # the optimizer step (CPU Adam under offload)
     communication_s: float | None = None  # collectives and PCIe per optimizer step, not hidden behind backward
     step_s: float | None = None  # one optimizer step, accumulation and communication included
-    samples_per_s: float | None = None
-    tokens_per_s: float | None = None
+    samples_per_s: float | None = None  # global batch / step_s, the whole job's
+    tokens_per_s: float | None = None  # samples_per_s x the sequence length, for a model that has one
     total_s: float | None = None  # the configured steps (or epochs)
-    speedup_vs_1_gpu: float | None = None
-    basis: str = ""
-    speedup_basis: str | None = None
-    unknown: dict[str, str] = {}
+    speedup_vs_1_gpu: float | None = None  # samples_per_s against the same model on one of these GPUs
+    basis: str = ""  # where the figures come from: the model's work, the GPU table's row, the links
+    speedup_basis: str | None = None  # what the one-GPU figure assumed
+    unknown: dict[str, str] = {}  # field -> why it is null
 
 
 class ScheduleSection(_Section):
-    learning_rate: float = Field(gt=0)
-    warmup_steps: int = Field(0, ge=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    epochs: int | None = None
-    max_steps: int | None = None
-    steps_per_epoch: int | None = None
+    """How long the run is and how its learning rate moves: linear warm-up, then cosine decay."""
+
+    learning_rate: float = Field(gt=0)  # the peak, after training.lr_scaling
+    warmup_steps: int = Field(0, ge=0)  # optimizer steps of linear warm-up from 0 to learning_rate
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)  # the cosine ends at learning_rate x this
+    epochs: int | None = None  # passes over the data; max_steps wins when set
+    max_steps: int | None = None  # optimizer steps; wins over epochs when set
+    steps_per_epoch: int | None = None  # optimizer steps; null when the data's size is not known
+    # optimizer steps of the whole run; null when neither max_steps nor the data's size is known
     total_steps: int | None = None
     time_estimate: TimeEstimate | None = None
 
 
 class OptimizerSection(_Section):
+    """AdamW's settings: the DeepSpeed JSON and ``torch.optim`` both take them from here."""
+
     name: Literal["adamw"] = "adamw"
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = Field(0.01, ge=0)
-    gradient_clipping: float | None = Field(1.0, gt=0)  # max global grad norm; None = no clipping
+    gradient_clipping: float | None = Field(1.0, gt=0)  # max global gradient norm; null: no clipping
 
 
 class RunSection(_Section):
+    """The run around the steps: seed, intervals, checkpoints, logging sinks and the script that trains."""
+
     seed: int = 42
-    eval_every_steps: int = Field(50, ge=1)
-    log_every_steps: int = Field(10, ge=1)
-    save_every_steps: int | None = Field(100, ge=1)
-    keep_last: int = Field(3, ge=1)
-    save_at_end: bool = True
-    preemption_grace_s: int = 60
+    eval_every_steps: int = Field(50, ge=1)  # the built-in workload's validation interval, in optimizer steps
+    log_every_steps: int = Field(10, ge=1)  # one log line (and metrics record) per this many optimizer steps
+    save_every_steps: int | None = Field(100, ge=1)  # null: no checkpoint on an interval
+    keep_last: int = Field(3, ge=1)  # checkpoints kept; older ones are deleted
+    save_at_end: bool = True  # a checkpoint after the last step
+    preemption_grace_s: int = 60  # after a stop signal: how long the ranks have to finish the step and save
     tensorboard: bool = True
     wandb: bool = False
     wandb_project: str = "autotune"
     wandb_entity: str | None = None
-    progress_bar: bool | Literal["auto"] = "auto"
-    entrypoint: str | None = None
+    progress_bar: bool | Literal["auto"] = "auto"  # auto: on a terminal only
+    entrypoint: str | None = None  # your script (a path, or package.module:function); null: the built-in workload
     # plan values that are only the built-in workload's defaults, for a user's script that did not set them: they
     # never reach the script (its own defaults stay) and are not judged against what it runs
     script_defaults: tuple[str, ...] = ()
     observe: bool = True  # a user's script is observed (autotune.runtime.observe) and delivery judged by it
     strict: bool = False  # a script observed training another effective batch or engine is stopped
     script_args: tuple[str, ...] = ()  # the config's training.script_args, placeholders not yet expanded
-    resume_from: str | None = None  # resolved once by the launcher: a checkpoint directory or None
-    auto_optimize: bool = True
-    debug: bool = False
+    resume_from: str | None = None  # resolved once by the launcher: a checkpoint directory, or null
+    auto_optimize: bool = True  # false: --no_auto_optimize, the config taken verbatim
+    debug: bool = False  # --debug: a tiny, fast run
 
 
 class BuiltinModel(_Section):
+    """The built-in GPT (``autotune.runtime.workload``)."""
+
     n_layer: int = 2
     n_head: int = 4
     n_embd: int = 64
@@ -202,19 +199,25 @@ class BuiltinModel(_Section):
 
 
 class BuiltinData(_Section):
+    """The built-in task: sorting digits, generated from ``seed``."""
+
     seq_len: int = 8
     vocab_size: int = 10
-    num_samples: int | None = 16384
+    num_samples: int | None = 16384  # training samples per epoch; your script's data size when it says so
     num_val_samples: int = 1024
     seed: int = 1234
 
 
 class WorkloadSection(_Section):
+    """The built-in model and data; a script of your own reads only ``data.num_samples``."""
+
     model: BuiltinModel = BuiltinModel()
     data: BuiltinData = BuiltinData()
 
 
 class Override(_Section):
+    """A value you set: what the planner would have chosen, and what you chose."""
+
     auto: Any
     chosen: Any
 
@@ -229,9 +232,9 @@ class TrainingPlan(_Section):
     optimizer: OptimizerSection
     run: RunSection
     workload: WorkloadSection
-    reasons: dict[Knob, str] = {}
-    overrides: dict[Knob, Override] = {}
-    warnings: tuple[str, ...] = ()
+    reasons: dict[Knob, str] = {}  # knob -> one sentence saying why it has its value
+    overrides: dict[Knob, Override] = {}  # knob -> {auto, chosen} for every value you set
+    warnings: tuple[str, ...] = ()  # what to watch: a global batch off its target, a node that differs, ...
     hardware: str = ""  # one-line summary of the profile planned for
 
     @property

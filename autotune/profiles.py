@@ -54,8 +54,8 @@ class GPUInfo(_Frozen):
     def compute_capability_tuple(self) -> tuple[int, int] | None:
         if not self.compute_capability:
             return None
-        major, _, minor = self.compute_capability.partition(".")
-        return int(major), int(minor or 0)
+        found = re.fullmatch(r"([0-9]+)(?:\.([0-9]+))?", self.compute_capability)
+        return (int(found.group(1)), int(found.group(2) or 0)) if found else None  # not a capability: unknown
 
 
 Interconnect = Literal["nvlink", "pcie", "none", "unknown"]
@@ -114,6 +114,22 @@ class SlurmInfo(_Frozen):
     mem_per_node_mib: int | None = None
 
 
+class KubernetesInfo(_Frozen):
+    """A Kubernetes pod (KUBERNETES_SERVICE_HOST is set) and what a training operator told it about the job:
+    the Kubeflow Trainer's PET_NNODES / PET_NODE_RANK / PET_MASTER_ADDR / PET_MASTER_PORT (torchrun's own
+    defaults), or the v1 operator's WORLD_SIZE / RANK / MASTER_ADDR where one pod is one node
+    (``autotune.hardware.kubernetes``). ``sources`` names the variable each value came from."""
+
+    pod: bool = False
+    num_nodes: int | None = Field(None, ge=1, le=100_000)
+    node_rank: int | None = Field(None, ge=0)
+    master_addr: str | None = Field(None, max_length=253)
+    master_port: int | None = Field(None, ge=1, le=65535)
+    nproc_per_node: str | None = Field(None, max_length=16)  # PET_NPROC_PER_NODE as given; each node plans its own
+    sources: dict[str, str] = {}
+    error: str | None = Field(None, max_length=2000)  # a variable that cannot be read: the plan refuses, naming it
+
+
 class HardwareProfile(_Frozen):
     schema_version: int = SCHEMA_VERSION
     source: str = "detected"  # "detected" or "preset:<name>" or a file path
@@ -125,6 +141,7 @@ class HardwareProfile(_Frozen):
     memory: MemoryInfo = MemoryInfo()
     infiniband: tuple[str, ...] | None = None  # None = unknown, () = none present
     slurm: SlurmInfo | None = None
+    kubernetes: KubernetesInfo | None = None
     software: dict[str, str | None] = {}
     unknown: dict[str, str] = {}  # dotted field -> why it is unknown
 
@@ -157,6 +174,28 @@ class HardwareProfile(_Frozen):
             raise UserError(f"{origin}: not a possible machine ({len(problems)} problem(s)); fix the numbers or "
                             "write the profile again with `python -m autotune.hardware report --json`", problems)
         return profile
+
+
+def peer_profile(data, node: int) -> HardwareProfile:
+    """A profile another node sent over the nodes' exchange, with the checks a profile file gets (its schema, its
+    fields, numbers no machine has): UserError "node N sent an impossible profile: field ..." (exit 2) otherwise."""
+    from autotune.errors import validation_problems
+
+    head = f"node {node} sent an impossible profile"
+    if not isinstance(data, dict):
+        raise UserError(f"{head}: not a JSON object")
+    if data.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise UserError(f"{head}: field schema_version: {data.get('schema_version')!r}, this autotune reads "
+                        f"{SCHEMA_VERSION}; run the same autotune on every node")
+    try:
+        profile = HardwareProfile.model_validate(data)
+    except ValidationError as e:
+        problems = validation_problems(e, keys_in="`python -m autotune.hardware report --json`")
+    else:
+        problems = profile_problems(profile)
+    if problems:
+        raise UserError(f"{head}: field {problems[0]}", problems[1:])
+    return profile
 
 
 def profile_problems(p: HardwareProfile) -> list[str]:

@@ -10,6 +10,7 @@ Every problem is a UserError (exit 2) naming the file and what to do.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -26,26 +27,35 @@ MAX_DEPTH = 32
 MAX_VALUES = 100_000  # values after aliases are expanded
 
 
-def read_text(path: str | Path, what: str, limit: int = MAX_BYTES) -> str:
-    """The text of a regular file of at most ``limit`` bytes; UserError naming ``what`` otherwise."""
+def read_text(path: str | Path, what: str, limit: int = MAX_BYTES, follow_links: bool = True) -> str:
+    """The text of a regular file of at most ``limit`` bytes; UserError naming ``what`` otherwise. The file is
+    opened without blocking and checked after opening (a named pipe swapped in after a check would hang a read);
+    ``follow_links=False`` (what a run directory holds): a symbolic link is refused by name, never followed."""
     p = Path(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        st = os.stat(p)
+        fd = os.open(p, flags)
     except FileNotFoundError:
         raise UserError(f"{what}: no such file {str(p)!r}") from None
     except OSError as e:
+        if e.errno == errno.ELOOP and not follow_links:
+            raise UserError(f"{what}: {str(p)!r} is a symbolic link; autotune reads only regular files here, "
+                            "never a link: replace it with the file itself") from None
         raise UserError(f"{what}: cannot read {str(p)!r}: {e.strerror or e}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise UserError(f"{what}: {str(p)!r} is a directory, expected a file")
-    if not stat.S_ISREG(st.st_mode):
-        raise UserError(f"{what}: {str(p)!r} is not a regular file (a device, pipe or socket); give a file")
-    if st.st_size > limit:
-        raise UserError(f"{what}: {str(p)!r} is {st.st_size} bytes; the limit is {limit} (is it the right file?)")
     try:
-        with open(p, "rb") as f:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise UserError(f"{what}: {str(p)!r} is a directory, expected a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{what}: {str(p)!r} is not a regular file (a device, pipe or socket); give a file")
+        if st.st_size > limit:
+            raise UserError(f"{what}: {str(p)!r} is {st.st_size} bytes; the limit is {limit} (is it the right file?)")
+        with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(limit + 1)
     except OSError as e:
         raise UserError(f"{what}: cannot read {str(p)!r}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
     if len(data) > limit:
         raise UserError(f"{what}: {str(p)!r} is larger than {limit} bytes (is it the right file?)")
     try:

@@ -29,3 +29,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def in_process_cli(capsys, monkeypatch):
+    """`python -m autotune ...` in the test's process (a fresh interpreter costs a second a call): returns a
+    function(*args, env=None) -> (returncode, stdout, stderr), ``env`` the only PET_*, KUBERNETES_* and SLURM_*
+    variables it sees. Use it as a module's ``cli`` fixture where no child process is the point."""
+    from types import SimpleNamespace
+
+    from autotune.__main__ import main
+
+    def call(*args, env=None):
+        for k in [k for k in os.environ if k.startswith(("PET_", "KUBERNETES_", "SLURM_"))]:
+            monkeypatch.delenv(k)
+        for k, v in (env or {}).items():
+            monkeypatch.setenv(k, v)
+        rc = main(list(args[1:]))  # args[0]: the module, "autotune", as for the subprocess `cli`
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=rc, stdout=out.out, stderr=out.err)
+
+    return call

@@ -8,19 +8,26 @@ import shlex
 import sys
 
 HELP = ("write the plan as a DeepSpeed JSON, an Accelerate config YAML, a torchrun command line, an sbatch "
-        "script or a DeepSpeed hostfile")
+        "script, a DeepSpeed hostfile or a Kubernetes TrainJob / PyTorchJob")
 EPILOG = """examples:
   python -m autotune export --format deepspeed --hardware 4xL4 -o ds.json
   python -m autotune export --format accelerate -o accelerate.yaml
   python -m autotune export --format torchrun --script train.py -- --batch_size {micro_batch_size}
   python -m autotune export --format slurm --num_nodes 2 --hardware 8xA100-40GB --time 12:00:00 -o train.sbatch
   python -m autotune export --format deepspeed-hostfile   # inside a SLURM allocation
+  python -m autotune export --format kubeflow --hardware 2x4xL4 --image registry.example.com/train:1 -o job.yaml
 
 --format slurm (or sbatch) writes an sbatch script: one launcher per node (srun --ntasks-per-node=1
 --kill-on-bad-exit=1), autotune plans again on each node from the allocation and starts
 torchrun with a c10d rendezvous on the first host; the output goes to the run directory
 and to slurm-<name>-<id>.out in the submit directory); SIGUSR1 120 s before the time
-limit, requeue, resume auto."""
+limit, requeue, resume auto.
+
+--format kubeflow writes a Kubeflow Trainer v2 TrainJob (with its TrainingRuntime and a ReadWriteMany
+PersistentVolumeClaim for the run directory), --format pytorchjob a v1 PyTorchJob: every pod runs the
+launcher, reads its node rank and master from the operator's PET_* variables and plans for its own node;
+exit 75 (preempted, checkpoint saved) restarts the job, which resumes; exit 2 and 3 stop it. The header
+says how to apply it (docs/kubernetes.md)."""
 
 
 def _write_output(out, text: str, overwrite: bool) -> None:
@@ -60,18 +67,30 @@ def add_parser(sub) -> None:
     p = sub.add_parser("export", help=HELP, description=HELP, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--format", required=True, choices=["deepspeed", "accelerate", "torchrun", "slurm", "sbatch",
-                                                       "deepspeed-hostfile"],
+                                                       "deepspeed-hostfile", "kubeflow", "pytorchjob"],
                    help="sbatch is another name of slurm (an sbatch script)")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (refuses to overwrite)")
     p.add_argument("--overwrite", action="store_true", help="allow --output to overwrite an existing file")
     p.add_argument("--script", default="train.py",
                    help="training script for the torchrun and accelerate launch lines (default: train.py)")
     s = p.add_argument_group("--format slurm")
-    s.add_argument("--run_dir", metavar="DIR", help="run directory of the job (default: runs/slurm-<job name>)")
+    s.add_argument("--run_dir", metavar="DIR", help="run directory of the job (default: runs/slurm-<job name>; "
+                   "kubeflow/pytorchjob: /autotune/runs/<job name>, the claim mounted at its parent)")
     s.add_argument("--time", default="24:00:00", metavar="HH:MM:SS", help="time limit (default 24:00:00)")
     s.add_argument("--partition", metavar="NAME", help="SLURM partition")
     s.add_argument("--account", metavar="NAME", help="SLURM account")
     s.add_argument("--job_name", default="autotune", metavar="NAME", help="job name (default autotune)")
+    k = p.add_argument_group("--format kubeflow / pytorchjob")
+    k.add_argument("--image", metavar="REF", help="container image with autotune and torch (required), e.g. "
+                   "registry.example.com/team/train:1.0")
+    k.add_argument("--namespace", metavar="NAME", help="Kubernetes namespace (default: kubectl's current one)")
+    k.add_argument("--pvc", metavar="NAME", help="PersistentVolumeClaim for the run directory (default "
+                   "<job name>-runs)")
+    k.add_argument("--storage", default="100Gi", metavar="SIZE", help="its size (default 100Gi)")
+    k.add_argument("--storage_class", metavar="NAME", help="its storage class (one that offers ReadWriteMany)")
+    k.add_argument("--secret", metavar="NAME", help="Secret holding AUTOTUNE_JOB_SECRET (default <job name>-secret)")
+    k.add_argument("--job_restarts", type=int, default=3, metavar="N", help="kubeflow: restarts of the whole job "
+                   "after a failure other than preemption (default 3; preemptions do not count)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="after `--`: the training script's arguments "
                    "({placeholders} expanded for torchrun, kept for slurm where each node expands them)")
     add_plan_args(p)
@@ -159,6 +178,51 @@ def _accelerate(args, plan, raw: list[str]) -> str:
     return "".join(f"# {n}\n" for n in notes + warned) + yaml.safe_dump(cfg, sort_keys=False)
 
 
+def _kubernetes_flags(args) -> None:
+    """Before planning: flags a pod takes from the operator, and the image, which has no default."""
+    from autotune.errors import UserError
+
+    fmt = args.format
+    flags = [f"--{f}" for f in ("node_rank", "master_addr") if getattr(args, f) is not None]
+    if fmt == "kubeflow" and args.master_port is not None:
+        flags.append("--master_port")
+    if flags:
+        raise UserError(f"{', '.join(flags)}: every pod takes its rank and master from the operator's variables "
+                        "(PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT); drop the flag(s)")
+    if args.no_auto_optimize:
+        raise UserError("--no_auto_optimize: it takes node rank and master from the config alone, so every pod "
+                        "would train by itself; drop it (your config's values and flags still win)")
+    if not args.image:
+        raise UserError(f"--image: required for --format {fmt}: the container image every pod runs (with autotune "
+                        "and torch), e.g. --image registry.example.com/team/train:1.0")
+    if not 0 <= args.job_restarts <= 10_000:
+        raise UserError(f"--job_restarts: a number from 0 to 10000, got {args.job_restarts}")
+
+
+def _kubernetes(args, plan, raw: list[str]) -> str:
+    """The TrainJob (kubeflow) or PyTorchJob (pytorchjob) manifests: the launcher with the plan's flags and
+    no node flags in every pod; every value checked (exports.kubernetes.problems)."""
+    from autotune.commands.common import DEFAULT_CONFIG, plan_flags_argv
+    from autotune.exports import kubernetes as k8s
+
+    fmt, name = args.format, args.job_name
+    config = None if args.config == str(DEFAULT_CONFIG) else args.config  # the image's default otherwise
+    run_dir = args.run_dir or f"/autotune/runs/{name}"
+    command = k8s.launcher_command(config, plan_flags_argv(args, skip=("hardware", "config", "num_nodes", "node_rank",
+                                                                          "master_addr", "master_port")),
+                                   run_dir, raw)
+    job = k8s.Job(name=name, image=args.image, command=tuple(command), run_dir=run_dir,
+                  pvc=args.pvc or f"{name}-runs", storage=args.storage, secret=args.secret or f"{name}-secret",
+                  namespace=args.namespace, storage_class=args.storage_class, job_restarts=args.job_restarts)
+    docs = k8s.manifests(plan, job, fmt, cpu_on_purpose=args.num_gpus == 0)
+    if k8s.unpinned(args.image):
+        print(f"warning: --image {args.image} has no tag or digest: a restarted pod may pull another image than "
+              "the one that wrote the checkpoint; pin a tag or @sha256 digest", file=sys.stderr)
+    kind = "TrainJob" if fmt == "kubeflow" else "PyTorchJob"
+    out_name = args.output or f"{name}.yaml"
+    return k8s.render(docs, k8s.header(plan, job, kind, out_name, config))
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -169,6 +233,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.format == "sbatch":  # the help says "an sbatch script": the name users reach for
         args.format = "slurm"
+    if args.format in ("kubeflow", "pytorchjob"):
+        _kubernetes_flags(args)
     plan, hw, ds = plan_from_args(args)
     raw = list(args.script_args or [])
     if raw and raw[0] == "--":
@@ -192,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
 
         alloc = allocation(os.environ)
         text = deepspeed_hostfile(plan, alloc.hosts if alloc else (hw.slurm.hosts if hw.slurm else ()))
+    elif args.format in ("kubeflow", "pytorchjob"):
+        text = _kubernetes(args, plan, raw)
     else:
         text = _sbatch(args, plan, hw, raw)
     if args.output:

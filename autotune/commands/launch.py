@@ -53,6 +53,12 @@ def add_parser(sub) -> None:
                    "training.model on GPU 0, no timing of the model's step on this CPU (training.probe: false)")
     p.add_argument("--workdir", metavar="DIR", help="start your script in DIR (training.workdir); its path, the "
                    "config and --run_dir stay relative to where you launch")
+    p.add_argument("--trust_checkpoint", action="store_true",
+                   help="resume from a checkpoint that has no checksums.json (an older autotune's, or one you copied "
+                        "without it); it is still loaded as data only, never as code")
+    p.add_argument("--job_secret_file", metavar="FILE",
+                   help="the nodes' shared secret, the same on every node (default: $AUTOTUNE_JOB_SECRET); the "
+                        "multi-node hardware exchange admits only nodes that hold it")
     p.add_argument("script_args", nargs=argparse.REMAINDER,
                    help="after `--`: arguments passed to the training script")
     p.set_defaults(func=run)
@@ -100,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     planned = functools.partial(prepare, load_config(args.config), overrides, auto_optimize=not args.no_auto_optimize,
                                 debug=args.debug, policy=args.policy, run_dir=args.run_dir,
                                 resume_from=args.resume_from, script_args=script_args, environ=os.environ,
-                                python=sys.executable, force=args.force,
+                                python=sys.executable, force=args.force, trust_checkpoint=args.trust_checkpoint,
                                 measure=model_facts if args.dry_run else model_facts_probed)
     setup = planned(args.hardware)
     from autotune.rundir.lock import check_creatable, check_usable
@@ -110,12 +116,15 @@ def run(args: argparse.Namespace) -> int:
     if could_time_here(setup):  # the run directory is usable: the model's step timed on this CPU (once; cached)
         setup = planned(args.hardware, run_dir=str(setup.run_dir), time_steps=measured_steps,
                         resume_from=None if setup.resume_path is None else str(setup.resume_path))
+    from autotune.launch.nodes import job_secret
+
+    secret = job_secret(os.environ, args.job_secret_file)
     if args.dry_run:
         _print_dry_run(setup, args.json)
         return 0
     from autotune.launch import run as launch
 
-    return launch(setup, replan=planned)
+    return launch(setup, replan=planned, job_secret=secret)
 
 
 def _print_dry_run(setup, as_json: bool) -> None:

@@ -13,10 +13,8 @@ EPILOG = """examples:
   python -m autotune plan --hardware 8xH100-80GB --batch_size 8 --zero_stage 3
   python -m autotune plan --config my.yaml --no_auto_optimize
 
-JSON keys: backend, zero_stage, num_nodes, nproc_per_node, world_size, micro_batch_size,
-gradient_accumulation_steps, global_batch_size, target_global_batch_size, precision,
-gradient_checkpointing, offload_optimizer, num_workers, learning_rate, steps_per_epoch,
-reasons (field -> sentence), overrides (field -> {auto, chosen}), and more."""
+Every key of --json, and every field of the run's plan.json, with its type and meaning:
+docs/plan-fields.md (generated from autotune/plan.py)."""
 
 
 def add_parser(sub) -> None:

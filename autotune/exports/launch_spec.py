@@ -25,7 +25,7 @@ from autotune.rundir.layout import (
     FRAMEWORK_FLAVOUR_FILE,
     records_dir,
 )
-from autotune.rundir.records import redact
+from autotune.rundir.records import redact, redact_args
 
 # autotune.runtime.observe's sitecustomize (a path, not an import: exports do not import the runtime)
 OBSERVE_SITE = Path(__file__).resolve().parents[1] / "runtime" / "observe_site"
@@ -39,9 +39,10 @@ class LaunchSpec:
     cwd: str | None = None
 
     def to_record(self) -> dict:
-        """What command.json holds: argv and the variables set, never a secret."""
+        """What command.json holds: argv and the variables set, never a secret (a script argument whose name says
+        it is one, such as --hub_token, is shown as <redacted>; the script still receives it)."""
         return {
-            "argv": list(self.cmd),
+            "argv": redact_args(self.cmd),
             "env": redact(self.env),
             "env_sources": {k: v for k, v in self.env_sources.items() if k in self.env},
             "cwd": self.cwd,
@@ -49,7 +50,7 @@ class LaunchSpec:
 
     def shell(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact(self.env).items()))
-        line = f"{env} {shlex.join(self.cmd)}".strip()
+        line = f"{env} {shlex.join(redact_args(self.cmd))}".strip()
         return f"cd {shlex.quote(self.cwd)} && {line}" if self.cwd else line
 
 
@@ -137,6 +138,14 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
     # This launch's facts: always ours, never inherited from an outer run.
     for k, v in {**plan_values_env(plan, run_dir), **single_process_rank_env(plan)}.items():
         env[k], sources[k] = v, "autotune"
+    # torchrun takes PET_<FLAG> as the default of each flag it is not given: a training operator's
+    # PET_NNODES=2 would turn a one-node --standalone run (--num_nodes 1 in a pod) into a wait for a node
+    # that never comes. Those the environment has get the plan's values.
+    eng = plan.engine
+    for k, v in {"PET_NNODES": eng.num_nodes, "PET_NODE_RANK": eng.node_rank, "PET_MASTER_ADDR": eng.master_addr,
+                 "PET_MASTER_PORT": eng.master_port, "PET_NPROC_PER_NODE": eng.nproc_per_node}.items():
+        if k in environ:
+            env[k], sources[k] = str(v), "autotune"
     return env, sources
 
 

@@ -79,6 +79,10 @@ def render_profile(hw: HardwareProfile, out: TextIO) -> None:
         s = hw.slurm
         w(f"SLURM job:       {s.job_id} on {s.num_nodes} node(s) [{s.nodelist}], tasks {s.ntasks}, "
           f"cpus/task {s.cpus_per_task}, gpus {s.gpus}\n")
+    if hw.kubernetes:
+        from autotune.hardware.kubernetes import describe
+
+        w(f"Kubernetes:      {describe(hw.kubernetes)}\n")
     if hw.software:
         sw = ", ".join(f"{k} {v}" for k, v in hw.software.items() if v)
         nccl = any(v for k, v in hw.software.items() if k.startswith("nvidia-nccl"))  # one build is enough

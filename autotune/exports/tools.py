@@ -3,6 +3,8 @@ DeepSpeed hostfile."""
 
 from __future__ import annotations
 
+import re
+
 from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
 
 
@@ -87,9 +89,31 @@ def torchrun_command(plan: TrainingPlan, script: str = "train.py") -> list[str]:
     return ["torchrun", *torchrun_flags(plan), script]
 
 
+# ---- values written into generated scripts: each one checked, and named when refused -----------------------
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SLURM_NAME = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")  # partitions, accounts (a comma list)
+_SLURM_TIME = re.compile(r"\d+(-\d+)?(:\d\d){0,2}|UNLIMITED|unlimited|INFINITE|infinite")
+_HOST = re.compile(r"[A-Za-z0-9_.:-]+")
+
+
+def check_script_value(field: str, value: str, pattern: re.Pattern | None = None, shape: str = "") -> None:
+    """A value bound for a generated script (sbatch, hostfile): no newline or other control character (it would
+    become a line of its own), and of ``pattern`` where given; UserError naming ``field`` otherwise."""
+    from autotune.errors import UserError
+
+    if _CONTROL.search(value):
+        raise UserError(f"{field}: {value!r} holds a newline or another control character, which would become a "
+                        "line of its own in the generated script; give the value on one line")
+    if pattern is not None and not pattern.fullmatch(value):
+        raise UserError(f"{field}: {value!r} is not {shape}")
+
+
 def deepspeed_hostfile(plan: TrainingPlan, hosts: tuple[str, ...] | list[str]) -> str:
-    """``host slots=N`` per node, for the ``deepspeed`` launcher (--hostfile)."""
+    """``host slots=N`` per node, for the ``deepspeed`` launcher (--hostfile); every host name checked."""
     eng = plan.engine
+    for i, h in enumerate(hosts):
+        check_script_value(f"SLURM_JOB_NODELIST (host {i})", h, _HOST, "a host name (letters, digits, '.', '-', "
+                           "'_', ':')")
     names = list(hosts) or (["localhost"] if eng.num_nodes == 1 else [])
     if len(names) < eng.num_nodes:
         from autotune.errors import UserError
@@ -108,6 +132,17 @@ def sbatch_script(plan: TrainingPlan, *, launcher: str, config: str, run_dir: st
     script requeues the job, which resumes from that checkpoint."""
     import shlex
 
+    from autotune.rundir.layout import JOB_SECRET_ENV
+
+    for field, value, pattern, shape in (
+            ("--job_name", job_name, _SLURM_NAME, "a SLURM name (letters, digits, '_', '.', '-', '+')"),
+            ("--time", time_limit, _SLURM_TIME, "a SLURM time limit (12:00:00, 1-00:00:00 or 90)"),
+            ("--partition", partition or "x", _SLURM_NAME, "a SLURM partition name (or a comma list of them)"),
+            ("--account", account or "x", _SLURM_NAME, "a SLURM account name"),
+            ("the launcher path", launcher, None, ""), ("--config", config, None, ""), ("--run_dir", run_dir, None, ""),
+            *((f"plan flag {i}", v, None, "") for i, v in enumerate(plan_flags)),
+            *((f"script argument {i + 1} after `--`", v, None, "") for i, v in enumerate(script_args))):
+        check_script_value(field, value, pattern, shape)
     eng = plan.engine
     lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={eng.num_nodes}",
              "#SBATCH --ntasks-per-node=1"]
@@ -126,6 +161,9 @@ def sbatch_script(plan: TrainingPlan, *, launcher: str, config: str, run_dir: st
               "# relative to the directory this was exported in: submit it from there.",
               "set -euo pipefail", 'cd "${SLURM_SUBMIT_DIR:-.}"', f"mkdir -p {q}",
               f'exec > >(tee -a {q}/"slurm-${{SLURM_JOB_ID:-local}}.out") 2>&1',
+              "# The nodes' hardware exchange admits only this job's nodes: one secret per job, made here (never",
+              "# written to a file) and handed to every node's launcher by srun in its environment.",
+              f"export {JOB_SECRET_ENV}=\"$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n')\"",
               "# Exit 75: stopped by a signal (the USR1 above, a preemption) after saving a checkpoint:",
               "# requeue, and the job continues from it (--resume_from auto).",
               "rc=0",

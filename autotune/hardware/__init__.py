@@ -8,7 +8,8 @@ an unreadable cgroup file makes that field unknown, with the reason in
 - ``visible``  CUDA_VISIBLE_DEVICES as CUDA applies it (pure);
 - ``cgroups``  cgroup v1/v2 parsers (pure) and the tightest-ancestor reader;
 - ``nvml``     GPUs, MIG, peer links; ``classify_interconnect`` (pure);
-- ``host``     CPU, RAM, InfiniBand, SLURM variables, package versions.
+- ``host``     CPU, RAM, InfiniBand, SLURM variables, package versions;
+- ``kubernetes`` the pod and a training operator's node variables (PET_*, pure).
 
 Never imports torch or deepspeed (2-3 s each). ``python -m autotune.hardware report``
 prints the report; ``--json`` the profile.
@@ -37,6 +38,7 @@ from autotune.hardware.host import (
     probe_memory,
     software_versions,
 )
+from autotune.hardware.kubernetes import pod_info
 from autotune.hardware.nvml import classify_interconnect, probe_gpus
 from autotune.hardware.visible import PhysicalGPU, Visible, select_visible
 from autotune.profiles import HardwareProfile
@@ -68,6 +70,7 @@ def detect(
     cpu = probe_cpu(psutil_module, cg, unknown)
     mem = probe_memory(psutil_module, cg, unknown)
     slurm = parse_slurm_env(environ)
+    pod = pod_info(environ)
     try:
         host = socket.gethostname()
     except OSError:
@@ -75,12 +78,13 @@ def detect(
     return HardwareProfile(
         source="detected",
         hostname=host,
-        num_nodes=slurm.num_nodes if slurm and slurm.num_nodes else 1,
+        num_nodes=slurm.num_nodes if slurm and slurm.num_nodes else (pod.num_nodes if pod and pod.num_nodes else 1),
         gpus=gpus,
         cpu=cpu,
         memory=mem,
         infiniband=probe_infiniband(sys_class, unknown),
         slurm=slurm,
+        kubernetes=pod,
         software=software_versions(),
         unknown=unknown,
     )

@@ -18,10 +18,10 @@ from autotune.launch.evidence import ScriptWatch
 from autotune.plan import training_values
 
 
-def run(setup, replan: Callable | None = None, argv: list[str] | None = None) -> int:
+def run(setup, replan: Callable | None = None, argv: list[str] | None = None, job_secret: bytes | None = None) -> int:
     """Launch ``setup`` and wait for it. ``replan(profile, run_dir=...)`` plans again for another hardware
     profile with the same inputs (several nodes plan for the smallest); ``argv`` is what the records call
-    the command (default: sys.argv)."""
+    the command (default: sys.argv); ``job_secret``: the nodes' shared secret (default: $AUTOTUNE_JOB_SECRET)."""
     from autotune.exports.deepspeed import framework_flavour
     from autotune.launch.preflight import check as preflight
     from autotune.launch.runlog import RunLog
@@ -31,7 +31,7 @@ def run(setup, replan: Callable | None = None, argv: list[str] | None = None) ->
     argv = list(sys.argv if argv is None else argv)
     preflight(setup.plan)
     if replan is not None:
-        setup = _with_the_other_nodes(setup, replan)
+        setup = _with_the_other_nodes(setup, replan, job_secret)
     lock = RunLock(setup.records_dir).acquire(argv)
     try:
         set_aside_abandoned(setup)
@@ -71,9 +71,10 @@ def _script_preempted(setup, signals: _Signals, rc: int) -> int:
     name = _signal.Signals(signals[0]).name
     where = checkpoint_dir(setup.run_dir)
     since = signals.first_at or 0.0
-    written = [p for p in where.rglob("*") if p.stat().st_mtime >= since] if where.is_dir() else []
+    # lstat: a link there (dangling or not) is never followed
+    written = [p for p in where.rglob("*") if p.lstat().st_mtime >= since] if where.is_dir() else []
     if written:
-        newest = max(written, key=lambda p: p.stat().st_mtime)
+        newest = max(written, key=lambda p: p.lstat().st_mtime)
         print(f"\nPreempted ({name}): your script wrote {newest} after the signal.\nRun directory: {setup.run_dir}\n"
               f"To continue, run the same command with --run_dir {setup.run_dir} --resume_from auto (the newest entry "
               f"in {where} reaches your script as {{resume_from}} and $AUTOTUNE_RESUME_FROM)", file=sys.stderr)
@@ -118,7 +119,7 @@ def set_aside_abandoned(setup) -> None:
               "--resume_from auto continues this run", file=sys.stderr, flush=True)
 
 
-def _with_the_other_nodes(setup, replan):
+def _with_the_other_nodes(setup, replan, secret: bytes | None = None):
     """Several nodes: exchange what each detected and plan every node for the smallest (autotune.planner.nodes).
     The node's own detected profile stays what its records call its hardware."""
     eng = setup.plan.engine
@@ -126,14 +127,14 @@ def _with_the_other_nodes(setup, replan):
         return setup
     import dataclasses
 
-    from autotune.launch.nodes import exchange
+    from autotune.launch.nodes import exchange, job_secret
     from autotune.planner.nodes import smallest
 
     print(f"Multi-node: node {eng.node_rank} of {eng.num_nodes} meets the others at {eng.master_addr}:"
           f"{eng.master_port} to compare hardware; waits up to {eng.rendezvous_timeout_s} s "
           "(distributed.rendezvous_timeout_s)", flush=True)
     profiles = exchange(eng.num_nodes, eng.node_rank, eng.master_addr, eng.master_port, setup.hardware,
-                        eng.rendezvous_timeout_s)
+                        eng.rendezvous_timeout_s, secret=secret or job_secret(os.environ))
     combined, lines = smallest(profiles, eng.node_rank)
     if not lines:
         return setup
@@ -196,6 +197,7 @@ def _execute(setup, lock=None, log=None) -> int:
     import time
 
     from autotune.launch.rank_watch import RankWatch
+    from autotune.rundir.layout import JOB_SECRET_ENV
 
     started = time.monotonic()
     statuses = tempfile.mkdtemp(prefix="autotune-status-")  # how each rank ended, outside the run dir
@@ -216,7 +218,8 @@ def _execute(setup, lock=None, log=None) -> int:
         return reason
 
     try:
-        rc = execute(setup.launch_spec, environ={**os.environ, "AUTOTUNE_STATUS_DIR": statuses},
+        environ = {k: v for k, v in os.environ.items() if k != JOB_SECRET_ENV}  # the ranks never need it
+        rc = execute(setup.launch_spec, environ={**environ, "AUTOTUNE_STATUS_DIR": statuses},
                      forwarded=signals, keep_fds=lock.fds() if lock is not None else (),
                      kill_after_s=setup.plan.run.preemption_grace_s + 10,
                      signal_ranks=setup.plan.run.entrypoint is None and eng.backend != "single",

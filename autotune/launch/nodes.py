@@ -1,154 +1,203 @@
-"""The nodes' hardware exchange before any rank starts: ``exchange`` runs ``meet`` in a child process
-(``python -m autotune.launch.nodes``): a PyTorch TCPStore on the master's port that node 0 holds for a
-moment, through which every node reads every node's detected profile. What to plan from them is
-``autotune.planner.nodes.smallest`` (pure)."""
+"""The nodes' hardware exchange before any rank starts: node 0 listens on the master's port for a moment (then
+torchrun's own rendezvous takes it) and every node learns every node's detected profile. What to plan from them is
+``autotune.planner.nodes.smallest`` (pure).
+
+The exchange belongs to one job. Node 0 listens on the master address only (loopback for a loopback master),
+and every message is authenticated with the job's secret (``job_secret``: --job_secret_file, else
+$AUTOTUNE_JOB_SECRET; the same on every node) by HMAC-SHA256 over fresh nonces of both ends:
+
+    node 0 greets:  GREETING + nonce0            (says nothing of the machine)
+    node r -> 0:    hello {node_rank, num_nodes, nonce_r}   tag over nonce0
+    node 0 -> r:    welcome                      tag over nonce_r (node r now knows it is node 0 of its job)
+    node r -> 0:    profile {profile}            tag over nonce0 + nonce_r
+    node 0 -> r:    answer {profiles}            tag over nonce_r + nonce0, once every node has joined
+    node r -> 0:    ack; node 0 then closes, and only then does node r go on to torchrun
+
+A peer without the secret is ignored and named; it takes no rank, reads nothing and cannot refuse the real
+node. A profile from the wire passes the checks a profile file gets (``autotune.profiles.peer_profile``). A
+connection that says nothing is closed after HELLO_S, and past MAX_PENDING of them the oldest goes first, so a
+flood of idle connections never shuts the real nodes out. Standard library only: no torch in the launcher.
+"""
 
 from __future__ import annotations
 
+import hmac
+import json
+import os
+import socket
+import sys
 import time
+from collections.abc import Mapping
 
 from autotune.errors import UserError
+from autotune.launch.exchange_host import (
+    GREETING,
+    HELLO_S,
+    MAX_FRAME,
+    NONCE_BYTES,
+    TAG_BYTES,
+    Host,
+    frame,
+    sign,
+)
 from autotune.planner.deciders import LOOPBACK
-from autotune.profiles import HardwareProfile
+from autotune.profiles import HardwareProfile, peer_profile
+from autotune.rundir.layout import JOB_SECRET_ENV
 
-_PREFIX = "autotune/hardware/"
+_warned_open: list[str] = []
+
+
+def job_secret(environ: Mapping[str, str], secret_file: str | None = None) -> bytes | None:
+    """The nodes' shared secret: the text of ``secret_file`` (--job_secret_file), else $AUTOTUNE_JOB_SECRET
+    (an sbatch or Kubernetes export makes one per job there), stripped of surrounding white space; None when
+    neither is given. A missing, unreadable or empty file is a UserError naming it."""
+    if secret_file:
+        from autotune.safe_input import read_text
+
+        text = read_text(secret_file, "--job_secret_file", limit=4096).strip()
+        if not text:
+            raise UserError(f"--job_secret_file: {secret_file} is empty; put the job's secret in it (the same on "
+                            "every node), e.g. `head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > FILE`")
+        return text.encode()
+    text = (environ.get(JOB_SECRET_ENV) or "").strip()
+    return text.encode() if text else None
+
+
+def _warn(text: str) -> None:
+    print(f"autotune: warning: {text}", file=sys.stderr, flush=True)
 
 
 def exchange(num_nodes: int, node_rank: int, master_addr: str, master_port: int, mine: HardwareProfile,
-             timeout_s: float) -> dict[int, HardwareProfile]:
-    """Every node's detected profile, by node rank (``meet``), from a child process: torch stays out of
-    the launcher (its import, its memory for the whole run), the C++ store's own warnings stay out of
-    the user's terminal, and a hard deadline bounds the child whatever the store does."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    # the deadline on the system's monotonic clock (shared by processes on Linux): the child's start is within it
-    request = {"num_nodes": num_nodes, "node_rank": node_rank, "master_addr": master_addr,
-               "master_port": master_port, "timeout_s": timeout_s, "deadline": time.monotonic() + timeout_s,
-               "profile": mine.model_dump(mode="json")}
-    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
-    try:
-        r = subprocess.run([sys.executable, "-m", "autotune.launch.nodes"], input=json.dumps(request), capture_output=True,
-                           text=True, env=env, timeout=timeout_s + 60)
-    except subprocess.TimeoutExpired:
-        raise UserError(f"the nodes' hardware exchange at {master_addr}:{master_port} did not end within "
-                        f"{timeout_s + 60:g} s; check that the port is reachable from every node") from None
-    try:
-        answer = json.loads(r.stdout)
-    except ValueError:
-        raise UserError(f"the nodes' hardware exchange failed (exit {r.returncode}): "
-                        f"{(r.stderr.strip() or r.stdout.strip())[-2000:]}") from None
-    if "error" in answer:
-        raise UserError(answer["error"])
-    return {int(k): HardwareProfile.model_validate(v) for k, v in answer["profiles"].items()}
+             timeout_s: float, secret: bytes | None = None, note=_warn) -> dict[int, HardwareProfile]:
+    """Every node's detected profile, by node rank (``meet``), within ``timeout_s`` of now; strangers ignored and
+    anything worth knowing said through ``note``. Without a secret on a master that is not loopback, the launch
+    says once that the exchange is open."""
+    where = f"{master_addr}:{master_port}"
+    if not secret and not master_addr.startswith(LOOPBACK) and not _warned_open:
+        _warned_open.append(where)  # once per process
+        note(f"the nodes' exchange at {where} is open: no job secret ({JOB_SECRET_ENV} or --job_secret_file), so "
+             "any program that reaches the port can read this node's hardware facts or pose as a node; give every "
+             "node the same secret")
+    return meet(num_nodes, node_rank, master_addr, master_port, mine, timeout_s, secret=secret, note=note)
 
 
 def meet(num_nodes: int, node_rank: int, master_addr: str, master_port: int, mine: HardwareProfile,
-         timeout_s: float, poll_s: float = 0.1, deadline: float | None = None) -> dict[int, HardwareProfile]:
-    """Every node's detected profile, by node rank, through a TCPStore that node 0 hosts on the master's
-    port until every node has read every profile; the other nodes return only once it is closed, so
-    their torchrun never meets this store instead of its own. Raises UserError naming the missing nodes
-    (node 0), an unreachable or vanished node 0 (the others), or two nodes claiming one rank; bounded by
-    ``timeout_s`` (plus a few seconds for the others to read)."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    deadline = time.monotonic() + timeout_s if deadline is None else deadline  # the budget the launcher printed
-    where = f"{master_addr}:{master_port}"
-    try:
-        if node_rank != 0:
-            _wait_for_port(master_addr, master_port, deadline)
-        left = max(1.0, deadline - time.monotonic())
-        store = dist.TCPStore(master_addr, master_port, is_master=node_rank == 0, wait_for_workers=False,
-                              timeout=timedelta(seconds=left))
-    except Exception as e:  # torch raises DistNetworkError / RuntimeError with its own text
-        if node_rank == 0:
-            raise UserError(f"distributed.master_port: node 0 could not open {where} for the nodes' meeting "
-                            f"({_first_line(e)}); choose a free port with --master_port, the same on every "
-                            "node") from None
-        here = (f"; {master_addr} is this machine, so node 0 must run here too: give node 0's address with "
-                "--master_addr" if master_addr.startswith(LOOPBACK) else "")
-        raise UserError(f"node {node_rank} of {num_nodes} could not reach node 0 at {where} within {timeout_s:g} s "
-                        "(distributed.rendezvous_timeout_s): start the same command on node 0, check that the "
-                        f"port is reachable from here, or raise the budget{here}") from None
-    try:
-        return _exchange_in(store, num_nodes, node_rank, where, mine, deadline, timeout_s, poll_s)
-    except dist.DistError as e:
-        raise UserError(f"node {node_rank} of {num_nodes} lost node 0 at {where} while the nodes compared hardware "
-                        f"({_first_line(e)}); node 0 gave up or stopped: see its output") from None
-    finally:
-        del store
+         timeout_s: float, poll_s: float = 0.1, deadline: float | None = None, secret: bytes | None = None,
+         note=_warn) -> dict[int, HardwareProfile]:
+    """Every node's profile, by node rank: node 0 hosts the exchange until every node has joined and read, the
+    others join it and return once node 0 has closed it (so their torchrun never meets it instead of its own).
+    Raises UserError naming the missing nodes (node 0), an unreachable or vanished node 0 (the others), two nodes
+    claiming one rank, or an impossible profile; bounded by ``timeout_s`` (or ``deadline``, the budget the
+    launcher printed) plus a few seconds for the others to read."""
+    deadline = time.monotonic() + timeout_s if deadline is None else deadline
+    key = secret or b""
+    if node_rank == 0:
+        return Host(num_nodes, master_addr, master_port, mine, key, note).run(deadline, timeout_s, poll_s)
+    return _join(num_nodes, node_rank, master_addr, master_port, mine, key, deadline, timeout_s)
 
 
-def _wait_for_port(host: str, port: int, deadline: float) -> None:
-    """Until something accepts a connection at host:port, or the deadline: raises TimeoutError then. torch's
-    TCPStore client overshoots its own connect timeout (given 30 s it gave up after 68 s on 2 cores: its retry
-    backoff), so a lone node would overrun the budget it printed by more than the budget itself."""
-    import socket
+def _recv_exactly(sock: socket.socket, n: int, until: float) -> bytes:
+    out = b""
+    while len(out) < n:
+        left = until - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        sock.settimeout(left)
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionResetError
+        out += chunk
+    return out
 
+
+def _recv_frame(sock: socket.socket, until: float, limit: int) -> tuple[bytes, bytes]:
+    n = int.from_bytes(_recv_exactly(sock, 4, until), "big")
+    if n > limit:
+        raise ValueError(f"a frame of {n} bytes")
+    body = _recv_exactly(sock, n, until)
+    return body, _recv_exactly(sock, TAG_BYTES, until)
+
+
+def _wait_for_port(host: str, port: int, deadline: float) -> socket.socket:
+    """A connection to host:port as soon as something accepts one, or TimeoutError at the deadline (node 0 may
+    start later than this node; a refused connection is tried again every 0.25 s)."""
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"nothing answered at {host}:{port}")
         try:
-            socket.create_connection((host, port), timeout=min(2.0, left)).close()
-            return
+            return socket.create_connection((host, port), timeout=min(2.0, left))
         except OSError:
             time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def _exchange_in(store, num_nodes, node_rank, where, mine, deadline, timeout_s, poll_s):
-    if store.add(f"{_PREFIX}claim/{node_rank}", 1) > 1:
-        raise UserError(f"distributed.node_rank: two nodes of this job both say they are node {node_rank}; "
-                        f"give each node its own rank 0..{num_nodes - 1}")
-    store.set(f"{_PREFIX}{node_rank}", mine.to_json(indent=None))
-    keys = [f"{_PREFIX}{r}" for r in range(num_nodes)]
-    while not store.check(keys):
-        if time.monotonic() > deadline:
-            missing = [r for r, k in enumerate(keys) if not store.check([k])]
-            raise UserError(
-                f"node(s) {', '.join(map(str, missing))} of {num_nodes} did not join at {where} within "
-                f"{timeout_s:g} s (distributed.rendezvous_timeout_s): start the same command on every node "
-                f"(node ranks 0..{num_nodes - 1}), check that {where} is reachable from them, or raise the budget")
-        time.sleep(poll_s)
-    profiles = {r: HardwareProfile.model_validate_json(store.get(k)) for r, k in enumerate(keys)}
-    store.add(f"{_PREFIX}read", 1)
-    if node_rank == 0:  # keep the store up until every node has read (then torchrun takes the port)
-        while store.add(f"{_PREFIX}read", 0) < num_nodes and time.monotonic() < deadline + 5:
-            time.sleep(poll_s)
-        return profiles
-    try:  # the others: wait until node 0 has closed it (a store call then fails at once)
-        while time.monotonic() < deadline + 10:
-            store.check(keys)
-            time.sleep(poll_s)
-    except Exception:  # noqa: BLE001 - the connection closing is the signal
-        pass
+def _join(num_nodes: int, node_rank: int, master_addr: str, port: int, mine: HardwareProfile, key: bytes,
+          deadline: float, timeout_s: float) -> dict[int, HardwareProfile]:
+    where = f"{master_addr}:{port}"
+    try:
+        sock = _wait_for_port(master_addr, port, deadline)
+    except TimeoutError:
+        here = (f"; {master_addr} is this machine, so node 0 must run here too: give node 0's address with "
+                "--master_addr" if master_addr.startswith(LOOPBACK) else "")
+        raise UserError(f"node {node_rank} of {num_nodes} could not reach node 0 at {where} within {timeout_s:g} s "
+                        "(distributed.rendezvous_timeout_s): start the same command on node 0, check that the "
+                        f"port is reachable from here, or raise the budget{here}") from None
+    lost = (f"node {node_rank} of {num_nodes} lost node 0 at {where} while the nodes compared hardware "
+            "({}); node 0 gave up or stopped: see its output")
+    with sock:
+        try:
+            greeting = _recv_exactly(sock, len(GREETING) + NONCE_BYTES, min(time.monotonic() + HELLO_S, deadline + 5))
+        except (TimeoutError, OSError):
+            greeting = b""
+        if not greeting.startswith(GREETING):
+            raise UserError(f"distributed.master_port: {where} is answered by another program, not node 0's "
+                            "hardware exchange; choose a free port with --master_port, the same on every node")
+        ours, theirs = os.urandom(NONCE_BYTES), greeting[len(GREETING):]
+        until = deadline + 5  # node 0 answers by its own deadline, or gives up and closes
+        try:
+            sock.sendall(frame({"kind": "hello", "node_rank": node_rank, "num_nodes": num_nodes, "nonce": ours.hex()},
+                                key, b"hello", theirs))
+            _expect(sock, key, b"welcome", ours + theirs, until, MAX_FRAME, where)
+            sock.sendall(frame({"kind": "profile", "profile": mine.model_dump(mode="json")}, key, b"profile",
+                                theirs, ours))
+            answer = _expect(sock, key, b"answer", ours + theirs, until, MAX_FRAME * num_nodes, where)
+        except TimeoutError:
+            raise UserError(f"node {node_rank} of {num_nodes}: node 0 at {where} did not hand out the nodes' profiles "
+                            f"within {timeout_s:g} s (distributed.rendezvous_timeout_s): a node did not join (node 0 "
+                            "names it); start the same command on every node, or raise the budget") from None
+        except (OSError, ValueError) as e:
+            raise UserError(lost.format(type(e).__name__)) from None
+        got = answer.get("profiles")
+        if not isinstance(got, dict) or sorted(got) != [str(r) for r in range(num_nodes)]:
+            raise UserError(lost.format("an answer without every node's profile"))
+        profiles = {int(r): peer_profile(v, int(r)) for r, v in got.items()}
+        try:  # the ack, then wait until node 0 has closed the exchange (a read ends at once then)
+            sock.sendall(frame({"kind": "ack"}, key, b"ack", theirs, ours))
+            sock.settimeout(max(0.1, deadline + 10 - time.monotonic()))
+            while sock.recv(4096):
+                pass
+        except OSError:
+            pass
     return profiles
 
 
-def _main() -> int:
-    """``python -m autotune.launch.nodes``: ``meet`` for ``exchange``; JSON request on stdin, answer on stdout."""
-    import json
-    import sys
-
-    req = json.loads(sys.stdin.read())
+def _expect(sock: socket.socket, key: bytes, label: bytes, nonces: bytes, until: float, limit: int,
+            where: str) -> dict:
+    """The next frame from node 0, authenticated as ``label`` over both nonces (this node's, then node 0's): its
+    JSON object. An error from node 0 (its own refusal, authenticated) or a refusal of this node's secret is a
+    UserError saying so; anything else answering is not node 0 of this job."""
+    body, tag = _recv_frame(sock, until, limit)
     try:
-        got = meet(req["num_nodes"], req["node_rank"], req["master_addr"], req["master_port"],
-                   HardwareProfile.model_validate(req["profile"]), req["timeout_s"], deadline=req.get("deadline"))
-    except UserError as e:
-        print(json.dumps({"error": str(e)}))
-        return 2
-    print(json.dumps({"profiles": {r: hw.model_dump(mode="json") for r, hw in got.items()}}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())
+        msg = json.loads(body)
+    except ValueError:
+        msg = None
+    if hmac.compare_digest(tag, sign(key, label, nonces, body)) and isinstance(msg, dict):
+        return msg
+    if isinstance(msg, dict) and msg.get("kind") == "error" and hmac.compare_digest(tag, sign(key, b"error", nonces,
+                                                                                             body)):
+        raise UserError(str(msg.get("error"))[:2000])
+    if isinstance(msg, dict) and msg.get("kind") == "refused":
+        raise UserError(f"node 0 at {where} refused this node: the job secret differs ({JOB_SECRET_ENV} or "
+                        "--job_secret_file must be the same on every node)")
+    raise UserError(f"distributed.master_port: {where} answered without this job's secret: it is not node 0 of this "
+                    f"job (another program, or another job on the same port); check --master_addr/--master_port")

@@ -1,11 +1,13 @@
 """Checks on this node before any rank starts (multi-node): one line each, with the fix.
 
-- the master address resolves;
+- the master address resolves (in a Kubernetes pod, the operator's master name within the rendezvous
+  budget: a headless service's record for node 0 exists only once node 0's pod has an address);
 - on node 0, the master port is free (another program listening there would take the
   rendezvous, or make it fail after a long wait);
-- on the other nodes, whatever answers at the master's port is a PyTorch rendezvous store (torchrun's
-  TCPStore answers its own PING), not some other program; nothing answering yet is fine (node 0 may
-  start later, and the rendezvous budget covers the wait).
+- on the other nodes, whatever answers at the master's port is node 0's hardware exchange (it greets
+  first) or a PyTorch rendezvous store (torchrun's TCPStore answers its own PING), not some other
+  program; nothing answering yet is fine (node 0 may start later, and the rendezvous budget covers the
+  wait), and a silent one is asked again before it is called foreign (a slow store is not a stranger).
 
 The rendezvous budget itself (``distributed.rendezvous_timeout_s``) is torchrun's: a node left
 alone gives up after it, and the launcher says so (``explain_failure``).
@@ -16,20 +18,19 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import sys
+import time
+from typing import Mapping
 
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan
 
 
-def check(plan: TrainingPlan) -> None:
+def check(plan: TrainingPlan, environ: Mapping[str, str] | None = None, poll_s: float = 1.0) -> None:
     eng = plan.engine
     if eng.num_nodes == 1:
         return
-    try:
-        socket.getaddrinfo(eng.master_addr, eng.master_port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as e:
-        raise UserError(f"distributed.master_addr: {eng.master_addr!r} does not resolve on this node ({e}); give "
-                        "node 0's address or host name, the same on every node") from None
+    _resolves(plan, os.environ if environ is None else environ, poll_s)
     # Node 0 hosts the store (under SLURM node 0 is the allocation's first host, the master): its port
     # must be free. The other nodes find it taken once node 0 is up (on one test host, by node 0 itself):
     # they check what answers there.
@@ -45,15 +46,60 @@ def check(plan: TrainingPlan) -> None:
                         "--master_port, the same on every node")
 
 
+def _resolves(plan: TrainingPlan, environ: Mapping[str, str], poll_s: float) -> None:
+    """The master resolves now; or, when a training operator named it in a pod, within the rendezvous
+    budget (pods of one job start in any order, and node 0's DNS record follows its pod's address)."""
+    eng = plan.engine
+    try:
+        socket.getaddrinfo(eng.master_addr, eng.master_port, type=socket.SOCK_STREAM)
+        return
+    except (socket.gaierror, UnicodeError) as e:
+        first = e
+    operators = (environ.get("PET_MASTER_ADDR"), environ.get("MASTER_ADDR"))
+    if not (environ.get("KUBERNETES_SERVICE_HOST") and eng.master_addr in operators):
+        raise UserError(f"distributed.master_addr: {eng.master_addr!r} does not resolve on this node ({first}); give "
+                        "node 0's address or host name, the same on every node") from None
+    print(f"waiting up to {eng.rendezvous_timeout_s} s for node 0's name {eng.master_addr} to resolve (its pod may "
+          "not have an address yet)", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + eng.rendezvous_timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+        try:
+            socket.getaddrinfo(eng.master_addr, eng.master_port, type=socket.SOCK_STREAM)
+            return
+        except (socket.gaierror, UnicodeError) as e:
+            first = e
+    raise UserError(f"distributed.master_addr: node 0's name {eng.master_addr!r} did not resolve within "
+                    f"{eng.rendezvous_timeout_s} s (distributed.rendezvous_timeout_s; {first}): node 0's pod has not "
+                    "started, or the job's headless service is missing (kubectl get pods,services)") from None
+
+
 # torch's TCPStore protocol (torch/csrc/distributed/c10d/TCPStoreBackend.hpp, the same in the libuv and
 # the classic backend): a query type byte, then its arguments in the host's byte order. VALIDATE carries
 # the magic number; PING carries a nonce the store sends back.
 _VALIDATE, _PING, _MAGIC = 0, 13, 0x3C85F7CE
 
 
-def probe_store(host: str, port: int, timeout_s: float = 3.0) -> str:
-    """What listens at ``host:port``: "store" (a TCPStore answered our PING), "absent" (nothing accepts
-    a connection yet), or "foreign: <what it did>". Bounded by ``timeout_s`` per step."""
+def probe_store(host: str, port: int, timeout_s: float = 3.0, tries: int = 3) -> str:
+    """What listens at ``host:port``: "exchange" (node 0's hardware exchange greeted us: autotune.launch.nodes),
+    "store" (a TCPStore answered our PING), "absent" (nothing accepts a connection yet), or "foreign: <what it
+    did>". A program that accepts and stays silent is asked again, ``tries`` times in all, each bounded by
+    ``timeout_s``: a store slow under load (or behind a flood of idle connections) answers one of them, a foreign
+    program never does. Nothing is sent to a program that greets first, so node 0's exchange never takes the probe
+    for a stranger."""
+    for _ in range(tries):
+        found = _probe_once(host, port, timeout_s)
+        if found != "silent":
+            return found
+    return f"foreign: it accepts connections but did not answer within {timeout_s:g} s"
+
+
+def _probe_once(host: str, port: int, timeout_s: float) -> str:
+    from autotune.launch.nodes import GREETING
+
+    def ours(data: bytes) -> bool:
+        return bool(data) and GREETING.startswith(data[:len(GREETING)])
+
     nonce = (os.getpid() * 2654435761 + 1) & 0xFFFFFFFF
     try:
         conn = socket.create_connection((host, port), timeout=timeout_s)
@@ -61,6 +107,17 @@ def probe_store(host: str, port: int, timeout_s: float = 3.0) -> str:
         return "absent"
     with conn:
         try:
+            conn.settimeout(min(0.1, timeout_s / 2))  # the exchange speaks first, at once (later: read below)
+            try:
+                first = conn.recv(len(GREETING))
+            except socket.timeout:
+                first = None
+            if first is not None:
+                if ours(first):
+                    return "exchange"
+                return (f"foreign: it answered {first[:4]!r}" if first
+                        else "foreign: it closed the connection without answering")
+            conn.settimeout(timeout_s)
             conn.sendall(struct.pack("=BI", _VALIDATE, _MAGIC) + struct.pack("=BI", _PING, nonce))
             reply = b""
             while len(reply) < 4:
@@ -70,9 +127,11 @@ def probe_store(host: str, port: int, timeout_s: float = 3.0) -> str:
                             else f"foreign: it answered {reply!r}")
                 reply += chunk
         except socket.timeout:
-            return f"foreign: it accepts connections but did not answer within {timeout_s:g} s"
+            return "silent"
         except OSError as e:
             return f"foreign: the connection failed ({e.strerror or e})"
+    if ours(reply):  # the exchange's greeting, late: a loaded node 0
+        return "exchange"
     if struct.unpack("=I", reply)[0] != nonce:
         return f"foreign: it answered {reply!r}"
     return "store"

@@ -47,7 +47,9 @@ class _Sink:
     """One log file, written from the main thread and a pump thread."""
 
     def __init__(self, path: Path):
-        self._f = open(path, "ab", buffering=0)
+        from autotune.rundir.fs import open_nofollow  # a link planted as the log is refused, never appended to
+
+        self._f = os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab", buffering=0)
         self._lock = threading.Lock()
 
     def write(self, data: bytes) -> None:
@@ -97,14 +99,27 @@ class RunLog:
         self._readers: list[tuple[int, int]] = []  # (our read end, the real stream it copies to)
 
     def __enter__(self) -> "RunLog":
-        self.dir.mkdir(parents=True, exist_ok=True)
         import shlex
 
-        cmd = shlex.join(["autotune", *self._argv[1:]])
+        from autotune.rundir.fs import fs_error, refuse_links
+        from autotune.rundir.layout import LOGS
+        from autotune.rundir.records import redact_args
+
+        refuse_links(self.dir.parent, [LOGS, f"{LOGS}/stdout.log", f"{LOGS}/stderr.log"])
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise fs_error(e, self.dir) from None
+        cmd = shlex.join(["autotune", *redact_args(self._argv[1:])])
         header = f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {cmd}\n".encode(errors="replace")
-        for fd, name in ((1, "stdout.log"), (2, "stderr.log")):
-            self._sinks[fd] = _Sink(self.dir / name)
-            self._sinks[fd].write(header)
+        try:
+            for fd, name in ((1, "stdout.log"), (2, "stderr.log")):
+                self._sinks[fd] = _Sink(self.dir / name)
+                self._sinks[fd].write(header)
+        except BaseException:
+            for sink in self._sinks.values():
+                sink.close()
+            raise
         sys.stdout.flush()
         sys.stderr.flush()
         self._saved = (sys.stdout, sys.stderr)

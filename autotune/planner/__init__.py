@@ -28,7 +28,7 @@ from autotune.plan import (
     WorkloadSection,
 )
 from autotune.planner import deciders as dec
-from autotune.planner import memory
+from autotune.planner import memory, pods
 from autotune.planner.choice import settle_engine, shown_with_times
 from autotune.planner.memory_fit import fit
 from autotune.planner.micro import GLOBAL_TOLERANCE, plans_largest
@@ -154,7 +154,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     return TrainingPlan(
         engine=EngineSection(backend=backend, zero_stage=zero, device="cuda" if devs else "cpu",
                              num_nodes=num_nodes, node_rank=node_rank, master_addr=master_addr,
-                             master_port=d.master_port, rdzv_id=rdzv_id, nproc_per_node=nproc, world_size=world,
+                             master_port=pods.port(hw, d, r), rdzv_id=rdzv_id, nproc_per_node=nproc, world_size=world,
                              num_gpus=len(devs), offload_optimizer=mf.strategy.offload_optimizer,
                              offload_param=mf.strategy.offload_param, timeout_s=d.timeout_s,
                              rendezvous_timeout_s=d.rendezvous_timeout_s, max_restarts=d.max_restarts,
@@ -179,7 +179,8 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
             data=BuiltinData(seq_len=cfg.data.seq_len, vocab_size=cfg.data.vocab_size, num_samples=num_samples,
                              num_val_samples=min(cfg.data.num_val_samples, 256) if debug else cfg.data.num_val_samples,
                              seed=cfg.data.seed)),
-        reasons=r.reasons, overrides=r.overrides, warnings=tuple(r.warnings), hardware=dec.summary(hw, network=True),
+        reasons=r.reasons, overrides=r.overrides, warnings=tuple(r.warnings),
+        hardware=dec.summary(hw, network=True) + pods.note(hw),
     )
 
 

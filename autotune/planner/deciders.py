@@ -1,9 +1,8 @@
 """The planner's deciders: each knob in its own short function.
 
-A decider reads the hardware profile, the config and the policy, and either returns
-the resolved value (through ``Resolver.resolve``, which applies the user's value and
-records the reason) or raises ``UserError`` for a request that cannot run. Pure: no
-torch, no environment, no subprocess.
+A decider reads the hardware profile, the config and the policy, and either returns the resolved value
+(through ``Resolver.resolve``, which applies the user's value and records the reason) or raises
+``UserError`` for a request that cannot run. Pure: no torch, no environment, no subprocess.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from autotune.config import AUTO, TrainConfig
 from autotune.errors import UserError
 from autotune.plan import Override
+from autotune.planner import pods
 from autotune.planner.policy import Policy
 from autotune.planner.resolve import Decision, Resolver, is_set
 from autotune.profiles import GPUInfo, HardwareProfile
@@ -127,7 +127,7 @@ def decide_num_gpus(x: Inputs, r: Resolver) -> int:
 def decide_num_nodes(x: Inputs, r: Resolver) -> int:
     """Nodes in the job: the user's value wins (listed as an override), else the profile's."""
     hw, d = x.hw, x.cfg.distributed
-    return r.resolve("num_nodes", d.num_nodes, lambda: Decision(
+    return r.resolve("num_nodes", d.num_nodes, lambda: pods.nodes(hw, d) or Decision(
         hw.num_nodes, f"the hardware profile describes {hw.num_nodes} node(s)"),
         verbatim=1, verbatim_reason="--no_auto_optimize: 'auto' means 1 node here")
 
@@ -136,12 +136,12 @@ LOOPBACK = ("127.", "localhost", "::1")
 
 
 def decide_rendezvous(x: Inputs, r: Resolver, num_nodes: int) -> tuple[int, str, str | None]:
-    """(node rank, master address, rendezvous id): flags, then the SLURM allocation, then one node."""
+    """(node rank, master address, rendezvous id): flags, SLURM's allocation, an operator's (``pods``), one node."""
     d, slurm = x.cfg.distributed, x.hw.slurm
-    in_slurm = slurm is not None and slurm.job_id is not None
+    in_slurm, (op_rank, op_master) = slurm is not None and slurm.job_id is not None, pods.rendezvous(x.hw, d, num_nodes)
     rank = r.resolve("node_rank", d.node_rank, lambda: Decision(
         slurm.node_id, f"SLURM_NODEID={slurm.node_id} (job {slurm.job_id})") if in_slurm and slurm.node_id is not None
-        else Decision(0, "one node" if num_nodes == 1 else "no SLURM_NODEID and no --node_rank: node 0"),
+        else op_rank or Decision(0, "one node" if num_nodes == 1 else "no SLURM_NODEID and no --node_rank: node 0"),
         verbatim=0, verbatim_reason="--no_auto_optimize: 'auto' means node 0")
     if rank >= num_nodes:
         raise UserError(f"distributed.node_rank: must be below the number of nodes ({num_nodes}), got {rank}")
@@ -150,13 +150,13 @@ def decide_rendezvous(x: Inputs, r: Resolver, num_nodes: int) -> tuple[int, str,
         auto = Decision(slurm.hosts[0], f"first host of the SLURM allocation {slurm.nodelist} "
                                         f"({len(slurm.hosts)} host(s))")
     else:
-        auto = Decision("127.0.0.1", "one node: the local machine" if num_nodes == 1 else
-                        "no --master_addr and no SLURM allocation: 127.0.0.1")
+        auto = op_master or Decision("127.0.0.1", "one node: the local machine" if num_nodes == 1 else
+                                     "no --master_addr and no SLURM allocation: 127.0.0.1")
     master = d.master_addr if d.master_addr != AUTO else None
     addr = r.resolve("master_addr", master or AUTO, lambda: auto,
                      verbatim="127.0.0.1", verbatim_reason="--no_auto_optimize: 'auto' means 127.0.0.1")
     loopback = addr.startswith(LOOPBACK)
-    if num_nodes > 1 and loopback and master is None and rank > 0 and not from_slurm:
+    if num_nodes > 1 and loopback and master is None and rank > 0 and not (from_slurm or op_master):
         raise UserError(f"distributed.master_addr: node {rank} of {num_nodes} needs the address of node 0; pass "
                         "--master_addr HOST (127.0.0.1 only when every node runs on this machine)")
     if num_nodes > 1 and loopback:

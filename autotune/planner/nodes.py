@@ -3,9 +3,10 @@
 Each node's launcher detects its own machine. Nodes of one job can differ (other GPUs, less free
 memory, a smaller cgroup), and a plan made per node would then train inconsistently (different
 micro-batches, world sizes that do not add up). So before any rank starts, the launchers exchange
-what they detected through a PyTorch TCPStore on the master's port (node 0 hosts it for a moment,
-then closes it for torchrun's own rendezvous on the same port), and every node plans for
-``smallest(...)`` of them: the same plan everywhere, said in the plan's warnings.
+what they detected on the master's port (autotune.launch.nodes: node 0 listens there for a moment,
+then closes it for torchrun's own rendezvous on the same port; only the job's nodes are admitted, and
+each profile has passed a profile file's checks), and every node plans for ``smallest(...)`` of them:
+the same plan everywhere, said in the plan's warnings.
 
 The exchange doubles as the "are all nodes here" check: node 0 names the nodes that did not report
 within ``distributed.rendezvous_timeout_s``; a node that cannot reach node 0 says so.
@@ -64,8 +65,8 @@ def smallest(profiles: Mapping[int, HardwareProfile], me: int) -> tuple[Hardware
     differ; none when they plan alike). The smallest is the node with the fewest GPUs (then the least
     GPU memory, RAM, cores), with every per-GPU and host figure lowered to the smallest any node has:
     GPU i's memory and compute capability over the nodes' GPU i, effective cores and RAM; InfiniBand
-    only if every node has it; the weakest interconnect. Node ``me`` stays itself: its SLURM facts
-    (which give its node rank) and host name are its own."""
+    only if every node has it; the weakest interconnect. Node ``me`` stays itself: its SLURM and
+    Kubernetes facts (which give its node rank) and host name are its own."""
     if me not in profiles:
         raise ValueError(f"node {me} is not among the profiles {sorted(profiles)}")
     ranks = sorted(profiles)
@@ -107,7 +108,8 @@ def smallest(profiles: Mapping[int, HardwareProfile], me: int) -> tuple[Hardware
             else f"{why}: {interconnect}"}),
         "cpu": base.cpu.model_copy(update={"effective_cores": cores, "effective_cores_reason": f"{why}: {cores}"}),
         "memory": base.memory.model_copy(update={"effective_mib": ram, "effective_reason": f"{why}: {ram} MiB"}),
-        "infiniband": infiniband, "slurm": own.slurm, "hostname": own.hostname, "num_nodes": own.num_nodes,
+        "infiniband": infiniband, "slurm": own.slurm, "kubernetes": own.kubernetes, "hostname": own.hostname,
+        "num_nodes": own.num_nodes,
     })
     lines = [f"the nodes differ; every node plans for the smallest ({node_line(combined)}):"]
     lines += [f"  node {r}: {node_line(profiles[r])}" for r in ranks]

@@ -178,12 +178,31 @@ def new_run_dir_name() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
-def script_checkpoints(run_dir: Path) -> list[Path]:
-    """What a user's script keeps in the run's checkpoint directory, in its own format (hidden names aside)."""
+def script_checkpoints(run_dir: Path, warn=None) -> list[tuple[Path, float]]:
+    """What a user's script keeps in the run's checkpoint directory, in its own format (hidden names aside): its
+    entries that are folders or regular files, with their times. A link (dangling or not), a named pipe or a socket
+    is not followed or read: skipped, and said through ``warn``."""
+    import stat
+
     from autotune.rundir.layout import checkpoint_dir
 
     where = checkpoint_dir(run_dir)
-    return [p for p in where.glob("*") if not p.name.startswith(".")] if where.is_dir() else []
+    if where.is_symlink() or not where.is_dir():
+        return []
+    out = []
+    for p in where.iterdir():
+        if p.name.startswith("."):
+            continue
+        try:
+            st = p.lstat()
+        except OSError:  # gone this moment
+            continue
+        if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+            out.append((p, st.st_mtime))
+        elif warn is not None:
+            warn(f"--resume_from auto: {p} is " + ("a symbolic link" if stat.S_ISLNK(st.st_mode) else
+                                                   "not a file or a folder") + ": skipped (never followed)")
+    return out
 
 
 def latest_run_with_checkpoint(root: Path, own_format: bool = False) -> Path | None:
@@ -205,10 +224,11 @@ def choose_run_dir(run_dir: str | Path | None, resume_from: str | None, runs_roo
 
 
 def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_format: bool = False,
-                   searched: Path | None = None) -> Path | None:
+                   searched: Path | None = None, trust: bool = False) -> Path | None:
     """'auto' -> the newest checkpoint in run_dir that verifies (None: start fresh, said in one line through
     ``warn``), each damaged newer one named through ``warn`` (default: a warning on stderr); a path must exist and
-    verify. ``searched``: the folder of runs 'auto' looked through when no --run_dir was given.
+    verify. ``searched``: the folder of runs 'auto' looked through when no --run_dir was given. What verifying
+    cannot excuse is refused (exit 2): a link, an object that is not data, no checksums without ``trust``.
 
     ``own_format`` (a user's script, which keeps checkpoints its own way): a path only has to exist
     (file or directory); it reaches the script as {resume_from} and AUTOTUNE_RESUME_FROM, never as
@@ -235,20 +255,20 @@ def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_for
              if searched is not None else
              f"--resume_from auto: {checkpoint_dir(run_dir)} holds no checkpoint yet: {who} starts fresh")
     if own_format:  # auto, for a user's script: the newest entry its checkpoint directory holds
-        entries = script_checkpoints(run_dir)
+        entries = script_checkpoints(run_dir, warn)
         if not entries:
             warn(fresh)
             return None
-        return max(entries, key=lambda p: (p.stat().st_mtime, p.name)).resolve()
+        return max(entries, key=lambda e: (e[1], e[0].name))[0].resolve()
     if resume_from == "auto":
-        found = newest_good_checkpoint(run_dir, warn)
+        found = newest_good_checkpoint(run_dir, warn, trust)
         if found is None:
             warn(fresh)
         return found
     path = Path(resume_from)
     if not path.is_dir():
         raise UserError(f"--resume_from: no checkpoint directory {resume_from!r}")
-    problems = verify_checkpoint(path)
+    problems = verify_checkpoint(path, trust)
     if problems:
         raise UserError(f"--resume_from: {path} is damaged; choose another checkpoint (or --resume_from auto, "
                         "which skips damaged ones)", problems)
@@ -260,8 +280,10 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
             policy: str | None = None, run_dir: str | Path | None = None, resume_from: str | None = None,
             script_args: list[str] | tuple[str, ...] = (), environ: Mapping[str, str] | None = None,
             python: str | None = None, runs_root: str | Path = "runs", force: bool = False,
-            measure: Measure | None = None, time_steps: TimeSteps | None = None) -> RunSetup:
-    """Plan, pick the run dir, resolve the resume point once, build the launch spec. Writes nothing."""
+            measure: Measure | None = None, trust_checkpoint: bool = False,
+            time_steps: TimeSteps | None = None) -> RunSetup:
+    """Plan, pick the run dir, resolve the resume point once, build the launch spec. Writes nothing.
+    ``trust_checkpoint``: resume from a checkpoint without checksums (--trust_checkpoint); it is loaded as data."""
     from autotune.exports.launch_spec import launch_spec
     from autotune.rundir.checkpoints import check_compatible, read_meta
 
@@ -279,7 +301,8 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
         if entry and entry.endswith(".py"):
             entry = str(Path(entry).absolute())
             plan = plan.model_copy(update={"run": plan.run.model_copy(update={"entrypoint": entry})})
-    resume_path = resolve_resume(resume_from, rd, own_format=bool(entry), searched=None if run_dir else Path(runs_root))
+    resume_path = resolve_resume(resume_from, rd, own_format=bool(entry), searched=None if run_dir else Path(runs_root),
+                                 trust=trust_checkpoint)
     if resume_path is not None:
         if not entry:  # the built-in runtime's checkpoints: refuse an incompatible one before any rank starts
             check_compatible(read_meta(resume_path), resume_path, plan.engine.backend, plan.batch.global_batch_size)

@@ -26,6 +26,15 @@ METRICS = "metrics.json"
 TIMING = "timing.json"  # predicted against measured samples/s (autotune.launch.timing)
 TENSORBOARD = "tensorboard"
 OBSERVED = "observed"  # what a user's script ran, per rank (autotune.runtime.observe)
+LOGS = "logs"  # the launch's own output (autotune.launch.runlog)
+# Everything autotune writes into a run directory (launcher, ranks, observer), relative to it: none may be a
+# symbolic link (autotune.rundir.fs.refuse_links), so nothing is ever written out of the run directory.
+WRITTEN = (LOCK, LOGS, f"{LOGS}/stdout.log", f"{LOGS}/stderr.log", *RUN_RECORDS, "previous", CHECKPOINTS, STATUS_DIR,
+           TENSORBOARD, OBSERVED, METRICS, "metrics.jsonl", "metrics.superseded.jsonl", "backoff.jsonl",
+           "resumes.jsonl", "replicas.json", "deepspeed_in_effect.json", "wandb")
+# The nodes' shared job secret (autotune.launch.nodes.job_secret): the exchange admits only its holders. An
+# export that starts the nodes (sbatch, Kubernetes) puts one per job in this variable, never in a file.
+JOB_SECRET_ENV = "AUTOTUNE_JOB_SECRET"
 
 
 def records_dir(plan: TrainingPlan, run_dir: str | Path) -> Path:

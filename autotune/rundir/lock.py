@@ -4,6 +4,8 @@ else's folder, and file-system failures named for what they are. No torch here.
 - ``RunLock``: ``<run_dir>/.autotune.lock`` held with ``flock`` by the launcher while its ranks
   run. The kernel drops the lock when the holder dies (SIGKILL included), so a lock left by a
   dead process is never mistaken for a live one; the file's text names the holder for the message.
+  Taking it is the launch's first write: before it, any link among the names autotune writes in the
+  directory (``layout.WRITTEN``) is refused by name, and the lock itself is opened with O_NOFOLLOW.
 - ``check_usable``: a fresh launch goes only into a missing or empty directory, or one it is told
   to reuse; a resume only into an autotune run directory.
 - ``fs_error``: ENOSPC, EROFS, EACCES, ... become one line naming the path and the cause.
@@ -122,11 +124,18 @@ class RunLock:
     def acquire(self, argv: list[str] | None = None) -> "RunLock":
         import fcntl
 
+        from autotune.rundir.fs import open_nofollow, refuse_links
+        from autotune.rundir.layout import WRITTEN
+
+        records = self.path.parent
+        if re.fullmatch(r"node\d+", records.name):  # another node's records folder beside node 0's
+            refuse_links(records.parent, [records.name])
+        refuse_links(records, WRITTEN)  # before the first byte is written: nothing autotune writes is a link
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            records.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise fs_error(e, self.path) from None
+            raise fs_error(e, records) from None
+        fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -135,8 +144,10 @@ class RunLock:
                 raise fs_error(e, self.path) from None
             raise UserError(f"--run_dir: {self.path.parent} is in use by {describe_holder(self.path)}; wait for "
                             "it to finish or stop it, or choose another --run_dir") from None
+        from autotune.rundir.records import redact_args
+
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                  "argv": list(argv or [])[:8]}
+                  "argv": redact_args(list(argv or [])[:8])}
         try:
             os.ftruncate(fd, 0)
             os.write(fd, (json.dumps(holder) + "\n").encode())
@@ -165,7 +176,8 @@ class RunLock:
 
 def describe_holder(lock_path: Path) -> str:
     try:
-        with open(lock_path, "rb") as f:  # the holder's line is short; never read a huge file whole
+        fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:  # the holder's line is short; never read a huge file whole
             h = json.loads(f.read(4096))
         return f"process {h['pid']} on {h['host']} since {h['since']}"
     except (OSError, ValueError, KeyError, TypeError):

@@ -23,6 +23,30 @@ def redact(env: Mapping[str, str]) -> dict[str, str]:
     return {k: ("<redacted>" if SECRET_NAME.search(k) else v) for k, v in env.items()}
 
 
+# A script argument's name says it holds a secret when one of its words (split at - _ .) is or ends with one of
+# these: --hub_token, --api-key, --wandb_key, --apikey, --db.password; not --max_tokens or --tokenizer_name.
+_SECRET_WORD = re.compile(r".*(token|key|secret|password|passwd|credentials?|auth)", re.IGNORECASE)
+
+
+def _says_secret(name: str) -> bool:
+    return any(_SECRET_WORD.fullmatch(w) for w in re.split(r"[-_.]", name.lstrip("-")) if w)
+
+
+def redact_args(argv: list[str]) -> list[str]:
+    """``argv`` with the value of every argument whose name says it is a secret replaced by ``<redacted>``, given
+    as ``--flag value``, ``--flag=value`` or ``name=value`` (an override): what records, printed commands and
+    logs show. The process itself still receives ``argv`` as it was."""
+    out, hide_next = [], False
+    for a in argv:
+        name, eq, _ = a.partition("=")
+        if hide_next and not a.startswith("--"):
+            out.append("<redacted>")
+        elif eq and re.fullmatch(r"-{0,2}[\w.-]+", name) and _says_secret(name):
+            out.append(f"{name}=<redacted>")
+        else:
+            out.append(a)
+        hide_next = a.startswith("-") and not eq and _says_secret(a)
+    return out
 
 
 def archive_run_files(run_dir: Path) -> Path | None:
@@ -60,6 +84,9 @@ def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: di
         files.append((FRAMEWORK_FLAVOUR_FILE, json.dumps(ds_framework, indent=2) + "\n"))
     if spec is not None:
         files.append(("command.json", json.dumps(spec.to_record(), indent=2) + "\n"))
+    if plan.run.script_args:  # the config's script arguments: a secret among them is not recorded
+        run = plan.run.model_copy(update={"script_args": tuple(redact_args(list(plan.run.script_args)))})
+        plan = plan.model_copy(update={"run": run})
     files.append(("plan.json", plan.to_json() + "\n"))
     staging = records / f".records-{secrets.token_hex(4)}"
     try:

@@ -24,26 +24,58 @@ def status_path(run_dir: str | Path, rank: int) -> Path:
 
 def write_status(run_dir: str | Path, rank: int, code: int, message: str = "", **extra) -> None:
     """Best effort: a rank that cannot write its status must still exit with its code."""
+    from autotune.errors import UserError
+    from autotune.rundir.fs import write_whole
+
     p = status_path(run_dir, rank)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps({"rank": rank, "code": code, "message": message[:2000], **extra}))
-        tmp.replace(p)
-    except OSError:
+        write_whole(p, json.dumps({"rank": rank, "code": code, "message": message[:2000], **extra}))
+    except (OSError, UserError):
         pass
 
 
-def read_rank_files(directory: str | Path, key: str, limit: int) -> list[dict]:
+_NOTED: set[str] = set()  # odd entries already said (the launcher reads these folders every second)
+
+
+def _note_once(text: str) -> None:
+    import sys
+
+    if text not in _NOTED:
+        _NOTED.add(text)
+        print(f"autotune: note: {text}", file=sys.stderr, flush=True)
+
+
+def read_rank_files(directory: str | Path, key: str, limit: int, note=_note_once) -> list[dict]:
     """Every rank-*.json in ``directory`` that reads as an object with an integer ``key`` (at most ``limit``
-    characters each; a file being replaced or damaged is skipped): what ranks leave for the launcher."""
+    bytes each; a file being replaced or damaged is skipped): what ranks leave for the launcher. Only regular
+    files are read (opened without following a link and without blocking, so a named pipe never hangs the
+    launcher); a link, a pipe or a folder under such a name is skipped and said once through ``note``."""
+    import errno
+    import os
+    import stat
+
     d = Path(directory)
+    if d.is_symlink():
+        note(f"{d}: a symbolic link; autotune never follows links in a run directory: skipped")
+        return []
     out = []
     for p in sorted(d.glob("rank-*.json")) if d.is_dir() else []:
         try:
-            s = json.loads(p.read_text()[:limit])
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno != errno.ENOENT:  # gone: a rank replacing it this moment
+                note(f"{p}: not a regular file ({'a symbolic link' if p.is_symlink() else e.strerror}); skipped")
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                note(f"{p}: not a regular file (a folder, pipe or device); skipped")
+                continue
+            s = json.loads(os.read(fd, limit))
         except (OSError, ValueError):
             continue
+        finally:
+            os.close(fd)
         if isinstance(s, dict) and isinstance(s.get(key), int):
             out.append(s)
     return out

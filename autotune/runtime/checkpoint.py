@@ -5,15 +5,18 @@ Layout of ``<run_dir>/checkpoints/step-00000100/``:
 - ``trainer.pt``  optimizer, scheduler and grad-scaler state (single/DDP; DDP
                   state is identical on every rank, so one copy serves any world size);
 - ``engine/``     DeepSpeed's own checkpoint (deepspeed backend only);
-- ``rng-rank<N>.pt`` each rank's RNG states;
+- ``rng-rank<N>.pt`` each rank's RNG states, as tensors and numbers (an older autotune pickled numpy's);
 - ``meta.json``   step, micro-batches consumed, backend, world size, batch sizes.
 
 A checkpoint is written into ``step-XXXXXXXX.tmp`` and renamed when complete, so
-a crash mid-save never leaves a directory that looks finished.
+a crash mid-save never leaves a directory that looks finished. A checkpoint is data: every file is
+loaded with ``weights_only=True`` (DeepSpeed's own loading too: ``weights_only_everywhere``), so what
+one holds never runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -27,6 +30,7 @@ from autotune.errors import UserError
 from autotune.plan import training_values
 from autotune.rundir.checkpoints import (
     CHECKSUMS,
+    DEEPSPEED_GLOBALS,
     PREFIX,
     check_compatible,
     check_files,
@@ -48,18 +52,94 @@ from autotune.runtime.dist import (
 
 
 def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This rank's random-number states as tensors and plain numbers (a checkpoint is data: the ranks load it with
+    weights_only=True): Python's and numpy's Mersenne Twister keys as int64 tensors, their positions as numbers."""
+    py_version, py_keys, py_gauss = random.getstate()
+    _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state(legacy=True)
+    state = {"format": 2, "python_version": py_version, "python": torch.tensor(py_keys, dtype=torch.int64),
+             "python_gauss": py_gauss, "numpy": torch.from_numpy(np_keys.astype(np.int64)), "numpy_pos": int(np_pos),
+             "numpy_has_gauss": int(np_has_gauss), "numpy_gauss": float(np_gauss), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    if state.get("format") == 2:
+        random.setstate((state["python_version"], tuple(state["python"].tolist()), state["python_gauss"]))
+        np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"],
+                             state["numpy_has_gauss"], state["numpy_gauss"]))
+    else:  # an older autotune's file: Python's tuple and numpy's own state, as they were pickled
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _older_rng_globals() -> list:
+    """What an older autotune's rng-rank<N>.pt holds besides tensors: numpy's state array (numpy's array
+    constructors only, under both of numpy's module names; autotune.rundir.checkpoints.OLDER_RNG_GLOBALS)."""
+    reconstruct = np.core.multiarray._reconstruct if not hasattr(np, "_core") else np._core.multiarray._reconstruct
+    return [(reconstruct, "numpy.core.multiarray._reconstruct"), (reconstruct, "numpy._core.multiarray._reconstruct"),
+            np.ndarray, np.dtype, type(np.dtype(np.uint32))]  # the key array's dtype, built in place
+
+
+def load_rng(path: Path) -> dict:
+    with torch.serialization.safe_globals(_older_rng_globals()):
+        return torch.load(path, weights_only=True)
+
+
+@contextlib.contextmanager
+def weights_only_everywhere():
+    """DeepSpeed's checkpoint loading under the rule autotune's own follows: every ``torch.load`` inside, DeepSpeed's
+    own ``weights_only=False`` included, runs as ``weights_only=True`` (torch's TORCH_FORCE_WEIGHTS_ONLY_LOAD, read
+    at each call), with exactly DeepSpeed's own plain classes allowed besides tensors
+    (autotune.rundir.checkpoints.DEEPSPEED_GLOBALS, which the launcher checks the files against)."""
+    import importlib
+
+    allowed = []
+    for name in DEEPSPEED_GLOBALS:
+        module, _, attr = name.rpartition(".")
+        try:
+            allowed.append((getattr(importlib.import_module(module), attr), name))
+        except (ImportError, AttributeError):
+            continue  # another DeepSpeed version without this class: its files cannot hold it either
+    saved = {k: os.environ.pop(k, None) for k in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        with torch.serialization.safe_globals(allowed):
+            yield
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
+
+
+def load_error(rank: int, e: Exception) -> str:
+    """A rank's failure to load, in one line; an object a checkpoint may not hold is named (weights_only refused it:
+    nothing of it ran)."""
+    import pickle
+    import re
+
+    text = str(e)
+    if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in text:
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        if found:
+            return (f"rank {rank}: the checkpoint holds {found.group(1)}, which is not data: autotune loads only "
+                    "tensors and plain values (weights_only) and ran none of it")
+        detail = text.partition("WeightsUnpickler error:")[2].partition("Check the documentation")[0]
+        text = " ".join(detail.split()) or text  # torch's advice to load with weights_only=False is not ours
+    return f"rank {rank}: {type(e).__name__}: {text[:500]}"
+
+
+def _remove(path: Path) -> None:
+    """Clear the way for a checkpoint folder: a link (or a file) there is removed itself, never followed."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
 
 
 def _saved_world(path: Path) -> int | None:
@@ -92,8 +172,7 @@ class CheckpointManager:
     def _save(self, engine, step: int, consumed: int, final: Path) -> Path:
         tmp = final.with_name(final.name + ".tmp")
         if self.ctx.is_main:
-            if tmp.exists():
-                shutil.rmtree(tmp)
+            _remove(tmp)
             tmp.mkdir(parents=True)
         wait_for_everyone(self.ctx)
         tmp.mkdir(parents=True, exist_ok=True)  # other nodes, when the run dir is not shared
@@ -111,8 +190,7 @@ class CheckpointManager:
         wait_for_everyone(self.ctx)
         self._write_checksums(tmp)
         if self.ctx.is_main:
-            if final.exists():
-                shutil.rmtree(final)
+            _remove(final)
             tmp.rename(final)
             for old in list_checkpoints(self.dir.parent)[:-self.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
@@ -136,9 +214,11 @@ class CheckpointManager:
                 f.flush()
                 os.fsync(f.fileno())
 
-    def verify(self, path: Path) -> list[str]:
+    def verify(self, path: Path, need_checksums: bool = False) -> list[str]:
         """Every problem with the checkpoint, found by all ranks together (each hashes a share) and
-        known to every rank, so all of them go on or all stop before any loads anything."""
+        known to every rank, so all of them go on or all stop before any loads anything. A checkpoint without
+        checksums passes only where the launcher accepted it (``need_checksums`` False: the resume point it
+        checked, with --trust_checkpoint where it had none)."""
         problems: list[str] = meta_problems(path) if self.ctx.is_main else []
         try:
             expected = read_checksums(path)
@@ -146,6 +226,8 @@ class CheckpointManager:
             expected, problems = None, problems + ([str(e)] if self.ctx.is_main else [])
         if expected is not None:
             problems += check_files(path, expected, sorted(expected)[self.ctx.rank::self.ctx.world_size])
+        elif need_checksums and self.ctx.is_main and not problems:
+            problems.append(f"{path / CHECKSUMS}: missing (every checkpoint this run writes has one)")
         rng = path / f"rng-rank{self.ctx.rank}.pt"
         if expected is None and not rng.exists() and self.ctx.world_size == _saved_world(path):
             problems.append(f"{rng}: missing")
@@ -153,8 +235,9 @@ class CheckpointManager:
 
     def newest_good(self, warn) -> Path | None:
         """The newest checkpoint of this run that verifies on every rank (after a restart)."""
-        for ckpt in reversed(from_main(self.ctx, list_checkpoints(self.dir.parent) if self.ctx.is_main else None)):
-            problems = self.verify(ckpt)
+        found = list_checkpoints(self.dir.parent, note=warn) if self.ctx.is_main else None
+        for ckpt in reversed(from_main(self.ctx, found)):
+            problems = self.verify(ckpt, need_checksums=True)
             if not problems:
                 return ckpt
             if self.ctx.is_main:
@@ -177,9 +260,9 @@ class CheckpointManager:
             engine.load_state(p)
             rng = p / f"rng-rank{self.ctx.rank}.pt"
             if rng.exists() and meta.get("world_size") == self.ctx.world_size:
-                _set_rng_state(torch.load(rng, weights_only=False))
-        except Exception as e:  # unpickling errors, truncated files, shape mismatches
-            error = f"rank {self.ctx.rank}: {type(e).__name__}: {str(e)[:500]}"
+                _set_rng_state(load_rng(rng))
+        except Exception as e:  # unpickling errors (an object that is not data), truncated files, shape mismatches
+            error = load_error(self.ctx.rank, e)
         errors = [e for e in gather_objects(self.ctx, error) if e]
         if errors:
             raise UserError(f"--resume_from: {p} is damaged or incompatible with this model", errors)

@@ -44,4 +44,6 @@ def in_effect(ds_engine) -> dict:
 
 
 def write_in_effect(ds_engine, run_dir: Path) -> None:
-    (Path(run_dir) / IN_EFFECT_FILE).write_text(json.dumps(in_effect(ds_engine), indent=2))
+    from autotune.rundir.fs import write_whole
+
+    write_whole(Path(run_dir) / IN_EFFECT_FILE, json.dumps(in_effect(ds_engine), indent=2))

@@ -180,7 +180,9 @@ def check_replicas(ctx: DistContext, module: torch.nn.Module, step: int, run_dir
         return None
     differ = [r["rank"] for r in every if r["sha256"] != every[0]["sha256"]]
     record = {"step": step, "identical": not differ, "ranks": every}
-    (Path(run_dir) / "replicas.json").write_text(json.dumps(record, indent=2) + "\n")
+    from autotune.rundir.fs import write_whole
+
+    write_whole(Path(run_dir) / "replicas.json", json.dumps(record, indent=2) + "\n")
     if differ:
         print(f"autotune: warning: after step {step} the weights on rank {', '.join(map(str, differ))} differ "
               f"from rank 0's (a data-parallel run keeps identical copies); see {Path(run_dir) / 'replicas.json'}",

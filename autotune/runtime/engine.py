@@ -249,7 +249,7 @@ class LocalEngine:
         weights = torch.load(directory / "model.pt", map_location=self.ctx.device, weights_only=True)
         self.module.load_state_dict(weights)
         self.opt.load_state_dict(torch.load(directory / "trainer.pt", map_location=self.ctx.device,
-                                            weights_only=False))
+                                            weights_only=True))
 
 
 class DeepSpeedEngine:
@@ -356,7 +356,10 @@ class DeepSpeedEngine:
         self.model.save_checkpoint(str(directory / "engine"), tag="state")  # every rank writes its partition
 
     def load_state(self, directory: Path) -> None:
-        self.model.load_checkpoint(str(directory / "engine"), tag="state")
+        from autotune.runtime.checkpoint import weights_only_everywhere
+
+        with weights_only_everywhere():
+            self.model.load_checkpoint(str(directory / "engine"), tag="state")
 
     def apply_hyperparameters(self) -> None:
         apply_hyperparameters(self.plan, self.optimizer, self.scheduler)

@@ -14,6 +14,7 @@ import torch
 
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan
+from autotune.rundir.fs import append_text, write_whole
 from autotune.runtime.checkpoint import CheckpointManager
 from autotune.runtime.data import BatchStream, eval_batches
 from autotune.runtime.deepspeed_io import write_in_effect
@@ -128,8 +129,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
         """Keep the entry; rank 0 appends it to metrics.jsonl (survives resumes)."""
         history.append(entry)
         if ctx.is_main:
-            with jsonl.open("a") as f:
-                f.write(json.dumps(entry, default=_nan_safe) + "\n")
+            append_text(jsonl, json.dumps(entry, default=_nan_safe) + "\n")
     batches = iter(stream)
     engine.train()
     window_loss, window_steps, window_t0 = torch.zeros((), dtype=torch.float64), 0, time.perf_counter()
@@ -212,7 +212,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
     if ctx.is_main:
         summary = {"steps": step, "history": history, "final": final,
                    "measured_samples_per_s": timed_steps * b.global_batch_size / timed_s if timed_steps else None}
-        (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2, default=_nan_safe))
+        write_whole(run_dir / "metrics.json", json.dumps(summary, indent=2, default=_nan_safe))
     return final
 
 
@@ -284,9 +284,9 @@ class OomBackoff:
             print(f"autotune: out of memory on rank {ranks} at step {step} with micro-batch {micro}: every rank "
                   f"retries the step with micro-batch {new_micro} x accumulation {new_accum} (global batch "
                   "unchanged); recorded in backoff.jsonl", flush=True)
-            with (self.run_dir / "backoff.jsonl").open("a") as f:
-                f.write(json.dumps({"step": step, "ranks": who, "micro_batch_size": new_micro,
-                                    "gradient_accumulation_steps": new_accum, "was_micro_batch_size": micro}) + "\n")
+            append_text(self.run_dir / "backoff.jsonl", json.dumps({
+                "step": step, "ranks": who, "micro_batch_size": new_micro, "gradient_accumulation_steps": new_accum,
+                "was_micro_batch_size": micro}) + "\n")
 
 
 def _injection(spec: str, rank: int) -> tuple[int, int] | None:
@@ -304,9 +304,9 @@ def _record_resume(run_dir: Path, path: Path, step: int, changed: dict) -> None:
     if changed:
         print(f"autotune: changed since {path.name} (applied from step {step + 1}): {describe_changes(changed)}",
               flush=True)
-    with (run_dir / "resumes.jsonl").open("a") as f:
-        f.write(json.dumps({"step": step, "checkpoint": str(path), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                            "changed": {k: {"checkpoint": a, "now": b} for k, (a, b) in changed.items()}}) + "\n")
+    append_text(run_dir / "resumes.jsonl", json.dumps({
+        "step": step, "checkpoint": str(path), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "changed": {k: {"checkpoint": a, "now": b} for k, (a, b) in changed.items()}}) + "\n")
 
 
 def _forget_after(jsonl: Path, step: int) -> None:
@@ -323,11 +323,8 @@ def _forget_after(jsonl: Path, step: int) -> None:
         (drop if later else keep).append(line)
     if not drop:
         return
-    with (jsonl.parent / "metrics.superseded.jsonl").open("a") as f:
-        f.write("\n".join(drop) + "\n")
-    tmp = jsonl.with_name(jsonl.name + ".tmp")
-    tmp.write_text("".join(x + "\n" for x in keep))
-    tmp.replace(jsonl)
+    append_text(jsonl.parent / "metrics.superseded.jsonl", "\n".join(drop) + "\n")
+    write_whole(jsonl, "".join(x + "\n" for x in keep))
 
 
 def _nan_safe(x):

@@ -66,7 +66,7 @@ def write() -> None:
             text = json.dumps(_record(), default=str)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "w") as f:
             f.write(text)
         os.replace(tmp, path)
     except Exception:  # noqa: BLE001 - observing must never break the user's run

@@ -5,8 +5,9 @@
   uninterrupted run's and metrics.jsonl has every step once;
 - a damaged newest checkpoint: auto-resume falls back to the previous one and names the damaged
   one; an explicit damaged path is exit 2 naming the file, before any rank starts;
-- a checkpoint without checksums (written before them) whose rank-1 RNG file is truncated: every
-  rank stops together with rank 1's message, exit 2, and rank 0 never says "resumed".
+- a checkpoint without checksums (written before them) is refused unless --trust_checkpoint; trusted, with a
+  rank-1 RNG file of the wrong content: every rank stops together with rank 1's message, exit 2, and rank 0
+  never says "resumed".
 """
 
 import json
@@ -106,12 +107,16 @@ def test_damaged_checkpoints_fall_back_or_are_refused(runs, small_config, tmp_pa
 
 
 def test_a_rank_that_cannot_load_stops_every_rank(runs, small_config, tmp_path):
+    """A checkpoint without checksums (trusted with --trust_checkpoint) whose rank-1 random state is a well-formed
+    torch file of the wrong content: only loading can tell, on rank 1 alone, and every rank stops with its message."""
     cfg, run = _finished_run(runs, small_config, tmp_path)
     newest = run / "checkpoints" / "step-00000012"
     (newest / "checksums.json").unlink()  # as if written before checksums existed: only loading can tell
-    rng = newest / "rng-rank1.pt"
-    rng.write_bytes(rng.read_bytes()[:50])
+    torch.save({"not": "a random state"}, newest / "rng-rank1.pt")
     r = _launch("--config", cfg, "--run_dir", run, "--nproc_per_node", 2, "--resume_from", "auto", "--max_steps", 14)
+    assert r.returncode == 2 and f"{newest / 'checksums.json'} is missing" in r.stderr  # refused unless trusted
+    r = _launch("--config", cfg, "--run_dir", run, "--nproc_per_node", 2, "--resume_from", "auto", "--max_steps", 14,
+                "--trust_checkpoint")
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
     assert "rank 1: " in r.stderr and f"{newest} is damaged or incompatible" in r.stderr
     assert "resumed at step" not in r.stdout  # no rank went on alone

@@ -133,18 +133,30 @@ def test_bring_your_own_script(tmp_path):
 
 
 def test_module_function_entrypoint(small_config, tmp_path):
+    """A module:function entry gets its own arguments only, placeholders expanded; a secret among them
+    (--hub_token) reaches it, and is <redacted> wherever autotune wrote or printed the command (issue 34)."""
+    secret = "hf_sekrit0123456789"
     mod = tmp_path / "my_entry.py"
     mod.write_text("import json, os, sys\n"
                    "def main():\n"
                    "    plan = json.load(open(os.environ['AUTOTUNE_PLAN']))\n"
                    "    print('ENTRY micro', plan['batch']['micro_batch_size'], 'world', plan['engine']['world_size'])\n"
-                   "    print('ARGV', sys.argv)\n")
+                   "    print('ARGV', sys.argv[:3])\n"
+                   f"    json.dump(sys.argv, open({str(tmp_path / 'argv.json')!r}, 'w'))\n")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(SMALL.replace("training:\n", "training:\n  entrypoint: my_entry:main\n"))
-    r = launch("--config", cfg, "--run_dir", tmp_path / "run", "--", "--foo", "{micro_batch_size}",
+    run = tmp_path / "run"
+    r = launch("--config", cfg, "--run_dir", run, "--", "--foo", "{micro_batch_size}", "--hub_token", secret,
                env={"PYTHONPATH": f"{tmp_path}:{ROOT}"})
     assert "ENTRY micro 32 world 1" in r.stdout
     assert "ARGV ['my_entry', '--foo', '32']" in r.stdout  # its own arguments only, placeholders expanded
+    assert json.loads((tmp_path / "argv.json").read_text())[3:] == ["--hub_token", secret]
+    assert secret not in r.stdout + r.stderr and "--hub_token '<redacted>'" in r.stdout
+    assert json.loads((run / "command.json").read_text())["argv"][-2:] == ["--hub_token", "<redacted>"]
+    assert "<redacted>" in (run / "logs" / "stdout.log").read_text().splitlines()[0]
+    for f in run.rglob("*"):
+        if f.is_file():
+            assert secret.encode() not in f.read_bytes(), f
 
 
 def test_a_rank_never_plans_it_reads_the_launchers_plan(small_config, tmp_path):
@@ -311,8 +323,10 @@ def test_two_nodes_on_one_machine_through_the_slurm_path(runs, small_config, tmp
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     run = tmp_path / "mn"
+    secret = f"job-secret-{engine}-0123456789"  # what the exported sbatch script makes once per job
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "AUTOTUNE_PLAN"}
-    env.update(SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="localhost,127.0.0.1", SLURM_JOB_NUM_NODES="2")
+    env.update(SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="localhost,127.0.0.1", SLURM_JOB_NUM_NODES="2",
+               AUTOTUNE_JOB_SECRET=secret)
     flags = ["--deepspeed", "--zero_stage", "2"] if engine == "deepspeed" else ["--ddp"]
 
     def start(node):
@@ -322,11 +336,21 @@ def test_two_nodes_on_one_machine_through_the_slurm_path(runs, small_config, tmp
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                 env={**env, "SLURM_NODEID": str(node)})
 
-    # Started together, node 1 first: it waits for node 0 at the hardware exchange (autotune.planner.nodes).
-    procs = [start(1), start(0)][::-1]
-    outs = [p.communicate(timeout=600) for p in procs]
+    # Node 0 first: its hardware exchange (autotune.launch.nodes) listens on the master address only, meets a
+    # stranger without the job's secret who says it is node 1, and 60 idle connections; the real node 1 then joins.
+    procs = [start(0)]
+    strangers = _strangers_at_node_0s_exchange(procs[0], port)
+    try:
+        procs.append(start(1))
+        outs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for s in strangers:
+            s.close()
     assert [p.returncode for p in procs] == [0, 0], "\n".join(
         f"--- node {n} (exit {p.returncode}):\n{out[-2500:]}\n{err[-3000:]}" for n, (p, (out, err)) in enumerate(zip(procs, outs)))
+    assert "the nodes' exchange ignored 127.0.0.1:" in outs[0][1]  # the stranger, named; it took no rank
+    assert all(secret not in out + err for out, err in outs)
+    assert not [f for f in run.rglob("*") if f.is_file() and secret.encode() in f.read_bytes()]
     for node, plan_file in ((0, run / "plan.json"), (1, run / "node1" / "plan.json")):
         plan = plan_json(plan_file)
         assert (plan["backend"], plan["num_nodes"], plan["node_rank"], plan["world_size"], plan["master_addr"]) \
@@ -345,6 +369,44 @@ def test_two_nodes_on_one_machine_through_the_slurm_path(runs, small_config, tmp
     rec = json.loads((run / "replicas.json").read_text())
     assert sorted(r["node_rank"] for r in rec["ranks"]) == [0, 1], rec  # one rank per node
     assert rec["identical"] and rec["ranks"][0]["sha256"] == rec["ranks"][1]["sha256"], rec
+
+
+def _listening(port):
+    """The local addresses listening on ``port``, from the kernel's tables (IPv4 and IPv6)."""
+    import ipaddress
+
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, _, p = local.partition(":")
+                if int(p, 16) == port and state == "0A":
+                    raw = b"".join(bytes.fromhex(addr[i:i + 8])[::-1] for i in range(0, len(addr), 8))
+                    out.append(str(ipaddress.ip_address(raw)))
+    return out
+
+
+def _strangers_at_node_0s_exchange(node0, port):
+    """Once node 0's exchange listens: only on loopback (never every interface); a client without the job's secret
+    that says it is node 1 with made-up facts is refused; then 60 idle connections, returned open."""
+    import socket
+    import time
+
+    from autotune.errors import UserError
+    from autotune.launch.nodes import meet
+    from autotune.profiles import load_profile
+
+    deadline = time.monotonic() + 120
+    while not _listening(port):
+        assert node0.poll() is None and time.monotonic() < deadline, "node 0's exchange never listened"
+        time.sleep(0.05)
+    assert set(_listening(port)) <= {"127.0.0.1", "::1"}, _listening(port)
+    fake = load_profile("cpu-only")
+    fake = fake.model_copy(update={"cpu": fake.cpu.model_copy(update={"effective_cores": 1}), "hostname": "fake"})
+    with pytest.raises(UserError, match="the job secret differs"):
+        meet(2, 1, "127.0.0.1", port, fake, 20.0)
+    return [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(60)]
 
 
 def test_nodes_that_planned_differently_stop_together_naming_the_smallest_plan(small_config, tmp_path):

@@ -59,3 +59,32 @@ def test_a_master_port_held_by_another_program_is_refused_on_every_node(small_co
                    "rendezvous (it accepts connections but did not answer within 3 s)"}
     assert expected[node] in r.stderr
     assert not (tmp_path / "busy" / "plan.json").exists()  # nothing written
+
+
+def test_node_0_refuses_a_peer_with_an_impossible_profile_by_name(small_config, tmp_path):
+    """A peer that holds the job's secret and says it has -1 MiB of RAM: node 0's launcher stops with exit 2, one
+    line naming node 1 and the field, no traceback, nothing written (issue 34: a peer's profile passes the checks a
+    profile file gets)."""
+    from autotune.errors import UserError
+    from autotune.launch.nodes import meet
+    from autotune.profiles import load_profile
+
+    port = free_port()
+    env = {**os.environ, "AUTOTUNE_JOB_SECRET": "the-job-secret"}
+    env.pop("AUTOTUNE_PLAN", None)
+    node0 = subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(small_config), "--run_dir",
+                              str(tmp_path / "run"), "--num_nodes", "2", "--node_rank", "0", "--master_addr",
+                              "127.0.0.1", "--master_port", str(port), "--nproc_per_node", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    cpu = load_profile("cpu-only")
+    negative = cpu.model_copy(update={"memory": cpu.memory.model_copy(update={"effective_mib": -1})})
+    try:
+        with pytest.raises(UserError, match="node 0 refused this node's profile: node 1 sent an impossible profile"):
+            meet(2, 1, "127.0.0.1", port, negative, 60.0, secret=b"the-job-secret")
+        out, err = node0.communicate(timeout=60)
+    finally:
+        node0.kill()
+    assert node0.returncode == 2 and "Traceback" not in err, err[-3000:]
+    assert ("error: node 1 sent an impossible profile: field memory.effective_mib: must be >= 0 or null (unknown), "
+            "got -1") in err
+    assert not (tmp_path / "run" / "plan.json").exists()

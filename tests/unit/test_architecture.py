@@ -120,9 +120,15 @@ def test_the_layer_check_is_not_vacuous():
     bad = layer_violations(g)
     assert len(bad) == 3 and not any(b.startswith(("autotune.launch.z", "autotune.hardware.__main__")) for b in bad)
 
-def _layout_rows(readme: str) -> list[tuple[str, list[str], list[str]]]:
-    """The README's layout table: (row label, its "where" parts, its "what" parts); parts split on ``\\|``."""
-    section = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+LAYOUT_DOC = ROOT / "docs" / "layout.md"
+
+
+def _layout_rows(doc: str) -> list[tuple[str, list[str], list[str]]]:
+    """docs/layout.md's layer table (the one headed ``| row | where | what it holds |``): (row label, its "where"
+    parts, its "what" parts); parts split on ``\\|``."""
+    header = "| row | where | what it holds |"
+    assert doc.count(header) == 1, f"docs/layout.md needs exactly one table headed {header!r}"
+    section = doc.split(header, 1)[1].split("\n\n", 1)[0]
     rows = []
     for line in section.splitlines():
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
@@ -145,11 +151,11 @@ def _named_in(where: str, what: str) -> set[str]:
     return named
 
 
-def layout_table_gaps(readme: str) -> list[str]:
-    """What the README's layout table gets wrong: modules it does not name where they are, and rows whose
+def layout_table_gaps(doc: str) -> list[str]:
+    """What docs/layout.md's table gets wrong: modules it does not name where they are, and rows whose
     folders are not the row of LAYERS with that number ("programs" is the top row)."""
     named, bad = set(), []
-    for label, wheres, whats in _layout_rows(readme):
+    for label, wheres, whats in _layout_rows(doc):
         units = set()
         for i, where in enumerate(wheres):
             what = whats[i] if len(whats) == len(wheres) else " ".join(whats)
@@ -158,22 +164,26 @@ def layout_table_gaps(readme: str) -> list[str]:
             units |= {_unit(m) for m in found if m in MODULES}
         row = len(LAYERS) - 1 if label == "programs" else int(label)
         if units != LAYERS[row]:
-            bad.append(f"README row {label} holds {sorted(units)}, LAYERS row {row} is {sorted(LAYERS[row])}")
-    return bad + [f"README's layout table does not name {m}" for m in sorted(set(MODULES) - named)]
+            bad.append(f"docs/layout.md row {label} holds {sorted(units)}, LAYERS row {row} is {sorted(LAYERS[row])}")
+    return bad + [f"docs/layout.md's table does not name {m}" for m in sorted(set(MODULES) - named)]
 
 
-def test_the_readme_layout_table_names_every_module_in_its_row():
-    assert layout_table_gaps((ROOT / "README.md").read_text()) == []
+def test_the_layout_table_names_every_module_in_its_row():
+    assert layout_table_gaps(LAYOUT_DOC.read_text()) == []
 
 
-def test_the_readme_layout_check_is_not_vacuous():
-    """A module dropped from a cell, and a folder moved to another row, are each caught."""
-    readme = (ROOT / "README.md").read_text()
-    assert "`evidence`" in readme and "| 4 | `autotune/prepare/`" in readme
-    dropped = layout_table_gaps(readme.replace("`evidence`", "evidence", 1))
-    assert dropped == ["README's layout table does not name autotune.launch.evidence"]
-    moved = layout_table_gaps(readme.replace("| 4 | `autotune/prepare/`", "| 3 | `autotune/prepare/`", 1))
-    assert len(moved) == 1 and moved[0].startswith("README row 3 holds"), moved
+def test_the_layout_check_is_not_vacuous():
+    """A module dropped from a cell, a folder moved to another row, and a row dropped are each caught."""
+    doc = LAYOUT_DOC.read_text()
+    assert "`evidence`" in doc and "| 4 | `autotune/prepare/`" in doc
+    dropped = layout_table_gaps(doc.replace("`evidence`", "evidence", 1))
+    assert dropped == ["docs/layout.md's table does not name autotune.launch.evidence"]
+    moved = layout_table_gaps(doc.replace("| 4 | `autotune/prepare/`", "| 3 | `autotune/prepare/`", 1))
+    assert len(moved) == 1 and moved[0].startswith("docs/layout.md row 3 holds"), moved
+    row_0 = next(line for line in doc.splitlines() if line.startswith("| 0 |"))
+    gone = layout_table_gaps(doc.replace(row_0 + "\n", "", 1))
+    assert gone == ["docs/layout.md's table does not name autotune.errors",
+                    "docs/layout.md's table does not name autotune.safe_input"], gone
 
 
 def test_no_module_is_shadowed_by_a_package_of_the_same_name():

@@ -373,7 +373,7 @@ def test_real_detect_on_this_machine_never_raises():
 # -- the report CLI --------------------------------------------------------------------------
 
 PROFILE_KEYS = {"schema_version", "source", "description", "hostname", "num_nodes", "gpus", "cpu", "memory",
-                "infiniband", "slurm", "software", "unknown"}
+                "infiniband", "slurm", "kubernetes", "software", "unknown"}
 GPU_KEYS = {"index", "nvml_index", "uuid", "name", "memory_total_mib", "memory_free_mib", "compute_capability",
             "pci_bus_id", "mig_mode", "mig_instance", "mig_slices_mib", "error", "clocks_max_sm_mhz",
             "clocks_max_memory_mhz", "pcie_link_gen_max", "pcie_link_width_max"}

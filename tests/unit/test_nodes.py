@@ -1,5 +1,6 @@
 """Several nodes plan as one: the smallest of the nodes' detected profiles (hand-derived from the
-presets' vendor figures), and the exchange of profiles through a real TCPStore on localhost."""
+presets' vendor figures), and the exchange of profiles through real sockets on localhost (what belongs to one
+job, the secret and strangers, is in test_exchange.py)."""
 
 import socket
 import threading
@@ -218,14 +219,14 @@ def test_waiting_for_node_0s_port_keeps_its_deadline():
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         t0 = time.monotonic()
-        _wait_for_port("127.0.0.1", listening.getsockname()[1], t0 + 0.8)
+        _wait_for_port("127.0.0.1", listening.getsockname()[1], t0 + 0.8).close()
         assert time.monotonic() - t0 < 0.5
 
 
 def test_two_nodes_claiming_one_rank_are_refused():
     """Node 0 of 3 joined by two nodes that both say they are node 1 (a copy-pasted --node_rank). Node 2 never
-    comes, so node 0 keeps its store up for its whole budget and the second twin always reaches it (with 2 nodes
-    node 0 finished with the first twin at once, and the second, polling every 0.25 s, sometimes found no store)."""
+    comes, so node 0 keeps its exchange open for its whole budget and the second twin always reaches it (with 2 nodes
+    node 0 finished with the first twin at once, and the second, polling every 0.25 s, sometimes found no exchange)."""
     port = free_port()
     results = []
 
@@ -246,8 +247,8 @@ def test_two_nodes_claiming_one_rank_are_refused():
 
 
 def _node_0_launch_beside(mine, peer, tmp_path):
-    """The launcher's step for node 0 detecting ``mine`` (autotune.launch._with_the_other_nodes, its
-    exchange in a child process) while node 1, detecting ``peer``, meets it through the real store.
+    """The launcher's step for node 0 detecting ``mine`` (autotune.launch._with_the_other_nodes) while node 1,
+    detecting ``peer``, meets it through the real exchange.
     Returns (node 0's planner, its setup before, after)."""
     import functools
 
@@ -267,8 +268,8 @@ def _node_0_launch_beside(mine, peer, tmp_path):
 
 
 def test_a_launch_on_a_bigger_node_replans_for_the_smaller_one_and_keeps_its_own_records(tmp_path):
-    """The launcher's step (autotune.launch._with_the_other_nodes, its exchange in a child process)
-    against a real peer: node 0 (8 cores) meets node 1 (2 cores) through the store; node 0's plan becomes the 2-core plan (threads per rank
+    """The launcher's step (autotune.launch._with_the_other_nodes) against a real peer: node 0 (8 cores) meets
+    node 1 (2 cores) through the exchange; node 0's plan becomes the 2-core plan (threads per rank
     follow the cores), says why in its warnings, keeps its run dir, and its records keep its own
     detected hardware."""
     def cores(n):
@@ -290,21 +291,19 @@ def test_a_launch_on_a_bigger_node_replans_for_the_smaller_one_and_keeps_its_own
 
 
 def test_a_node_whose_node_0_gives_up_says_so_in_one_line():
-    """3 nodes expected, node 2 never comes: node 0 gives up after 12 s naming node 2; node 1 then loses
-    node 0 and says so in one line, without the C++ store's stack frames. Both through the launcher's
-    child process (each starts torch at about the same time, inside node 0's 12 s: with 8 s, node 1's child
-    came too late on a loaded 2-core machine, and node 1 never reached node 0 at all)."""
+    """3 nodes expected, node 2 never comes: node 0 gives up after 3 s naming node 2; node 1 then loses
+    node 0 and says so in one line. Both through the launcher's entry (``exchange``)."""
     port = free_port()
     gave_up = []
     host = threading.Thread(target=lambda: gave_up.append(pytest.raises(UserError, exchange, 3, 0, "127.0.0.1",
-                                                                        port, CPU, 12.0)))
+                                                                        port, CPU, 3.0)))
     host.start()
     with pytest.raises(UserError) as e:
         exchange(3, 1, "127.0.0.1", port, CPU, 40.0)
     host.join(40)
     assert str(e.value).startswith(f"node 1 of 3 lost node 0 at 127.0.0.1:{port} while the nodes compared hardware")
-    assert "\n" not in str(e.value) and "frame #" not in str(e.value)
-    assert str(gave_up[0].value).startswith(f"node(s) 2 of 3 did not join at 127.0.0.1:{port} within 12 s")
+    assert "\n" not in str(e.value)
+    assert str(gave_up[0].value).startswith(f"node(s) 2 of 3 did not join at 127.0.0.1:{port} within 3 s")
 
 
 def test_nodes_that_differ_only_in_what_the_plan_does_not_use_keep_their_plans(tmp_path):

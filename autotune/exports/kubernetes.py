@@ -1,0 +1,315 @@
+"""The plan as Kubernetes manifests (pure): a Kubeflow Trainer v2 ``TrainJob`` (``kubeflow``) or a v1
+``PyTorchJob`` (``pytorchjob``), each with a ReadWriteMany ``PersistentVolumeClaim`` for the run directory.
+
+Every pod runs autotune's launcher with the plan's flags and no node flags: it reads its node count, rank
+and master from the operator's variables (``autotune.hardware.kubernetes``), plans for its own node, meets
+the others and trains, resuming from the newest checkpoint (``--resume_from auto``) after any restart.
+
+Exit codes and the operators (facts from kubeflow/trainer v2.3.0 and training-operator v1.9.4):
+- TrainJob: its JobSet restarts only as the runtime's ``failurePolicy`` says, and a TrainJob cannot carry one
+  (``runtimePatches`` reach the pod template only), so the export brings its own ``TrainingRuntime``: the
+  Torch policy of ``torch-distributed`` (PET_* injected into the container ``node``), ``backoffLimit: 0``, a
+  ``podFailurePolicy`` that fails the Job on 2, 3 or 75 (the Job's message then names the exit code), and
+  JobSet rules on that message: 2 and 3 fail the job set, 75 restarts it without counting against
+  ``maxRestarts``; any other failure restarts it, counted.
+- PyTorchJob: under ``restartPolicy: ExitCode`` codes 1-127 are permanent and 128+ restart the pod, so 75
+  would end the job. A small ``sh`` wrapper (PID 1: it forwards SIGTERM to the launcher) turns 75 into
+  143 (128 + SIGTERM, what preemption is); 2 and 3 stay permanent. A launcher flag would have changed the
+  launcher's exit contract everywhere for one operator.
+The job secret (``AUTOTUNE_JOB_SECRET``) comes from a Secret by ``secretKeyRef``, never a value here; the
+grace period covers ``checkpoint.preemption_grace_s`` plus the launcher's own 10 s and a margin.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from autotune.errors import UserError
+from autotune.plan import TrainingPlan
+
+SECRET_KEY = "AUTOTUNE_JOB_SECRET"
+NODE_CONTAINER = "node"  # the Torch runtime's trainer container: the one the Trainer injects PET_* into
+V1_CONTAINER, V1_PORT_NAME = "pytorch", "pytorchjob-port"  # the v1 operator requires both names
+TRAINER_PORT = 29500  # the Trainer's PET_MASTER_PORT
+GRACE_MARGIN_S = 30  # the launcher stops the tree at grace + 10 s; 20 s more to write its records and exit
+STOP_CODES, PREEMPTED = (2, 3), 75
+V1_RESTART_CODE = 128 + 15
+MAX_NAME = 40  # pods are <name>-node-0-<i> / <name>-worker-<i>: host names stay within DNS's 63
+# exit 75 -> 143 for the v1 operator; SIGTERM (the kubelet's, to PID 1) reaches the launcher
+V1_WRAPPER = ('trap \'kill -TERM "$pid" 2>/dev/null\' TERM INT HUP; "$@" & pid=$!; '
+              'while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || break; done; '
+              f'[ "$rc" -eq {PREEMPTED} ] && rc={V1_RESTART_CODE}; exit "$rc"')
+
+_LABEL_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_LABEL_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
+# OCI image reference (github.com/distribution/reference, regexp.go): [host[:port]/]path[:tag][@digest]
+_LABEL = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"{_LABEL}(?:\.{_LABEL})*"
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(rf"(?P<name>(?:(?:{_DOMAIN}|\[[a-fA-F0-9:]+\])(?::[0-9]+)?/)?{_PATH}(?:/{_PATH})*)"
+                    r"(?::(?P<tag>[\w][\w.-]{0,127}))?"
+                    r"(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}))?")
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the manifests hold besides the plan: every field is checked by ``problems``."""
+
+    name: str
+    image: str
+    command: tuple[str, ...]  # the launcher's argv (``launcher_command``)
+    run_dir: str  # inside the container; the claim is mounted at its parent
+    pvc: str
+    storage: str
+    secret: str
+    namespace: str | None = None
+    storage_class: str | None = None
+    job_restarts: int = 3
+
+    @property
+    def mount_path(self) -> str:
+        return str(PurePosixPath(self.run_dir).parent)
+
+
+def launcher_command(config: str | None, plan_flags: list[str], run_dir: str, script_args: list[str]) -> list[str]:
+    """The same command in every pod: no node flags (the operator's variables give them)."""
+    return ["python", "-m", "autotune", "launch", *(["--config", config] if config else []), *plan_flags,
+            "--run_dir", run_dir, "--resume_from", "auto", *(["--", *script_args] if script_args else [])]
+
+
+def _text(value: str) -> str | None:
+    """Why ``value`` cannot go into a manifest or a command line, or None."""
+    if not value:
+        return "must not be empty"
+    if len(value) > 4096:
+        return f"longer than 4096 characters ({len(value)})"
+    bad = next((c for c in value if ord(c) < 32 or 127 <= ord(c) < 160 or c in "\u2028\u2029"), None)
+    return None if bad is None else f"holds the control character {bad!r} (a newline or a terminal escape)"
+
+
+def _name(value: str | None, pattern: re.Pattern, limit: int, what: str) -> str | None:
+    if value is None or (pattern.fullmatch(value) and len(value) <= limit):
+        return None
+    return f"{what}, at most {limit} characters; got {value[:80]!r}"
+
+
+def image_problem(image: str) -> str | None:
+    m = _IMAGE.fullmatch(image or "")
+    if not m or len(m["name"]) > 255:
+        return (f"not an image reference such as registry.example.com/team/train:1.0 or name@sha256:<digest> "
+                f"(lower-case path, optional tag and digest); got {(image or '')[:80]!r}")
+    return None
+
+
+def unpinned(image: str) -> bool:
+    """A valid reference with neither tag nor digest (``:latest`` by default: it may change under a restart)."""
+    m = _IMAGE.fullmatch(image)
+    return bool(m) and not (m["tag"] or m["digest"])
+
+
+def problems(job: Job) -> list[str]:
+    """Every field that cannot go into a manifest, named by its flag."""
+    out = []
+    checks = [
+        ("--image", image_problem(job.image)),
+        ("--job_name", _name(job.name, _LABEL_1035, MAX_NAME, "a DNS-1035 label: a-z, 0-9 and '-', starting with "
+                                                              "a letter, ending with a letter or digit")),
+        ("--namespace", _name(job.namespace, _LABEL_1123, 63, "a DNS-1123 label: a-z, 0-9 and '-'")),
+        ("--pvc", _name(job.pvc, _SUBDOMAIN, 253, "a DNS-1123 name: a-z, 0-9, '-' and '.'")),
+        ("--secret", _name(job.secret, _SUBDOMAIN, 253, "a DNS-1123 name: a-z, 0-9, '-' and '.'")),
+        ("--storage_class", _name(job.storage_class, _SUBDOMAIN, 253, "a DNS-1123 name: a-z, 0-9, '-' and '.'")),
+        ("--storage", None if _QUANTITY.fullmatch(job.storage or "") else
+         f"a Kubernetes quantity such as 100Gi or 2Ti; got {(job.storage or '')[:40]!r}"),
+    ]
+    # the default claim and secret names follow a bad --job_name: fixed with it, not named twice
+    derived = {} if checks[1][1] is None else {"--pvc": (job.pvc, f"{job.name}-runs"),
+                                               "--secret": (job.secret, f"{job.name}-secret")}
+    out += [f"{flag}: {why}" for flag, why in checks if why and not (flag in derived and len(set(derived[flag])) == 1)]
+    run = PurePosixPath(job.run_dir or ".")
+    why = _text(job.run_dir)
+    if why is None and (not run.is_absolute() or ".." in run.parts or len(run.parts) < 3):
+        why = (f"the run directory inside the container: an absolute path below a mount point, e.g. "
+               f"/autotune/runs/{job.name}; got {job.run_dir[:80]!r}")
+    if why:
+        out.append(f"--run_dir: {why}")
+    for i, arg in enumerate(job.command):
+        why = _text(arg) if arg else None  # an empty argument is one a script may want
+        if why:
+            out.append(f"command argument {i} ({arg[:40]!r}): {why}")
+    return out
+
+
+def _gpu_limits(plan: TrainingPlan) -> dict:
+    return {"limits": {"nvidia.com/gpu": str(plan.engine.num_gpus)}} if plan.engine.num_gpus else {}
+
+
+def check_gpus(plan: TrainingPlan, docs: list[dict], cpu_on_purpose: bool) -> None:
+    """A GPU plan whose trainer containers lack its ``nvidia.com/gpu`` limit, or a CPU plan nobody asked for
+    (the exporting machine has no GPU), would run one process per node on CPUs without a word: refused."""
+    eng = plan.engine
+    if not eng.num_gpus and not cpu_on_purpose:
+        raise UserError("export: the plan is for CPUs (this machine has no GPU), so the manifest would ask for no "
+                        "GPU; plan for the cluster's nodes with --hardware (e.g. --hardware 2x4xL4, or a profile "
+                        "written by `report --json` on one node), or pass --num_gpus 0 to train on CPUs on purpose")
+    want = {"nvidia.com/gpu": str(eng.num_gpus)} if eng.num_gpus else {}
+    for doc in docs:
+        for where, res in _trainer_resources(doc):
+            got = {k: v for k, v in (res.get("limits") or {}).items() if k == "nvidia.com/gpu"}
+            if got != want:
+                raise UserError(f"export: {doc['kind']} {where} asks for {got or 'no GPU'}, but the plan runs "
+                                f"{eng.nproc_per_node} process(es) on {eng.num_gpus} GPU(s) per node")
+
+
+def _trainer_resources(doc: dict):
+    if doc["kind"] == "TrainJob":
+        yield "spec.trainer.resourcesPerNode", doc["spec"]["trainer"].get("resourcesPerNode", {})
+    elif doc["kind"] == "PyTorchJob":
+        for role, spec in doc["spec"]["pytorchReplicaSpecs"].items():
+            for c in spec["template"]["spec"]["containers"]:
+                yield f"{role} container {c['name']}", c.get("resources", {})
+
+
+def _meta(job: Job, name: str, **labels: str) -> dict:
+    meta: dict = {"name": name}
+    if job.namespace:
+        meta["namespace"] = job.namespace
+    meta["labels"] = {"app.kubernetes.io/managed-by": "autotune", **labels}
+    return meta
+
+
+def claim(job: Job) -> dict:
+    spec: dict = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": job.storage}}}
+    if job.storage_class:
+        spec["storageClassName"] = job.storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _meta(job, job.pvc), "spec": spec}
+
+
+def grace_s(plan: TrainingPlan) -> int:
+    return plan.run.preemption_grace_s + GRACE_MARGIN_S
+
+
+def _secret_env(job: Job) -> list[dict]:
+    return [{"name": SECRET_KEY, "valueFrom": {"secretKeyRef": {"name": job.secret, "key": SECRET_KEY}}}]
+
+
+def _volumes(job: Job) -> tuple[list[dict], list[dict]]:
+    return ([{"name": "runs", "persistentVolumeClaim": {"claimName": job.pvc}}],
+            [{"name": "runs", "mountPath": job.mount_path}])
+
+
+def trainjob(plan: TrainingPlan, job: Job) -> list[dict]:
+    """PersistentVolumeClaim, TrainingRuntime (failure policy, volume, grace), TrainJob."""
+    eng = plan.engine
+    volumes, mounts = _volumes(job)
+    runtime_name = f"{job.name}-runtime"
+    pod = {"restartPolicy": "Never", "terminationGracePeriodSeconds": grace_s(plan), "volumes": volumes,
+           "containers": [{"name": NODE_CONTAINER, "image": job.image, "volumeMounts": mounts}]}
+    codes = {"containerName": NODE_CONTAINER, "operator": "In", "values": sorted((*STOP_CODES, PREEMPTED))}
+    node_job = {"name": "node", "template": {
+        "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+        "spec": {"backoffLimit": 0, "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": codes}]},
+                 "template": {"spec": pod}}}}
+
+    def message(codes_re: str) -> list[str]:  # the Job controller's: "... failed with exit code N matching FailJob"
+        return [f"failed with exit code {codes_re} matching FailJob rule"]
+
+    failure = {"maxRestarts": job.job_restarts, "rules": [
+        {"name": "stopOnBadInputOrNoPlan", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"],
+         "onJobFailureMessagePatterns": message("(" + "|".join(map(str, STOP_CODES)) + ")")},
+        {"name": "resumeAfterPreemption", "action": "RestartJobSetAndIgnoreMaxRestarts",
+         "onJobFailureReasons": ["PodFailurePolicy"], "onJobFailureMessagePatterns": message(str(PREEMPTED))}]}
+    runtime = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainingRuntime",
+               "metadata": _meta(job, runtime_name, **{"trainer.kubeflow.org/framework": "torch"}),
+               "spec": {"mlPolicy": {"numNodes": eng.num_nodes, "torch": {}},
+                        "template": {"spec": {"failurePolicy": failure, "replicatedJobs": [node_job]}}}}
+    trainer: dict = {"image": job.image, "command": list(job.command), "numNodes": eng.num_nodes,
+                     "numProcPerNode": eng.nproc_per_node, "env": _secret_env(job)}
+    if eng.num_gpus:
+        trainer["resourcesPerNode"] = _gpu_limits(plan)
+    train = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": _meta(job, job.name),
+             "spec": {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
+                                     "name": runtime_name}, "trainer": trainer}}
+    return [claim(job), runtime, train]
+
+
+def pytorchjob(plan: TrainingPlan, job: Job) -> list[dict]:
+    """PersistentVolumeClaim, PyTorchJob (Master and Worker replicas, restartPolicy ExitCode)."""
+    eng = plan.engine
+
+    def template() -> dict:  # one per role: a shared object would be written as a YAML alias
+        volumes, mounts = _volumes(job)
+        container = {"name": V1_CONTAINER, "image": job.image,
+                     "command": ["/bin/sh", "-c", V1_WRAPPER, "autotune", *job.command],
+                     "ports": [{"name": V1_PORT_NAME, "containerPort": eng.master_port}],
+                     "env": _secret_env(job), "volumeMounts": mounts, **({"resources": _gpu_limits(plan)}
+                                                                         if eng.num_gpus else {})}
+        return {"spec": {"terminationGracePeriodSeconds": grace_s(plan), "volumes": volumes,
+                         "containers": [container]}}
+
+    roles = {"Master": 1, "Worker": eng.num_nodes - 1}
+    specs = {role: {"replicas": n, "restartPolicy": "ExitCode", "template": template()}
+             for role, n in roles.items() if n}
+    job_doc = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(job, job.name),
+               "spec": {"nprocPerNode": str(eng.nproc_per_node), "runPolicy": {"cleanPodPolicy": "Running"},
+                        "pytorchReplicaSpecs": specs}}
+    return [claim(job), job_doc]
+
+
+def header(plan: TrainingPlan, job: Job, kind: str, out_name: str, config: str | None) -> list[str]:
+    """How to apply it and what to edit (every value in it was checked by ``problems``)."""
+    eng = plan.engine
+    what = "Kubeflow Trainer v2 TrainJob" if kind == "TrainJob" else "Kubeflow training-operator v1 PyTorchJob"
+    gpus = f"{eng.num_gpus} GPU(s) each (nvidia.com/gpu)" if eng.num_gpus else "CPUs only (--num_gpus 0)"
+    ns = f" -n {job.namespace}" if job.namespace else ""
+    out_name = out_name if _text(out_name) is None else "<this file>"
+    where = (f"and, relative to its working directory, {config}" if config and not config.startswith("/")
+             else f"and {config}" if config else "and its default config, configs/default_config.yaml")
+    lines = [
+        f"{what} written by `python -m autotune export` (docs/kubernetes.md):",
+        f"{eng.num_nodes} node(s) x {eng.nproc_per_node} process(es), {gpus}. Every pod runs the same launcher",
+        "command, takes its node count, rank and master from the operator (PET_*), plans for its own node, meets",
+        "the others, trains, and resumes from the run directory after any restart.",
+        "Before applying:",
+        f"  1. the image {job.image} holds autotune's checkout (autotune/, configs/) with torch,",
+        f"     {where};",
+        "  2. create the job secret once (its value never appears in this file):",
+        f"     kubectl create secret generic {job.secret}{ns} --from-literal={SECRET_KEY}=\"$(openssl rand -hex 32)\"",
+        f"Apply: kubectl apply{ns} -f {out_name}",
+        f"Watch: kubectl get {kind.lower()}{ns} {job.name}",
+        f"The claim {job.pvc} ({job.storage}, ReadWriteMany: every node writes the run directory {job.run_dir})",
+        f"is mounted at {job.mount_path}, hiding what the image has there. Delete it only when the run is done.",
+        f"Preemption: SIGTERM -> a checkpoint within {plan.run.preemption_grace_s} s (checkpoint.preemption_grace_s; "
+        f"the pods' grace is {grace_s(plan)} s) -> exit 75,",
+    ]
+    if kind == "TrainJob":
+        lines += ["which restarts the whole job, not counted in maxRestarts; exit 2 (bad input) and 3 (no plan fits)",
+                  f"stop it; any other failure restarts it, at most {job.job_restarts} times (the TrainingRuntime's "
+                  "failurePolicy)."]
+    else:
+        lines += [f"which the wrapper turns into {V1_RESTART_CODE}: under restartPolicy ExitCode 128+ restarts the pod "
+                  "and 1-127 end", "the job (exit 2: bad input, 3: no plan fits). The operator sets no bound on "
+                  "restarts."]
+    lines.append("Edit: the claim's size and storageClassName; memory/cpu requests beside the GPU limits"
+                 + ("; maxRestarts." if kind == "TrainJob" else "."))
+    return [f"# {line}" for line in lines]
+
+
+def render(docs: list[dict], header_lines: list[str]) -> str:
+    import yaml
+
+    body = yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False, width=1000)
+    return "\n".join(header_lines) + "\n" + body
+
+
+def manifests(plan: TrainingPlan, job: Job, kind: str, *, cpu_on_purpose: bool) -> list[dict]:
+    """The documents for ``kind`` ("kubeflow" or "pytorchjob"), after every check: each bad field named."""
+    bad = problems(job)
+    if bad:
+        raise UserError(f"export --format {kind}: {len(bad)} value(s) cannot go into the manifest", bad)
+    docs = trainjob(plan, job) if kind == "kubeflow" else pytorchjob(plan, job)
+    check_gpus(plan, docs, cpu_on_purpose)
+    return docs
