@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     check_creatable(setup.records_dir)
     check_usable(setup.records_dir, resuming=bool(args.resume_from), reuse=args.force_run_dir or args.force)
     if could_time_here(setup):  # the run directory is usable: the model's step timed on this CPU (once; cached)
-        setup = planned(args.hardware, run_dir=str(setup.run_dir), time_steps=measured_steps,
+        setup = planned(setup.hardware, run_dir=str(setup.run_dir), time_steps=measured_steps,
                         resume_from=None if setup.resume_path is None else str(setup.resume_path))
     from autotune.launch.nodes import job_secret
 

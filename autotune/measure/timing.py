@@ -8,7 +8,8 @@ once, each with the rank's threads (the plan's ``omp_num_threads``), precision, 
 the ranks' contention for the cores and memory is in the figure; several ranks form a gloo group (a file store in
 a temporary directory) and run the model under DDP as the ranks will. Each builds the model and, at each
 micro-batch, after two warm-up steps, runs the same number of steps on every rank (at least ``MIN_REPEATS`` and
-``MIN_SECONDS``), each an accumulation of two as the loop runs it: a micro-step without the gradients' all-reduce
+``MIN_SECONDS``, in ``ROUNDS`` rounds that take the micro-batches in turn, so that a burst of other work on the
+machine falls on both alike), each an accumulation of two as the loop runs it: a micro-step without the all-reduce
 (forward + backward), one with it, and the optimizer step (gradient clipping, ``AdamW.step()``, ``zero_grad``).
 The figures are the slowest rank's medians: forward + backward, the optimizer step, and what the synchronising
 micro-step adds (the all-reduce and the wait for the slowest rank, once per optimizer step): ``MeasuredSteps``,
@@ -28,7 +29,8 @@ from typing import Callable
 
 from autotune.planner.model_facts import MeasuredSteps
 
-MIN_REPEATS, MIN_SECONDS, MAX_REPEATS = 5, 0.5, 50  # per micro-batch: enough steps for a steady median
+MIN_REPEATS, MIN_SECONDS, MAX_REPEATS = 10, 1.0, 60  # per micro-batch: enough steps for a steady median
+ROUNDS = 5  # the steps of each micro-batch in this many rounds, taken in turn
 TIMEOUT_S = 600
 
 
@@ -193,17 +195,21 @@ def _measure(req: dict, store: str, rank: int) -> dict:
         the optimizer step)."""
         return forward_backward(batch, False), forward_backward(batch, True), optimizer_step()
 
+    micros = req["micro_batches"]
+    batches = {b: make(b) for b in micros}
+    first = [[step(batches[b]) for _ in range(2)][-1] for b in micros]  # warm-up: optimizer state, allocator
+    repeats = min(MAX_REPEATS, max(MIN_REPEATS, math.ceil(MIN_SECONDS / max(sum(first[-1]), 1e-6))))
+    if ranks > 1:  # every rank the same number of steps (each waits for the others at the all-reduce)
+        agreed = torch.tensor([repeats])
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        repeats = int(agreed)
+    times: dict[int, list] = {b: [] for b in micros}
+    for _ in range(ROUNDS):  # in rounds, the micro-batches in turn: a burst of other work hits both alike
+        for b in micros:
+            times[b] += [step(batches[b]) for _ in range(-(-repeats // ROUNDS))]
     points, comm = [], None
-    for b in req["micro_batches"]:
-        batch = make(b)
-        first = [step(batch) for _ in range(2)][-1]  # warm-up: optimizer state and allocator blocks exist after
-        repeats = min(MAX_REPEATS, max(MIN_REPEATS, math.ceil(MIN_SECONDS / max(sum(first), 1e-6))))
-        if ranks > 1:  # every rank the same number of steps (each waits for the others at the all-reduce)
-            agreed = torch.tensor([repeats])
-            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-            repeats = int(agreed)
-        times = [step(batch) for _ in range(repeats)]
-        fb, synced, optimizer = (statistics.median(t[i] for t in times) for i in range(3))
+    for b in micros:
+        fb, synced, optimizer = (statistics.median(t[i] for t in times[b]) for i in range(3))
         points.append({"micro": b, "fb_s": fb, "opt_s": optimizer})
         if ranks > 1:  # what the synchronising micro-step adds: the all-reduce and the wait for the slowest rank
             comm = max(0.0, synced - fb)

@@ -374,8 +374,8 @@ def time_estimate(timing: Timing | None, untimed: str, strategy, checkpointing: 
             speedup_basis = (f"against one {timing.gpu.row.name} at micro-batch {micro} x accumulation {one_acc} "
                              f"(one process), by the same model")
     if speedup is None:
-        unknown["speedup_vs_1_gpu"] = ("no GPU: a CPU plan" if timing is None or timing.gpu is None else
-                                       "the one-GPU step could not be predicted")
+        unknown["speedup_vs_1_gpu"] = (untimed or "unknown" if timing is None else "no GPU: a CPU plan"
+                                       if timing.gpu is None else "the one-GPU step could not be predicted")
     comm = f"; communication over {timing.link.basis}" if timing and timing.link is not None and world > 1 else ""
 
     def r(v, n):

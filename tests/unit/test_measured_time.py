@@ -166,6 +166,13 @@ def test_a_past_run_with_the_same_settings_calibrates_the_plan_and_says_so():
     other = plan(hw, cfg, facts=facts.model_copy(update={"past_runs": (
         past(first, model.samples_per_s / 2, gradient_accumulation_steps=acc + 1),)}), deepspeed_installed=True)
     assert other.schedule.time_estimate.samples_per_s < model.samples_per_s / 1.9
+    # a GPU the table does not know: the run's samples/s, and why its parts are not known
+    dev = hw.gpus.devices[0].model_copy(update={"name": "Mystery GPU 9000"})
+    odd = hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"devices": (dev,) * 4})})
+    te = plan(odd, cfg, facts=facts.model_copy(update={"past_runs": (past(first, 812.0),)}),
+              deepspeed_installed=True).schedule.time_estimate
+    assert te.samples_per_s == 812.0 and te.micro_step_s is None and "not in the GPU table" in te.unknown[
+        "micro_step_s"] and te.basis.startswith("calibrated by your run")
     # another micro-batch, world size or precision is another setting: the model's own figure
     for change in ({"micro_batch_size": first.batch.micro_batch_size + 1}, {"world_size": 1}, {"precision": "fp32"}):
         q = plan(hw, cfg, facts=facts.model_copy(update={"past_runs": (past(first, 812.0, **change),)}),

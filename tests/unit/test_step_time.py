@@ -218,7 +218,10 @@ def test_timing_json_compares_the_prediction_with_the_measurement_and_warns_beyo
     assert "+10 %" in lines[0]
     _, lines = timing.compare(p, predicted * 0.5, "test")
     assert lines[-1].startswith("warning:") and f"{predicted:,.1f}" in lines[-1] and "-50 %" in lines[-1]
-    (tmp_path / "metrics.json").write_text(json.dumps({"measured_samples_per_s": 123.0}))
+    (tmp_path / "metrics.json").write_text(json.dumps({"measured_samples_per_s": 123.0, "measured_steps": 3}))
+    timing.report(SimpleNamespace(plan=p, speed_key=("a model", "NVIDIA L4")), tmp_path, open(tmp_path / "o", "w"))
+    assert past_runs("a model", "NVIDIA L4") == []  # 3 steps: too few to calibrate a later plan
+    (tmp_path / "metrics.json").write_text(json.dumps({"measured_samples_per_s": 123.0, "measured_steps": 10}))
     setup = SimpleNamespace(plan=p, speed_key=("a model", "NVIDIA L4"))
     timing.report(setup, tmp_path, open(tmp_path / "out.txt", "w"))
     assert json.loads((tmp_path / "timing.json").read_text())["measured_samples_per_s"] == 123.0
