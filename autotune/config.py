@@ -149,8 +149,10 @@ class TrainingConfig(_Section):
                           "(--no_observe: off)")
     strict: bool = Field(False, description="stop the launch when the script observably trains another effective "
                          "batch (> 10 % off) or engine than the plan (--strict); otherwise a warning")
-    probe: bool = Field(True, description="on a CUDA machine, launch measures training.model on GPU 0 (real steps "
-                        "at two micro-batches) before the ranks start and plans from that (--no_probe: the trace)")
+    probe: bool = Field(True, description="measure on this machine before planning: on a CUDA machine launch runs "
+                        "training.model on GPU 0 (real steps at two micro-batches: memory and step times); without a "
+                        "GPU, plan and launch time the model's step on this CPU as the ranks will run it (once, "
+                        "cached) (--no_probe: the trace and the model's time only)")
     workdir: str | None = Field(None, max_length=4096, description="the directory your script starts in "
                                 "(default: where you launch); the script's path and the run directory stay "
                                 "relative to where you launch")

@@ -68,6 +68,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping."""
 
 
+# libyaml's parser where PyYAML has it (10-50x faster: planning reads three YAML files); errors are worded by the
+# pure-Python parser, which reads the text again
+_FAST = getattr(yaml, "CSafeLoader", None)
+
+
+class _FastUniqueKeyLoader(_FAST or yaml.SafeLoader):  # type: ignore[misc]
+    """The same, on libyaml's parser."""
+
+
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: dict = {}
     for key_node, _ in node.value:
@@ -85,6 +94,7 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_FastUniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def _yaml_error(origin: str, e: yaml.YAMLError) -> UserError:
@@ -96,6 +106,20 @@ def _yaml_error(origin: str, e: yaml.YAMLError) -> UserError:
 
 def load_yaml(text: str, origin: str) -> Any:
     """Parse YAML text with the limits above."""
+    if _FAST is not None:
+        try:
+            return _load_yaml(text, origin, _FAST, _FastUniqueKeyLoader)
+        except (yaml.YAMLError, RecursionError):
+            pass  # not valid: the pure-Python parser says why, in its words
+    try:
+        return _load_yaml(text, origin, yaml.SafeLoader, _UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        raise _yaml_error(origin, e) from None
+    except RecursionError:
+        raise UserError(f"{origin}: nested too deeply to read") from None
+
+
+def _load_yaml(text: str, origin: str, parser, loader) -> Any:
     aliases = 0
     sizes: dict[str, int] = {}  # anchor -> values it stands for, expanded
     open_: list[list] = [[None, 0]]  # [anchor, values so far] per open collection
@@ -106,34 +130,29 @@ def load_yaml(text: str, origin: str) -> Any:
             raise UserError(f"{origin}: expands to more than {MAX_VALUES} values (line {mark.line + 1}); YAML "
                             "aliases (*name) repeat what they point to: write the values out")
 
-    try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            if isinstance(event, yaml.AliasEvent):
-                aliases += 1
-                if aliases > MAX_ALIASES:
-                    raise UserError(f"{origin}: more than {MAX_ALIASES} YAML aliases (*name); a config needs few: "
-                                    "write the values out")
-                add(sizes.get(event.anchor, 1), event.start_mark)
-            elif isinstance(event, yaml.ScalarEvent):
-                if event.anchor:
-                    sizes[event.anchor] = 1
-                add(1, event.start_mark)
-            elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-                open_.append([event.anchor, 0])
-                if len(open_) - 1 > MAX_DEPTH:
-                    m = event.start_mark
-                    raise UserError(f"{origin}: nested more than {MAX_DEPTH} levels deep (line {m.line + 1}); "
-                                    "a config is a few sections of plain values")
-            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-                anchor, n = open_.pop()
-                if anchor:
-                    sizes[anchor] = n + 1
-                add(n + 1, event.start_mark)
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as e:
-        raise _yaml_error(origin, e) from None
-    except RecursionError:
-        raise UserError(f"{origin}: nested too deeply to read") from None
+    for event in yaml.parse(text, Loader=parser):
+        if isinstance(event, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_ALIASES:
+                raise UserError(f"{origin}: more than {MAX_ALIASES} YAML aliases (*name); a config needs few: "
+                                "write the values out")
+            add(sizes.get(event.anchor, 1), event.start_mark)
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.anchor:
+                sizes[event.anchor] = 1
+            add(1, event.start_mark)
+        elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            open_.append([event.anchor, 0])
+            if len(open_) - 1 > MAX_DEPTH:
+                m = event.start_mark
+                raise UserError(f"{origin}: nested more than {MAX_DEPTH} levels deep (line {m.line + 1}); "
+                                "a config is a few sections of plain values")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            anchor, n = open_.pop()
+            if anchor:
+                sizes[anchor] = n + 1
+            add(n + 1, event.start_mark)
+    return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader subclass
 
 
 def load_json(text: str, origin: str) -> Any:

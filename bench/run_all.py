@@ -7,6 +7,6 @@ from pathlib import Path
 here = Path(__file__).resolve().parent
 sys.path.insert(0, str(here))
 sys.path.insert(0, str(here.parent))
-for name in ("bench_report", "bench_launch", "bench_steps", "bench_observer", "score_gpu_truth"):
+for name in ("bench_report", "bench_launch", "bench_steps", "bench_observer", "bench_cpu_timing", "score_gpu_truth"):
     print(f"\n== {name} ==", flush=True)
     runpy.run_path(str(here / f"{name}.py"), run_name="__main__")

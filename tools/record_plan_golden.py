@@ -50,6 +50,10 @@ def run_case(argv: list[str]) -> tuple[int, dict | str]:
 
 
 def main() -> int:
+    import os
+    import tempfile
+
+    os.environ["AUTOTUNE_CACHE_DIR"] = tempfile.mkdtemp()  # no past run's speed calibrates a recording
     dest = GOLDEN / "plans"
     dest.mkdir(parents=True, exist_ok=True)
     for name, argv in cases():

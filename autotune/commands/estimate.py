@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.config import load_config
     from autotune.errors import EXIT_REFUSED, PlanRefused
     from autotune.measure import model_facts
+    from autotune.measure.timing import measured_steps
     from autotune.prepare import plan_for
 
     record: list = []
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         plan, _, _ = plan_for(load_config(args.config), overrides_from_args(args), args.hardware,
                               auto_optimize=not args.no_auto_optimize, debug=args.debug, policy=args.policy,
-                              force=args.force, record=record, with_deepspeed=False, measure=model_facts)
+                              force=args.force, record=record, with_deepspeed=False, measure=model_facts,
+                              time_steps=measured_steps)
     except PlanRefused as e:
         refused = e
     budget = record[-1].budget if record else None
@@ -101,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
         "host_gib_per_node": r.need.host_gib or None, "why_not": r.why_not,
         "fits": None if blind and r.why_not is None else r.why_not is None,  # None: not checked
         "chosen": chosen == r.label,  # the label names checkpointing too
+        "samples_per_s": None if r.time is None else round(r.time.samples_per_s, 1),  # predicted, global batch held
     } for r in rows]
+    te = None if plan is None else plan.schedule.time_estimate
+    untimed = next(iter(te.unknown.values()), None) if te is not None and te.samples_per_s is None else None
     if args.json:
         out = {"budget_gib": None if budget is None else budget.device_gib,
                "host_budget_gib": None if budget is None else budget.host_gib,
@@ -110,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
                "measured_by": measured_by(None if plan is None or plan.memory.estimate is None
                                           else plan.memory.estimate.model_source),
                "headroom": HEADROOM if budget is not None and budget.on_gpu else None,
+               "time_basis": te.basis if te is not None and te.samples_per_s is not None else None,
+               "time_unknown": untimed,
                "refused": None if refused is None else {"message": str(refused), "tried": refused.tried,
                                                          "would_fit": refused.would_fit}}
         print(json.dumps(out, indent=2))
@@ -125,20 +132,27 @@ def run(args: argparse.Namespace) -> int:
             w(f"model: {plan.memory.estimate.model_source}\n")
             w(f"bytes: {measured_by(plan.memory.estimate.model_source)}; the total is the allocated peak of a "
               "step (CUDA context and NCCL buffers in 'over')\n")
-        w(f"\n{'option':<58}{'micro':>6}{'states':>9}{'acts':>8}{'over':>7}{'total':>8}{'host':>8}  fits\n")
+        w(f"\n{'option':<58}{'micro':>6}{'states':>9}{'acts':>8}{'over':>7}{'total':>8}{'host':>8}"
+          f"{'samples/s':>11}  fits\n")
         unit, factor = table_unit(table)
         for t in table:
             label = t["strategy"] + (" + ckpt" if t["checkpointing"] and "checkpointing" not in t["strategy"] else "")
             mark = "<- plan" if t["chosen"] else ("yes" if t["fits"] else f"no: {t['why_not']}")
+            rate = "-" if t["samples_per_s"] is None else f"{t['samples_per_s']:,.0f}"
             w(f"{label:<58}{t['largest_micro_batch']:>6}"
               + "".join(f"{_size(t[k], factor):>{width}}" for k, width in zip(SIZES, (9, 8, 7, 8, 8)))
-              + f"  {mark}\n")
+              + f"{rate:>11}  {mark}\n")
         per = "per GPU" if budget is None or budget.on_gpu else "per process, no GPU"
-        w(f"({unit} {per}; host: per node; micro = largest micro-batch that fits, up to the band's)\n")
+        w(f"({unit} {per}; host: per node; micro = largest micro-batch that fits, up to the band's; samples/s: "
+          "predicted at the global batch)\n")
         if any(t["strategy"].startswith("FSDP2") for t in table):
             w("(FSDP2: states = its sharded fp32 weights, gradients and optimizer state; over = what it gathers, "
               "the root's weights and one unit in use and one prefetched, in the compute dtype, plus a unit's "
               "gradients being reduce-scattered: docs/engines.md)\n")
+        if te is not None and te.samples_per_s is not None:
+            w(f"time: {te.basis}\n")
+        elif untimed:
+            w(f"time: unknown ({untimed})\n")
         if blind:
             w(f"not weighed: {blind}\n")
         if refused is not None:

@@ -49,8 +49,8 @@ def add_parser(sub) -> None:
                    "(training.observe: false)")
     p.add_argument("--strict", action="store_true", help="stop when your script observably trains another effective "
                    "batch (> 10 %% off the plan) or engine than the plan, naming the fix (training.strict)")
-    p.add_argument("--no_probe", action="store_true", help="on a CUDA machine, plan from the trace instead of "
-                   "measuring training.model on GPU 0 first (training.probe: false)")
+    p.add_argument("--no_probe", action="store_true", help="plan without measuring on this machine first: no "
+                   "training.model on GPU 0, no timing of the model's step on this CPU (training.probe: false)")
     p.add_argument("--workdir", metavar="DIR", help="start your script in DIR (training.workdir); its path, the "
                    "config and --run_dir stay relative to where you launch")
     p.add_argument("--trust_checkpoint", action="store_true",
@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from autotune.config import load_config
     from autotune.errors import UserError
     from autotune.measure import model_facts, model_facts_probed
-    from autotune.prepare import prepare
+    from autotune.measure.timing import measured_steps
+    from autotune.prepare import could_time_here, prepare
 
     script_args = _script_args(list(args.script_args or []))
     if args.hardware and not args.dry_run:
@@ -112,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
 
     check_creatable(setup.records_dir)
     check_usable(setup.records_dir, resuming=bool(args.resume_from), reuse=args.force_run_dir or args.force)
+    if could_time_here(setup):  # the run directory is usable: the model's step timed on this CPU (once; cached)
+        setup = planned(setup.hardware, run_dir=str(setup.run_dir), time_steps=measured_steps,
+                        resume_from=None if setup.resume_path is None else str(setup.resume_path))
     from autotune.launch.nodes import job_secret
 
     secret = job_secret(os.environ, args.job_secret_file)

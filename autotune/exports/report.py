@@ -172,9 +172,60 @@ def render_plan(plan, out: TextIO) -> None:
                 w(f"{'':<26}not known: {e.unknown}\n")
         if "strategy" in plan.reasons:
             w(f"{'Memory strategy:':<26}{engine_label(plan.reasons['strategy'], plan.engine.backend)}\n")
+    render_time(plan, out)
     if plan.overrides:
         w("\nYour settings (beat auto):\n")
         for k, o in plan.overrides.items():
             w(f"  {k}: auto would choose {o.auto}, you set {o.chosen}\n")
     for warning in plan.warnings:
         w(f"warning: {warning}\n")
+
+
+def duration(seconds: float) -> str:
+    """42 s, 5 min 12 s, 3 h 05 min, 2 d 4 h."""
+    s = round(seconds)
+    if seconds < 60:
+        return f"{seconds:.3g} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
+def time_lines(plan) -> list[tuple[str, str]]:
+    """(label, text) of the plan's time estimate: speed, a step, the whole run, the speedup; each unknown part with
+    its reason, and the basis."""
+    te = plan.schedule.time_estimate
+    if te is None:
+        return [("Time estimate", "unknown (no estimate in this plan)")]
+    why = te.unknown
+
+    def unknown(key: str) -> str:
+        return f"unknown ({why[key]})" if why.get(key) else "unknown"
+
+    if te.samples_per_s is None:
+        return [("Time estimate", unknown("samples_per_s"))]
+    tokens = (f"{te.tokens_per_s:,.0f} tokens/s" if te.tokens_per_s is not None
+              else f"tokens/s {unknown('tokens_per_s')}")
+    acc = plan.batch.gradient_accumulation_steps
+    parts = [f"micro-step {te.micro_step_s:.3g} s x {acc}" if te.micro_step_s is not None else None,
+             f"optimizer {te.optimizer_step_s:.2g} s" if te.optimizer_step_s is not None else None,
+             f"communication {te.communication_s:.2g} s" if te.communication_s else None]
+    split = ", ".join(x for x in parts if x)
+    sc = plan.schedule
+    epochs = f" ({sc.epochs} epoch{'s' if sc.epochs != 1 else ''})" if sc.max_steps is None and sc.epochs else ""
+    total = (f"{duration(te.total_s)} for {sc.total_steps:,} optimizer steps{epochs}" if te.total_s is not None
+             else unknown("total_s"))
+    unit = "GPU" if plan.engine.device == "cuda" else "process"
+    speedup = (f"{te.speedup_vs_1_gpu:.2f}x over one GPU of this kind ({te.speedup_basis})"
+               if te.speedup_vs_1_gpu is not None else unknown("speedup_vs_1_gpu"))
+    return [("Expected speed", f"{te.samples_per_s:,.1f} samples/s ({te.samples_per_s / plan.engine.world_size:,.1f} "
+                               f"per {unit}), {tokens}"),
+            ("Optimizer step", f"{te.step_s:.3g} s" + (f" ({split})" if split else "")),
+            ("Training time", total), ("Speedup", speedup), ("Time basis", te.basis)]
+
+
+def render_time(plan, out: TextIO) -> None:
+    for label, text in time_lines(plan):
+        out.write(f"{label + ':':<26}{text}\n")

@@ -291,7 +291,7 @@ def _execute(setup, lock=None, log=None) -> int:
         if not setup.plan.run.entrypoint:  # the built-in loop measured its speed: against the prediction
             from autotune.launch.timing import report as timing_report
 
-            timing_report(setup.plan, run_dir, sys.stdout)
+            timing_report(setup, run_dir, sys.stdout)
         if (run_dir / "tensorboard").is_dir():
             print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
         metrics = run_dir / "metrics.json"

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 WARN_FRACTION = 0.25
+KEPT_AFTER_STEPS = 10  # a speed counted over fewer optimizer steps calibrates no later plan (too few to be steady)
 
 
 def settings(plan) -> dict:
@@ -51,13 +52,20 @@ def _fmt(v) -> str:
 
 def measured_from_metrics(run_dir: Path) -> float | None:
     """The built-in loop's samples/s after warm-up (metrics.json), or None."""
+    return _metrics(run_dir)[0]
+
+
+def _metrics(run_dir: Path) -> tuple[float | None, int]:
+    """(samples/s after warm-up, the optimizer steps it was counted over) from metrics.json."""
     from autotune.rundir.layout import METRICS
 
     try:
-        value = json.loads((Path(run_dir) / METRICS).read_text()).get("measured_samples_per_s")
+        data = json.loads((Path(run_dir) / METRICS).read_text())
+        value, steps = data.get("measured_samples_per_s"), data.get("measured_steps")
     except (OSError, ValueError, AttributeError):
-        return None
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+        return None, 0
+    rate = float(value) if isinstance(value, (int, float)) and value > 0 else None
+    return rate, steps if isinstance(steps, int) else 0
 
 
 def write(run_dir: Path, record: dict) -> Path:
@@ -68,12 +76,19 @@ def write(run_dir: Path, record: dict) -> Path:
     return path
 
 
-def report(plan, run_dir: Path, out) -> None:
-    """After a run of the built-in loop: compare, print, write timing.json (never fails the launch)."""
-    record, lines = compare(plan, measured_from_metrics(run_dir), "the built-in loop, after its first logged window")
+def report(setup, run_dir: Path, out) -> None:
+    """After a run of the built-in loop: compare, print, write timing.json and keep the measured figure for later
+    plans of the same model on this kind of machine (``autotune.rundir.speeds``; node 0); never fails the launch."""
+    from autotune.rundir.speeds import record as keep
+
+    plan = setup.plan
+    measured, steps = _metrics(run_dir)
+    record, lines = compare(plan, measured, "the built-in loop, after its first logged window")
     try:
         write(run_dir, record)
     except OSError as e:
         lines.append(f"warning: timing.json not written ({e})")
+    if measured is not None and steps >= KEPT_AFTER_STEPS and plan.engine.node_rank == 0:
+        keep(*setup.speed_key, plan, measured, record["predicted_samples_per_s"], Path(run_dir).absolute())
     for line in lines:
         print(line, file=out)

@@ -10,6 +10,7 @@ from pathlib import Path
 from autotune.config import TrainConfig
 from autotune.planner.model_facts import CUDA_TRACED
 from autotune.profiles import HardwareProfile
+from autotune.rundir.layout import cache_dir
 
 
 def model_facts(cfg: TrainConfig, policy=None, hw: HardwareProfile | None = None):
@@ -78,14 +79,6 @@ def _may_run_deepspeed(cfg: TrainConfig, hw: HardwareProfile) -> bool:
 
 
 _TRACE_CACHE: dict = {}
-
-
-def cache_dir() -> Path:
-    """$AUTOTUNE_CACHE_DIR, else $XDG_CACHE_HOME/autotune/traces, else ~/.cache/autotune/traces."""
-    if os.environ.get("AUTOTUNE_CACHE_DIR"):
-        return Path(os.environ["AUTOTUNE_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "autotune" / "traces"
 
 
 def _source_of(spec: str | None) -> str:
@@ -173,7 +166,7 @@ def model_facts_probed(cfg: TrainConfig, policy=None, hw: HardwareProfile | None
     t = cfg.training
     if hw is None or hw.source != "detected" or not hw.gpus.devices or not t.probe or not facts.traced_as_cuda:
         return facts
-    from autotune.measure.probe import PROBED, probe, probe_micro_batches, probed_line
+    from autotune.measure.probe import PROBED, probe, probe_micro_batches, probed_line, probed_steps
 
     acts, gpu = facts.activations, hw.gpus.devices[0]
     half = acts.half is not None
@@ -214,7 +207,8 @@ def model_facts_probed(cfg: TrainConfig, policy=None, hw: HardwareProfile | None
     source = f"{PROBED} {gpu.index} at micro-batch {micros[0]} and {micros[1]}"
     probed_facts = facts.model_copy(update={
         "activations": acts.model_copy(update={**update, "source": CUDA_TRACED, "margin": 1.0}),
-        "source": facts.source + f"; {source}"})
+        "source": facts.source + f"; {source}",
+        "measured_steps": probed_steps(points, f"{source} ({gpu.name})")})
     _TRACE_CACHE[key] = probed_facts
     _store(where, probed_facts)
     return probed_facts

@@ -7,8 +7,10 @@ micro-batch (forward, backward, ``AdamW.step()``, ``zero_grad(set_to_none=True)`
 checkpointing, the output alive through backward as in a training loop), and reports
 ``torch.cuda.max_memory_allocated()`` of each measured step. Once activations dominate the peak is linear in
 the micro-batch to within 1 % (bench/gpu_truth), so two points give the line (``probed_line``), and the planner
-plans from it like from a trace ("probed on GPU 0"). ``--no_probe`` turns it off; a model whose states alone do
-not fit one GPU keeps the trace.
+plans from it like from a trace ("probed on GPU 0"). The same steps are timed as the recordings of bench/gpu_truth
+time them: forward + backward (``fb_s``, the mean of ``TIMED`` after the measured step, synchronised) and the
+optimizer step (``opt_s``); the planner's step-time model takes the GPU's own figures for the compute
+(``probed_steps``). ``--no_probe`` turns it off; a model whose states alone do not fit one GPU keeps the trace.
 """
 
 from __future__ import annotations
@@ -16,17 +18,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
-from autotune.planner.model_facts import LinearBytes
+from autotune.planner.model_facts import LinearBytes, MeasuredSteps
 
 PROBED = "probed on GPU"  # ActivationModel.source prefix of a probed line
+TIMED = 3  # forward + backward passes timed at each probed micro-batch (their mean), as the recordings did
 
 
 @dataclass(frozen=True)
 class ProbePoint:
     micro: int
     peak_bytes: int  # torch.cuda.max_memory_allocated() over one full step
+    fb_s: float | None = None  # seconds of forward + backward (mean of TIMED), None: not timed
+    opt_s: float | None = None  # seconds of the optimizer step
 
 
 def probed_line(points: list[ProbePoint], state_bytes: float) -> LinearBytes:
@@ -36,6 +42,14 @@ def probed_line(points: list[ProbePoint], state_bytes: float) -> LinearBytes:
         raise ValueError("a probed line needs peaks at two different micro-batches")
     pts = sorted((p.micro, float(p.peak_bytes) - state_bytes) for p in points)
     return LinearBytes(points=tuple(pts), interpolate=True)
+
+
+def probed_steps(points: list[ProbePoint], where: str) -> MeasuredSteps | None:
+    """The probed steps' times for the step-time model (None when the probe did not time them)."""
+    timed = sorted((p.micro, p.fb_s, p.opt_s) for p in points if p.fb_s is not None and p.opt_s is not None)
+    if len({m for m, _, _ in timed}) < 2:
+        return None
+    return MeasuredSteps(points=tuple(timed), basis=f"{where}: forward + backward and the optimizer step timed there")
 
 
 def probe_micro_batches(traced_largest: int) -> tuple[int, int]:
@@ -58,7 +72,7 @@ def probe(model: str, sample: str | None, micro_batches: tuple[int, ...], *, hal
         raise RuntimeError(f"the GPU probe failed (exit {r.returncode}): {r.stderr.strip()[-500:]}") from None
     if "error" in answer:
         raise RuntimeError(answer["error"])
-    return [ProbePoint(int(p["micro"]), int(p["peak_bytes"])) for p in answer["points"]]
+    return [ProbePoint(int(p["micro"]), int(p["peak_bytes"]), p.get("fb_s"), p.get("opt_s")) for p in answer["points"]]
 
 
 def _measure(req: dict) -> list[dict]:
@@ -86,15 +100,27 @@ def _measure(req: dict) -> list[dict]:
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
     cast = torch.autocast("cuda", dtype=torch.bfloat16) if req["half"] else contextlib.nullcontext()
 
-    def step(b: int) -> None:
-        x = batch(b)
+    def forward_backward(x) -> None:
         with cast:
             out = _call(model, x)
             loss = _loss(out)
         loss.backward()
+        del out, loss
+
+    def optimizer_step() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
-        del out, loss, x
+
+    def step(b: int) -> None:
+        forward_backward(batch(b))
+        optimizer_step()
+
+    def timed(fn, *args) -> float:
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        fn(*args)
+        torch.cuda.synchronize(dev)
+        return time.perf_counter() - t0
 
     step(1)  # warm-up: the optimizer's state exists from here on
     points = []
@@ -103,7 +129,10 @@ def _measure(req: dict) -> list[dict]:
         torch.cuda.reset_peak_memory_stats(dev)
         step(b)
         torch.cuda.synchronize(dev)
-        points.append({"micro": b, "peak_bytes": int(torch.cuda.max_memory_allocated(dev))})
+        peak = int(torch.cuda.max_memory_allocated(dev))
+        x = batch(b)
+        fb = sum(timed(forward_backward, x) for _ in range(TIMED)) / TIMED  # gradients accumulate: no new memory
+        points.append({"micro": b, "peak_bytes": peak, "fb_s": fb, "opt_s": timed(optimizer_step)})
     return points
 
 

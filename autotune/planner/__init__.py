@@ -29,14 +29,14 @@ from autotune.plan import (
 )
 from autotune.planner import deciders as dec
 from autotune.planner import memory, pods
-from autotune.planner.choice import settle_engine
+from autotune.planner.choice import settle_engine, shown_with_times
 from autotune.planner.memory_fit import fit
 from autotune.planner.micro import GLOBAL_TOLERANCE, plans_largest
 from autotune.planner.model_facts import ModelFacts, facts_for
 from autotune.planner.policy import Policy, load_policy
 from autotune.planner.resolve import Decision, Resolver, is_set
-from autotune.planner.step_time import time_estimate, timing_for
-from autotune.planner.weighing import Budget
+from autotune.planner.time_estimate import time_estimate, timing_for
+from autotune.planner.weighing import Budget, Weighing
 from autotune.profiles import HardwareProfile
 
 __all__ = ["plan"]
@@ -112,6 +112,8 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
              bucket_elements=bucket, force=force,
              record=record, target=target, timer=chooser, precision=precision)
     micro = mf.micro_batch_size
+    if record and timing is not None:  # estimate's table: every fitting option's predicted samples/s
+        record[-1] = Weighing(shown_with_times(record[-1].rows, timing, max(1, target), world), record[-1].budget)
     if auto_optimize:  # the one engine decision: the weighing's strategy, resolved against the user's settings
         backend, zero = settle_engine(x, r, seed, (backend, zero), mf.strategy.backend, mf.strategy.zero_stage,
                                           mf.engine_reason)
@@ -148,7 +150,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
                else "unknown"))
     r.explain("warmup_steps", f"training.warmup_steps {t.warmup_steps} carried over")
     estimate = time_estimate(timing, untimed, mf.strategy, mf.gradient_checkpointing, micro, acc, total,
-                             _tokens_per_sample(cfg), world)
+                             _tokens_per_sample(cfg), world, precision, facts.past_runs)
     m = cfg.model
     return TrainingPlan(
         engine=EngineSection(backend=backend, zero_stage=zero, device="cuda" if devs else "cpu",
@@ -195,12 +197,13 @@ def _check_fsdp_precision(backend: str, precision: str) -> None:
 
 
 def _tokens_per_sample(cfg: TrainConfig) -> int | None:
-    """Tokens in one sample where there is a sequence: the built-in GPT's, or a sample input of token ids."""
+    """Tokens in one sample where there is a sequence: the built-in GPT's (its digits and their sorted copy, less the
+    last: 2 x seq_len - 1), or a sample input of token ids."""
     import re
 
     t = cfg.training
     if t.entrypoint is None:
-        return cfg.data.seq_len
+        return 2 * cfg.data.seq_len - 1
     spec = (t.sample_input or "").replace(" ", "")
     found = re.fullmatch(r"int\[(\d+)\](<\d+)?", spec)
     return int(found.group(1)) if found else None

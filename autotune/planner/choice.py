@@ -90,6 +90,20 @@ def timed(sz, row: Row, timer: Timer, target: int, world: int) -> Row:
     return Row(row.strategy, row.checkpointing, m, sz.need(row.strategy, m, row.checkpointing), None, t)
 
 
+def shown_with_times(rows: tuple[Row, ...], timer: Timer, target: int, world: int) -> tuple[Row, ...]:
+    """The weighed rows as ``estimate`` shows them: each fitting row not timed by the choice (the seed rule chose)
+    with its predicted time at its own micro-batch, the accumulation holding the global batch."""
+    import dataclasses
+
+    out = []
+    for rw in rows:
+        if rw.time is None and rw.why_not is None and rw.micro >= 1:
+            acc = max(1, round(target / (rw.micro * world)))
+            rw = dataclasses.replace(rw, time=timer.time(rw.strategy, rw.checkpointing, rw.micro, acc))
+        out.append(rw)
+    return tuple(out)
+
+
 def pick_by_time(rows: tuple[Row, ...]) -> Row | None:
     """The fitting row with the most predicted samples/s; within TIE of it, the first in preference order."""
     timed = [rw for rw in rows if rw.why_not is None and rw.time is not None]

@@ -24,7 +24,6 @@ from autotune.planner.deciders import BandChoice, Inputs
 from autotune.planner.memory import STRATEGIES, Strategy
 from autotune.planner.micro import (
     FAST_MICRO,
-    GLOBAL_TOLERANCE,
     largest_fitting,
     plans_largest,
     steady_micro,

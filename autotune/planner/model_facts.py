@@ -209,17 +209,37 @@ class WorkModel(_Frozen):
 
 
 class MeasuredSteps(_Frozen):
-    """The model's own training step timed for real (``autotune.measure.timing``): (micro-batch, forward+backward
-    seconds, optimizer seconds) at two micro-batches; linear between and beyond them."""
+    """The model's own training step timed for real (``autotune.measure.timing`` on this CPU, ``measure.probe`` on
+    GPU 0): (micro-batch, forward+backward seconds, optimizer seconds) at two micro-batches; linear between and
+    beyond them. On the CPU ``ranks`` processes of ``threads`` each ran at once, and with several the gloo
+    all-reduce of the fp32 gradients took ``all_reduce_s``."""
 
     points: tuple[tuple[int, float, float], ...] = Field(min_length=2)
-    threads: int = Field(ge=1)
-    basis: str  # where and how: "timed on this machine's CPU (2 threads) at micro-batch 8 and 32"
+    threads: int = Field(1, ge=1)
+    ranks: int = Field(1, ge=1)
+    all_reduce_s: float | None = None
+    basis: str  # where and how: "timed on this CPU (AMD EPYC, 2 processes x 1 thread(s)) at micro-batch 32 and 64"
 
     def at(self, micro: int) -> tuple[float, float]:
         (b0, f0, o0), (b1, f1, o1) = sorted(self.points)[:2]
         slope = (f1 - f0) / (b1 - b0)
         return max(f0 * micro / b0 if micro < b0 else 0.0, f0 + slope * (micro - b0)), (o0 + o1) / 2
+
+
+class PastRun(_Frozen):
+    """What a past run of the same model on the same kind of machine measured (``autotune.rundir.speeds``), with
+    the settings it ran: a plan with these settings takes its figure ("calibrated by your run of ...")."""
+
+    strategy: str  # the planner's strategy name (memory.STRATEGIES): ddp (single or DDP), zero2, zero2_offload, ...
+    world_size: int
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    gradient_checkpointing: bool
+    precision: str
+    measured_samples_per_s: float
+    predicted_samples_per_s: float | None = None  # what its plan predicted (None: no prediction then)
+    date: str  # YYYY-MM-DD
+    run_dir: str
 
 
 class ModelFacts(_Frozen):
@@ -231,7 +251,8 @@ class ModelFacts(_Frozen):
     unknown_reason: str | None = None  # why parameters or activations are unknown
     builtin_gpt: bool = False  # the built-in workload: activations from the formula for any micro-batch
     work: WorkModel | None = None  # FLOPs, bytes and kernels of a step (traced as CUDA runs it; None: not counted)
-    measured_steps: MeasuredSteps | None = None  # the step timed for real on this machine's CPU
+    measured_steps: MeasuredSteps | None = None  # the step timed for real (this machine's CPU, or probed on GPU 0)
+    past_runs: tuple[PastRun, ...] = ()  # measured speeds of earlier runs on this kind of machine (never cached)
     # FSDP2's wrap: the module class each fully_shard unit is (the model's repeated block), the largest unit's
     # parameters and the root's own (those in no unit); unknown (None, 0): the whole model is one unit
     fsdp_unit: str | None = None

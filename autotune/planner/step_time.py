@@ -21,14 +21,9 @@ recording exists yet): their constants carry their sources below.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from autotune.planner.gpus import GPUSpec
-from autotune.planner.model_facts import MeasuredSteps, PhaseWork, StepWork, WorkModel
+from autotune.planner.model_facts import PhaseWork, StepWork
 from autotune.profiles import HardwareProfile
-
-if TYPE_CHECKING:
-    from autotune.plan import TimeEstimate
 
 
 @dataclass(frozen=True)
@@ -190,9 +185,11 @@ def compute_s(step: StepWork, gpu: GPUSpec, precision: str, tf32: bool, cal: Cal
 
 def step_time(step: StepWork, *, strategy: str, micro: int, accumulation: int, world: int, gpu: GPUSpec,
               link: Link, precision: str, tf32: bool, num_parameters: int, host_cores_per_rank: float,
-              cal: Calibration = CALIBRATION) -> StepTime:
-    """One optimizer step of ``strategy`` at ``micro`` x ``accumulation`` on ``world`` ranks."""
+              cal: Calibration = CALIBRATION, scale: tuple[float, float] = (1.0, 1.0)) -> StepTime:
+    """One optimizer step of ``strategy`` at ``micro`` x ``accumulation`` on ``world`` ranks. ``scale``: the
+    compute's (micro-step, optimizer step) times measured on the GPU over the model's, where a probe timed them."""
     micro_s, opt_s, hide_s = compute_s(step, gpu, precision, tf32, cal)
+    micro_s, opt_s, hide_s = micro_s * scale[0], opt_s * scale[1], hide_s * scale[0]
     line = ENGINES.get(strategy, ENGINES["ddp"])
     n = max(1, world)
     share = 1 / n if line.sharded else 1.0
@@ -220,113 +217,3 @@ def step_time(step: StepWork, *, strategy: str, micro: int, accumulation: int, w
 
 
 # -- a plan's timing: the model bound to the hardware, the model's facts and the plan so far ---------------------
-# gloo on one host (CPU plans): a fixed cost per all-reduce and about 1 GB/s through loopback TCP (an assumption,
-# checked by the built-in run on 2 CPU processes in BENCHMARKS.md)
-GLOO_LATENCY_S, GLOO_BYTES_S = 5e-4, 1e9
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Predicted step times of one plan's options (``time``), from the traced work on the GPU table, or from the
-    model's steps timed for real on this machine's CPU (``measured``)."""
-
-    basis: str
-    num_parameters: int
-    world: int
-    precision: str = "bf16"
-    tf32: bool = False
-    work: WorkModel | None = None
-    gpu: GPUSpec | None = None
-    link: Link | None = None
-    cores_per_rank: float = 1.0
-    measured: MeasuredSteps | None = None
-
-    def time(self, strategy, checkpointing: bool, micro: int, accumulation: int) -> StepTime | None:
-        if self.measured is not None:
-            return self._measured(micro, accumulation)
-        half = self.precision in ("bf16", "fp16")
-        line = self.work.line(half, checkpointing, strategy.backend in ("deepspeed", "fsdp")) if self.work else None
-        if line is None or self.gpu is None or self.link is None:
-            return None
-        return step_time(line.at(micro), strategy=strategy.name, micro=micro, accumulation=accumulation,
-                         world=self.world, gpu=self.gpu, link=self.link, precision=self.precision, tf32=self.tf32,
-                         num_parameters=self.num_parameters, host_cores_per_rank=self.cores_per_rank)
-
-    def _measured(self, micro: int, accumulation: int) -> StepTime:
-        m = self.measured
-        micro_s, opt_s = m.at(micro)
-        comm = 0.0
-        if self.world > 1:  # DDP over gloo: fp32 gradients all-reduced once per step
-            comm = GLOO_LATENCY_S + 4 * self.num_parameters * RING["all_reduce"](self.world) / GLOO_BYTES_S
-        step_s = accumulation * micro_s + opt_s + comm
-        return StepTime(micro_s, opt_s, comm, step_s, micro * accumulation * self.world / step_s,
-                        (("gloo all-reduce", comm),) if comm else ())
-
-
-def timing_for(hw: HardwareProfile, devs, facts, *, precision: str, tf32: bool, nproc: int, num_nodes: int,
-               world: int) -> tuple[Timing | None, str]:
-    """The plan's Timing, or None and why a time cannot be predicted."""
-    if facts.num_parameters is None:
-        return None, "the model's size is unknown (set training.model, or training.num_parameters)"
-    if not devs:
-        m = facts.measured_steps
-        if m is None:
-            return None, ("no GPU, and the model's step was not timed on this machine (a CPU plan is timed for real "
-                          "only when it is for this machine)")
-        return Timing(basis=m.basis, num_parameters=facts.num_parameters, world=world, measured=m,
-                      precision=precision), ""
-    if facts.work is None:
-        return None, ("the model's work is not counted (a model autotune cannot trace, or a script of unknown size): "
-                      "give training.model and training.sample_input")
-    from autotune.planner.gpus import spec_for
-
-    gpu = spec_for(devs[0])
-    if gpu is None:
-        return None, (f"{devs[0].name or 'this GPU'} is not in the GPU table (configs/gpus.yaml): unknown, so the "
-                      "plan keeps the memory rule")
-    cores = max(1.0, hw.cpu.effective_cores / max(1, nproc))
-    link = link_for(hw, gpu, nproc, num_nodes)
-    basis = f"model: {facts.work.source} on {gpu.basis}; {CALIBRATION_BASIS}"
-    return Timing(basis=basis, num_parameters=facts.num_parameters, world=world, precision=precision, tf32=tf32,
-                  work=facts.work, gpu=gpu, link=link, cores_per_rank=cores), ""
-
-
-def time_estimate(timing: Timing | None, untimed: str, strategy, checkpointing: bool, micro: int, accumulation: int,
-                  total_steps: int | None, tokens_per_sample: int | None, world: int) -> TimeEstimate:
-    """The plan's ``time_estimate``: each figure, or null with its reason."""
-    import dataclasses
-
-    from autotune.plan import TimeEstimate
-    from autotune.planner.memory import STRATEGIES
-
-    figures = ("micro_step_s", "optimizer_step_s", "communication_s", "step_s", "samples_per_s", "tokens_per_s",
-               "total_s", "speedup_vs_1_gpu")
-    t = timing.time(strategy, checkpointing, micro, accumulation) if timing is not None else None
-    if t is None:
-        why = untimed or "no traced work for this precision and checkpointing"
-        return TimeEstimate(basis="unknown", unknown={f: why for f in figures})
-    unknown: dict[str, str] = {}
-    tokens = None if tokens_per_sample is None else t.samples_per_s * tokens_per_sample
-    if tokens is None:
-        unknown["tokens_per_s"] = "no sequence length known (a sample input of token ids, int[N], gives one)"
-    total = None if not total_steps else total_steps * t.step_s
-    if total is None:
-        unknown["total_s"] = "the number of steps is unknown (set training.max_steps, or data.num_samples and epochs)"
-    speedup, speedup_basis = None, None
-    if timing.gpu is not None and timing.link is not None:
-        one_acc = max(1, round(accumulation * world))
-        one = dataclasses.replace(timing, world=1, link=Link(None, timing.link.pcie_bytes_s, "one process"))
-        t1 = one.time(STRATEGIES["ddp"], checkpointing, micro, one_acc)
-        if t1 is not None:
-            speedup = t.samples_per_s / t1.samples_per_s
-            speedup_basis = (f"against one {timing.gpu.row.name} at micro-batch {micro} x accumulation {one_acc} "
-                             f"(one process), by the same model")
-    else:
-        unknown["speedup_vs_1_gpu"] = "no GPU: a CPU plan"
-    comm = f"; communication over {timing.link.basis}" if timing.link is not None and world > 1 else ""
-    return TimeEstimate(micro_step_s=round(t.micro_step_s, 6), optimizer_step_s=round(t.optimizer_step_s, 6),
-                        communication_s=round(t.communication_s, 6), step_s=round(t.step_s, 6),
-                        samples_per_s=round(t.samples_per_s, 3), tokens_per_s=None if tokens is None else round(tokens, 1),
-                        total_s=None if total is None else round(total, 2),
-                        speedup_vs_1_gpu=None if speedup is None else round(speedup, 3),
-                        basis=timing.basis + comm, speedup_basis=speedup_basis, unknown=unknown)

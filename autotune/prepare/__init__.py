@@ -25,6 +25,8 @@ from autotune.profiles import HardwareProfile, load_profile
 
 # (config, policy, hardware) -> ModelFacts: how a user's model is measured (autotune.measure.model_facts)
 Measure = Callable[..., Any]
+# (**what to time) -> MeasuredSteps | None: a model's step timed on this CPU (autotune.measure.timing)
+TimeSteps = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class RunSetup:
     resume_path: Path | None
     launch_spec: Any  # autotune.exports.launch_spec.LaunchSpec
     delivery: Any = None  # autotune.exports.wiring.Delivery: how each plan value reaches the script
+    speed_key: tuple[str | None, str | None] = (None, None)  # (model, kind of machine): autotune.rundir.speeds
 
     @property
     def records_dir(self) -> Path:
@@ -66,12 +69,15 @@ def resolve_hardware(spec: str | HardwareProfile | None) -> HardwareProfile:
 def plan_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
              hardware: str | HardwareProfile | None = None, *, auto_optimize: bool = True, debug: bool = False,
              policy: str | None = None, with_deepspeed: bool = True, force: bool = False, facts=None,
-             record: list | None = None, measure: Measure | None = None
+             record: list | None = None, measure: Measure | None = None, time_steps: TimeSteps | None = None
              ) -> tuple[TrainingPlan, HardwareProfile, dict | None]:
     """config + flags + hardware -> (plan, profile, DeepSpeed dict or None; None too without with_deepspeed).
 
     ``measure(cfg, policy, hw)`` measures a user's model (``training.model``): the programs pass
     ``autotune.measure.model_facts``; ``prepare`` sits beside ``measure`` and never imports it.
+    ``time_steps(**what)`` times the model's step on this CPU (``autotune.measure.timing.measured_steps``)
+    when the plan is for this machine and it has no GPU (``_timed_here``). Past runs of the same model on the same
+    kind of machine reach the planner from ``autotune.rundir.speeds``.
     Raises PlanRefused (exit 3) when nothing fits by the estimate, unless ``force``.
     """
     from autotune.planner import plan
@@ -83,8 +89,13 @@ def plan_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     pol = load_policy(policy)
     # A preset says nothing about installed software: the plan will run with what is installed here.
     ds_installed = bool(hw.software["deepspeed"]) if "deepspeed" in hw.software else deepspeed_installed_locally()
+    facts = _with_past_runs(cfg, hw, facts or _model_facts(cfg, pol, hw, measure))
     p = plan(hw, cfg, auto_optimize=auto_optimize, debug=debug, policy=pol, deepspeed_installed=ds_installed,
-             facts=facts or _model_facts(cfg, pol, hw, measure), force=force, record=record)
+             facts=facts, force=force, record=record)
+    steps = _timed_here(cfg, hw, p, facts, time_steps) if time_steps is not None else None
+    if steps is not None:  # the same plan again, timed by the step measured here
+        p = plan(hw, cfg, auto_optimize=auto_optimize, debug=debug, policy=pol, deepspeed_installed=ds_installed,
+                 facts=facts.model_copy(update={"measured_steps": steps}), force=force, record=record)
     if not (with_deepspeed and p.is_deepspeed):
         return p, hw, None
     from autotune.exports.deepspeed import deepspeed_config
@@ -103,6 +114,64 @@ def _model_facts(cfg: TrainConfig, policy, hw: HardwareProfile, measure: Measure
     if measure is None:  # a program that forgot to pass it: never plan a described model blind
         raise ValueError("plan_for: the config describes a model (training.model); pass measure=")
     return measure(cfg, policy, hw)
+
+
+def speed_key(cfg: TrainConfig, hw: HardwareProfile) -> tuple[str | None, str | None]:
+    """(model, kind of machine) under which past runs' speeds are kept (``autotune.rundir.speeds``)."""
+    from autotune.rundir.speeds import machine_kind, model_key
+
+    return model_key(cfg), machine_kind(hw)
+
+
+def _with_past_runs(cfg: TrainConfig, hw: HardwareProfile, facts):
+    """The facts with what earlier runs of this model measured on this kind of machine."""
+    from pydantic import ValidationError
+
+    from autotune.planner.model_facts import PastRun
+    from autotune.rundir.speeds import past_runs
+
+    runs = []
+    for entry in past_runs(*speed_key(cfg, hw)):
+        try:
+            runs.append(PastRun.model_validate(entry))
+        except ValidationError:
+            continue  # an entry another version wrote: no past run
+    return facts.model_copy(update={"past_runs": tuple(runs)}) if runs else facts
+
+
+# the built-in GPT, as autotune.measure.timing builds and feeds it by name (the runtime holds the model)
+BUILTIN_MODEL, BUILTIN_BATCH = "autotune.runtime.workload:timed_model", "autotune.runtime.workload:timed_batch"
+
+
+def _timed_here(cfg: TrainConfig, hw: HardwareProfile, p: TrainingPlan, facts, time_steps: TimeSteps):
+    """The model's step timed on this machine's CPU for plan ``p`` (its ranks, threads per rank, micro-batch,
+    precision, checkpointing and clipping), or None: the plan is not for this machine's CPU (a preset, a GPU, several
+    nodes), the model cannot be built here (a script without training.model and sample_input), DeepSpeed (whose
+    step is not torch's), or ``training.probe`` is off (--no_probe)."""
+    t, e = cfg.training, p.engine
+    if hw.source != "detected" or hw.gpus.devices or e.device != "cpu" or p.is_deepspeed or not t.probe \
+            or e.num_nodes > 1:
+        return None
+    if t.entrypoint is None:  # its shape only: the data set's size and seed change no step
+        d = p.workload.data
+        workload = {"model": p.workload.model.model_dump(), "data": {"seq_len": d.seq_len, "vocab_size": d.vocab_size}}
+        model, sample, kw, what = BUILTIN_MODEL, BUILTIN_BATCH, {"workload": workload}, "the built-in GPT"
+    elif t.model and t.sample_input and facts.num_parameters:
+        model, sample, kw, what = t.model, t.sample_input, {}, t.model
+    else:
+        return None
+    return time_steps(model=model, sample=sample, micro=p.batch.micro_batch_size, ranks=e.nproc_per_node,
+                      threads=p.loader.omp_num_threads, precision=p.numerics.precision,
+                      checkpointing=p.memory.gradient_checkpointing, clip=p.optimizer.gradient_clipping,
+                      weight_decay=p.optimizer.weight_decay, what=what, model_kwargs=kw, sample_kwargs=kw,
+                      cpu=hw.cpu.model_name)
+
+
+def could_time_here(setup: RunSetup) -> bool:
+    """Whether preparing ``setup`` again with ``time_steps`` could time its step: a plan for this machine's CPU,
+    without DeepSpeed (a launch checks its run directory first, then pays for the timing)."""
+    hw, p = setup.hardware, setup.plan
+    return hw.source == "detected" and not hw.gpus.devices and not p.is_deepspeed and p.engine.num_nodes == 1
 
 
 def new_run_dir_name() -> str:
@@ -211,7 +280,8 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
             policy: str | None = None, run_dir: str | Path | None = None, resume_from: str | None = None,
             script_args: list[str] | tuple[str, ...] = (), environ: Mapping[str, str] | None = None,
             python: str | None = None, runs_root: str | Path = "runs", force: bool = False,
-            measure: Measure | None = None, trust_checkpoint: bool = False) -> RunSetup:
+            measure: Measure | None = None, trust_checkpoint: bool = False,
+            time_steps: TimeSteps | None = None) -> RunSetup:
     """Plan, pick the run dir, resolve the resume point once, build the launch spec. Writes nothing.
     ``trust_checkpoint``: resume from a checkpoint without checksums (--trust_checkpoint); it is loaded as data."""
     from autotune.exports.launch_spec import launch_spec
@@ -220,7 +290,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     if overrides:
         cfg = apply_overrides(cfg, dict(overrides))
     plan, hw, ds = plan_for(cfg, None, hardware, auto_optimize=auto_optimize, debug=debug, policy=policy,
-                            force=force, measure=measure)
+                            force=force, measure=measure, time_steps=time_steps)
     entry = plan.run.entrypoint
     if entry and entry.endswith(".py") and not Path(entry).is_file():
         raise UserError(f"training.entrypoint: no such script {entry!r} (paths are relative to {Path.cwd()})")
@@ -277,7 +347,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
                        has_infiniband=bool(hw.infiniband), script_args=args, cwd=workdir,
                        withhold=tuple(route.withheld))
     return RunSetup(plan=plan, hardware=hw, deepspeed_config=ds, run_dir=rd, resume_path=resume_path,
-                    launch_spec=spec, delivery=route)
+                    launch_spec=spec, delivery=route, speed_key=speed_key(cfg, hw))
 
 
 def _check_resume_reaches(facts, placeholders: list[str], wired: dict[str, str], args: list[str]) -> None:

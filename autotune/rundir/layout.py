@@ -56,3 +56,14 @@ def deepspeed_config_path(plan, run_dir: str | Path, framework: bool = False) ->
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / CHECKPOINTS
+
+
+def cache_dir() -> Path:
+    """What autotune keeps between runs (traces, probes, step timings, past runs' speeds): $AUTOTUNE_CACHE_DIR,
+    else $XDG_CACHE_HOME/autotune/traces, else ~/.cache/autotune/traces."""
+    import os
+
+    if os.environ.get("AUTOTUNE_CACHE_DIR"):
+        return Path(os.environ["AUTOTUNE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "autotune" / "traces"

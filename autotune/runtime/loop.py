@@ -211,7 +211,8 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
     final = dict(history[-1]) if history else {}
     if ctx.is_main:
         summary = {"steps": step, "history": history, "final": final,
-                   "measured_samples_per_s": timed_steps * b.global_batch_size / timed_s if timed_steps else None}
+                   "measured_samples_per_s": timed_steps * b.global_batch_size / timed_s if timed_steps else None,
+                   "measured_steps": timed_steps}
         write_whole(run_dir / "metrics.json", json.dumps(summary, indent=2, default=_nan_safe))
     return final
 

@@ -82,6 +82,10 @@ class GPT(nn.Module):
             if name.endswith(("proj.weight", "fc_out.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
 
+    def gradient_checkpointing_enable(self) -> None:
+        """The switch Hugging Face models offer (``autotune.measure.timing`` turns it on by that name)."""
+        self.gradient_checkpointing = True
+
     @staticmethod
     def _init(m):
         if isinstance(m, nn.Linear):
@@ -113,6 +117,21 @@ def build_model(workload, gradient_checkpointing: bool = False) -> GPT:
     """The GPT of the plan's ``workload`` section."""
     m, d = workload.model, workload.data
     return GPT(d.vocab_size, 2 * d.seq_len - 1, m.n_layer, m.n_head, m.n_embd, m.dropout, gradient_checkpointing)
+
+
+def timed_model(workload: dict) -> GPT:
+    """The built-in GPT of a plan's ``workload`` section (as JSON), as ``autotune.measure.timing`` builds it by
+    name (``autotune.runtime.workload:timed_model``) to time its step: its forward with targets is the loss."""
+    from autotune.plan import WorkloadSection
+
+    return build_model(WorkloadSection.model_validate(workload))
+
+
+def timed_batch(b: int, workload: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """``b`` samples of the built-in task (inputs, targets), for the same timing."""
+    d = workload["data"]
+    ds = SortDataset(b, d["seq_len"], d["vocab_size"], 0)
+    return ds.x, ds.y
 
 
 @torch.no_grad()

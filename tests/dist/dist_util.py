@@ -10,6 +10,7 @@ SMALL = """
 model: {n_layer: 1, n_head: 2, n_embd: 32}
 data: {seq_len: 6, num_samples: 2048, num_val_samples: 256}
 training:
+  probe: false  # no step timing on this CPU (one fixture run is timed: conftest.runs)
   global_batch_size: 32
   base_batch_size: 32
   learning_rate: 0.003

@@ -12,7 +12,8 @@ from support import ROOT
 CFG = """
 model: {n_layer: 1, n_head: 2, n_embd: 32}
 data: {seq_len: 6, num_samples: 4096, num_val_samples: 64}
-training: {global_batch_size: 32, base_batch_size: 32, max_steps: MAX, log_every_steps: 1, eval_every_steps: 100000}
+training: {probe: false, global_batch_size: 32, base_batch_size: 32, max_steps: MAX, log_every_steps: 1,
+           eval_every_steps: 100000}
 checkpoint: {save_every_steps: 2, keep_last: 1000}
 logging: {tensorboard: false}
 """

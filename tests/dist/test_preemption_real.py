@@ -21,7 +21,8 @@ from support import ROOT, free_port
 LONG = """
 model: {n_layer: 1, n_head: 2, n_embd: 32}
 data: {seq_len: 6, num_samples: 100000, num_val_samples: 64}
-training: {global_batch_size: 32, base_batch_size: 32, max_steps: 100000, log_every_steps: 1, eval_every_steps: 100000}
+training: {probe: false, global_batch_size: 32, base_batch_size: 32, max_steps: 100000, log_every_steps: 1,
+           eval_every_steps: 100000}
 checkpoint: {save_every_steps: null, save_at_end: false, preemption_grace_s: GRACE}
 """
 

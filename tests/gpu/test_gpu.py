@@ -276,27 +276,71 @@ def test_memory_estimate_holds_on_this_gpu(record):
     assert fit["measured_reserved_gib"] <= fit["gpu_budget_gib"]
 
 
-def test_the_gpu_probe_is_within_2_percent_of_a_measured_step(record, tmp_path):
-    """The probe (autotune.measure.probe: real steps at two micro-batches) predicts a third micro-batch's peak,
-    measured here the same way, to within 2 %."""
-    import torch
+PROBE_PARAMS = (1024 * 4096 + 4096) + (4096 * 4096 + 4096) + (4096 * 1024 + 1024)
 
-    from autotune.measure.probe import probe, probed_line
 
-    (tmp_path / "probe_model.py").write_text(
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    """The probe's points (memory and times) at micro-batch 256, 512 and 2048 of a 3-layer MLP on GPU 0, and the
+    folder of the model's module."""
+    from autotune.measure.probe import probe
+
+    where = tmp_path_factory.mktemp("probe")
+    (where / "probe_model.py").write_text(
         "import torch, torch.nn as nn\n"
         "def make():\n    return nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 4096), nn.GELU(),"
         " nn.Linear(4096, 1024))\n"
         "def batch(b):\n    return torch.randn(b, 1024)\n")
     env_path = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), str(ROOT), env_path]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(where), str(ROOT), env_path]))
     try:
-        pts = probe("probe_model:make", "probe_model:batch", (256, 512, 2048), half=True, checkpointing=False)
+        return probe("probe_model:make", "probe_model:batch", (256, 512, 2048), half=True, checkpointing=False), where
     finally:
         os.environ["PYTHONPATH"] = env_path
-    params = (1024 * 4096 + 4096) + (4096 * 4096 + 4096) + (4096 * 1024 + 1024)
-    line = probed_line(pts[:2], 16 * params)
-    predicted, measured = line.at(2048) + 16 * params, pts[2].peak_bytes
+
+
+def test_the_gpu_probe_is_within_2_percent_of_a_measured_step(record, probed):
+    """The probe (autotune.measure.probe: real steps at two micro-batches) predicts a third micro-batch's peak,
+    measured here the same way, to within 2 %."""
+    import torch
+
+    from autotune.measure.probe import probed_line
+
+    points, _ = probed
+    line = probed_line(points[:2], 16 * PROBE_PARAMS)
+    predicted, measured = line.at(2048) + 16 * PROBE_PARAMS, points[2].peak_bytes
     record(f"probe at 256, 512 -> 2048: predicted {predicted / 2**20:.0f} MiB, measured {measured / 2**20:.0f} MiB")
     assert abs(predicted - measured) <= 0.02 * measured
     assert torch.cuda.is_available()
+
+
+def test_the_gpu_probe_times_its_steps_and_the_plan_takes_them(record, probed, monkeypatch, tmp_path):
+    """The probe times forward + backward and the optimizer step at the points it runs; a launch's plan on this
+    machine (``model_facts_probed``) takes them, with the basis "probed on GPU 0" (the figures go to the GPU
+    summary: the time model is judged in bench/, not here)."""
+    from autotune.config import TrainConfig
+    from autotune.hardware import detect
+    from autotune.measure import _TRACE_CACHE, model_facts_probed
+    from autotune.measure.probe import probed_steps
+    from autotune.planner import plan
+
+    points, where = probed
+    assert all(p.fb_s > 0 and p.opt_s > 0 for p in points) and points[2].fb_s > points[0].fb_s
+    steps = probed_steps(points[:2], "probed on GPU 0 at micro-batch 256 and 512")
+    record(f"probe: forward + backward {points[0].fb_s * 1e3:.2f} ms at 256, {points[1].fb_s * 1e3:.2f} ms at 512; "
+           f"at 2048 the line says {steps.at(2048)[0] * 1e3:.2f} ms, measured {points[2].fb_s * 1e3:.2f} ms; "
+           f"optimizer {points[2].opt_s * 1e3:.2f} ms")
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(where), str(ROOT),
+                                                                   os.environ.get("PYTHONPATH")])))
+    monkeypatch.syspath_prepend(str(where))
+    cfg = TrainConfig.model_validate({"training": {"entrypoint": "t.py", "model": "probe_model:make",
+                                                   "sample_input": "probe_model:batch"}})
+    hw = detect()
+    _TRACE_CACHE.clear()
+    facts = model_facts_probed(cfg, hw=hw)
+    assert facts.measured_steps is not None and facts.measured_steps.basis.startswith("probed on GPU 0")
+    te = plan(hw, cfg, facts=facts).schedule.time_estimate
+    record(f"plan from the probe: {te.samples_per_s} samples/s predicted ({te.basis[:60]}...)")
+    if te.samples_per_s is not None:  # a GPU the table knows
+        assert te.basis.startswith("probed on GPU 0"), te.basis

@@ -31,6 +31,21 @@ def test_every_shipped_config_parses():
         assert isinstance(load_config(path), TrainConfig), path
 
 
+def test_yaml_reads_alike_through_libyaml_and_the_pure_parser():
+    """Planning reads its YAML through libyaml (tens of ms less a file); the values are the pure parser's, and a
+    key given twice is refused on both."""
+    import yaml
+
+    from autotune.safe_input import _FAST, _FastUniqueKeyLoader, _load_yaml, _UniqueKeyLoader, load_yaml
+
+    assert _FAST is not None  # PyYAML's wheels carry libyaml
+    for f in (*(ROOT / "configs").glob("*.yaml"), *(ROOT / "examples").rglob("*.yaml")):
+        text = f.read_text()
+        assert load_yaml(text, f.name) == _load_yaml(text, f.name, yaml.SafeLoader, _UniqueKeyLoader)
+    with pytest.raises(yaml.YAMLError, match="duplicate key 'a'"):
+        _load_yaml("a: 1\na: 2\n", "x", _FAST, _FastUniqueKeyLoader)
+
+
 def test_all_problems_listed_at_once_with_field_paths(tmp_path):
     p = write(tmp_path, """
         training:

@@ -185,7 +185,8 @@ def test_a_plan_for_4xl4_says_how_long_and_the_speedup_with_its_basis():
     p = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)
     te = p.schedule.time_estimate
     assert 1 < te.speedup_vs_1_gpu < 4 and "L4" in te.speedup_basis and "L4 row" in te.basis
-    assert te.samples_per_s > 0 and te.total_s > 0 and te.tokens_per_s == pytest.approx(te.samples_per_s * 8, rel=1e-3)
+    assert te.samples_per_s > 0 and te.total_s > 0
+    assert te.tokens_per_s == pytest.approx(te.samples_per_s * 15, rel=1e-3)  # 2 x 8 - 1 tokens a sample
 
 
 def test_an_unknown_gpu_or_model_has_a_null_time_with_its_reason():
@@ -201,8 +202,13 @@ def test_an_unknown_gpu_or_model_has_a_null_time_with_its_reason():
 
 # -- the run's record --------------------------------------------------------------------------------------
 
-def test_timing_json_compares_the_prediction_with_the_measurement_and_warns_beyond_25_percent(tmp_path):
+def test_timing_json_compares_the_prediction_with_the_measurement_and_warns_beyond_25_percent(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
     from autotune.launch import timing
+    from autotune.rundir.speeds import past_runs
+
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
 
     p = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)
     predicted = p.schedule.time_estimate.samples_per_s
@@ -212,7 +218,14 @@ def test_timing_json_compares_the_prediction_with_the_measurement_and_warns_beyo
     assert "+10 %" in lines[0]
     _, lines = timing.compare(p, predicted * 0.5, "test")
     assert lines[-1].startswith("warning:") and f"{predicted:,.1f}" in lines[-1] and "-50 %" in lines[-1]
-    (tmp_path / "metrics.json").write_text(json.dumps({"measured_samples_per_s": 123.0}))
-    timing.report(p, tmp_path, open(tmp_path / "out.txt", "w"))
+    (tmp_path / "metrics.json").write_text(json.dumps({"measured_samples_per_s": 123.0, "measured_steps": 3}))
+    timing.report(SimpleNamespace(plan=p, speed_key=("a model", "NVIDIA L4")), tmp_path, open(tmp_path / "o", "w"))
+    assert past_runs("a model", "NVIDIA L4") == []  # 3 steps: too few to calibrate a later plan
+    (tmp_path / "metrics.json").write_text(json.dumps({"measured_samples_per_s": 123.0, "measured_steps": 10}))
+    setup = SimpleNamespace(plan=p, speed_key=("a model", "NVIDIA L4"))
+    timing.report(setup, tmp_path, open(tmp_path / "out.txt", "w"))
     assert json.loads((tmp_path / "timing.json").read_text())["measured_samples_per_s"] == 123.0
+    kept, = past_runs("a model", "NVIDIA L4")  # for a later plan of the same model on this kind of GPU
+    assert kept["measured_samples_per_s"] == 123.0 and kept["run_dir"] == str(tmp_path.absolute())
+    assert kept["micro_batch_size"] == p.batch.micro_batch_size and kept["predicted_samples_per_s"] == predicted
     assert TimeEstimate.model_validate(p.schedule.time_estimate.model_dump()) == p.schedule.time_estimate

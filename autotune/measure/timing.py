@@ -1,0 +1,236 @@
+"""The model's own training step timed for real on this machine's CPU (imports torch, in child processes).
+
+A plan for this machine without a GPU is timed by what its step costs here, not by a table: ``prepare`` asks for
+the step of the model it plans (the built-in GPT, named by ``autotune.runtime.workload``'s factory; a user's
+``training.model`` with its ``training.sample_input``) at two micro-batches, as the plan's ranks will run it: one
+child process per rank on this host (``python -m autotune.measure.timing``: the launcher imports no torch), all at
+once, each with the rank's threads (the plan's ``omp_num_threads``), precision, checkpointing and clipping, so that
+the ranks' contention for the cores and memory is in the figure; several ranks form a gloo group (a file store in
+a temporary directory) and run the model under DDP as the ranks will. Each builds the model and, at each
+micro-batch, after two warm-up steps, runs the same number of steps on every rank (at least ``MIN_REPEATS`` and
+``MIN_SECONDS``, in ``ROUNDS`` rounds that take the micro-batches in turn, so that a burst of other work on the
+machine falls on both alike), each an accumulation of two as the loop runs it: a micro-step without the all-reduce
+(forward + backward), one with it, and the optimizer step (gradient clipping, ``AdamW.step()``, ``zero_grad``).
+The figures are the slowest rank's medians: forward + backward, the optimizer step, and what the synchronising
+micro-step adds (the all-reduce and the wait for the slowest rank, once per optimizer step): ``MeasuredSteps``,
+from which the planner draws ``a + b x micro``.
+
+It runs once: the answer is kept beside the traces, keyed by everything it depends on (the request, the model's
+and sample's source, torch's version, the CPU model, the ranks and threads, this file), so a second plan reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Callable
+
+from autotune.planner.model_facts import MeasuredSteps
+
+MIN_REPEATS, MIN_SECONDS, MAX_REPEATS = 10, 1.0, 60  # per micro-batch: enough steps for a steady median
+ROUNDS = 5  # the steps of each micro-batch in this many rounds, taken in turn
+TIMEOUT_S = 600
+
+
+def grid(micro: int) -> tuple[int, int]:
+    """The two micro-batches timed for a plan at ``micro``: the power of two at or above it and its half (plans
+    at nearby micro-batches share one timing; the line reaches ``micro`` between or at them)."""
+    top = 1 << max(1, (max(1, micro) - 1).bit_length())
+    return top // 2, top
+
+
+def request(*, model: str, sample: str, micro: int, ranks: int, threads: int, precision: str, checkpointing: bool,
+            clip: float | None, weight_decay: float, what: str, model_kwargs: dict | None = None,
+            sample_kwargs: dict | None = None) -> dict:
+    """What the children time: ``model`` (``package.module:factory``, called with ``model_kwargs``) on batches from
+    ``sample`` (a shape spec, or ``package.module:function(batch_size, **sample_kwargs)``), ``ranks`` at once."""
+    return {"model": model, "model_kwargs": model_kwargs or {}, "sample": sample, "sample_kwargs": sample_kwargs or {},
+            "micro_batches": list(grid(micro)), "ranks": max(1, ranks), "threads": max(1, threads),
+            "precision": precision, "checkpointing": checkpointing, "clip": clip, "weight_decay": weight_decay,
+            "what": what}
+
+
+def _key(req: dict, cpu: str) -> str:
+    import hashlib
+    from importlib import metadata
+    from pathlib import Path
+
+    from autotune.measure import _source_of
+
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = ""
+    h = hashlib.sha256()
+    for part in (json.dumps(req, sort_keys=True), _source_of(req["model"]), _source_of(req["sample"]), torch_version,
+                 cpu, Path(__file__).read_text()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None, **what
+                   ) -> MeasuredSteps | None:
+    """The step of ``request(**what)`` timed on this CPU (``cpu``: its model name), from the cache or a child
+    process (``run``: another way to run the request); None when it cannot be timed (said on stderr: the plan
+    then says its time is unknown)."""
+    from autotune.measure import _store, cache_dir
+
+    req = request(**what)
+    where = cache_dir() / f"steps-{_key(req, cpu or '')}.json"
+    try:
+        return MeasuredSteps.model_validate_json(where.read_text())
+    except (OSError, ValueError):
+        pass  # not timed yet, or a damaged entry: time again
+    (a, b), n, ranks = req["micro_batches"], req["threads"], req["ranks"]
+    who = f"{ranks} processes x {n} thread(s)" if ranks > 1 else f"{n} thread{'s' if n > 1 else ''}"
+    print(f"autotune: timing {req['what']}'s training step on this CPU ({who}, micro-batch {a} and {b}; once, then "
+          f"cached in {where.parent}) ...", file=sys.stderr, flush=True)
+    start = time.monotonic()
+    try:
+        answer = (run or _children)(req)
+    except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+        print(f"autotune: warning: {e}; the plan's time is unknown", file=sys.stderr, flush=True)
+        return None
+    points = answer["points"]
+    comm = answer.get("all_reduce_s")
+    steps = MeasuredSteps(points=tuple((p["micro"], p["fb_s"], p["opt_s"]) for p in points), threads=n, ranks=ranks,
+                          all_reduce_s=comm,
+                          basis=f"timed on this CPU ({cpu or 'model unknown'}, {who}) at micro-batch {a} and {b}: the "
+                                "model's own step, forward + backward and optimizer"
+                                + (", and DDP's gloo all-reduce of its gradients" if comm is not None else ""))
+    _store(where, steps)
+    fb = {p["micro"]: p["fb_s"] for p in points}
+    print(f"autotune: timed in {time.monotonic() - start:.1f} s: {fb[b] * 1000:.1f} ms a micro-step at {b}"
+          + (f", {comm * 1000:.1f} ms an all-reduce" if comm is not None else ""), file=sys.stderr, flush=True)
+    return steps
+
+
+def _children(req: dict) -> dict:
+    """Run one child per rank, all at once; the slowest rank's figures. RuntimeError with a child's last words
+    when one fails."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(req["threads"])}
+    with tempfile.TemporaryDirectory(prefix="autotune-timing-") as tmp:
+        (Path(tmp) / "request.json").write_text(json.dumps(req))
+        procs = [subprocess.Popen([sys.executable, "-m", "autotune.measure.timing", tmp, str(rank)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for rank in range(req["ranks"])]
+        answers = []
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=TIMEOUT_S)
+                try:
+                    answers.append(json.loads(out.strip().splitlines()[-1]))
+                except (ValueError, IndexError):
+                    raise RuntimeError(f"timing the step failed (exit {p.returncode}): {err.strip()[-500:]}") from None
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    failed = next((a["error"] for a in answers if "error" in a), None)
+    if failed:
+        raise RuntimeError(failed)
+    points = [{"micro": pts[0]["micro"], "fb_s": max(p["fb_s"] for p in pts), "opt_s": max(p["opt_s"] for p in pts)}
+              for pts in zip(*(a["points"] for a in answers))]
+    comm = [a["all_reduce_s"] for a in answers if a.get("all_reduce_s") is not None]
+    return {"points": points, "all_reduce_s": max(comm) if comm else None}
+
+
+def _measure(req: dict, store: str, rank: int) -> dict:
+    import contextlib
+    import datetime
+    import functools
+    import math
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from autotune.measure.trace import _call, _loss, load_callable, sample_maker
+
+    torch.set_num_threads(req["threads"])
+    torch.manual_seed(0)
+    ranks = req["ranks"]
+    model = load_callable(req["model"], "training.model")(**req["model_kwargs"])
+    model.train()
+    if req["checkpointing"] and callable(getattr(model, "gradient_checkpointing_enable", None)):
+        model.gradient_checkpointing_enable()
+    params = [p for p in model.parameters() if p.requires_grad]
+    run = model
+    if ranks > 1:  # the ranks time together, as DDP over gloo (their contention and waits are the run's)
+        dist.init_process_group("gloo", init_method=f"file://{store}/store", rank=rank, world_size=ranks,
+                                timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        run = torch.nn.parallel.DistributedDataParallel(model)
+    make = (functools.partial(load_callable(req["sample"], "training.sample_input"), **req["sample_kwargs"])
+            if req["sample_kwargs"] else sample_maker(req["sample"]))
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=req["weight_decay"])
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(req["precision"])
+    cast = torch.autocast("cpu", dtype=half) if half is not None else contextlib.nullcontext()
+
+    def forward_backward(batch, sync: bool) -> float:
+        t0 = time.perf_counter()
+        with contextlib.nullcontext() if sync or ranks == 1 else run.no_sync():
+            with cast:
+                loss = _loss(_call(run, batch))
+            loss.backward()
+        return time.perf_counter() - t0
+
+    def optimizer_step() -> float:
+        t0 = time.perf_counter()
+        if req["clip"]:
+            torch.nn.utils.clip_grad_norm_(params, req["clip"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    def step(batch) -> tuple[float, float, float]:
+        """An accumulation of two micro-steps as the loop runs it: (without the gradients' all-reduce, with it,
+        the optimizer step)."""
+        return forward_backward(batch, False), forward_backward(batch, True), optimizer_step()
+
+    micros = req["micro_batches"]
+    batches = {b: make(b) for b in micros}
+    first = [[step(batches[b]) for _ in range(2)][-1] for b in micros]  # warm-up: optimizer state, allocator
+    repeats = min(MAX_REPEATS, max(MIN_REPEATS, math.ceil(MIN_SECONDS / max(sum(first[-1]), 1e-6))))
+    if ranks > 1:  # every rank the same number of steps (each waits for the others at the all-reduce)
+        agreed = torch.tensor([repeats])
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        repeats = int(agreed)
+    times: dict[int, list] = {b: [] for b in micros}
+    for _ in range(ROUNDS):  # in rounds, the micro-batches in turn: a burst of other work hits both alike
+        for b in micros:
+            times[b] += [step(batches[b]) for _ in range(-(-repeats // ROUNDS))]
+    points, comm = [], None
+    for b in micros:
+        fb, synced, optimizer = (statistics.median(t[i] for t in times[b]) for i in range(3))
+        points.append({"micro": b, "fb_s": fb, "opt_s": optimizer})
+        if ranks > 1:  # what the synchronising micro-step adds: the all-reduce and the wait for the slowest rank
+            comm = max(0.0, synced - fb)
+    if ranks > 1:
+        dist.destroy_process_group()
+    return {"points": points, "all_reduce_s": comm}
+
+
+def _main() -> int:
+    from pathlib import Path
+
+    tmp, rank = sys.argv[1], int(sys.argv[2])
+    req = json.loads((Path(tmp) / "request.json").read_text())
+    try:
+        print(json.dumps(_measure(req, tmp, rank)))
+    except Exception as e:  # noqa: BLE001 - reported to the planner's side, which plans without a time
+        text = str(e).splitlines()[0][:300] if str(e) else ""
+        print(json.dumps({"error": f"timing the step failed: {type(e).__name__}: {text}"}))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

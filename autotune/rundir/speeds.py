@@ -1,0 +1,102 @@
+"""Past runs' measured speeds, kept between runs (``speeds.json`` in the cache directory, beside the traces): a
+later plan of the same model on the same kind of machine with the same settings takes the figure a run measured
+("calibrated by your run of 2026-11-20 in runs/x: measured 812 samples/s").
+
+The launch records an entry when it writes timing.json (``record``); ``prepare`` hands the planner the entries of
+its model and machine (``past_runs``); the planner matches the settings (``planner.step_time``). An entry's key:
+the model (``model_key``: the built-in GPT's shape, or a script with its ``training.model`` and sample input), the
+kind of machine (``machine_kind``: the GPU's name, or the CPU's model and cores), and the settings a speed
+depends on: world size, engine (the planner's strategy name), micro-batch, checkpointing and precision. A newer
+run replaces an older one of the same key; the newest ``MAX_ENTRIES`` are kept. A damaged or unreadable file is no
+past run (a plan never fails on it), and a file that cannot be written only loses the figure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+FILE = "speeds.json"
+MAX_ENTRIES = 500
+KEY = ("model", "machine", "strategy", "world_size", "micro_batch_size", "gradient_checkpointing", "precision")
+
+
+def model_key(cfg) -> str | None:
+    """What a speed belongs to: the built-in GPT by its shape, a script with its described model (None: a script
+    whose model is not described has no key)."""
+    t, m, d = cfg.training, cfg.model, cfg.data
+    if t.entrypoint is None:
+        return (f"the built-in GPT ({m.n_layer} layers x {m.n_embd} wide, {m.n_head} heads, dropout {m.dropout:g}; "
+                f"seq {d.seq_len}, vocab {d.vocab_size})")
+    if t.model:
+        return f"{t.entrypoint} training {t.model} on {t.sample_input}"
+    return None
+
+
+def machine_kind(hw) -> str | None:
+    """The kind of machine a speed was measured on: its GPUs' name, or the CPU's model and effective cores."""
+    if hw.gpus.devices:
+        return hw.gpus.devices[0].name or None
+    c = hw.cpu
+    return f"CPU {c.model_name}, {c.effective_cores} cores" if c.model_name else None
+
+
+def strategy_name(backend: str, zero_stage: int | None, offload_optimizer: bool) -> str:
+    """The planner's strategy name of a plan's engine (``planner.memory.STRATEGIES``)."""
+    if backend != "deepspeed":
+        return "ddp"
+    return f"zero{zero_stage}" + ("_offload" if offload_optimizer and zero_stage in (2, 3) else "")
+
+
+def _path() -> Path:
+    from autotune.rundir.layout import cache_dir
+
+    return cache_dir() / FILE
+
+
+def _entries() -> list[dict]:
+    from autotune.errors import UserError
+    from autotune.safe_input import read_text
+
+    try:
+        data = json.loads(read_text(_path(), "the past runs' speeds"))
+    except (OSError, ValueError, UserError):
+        return []
+    runs = data.get("runs") if isinstance(data, dict) else None
+    return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
+
+
+def past_runs(model: str | None, machine: str | None) -> list[dict]:
+    """The entries of this model on this kind of machine, newest first, without those two keys (the planner's
+    ``model_facts.PastRun``)."""
+    if not model or not machine:
+        return []
+    return [{k: v for k, v in r.items() if k not in ("model", "machine")} for r in reversed(_entries())
+            if r.get("model") == model and r.get("machine") == machine]
+
+
+def record(model: str | None, machine: str | None, plan, measured: float, predicted: float | None,
+           run_dir: str | Path) -> Path | None:
+    """Keep what this run measured for later plans (the path written, or None: no key, or not writable)."""
+    if not model or not machine or not measured:
+        return None
+    e, b = plan.engine, plan.batch
+    entry = {"model": model, "machine": machine,
+             "strategy": strategy_name(e.backend, e.zero_stage, e.offload_optimizer), "world_size": e.world_size,
+             "micro_batch_size": b.micro_batch_size, "gradient_accumulation_steps": b.gradient_accumulation_steps,
+             "gradient_checkpointing": plan.memory.gradient_checkpointing, "precision": plan.numerics.precision,
+             "measured_samples_per_s": round(float(measured), 3),
+             "predicted_samples_per_s": None if predicted is None else round(float(predicted), 3),
+             "date": time.strftime("%Y-%m-%d"), "run_dir": str(run_dir)}
+    runs = [r for r in _entries() if any(r.get(k) != entry[k] for k in KEY)] + [entry]
+    path = _path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"runs": runs[-MAX_ENTRIES:]}, indent=1) + "\n")
+        tmp.replace(path)
+    except OSError:
+        return None
+    return path
