@@ -58,18 +58,18 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     if deepspeed_installed is None:
         deepspeed_installed = bool(hw.software.get("deepspeed"))
     debug = debug and auto_optimize
-    r = Resolver(auto_optimize=auto_optimize)
-    hw = dec.mig_view(hw, policy, r)
-    x = dec.Inputs(hw, cfg, policy, deepspeed_installed)
+    resolver = Resolver(auto_optimize=auto_optimize)
+    hw = dec.mig_view(hw, policy, resolver)
+    inputs = dec.Inputs(hw, cfg, policy, deepspeed_installed)
     t, d = cfg.training, cfg.distributed
 
     # -- where it runs -----------------------------------------------------------
-    n_gpus = dec.decide_num_gpus(x, r)
-    num_nodes = dec.decide_num_nodes(x, r)
-    node_rank, master_addr, rdzv_id = dec.decide_rendezvous(x, r, num_nodes)
-    backend, nproc, zero, seed = dec.decide_engine(x, r, n_gpus, num_nodes)
-    devs = hw.gpus.devices[:nproc] if (n_gpus and nproc) else ()
-    precision, tf32 = dec.decide_precision(x, r, devs)
+    num_gpus = dec.decide_num_gpus(inputs, resolver)
+    num_nodes = dec.decide_num_nodes(inputs, resolver)
+    node_rank, master_addr, rdzv_id = dec.decide_rendezvous(inputs, resolver, num_nodes)
+    backend, nproc, zero, seed = dec.decide_engine(inputs, resolver, num_gpus, num_nodes)
+    devs = hw.gpus.devices[:nproc] if (num_gpus and nproc) else ()
+    precision, tf32 = dec.decide_precision(inputs, resolver, devs)
     _check_fsdp_precision(backend, precision)
     world_ = (nproc or 1) * num_nodes
     timing, untimed = timing_for(hw, devs, facts, precision=precision, tf32=tf32, nproc=nproc or 1,
@@ -77,16 +77,16 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     # the engine by time where the model's work was counted (a traced model); else the seed rule (policy)
     chooser = timing if (timing is not None and not facts.builtin_gpt and policy.engine_rule == "time") else None
     if not auto_optimize:  # every value the verbatim plan needs, all problems at once
-        r.resolve("micro_batch_size", t.batch_size_per_gpu, lambda: None, path="training.batch_size_per_gpu")
-        r.resolve("gradient_accumulation_steps", t.gradient_accumulation_steps, lambda: None,
-                  path="training.gradient_accumulation_steps")
-        r.raise_problems()
+        resolver.resolve("micro_batch_size", t.batch_size_per_gpu, lambda: None, path="training.batch_size_per_gpu")
+        resolver.resolve("gradient_accumulation_steps", t.gradient_accumulation_steps, lambda: None,
+                         path="training.gradient_accumulation_steps")
+        resolver.raise_problems()
     world = nproc * num_nodes
-    r.explain("world_size", f"{nproc} process(es) per node x {num_nodes} node(s) = {world}")
+    resolver.explain("world_size", f"{nproc} process(es) per node x {num_nodes} node(s) = {world}")
 
     # -- micro-batch and memory ----------------------------------------------------
-    mem_mib = dec.planning_memory_mib(r, devs) if devs else None
-    band = dec.band_choice(x, bool(devs), mem_mib)
+    mem_mib = dec.planning_memory_mib(resolver, devs) if devs else None
+    band = dec.band_choice(inputs, bool(devs), mem_mib)
     target = t.global_batch_size
     if debug:
         micro = min(band.micro_batch_size, 4)
@@ -97,8 +97,8 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
         band = dec.BandChoice(max(1, target // world), "the largest micro-batch that fits", False,
                               "off unless it is the only way to a fast micro-batch (it costs 30-70 % a step)")
     if auto_optimize:
-        band = dec.fit_to_target(r, band, target, world, debug)
-    budget = _budget(x, mem_mib, nproc, bool(devs), world)
+        band = dec.fit_to_target(resolver, band, target, world, debug)
+    budget = _budget(inputs, mem_mib, nproc, bool(devs), world)
     # --grad_accum alone: the micro-batch holds the global batch (issue 33), where memory allows
     hold = auto_optimize and not debug and is_set(t.gradient_accumulation_steps) and not is_set(t.batch_size_per_gpu)
     checkable = facts.num_parameters is not None and (budget.device_gib is not None or budget.host_gib is not None)
@@ -107,7 +107,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
         band = _hold_with_accumulation(band, target, world, t.gradient_accumulation_steps, checkable)
     half = precision in ("bf16", "fp16")
     bucket = memory.bucket_size(None if mem_mib is None else round(mem_mib / 1024, 2), facts.num_parameters)
-    mf = fit(x, r, band, facts, default_backend=backend, default_zero=zero, world=world, nproc=nproc,
+    mf = fit(inputs, resolver, band, facts, default_backend=backend, default_zero=zero, world=world, nproc=nproc,
              num_nodes=num_nodes, half=half, budget=budget,
              bucket_elements=bucket, force=force,
              record=record, target=target, timer=chooser, precision=precision)
@@ -115,47 +115,47 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     if record and timing is not None:  # estimate's table: every fitting option's predicted samples/s
         record[-1] = Weighing(shown_with_times(record[-1].rows, timing, max(1, target), world), record[-1].budget)
     if auto_optimize:  # the one engine decision: the weighing's strategy, resolved against the user's settings
-        backend, zero = settle_engine(x, r, seed, (backend, zero), mf.strategy.backend, mf.strategy.zero_stage,
-                                          mf.engine_reason)
+        backend, zero = settle_engine(inputs, resolver, seed, (backend, zero), mf.strategy.backend,
+                                      mf.strategy.zero_stage, mf.engine_reason)
 
     # -- accumulation and the global batch ---------------------------------------------
-    acc = r.resolve("gradient_accumulation_steps", t.gradient_accumulation_steps,
-                    lambda: _accumulation_decision(target, auto_micro if hold else micro, world, debug),
-                    path="training.gradient_accumulation_steps")
+    acc = resolver.resolve("gradient_accumulation_steps", t.gradient_accumulation_steps,
+                           lambda: _accumulation_decision(target, auto_micro if hold else micro, world, debug),
+                           path="training.gradient_accumulation_steps")
     global_batch = micro * acc * world
     deviation = global_batch - target
     if auto_optimize:
-        _check_global_batch(r, t, target, micro, acc, world, global_batch, deviation, debug)
+        _check_global_batch(resolver, t, target, micro, acc, world, global_batch, deviation, debug)
     else:
-        r.explain("global_batch_size", f"{micro} x {acc} x {world} = {global_batch} (no target applied)")
+        resolver.explain("global_batch_size", f"{micro} x {acc} x {world} = {global_batch} (no target applied)")
     if hold and abs(deviation) > GLOBAL_TOLERANCE * target:
-        r.warnings.append(_accumulation_shortfall(target, micro, acc, world, global_batch, checkable))
+        resolver.warnings.append(_accumulation_shortfall(target, micro, acc, world, global_batch, checkable))
 
-    loader = _loader(x, r, nproc, bool(devs))
-    lr = dec.learning_rate(x, r, global_batch)
+    loader = _loader(inputs, resolver, nproc, bool(devs))
+    lr = dec.learning_rate(inputs, resolver, global_batch)
     run = _run_section(cfg, auto_optimize, debug)
     max_steps = min(t.max_steps or DEBUG_MAX_STEPS, DEBUG_MAX_STEPS) if debug else t.max_steps
     # a user's script: its data is its own; the figures are known only when the config describes it
     described = t.entrypoint is None or "num_samples" in cfg.data.model_fields_set
     num_samples = cfg.data.num_samples if described else None
     spe, total, per_epoch = dec.steps(num_samples, micro, acc, world, t.epochs, max_steps)
-    r.explain("steps_per_epoch", (f"{num_samples} samples / {world} process(es) = {num_samples // world} each, in "
-                                  f"{per_epoch} whole micro-batches of {micro} (a partial one dropped) / accumulation "
-                                  f"{acc} = {per_epoch / acc:g}" if per_epoch else
-                                  f"{num_samples} samples give no whole micro-batch of {micro} per process")
-              if num_samples else "data.num_samples unknown" if described else
-              "unknown: your script's data is not described (set data.num_samples to have them counted)")
-    r.explain("total_steps", f"max_steps {max_steps}" if max_steps else
-              (f"{t.epochs} epoch(s) x {per_epoch} micro-batches // accumulation {acc} = {total}" if total
-               else "unknown"))
-    r.explain("warmup_steps", f"training.warmup_steps {t.warmup_steps} carried over")
+    resolver.explain("steps_per_epoch", (f"{num_samples} samples / {world} process(es) = {num_samples // world} "
+                                         f"each, in {per_epoch} whole micro-batches of {micro} (a partial one dropped) "
+                                         f"/ accumulation {acc} = {per_epoch / acc:g}" if per_epoch else
+                                         f"{num_samples} samples give no whole micro-batch of {micro} per process")
+                     if num_samples else "data.num_samples unknown" if described else
+                     "unknown: your script's data is not described (set data.num_samples to have them counted)")
+    resolver.explain("total_steps", f"max_steps {max_steps}" if max_steps else
+                     (f"{t.epochs} epoch(s) x {per_epoch} micro-batches // accumulation {acc} = {total}" if total
+                      else "unknown"))
+    resolver.explain("warmup_steps", f"training.warmup_steps {t.warmup_steps} carried over")
     estimate = time_estimate(timing, untimed, mf.strategy, mf.gradient_checkpointing, micro, acc, total,
                              _tokens_per_sample(cfg), world, precision, facts.past_runs)
     m = cfg.model
     return TrainingPlan(
         engine=EngineSection(backend=backend, zero_stage=zero, device="cuda" if devs else "cpu",
                              num_nodes=num_nodes, node_rank=node_rank, master_addr=master_addr,
-                             master_port=pods.port(hw, d, r), rdzv_id=rdzv_id, nproc_per_node=nproc, world_size=world,
+                             master_port=pods.port(hw, d, resolver), rdzv_id=rdzv_id, nproc_per_node=nproc, world_size=world,
                              num_gpus=len(devs), offload_optimizer=mf.strategy.offload_optimizer,
                              offload_param=mf.strategy.offload_param,
                              reshard_after_forward=mf.strategy.reshard_after_forward,
@@ -182,7 +182,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
             data=BuiltinData(seq_len=cfg.data.seq_len, vocab_size=cfg.data.vocab_size, num_samples=num_samples,
                              num_val_samples=min(cfg.data.num_val_samples, 256) if debug else cfg.data.num_val_samples,
                              seed=cfg.data.seed)),
-        reasons=r.reasons, overrides=r.overrides, warnings=tuple(r.warnings),
+        reasons=resolver.reasons, overrides=resolver.overrides, warnings=tuple(resolver.warnings),
         hardware=dec.summary(hw, network=True) + pods.note(hw),
     )
 
@@ -209,12 +209,12 @@ def _tokens_per_sample(cfg: TrainConfig) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def _budget(x: dec.Inputs, mem_mib: float | None, nproc: int, on_gpu: bool, world: int) -> Budget:
+def _budget(inputs: dec.Inputs, mem_mib: float | None, nproc: int, on_gpu: bool, world: int) -> Budget:
     """Usable memory per GPU (per process on CPU) and host RAM per node, from the policy's fractions. On a GPU
     what PyTorch's allocator never counts comes off the budget, not onto the estimate (which is the allocated
     peak, as ``torch.cuda.max_memory_allocated`` reports it): the CUDA context and, with several ranks, NCCL's
     buffers."""
-    policy, ram = x.policy, x.hw.memory.effective_mib
+    policy, ram = inputs.policy, inputs.hw.memory.effective_mib
     host = None if ram is None else ram / 1024 * policy.host_ram_headroom_fraction
     if on_gpu:
         if mem_mib is None:
@@ -280,7 +280,7 @@ def _accumulation_shortfall(target: int, micro: int, acc: int, world: int, globa
     return f"{off}: {why}; leave gradient_accumulation_steps to autotune (auto) to hold it"
 
 
-def _check_global_batch(r: Resolver, t, target: int, micro: int, acc: int, world: int, global_batch: int,
+def _check_global_batch(resolver: Resolver, t, target: int, micro: int, acc: int, world: int, global_batch: int,
                         deviation: int, debug: bool) -> None:
     both_set = is_set(t.batch_size_per_gpu) and is_set(t.gradient_accumulation_steps)
     if both_set and global_batch != target and not debug:
@@ -289,37 +289,37 @@ def _check_global_batch(r: Resolver, t, target: int, micro: int, acc: int, world
             f"gradient_accumulation_steps {acc} x world size {world} = {global_batch}; set one of the two to "
             f"auto, or set --global_batch_size {global_batch}"
         )
-    r.explain("global_batch_size", f"{micro} x {acc} x {world} = {global_batch} (target {target}, "
-              + ("exact)" if deviation == 0 else f"off by {deviation:+d}, {100 * deviation / target:+.1f}%)"))
+    resolver.explain("global_batch_size", f"{micro} x {acc} x {world} = {global_batch} (target {target}, "
+                     + ("exact)" if deviation == 0 else f"off by {deviation:+d}, {100 * deviation / target:+.1f}%)"))
     if is_set(t.batch_size_per_gpu) and abs(deviation) * 2 > micro * world and not debug:
-        r.warnings.append(f"global batch {global_batch} is far from the target {target} because you set the "
-                          f"micro-batch to {micro}")
+        resolver.warnings.append(f"global batch {global_batch} is far from the target {target} because you set the "
+                                 f"micro-batch to {micro}")
     elif not debug and not is_set(t.gradient_accumulation_steps) and abs(deviation) * 10 > target:
         exact = next((m for m in range(micro, 0, -1) if target % (m * world) == 0), None)
         fix = (f"--batch_size {exact} meets it exactly ({exact} x {world} x {target // (exact * world)})"
                if exact and exact * world <= target else f"--global_batch_size {global_batch} makes it the target")
-        r.warnings.append(f"global batch {global_batch} is {100 * abs(deviation) / target:.0f}% "
-                          f"{'below' if deviation < 0 else 'above'} the target {target}: micro-batch {micro} x {world} "
-                          f"process(es) reaches it by no whole number of accumulation steps; {fix}")
+        resolver.warnings.append(f"global batch {global_batch} is {100 * abs(deviation) / target:.0f}% "
+                                 f"{'below' if deviation < 0 else 'above'} the target {target}: micro-batch {micro} x "
+                                 f"{world} process(es) reaches it by no whole number of accumulation steps; {fix}")
 
 
-def _loader(x: dec.Inputs, r: Resolver, nproc: int, on_gpu: bool) -> LoaderSection:
+def _loader(inputs: dec.Inputs, resolver: Resolver, nproc: int, on_gpu: bool) -> LoaderSection:
     """Threads per process, DataLoader workers, pinning and prefetch from effective cores and RAM."""
-    cores, d, policy = x.hw.cpu.effective_cores, x.cfg.data, x.policy
+    cores, d, policy = inputs.hw.cpu.effective_cores, inputs.cfg.data, inputs.policy
     omp = max(1, cores // nproc)
-    r.explain("omp_num_threads", f"{cores} effective cores ({x.hw.cpu.effective_cores_reason}) / {nproc} "
-              f"process(es) per node = {omp} thread(s) each")
+    resolver.explain("omp_num_threads", f"{cores} effective cores ({inputs.hw.cpu.effective_cores_reason}) / {nproc} "
+                     f"process(es) per node = {omp} thread(s) each")
     spare = max(0, cores - nproc) // nproc
     auto_w = min(d.max_workers_per_process, spare)
     w_reason = (f"{auto_w} DataLoader worker(s) per process: ({cores} effective cores - {nproc} kept for the rank(s)) "
                 f"/ {nproc} process(es) = {spare}, capped at data.max_workers_per_process={d.max_workers_per_process}")
-    workers = r.resolve("num_workers", d.num_workers, lambda: Decision(auto_w, w_reason), verbatim=0)
-    pin = r.resolve("pin_memory", d.pin_memory, lambda: Decision(
+    workers = resolver.resolve("num_workers", d.num_workers, lambda: Decision(auto_w, w_reason), verbatim=0)
+    pin = resolver.resolve("pin_memory", d.pin_memory, lambda: Decision(
         on_gpu, "pinned host memory speeds host-to-GPU copies" if on_gpu else
         "no GPU: pinning host memory would only cost RAM"), verbatim=False)
     prefetch = None
     if workers:
-        ram = x.hw.memory.effective_mib
+        ram = inputs.hw.memory.effective_mib
         per_worker = (ram / 1024) / (nproc * workers) if ram else None
         limit = policy.prefetch_ram_per_worker_gib
         if per_worker is None:
@@ -328,10 +328,10 @@ def _loader(x: dec.Inputs, r: Resolver, nproc: int, on_gpu: bool) -> LoaderSecti
             auto = Decision(4, f"4 batches prefetched per worker: {per_worker:.1f} GiB RAM per worker >= {limit:g} GiB")
         else:
             auto = Decision(2, f"2 batches prefetched per worker: {per_worker:.1f} GiB RAM per worker < {limit:g} GiB")
-        prefetch = r.resolve("prefetch_factor", d.prefetch_factor, lambda: auto, verbatim=2,
-                             verbatim_reason="--no_auto_optimize: PyTorch's default 2")
+        prefetch = resolver.resolve("prefetch_factor", d.prefetch_factor, lambda: auto, verbatim=2,
+                                    verbatim_reason="--no_auto_optimize: PyTorch's default 2")
     else:
-        r.explain("prefetch_factor", "no DataLoader workers, nothing to prefetch")
+        resolver.explain("prefetch_factor", "no DataLoader workers, nothing to prefetch")
     return LoaderSection(num_workers=workers, pin_memory=pin, prefetch_factor=prefetch, omp_num_threads=omp)
 
 

@@ -15,10 +15,10 @@ from autotune.planner.resolve import Decision, Resolver, is_set
 from autotune.planner.weighing import Row, Timer
 
 
-def candidates(x: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckpt_choices: tuple[bool, ...],
+def candidates(inputs: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckpt_choices: tuple[bool, ...],
                fp16: bool = False) -> list[tuple[Strategy, bool]]:
     """The policy's options that the user's settings and the machine allow, in preference order."""
-    d = x.cfg.distributed
+    d = inputs.cfg.distributed
     user_backend = d.backend if is_set(d.backend) else None
     family = {"single": "ddp"}.get(user_backend, user_backend)  # the engine family the user asked for
     # FSDP2 on CPU processes only when asked for; autotune runs it in bf16 or fp32 (no loss scaling across shards)
@@ -27,9 +27,9 @@ def candidates(x: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckp
     stage = d.zero_stage if is_set(d.zero_stage) else None
     off = d.offload_optimizer if is_set(d.offload_optimizer) else None
     # on CPU DeepSpeed only when asked for (the backend, or a setting only DeepSpeed has)
-    ds_ok = x.deepspeed_installed and (on_gpu or user_backend == "deepspeed" or default_backend == "deepspeed")
+    ds_ok = inputs.deepspeed_installed and (on_gpu or user_backend == "deepspeed" or default_backend == "deepspeed")
     out = []
-    options = [(STRATEGIES[o.strategy], o.checkpointing) for o in x.policy.strategy_preference]
+    options = [(STRATEGIES[o.strategy], o.checkpointing) for o in inputs.policy.strategy_preference]
     if stage == 0:
         options = [(STRATEGIES["zero0"], c) for c in (False, True)] + options
     for s, ckpt in options:
@@ -130,12 +130,12 @@ def time_reason(chosen: Row, rows: tuple[Row, ...]) -> str:
 
 
 
-def settle_engine(x: Inputs, r: Resolver, seed: Decision, start: tuple[str, int | None], chosen_backend: str,
-                  chosen_zero: int | None, why: str | None) -> tuple[str, int | None]:
+def settle_engine(inputs: Inputs, resolver: Resolver, seed: Decision, start: tuple[str, int | None],
+                  chosen_backend: str, chosen_zero: int | None, why: str | None) -> tuple[str, int | None]:
     """The one engine decision of an auto plan: the weighing's strategy (``why``: its reason in numbers, or None
     where the seed rule's stands), resolved against the user's backend and ZeRO stage. ``start`` is the backend
     and stage the weighing started from (``decide_engine``)."""
-    d = x.cfg.distributed
+    d = inputs.cfg.distributed
     backend0, zero0 = start
     if chosen_backend == "deepspeed":
         auto_backend, auto_zero = "deepspeed", chosen_zero
@@ -146,18 +146,18 @@ def settle_engine(x: Inputs, r: Resolver, seed: Decision, start: tuple[str, int 
     else:
         auto_backend, auto_zero = backend0, None
     # the user's backend: "auto would choose" is the seed rule's (the weighing saw only the user's engine)
-    backend = r.resolve("backend", d.backend, lambda: seed if is_set(d.backend) else
-                        Decision(auto_backend, why or seed.reason), path="distributed.backend")
+    backend = resolver.resolve("backend", d.backend, lambda: seed if is_set(d.backend) else
+                               Decision(auto_backend, why or seed.reason), path="distributed.backend")
     if backend == "deepspeed":
         stage = auto_zero if auto_zero is not None else zero0 if zero0 is not None else 2
         # the user's stage: "auto would choose" is the seed rule's (the weighing saw only the user's stage)
-        zero = r.resolve("zero_stage", d.zero_stage, lambda: Decision(2, ZERO2_WHY) if is_set(d.zero_stage) else
-                         Decision(stage, why or ZERO2_WHY), path="distributed.zero_stage")
+        zero = resolver.resolve("zero_stage", d.zero_stage, lambda: Decision(2, ZERO2_WHY) if is_set(d.zero_stage) else
+                                Decision(stage, why or ZERO2_WHY), path="distributed.zero_stage")
         return backend, zero
     if is_set(d.zero_stage):
         why_not = f"backend is {backend}, not deepspeed"
-        if not x.deepspeed_installed and not is_set(d.backend):
+        if not inputs.deepspeed_installed and not is_set(d.backend):
             why_not += " (DeepSpeed is not installed: pip install --no-build-isolation deepspeed)"
-        r.warnings.append(f"distributed.zero_stage={d.zero_stage} is ignored: {why_not}")
-    r.explain("zero_stage", f"not used by the {backend} backend")
+        resolver.warnings.append(f"distributed.zero_stage={d.zero_stage} is ignored: {why_not}")
+    resolver.explain("zero_stage", f"not used by the {backend} backend")
     return backend, None

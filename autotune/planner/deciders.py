@@ -59,7 +59,7 @@ ZERO2_WHY = "ZeRO-2 partitions gradients and optimizer state with no extra commu
 
 # -- GPUs and engine ----------------------------------------------------------------
 
-def mig_view(hw: HardwareProfile, policy: Policy, r: Resolver) -> HardwareProfile:
+def mig_view(hw: HardwareProfile, policy: Policy, resolver: Resolver) -> HardwareProfile:
     """The GPUs as a process will see them: a GPU in MIG mode is one of its slices.
 
     CUDA gives a process one MIG instance, and instances have no peer-to-peer path; unless
@@ -85,49 +85,44 @@ def mig_view(hw: HardwareProfile, policy: Policy, r: Resolver) -> HardwareProfil
         notes.append(f"{len(out)} MIG devices visible, but MIG instances have no peer-to-peer path and the policy "
                      "does not plan NCCL across them (mig_multi_process: false): one process on one slice")
         out = out[:1]
-    r.warnings.extend(notes)
-    r.explain("num_gpus", "; ".join(notes))
+    resolver.warnings.extend(notes)
+    resolver.explain("num_gpus", "; ".join(notes))
     return hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"devices": tuple(out)})})
 
 
-def decide_num_gpus(x: Inputs, r: Resolver) -> int:
+def decide_num_gpus(inputs: Inputs, resolver: Resolver) -> int:
     """GPUs used on each node: all visible unless the user narrows it."""
-    hw, d = x.hw, x.cfg.distributed
+    hw, d = inputs.hw, inputs.cfg.distributed
     visible = hw.num_gpus
     for name, value in (("distributed.num_gpus", d.num_gpus), ("distributed.nproc_per_node", d.nproc_per_node)):
         if is_set(value) and visible and value > visible:
-            raise UserError(
-                f"{name}: {value} GPUs requested but only {visible} are visible on this node "
-                f"({summary(hw)}); use at most {visible} or check CUDA_VISIBLE_DEVICES"
-            )
+            raise UserError(f"{name}: {value} GPUs requested but only {visible} are visible on this node "
+                            f"({summary(hw)}); use at most {visible} or check CUDA_VISIBLE_DEVICES")
     if is_set(d.num_gpus):
         if d.num_gpus > 0 and not visible:
-            raise UserError(
-                f"distributed.num_gpus: {d.num_gpus} GPUs requested but this machine has none "
-                f"({hw.gpus.reason or 'no GPU detected'}); use --num_gpus 0 or plan with --hardware PRESET"
-            )
+            raise UserError(f"distributed.num_gpus: {d.num_gpus} GPUs requested but this machine has none "
+                            f"({hw.gpus.reason or 'no GPU detected'}); use --num_gpus 0 or plan with --hardware PRESET")
         n = d.num_gpus
         if is_set(d.nproc_per_node) and n and d.nproc_per_node != n:
-            raise UserError(
-                f"distributed.nproc_per_node: {d.nproc_per_node} processes for {n} GPUs; on GPUs autotune "
-                "runs one process per GPU, so set only one of --num_gpus / --nproc_per_node"
-            )
-        if r.auto_optimize:
-            r.overrides["num_gpus"] = Override(auto=visible, chosen=n)
-        r.explain("num_gpus", f"you set num_gpus={n} (auto would use all {visible} visible)")
+            raise UserError(f"distributed.nproc_per_node: {d.nproc_per_node} processes for {n} GPUs; on GPUs autotune "
+                            "runs one process per GPU, so set only one of --num_gpus / --nproc_per_node")
+        if resolver.auto_optimize:
+            resolver.overrides["num_gpus"] = Override(auto=visible, chosen=n)
+        resolver.explain("num_gpus", f"you set num_gpus={n} (auto would use all {visible} visible)")
         return n
     if is_set(d.nproc_per_node) and visible:
-        r.explain("num_gpus", f"nproc_per_node={d.nproc_per_node}: one process per GPU, {visible} visible")
+        resolver.explain("num_gpus", f"nproc_per_node={d.nproc_per_node}: one process per GPU, {visible} visible")
         return d.nproc_per_node
-    if "num_gpus" not in r.reasons:  # (a MIG note is already there)
-        r.explain("num_gpus", f"all {visible} visible GPU(s)" if visible else (hw.gpus.reason or "no GPU detected"))
+    if "num_gpus" not in resolver.reasons:  # (a MIG note is already there)
+        resolver.explain("num_gpus", f"all {visible} visible GPU(s)" if visible else
+                         (hw.gpus.reason or "no GPU detected"))
     return visible
 
 
-def decide_num_nodes(x: Inputs, r: Resolver) -> int:
+def decide_num_nodes(inputs: Inputs, resolver: Resolver) -> int:
     """Nodes in the job: the user's value wins (listed as an override), else the profile's."""
-    hw, d = x.hw, x.cfg.distributed
-    return r.resolve("num_nodes", d.num_nodes, lambda: pods.nodes(hw, d) or Decision(
+    hw, d = inputs.hw, inputs.cfg.distributed
+    return resolver.resolve("num_nodes", d.num_nodes, lambda: pods.nodes(hw, d) or Decision(
         hw.num_nodes, f"the hardware profile describes {hw.num_nodes} node(s)"),
         verbatim=1, verbatim_reason="--no_auto_optimize: 'auto' means 1 node here")
 
@@ -135,11 +130,12 @@ def decide_num_nodes(x: Inputs, r: Resolver) -> int:
 LOOPBACK = ("127.", "localhost", "::1")
 
 
-def decide_rendezvous(x: Inputs, r: Resolver, num_nodes: int) -> tuple[int, str, str | None]:
+def decide_rendezvous(inputs: Inputs, resolver: Resolver, num_nodes: int) -> tuple[int, str, str | None]:
     """(node rank, master address, rendezvous id): flags, SLURM's allocation, an operator's (``pods``), one node."""
-    d, slurm = x.cfg.distributed, x.hw.slurm
-    in_slurm, (op_rank, op_master) = slurm is not None and slurm.job_id is not None, pods.rendezvous(x.hw, d, num_nodes)
-    rank = r.resolve("node_rank", d.node_rank, lambda: Decision(
+    d, slurm = inputs.cfg.distributed, inputs.hw.slurm
+    in_slurm, (op_rank, op_master) = (slurm is not None and slurm.job_id is not None,
+                                      pods.rendezvous(inputs.hw, d, num_nodes))
+    rank = resolver.resolve("node_rank", d.node_rank, lambda: Decision(
         slurm.node_id, f"SLURM_NODEID={slurm.node_id} (job {slurm.job_id})") if in_slurm and slurm.node_id is not None
         else op_rank or Decision(0, "one node" if num_nodes == 1 else "no SLURM_NODEID and no --node_rank: node 0"),
         verbatim=0, verbatim_reason="--no_auto_optimize: 'auto' means node 0")
@@ -153,80 +149,78 @@ def decide_rendezvous(x: Inputs, r: Resolver, num_nodes: int) -> tuple[int, str,
         auto = op_master or Decision("127.0.0.1", "one node: the local machine" if num_nodes == 1 else
                                      "no --master_addr and no SLURM allocation: 127.0.0.1")
     master = d.master_addr if d.master_addr != AUTO else None
-    addr = r.resolve("master_addr", master or AUTO, lambda: auto,
-                     verbatim="127.0.0.1", verbatim_reason="--no_auto_optimize: 'auto' means 127.0.0.1")
+    addr = resolver.resolve("master_addr", master or AUTO, lambda: auto,
+                            verbatim="127.0.0.1", verbatim_reason="--no_auto_optimize: 'auto' means 127.0.0.1")
     loopback = addr.startswith(LOOPBACK)
     if num_nodes > 1 and loopback and master is None and rank > 0 and not (from_slurm or op_master):
         raise UserError(f"distributed.master_addr: node {rank} of {num_nodes} needs the address of node 0; pass "
                         "--master_addr HOST (127.0.0.1 only when every node runs on this machine)")
     if num_nodes > 1 and loopback:
-        r.warnings.append(f"master address {addr} is this machine: every one of the {num_nodes} nodes must run here "
-                          "(a test setup); on a cluster give node 0's address")
+        resolver.warnings.append(f"master address {addr} is this machine: every one of the {num_nodes} nodes must run "
+                                 "here (a test setup); on a cluster give node 0's address")
     rdzv = slurm.job_id if in_slurm and num_nodes > 1 and master is None and d.node_rank == AUTO else None
     return rank, addr, rdzv
 
 
-def _auto_backend(x: Inputs, n_gpus: int, nproc: int, num_nodes: int) -> Decision:
-    d = x.cfg.distributed
+def _auto_backend(inputs: Inputs, num_gpus: int, nproc: int, num_nodes: int) -> Decision:
+    d = inputs.cfg.distributed
     asked = ([f"distributed.zero_stage={d.zero_stage}"] if is_set(d.zero_stage) else []) + \
         (["distributed.offload_optimizer=true"] if d.offload_optimizer is True else [])
-    if asked and x.deepspeed_installed:  # only DeepSpeed has them: the user has chosen it
+    if asked and inputs.deepspeed_installed:  # only DeepSpeed has them: the user has chosen it
         return Decision("deepspeed", f"you set {' and '.join(asked)}, which only DeepSpeed has")
-    if n_gpus:
-        if n_gpus == 1 and num_nodes == 1:
+    if num_gpus:
+        if num_gpus == 1 and num_nodes == 1:
             return Decision("single", "one GPU: no process group needed")
-        if x.deepspeed_installed:
-            return Decision("deepspeed", f"{n_gpus * num_nodes} GPUs and DeepSpeed is installed: ZeRO-2 shards "
+        if inputs.deepspeed_installed:
+            return Decision("deepspeed", f"{num_gpus * num_nodes} GPUs and DeepSpeed is installed: ZeRO-2 shards "
                                          "gradients and optimizer state")
-        return Decision("ddp", f"{n_gpus * num_nodes} GPUs; DeepSpeed is not installed (pip install "
+        return Decision("ddp", f"{num_gpus * num_nodes} GPUs; DeepSpeed is not installed (pip install "
                                "--no-build-isolation deepspeed), so DDP via torchrun")
     if nproc == 1 and num_nodes == 1:
-        return Decision("single", f"no GPU: one process using {x.hw.cpu.effective_cores} effective core(s)")
+        return Decision("single", f"no GPU: one process using {inputs.hw.cpu.effective_cores} effective core(s)")
     return Decision("ddp", f"no GPU and {nproc} process(es) x {num_nodes} node(s): DDP over gloo")
 
 
-def decide_engine(x: Inputs, r: Resolver, n_gpus: int, num_nodes: int) -> tuple[str, int, int | None, Decision]:
+def decide_engine(inputs: Inputs, resolver: Resolver, num_gpus: int, num_nodes: int
+                  ) -> tuple[str, int, int | None, Decision]:
     """(backend, processes per node, ZeRO stage, the seed rule's backend decision): what the weighing starts from
     (the user's, else the seed rule's); recorded once after it (``choice.settle_engine``), verbatim here."""
-    d = x.cfg.distributed
-    on_gpu = n_gpus > 0
+    d = inputs.cfg.distributed
+    on_gpu = num_gpus > 0
     if on_gpu:
-        nproc = n_gpus
+        nproc = num_gpus
     else:
         nproc = 1 if d.nproc_per_node == AUTO else d.nproc_per_node
-    seed = _auto_backend(x, n_gpus, nproc, num_nodes)
-    if r.auto_optimize:
+    seed = _auto_backend(inputs, num_gpus, nproc, num_nodes)
+    if resolver.auto_optimize:
         backend = d.backend if is_set(d.backend) else seed.value
     else:
-        backend = r.resolve("backend", d.backend, lambda: seed, path="distributed.backend")
+        backend = resolver.resolve("backend", d.backend, lambda: seed, path="distributed.backend")
         if backend == "single":
             if is_set(d.nproc_per_node) and d.nproc_per_node != 1:
                 raise UserError("distributed.nproc_per_node: the single backend runs one process; use ddp or deepspeed")
             nproc = 1
         elif backend is not None:
-            nproc = r.resolve("nproc_per_node", d.nproc_per_node, lambda: Decision(None, ""),
-                              path="distributed.nproc_per_node")
-    if backend == "deepspeed" and not x.deepspeed_installed:
-        raise UserError(
-            "distributed.backend: deepspeed was requested but DeepSpeed is not installed; "
-            "install it with `pip install --no-build-isolation deepspeed` (after torch) or use --ddp"
-        )
+            nproc = resolver.resolve("nproc_per_node", d.nproc_per_node, lambda: Decision(None, ""),
+                                     path="distributed.nproc_per_node")
+    if backend == "deepspeed" and not inputs.deepspeed_installed:
+        raise UserError("distributed.backend: deepspeed was requested but DeepSpeed is not installed; "
+                        "install it with `pip install --no-build-isolation deepspeed` (after torch) or use --ddp")
     if backend == "single" and nproc and nproc > 1:
-        raise UserError(
-            f"distributed.backend: single runs one process, but {nproc} processes per node were asked for "
-            f"({'GPUs' if on_gpu else 'nproc_per_node'}); use --ddp or --deepspeed, or --num_gpus 1"
-        )
+        raise UserError(f"distributed.backend: single runs one process, but {nproc} processes per node were asked for "
+                        f"({'GPUs' if on_gpu else 'nproc_per_node'}); use --ddp or --deepspeed, or --num_gpus 1")
     if backend == "single" and num_nodes > 1:
         raise UserError(f"distributed.backend: single cannot span {num_nodes} nodes; use ddp or deepspeed")
-    if r.auto_optimize:
-        r.explain("nproc_per_node", f"one process per GPU ({nproc})" if on_gpu else f"{nproc} CPU process(es)")
+    if resolver.auto_optimize:
+        resolver.explain("nproc_per_node", f"one process per GPU ({nproc})" if on_gpu else f"{nproc} CPU process(es)")
     zero = None
     if backend == "deepspeed":
         zero = d.zero_stage if is_set(d.zero_stage) else 2
-        if not r.auto_optimize:
-            zero = r.resolve("zero_stage", d.zero_stage, lambda: Decision(2, ZERO2_WHY), path="distributed.zero_stage")
-    elif not r.auto_optimize:
-        r.explain("zero_stage", f"not used by the {backend} backend")
+        if not resolver.auto_optimize:
+            zero = resolver.resolve("zero_stage", d.zero_stage, lambda: Decision(2, ZERO2_WHY),
+                                    path="distributed.zero_stage")
+    elif not resolver.auto_optimize:
+        resolver.explain("zero_stage", f"not used by the {backend} backend")
     return backend, nproc, zero, seed
 
 
@@ -240,12 +234,12 @@ def lowest_cc(devs: tuple[GPUInfo, ...]) -> float | None:
     return major + minor / 10
 
 
-def _auto_precision(x: Inputs, r: Resolver, cc: float | None) -> Decision:
-    policy = x.policy
+def _auto_precision(inputs: Inputs, resolver: Resolver, cc: float | None) -> Decision:
+    policy = inputs.policy
     if cc is None:
         rule = policy.precision_for(0.0)
         why = f"compute capability unknown for some GPU: {rule.precision}, the safe choice"
-        r.warnings.append(why)
+        resolver.warnings.append(why)
         return Decision(rule.precision, why)
     rule = policy.precision_for(cc)
     better = [p for p in policy.precision_by_compute_capability if p.min_compute_capability > cc]
@@ -260,14 +254,14 @@ def _auto_precision(x: Inputs, r: Resolver, cc: float | None) -> Decision:
     return Decision(rule.precision, why)
 
 
-def decide_precision(x: Inputs, r: Resolver, devs: tuple[GPUInfo, ...]) -> tuple[str, bool]:
+def decide_precision(inputs: Inputs, resolver: Resolver, devs: tuple[GPUInfo, ...]) -> tuple[str, bool]:
     """(precision, TF32) from the lowest compute capability among the job's GPUs."""
-    t = x.cfg.training
+    t = inputs.cfg.training
     if devs:
         cc = lowest_cc(devs)
-        precision = r.resolve("precision", t.mixed_precision, lambda: _auto_precision(x, r, cc),
-                              path="training.mixed_precision")
-        tf32 = bool(r.auto_optimize and cc is not None and x.policy.precision_for(cc).tf32)
+        precision = resolver.resolve("precision", t.mixed_precision, lambda: _auto_precision(inputs, resolver, cc),
+                                     path="training.mixed_precision")
+        tf32 = bool(resolver.auto_optimize and cc is not None and inputs.policy.precision_for(cc).tf32)
         if precision == "bf16" and (cc is None or cc < 8.0):
             bad = [dev for dev in devs if (dev.compute_capability_tuple() or (0, 0)) < (8, 0)]
             names = ", ".join(f"GPU {g.index} ({g.name or 'unknown'}, compute capability "
@@ -276,12 +270,13 @@ def decide_precision(x: Inputs, r: Resolver, devs: tuple[GPUInfo, ...]) -> tuple
                             "use fp16 or auto")
     else:
         tf32 = False
-        precision = r.resolve("precision", t.mixed_precision, lambda: Decision(
+        precision = resolver.resolve("precision", t.mixed_precision, lambda: Decision(
             "fp32", "no GPU: fp32 (CPU autocast gains little for small models)"), path="training.mixed_precision")
         if precision == "fp16":
             raise UserError("training.mixed_precision: fp16 needs a GPU (loss-scaled fp16 is a CUDA feature); "
                             "use bf16 or fp32 on CPU")
-    r.explain("tf32", "TF32 matmuls on compute capability >= 8.0" if tf32 else "TF32 needs compute capability >= 8.0 GPUs")
+    resolver.explain("tf32", "TF32 matmuls on compute capability >= 8.0" if tf32 else
+                     "TF32 needs compute capability >= 8.0 GPUs")
     return precision, tf32
 
 
@@ -297,7 +292,7 @@ def usable_mib(dev: GPUInfo) -> tuple[int | None, str]:
     return dev.memory_total_mib, "total"
 
 
-def planning_memory_mib(r: Resolver, devs: tuple[GPUInfo, ...]) -> float | None:
+def planning_memory_mib(resolver: Resolver, devs: tuple[GPUInfo, ...]) -> float | None:
     """The smallest usable memory (``usable_mib``) among the job's GPUs; None if any is unknown."""
     values, basis = [], []
     for dev in devs:
@@ -306,12 +301,13 @@ def planning_memory_mib(r: Resolver, devs: tuple[GPUInfo, ...]) -> float | None:
             values.append(mib)
             basis.append(which)
     if len(values) < len(devs) or not values:
-        r.warnings.append("memory of some GPU is unknown (see the hardware report); planning for the smallest band")
+        resolver.warnings.append("memory of some GPU is unknown (see the hardware report); planning for the smallest "
+                                 "band")
         return None
     names = {d.name for d in devs}
     if len(names) > 1 or len(set(values)) > 1:
         i = values.index(min(values))
-        r.warnings.append(
+        resolver.warnings.append(
             f"GPUs differ ({', '.join(sorted(n or '?' for n in names))}): planning every rank to the smallest "
             f"{basis[i]} memory, GPU {devs[i].index} with {fmt_gb(values[i])}"
         )
@@ -326,9 +322,9 @@ class BandChoice:
     checkpointing_reason: str
 
 
-def band_choice(x: Inputs, on_gpu: bool, mem_mib: float | None) -> BandChoice:
+def band_choice(inputs: Inputs, on_gpu: bool, mem_mib: float | None) -> BandChoice:
     """The policy table's micro-batch and checkpointing default for this memory."""
-    policy = x.policy
+    policy = inputs.policy
     if not on_gpu:
         return BandChoice(policy.cpu_micro_batch_size, f"no GPU: policy cpu_micro_batch_size {policy.cpu_micro_batch_size}",
                           False, "no GPU: memory is not the constraint, recomputation would only cost time")
@@ -343,10 +339,10 @@ def band_choice(x: Inputs, on_gpu: bool, mem_mib: float | None) -> BandChoice:
                       f"the {band.min_memory_gb:g} GB band defaults to {'on' if band.gradient_checkpointing else 'off'}")
 
 
-def fit_to_target(r: Resolver, band: BandChoice, target: int, world: int, debug: bool) -> BandChoice:
+def fit_to_target(resolver: Resolver, band: BandChoice, target: int, world: int, debug: bool) -> BandChoice:
     """Shrink the band's micro-batch when the target global batch is smaller than one step of it."""
     if target < world:
-        r.warnings.append(
+        resolver.warnings.append(
             f"the target global batch {target} is smaller than the world size {world}: every process needs at "
             f"least one sample per step, so the global batch is at least {world}"
         )
@@ -367,19 +363,19 @@ def accumulation(target: int, micro: int, world: int) -> int:
     return min((lo, lo + 1), key=lambda a: (abs(a * per_step - target), a))
 
 
-def learning_rate(x: Inputs, r: Resolver, global_batch: int) -> float:
-    t = x.cfg.training
-    if not r.auto_optimize:
-        r.explain("learning_rate", f"training.learning_rate {t.learning_rate:g} verbatim")
+def learning_rate(inputs: Inputs, resolver: Resolver, global_batch: int) -> float:
+    t = inputs.cfg.training
+    if not resolver.auto_optimize:
+        resolver.explain("learning_rate", f"training.learning_rate {t.learning_rate:g} verbatim")
         return t.learning_rate
     if t.lr_scaling == "none":
-        r.explain("learning_rate", f"training.learning_rate {t.learning_rate:g} as given (lr_scaling: none)")
+        resolver.explain("learning_rate", f"training.learning_rate {t.learning_rate:g} as given (lr_scaling: none)")
         return t.learning_rate
     ratio = global_batch / t.base_batch_size
     factor = ratio if t.lr_scaling == "linear" else math.sqrt(ratio)
     lr = t.learning_rate * factor
     op = f"{global_batch}/{t.base_batch_size}" if t.lr_scaling == "linear" else f"sqrt({global_batch}/{t.base_batch_size})"
-    r.explain("learning_rate", f"{t.lr_scaling} scaling: {t.learning_rate:g} x {op} = {lr:.6g}")
+    resolver.explain("learning_rate", f"{t.lr_scaling} scaling: {t.learning_rate:g} x {op} = {lr:.6g}")
     return lr
 
 

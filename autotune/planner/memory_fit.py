@@ -40,17 +40,17 @@ GIB = memory.GIB
 class Sizer:
     """Needs of one option at one micro-batch, from the model facts and the plan so far."""
 
-    def __init__(self, x: Inputs, facts: ModelFacts, *, world: int, nproc: int, num_nodes: int, half: bool,
+    def __init__(self, inputs: Inputs, facts: ModelFacts, *, world: int, nproc: int, num_nodes: int, half: bool,
                  bucket_elements: int, on_gpu: bool):
-        self.x, self.facts, self.world, self.nproc, self.num_nodes = x, facts, world, nproc, num_nodes
+        self.inputs, self.facts, self.world, self.nproc, self.num_nodes = inputs, facts, world, nproc, num_nodes
         self.half, self.bucket_elements, self.on_gpu = half, bucket_elements, on_gpu
 
     def need(self, s: Strategy, micro: int, ckpt: bool) -> Need:
-        f, policy = self.facts, self.x.policy
+        f, policy = self.facts, self.inputs.policy
         if f.num_parameters is None:
             return Need(None, None, 0.0, 0.0)
         st = memory.model_state_bytes(s, f.num_parameters, self.world, largest_layer=f.largest_layer_parameters,
-                                      half=self.half, optimizer=self.x.cfg.training.optimizer,
+                                      half=self.half, optimizer=self.inputs.cfg.training.optimizer,
                                       ranks_per_node=self.nproc, num_nodes=self.num_nodes)
         acts = f.activations.bytes(micro, self.half, ckpt, s.backend == "deepspeed", s.backend == "fsdp") \
             if f.activations else None
@@ -122,7 +122,7 @@ def _halvings(top: int) -> list[int]:
     return out
 
 
-def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_backend: str, default_zero: int | None,
+def fit(inputs: Inputs, resolver: Resolver, band: BandChoice, facts: ModelFacts, *, default_backend: str, default_zero: int | None,
         world: int, nproc: int, num_nodes: int, half: bool, budget: Budget, bucket_elements: int,
         force: bool, record: list | None = None, target: int | None = None, timer: Timer | None = None,
         precision: str | None = None) -> MemoryFit:
@@ -131,30 +131,30 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
     ``record``, when given, receives one ``Weighing`` (also when the plan is refused). ``timer`` (a model traced
     as CUDA runs it, on a GPU of the table): among the options that fit, the highest predicted samples/s at the
     held global batch wins (ties within TIE: preference order); without it the seed rule's ``_pick``."""
-    cfg = x.cfg
+    cfg = inputs.cfg
     t, d = cfg.training, cfg.distributed
     micro_user, ckpt_user = t.batch_size_per_gpu, t.gradient_checkpointing
-    sz = Sizer(x, facts, world=world, nproc=nproc, num_nodes=num_nodes, half=half, bucket_elements=bucket_elements,
+    sz = Sizer(inputs, facts, world=world, nproc=nproc, num_nodes=num_nodes, half=half, bucket_elements=bucket_elements,
                on_gpu=budget.on_gpu)
     default = _default_strategy(default_backend, default_zero, d.offload_optimizer)
 
-    if not r.auto_optimize:  # the config verbatim: check it, never change it
-        micro = r.resolve("micro_batch_size", micro_user, lambda: None, path="training.batch_size_per_gpu")
-        ckpt = r.resolve("gradient_checkpointing", ckpt_user, lambda: None, verbatim=False)
+    if not resolver.auto_optimize:  # the config verbatim: check it, never change it
+        micro = resolver.resolve("micro_batch_size", micro_user, lambda: None, path="training.batch_size_per_gpu")
+        ckpt = resolver.resolve("gradient_checkpointing", ckpt_user, lambda: None, verbatim=False)
         row = _row(sz, budget, default, bool(ckpt), micro, fixed_micro=True)
         if record is not None:
             record.append(Weighing((row,), budget))
         if row.why_not and not force:
-            _refuse(x, sz, budget, [row], facts, fixed=f"the config verbatim (--no_auto_optimize): {row.label}, "
+            _refuse(inputs, sz, budget, [row], facts, fixed=f"the config verbatim (--no_auto_optimize): {row.label}, "
                     f"micro-batch {micro}")
-        _explain_verbatim(r, default, row, force)
+        _explain_verbatim(resolver, default, row, force)
         return MemoryFit(default, micro, bool(ckpt), _estimate(row, facts, budget, bool(ckpt)), None)
 
     ckpt_supported = facts.checkpointing_supported
     if is_set(ckpt_user):
         if ckpt_user and not ckpt_supported:
-            r.warnings.append("training.gradient_checkpointing: autotune cannot measure or apply checkpointing for "
-                              "this model; your script must turn it on itself")
+            resolver.warnings.append("training.gradient_checkpointing: autotune cannot measure or apply checkpointing "
+                                     "for this model; your script must turn it on itself")
         ckpt_choices: tuple[bool, ...] = (bool(ckpt_user),)
     elif not ckpt_supported:
         ckpt_choices = (False,)
@@ -164,14 +164,14 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         ckpt_choices = (False, True)
     fixed_micro = is_set(micro_user)
     top = micro_user if fixed_micro else band.micro_batch_size
-    opts = candidates(x, default_backend=default_backend, world=world, on_gpu=budget.on_gpu,
+    opts = candidates(inputs, default_backend=default_backend, world=world, on_gpu=budget.on_gpu,
                       ckpt_choices=ckpt_choices, fp16=precision == "fp16") or [(default, ckpt_choices[0])]
 
     def weigh(top: int, search: bool, fixed: bool) -> tuple[Row, ...]:  # one row per option
         return tuple(_largest(sz, budget, s, c, top) if search else _row(sz, budget, s, c, top, fixed)
                      for s, c in opts)
     known = facts.num_parameters is not None and (budget.device_gib is not None or budget.host_gib is not None)
-    search = plans_largest(facts, x.policy) and not fixed_micro  # measured: the largest that fits, not the band
+    search = plans_largest(facts, inputs.policy) and not fixed_micro  # measured: the largest that fits, not the band
     if not known:  # nothing to weigh: the first option, planned blind (the reasons say so)
         s, ckpt = opts[0]
         chosen = Row(s, ckpt, top, sz.need(s, top, ckpt), None)
@@ -193,24 +193,24 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
         elif force:
             chosen = min(rows, key=lambda rw: rw.need.total_gib or 0.0)
             chosen = Row(chosen.strategy, chosen.checkpointing, top if fixed_micro else 1, chosen.need, chosen.why_not)
-            r.warnings.append(f"--force: nothing fits by the estimate; planning {chosen.label} at micro-batch "
-                              f"{chosen.micro} anyway ({chosen.why_not}): EXPECT OUT-OF-MEMORY ERRORS")
+            resolver.warnings.append(f"--force: nothing fits by the estimate; planning {chosen.label} at micro-batch "
+                                     f"{chosen.micro} anyway ({chosen.why_not}): EXPECT OUT-OF-MEMORY ERRORS")
         else:
-            _refuse(x, sz, budget, list(rows), facts,
+            _refuse(inputs, sz, budget, list(rows), facts,
                     fixed=f"micro-batch {micro_user} (you set it)" if fixed_micro else None)
     ranking = None
     if chosen.time is not None and known and not fixed_micro:
         ranking = time_reason(chosen, rows)
     elif search and chosen.why_not is None and target:
         chosen = _steady(sz, chosen, target, world)
-    engine_reason = _explain(r, x, chosen, rows, default, facts, budget, ranking)
+    engine_reason = _explain(resolver, inputs, chosen, rows, default, facts, budget, ranking)
     micro = chosen.micro
-    ckpt = r.resolve("gradient_checkpointing", ckpt_user, lambda: Decision(chosen.checkpointing, _ckpt_reason(
+    ckpt = resolver.resolve("gradient_checkpointing", ckpt_user, lambda: Decision(chosen.checkpointing, _ckpt_reason(
         chosen, band, ckpt_supported)), verbatim=False)
     if not fixed_micro:
-        auto_micro = Decision(micro, _micro_reason(band, chosen, top, facts, x.policy.micro_batch_rule))
+        auto_micro = Decision(micro, _micro_reason(band, chosen, top, facts, inputs.policy.micro_batch_rule))
     elif known:  # what auto would have chosen: the weighing the user's value skipped
-        top, search = band.micro_batch_size, plans_largest(facts, x.policy)
+        top, search = band.micro_batch_size, plans_largest(facts, inputs.policy)
         if timer is not None and search and target:
             auto = pick_by_time(tuple(timed(sz, rw, timer, target, world) for rw in weigh(top, search, False)))
         else:
@@ -218,10 +218,10 @@ def fit(x: Inputs, r: Resolver, band: BandChoice, facts: ModelFacts, *, default_
             if auto is not None and search and target:
                 auto = _steady(sz, auto, target, world)
         auto_micro = Decision(1, f"{band.micro_reason}, but no micro-batch fits by the estimate") if auto is None \
-            else Decision(auto.micro, _micro_reason(band, auto, top, facts, x.policy.micro_batch_rule))
+            else Decision(auto.micro, _micro_reason(band, auto, top, facts, inputs.policy.micro_batch_rule))
     else:  # nothing to weigh: auto plans the band's micro-batch blind
         auto_micro = Decision(band.micro_batch_size, band.micro_reason)
-    micro = r.resolve("micro_batch_size", micro_user, lambda: auto_micro, path="training.batch_size_per_gpu")
+    micro = resolver.resolve("micro_batch_size", micro_user, lambda: auto_micro, path="training.batch_size_per_gpu")
     return MemoryFit(chosen.strategy, micro, bool(ckpt), _estimate(chosen, facts, budget, bool(ckpt)), engine_reason)
 
 
@@ -302,8 +302,8 @@ def _ckpt_reason(chosen: Row, band: BandChoice, supported: bool) -> str:
     return band.checkpointing_reason
 
 
-def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], default: Strategy, facts: ModelFacts,
-             budget: Budget, timed: str | None = None) -> str | None:
+def _explain(resolver: Resolver, inputs: Inputs, chosen: Row, rows: tuple[Row, ...], default: Strategy,
+             facts: ModelFacts, budget: Budget, timed: str | None = None) -> str | None:
     """The reasons of the strategy and offload; returns the engine's reason (None: the seed rule's stands), which
     ``choice.settle_engine`` records once. ``timed``: the ranking by predicted samples/s, when it chose."""
     s = chosen.strategy
@@ -324,46 +324,46 @@ def _explain(r: Resolver, x: Inputs, chosen: Row, rows: tuple[Row, ...], default
         weighed = facts.unknown_reason or "the model's size is unknown: not checked"
     else:
         weighed = f"{chosen.need.total_gib:.2f} GiB of {budget.device_gib:.1f} GiB usable ({budget.basis})"
-    r.explain("strategy", f"{chosen.label}: {weighed}")
+    resolver.explain("strategy", f"{chosen.label}: {weighed}")
     if s.backend == "fsdp":
-        r.explain("offload_optimizer", "needed for memory: CPUOffloadPolicy keeps the sharded weights, gradients and "
+        resolver.explain("offload_optimizer", "needed for memory: CPUOffloadPolicy keeps the sharded weights, gradients and "
                   "optimizer state in host RAM and steps on the CPU" if s.offload_optimizer else
                   "the sharded state fits in GPU memory without CPUOffloadPolicy (offload costs throughput)"
                   if budget.on_gpu else "FSDP2 on CPU processes: nothing to offload to")
-        r.explain("offload_param", "with the optimizer (CPUOffloadPolicy)" if s.offload_param else "not needed")
-        r.explain("reshard_after_forward", "each unit's weights are gathered again for the backward (one unit held "
+        resolver.explain("offload_param", "with the optimizer (CPUOffloadPolicy)" if s.offload_param else "not needed")
+        resolver.explain("reshard_after_forward", "each unit's weights are gathered again for the backward (one unit held "
                   "at a time)" if s.reshard_after_forward else "every unit's bf16 weights stay gathered from forward "
                   "to backward (one all-gather a micro-step instead of two)")
     elif s.backend == "deepspeed":
-        r.explain("offload_optimizer", "needed for memory" if s.offload_optimizer else
+        resolver.explain("offload_optimizer", "needed for memory" if s.offload_optimizer else
                   f"the model states fit in {'GPU memory' if budget.on_gpu else 'RAM'} without it (offload costs "
                   "throughput)")
-        r.explain("offload_param", "needed for memory: parameters live in host RAM between uses" if s.offload_param
+        resolver.explain("offload_param", "needed for memory: parameters live in host RAM between uses" if s.offload_param
                   else "not needed")
     else:
-        r.explain("offload_optimizer", "not a DeepSpeed run: optimizer offload is a ZeRO feature")
-        r.explain("offload_param", "not a DeepSpeed run")
+        resolver.explain("offload_optimizer", "not a DeepSpeed run: optimizer offload is a ZeRO feature")
+        resolver.explain("offload_param", "not a DeepSpeed run")
     if facts.activations is None and facts.num_parameters is not None:
-        r.warnings.append(f"the memory estimate covers model states only: {facts.unknown_reason}")
+        resolver.warnings.append(f"the memory estimate covers model states only: {facts.unknown_reason}")
     return why
 
 
-def _explain_verbatim(r: Resolver, s: Strategy, row: Row, force: bool) -> None:
-    r.explain("strategy", f"{row.label} (the config verbatim)" + (f"; {row.why_not}" if row.why_not else ""))
-    r.explain("offload_optimizer", "--no_auto_optimize: taken from the config verbatim" if s.offload_optimizer
-              else "--no_auto_optimize: 'auto' means off/0 here")
-    r.explain("offload_param", "with ZeRO-3 offload" if s.offload_param else "off")
+def _explain_verbatim(resolver: Resolver, s: Strategy, row: Row, force: bool) -> None:
+    resolver.explain("strategy", f"{row.label} (the config verbatim)" + (f"; {row.why_not}" if row.why_not else ""))
+    resolver.explain("offload_optimizer", "--no_auto_optimize: taken from the config verbatim" if s.offload_optimizer
+                     else "--no_auto_optimize: 'auto' means off/0 here")
+    resolver.explain("offload_param", "with ZeRO-3 offload" if s.offload_param else "off")
     if row.why_not and force:
-        r.warnings.append(f"--force: the config does not fit by the estimate ({row.why_not}): "
-                          "EXPECT OUT-OF-MEMORY ERRORS")
+        resolver.warnings.append(f"--force: the config does not fit by the estimate ({row.why_not}): "
+                                 "EXPECT OUT-OF-MEMORY ERRORS")
 
 
-def _refuse(x: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: ModelFacts, fixed: str | None) -> None:
+def _refuse(inputs: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: ModelFacts, fixed: str | None) -> None:
     # host RAM for offloaded state does not shrink with the micro-batch: "even at micro-batch 1" only for GPU memory
     tried = [f"{rw.label}: {rw.why_not}" + ("" if fixed or rw.why_not.startswith(HOST_RAM) else
                                             " even at micro-batch 1") for rw in rows]
     would = []
-    policy = x.policy
+    policy = inputs.policy
     host_ok = [rw for rw in rows if not rw.need.host_gib or (budget.host_gib is not None
                                                              and rw.need.host_gib <= budget.host_gib)]
     if host_ok and budget.device_gib is not None and host_ok[0].need.total_gib is not None:
@@ -394,5 +394,5 @@ def _refuse(x: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: ModelF
             if gpu_ok:
                 would.append(f"{rw.label}: {_up(rw.need.host_gib - budget.host_gib):.1f} GiB more host RAM per "
                              "node (%s GiB needed, %s usable)" % _over(rw.need.host_gib, budget.host_gib))
-    raise PlanRefused(f"no plan fits: {facts.source} on {x.hw.num_nodes} node(s), {budget.basis}"
+    raise PlanRefused(f"no plan fits: {facts.source} on {inputs.hw.num_nodes} node(s), {budget.basis}"
                       + (f", with {fixed}" if fixed else ""), tried, would or ["a machine with more memory"])

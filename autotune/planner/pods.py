@@ -44,10 +44,10 @@ def rendezvous(hw: HardwareProfile, d: DistributedConfig, num_nodes: int) -> tup
     return Decision(pod.node_rank, _reason(pod, "node_rank")), master
 
 
-def port(hw: HardwareProfile, d: DistributedConfig, r: Resolver) -> int:
+def port(hw: HardwareProfile, d: DistributedConfig, resolver: Resolver) -> int:
     """distributed.master_port when set (flag or config), else the operator's (said in the master_addr reason),
     else its default 29500."""
-    pod = facts(hw, d) if r.auto_optimize and "master_port" not in d.model_fields_set else None
+    pod = facts(hw, d) if resolver.auto_optimize and "master_port" not in d.model_fields_set else None
     return pod.master_port if pod and pod.master_port else d.master_port
 
 
