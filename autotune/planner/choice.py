@@ -104,9 +104,24 @@ def shown_with_times(rows: tuple[Row, ...], timer: Timer, target: int, world: in
     return tuple(out)
 
 
+def _offloads(rw: Row) -> bool:
+    return rw.strategy.offload_optimizer or rw.strategy.offload_param
+
+
+def contenders(rows: tuple[Row, ...]) -> tuple[Row, ...]:
+    """The rows the time choice weighs. Offload moves state to host RAM to make a model fit; it is never a way to
+    speed up a model that fits without it (DeepSpeed's ZeRO-Offload and FSDP2's CPUOffloadPolicy trade a PCIe copy
+    of the gradients and weights and a host-side optimizer step for GPU memory). The step-time model times the
+    offload lines from bandwidths and FLOPs only, without the host's per-call costs, so for a small model it can
+    predict them faster than a GPU step: offload rows compete only when no option without offload fits."""
+    resident = tuple(rw for rw in rows if not _offloads(rw))
+    return resident if any(rw.why_not is None for rw in resident) else rows
+
+
 def pick_by_time(rows: tuple[Row, ...]) -> Row | None:
-    """The fitting row with the most predicted samples/s; within TIE of it, the first in preference order."""
-    timed = [rw for rw in rows if rw.why_not is None and rw.time is not None]
+    """The fitting row with the most predicted samples/s; within TIE of it, the first in preference order.
+    Offload rows compete only when nothing fits without offload (``contenders``)."""
+    timed = [rw for rw in contenders(rows) if rw.why_not is None and rw.time is not None]
     if not timed:
         return None
     best = max(rw.time.samples_per_s for rw in timed)
@@ -120,12 +135,18 @@ def time_reason(chosen: Row, rows: tuple[Row, ...]) -> str:
         rate = f"{rw.time.samples_per_s:,.0f}" + (" samples/s predicted" if first else "")
         return f"{rw.label} at micro-batch {rw.micro}: {rate}" + (f" ({extra})" if extra else "")
 
-    others = sorted((rw for rw in rows if rw.time is not None and rw is not chosen and rw.why_not is None),
+    weighed = contenders(rows)
+    others = sorted((rw for rw in weighed if rw.time is not None and rw is not chosen and rw.why_not is None),
                     key=lambda rw: -rw.time.samples_per_s)
     cut = [rw for rw in rows if rw.why_not is not None]
     text = "; ".join([one(chosen, True)] + [one(rw, False) for rw in others[:4]])
     if cut:
         text += f" (does not fit: {', '.join(rw.label for rw in cut)})"
+    aside = sorted((rw for rw in rows if rw not in weighed and rw.why_not is None and rw.time is not None),
+                   key=lambda rw: -rw.time.samples_per_s)
+    if aside:
+        text += ("; offload, not weighed (it is for a model that does not fit without it): "
+                 + "; ".join(one(rw, False) for rw in aside[:2]))
     return f"the most samples/s at the global batch: {text}"
 
 

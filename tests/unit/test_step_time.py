@@ -229,3 +229,33 @@ def test_timing_json_compares_the_prediction_with_the_measurement_and_warns_beyo
     assert kept["measured_samples_per_s"] == 123.0 and kept["run_dir"] == str(tmp_path.absolute())
     assert kept["micro_batch_size"] == p.batch.micro_batch_size and kept["predicted_samples_per_s"] == predicted
     assert TimeEstimate.model_validate(p.schedule.time_estimate.model_dump()) == p.schedule.time_estimate
+
+
+def test_offload_competes_only_when_nothing_fits_without_it():
+    """Offload is a memory tool: where an option without it fits, the time choice never takes an offload row, even
+    one the model predicts faster (a tiny model's offloaded optimizer step has no kernel launches to pay), and the
+    reason says offload was not weighed; where nothing fits without it, the fastest offload row wins."""
+    from autotune.planner.choice import contenders, pick_by_time, time_reason
+    from autotune.planner.memory import STRATEGIES
+    from autotune.planner.step_time import StepTime
+    from autotune.planner.weighing import Need, Row
+
+    def row(name, rate, fits=True):
+        t = StepTime(0.001, 0.001, 0.0, 64 / rate, rate) if fits else None
+        return Row(STRATEGIES[name], False, 16 if fits else 0, Need(0.1, 0.1, 0.0, 0.0),
+                   None if fits else "9.0 GiB needed > 8.0 GiB usable", t)
+
+    resident = (row("zero2", 57_809.0), row("ddp", 57_700.0))
+    offload = (row("zero2_offload", 101_959.0),)
+    chosen = pick_by_time(resident + offload)
+    assert chosen.strategy.name == "zero2" and contenders(resident + offload) == resident
+    reason = time_reason(chosen, resident + offload)
+    assert reason.endswith("; offload, not weighed (it is for a model that does not fit without it): "
+                           "ZeRO-2 + optimizer offload at micro-batch 16: 101,959")
+    cramped = (row("zero2", 0.0, fits=False), row("ddp", 0.0, fits=False), *offload,
+               row("zero3_offload", 90_000.0))
+    assert pick_by_time(cramped).strategy.name == "zero2_offload"
+    assert "not weighed" not in time_reason(pick_by_time(cramped), cramped)
+    assert time_reason(pick_by_time(cramped), cramped).startswith(
+        "the most samples/s at the global batch: ZeRO-2 + optimizer offload at micro-batch 16: 101,959 samples/s "
+        "predicted; ZeRO-3 + optimizer and parameter offload at micro-batch 16: 90,000 (does not fit: ZeRO-2, DDP)")
