@@ -80,7 +80,9 @@ def foreign_hint(path: str) -> str:
     """'; autotune's name: <key>' for a key of another tool at ``path`` (a dotted path), else ''."""
     last = path.rsplit(".", 1)[-1]
     suggestion = FOREIGN_KEYS.get(last)
-    return f"; autotune's name for it: {suggestion}" if suggestion and not path.startswith(suggestion.split()[0]) else ""
+    if suggestion and not path.startswith(suggestion.split()[0]):
+        return f"; autotune's name for it: {suggestion}"
+    return ""
 
 
 def _loc(loc: tuple) -> str:
@@ -112,7 +114,9 @@ def validation_problems(err, prefix: str = "", keys_in: str = CONFIG_KEYS,
     problems = []
     for e in err.errors(include_url=False):
         # Union errors repeat the path with the tried type appended; keep the field path.
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and (p.startswith(("literal[", "function-", "constrained-")) or p in {"int", "float", "str", "bool", "list[int]"})))
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and (
+            p.startswith(("literal[", "function-", "constrained-"))
+            or p in {"int", "float", "str", "bool", "list[int]"})))
         path = _loc(loc)
         if prefix:
             path = f"{prefix}.{path}" if path != "<root>" else prefix

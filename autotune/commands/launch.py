@@ -41,9 +41,9 @@ def add_parser(sub) -> None:
                         "implies it; this flag alone does not also lift the memory refusal")
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan and spec as JSON")
     p.add_argument("--wire", choices=["none", "auto"],
-                   help="auto: fill your script's own argparse flags (--batch_size, --lr, --gradient_accumulation_steps, "
-                        "--deepspeed_config, --bf16, ...) with the plan's values, read from its source (never run); "
-                        "flags you pass after `--` win (training.wire)")
+                   help="auto: fill your script's own argparse flags (--batch_size, --lr, "
+                        "--gradient_accumulation_steps, --deepspeed_config, --bf16, ...) with the plan's values, read "
+                        "from its source (never run); flags you pass after `--` win (training.wire)")
     p.add_argument("--no_observe", action="store_true", help="do not observe your script (batch sizes, engine, "
                    "optimizer, precision, samples per step); delivery is then only what was handed over "
                    "(training.observe: false)")

@@ -70,7 +70,8 @@ def expand(args: list[str], values: dict[str, str], where: str = "script argumen
             if name in values:
                 return values[name]
             if name in _CONTEXT_NAMES:
-                raise UserError(f"{where}: {{{name}}} in {arg!r} needs {_CONTEXT_NAMES[name]}, which this command has not")
+                raise UserError(f"{where}: {{{name}}} in {arg!r} needs {_CONTEXT_NAMES[name]}, which this command "
+                                "has not")
             known = ", ".join("{" + k + "}" for k in sorted(values))
             raise UserError(f"{where}: unknown placeholder {{{name}}} in {arg!r}; known: {known}")
 

@@ -334,7 +334,8 @@ def _engine_routes(plan: TrainingPlan, facts: ScriptFacts, ds_path_given: bool) 
         out.append(_behind("DeepSpeed JSON (deepspeed.initialize)", facts))
     if plan.engine.device == "cuda":  # on CPU their CPU switch turns DeepSpeed off
         if facts.uses_accelerate:
-            out.append("environment (ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_CONFIG_FILE, read by Accelerator())")
+            out.append("environment (ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_CONFIG_FILE, read by "
+                       "Accelerator())")
         if facts.uses_hf_trainer and ds_path_given:
             out.append("Trainer's --deepspeed (its DeepSpeed integration)")
     return out

@@ -98,7 +98,8 @@ def probe_memory(psutil: Any, cg: CgroupLimits, unknown: dict[str, str]) -> Memo
     else:
         eff, why = None, "RAM unknown"
         unknown["memory.effective_mib"] = why
-    return MemoryInfo(total_mib=total, available_mib=avail, cgroup_limit_mib=limit, effective_mib=eff, effective_reason=why)
+    return MemoryInfo(total_mib=total, available_mib=avail, cgroup_limit_mib=limit, effective_mib=eff,
+                      effective_reason=why)
 
 
 def probe_infiniband(sys_class: str | Path, unknown: dict[str, str]) -> tuple[str, ...] | None:

@@ -166,7 +166,9 @@ def resume_note(setup) -> str:
     if setup.plan.run.entrypoint:
         return ""
     changes = resume_changes(read_meta(setup.resume_path), setup.plan)
-    return f"\n  changed since that checkpoint (applied from its step on): {describe_changes(changes)}" if changes else ""
+    if not changes:
+        return ""
+    return f"\n  changed since that checkpoint (applied from its step on): {describe_changes(changes)}"
 
 
 def print_delivery(setup, out=None) -> None:

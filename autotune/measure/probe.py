@@ -141,7 +141,8 @@ def _main() -> int:
     try:
         print(json.dumps({"points": _measure(req)}))
     except Exception as e:  # noqa: BLE001 - reported to the launcher, which keeps the trace
-        print(json.dumps({"error": f"the GPU probe failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}))
+        text = str(e).splitlines()[0][:300] if str(e) else ""
+        print(json.dumps({"error": f"the GPU probe failed: {type(e).__name__}: {text}"}))
         return 1
     return 0
 

@@ -155,7 +155,8 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     return TrainingPlan(
         engine=EngineSection(backend=backend, zero_stage=zero, device="cuda" if devs else "cpu",
                              num_nodes=num_nodes, node_rank=node_rank, master_addr=master_addr,
-                             master_port=pods.port(hw, d, resolver), rdzv_id=rdzv_id, nproc_per_node=nproc, world_size=world,
+                             master_port=pods.port(hw, d, resolver), rdzv_id=rdzv_id, nproc_per_node=nproc,
+                             world_size=world,
                              num_gpus=len(devs), offload_optimizer=mf.strategy.offload_optimizer,
                              offload_param=mf.strategy.offload_param,
                              reshard_after_forward=mf.strategy.reshard_after_forward,
@@ -236,7 +237,8 @@ def _accumulation_decision(target: int, micro: int, world: int, debug: bool) -> 
         return Decision(1, "--debug: no accumulation")
     per_step = micro * world
     return Decision(dec.accumulation(target, micro, world),
-                    f"closest integer to target {target} / ({micro} micro x {world} processes) = {target / per_step:.2f}")
+                    f"closest integer to target {target} / ({micro} micro x {world} processes) = "
+                    f"{target / per_step:.2f}")
 
 
 def _micro_for_accumulation(target: int, world: int, accumulation: int) -> int:

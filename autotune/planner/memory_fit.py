@@ -20,6 +20,7 @@ import math
 from autotune.errors import PlanRefused, UserError
 from autotune.plan import MemoryEstimate
 from autotune.planner import memory
+from autotune.planner.choice import candidates, pick_by_time, time_reason, timed
 from autotune.planner.deciders import BandChoice, Inputs
 from autotune.planner.memory import STRATEGIES, Strategy
 from autotune.planner.micro import (
@@ -31,7 +32,6 @@ from autotune.planner.micro import (
 )
 from autotune.planner.model_facts import ModelFacts
 from autotune.planner.resolve import Decision, Resolver, is_set
-from autotune.planner.choice import candidates, pick_by_time, time_reason, timed
 from autotune.planner.weighing import Budget, MemoryFit, Need, Row, Timer, Weighing
 
 GIB = memory.GIB
@@ -122,10 +122,10 @@ def _halvings(top: int) -> list[int]:
     return out
 
 
-def fit(inputs: Inputs, resolver: Resolver, band: BandChoice, facts: ModelFacts, *, default_backend: str, default_zero: int | None,
-        world: int, nproc: int, num_nodes: int, half: bool, budget: Budget, bucket_elements: int,
-        force: bool, record: list | None = None, target: int | None = None, timer: Timer | None = None,
-        precision: str | None = None) -> MemoryFit:
+def fit(inputs: Inputs, resolver: Resolver, band: BandChoice, facts: ModelFacts, *, default_backend: str,
+        default_zero: int | None, world: int, nproc: int, num_nodes: int, half: bool, budget: Budget,
+        bucket_elements: int, force: bool, record: list | None = None, target: int | None = None,
+        timer: Timer | None = None, precision: str | None = None) -> MemoryFit:
     """Choose strategy, micro-batch and checkpointing; refuse when nothing fits (unless ``force``).
 
     ``record``, when given, receives one ``Weighing`` (also when the plan is refused). ``timer`` (a model traced
@@ -291,7 +291,8 @@ def _micro_reason(band: BandChoice, chosen: Row, top: int, facts: ModelFacts | N
         reason += " (policy micro_batch_rule: band)"
     if chosen.micro == top:
         return reason
-    return f"{reason}; {chosen.micro} is the largest that fits with {chosen.label} ({chosen.need.total_gib:.1f} GiB estimated)"
+    return (f"{reason}; {chosen.micro} is the largest that fits with {chosen.label} "
+            f"({chosen.need.total_gib:.1f} GiB estimated)")
 
 
 def _ckpt_reason(chosen: Row, band: BandChoice, supported: bool) -> str:
@@ -326,20 +327,20 @@ def _explain(resolver: Resolver, inputs: Inputs, chosen: Row, rows: tuple[Row, .
         weighed = f"{chosen.need.total_gib:.2f} GiB of {budget.device_gib:.1f} GiB usable ({budget.basis})"
     resolver.explain("strategy", f"{chosen.label}: {weighed}")
     if s.backend == "fsdp":
-        resolver.explain("offload_optimizer", "needed for memory: CPUOffloadPolicy keeps the sharded weights, gradients and "
-                  "optimizer state in host RAM and steps on the CPU" if s.offload_optimizer else
+        resolver.explain("offload_optimizer", "needed for memory: CPUOffloadPolicy keeps the sharded weights, "
+                  "gradients and optimizer state in host RAM and steps on the CPU" if s.offload_optimizer else
                   "the sharded state fits in GPU memory without CPUOffloadPolicy (offload costs throughput)"
                   if budget.on_gpu else "FSDP2 on CPU processes: nothing to offload to")
         resolver.explain("offload_param", "with the optimizer (CPUOffloadPolicy)" if s.offload_param else "not needed")
-        resolver.explain("reshard_after_forward", "each unit's weights are gathered again for the backward (one unit held "
-                  "at a time)" if s.reshard_after_forward else "every unit's bf16 weights stay gathered from forward "
-                  "to backward (one all-gather a micro-step instead of two)")
+        resolver.explain("reshard_after_forward", "each unit's weights are gathered again for the backward (one unit "
+                  "held at a time)" if s.reshard_after_forward else "every unit's bf16 weights stay gathered from "
+                  "forward to backward (one all-gather a micro-step instead of two)")
     elif s.backend == "deepspeed":
         resolver.explain("offload_optimizer", "needed for memory" if s.offload_optimizer else
                   f"the model states fit in {'GPU memory' if budget.on_gpu else 'RAM'} without it (offload costs "
                   "throughput)")
-        resolver.explain("offload_param", "needed for memory: parameters live in host RAM between uses" if s.offload_param
-                  else "not needed")
+        resolver.explain("offload_param", "needed for memory: parameters live in host RAM between uses"
+                  if s.offload_param else "not needed")
     else:
         resolver.explain("offload_optimizer", "not a DeepSpeed run: optimizer offload is a ZeRO feature")
         resolver.explain("offload_param", "not a DeepSpeed run")

@@ -65,10 +65,10 @@ def archive_run_files(run_dir: Path) -> Path | None:
 
 def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None, spec=None,
                   delivery=None, ds_framework: dict | None = None) -> None:
-    """Write the run's records (``ds``/``ds_framework``: DeepSpeed's JSON in its two flavours). They are written into a staging folder first; only when all of
-    them are safely on disk are an earlier launch's records moved to previous/ and the new ones
-    moved in, plan.json last (its presence means the rest is there). A full disk or a read-only
-    file system is one line naming the path; nothing earlier is lost."""
+    """Write the run's records (``ds``/``ds_framework``: DeepSpeed's JSON in its two flavours). They are written
+    into a staging folder first; only when all of them are safely on disk are an earlier launch's records moved to
+    previous/ and the new ones moved in, plan.json last (its presence means the rest is there). A full disk or a
+    read-only file system is one line naming the path; nothing earlier is lost."""
     from autotune.rundir.fs import fs_error
 
     files: list[tuple[str, str]] = []

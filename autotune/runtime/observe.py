@@ -36,12 +36,23 @@ import functools
 import os
 import sys
 import threading
-import time
 import weakref
 
-from autotune.runtime.observe_record import OWNER, WINDOW, WRITE_AT, AfterImport, _after, _batch_size, _guarded, _rank
-from autotune.runtime.observe_record import _record
-from autotune.runtime.observe_record import _state, write  # noqa: F401 - also where tests and tools find them
+from autotune.runtime.observe_record import (  # noqa: F401 - also where tests and tools find them
+    OWNER,
+    WINDOW,
+    WRITE_AT,
+    AfterImport,
+    _after,
+    _batch_size,
+    _ended,
+    _exit_code,
+    _guarded,
+    _rank,
+    _record,
+    _state,
+    write,
+)
 
 
 # -- the hooks, one module each ----------------------------------------------------------------------------------
@@ -330,19 +341,6 @@ def _accelerate(mod) -> None:
 HOOKS = {"torch.utils.data": _data, "torch.distributed": _distributed, "torch.nn.parallel": _parallel,
          "torch.distributed.fsdp": _fsdp, "torch.optim": _optim, "torch.autograd": _autograd, "torch.amp": _amp,
          "torch.amp.grad_scaler": _scaler, "deepspeed": _deepspeed, "accelerate": _accelerate}
-
-
-def _ended(how: str) -> None:
-    rec = _record()
-    rec["ended"] = time.time()
-    if how == "returned" and rec["raised"] is None and not rec["exit_code"]:
-        rec["returned"] = True  # returned normally: only then may a teardown failure after it be forgiven
-    write()
-
-
-def _exit_code(status) -> int:
-    """The code ``sys.exit(status)`` ends the process with: None is 0, any other non-integer (a message) is 1."""
-    return 0 if status is None else status if isinstance(status, int) else 1
 
 
 def install() -> None:

@@ -66,6 +66,19 @@ def write() -> None:
         pass
 
 
+def _ended(how: str) -> None:
+    rec = _record()
+    rec["ended"] = time.time()
+    if how == "returned" and rec["raised"] is None and not rec["exit_code"]:
+        rec["returned"] = True  # returned normally: only then may a teardown failure after it be forgiven
+    write()
+
+
+def _exit_code(status) -> int:
+    """The code ``sys.exit(status)`` ends the process with: None is 0, any other non-integer (a message) is 1."""
+    return 0 if status is None else status if isinstance(status, int) else 1
+
+
 def _guarded(where: str):
     """A hook body that can never raise into the user's code: its errors are recorded, not thrown."""
     def wrap(fn):
@@ -115,8 +128,8 @@ def _batch_size(batch) -> int | None:
 
 
 class AfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for the modules in ``hooks`` (module name -> hook), wraps the real loader so the hook runs once the module
-    has executed (the script imports them; the observer never imports torch on its own)."""
+    """Finds nothing itself: for the modules in ``hooks`` (module name -> hook), wraps the real loader so the hook
+    runs once the module has executed (the script imports them; the observer never imports torch on its own)."""
 
     def __init__(self, hooks: dict) -> None:
         self.hooks = hooks

@@ -13,7 +13,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import ROOT
 
 SMALL = """
@@ -53,7 +52,8 @@ def test_detection_matches_nvidia_smi(record):
         assert abs(d["memory_free_mib"] - int(s["memory.free"])) < 512  # free memory moves between the two reads
         assert d["compute_capability"] == s["compute_cap"]
         assert d["pci_bus_id"].lower().endswith(s["pci.bus_id"].lower()[-12:])
-    record("detection", f"{len(devs)} x {devs[0]['name']}, {devs[0]['memory_total_mib']} MiB, cc {devs[0]['compute_capability']}")
+    record("detection", f"{len(devs)} x {devs[0]['name']}, {devs[0]['memory_total_mib']} MiB, "
+                        f"cc {devs[0]['compute_capability']}")
 
 
 def test_visible_devices_by_uuid():
@@ -201,9 +201,9 @@ def test_fsdp2_on_one_gpu_peaks_within_the_estimate(record):
     policy's memory_headroom_fraction leaves)."""
     import torch
     import torch.distributed as dist
+    import trace_models
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    import trace_models
     from autotune.measure.fsdp_trace import wrap_units
     from autotune.measure.trace import _call, _loss, trace
     from autotune.planner.memory import STRATEGIES, fsdp_buffer_bytes, model_state_bytes

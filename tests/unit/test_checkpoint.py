@@ -2,20 +2,18 @@
 
 import json
 
-from autotune.prepare import resolve_resume
-from autotune.rundir.checkpoints import newest_good_checkpoint, verify_checkpoint
-
 import pytest
 import torch
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
 from autotune.planner import plan
+from autotune.prepare import resolve_resume
 from autotune.profiles import load_profile
+from autotune.rundir.checkpoints import latest_checkpoint, list_checkpoints, newest_good_checkpoint, verify_checkpoint
 from autotune.runtime.checkpoint import CheckpointManager
 from autotune.runtime.dist import DistContext
 from autotune.runtime.engine import make_engine
-from autotune.rundir.checkpoints import latest_checkpoint, list_checkpoints
 from autotune.runtime.workload import build_model
 
 CTX = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), distributed=False)

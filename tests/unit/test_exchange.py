@@ -11,12 +11,12 @@ import threading
 import time
 
 import pytest
+from support import free_port
 
 from autotune.errors import UserError
 from autotune.launch.nodes import exchange, job_secret, meet
 from autotune.launch.preflight import probe_store
 from autotune.profiles import load_profile, peer_profile
-from support import free_port
 
 CPU = load_profile("cpu-only")
 SECRET = b"s3cret-of-this-job"

@@ -9,7 +9,7 @@ import torch
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
-from autotune.planner import memory, plan
+from autotune.planner import plan
 from autotune.planner.memory import STRATEGIES, fsdp_buffer_bytes, model_state_bytes
 from autotune.planner.model_facts import builtin_facts
 from autotune.profiles import load_profile
@@ -46,8 +46,8 @@ def test_fsdp_memory_lines_by_hand():
 
 def test_the_wrap_units_are_the_models_repeated_blocks():
     import torch.nn as nn
-
     import trace_models
+
     from autotune.measure.fsdp_trace import unit_sizes
 
     gpt = trace_models.small_gpt()
@@ -78,9 +78,9 @@ def test_fsdp_lines_against_a_fake_process_group_trace():
     itself at the traced world, the no-reshard variant from the same line within 10 % (its arithmetic keeps every
     unit gathered at the peak), and at 8 ranks low by at most the gradients not yet made at the peak, 4 bytes a
     parameter x (1/4 - 1/8), as measure.fsdp_trace says."""
+    import trace_models
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    import trace_models
     from autotune.measure.fsdp_trace import fsdp_lines, traced_peaks
     from autotune.measure.trace import _call, _loss
 

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+import trace_models
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from autotune.errors import UserError
 from autotune.measure.trace import count_parameters, trace
-import trace_models
 
 
 def real_activation_peak(model, batch):
@@ -112,7 +112,8 @@ def test_the_line_is_the_largest_of_its_moments():
 @pytest.mark.parametrize("preset, precision, margin, source", [
     ("cpu-only", "auto", 1.1, "traced"),                  # policy.traced_activation_margin (the CPU trace)
     ("4xL4", "auto", 1.0, "traced as CUDA runs it"),      # bf16 on a GPU: whole steps as CUDA runs them, no margin
-    ("4xL4", "fp32", 4.5, "traced as CUDA runs it"),      # fp32 on a GPU: cuDNN workspaces (traced_activation_margin_gpu_fp32)
+    # fp32 on a GPU: cuDNN workspaces (traced_activation_margin_gpu_fp32)
+    ("4xL4", "fp32", 4.5, "traced as CUDA runs it"),
 ])
 def test_gpu_plans_trace_as_cuda_runs_and_keep_only_the_fp32_margin(preset, precision, margin, source, tmp_path,
                                                                   monkeypatch):
@@ -211,7 +212,8 @@ def test_the_trace_cache_answers_a_second_plan_without_tracing(tmp_path, monkeyp
     monkeypatch.setattr("autotune.measure.trace.trace", lambda *a, **k: (_ for _ in ()).throw(AssertionError("traced")))
     assert model_facts(cfg, hw=load_profile("4xL4")) == first  # from disk, no trace
     other = TrainConfig.model_validate({"training": {"entrypoint": "examples/plain_train.py",
-                                                     "model": "examples.plain_train:make_model", "sample_input": "[32]"}})
+                                                     "model": "examples.plain_train:make_model",
+                                                     "sample_input": "[32]"}})
     with pytest.raises(AssertionError, match="traced"):  # another sample spec is another key
         model_facts(other, hw=load_profile("4xL4"))
 
@@ -258,8 +260,8 @@ def test_the_gpu_probe_is_cached_on_disk_like_the_trace(tmp_path, monkeypatch, c
     from autotune.profiles import load_profile
 
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
-    traced = ModelFacts(source="m", num_parameters=1_000_000, trainable_parameters=1_000_000, activations=ActivationModel(
-        half=LinearBytes.line(100 * 2**20, 50 * 2**20), source=CUDA_TRACED))
+    traced = ModelFacts(source="m", num_parameters=1_000_000, trainable_parameters=1_000_000,
+                        activations=ActivationModel(half=LinearBytes.line(100 * 2**20, 50 * 2**20), source=CUDA_TRACED))
     monkeypatch.setattr("autotune.measure.model_facts", lambda cfg, policy=None, hw=None: traced)
     runs = []
 

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from support import ROOT, free_port
 
 from autotune.exports.launch_spec import OBSERVE_SITE
-from support import ROOT, free_port
 
 FSDP_AUTOCAST_SCALER = """
 import os

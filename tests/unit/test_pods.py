@@ -7,13 +7,13 @@ import re
 import time
 
 import pytest
+from support import in_process_cli
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
 from autotune.hardware.kubernetes import pod_info
 from autotune.planner import plan
 from autotune.profiles import load_profile
-from support import in_process_cli
 
 POD = {"KUBERNETES_SERVICE_HOST": "kubernetes.default.svc", "PET_NNODES": "2", "PET_NODE_RANK": "1",
        "PET_NPROC_PER_NODE": "4", "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29511"}

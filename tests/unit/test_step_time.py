@@ -88,7 +88,6 @@ def test_the_gpu_table_parses_and_covers_every_preset_and_the_named_gpus():
 
 def test_nvml_speed_facts_reach_the_profile_and_override_the_table(tmp_path):
     from fake_nvml import FakeNVML
-
     from test_hardware import run_detect
 
     base = load_profile("1xT4")
@@ -113,7 +112,8 @@ def recorded_facts(model: str) -> tuple[TrainConfig, ModelFacts]:
     params = rec["params"]
 
     def line(ckpt):
-        pts = tuple((p["micro"], float(p["peak"] - 16 * params)) for p in rec["points"] if p["ok"] and p["ckpt"] == ckpt)
+        pts = tuple((p["micro"], float(p["peak"] - 16 * params)) for p in rec["points"]
+                    if p["ok"] and p["ckpt"] == ckpt)
         return LinearBytes(points=pts, interpolate=True)
 
     cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py", "training.global_batch_size": 256,

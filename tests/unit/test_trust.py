@@ -11,6 +11,7 @@ import threading
 
 import pytest
 import torch
+from support import ROOT
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
@@ -22,7 +23,6 @@ from autotune.runtime.checkpoint import CheckpointManager
 from autotune.runtime.dist import DistContext
 from autotune.runtime.engine import make_engine
 from autotune.runtime.workload import build_model
-from support import ROOT
 
 CTX = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), distributed=False)
 
