@@ -103,7 +103,7 @@ def _sbatch(args, plan, hw, script_args: list[str]) -> str:
 
     from autotune.commands.common import plan_flags_argv
     from autotune.errors import UserError
-    from autotune.exports.tools import sbatch_script
+    from autotune.exports.launchers import sbatch_script
 
     if not re.fullmatch(r"\d+(-\d+)?(:\d\d){0,2}", args.time):
         raise UserError(f"--time: SLURM time limits look like 12:00:00, 1-00:00:00 or 90, got {args.time!r}")
@@ -137,8 +137,8 @@ def _accelerate(args, plan, raw: list[str]) -> str:
     effective batch; withheld, the output says so and how to pair them."""
     import yaml
 
+    from autotune.exports.launchers import accelerate_config, accelerate_launch_env, accelerate_launch_line
     from autotune.exports.script_args import expand, placeholder_values, used_placeholders
-    from autotune.exports.tools import accelerate_config, accelerate_launch_env, accelerate_launch_line
     from autotune.exports.wiring import FLAGS, withhold_accumulation
     from autotune.prepare import script_facts
 
@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.commands.common import plan_from_args
     from autotune.errors import UserError
     from autotune.exports.deepspeed import deepspeed_config
-    from autotune.exports.tools import torchrun_command
+    from autotune.exports.launchers import torchrun_command
 
     if args.format == "sbatch":  # the help says "an sbatch script": the name users reach for
         args.format = "slurm"
@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "deepspeed-hostfile":
         import os
 
-        from autotune.exports.tools import deepspeed_hostfile
+        from autotune.exports.launchers import deepspeed_hostfile
         from autotune.hardware.slurm import allocation
 
         alloc = allocation(os.environ)

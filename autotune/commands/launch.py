@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if could_time_here(setup):  # the run directory is usable: the model's step timed on this CPU (once; cached)
         setup = planned(setup.hardware, run_dir=str(setup.run_dir), time_steps=measured_steps,
                         resume_from=None if setup.resume_path is None else str(setup.resume_path))
-    from autotune.launch.nodes import job_secret
+    from autotune.launch.exchange import job_secret
 
     secret = job_secret(os.environ, args.job_secret_file)
     if args.dry_run:

@@ -2,7 +2,7 @@
 ``PyTorchJob`` (``pytorchjob``), each with a ReadWriteMany ``PersistentVolumeClaim`` for the run directory.
 
 Every pod runs autotune's launcher with the plan's flags and no node flags: it reads its node count, rank
-and master from the operator's variables (``autotune.hardware.kubernetes``), plans for its own node, meets
+and master from the operator's variables (``autotune.hardware.pod``), plans for its own node, meets
 the others and trains, resuming from the newest checkpoint (``--resume_from auto``) after any restart.
 
 Exit codes and the operators (facts from kubeflow/trainer v2.3.0 and training-operator v1.9.4):

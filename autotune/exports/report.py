@@ -82,7 +82,7 @@ def render_profile(hw: HardwareProfile, out: TextIO) -> None:
         w(f"SLURM job:       {s.job_id} on {s.num_nodes} node(s) [{s.nodelist}], tasks {s.ntasks}, "
           f"cpus/task {s.cpus_per_task}, gpus {s.gpus}\n")
     if hw.kubernetes:
-        from autotune.hardware.kubernetes import describe
+        from autotune.hardware.pod import describe
 
         w(f"Kubernetes:      {describe(hw.kubernetes)}\n")
     if hw.software:

@@ -38,8 +38,8 @@ from autotune.hardware.host import (
     probe_memory,
     software_versions,
 )
-from autotune.hardware.kubernetes import pod_info
 from autotune.hardware.nvml import classify_interconnect, probe_gpus
+from autotune.hardware.pod import pod_info
 from autotune.hardware.visible import PhysicalGPU, Visible, select_visible
 from autotune.profiles import HardwareProfile
 

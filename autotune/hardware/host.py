@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autotune.hardware.cgroups import CgroupLimits
-from autotune.hardware.probe import Probes
+from autotune.hardware.fail_alone import Probes
 from autotune.profiles import CPUInfo, MemoryInfo, SlurmInfo
 
 MIB = 1024 * 1024

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from autotune.hardware.probe import Probes, describe, text
+from autotune.hardware.fail_alone import Probes, describe, text
 from autotune.hardware.visible import PhysicalGPU, Visible, select_visible
 from autotune.profiles import GPUInfo, GPUSection
 

@@ -141,7 +141,7 @@ def _with_the_other_nodes(setup, replan, secret: bytes | None = None):
         return setup
     import dataclasses
 
-    from autotune.launch.nodes import exchange, job_secret
+    from autotune.launch.exchange import exchange, job_secret
     from autotune.planner.nodes import smallest
 
     print(f"Multi-node: node {eng.node_rank} of {eng.num_nodes} meets the others at {eng.master_addr}:"
@@ -291,7 +291,7 @@ def _execute(setup, lock=None, log=None) -> int:
             for w in evidence.wrong:
                 print(f"warning: {w}")
         if not setup.plan.run.entrypoint:  # the built-in loop measured its speed: against the prediction
-            from autotune.launch.timing import report as timing_report
+            from autotune.launch.speed_check import report as timing_report
 
             timing_report(setup, run_dir, sys.stdout)
         if (run_dir / "tensorboard").is_dir():

@@ -116,7 +116,7 @@ def cache_key(model: str, sample: str | None, margin: float, modes: tuple[str, .
 
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    code = ("probe.py",) if "probe" in modes else ("trace.py", "cuda_trace.py", "fsdp_trace.py")  # what measured it
+    code = ("gpu_probe.py",) if "probe" in modes else ("trace.py", "cuda_trace.py", "fsdp_trace.py")  # what measured it
     for part in (model, sample or "", repr(margin), ",".join(modes), str(cuda), _source_of(model), _source_of(sample),
                  version("torch"), version("transformers"), *((here / c).read_text() for c in code)):
         h.update(part.encode())
@@ -158,7 +158,7 @@ def _traced(model: str, sample: str | None, margin: float, cwd: str, modes: tupl
 
 def model_facts_probed(cfg: TrainConfig, policy=None, hw: HardwareProfile | None = None):
     """``model_facts``, then, on this machine's GPUs (a detected profile) and unless ``training.probe`` is off,
-    measured on GPU 0 (``autotune.measure.probe``): real steps at two micro-batches inside what the trace says fits,
+    measured on GPU 0 (``autotune.measure.gpu_probe``): real steps at two micro-batches inside what the trace says fits,
     the line through their peaks replacing the traced one. A failed probe keeps the trace and says why."""
     import sys
 
@@ -166,7 +166,7 @@ def model_facts_probed(cfg: TrainConfig, policy=None, hw: HardwareProfile | None
     t = cfg.training
     if hw is None or hw.source != "detected" or not hw.gpus.devices or not t.probe or not facts.traced_as_cuda:
         return facts
-    from autotune.measure.probe import PROBED, probe, probe_micro_batches, probed_line, probed_steps
+    from autotune.measure.gpu_probe import PROBED, probe, probe_micro_batches, probed_line, probed_steps
 
     acts, gpu = facts.activations, hw.gpus.devices[0]
     half = acts.half is not None

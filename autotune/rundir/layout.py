@@ -23,7 +23,7 @@ CHECKPOINT_PREFIX = "step-"
 STATUS_DIR = ".status"
 LOCK = ".autotune.lock"
 METRICS = "metrics.json"
-TIMING = "timing.json"  # predicted against measured samples/s (autotune.launch.timing)
+TIMING = "timing.json"  # predicted against measured samples/s (autotune.launch.speed_check)
 TENSORBOARD = "tensorboard"
 OBSERVED = "observed"  # what a user's script ran, per rank (autotune.runtime.observe)
 LOGS = "logs"  # the launch's own output (autotune.launch.runlog)
@@ -32,7 +32,7 @@ LOGS = "logs"  # the launch's own output (autotune.launch.runlog)
 WRITTEN = (LOCK, LOGS, f"{LOGS}/stdout.log", f"{LOGS}/stderr.log", *RUN_RECORDS, "previous", CHECKPOINTS, STATUS_DIR,
            TENSORBOARD, OBSERVED, METRICS, "metrics.jsonl", "metrics.superseded.jsonl", "backoff.jsonl",
            "resumes.jsonl", "replicas.json", "deepspeed_in_effect.json", "wandb")
-# The nodes' shared job secret (autotune.launch.nodes.job_secret): the exchange admits only its holders. An
+# The nodes' shared job secret (autotune.launch.exchange.job_secret): the exchange admits only its holders. An
 # export that starts the nodes (sbatch, Kubernetes) puts one per job in this variable, never in a file.
 JOB_SECRET_ENV = "AUTOTUNE_JOB_SECRET"
 

@@ -361,7 +361,7 @@ class DeepSpeedEngine:
         self.model.save_checkpoint(str(directory / "engine"), tag="state")  # every rank writes its partition
 
     def load_state(self, directory: Path) -> None:
-        from autotune.runtime.checkpoint import weights_only_everywhere
+        from autotune.runtime.checkpoint_manager import weights_only_everywhere
 
         with weights_only_everywhere():
             self.model.load_checkpoint(str(directory / "engine"), tag="state")

@@ -15,7 +15,7 @@ import torch
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan
 from autotune.rundir.fs import append_text, write_whole
-from autotune.runtime.checkpoint import CheckpointManager
+from autotune.runtime.checkpoint_manager import CheckpointManager
 from autotune.runtime.data import BatchStream, eval_batches
 from autotune.runtime.deepspeed_io import write_in_effect
 from autotune.runtime.dist import (
@@ -27,7 +27,7 @@ from autotune.runtime.dist import (
     wait_for_everyone,
 )
 from autotune.runtime.engine import make_engine
-from autotune.runtime.logging import Progress, make_logger
+from autotune.runtime.metric_sinks import Progress, make_logger
 from autotune.runtime.preempt import StopRequest
 from autotune.runtime.watchdog import Watchdog
 from autotune.runtime.workload import build_model, eval_sums, make_datasets

@@ -283,7 +283,7 @@ PROBE_PARAMS = (1024 * 4096 + 4096) + (4096 * 4096 + 4096) + (4096 * 1024 + 1024
 def probed(tmp_path_factory):
     """The probe's points (memory and times) at micro-batch 256, 512 and 2048 of a 3-layer MLP on GPU 0, and the
     folder of the model's module."""
-    from autotune.measure.probe import probe
+    from autotune.measure.gpu_probe import probe
 
     where = tmp_path_factory.mktemp("probe")
     (where / "probe_model.py").write_text(
@@ -300,11 +300,11 @@ def probed(tmp_path_factory):
 
 
 def test_the_gpu_probe_is_within_2_percent_of_a_measured_step(record, probed):
-    """The probe (autotune.measure.probe: real steps at two micro-batches) predicts a third micro-batch's peak,
+    """The probe (autotune.measure.gpu_probe: real steps at two micro-batches) predicts a third micro-batch's peak,
     measured here the same way, to within 2 %."""
     import torch
 
-    from autotune.measure.probe import probed_line
+    from autotune.measure.gpu_probe import probed_line
 
     points, _ = probed
     line = probed_line(points[:2], 16 * PROBE_PARAMS)
@@ -321,7 +321,7 @@ def test_the_gpu_probe_times_its_steps_and_the_plan_takes_them(record, probed, m
     from autotune.config import TrainConfig
     from autotune.hardware import detect
     from autotune.measure import _TRACE_CACHE, model_facts_probed
-    from autotune.measure.probe import probed_steps
+    from autotune.measure.gpu_probe import probed_steps
     from autotune.planner import plan
 
     points, where = probed

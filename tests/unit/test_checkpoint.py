@@ -11,7 +11,7 @@ from autotune.planner import plan
 from autotune.prepare import resolve_resume
 from autotune.profiles import load_profile
 from autotune.rundir.checkpoints import latest_checkpoint, list_checkpoints, newest_good_checkpoint, verify_checkpoint
-from autotune.runtime.checkpoint import CheckpointManager
+from autotune.runtime.checkpoint_manager import CheckpointManager
 from autotune.runtime.dist import DistContext
 from autotune.runtime.engine import make_engine
 from autotune.runtime.workload import build_model

@@ -495,7 +495,7 @@ def test_deepspeed_json_for_a_non_deepspeed_plan_and_print_interval():
 
 
 def test_exports_without_offload_and_default_script():
-    from autotune.exports.tools import accelerate_config, torchrun_command
+    from autotune.exports.launchers import accelerate_config, torchrun_command
 
     p = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)
     assert accelerate_config(p)["deepspeed_config"]["offload_optimizer_device"] == "none"

@@ -7,7 +7,7 @@ import yaml
 from support import require
 
 from autotune.config import TrainConfig, apply_overrides
-from autotune.exports.tools import accelerate_config, torchrun_command
+from autotune.exports.launchers import accelerate_config, torchrun_command
 from autotune.planner import plan
 from autotune.profiles import load_profile, preset_names
 
@@ -75,7 +75,7 @@ def test_accelerate_whole_config_cpu_one_and_two_processes():
 
 def test_accelerate_export_refuses_deepspeed_on_cpu_and_names_the_launch_line():
     from autotune.errors import UserError
-    from autotune.exports.tools import accelerate_launch_line
+    from autotune.exports.launchers import accelerate_launch_line
 
     with pytest.raises(UserError) as e:
         _acc("cpu-only", **{"distributed.backend": "deepspeed"})
@@ -122,7 +122,7 @@ def test_zero3_offload_reaches_accelerate_and_the_deepspeed_json_and_launch_vari
     JSON) and named in Accelerate's file. The launch variables at their edges: one CPU process with no
     accumulation needs neither; two CPU processes need the CPU switch and nothing else."""
     from autotune.exports.deepspeed import deepspeed_config
-    from autotune.exports.tools import accelerate_launch_env
+    from autotune.exports.launchers import accelerate_launch_env
 
     z3 = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.zero_stage": 3,
                                                                      "distributed.offload_optimizer": True}),

@@ -218,7 +218,7 @@ def _weights(engine):
 
 
 def test_fsdp_checkpoints_continue_under_single_and_back_and_refuse_code(group, tmp_path):
-    from autotune.runtime.checkpoint import CheckpointManager
+    from autotune.runtime.checkpoint_manager import CheckpointManager
 
     fsdp, ctx = _engine("fsdp")
     _step(fsdp)

@@ -109,7 +109,7 @@ def test_the_timing_child_times_the_models_own_step(monkeypatch):
 def test_probed_step_times_time_the_gpu_plan_and_say_so():
     """The H100's recorded t_fb and t_opt of GPT-2 small at micro-batch 8 and 16, as the probe would have timed them:
     the plan's plain step takes them, the basis says "probed on GPU 0", and the other options are scaled alike."""
-    from autotune.measure.probe import ProbePoint, probed_steps
+    from autotune.measure.gpu_probe import ProbePoint, probed_steps
     from autotune.planner.model_facts import CUDA_TRACED, ActivationModel, LinearBytes, ModelFacts, builtin_work
 
     rec = json.loads((TRUTH / "gpt2_small.json").read_text())

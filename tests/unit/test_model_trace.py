@@ -251,11 +251,11 @@ def test_a_model_too_big_to_build_for_real_is_refused_naming_the_way_out(monkeyp
 
 
 def test_the_gpu_probe_is_cached_on_disk_like_the_trace(tmp_path, monkeypatch, capsys):
-    """On a detected CUDA machine the plan is made from real steps on GPU 0 (autotune.measure.probe). A second plan
+    """On a detected CUDA machine the plan is made from real steps on GPU 0 (autotune.measure.gpu_probe). A second plan
     of the same model on the same GPU model reads the probe's line from the cache directory: no GPU step runs."""
     from autotune.config import TrainConfig
     from autotune.measure import _TRACE_CACHE, cache_dir, model_facts_probed
-    from autotune.measure.probe import PROBED, ProbePoint
+    from autotune.measure.gpu_probe import PROBED, ProbePoint
     from autotune.planner.model_facts import CUDA_TRACED, ActivationModel, LinearBytes, ModelFacts
     from autotune.profiles import load_profile
 
@@ -269,7 +269,7 @@ def test_the_gpu_probe_is_cached_on_disk_like_the_trace(tmp_path, monkeypatch, c
         runs.append(micros)  # peaks: the states (16 B x 1e6) + 40 MiB a sample + 90 MiB
         return [ProbePoint(m, 16_000_000 + 90 * 2**20 + m * 40 * 2**20) for m in micros]
 
-    monkeypatch.setattr("autotune.measure.probe.probe", probe)
+    monkeypatch.setattr("autotune.measure.gpu_probe.probe", probe)
     hw = load_profile("4xA100-80GB").model_copy(update={"source": "detected"})
     cfg = TrainConfig.model_validate({"training": {"entrypoint": "t.py", "model": "t:m", "sample_input": "[16]"}})
     _TRACE_CACHE.clear()

@@ -11,7 +11,7 @@ from support import free_port
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
-from autotune.launch.nodes import exchange, meet
+from autotune.launch.exchange import exchange, meet
 from autotune.planner import plan
 from autotune.planner.nodes import smallest
 from autotune.profiles import load_profile
@@ -210,7 +210,7 @@ def test_waiting_for_node_0s_port_keeps_its_deadline():
     """Nothing listening: a TimeoutError naming the address once the deadline passes (not before, and not
     torch's retry backoff later). Something listening: it returns at once, even with under a second left."""
 
-    from autotune.launch.nodes import _wait_for_port
+    from autotune.launch.exchange import _wait_for_port
 
     port = free_port()
     t0 = time.monotonic()

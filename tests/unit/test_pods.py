@@ -11,7 +11,7 @@ from support import in_process_cli
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
-from autotune.hardware.kubernetes import pod_info
+from autotune.hardware.pod import pod_info
 from autotune.planner import plan
 from autotune.profiles import load_profile
 

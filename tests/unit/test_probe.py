@@ -6,7 +6,7 @@ import json
 import pytest
 from support import ROOT
 
-from autotune.measure.probe import ProbePoint, probe_micro_batches, probed_line
+from autotune.measure.gpu_probe import ProbePoint, probe_micro_batches, probed_line
 
 GIB = 2 ** 30
 

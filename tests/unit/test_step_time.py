@@ -205,25 +205,25 @@ def test_an_unknown_gpu_or_model_has_a_null_time_with_its_reason():
 def test_timing_json_compares_the_prediction_with_the_measurement_and_warns_beyond_25_percent(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from autotune.launch import timing
+    from autotune.launch import speed_check
     from autotune.rundir.speeds import past_runs
 
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
 
     p = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)
     predicted = p.schedule.time_estimate.samples_per_s
-    record, lines = timing.compare(p, predicted * 1.1, "test")
+    record, lines = speed_check.compare(p, predicted * 1.1, "test")
     assert record["predicted_samples_per_s"] == predicted and record["measured_samples_per_s"] == predicted * 1.1
     assert record["settings"]["micro_batch_size"] == p.batch.micro_batch_size and len(lines) == 1
     assert "+10 %" in lines[0]
-    _, lines = timing.compare(p, predicted * 0.5, "test")
+    _, lines = speed_check.compare(p, predicted * 0.5, "test")
     assert lines[-1].startswith("warning:") and f"{predicted:,.1f}" in lines[-1] and "-50 %" in lines[-1]
     (tmp_path / "metrics.json").write_text(json.dumps({"measured_samples_per_s": 123.0, "measured_steps": 3}))
-    timing.report(SimpleNamespace(plan=p, speed_key=("a model", "NVIDIA L4")), tmp_path, open(tmp_path / "o", "w"))
+    speed_check.report(SimpleNamespace(plan=p, speed_key=("a model", "NVIDIA L4")), tmp_path, open(tmp_path / "o", "w"))
     assert past_runs("a model", "NVIDIA L4") == []  # 3 steps: too few to calibrate a later plan
     (tmp_path / "metrics.json").write_text(json.dumps({"measured_samples_per_s": 123.0, "measured_steps": 10}))
     setup = SimpleNamespace(plan=p, speed_key=("a model", "NVIDIA L4"))
-    timing.report(setup, tmp_path, open(tmp_path / "out.txt", "w"))
+    speed_check.report(setup, tmp_path, open(tmp_path / "out.txt", "w"))
     assert json.loads((tmp_path / "timing.json").read_text())["measured_samples_per_s"] == 123.0
     kept, = past_runs("a model", "NVIDIA L4")  # for a later plan of the same model on this kind of GPU
     assert kept["measured_samples_per_s"] == 123.0 and kept["run_dir"] == str(tmp_path.absolute())

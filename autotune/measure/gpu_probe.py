@@ -1,7 +1,7 @@
 """Measured on the GPU itself: real training steps at two micro-batches, and the line through their peaks.
 
 On a CUDA machine ``launch`` probes before it starts the ranks (``probe``): a child process
-(``python -m autotune.measure.probe``, so the launcher holds no CUDA context and the memory is free again
+(``python -m autotune.measure.gpu_probe``, so the launcher holds no CUDA context and the memory is free again
 before the ranks start) builds the model on GPU 0, runs one warm-up step and then one measured step at each
 micro-batch (forward, backward, ``AdamW.step()``, ``zero_grad(set_to_none=True)``, in the plan's precision and
 checkpointing, the output alive through backward as in a training loop), and reports
@@ -64,7 +64,7 @@ def probe(model: str, sample: str | None, micro_batches: tuple[int, ...], *, hal
     """Run the probe in a child process; raises RuntimeError with the child's last words when it fails."""
     request = {"model": model, "sample": sample, "micro_batches": list(micro_batches), "half": half,
                "checkpointing": checkpointing, "device": device}
-    r = subprocess.run([sys.executable, "-m", "autotune.measure.probe"], input=json.dumps(request),
+    r = subprocess.run([sys.executable, "-m", "autotune.measure.gpu_probe"], input=json.dumps(request),
                        capture_output=True, text=True, timeout=timeout_s)
     try:
         answer = json.loads(r.stdout.strip().splitlines()[-1])
