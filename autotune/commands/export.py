@@ -139,8 +139,8 @@ def _accelerate(args, plan, raw: list[str]) -> str:
 
     from autotune.exports.launchers import accelerate_config, accelerate_launch_env, accelerate_launch_line
     from autotune.exports.script_args import expand, placeholder_values, used_placeholders
+    from autotune.exports.script_scan import script_facts
     from autotune.exports.wiring import FLAGS, withhold_accumulation
-    from autotune.prepare import script_facts
 
     cfg = accelerate_config(plan)  # refuses what Accelerate cannot run before anything is scanned
     raw = [*plan.run.script_args, *raw]

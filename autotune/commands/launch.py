@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_dry_run(setup, as_json: bool) -> None:
     from autotune.exports.report import render_plan
-    from autotune.launch import print_delivery, resume_note
+    from autotune.launch.announce import print_delivery, resume_note
     from autotune.plan import public_dict
 
     if as_json:

@@ -295,3 +295,22 @@ def _call_name(func: ast.AST) -> str:
     if isinstance(func, ast.Name):
         parts.append(func.id)
     return ".".join(reversed(parts))
+
+
+def script_facts(entry: str | None):
+    """What a user's entrypoint declares (syntax tree only; never run); None for autotune's runtime."""
+    if not entry:
+        return None
+    if entry.endswith(".py"):
+        return scan_script(entry)
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(entry.partition(":")[0])
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return ScriptFacts(entry, error="source not found: not scanned")
+    return scan_script(spec.origin)
+
+

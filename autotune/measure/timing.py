@@ -57,14 +57,14 @@ def _key(req: dict, cpu: str) -> str:
     from importlib import metadata
     from pathlib import Path
 
-    from autotune.measure import _source_of
+    from autotune.measure.cache import source_of
 
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch_version = ""
     h = hashlib.sha256()
-    for part in (json.dumps(req, sort_keys=True), _source_of(req["model"]), _source_of(req["sample"]), torch_version,
+    for part in (json.dumps(req, sort_keys=True), source_of(req["model"]), source_of(req["sample"]), torch_version,
                  cpu, Path(__file__).read_text()):
         h.update(part.encode())
         h.update(b"\0")
@@ -76,7 +76,8 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
     """The step of ``request(**what)`` timed on this CPU (``cpu``: its model name), from the cache or a child
     process (``run``: another way to run the request); None when it cannot be timed (said on stderr: the plan
     then says its time is unknown)."""
-    from autotune.measure import _store, cache_dir
+    from autotune.measure.cache import store
+    from autotune.rundir.layout import cache_dir
 
     req = request(**what)
     where = cache_dir() / f"steps-{_key(req, cpu or '')}.json"
@@ -101,7 +102,7 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
                           basis=f"timed on this CPU ({cpu or 'model unknown'}, {who}) at micro-batch {a} and {b}: the "
                                 "model's own step, forward + backward and optimizer"
                                 + (", and DDP's gloo all-reduce of its gradients" if comm is not None else ""))
-    _store(where, steps)
+    store(where, steps)
     fb = {p["micro"]: p["fb_s"] for p in points}
     print(f"autotune: timed in {time.monotonic() - start:.1f} s: {fb[b] * 1000:.1f} ms a micro-step at {b}"
           + (f", {comm * 1000:.1f} ms an all-reduce" if comm is not None else ""), file=sys.stderr, flush=True)

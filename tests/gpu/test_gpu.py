@@ -320,7 +320,8 @@ def test_the_gpu_probe_times_its_steps_and_the_plan_takes_them(record, probed, m
     summary: the time model is judged in bench/, not here)."""
     from autotune.config import TrainConfig
     from autotune.hardware import detect
-    from autotune.measure import _TRACE_CACHE, model_facts_probed
+    from autotune.measure import model_facts_probed
+    from autotune.measure.cache import TRACE_CACHE as _TRACE_CACHE
     from autotune.measure.gpu_probe import probed_steps
     from autotune.planner import plan
 

@@ -168,7 +168,7 @@ def test_resuming_from_an_older_checkpoint_sets_the_later_ones_aside(tmp_path, c
     """keep_last 2: saved 10 and 20, resumed from 10, saved 15: the old 20 must not win --resume_from auto."""
     import types
 
-    from autotune.launch import set_aside_abandoned
+    from autotune.launch.sequence import set_aside_abandoned
     from autotune.rundir.checkpoints import latest_checkpoint, list_checkpoints
 
     def save(step):

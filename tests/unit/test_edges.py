@@ -9,19 +9,17 @@ from test_hardware import FakePsutil, write_tree
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.exports.launch_spec import LaunchSpec, default_cache_dir, launch_spec
-from autotune.hardware import (
-    PhysicalGPU,
-    Visible,
-    classify_interconnect,
+from autotune.hardware.cgroups import (
+    CgroupLimits,
     parse_cfs_quota,
     parse_cpu_max,
     parse_memory_limit,
     parse_proc_self_cgroup,
     read_cgroup_limits,
-    select_visible,
 )
-from autotune.hardware.cgroups import CgroupLimits
 from autotune.hardware.host import probe_cpu
+from autotune.hardware.nvml import classify_interconnect
+from autotune.hardware.visible import PhysicalGPU, Visible, select_visible
 from autotune.planner import plan
 from autotune.profiles import load_profile
 from autotune.rundir.records import redact
@@ -352,7 +350,7 @@ def test_mig_uses_the_current_mode_not_the_pending_one(tmp_path):
 
 # -- host records, whole, from recorded inputs ------------------------------------------------------------
 def test_slurm_variables_whole_record_and_fallback_names():
-    from autotune.hardware import parse_slurm_env
+    from autotune.hardware.host import parse_slurm_env
     from autotune.profiles import SlurmInfo
 
     full = {"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NTASKS": "8",
@@ -429,7 +427,7 @@ def test_memory_record_whole():
 
 
 def test_effective_cores_reasons():
-    from autotune.hardware import effective_cores
+    from autotune.hardware.host import effective_cores
 
     assert effective_cores(None, None, None) == (1, "core count unknown; assuming 1")
     assert effective_cores(8, None, None) == (8, "8 logical cores")

@@ -474,7 +474,7 @@ def test_the_done_line_names_as_advisory_only_what_no_route_reached_and_nothing_
     from types import SimpleNamespace
 
     from autotune.exports.wiring import Delivery
-    from autotune.launch import _unreached
+    from autotune.launch.sequence import _unreached
 
     p = a_plan()
     setup = SimpleNamespace(plan=p, delivery=Delivery({}, ["micro_batch_size", "num_workers"]))

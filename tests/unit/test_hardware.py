@@ -6,19 +6,16 @@ import sys
 import pytest
 from fake_nvml import FakeNVML
 
-from autotune.hardware import (
-    PhysicalGPU,
-    Visible,
-    detect,
-    effective_cores,
+from autotune.hardware import detect
+from autotune.hardware.cgroups import (
     parse_cfs_quota,
     parse_cpu_max,
     parse_memory_limit,
     parse_proc_self_cgroup,
-    parse_slurm_env,
     read_cgroup_limits,
-    select_visible,
 )
+from autotune.hardware.host import effective_cores, parse_slurm_env
+from autotune.hardware.visible import PhysicalGPU, Visible, select_visible
 from autotune.profiles import HardwareProfile, load_profile, preset_names
 
 REQUIRED_PRESETS = {"cpu-only", "1xT4", "4xT4", "4xL4", "4xA100-80GB", "8xA100-40GB", "8xH100-80GB",

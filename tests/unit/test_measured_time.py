@@ -96,7 +96,7 @@ def test_the_timing_child_times_the_models_own_step(monkeypatch):
     assert all(p["fb_s"] > 0 and p["opt_s"] > 0 for p in out["points"])
     workload = {"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.0}, "data": {"seq_len": 4,
                                                                                               "vocab_size": 10}}
-    from autotune.prepare import BUILTIN_BATCH, BUILTIN_MODEL
+    from autotune.prepare.planning import BUILTIN_BATCH, BUILTIN_MODEL
 
     req = timing.request(model=BUILTIN_MODEL, sample=BUILTIN_BATCH, micro=2, ranks=1, threads=1, precision="fp32",
                          checkpointing=True, clip=None, weight_decay=0.01, what="gpt",

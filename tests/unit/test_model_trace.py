@@ -199,8 +199,10 @@ def test_a_model_whose_checkpointing_switch_raises_is_traced_without_it(tmp_path
 
 def test_the_trace_cache_answers_a_second_plan_without_tracing(tmp_path, monkeypatch):
     from autotune.config import TrainConfig
-    from autotune.measure import _TRACE_CACHE, cache_dir, model_facts
+    from autotune.measure import model_facts
+    from autotune.measure.cache import TRACE_CACHE as _TRACE_CACHE
     from autotune.profiles import load_profile
+    from autotune.rundir.layout import cache_dir
 
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
     cfg = TrainConfig.model_validate({"training": {"entrypoint": "examples/plain_train.py",
@@ -254,15 +256,17 @@ def test_the_gpu_probe_is_cached_on_disk_like_the_trace(tmp_path, monkeypatch, c
     """On a detected CUDA machine the plan is made from real steps on GPU 0 (autotune.measure.gpu_probe). A second plan
     of the same model on the same GPU model reads the probe's line from the cache directory: no GPU step runs."""
     from autotune.config import TrainConfig
-    from autotune.measure import _TRACE_CACHE, cache_dir, model_facts_probed
+    from autotune.measure import model_facts_probed
+    from autotune.measure.cache import TRACE_CACHE as _TRACE_CACHE
     from autotune.measure.gpu_probe import PROBED, ProbePoint
     from autotune.planner.model_facts import CUDA_TRACED, ActivationModel, LinearBytes, ModelFacts
     from autotune.profiles import load_profile
+    from autotune.rundir.layout import cache_dir
 
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
     traced = ModelFacts(source="m", num_parameters=1_000_000, trainable_parameters=1_000_000,
                         activations=ActivationModel(half=LinearBytes.line(100 * 2**20, 50 * 2**20), source=CUDA_TRACED))
-    monkeypatch.setattr("autotune.measure.model_facts", lambda cfg, policy=None, hw=None: traced)
+    monkeypatch.setattr("autotune.measure.facts.model_facts", lambda cfg, policy=None, hw=None: traced)
     runs = []
 
     def probe(model, sample, micros, **kw):

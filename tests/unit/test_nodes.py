@@ -249,12 +249,12 @@ def test_two_nodes_claiming_one_rank_are_refused():
 
 
 def _node_0_launch_beside(mine, peer, tmp_path):
-    """The launcher's step for node 0 detecting ``mine`` (autotune.launch._with_the_other_nodes) while node 1,
+    """The launcher's step for node 0 detecting ``mine`` (autotune.launch.sequence._with_the_other_nodes) while node 1,
     detecting ``peer``, meets it through the real exchange.
     Returns (node 0's planner, its setup before, after)."""
     import functools
 
-    from autotune.launch import _with_the_other_nodes
+    from autotune.launch.sequence import _with_the_other_nodes
     from autotune.prepare import prepare
 
     port = free_port()
@@ -270,7 +270,7 @@ def _node_0_launch_beside(mine, peer, tmp_path):
 
 
 def test_a_launch_on_a_bigger_node_replans_for_the_smaller_one_and_keeps_its_own_records(tmp_path):
-    """The launcher's step (autotune.launch._with_the_other_nodes) against a real peer: node 0 (8 cores) meets
+    """The launcher's step (autotune.launch.sequence._with_the_other_nodes) against a real peer: node 0 (8 cores) meets
     node 1 (2 cores) through the exchange; node 0's plan becomes the 2-core plan (threads per rank
     follow the cores), says why in its warnings, keeps its run dir, and its records keep its own
     detected hardware."""

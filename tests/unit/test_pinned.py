@@ -10,7 +10,8 @@ from profiles_util import make_profile
 from test_hardware import write_tree
 
 from autotune.config import TrainConfig, apply_overrides, parse_config
-from autotune.hardware import PhysicalGPU, Visible, read_cgroup_limits, select_visible
+from autotune.hardware.cgroups import read_cgroup_limits
+from autotune.hardware.visible import PhysicalGPU, Visible, select_visible
 from autotune.planner import plan
 from autotune.profiles import load_profile
 

@@ -84,7 +84,7 @@ def test_a_pod_plans_its_rank_and_master_from_the_operator_and_says_so():
     mine = plan(_in_pod(POD), cfg, deepspeed_installed=True)
     assert (mine.engine.node_rank, mine.engine.master_port, mine.overrides["node_rank"].auto) == (0, 29600, 1)
     slurm = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n[1-2]"}
-    from autotune.hardware import parse_slurm_env
+    from autotune.hardware.host import parse_slurm_env
 
     both = plan(_in_pod(POD).model_copy(update={"slurm": parse_slurm_env(slurm)}), TrainConfig(),
                 deepspeed_installed=True)

@@ -6,7 +6,7 @@ import pytest
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
-from autotune.hardware import parse_slurm_env
+from autotune.hardware.host import parse_slurm_env
 from autotune.hardware.slurm import allocation, expand_hostlist, gpus_per_node
 from autotune.planner import plan
 from autotune.profiles import load_profile

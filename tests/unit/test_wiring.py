@@ -322,7 +322,7 @@ def test_the_routes_printed_before_a_launch_are_handed_over_not_delivered(tmp_pa
     variable); it says that what the script runs is observed, and never calls a route delivered."""
     import io
 
-    from autotune.launch import print_delivery
+    from autotune.launch.announce import print_delivery
     from autotune.prepare import prepare
 
     (tmp_path / "acc.py").write_text(textwrap.dedent(ACCEL_OWN_ACCUM).replace("gradient_accumulation_steps=1", ""))
@@ -748,7 +748,7 @@ def test_a_deepspeed_path_behind_the_scripts_own_switch_is_handed_over_not_claim
 def test_the_hint_after_the_routes_does_not_suggest_wire_auto_to_a_wired_launch(tmp_path):
     import io
 
-    from autotune.launch import print_delivery
+    from autotune.launch.announce import print_delivery
     from autotune.prepare import prepare
 
     (tmp_path / "bare.py").write_text("print('no flags')\n")
