@@ -63,6 +63,7 @@ def _write_output(out, text: str, overwrite: bool) -> None:
 
 def add_parser(sub) -> None:
     from autotune.commands.common import add_plan_args
+    from autotune.rundir.layout import JOB_SECRET_ENV
 
     p = sub.add_parser("export", help=HELP, description=HELP, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,7 +89,7 @@ def add_parser(sub) -> None:
                    "<job name>-runs)")
     k.add_argument("--storage", default="100Gi", metavar="SIZE", help="its size (default 100Gi)")
     k.add_argument("--storage_class", metavar="NAME", help="its storage class (one that offers ReadWriteMany)")
-    k.add_argument("--secret", metavar="NAME", help="Secret holding AUTOTUNE_JOB_SECRET (default <job name>-secret)")
+    k.add_argument("--secret", metavar="NAME", help=f"Secret holding {JOB_SECRET_ENV} (default <job name>-secret)")
     k.add_argument("--job_restarts", type=int, default=3, metavar="N", help="kubeflow: restarts of the whole job "
                    "after a failure other than preemption (default 3; preemptions do not count)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="after `--`: the training script's arguments "

@@ -24,6 +24,7 @@ deepspeed_config.json for DeepSpeed, metrics, TensorBoard events and checkpoints
 
 def add_parser(sub) -> None:
     from autotune.commands.common import add_plan_args
+    from autotune.rundir.layout import JOB_SECRET_ENV
 
     p = sub.add_parser("launch", help=HELP, description=HELP, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -57,7 +58,7 @@ def add_parser(sub) -> None:
                    help="resume from a checkpoint that has no checksums.json (an older autotune's, or one you copied "
                         "without it); it is still loaded as data only, never as code")
     p.add_argument("--job_secret_file", metavar="FILE",
-                   help="the nodes' shared secret, the same on every node (default: $AUTOTUNE_JOB_SECRET); the "
+                   help=f"the nodes' shared secret, the same on every node (default: ${JOB_SECRET_ENV}); the "
                         "multi-node hardware exchange admits only nodes that hold it")
     p.add_argument("script_args", nargs=argparse.REMAINDER,
                    help="after `--`: arguments passed to the training script")

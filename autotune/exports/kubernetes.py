@@ -28,8 +28,9 @@ from pathlib import PurePosixPath
 
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan
+from autotune.rundir.layout import JOB_SECRET_ENV
 
-SECRET_KEY = "AUTOTUNE_JOB_SECRET"
+SECRET_KEY = JOB_SECRET_ENV
 NODE_CONTAINER = "node"  # the Torch runtime's trainer container: the one the Trainer injects PET_* into
 V1_CONTAINER, V1_PORT_NAME = "pytorch", "pytorchjob-port"  # the v1 operator requires both names
 TRAINER_PORT = 29500  # the Trainer's PET_MASTER_PORT

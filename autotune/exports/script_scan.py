@@ -16,6 +16,8 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.rundir.layout import ENV_PREFIX
+
 # plan value -> flag names a script may declare for it (first declared one is used)
 FLAGS: dict[str, tuple[str, ...]] = {
     "micro_batch_size": ("--per_device_train_batch_size", "--micro_batch_size", "--batch_size", "--batch-size",
@@ -94,7 +96,7 @@ def scan_script(path: str | Path) -> ScriptFacts:
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             if any(m == "autotune" or m.startswith("autotune.") for m in mods):
                 facts.uses_autotune = True
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("AUTOTUNE_"):
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(ENV_PREFIX):
             facts.env_reads.add(node.value)
         elif isinstance(node, ast.Call):
             name = _call_name(node.func)

@@ -23,7 +23,7 @@ from typing import Sequence
 
 from autotune.errors import EXIT_PREEMPTED, EXIT_USAGE
 from autotune.launch.preflight import explain_failure
-from autotune.rundir.layout import checkpoint_dir
+from autotune.rundir.layout import RESUME_FROM_ENV, checkpoint_dir
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def _script_signalled(run_dir: Path, signals: Sequence[int], written: Path | Non
         said.append(("err", f"\nPreempted ({name}): your script wrote {written} after the signal.\nRun directory: "
                             f"{run_dir}\nTo continue, run the same command with --run_dir {run_dir} --resume_from "
                             f"auto (the newest entry in {where} reaches your script as {{resume_from}} and "
-                            "$AUTOTUNE_RESUME_FROM)"))
+                            f"${RESUME_FROM_ENV})"))
         return Ending(EXIT_PREEMPTED, tuple(said))
     said.append(("err", f"\nInterrupted ({name}): your script wrote no checkpoint into {where} after the signal, so "
                         "it does not handle preemption (to be requeued, save there on SIGTERM/SIGUSR1 and resume from "

@@ -108,7 +108,7 @@ def _run(setup, lock, log):
     from autotune.launch.builds import BuildWatch
     from autotune.launch.process import execute
     from autotune.launch.rank_watch import RankWatch
-    from autotune.rundir.layout import JOB_SECRET_ENV
+    from autotune.rundir.layout import JOB_SECRET_ENV, STATUS_DIR_ENV
 
     plan, signals, stop_reason = setup.plan, _Signals(), []
     statuses = tempfile.mkdtemp(prefix="autotune-status-")  # how each rank ended, outside the run dir
@@ -126,7 +126,7 @@ def _run(setup, lock, log):
 
     try:
         environ = {k: v for k, v in os.environ.items() if k != JOB_SECRET_ENV}  # the ranks never need it
-        rc = execute(setup.launch_spec, environ={**environ, "AUTOTUNE_STATUS_DIR": statuses},
+        rc = execute(setup.launch_spec, environ={**environ, STATUS_DIR_ENV: statuses},
                      forwarded=signals, keep_fds=lock.fds() if lock is not None else (),
                      kill_after_s=plan.run.preemption_grace_s + 10,
                      signal_ranks=plan.run.entrypoint is None and plan.engine.backend != "single",
@@ -164,14 +164,16 @@ def _has_checkpoint(run_dir: Path) -> bool:
 def _say_figures(setup) -> None:
     """A finished run's own figures: the built-in loop's speed against the prediction, TensorBoard, the final
     validation accuracy."""
+    from autotune.rundir.layout import METRICS, TENSORBOARD
+
     run_dir = setup.run_dir
     if not setup.plan.run.entrypoint:  # the built-in loop measured its speed: against the prediction
         from autotune.launch.speed_check import report as timing_report
 
         timing_report(setup, run_dir, sys.stdout)
-    if (run_dir / "tensorboard").is_dir():
-        print(f"TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
-    metrics = run_dir / "metrics.json"
+    if (run_dir / TENSORBOARD).is_dir():
+        print(f"TensorBoard: tensorboard --logdir {run_dir / TENSORBOARD}")
+    metrics = run_dir / METRICS
     if metrics.exists():
         final = json.loads(metrics.read_text()).get("final", {})
         if "val/accuracy" in final:
@@ -181,9 +183,10 @@ def _say_figures(setup) -> None:
 def _record_evidence(setup, run_dir):
     """The final judgement of what the script ran, added to delivery.json (beside what was handed over)."""
     from autotune.launch.evidence import judge, read_observed
+    from autotune.rundir.layout import DELIVERY
 
     evidence = judge(setup.plan, read_observed(run_dir), setup.delivery)
-    path = setup.records_dir / "delivery.json"
+    path = setup.records_dir / DELIVERY
     try:
         record = json.loads(path.read_text()) if path.exists() else {}
         record["observed"] = evidence.to_record()

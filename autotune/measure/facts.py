@@ -11,7 +11,7 @@ from autotune.config import TrainConfig
 from autotune.measure.cache import TRACE_CACHE, cache_key, store
 from autotune.planner.model_facts import CUDA_TRACED
 from autotune.profiles import HardwareProfile
-from autotune.rundir.layout import cache_dir
+from autotune.rundir.layout import cache_file
 
 
 def model_facts(cfg: TrainConfig, policy=None, hw: HardwareProfile | None = None):
@@ -87,7 +87,7 @@ def _traced(model: str, sample: str | None, margin: float, cwd: str, modes: tupl
     key = (model, sample, margin, cwd, modes, cuda)
     if key in TRACE_CACHE:
         return TRACE_CACHE[key]
-    where = cache_dir() / f"{cache_key(model, sample, margin, modes, cuda)}.json"
+    where = cache_file("trace", cache_key(model, sample, margin, modes, cuda))
     try:
         TRACE_CACHE[key] = ModelFacts.model_validate_json(where.read_text())
         print(f"autotune: {model}: measured before (cache {where})", file=sys.stderr, flush=True)
@@ -141,9 +141,9 @@ def model_facts_probed(cfg: TrainConfig, policy=None, hw: HardwareProfile | None
         return TRACE_CACHE[key]
     micros = probe_micro_batches(largest)
     # on disk like the trace, for this GPU model and memory, these micro-batches and the traced facts it refines
-    where = cache_dir() / (cache_key(t.model, t.sample_input, 1.0, ("probe", "half" if half else "fp32", str(gpu.name),
-                                                                   str(gpu.memory_total_mib), str(micros),
-                                                                   facts.model_dump_json()), True) + ".json")
+    where = cache_file("trace", cache_key(t.model, t.sample_input, 1.0, ("probe", "half" if half else "fp32",
+                                                                       str(gpu.name), str(gpu.memory_total_mib),
+                                                                       str(micros), facts.model_dump_json()), True))
     try:
         TRACE_CACHE[key] = type(facts).model_validate_json(where.read_text())
         print(f"autotune: {t.model}: measured on this GPU model before (cache {where})", file=sys.stderr, flush=True)

@@ -28,6 +28,7 @@ import time
 from typing import Callable
 
 from autotune.planner.model_facts import MeasuredSteps
+from autotune.rundir.layout import TIMING_REQUEST
 
 MIN_REPEATS, MIN_SECONDS, MAX_REPEATS = 10, 1.0, 60  # per micro-batch: enough steps for a steady median
 ROUNDS = 5  # the steps of each micro-batch in this many rounds, taken in turn
@@ -77,10 +78,10 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
     process (``run``: another way to run the request); None when it cannot be timed (said on stderr: the plan
     then says its time is unknown)."""
     from autotune.measure.cache import store
-    from autotune.rundir.layout import cache_dir
+    from autotune.rundir.layout import cache_file
 
     req = request(**what)
-    where = cache_dir() / f"steps-{_key(req, cpu or '')}.json"
+    where = cache_file("steps", _key(req, cpu or ""))
     try:
         return MeasuredSteps.model_validate_json(where.read_text())
     except (OSError, ValueError):
@@ -118,7 +119,7 @@ def _children(req: dict) -> dict:
 
     env = {**os.environ, "OMP_NUM_THREADS": str(req["threads"])}
     with tempfile.TemporaryDirectory(prefix="autotune-timing-") as tmp:
-        (Path(tmp) / "request.json").write_text(json.dumps(req))
+        (Path(tmp) / TIMING_REQUEST).write_text(json.dumps(req))
         procs = [subprocess.Popen([sys.executable, "-m", "autotune.measure.timing", tmp, str(rank)], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for rank in range(req["ranks"])]
@@ -223,7 +224,7 @@ def _main() -> int:
     from pathlib import Path
 
     tmp, rank = sys.argv[1], int(sys.argv[2])
-    req = json.loads((Path(tmp) / "request.json").read_text())
+    req = json.loads((Path(tmp) / TIMING_REQUEST).read_text())
     try:
         print(json.dumps(_measure(req, tmp, rank)))
     except Exception as e:  # noqa: BLE001 - reported to the planner's side, which plans without a time

@@ -75,6 +75,7 @@ def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_for
     import sys
 
     from autotune.rundir.checkpoints import newest_good_checkpoint, verify_checkpoint
+    from autotune.rundir.layout import RESUME_FROM_ENV
 
     if resume_from is None:
         return None
@@ -82,7 +83,7 @@ def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_for
         path = Path(resume_from)
         if not path.exists():
             raise UserError(f"--resume_from: no such file or directory {resume_from!r}; give the checkpoint your "
-                            "script wrote (it receives it as {resume_from} and $AUTOTUNE_RESUME_FROM)")
+                            f"script wrote (it receives it as {{resume_from}} and ${RESUME_FROM_ENV})")
         return path.resolve()
     if warn is None:
         def warn(msg: str) -> None:

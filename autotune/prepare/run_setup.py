@@ -122,15 +122,16 @@ def _check_resume_reaches(facts, placeholders: list[str], wired: dict[str, str],
     by the script), or its own resume flag (--wire auto, or given after `--`). Otherwise the script would start
     from scratch without a word: refused."""
     from autotune.exports.wiring import FLAGS
+    from autotune.rundir.layout import RESUME_FROM_ENV
 
     if "resume_from" in placeholders or "resume_from" in wired or facts is None or facts.uses_autotune:
         return
-    if "AUTOTUNE_RESUME_FROM" in facts.env_reads or any(a.split("=")[0] in FLAGS["resume_from"] for a in args):
+    if RESUME_FROM_ENV in facts.env_reads or any(a.split("=")[0] in FLAGS["resume_from"] for a in args):
         return
     declared = [f for f in FLAGS["resume_from"] if f in facts.flags]
     how = (f"your script declares {declared[0]}: add --wire auto, or pass {declared[0]} {{resume_from}} after `--`"
            if declared else "pass it to your script after `--` (e.g. --resume {resume_from}) or have the script "
-           "read $AUTOTUNE_RESUME_FROM")
+           f"read ${RESUME_FROM_ENV}")
     raise UserError(f"--resume_from: your script has no way to receive the resume point, and would start from "
                     f"scratch; {how}")
 

@@ -15,6 +15,14 @@ import torch
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan
 from autotune.rundir.fs import append_text, write_whole
+from autotune.rundir.layout import (
+    BACKOFF,
+    INJECT_OOM_ENV,
+    METRICS,
+    METRICS_LOG,
+    METRICS_SUPERSEDED,
+    RESUMES,
+)
 from autotune.runtime.checkpoint_manager import CheckpointManager
 from autotune.runtime.data import BatchStream, eval_batches
 from autotune.runtime.deepspeed_io import write_in_effect
@@ -108,7 +116,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
         )
     accum = b.gradient_accumulation_steps
     log_every, eval_every, save_every = run.log_every_steps, run.eval_every_steps, run.save_every_steps
-    history = _History(run_dir / "metrics.jsonl", ctx.is_main)
+    history = _History(run_dir / METRICS_LOG, ctx.is_main)
     window = _Window(ctx, b.global_batch_size)
     batches = iter(stream)
     engine.train()
@@ -187,7 +195,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
     if ctx.is_main:
         summary = {"steps": step, "history": history.entries, "final": final,
                    "measured_samples_per_s": window.samples_per_s(), "measured_steps": window.timed_steps}
-        write_whole(run_dir / "metrics.json", json.dumps(summary, indent=2, default=_nan_safe))
+        write_whole(run_dir / METRICS, json.dumps(summary, indent=2, default=_nan_safe))
     return final
 
 
@@ -210,7 +218,7 @@ def _resume(plan: TrainingPlan, ctx: DistContext, engine, ckpts: CheckpointManag
     meta = ckpts.load(engine, resume_path)
     step = meta["step"]
     if ctx.is_main:
-        _forget_after(run_dir / "metrics.jsonl", step)
+        _forget_after(run_dir / METRICS_LOG, step)
         _record_resume(run_dir, resume_path, step, meta.get("changed", {}))
     return step, meta["micro_batches_consumed"], meta.get("micro_batch_size"), resume_path
 
@@ -285,7 +293,7 @@ class OomBackoff:
     def __init__(self, plan: TrainingPlan, ctx: DistContext, engine, run_dir: Path):
         self.ctx, self.engine, self.run_dir = ctx, engine, run_dir
         self.micro, self.accum, self.splits = plan.batch.micro_batch_size, plan.batch.gradient_accumulation_steps, 1
-        self.inject = _injection(os.environ.get("AUTOTUNE_INJECT_OOM", ""), ctx.rank)
+        self.inject = _injection(os.environ.get(INJECT_OOM_ENV, ""), ctx.rank)
         # ZeRO-3 gathers parameters inside the forward (a collective a rank that ran out never joins): no back-off
         zero3 = plan.engine.backend == "deepspeed" and plan.engine.zero_stage == 3
         self.enabled = not zero3 and (ctx.device.type == "cuda" or self.inject is not None)
@@ -300,7 +308,7 @@ class OomBackoff:
 
     def _before_forward(self, rows: int) -> None:
         if self.inject is not None and self.step >= self.inject[0] and rows > self.inject[1]:
-            raise torch.OutOfMemoryError(f"injected: {rows} rows > {self.inject[1]} (AUTOTUNE_INJECT_OOM)")
+            raise torch.OutOfMemoryError(f"injected: {rows} rows > {self.inject[1]} ({INJECT_OOM_ENV})")
 
     def run_step(self, batches: list, step: int) -> torch.Tensor:
         """One optimizer step's forward/backward over ``batches``; returns the mean loss."""
@@ -332,8 +340,8 @@ class OomBackoff:
         if self.ctx.is_main:
             print(f"autotune: out of memory on rank {ranks} at step {step} with micro-batch {micro}: every rank "
                   f"retries the step with micro-batch {new_micro} x accumulation {new_accum} (global batch "
-                  "unchanged); recorded in backoff.jsonl", flush=True)
-            append_text(self.run_dir / "backoff.jsonl", json.dumps({
+                  f"unchanged); recorded in {BACKOFF}", flush=True)
+            append_text(self.run_dir / BACKOFF, json.dumps({
                 "step": step, "ranks": who, "micro_batch_size": new_micro, "gradient_accumulation_steps": new_accum,
                 "was_micro_batch_size": micro}) + "\n")
 
@@ -353,7 +361,7 @@ def _record_resume(run_dir: Path, path: Path, step: int, changed: dict) -> None:
     if changed:
         print(f"autotune: changed since {path.name} (applied from step {step + 1}): {describe_changes(changed)}",
               flush=True)
-    append_text(run_dir / "resumes.jsonl", json.dumps({
+    append_text(run_dir / RESUMES, json.dumps({
         "step": step, "checkpoint": str(path), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "changed": {k: {"checkpoint": a, "now": b} for k, (a, b) in changed.items()}}) + "\n")
 
@@ -372,7 +380,7 @@ def _forget_after(jsonl: Path, step: int) -> None:
         (drop if later else keep).append(line)
     if not drop:
         return
-    append_text(jsonl.parent / "metrics.superseded.jsonl", "\n".join(drop) + "\n")
+    append_text(jsonl.parent / METRICS_SUPERSEDED, "\n".join(drop) + "\n")
     write_whole(jsonl, "".join(x + "\n" for x in keep))
 
 

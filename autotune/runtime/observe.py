@@ -38,8 +38,8 @@ import sys
 import threading
 import weakref
 
+from autotune.rundir.layout import OBSERVE_ENV, OBSERVED_BY_ENV, RUN_DIR_ENV
 from autotune.runtime.observe_record import (  # noqa: F401 - also where tests and tools find them
-    OWNER,
     WINDOW,
     WRITE_AT,
     AfterImport,
@@ -345,18 +345,18 @@ HOOKS = {"torch.utils.data": _data, "torch.distributed": _distributed, "torch.nn
 
 def install() -> None:
     """Start observing this process (the script's own code runs after). Off with AUTOTUNE_OBSERVE=0."""
-    if os.environ.get("AUTOTUNE_OBSERVE", "1") == "0" or _state.get("installed"):
+    if os.environ.get(OBSERVE_ENV, "1") == "0" or _state.get("installed"):
         return
     # Only the script's own ranks: torchrun's agent (no rank) and multiprocessing's spawned children (DataLoader
     # workers) inherit the PYTHONPATH too, and must not write a rank's record.
     if _rank() is None or "--multiprocessing-fork" in sys.argv or \
             any(a.startswith("from multiprocessing") for a in sys.argv):
         return
-    run_dir = os.environ.get("AUTOTUNE_RUN_DIR", "")
-    owner, _, owner_dir = os.environ.get(OWNER, "").partition(" ")
+    run_dir = os.environ.get(RUN_DIR_ENV, "")
+    owner, _, owner_dir = os.environ.get(OBSERVED_BY_ENV, "").partition(" ")
     if owner and owner != str(os.getpid()) and owner_dir == run_dir:
         return  # started by the rank's process (a helper, a compile worker): not the rank, left untouched
-    os.environ[OWNER] = f"{os.getpid()} {run_dir}"
+    os.environ[OBSERVED_BY_ENV] = f"{os.getpid()} {run_dir}"
     _state.update(installed=True, pid=os.getpid())
     _record()
     for name, hook in HOOKS.items():  # already imported (rare: sitecustomize runs first)

@@ -14,19 +14,16 @@ import os
 import threading
 import time
 
+from autotune.rundir.layout import OBSERVE_RANK_ENV, OBSERVED, RUN_DIR_ENV, rank_file
+
 WRITE_AT = (1, 2, 4, 8, 16)  # optimizer steps after which the record is written (and at exit)
 WINDOW = WRITE_AT[-1]  # the first steps, each kept one by one (samples, forwards, backwards, learning rate)
-# "<pid> <run dir>" of the process that observes a rank: set by it, inherited by every process it starts, which is
-# then not the rank's own and is left alone (a nested launch has another run dir and observes its own ranks)
-OWNER = "AUTOTUNE_OBSERVED_BY"
-# the rank of a one-process launch that gets no RANK (a script that decides on DDP by RANK runs as plain Python)
-SINGLE_RANK = "AUTOTUNE_OBSERVE_RANK"
 _lock = threading.Lock()
 _state: dict = {"fwd_samples": 0, "fwd_calls": 0, "bwd_calls": 0, "bwd_depth": 0}
 
 
 def _rank() -> str | None:
-    return os.environ.get("RANK") or os.environ.get(SINGLE_RANK) or None
+    return os.environ.get("RANK") or os.environ.get(OBSERVE_RANK_ENV) or None
 
 
 def _record() -> dict:
@@ -40,12 +37,10 @@ def _record() -> dict:
 
 
 def _path() -> str | None:
-    run_dir = os.environ.get("AUTOTUNE_RUN_DIR")
+    run_dir = os.environ.get(RUN_DIR_ENV)
     if not run_dir:
         return None
-    from autotune.rundir.layout import OBSERVED
-
-    return os.path.join(run_dir, OBSERVED, f"rank-{_rank() or '0'}.json")
+    return os.path.join(run_dir, OBSERVED, rank_file(_rank() or "0"))
 
 
 def write() -> None:

@@ -28,6 +28,13 @@ def steps(ranks: int = 1, comm: float | None = None) -> MeasuredSteps:
                          all_reduce_s=comm, basis="timed on this CPU (AMD EPYC, test)")
 
 
+@pytest.fixture(autouse=True)
+def _no_past_runs(tmp_path, monkeypatch):
+    """Speeds kept by earlier launches on this machine (another suite's) would calibrate these plans: a cache of
+    this test's own."""
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
+
+
 # -- the step timed on this CPU --------------------------------------------------------------------------------
 
 def test_a_plan_for_this_cpu_times_the_models_step_as_its_ranks_will_run_it():
@@ -183,6 +190,7 @@ def test_a_past_run_with_the_same_settings_calibrates_the_plan_and_says_so():
 def test_past_runs_are_kept_per_model_and_machine_and_a_damaged_file_is_no_run(tmp_path, monkeypatch):
     from autotune.prepare import plan_for, speed_key
     from autotune.rundir import speeds
+    from autotune.rundir.layout import SPEEDS
 
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
     cfg, hw = TrainConfig(), this_cpu()
@@ -197,7 +205,7 @@ def test_past_runs_are_kept_per_model_and_machine_and_a_damaged_file_is_no_run(t
     assert te.samples_per_s == 1234.5 and f"in {tmp_path / 'runs' / 'a'}: measured 1,234.5 samples/s" in te.basis
     speeds.record(model, machine, p, 1000.0, None, tmp_path / "runs" / "c")  # a newer run replaces it
     assert [r["run_dir"] for r in speeds.past_runs(model, machine)] == [str(tmp_path / "runs" / "c")]
-    (tmp_path / speeds.FILE).write_text("{not json")
+    (tmp_path / SPEEDS).write_text("{not json")
     assert speeds.past_runs(model, machine) == []
     assert plan_for(cfg, hardware=hw)[0].schedule.time_estimate.samples_per_s is None  # no timing, no run: unknown
 
