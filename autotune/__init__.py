@@ -33,7 +33,5 @@ def current_plan(path=None, *, config=None):
         from autotune.config import apply_overrides
 
         cfg = apply_overrides(cfg, {"training.entrypoint": sys.argv[0] or "<python>"})
-    from autotune.measure import model_facts
-
-    plan, _hw, _ds = plan_for(cfg, with_deepspeed=False, measure=model_facts)
+    plan, _hw, _ds = plan_for(cfg, with_deepspeed=False)
     return ScriptPlan.of(plan)

@@ -17,9 +17,11 @@ class PlanRefused(Exception):
     """No plan fits this machine by the memory estimate; the message says what was tried and
     what would fit. ``--force`` plans anyway."""
 
-    def __init__(self, message: str, tried: list[str] | None = None, would_fit: list[str] | None = None):
+    def __init__(self, message: str, tried: list[str] | None = None, would_fit: list[str] | None = None,
+                 weighing=None):
         self.tried = tried or []
         self.would_fit = would_fit or []
+        self.weighing = weighing  # what was weighed (autotune.planner.weighing.Weighing): `estimate` shows it
         super().__init__(message)
 
     def render(self) -> str:

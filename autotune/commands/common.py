@@ -136,11 +136,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
 def plan_from_args(args: argparse.Namespace, timed: bool = False):
     """The plan/export path: (plan, profile, DeepSpeed dict or None) from the shared flags. ``timed``: a plan for
     this machine's CPU times the model's step here (once; autotune.measure.timing)."""
-    from autotune.measure import model_facts
-    from autotune.measure.timing import measured_steps
     from autotune.prepare import plan_for
 
     cfg = load_config(args.config)
     return plan_for(cfg, overrides_from_args(args), args.hardware, auto_optimize=not args.no_auto_optimize,
-                    debug=args.debug, policy=args.policy, force=args.force, measure=model_facts,
-                    time_steps=measured_steps if timed else None)
+                    debug=args.debug, policy=args.policy, force=args.force, time_cpu=timed)

@@ -79,8 +79,6 @@ def run(args: argparse.Namespace) -> int:
     from autotune.commands.common import overrides_from_args
     from autotune.config import load_config
     from autotune.errors import UserError
-    from autotune.measure import model_facts, model_facts_probed
-    from autotune.measure.timing import measured_steps
     from autotune.prepare import could_time_here, prepare
 
     script_args = _script_args(list(args.script_args or []))
@@ -108,14 +106,14 @@ def run(args: argparse.Namespace) -> int:
                                 debug=args.debug, policy=args.policy, run_dir=args.run_dir,
                                 resume_from=args.resume_from, script_args=script_args, environ=os.environ,
                                 python=sys.executable, force=args.force, trust_checkpoint=args.trust_checkpoint,
-                                measure=model_facts if args.dry_run else model_facts_probed)
+                                probe_gpu=not args.dry_run)
     setup = planned(args.hardware)
     from autotune.rundir.lock import check_creatable, check_usable
 
     check_creatable(setup.records_dir)
     check_usable(setup.records_dir, resuming=bool(args.resume_from), reuse=args.force_run_dir or args.force)
     if could_time_here(setup):  # the run directory is usable: the model's step timed on this CPU (once; cached)
-        setup = planned(setup.hardware, run_dir=str(setup.run_dir), time_steps=measured_steps,
+        setup = planned(setup.hardware, run_dir=str(setup.run_dir), time_cpu=True,
                         resume_from=None if setup.resume_path is None else str(setup.resume_path))
     from autotune.launch.exchange import job_secret
 

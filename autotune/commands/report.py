@@ -41,10 +41,7 @@ def run(args: argparse.Namespace, out=None) -> int:
         return 0
     render_profile(hw, out)
     if args.with_plan:
-        cfg = load_config(args.config)
-        from autotune.measure import model_facts
-
-        plan, _, _ = plan_for(cfg, {}, hw, with_deepspeed=False, measure=model_facts)
+        plan, _, _ = plan_for(load_config(args.config), {}, hw, with_deepspeed=False)
         render_plan(plan, out)
     return 0
 

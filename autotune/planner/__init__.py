@@ -2,7 +2,7 @@
 
 No torch, no environment reads, no subprocesses: the same inputs always give the same plan, in milliseconds.
 
-- ``compose``        ``plan``: the decisions in order, and the plan made of them;
+- ``compose``        ``plan``: the decisions in order, and the plan made of them; ``weigh``: with what it weighed;
 - ``deciders``       each knob in its own short function (hardware, engine, precision, batch arithmetic);
 - ``resolve``        the user's values over auto's, each with its reason ("auto would choose X, you set Y");
 - ``memory_fit``     the memory ladder: strategy, micro-batch and checkpointing that fit; ``weighing`` its data;
@@ -15,6 +15,6 @@ No torch, no environment reads, no subprocesses: the same inputs always give the
 - ``nodes``, ``pods`` the smallest-node rule, a training operator's node facts.
 """
 
-from autotune.planner.compose import plan
+from autotune.planner.compose import plan, weigh
 
-__all__ = ["plan"]
+__all__ = ["plan", "weigh"]

@@ -41,17 +41,24 @@ from autotune.profiles import HardwareProfile
 DEBUG_MAX_STEPS = 20
 
 
-def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, debug: bool = False,
-         policy: Policy | None = None, deepspeed_installed: bool | None = None, facts: ModelFacts | None = None,
-         force: bool = False, record: list | None = None) -> TrainingPlan:
-    """Decide every training knob for ``cfg`` on ``hw``.
+def plan(hw: HardwareProfile, cfg: TrainConfig, **options) -> TrainingPlan:
+    """Decide every training knob for ``cfg`` on ``hw`` (``options``: ``weigh``'s).
 
     Raises UserError for impossible requests and PlanRefused when nothing fits by the
-    memory estimate (unless ``force``). ``facts`` describes the model (default: the
-    built-in GPT, or what the config declares about a user's model).
+    memory estimate (unless ``force``).
     """
+    return weigh(hw, cfg, times=False, **options)[0]
+
+
+def weigh(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, debug: bool = False,
+          policy: Policy | None = None, deepspeed_installed: bool | None = None, facts: ModelFacts | None = None,
+          force: bool = False, times: bool = True) -> tuple[TrainingPlan, Weighing]:
+    """``plan``, and what its memory decider weighed (``autotune estimate``'s table); with ``times``, each option
+    that fits with its predicted samples/s at the global batch. A refusal carries its weighing
+    (``PlanRefused.weighing``). ``facts`` describes the model (default: the built-in GPT, or what the config declares
+    about a user's model)."""
     policy = policy or load_policy()
-    facts = facts or facts_for(cfg)  # (``record``, when given, receives the memory Weighing)
+    facts = facts or facts_for(cfg)
     if deepspeed_installed is None:
         deepspeed_installed = bool(hw.software.get("deepspeed"))
     debug = debug and auto_optimize
@@ -106,11 +113,10 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
     bucket = memory.bucket_size(None if mem_mib is None else round(mem_mib / 1024, 2), facts.num_parameters)
     mf = fit(inputs, resolver, band, facts, default_backend=backend, default_zero=zero, world=world, nproc=nproc,
              num_nodes=num_nodes, half=half, budget=budget,
-             bucket_elements=bucket, force=force,
-             record=record, target=target, timer=chooser, precision=precision)
-    micro = mf.micro_batch_size
-    if record and timing is not None:  # estimate's table: every fitting option's predicted samples/s
-        record[-1] = Weighing(shown_with_times(record[-1].rows, timing, max(1, target), world), record[-1].budget)
+             bucket_elements=bucket, force=force, target=target, timer=chooser, precision=precision)
+    micro, weighing = mf.micro_batch_size, mf.weighing
+    if times and timing is not None:  # estimate's table: every fitting option's predicted samples/s
+        weighing = Weighing(shown_with_times(weighing.rows, timing, max(1, target), world), weighing.budget)
     if auto_optimize:  # the one engine decision: the weighing's strategy, resolved against the user's settings
         backend, zero = settle_engine(inputs, resolver, seed, (backend, zero), mf.strategy.backend,
                                       mf.strategy.zero_stage, mf.engine_reason)
@@ -182,7 +188,7 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, d
                              seed=cfg.data.seed)),
         reasons=resolver.reasons, overrides=resolver.overrides, warnings=tuple(resolver.warnings),
         hardware=dec.summary(hw, network=True) + pods.note(hw),
-    )
+    ), weighing
 
 
 def _check_fsdp_precision(backend: str, precision: str) -> None:

@@ -1,7 +1,8 @@
 """Run setup as a library: config + overrides + hardware (+ the measured model) -> ``RunSetup``.
 
-- ``planning``    ``plan_for``: (plan, profile, DeepSpeed dict), what ``plan``, ``export``, ``report`` and
-                  ``estimate`` need; the hardware resolved, the model measured, past runs and this CPU's timing;
+- ``planning``    ``plan_for``: (plan, profile, DeepSpeed dict), what ``plan``, ``export`` and ``report`` need;
+                  ``weigh_for``: with what was weighed (``estimate``); the hardware resolved, the model measured
+                  (``autotune.measure``), past runs and this CPU's timing;
 - ``resume``      the run directory and the checkpoint a launch resumes from, resolved once and verified;
 - ``run_setup``   ``prepare``: the plan, the run directory, the resume point, the script's wiring and the
                   ``LaunchSpec``, as one ``RunSetup``.
@@ -9,8 +10,9 @@
 It writes nothing and spawns nothing: ``autotune.rundir.records`` writes the records, ``autotune.launch`` runs them.
 """
 
-from autotune.prepare.planning import could_time_here, plan_for, resolve_hardware, speed_key
+from autotune.prepare.planning import could_time_here, plan_for, resolve_hardware, speed_key, weigh_for
 from autotune.prepare.resume import resolve_resume
 from autotune.prepare.run_setup import RunSetup, prepare
 
-__all__ = ["RunSetup", "could_time_here", "plan_for", "prepare", "resolve_hardware", "resolve_resume", "speed_key"]
+__all__ = ["RunSetup", "could_time_here", "plan_for", "prepare", "resolve_hardware", "resolve_resume", "speed_key",
+           "weigh_for"]

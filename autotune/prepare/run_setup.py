@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan
-from autotune.prepare.planning import Measure, TimeSteps, plan_for, speed_key
+from autotune.prepare.planning import plan_for, speed_key
 from autotune.prepare.resume import choose_run_dir, resolve_resume
 from autotune.profiles import HardwareProfile
 
@@ -46,10 +46,10 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
             policy: str | None = None, run_dir: str | Path | None = None, resume_from: str | None = None,
             script_args: list[str] | tuple[str, ...] = (), environ: Mapping[str, str] | None = None,
             python: str | None = None, runs_root: str | Path = "runs", force: bool = False,
-            measure: Measure | None = None, trust_checkpoint: bool = False,
-            time_steps: TimeSteps | None = None) -> RunSetup:
+            trust_checkpoint: bool = False, probe_gpu: bool = False, time_cpu: bool = False) -> RunSetup:
     """Plan, pick the run dir, resolve the resume point once, build the launch spec. Writes nothing.
-    ``trust_checkpoint``: resume from a checkpoint without checksums (--trust_checkpoint); it is loaded as data."""
+    ``trust_checkpoint``: resume from a checkpoint without checksums (--trust_checkpoint); it is loaded as data.
+    ``probe_gpu``, ``time_cpu``: measure on this machine first (``plan_for``)."""
     from autotune.exports.launch_spec import launch_spec
     from autotune.exports.script_scan import script_facts
     from autotune.rundir.checkpoints import check_compatible, read_meta
@@ -57,7 +57,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     if overrides:
         cfg = apply_overrides(cfg, dict(overrides))
     plan, hw, ds = plan_for(cfg, None, hardware, auto_optimize=auto_optimize, debug=debug, policy=policy,
-                            force=force, measure=measure, time_steps=time_steps)
+                            force=force, probe_gpu=probe_gpu, time_cpu=time_cpu)
     entry = plan.run.entrypoint
     if entry and entry.endswith(".py") and not Path(entry).is_file():
         raise UserError(f"training.entrypoint: no such script {entry!r} (paths are relative to {Path.cwd()})")

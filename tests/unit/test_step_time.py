@@ -8,7 +8,7 @@ import pytest
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.plan import TimeEstimate
-from autotune.planner import plan
+from autotune.planner import plan, weigh
 from autotune.planner.gpus import load_table, spec_for
 from autotune.planner.model_facts import CUDA_TRACED, ActivationModel, LinearBytes, ModelFacts, builtin_work
 from autotune.profiles import HardwareProfile, load_profile, preset_names
@@ -140,10 +140,9 @@ def h100(n: int = 1) -> HardwareProfile:
 
 def test_offload_never_wins_on_one_gpu_where_a_plain_step_fits_and_checkpointing_only_when_faster():
     cfg, facts = recorded_facts("gpt2_small")
-    record: list = []
-    p = plan(h100(), cfg, facts=facts, deepspeed_installed=True, record=record)
+    p, weighing = weigh(h100(), cfg, facts=facts, deepspeed_installed=True)
     assert (p.engine.backend, p.engine.offload_optimizer, p.memory.gradient_checkpointing) == ("single", False, False)
-    rows = {rw.label: rw for rw in record[-1].rows}
+    rows = {rw.label: rw for rw in weighing.rows}
     assert rows["ZeRO-2 + optimizer offload"].time.samples_per_s < rows["DDP"].time.samples_per_s
     assert rows["DDP + checkpointing"].time.samples_per_s < rows["DDP"].time.samples_per_s
     assert "samples/s predicted" in p.reasons["backend"] and "PCIe" in p.reasons["backend"]
@@ -160,18 +159,16 @@ def test_checkpointing_wins_where_it_is_needed():
     p = plan(tight, cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update={"backend": "single"})}),
              facts=facts, deepspeed_installed=False)
     assert p.memory.gradient_checkpointing or p.batch.micro_batch_size >= 1  # fits one way or the other
-    record: list = []
-    plan(tight, cfg, facts=facts, deepspeed_installed=False, record=record)
-    chosen = max((rw for rw in record[-1].rows if rw.time is not None), key=lambda rw: rw.time.samples_per_s)
+    _, weighing = weigh(tight, cfg, facts=facts, deepspeed_installed=False)
+    chosen = max((rw for rw in weighing.rows if rw.time is not None), key=lambda rw: rw.time.samples_per_s)
     assert p.memory.gradient_checkpointing == chosen.checkpointing
 
 
 def test_zero2_over_ddp_only_when_the_model_says_so():
     cfg, facts = recorded_facts("gpt2_small")
     for n in (2, 8):
-        record: list = []
-        p = plan(h100(n), cfg, facts=facts, deepspeed_installed=True, record=record)
-        rows = {rw.label: rw for rw in record[-1].rows if rw.time is not None}
+        p, weighing = weigh(h100(n), cfg, facts=facts, deepspeed_installed=True)
+        rows = {rw.label: rw for rw in weighing.rows if rw.time is not None}
         chosen = p.memory.estimate.strategy
         best = max(rw.time.samples_per_s for rw in rows.values())
         assert rows[chosen].time.samples_per_s >= best * (1 - 0.005)

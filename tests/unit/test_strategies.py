@@ -15,7 +15,7 @@ from support import examples
 
 from autotune.config import TrainConfig, apply_overrides, parse_config
 from autotune.errors import PlanRefused
-from autotune.planner import plan
+from autotune.planner import plan, weigh
 from autotune.planner.memory import model_state_bytes
 from autotune.planner.model_facts import ActivationModel, LinearBytes, ModelFacts
 from autotune.profiles import GPUInfo, load_profile
@@ -823,23 +823,20 @@ def test_ranks_per_node_is_a_whole_number():
 
 def test_debug_keeps_the_band_s_checkpointing_and_the_weighing_is_recorded():
     """--debug on 4 x 7000 MiB (the 6 GB band: checkpointing on): a tiny micro-batch, checkpointing still on.
-    `record` (what `autotune estimate` prints) receives the weighing, also for a refusal."""
+    The weighing (what `autotune estimate` prints) comes back with the plan, and with a refusal."""
     p = plan(gpus(4, 7000), TrainConfig(), debug=True)
     assert (p.batch.micro_batch_size, p.memory.gradient_checkpointing) == (4, True)
-    record = []
-    plan(gpus(4, 10000), user_model(1000), record=record)
-    assert len(record) == 1 and [rw.strategy.name for rw in record[0].rows][:2] == ["zero2", "ddp"]
-    b = record[0].budget  # 0.85 x 10000 MiB - 856 MiB per GPU; 64 GiB of RAM x 0.85 for offload
+    _, weighing = weigh(gpus(4, 10000), user_model(1000))
+    assert [rw.strategy.name for rw in weighing.rows][:2] == ["zero2", "ddp"]
+    b = weighing.budget  # 0.85 x 10000 MiB - 856 MiB per GPU; 64 GiB of RAM x 0.85 for offload
     assert (b.device_gib, b.on_gpu, b.outside_gib) == (pytest.approx((0.85 * 10000 - 856) / 1024), True, 856 / 1024)
     assert b.basis == \
         "per GPU: free memory x memory_headroom_fraction 0.85 - CUDA context 600 MiB - NCCL buffers 256 MiB"
-    one = []
-    plan(gpus(1, 10000), user_model(1000), record=one)  # one process: no NCCL
-    assert one[0].budget.device_gib == pytest.approx((0.85 * 10000 - 600) / 1024)
-    record = []
-    with pytest.raises(PlanRefused):
-        plan(gpus(4, 1000, ram_gib=1), user_model(50_000_000, **{"distributed.backend": "deepspeed"}), record=record)
-    assert len(record) == 1 and all(rw.why_not for rw in record[0].rows)
+    _, one = weigh(gpus(1, 10000), user_model(1000))  # one process: no NCCL
+    assert one.budget.device_gib == pytest.approx((0.85 * 10000 - 600) / 1024)
+    with pytest.raises(PlanRefused) as refused:
+        weigh(gpus(4, 1000, ram_gib=1), user_model(50_000_000, **{"distributed.backend": "deepspeed"}))
+    assert refused.value.weighing.rows and all(rw.why_not for rw in refused.value.weighing.rows)
 
 
 def test_auto_is_recognised_by_value_not_by_identity():
@@ -1004,8 +1001,6 @@ def test_a_zero_stage_set_on_a_cpu_weighs_every_option_of_that_stage():
 
 def test_a_model_of_unknown_size_is_recorded_as_its_one_blind_option():
     """What `autotune estimate` shows: with a budget known but no model size, one option (the plan's), unweighed."""
-    record = []
-    plan(gpus(4, 10000), apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"}), record=record)
-    assert len(record) == 1 and [(rw.label, rw.need.total_gib, rw.why_not) for rw in record[0].rows] == [
-        ("ZeRO-2", None, None)]
-    assert record[0].budget.device_gib == pytest.approx((0.85 * 10000 - 856) / 1024)
+    _, weighing = weigh(gpus(4, 10000), apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"}))
+    assert [(rw.label, rw.need.total_gib, rw.why_not) for rw in weighing.rows] == [("ZeRO-2", None, None)]
+    assert weighing.budget.device_gib == pytest.approx((0.85 * 10000 - 856) / 1024)
