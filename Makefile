@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit test-gpu test-gpu-here run report plan bench bench-gpu-truth mutation clean
+.PHONY: install lint test test-unit test-gpu test-gpu-here run report plan bench bench-gpu-truth mutation clean
 
 install: $(VENV)/.installed
 
@@ -25,7 +25,11 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PIP) install -q --no-build-isolation -e ".[train,deepspeed,export,test]"
 	touch $@
 
-test: install
+# ruff first (pyproject.toml's [tool.ruff]): a finding fails the suite before any test runs.
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: lint
 	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS) --ignore=tests/gpu tests
 
 # On a GPU machine (after `make install TORCH_SPEC=... TORCH_PIP_ARGS=...` with a CUDA build of torch):

@@ -18,9 +18,10 @@ def current_plan(path=None, *, config=None):
     import os
 
     from autotune.entry import ScriptPlan
-    from autotune.plan import load_plan
+    from autotune.rundir.layout import PLAN_ENV
+    from autotune.rundir.records import load_plan
 
-    if path is not None or (os.environ.get("AUTOTUNE_PLAN") and config is None):
+    if path is not None or (os.environ.get(PLAN_ENV) and config is None):
         return ScriptPlan.of(load_plan(path))
     from autotune.config import TrainConfig, load_config
     from autotune.prepare import plan_for
@@ -32,7 +33,5 @@ def current_plan(path=None, *, config=None):
         from autotune.config import apply_overrides
 
         cfg = apply_overrides(cfg, {"training.entrypoint": sys.argv[0] or "<python>"})
-    from autotune.measure import model_facts
-
-    plan, _hw, _ds = plan_for(cfg, with_deepspeed=False, measure=model_facts)
+    plan, _hw, _ds = plan_for(cfg, with_deepspeed=False)
     return ScriptPlan.of(plan)

@@ -123,7 +123,8 @@ class TrainingConfig(_Section):
     weight_decay: float = Field(0.01, ge=0.0, le=100)
     gradient_clipping: float | None = Field(1.0, gt=0, le=1e6)
     epochs: int | None = Field(4, ge=1, le=10**6)
-    max_steps: int | None = Field(None, ge=1, le=10**9, description="stop after this many optimizer steps (wins over epochs)")
+    max_steps: int | None = Field(None, ge=1, le=10**9,
+                                  description="stop after this many optimizer steps (wins over epochs)")
     batch_size_per_gpu: AutoPosInt = AUTO
     gradient_accumulation_steps: AutoPosInt = AUTO
     mixed_precision: Precision = AUTO
@@ -137,7 +138,8 @@ class TrainingConfig(_Section):
                               "under PyTorch's fake-tensor mode (no memory spent) and traced")
     sample_input: str | None = Field(None, description="package.module:function(batch_size) returning one batch "
                                      "for training.model (a tensor, tuple or dict), to measure activations")
-    num_parameters: int | None = Field(None, ge=1, le=10**15, description="your model's parameter count, when it cannot be built")
+    num_parameters: int | None = Field(None, ge=1, le=10**15,
+                                       description="your model's parameter count, when it cannot be built")
     optimizer: Literal["adamw", "sgd_momentum", "sgd"] = Field(
         "adamw", description="your script's optimizer, for the memory estimate (the built-in workload uses adamw)")
     script_args: list[str] = Field(default_factory=list, description="arguments for the entrypoint; {placeholders} "
@@ -253,7 +255,8 @@ def parse_config(data: Any, origin: str = "<config>") -> TrainConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise UserError(f"{origin}: the top level must be a mapping of sections (model, data, training, ...), got {type(data).__name__}")
+        raise UserError(f"{origin}: the top level must be a mapping of sections (model, data, training, ...), "
+                        f"got {type(data).__name__}")
     try:
         cfg = TrainConfig.model_validate(data)
     except ValidationError as e:

@@ -9,7 +9,6 @@ $AUTOTUNE_PLAN, and its return value (or ``sys.exit``) is the exit code.
 from __future__ import annotations
 
 import importlib
-import os
 import runpy
 import sys
 from typing import Literal
@@ -74,12 +73,12 @@ def run_entrypoint(entry: str, args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from autotune.plan import load_plan
+    from autotune.rundir.records import load_plan
 
     args = list(sys.argv[1:] if argv is None else argv)
 
     def body() -> int:
-        plan = load_plan(os.environ.get("AUTOTUNE_PLAN"))
+        plan = load_plan()  # the launcher's: $AUTOTUNE_PLAN
         if not plan.run.entrypoint:
             raise UserError("python -m autotune.entry: the plan has no training.entrypoint")
         return run_entrypoint(plan.run.entrypoint, args)

@@ -17,9 +17,11 @@ class PlanRefused(Exception):
     """No plan fits this machine by the memory estimate; the message says what was tried and
     what would fit. ``--force`` plans anyway."""
 
-    def __init__(self, message: str, tried: list[str] | None = None, would_fit: list[str] | None = None):
+    def __init__(self, message: str, tried: list[str] | None = None, would_fit: list[str] | None = None,
+                 weighing=None):
         self.tried = tried or []
         self.would_fit = would_fit or []
+        self.weighing = weighing  # what was weighed (autotune.planner.weighing.Weighing): `estimate` shows it
         super().__init__(message)
 
     def render(self) -> str:
@@ -80,7 +82,9 @@ def foreign_hint(path: str) -> str:
     """'; autotune's name: <key>' for a key of another tool at ``path`` (a dotted path), else ''."""
     last = path.rsplit(".", 1)[-1]
     suggestion = FOREIGN_KEYS.get(last)
-    return f"; autotune's name for it: {suggestion}" if suggestion and not path.startswith(suggestion.split()[0]) else ""
+    if suggestion and not path.startswith(suggestion.split()[0]):
+        return f"; autotune's name for it: {suggestion}"
+    return ""
 
 
 def _loc(loc: tuple) -> str:
@@ -112,7 +116,9 @@ def validation_problems(err, prefix: str = "", keys_in: str = CONFIG_KEYS,
     problems = []
     for e in err.errors(include_url=False):
         # Union errors repeat the path with the tried type appended; keep the field path.
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and (p.startswith(("literal[", "function-", "constrained-")) or p in {"int", "float", "str", "bool", "list[int]"})))
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and (
+            p.startswith(("literal[", "function-", "constrained-"))
+            or p in {"int", "float", "str", "bool", "list[int]"})))
         path = _loc(loc)
         if prefix:
             path = f"{prefix}.{path}" if path != "<root>" else prefix

@@ -298,15 +298,13 @@ def public_dict(plan: TrainingPlan) -> dict:
     return out
 
 
-def load_plan(path: str | os.PathLike | None = None) -> TrainingPlan:
-    """Read plan.json (``path`` or $AUTOTUNE_PLAN) in bounded time and memory; a missing, oversized
-    or broken file is a UserError."""
+def load_plan(path: str | os.PathLike) -> TrainingPlan:
+    """Read plan.json at ``path`` in bounded time and memory; a missing, oversized or broken file is a UserError.
+    (``autotune.rundir.records.load_plan`` finds the path in the launcher's environment.)"""
     from autotune.safe_input import read_text
 
-    path = path or os.environ.get("AUTOTUNE_PLAN")
     if not path:
-        raise UserError("no plan: pass --plan PATH, or launch with `python -m autotune launch` "
-                        "(which sets AUTOTUNE_PLAN)")
+        raise UserError("no plan: pass --plan PATH, or launch with `python -m autotune launch`")
     text = read_text(path, "--plan")
     try:
         return TrainingPlan.model_validate_json(text)

@@ -118,7 +118,7 @@ class KubernetesInfo(_Frozen):
     """A Kubernetes pod (KUBERNETES_SERVICE_HOST is set) and what a training operator told it about the job:
     the Kubeflow Trainer's PET_NNODES / PET_NODE_RANK / PET_MASTER_ADDR / PET_MASTER_PORT (torchrun's own
     defaults), or the v1 operator's WORLD_SIZE / RANK / MASTER_ADDR where one pod is one node
-    (``autotune.hardware.kubernetes``). ``sources`` names the variable each value came from."""
+    (``autotune.hardware.pod``). ``sources`` names the variable each value came from."""
 
     pod: bool = False
     num_nodes: int | None = Field(None, ge=1, le=100_000)

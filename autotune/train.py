@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from autotune.errors import UserError, run_cli
-from autotune.plan import load_plan
+from autotune.rundir.layout import PLAN_ENV, RUN_DIR_ENV
+from autotune.rundir.records import load_plan
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,8 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "`python -m autotune launch`. Ranks never plan: to plan and train, run "
                     "`python -m autotune launch [--config FILE]` (or ./launch_distributed_training.sh).",
     )
-    p.add_argument("--plan", help="plan.json written by `autotune launch` (default: $AUTOTUNE_PLAN)")
-    p.add_argument("--run_dir", help="run directory (default: $AUTOTUNE_RUN_DIR, else the plan's folder)")
+    p.add_argument("--plan", help=f"plan.json written by `autotune launch` (default: ${PLAN_ENV})")
+    p.add_argument("--run_dir", help=f"run directory (default: ${RUN_DIR_ENV}, else the plan's folder)")
     p.add_argument("--config", help=argparse.SUPPRESS)  # refused with the command that does it
     return p
 
@@ -46,11 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.config:
             raise UserError(f"--config: ranks never plan; plan and train with `python -m autotune launch --config "
                             f"{args.config}` (or ./launch_distributed_training.sh --config {args.config})")
-        plan_path = args.plan or os.environ.get("AUTOTUNE_PLAN")
+        plan_path = args.plan or os.environ.get(PLAN_ENV)
         plan = load_plan(plan_path)
-        run_dir = Path(args.run_dir or os.environ.get("AUTOTUNE_RUN_DIR") or Path(plan_path).parent)
+        run_dir = Path(args.run_dir or os.environ.get(RUN_DIR_ENV) or Path(plan_path).parent)
         where["run_dir"] = run_dir
-        os.environ["AUTOTUNE_PLAN"] = plan_path
+        os.environ[PLAN_ENV] = plan_path
         if plan.run.entrypoint:  # the launcher starts a user's script itself (or autotune.entry), never here
             raise UserError(f"--plan: {plan_path} is a plan for your own script ({plan.run.entrypoint}); start it with "
                             "`python -m autotune launch`, which runs the script, not the built-in workload")

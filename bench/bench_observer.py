@@ -58,7 +58,10 @@ class It(dl._BaseDataLoaderIter):
 opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(4))], lr=1e-3)
 hooks = list(_global_optimizer_post_hooks.values())
 it = It()
-it._sampler_iter = iter(range(10**9)); it._num_yielded = 0; it._profile_name = "x"; it._IterableDataset_len_called = None
+it._sampler_iter = iter(range(10**9))
+it._num_yielded = 0
+it._profile_name = "x"
+it._IterableDataset_len_called = None
 it._dataset_kind = 0
 n = 20000
 t_next = min(timeit.repeat(lambda: yielded(it), number=n, repeat=5)) / n

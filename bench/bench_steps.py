@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from common import machine, med
 
 from autotune.config import TrainConfig, apply_overrides

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def facts_of(record: dict, truth: Path):
-    from autotune.measure import _traced
+    from autotune.measure.facts import _traced
 
     sys.path.insert(0, str(truth.parent))
     os.chdir(truth.parent)

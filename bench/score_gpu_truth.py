@@ -126,7 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--truth", default=str(ROOT / "bench" / "gpu_truth" / "h100"))
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--deepspeed", action="store_true",
-                    help="also plan each recorded DeepSpeed run (--deepspeed --zero_stage N --batch_size M) and compare")
+                    help="also plan each recorded DeepSpeed run (--deepspeed --zero_stage N --batch_size M) and "
+                         "compare")
     a = ap.parse_args(argv)
     truth = Path(a.truth)
     profile = next(truth.glob("*profile.json"))
@@ -146,8 +147,8 @@ def main(argv=None) -> int:
     errs = [abs(o["error_pct"]) for o in out if o.get("error_pct") is not None]
     summary = {"models": len(out), "error_median_pct": round(statistics.median(errs), 1) if errs else None,
                "error_max_pct": round(max(errs), 1) if errs else None, "oom": sum(bool(o.get("oom")) for o in out),
-               "planned_over_fitting_min": min((o["planned_over_fitting"] for o in out if o.get("planned_over_fitting")),
-                                               default=None),
+               "planned_over_fitting_min": min((o["planned_over_fitting"] for o in out
+                                                if o.get("planned_over_fitting")), default=None),
                "throughput_vs_best_min": min((o.get("throughput_vs_best") or 0 for o in out), default=None),
                "plan_seconds_max": max((o.get("plan_seconds", 0) for o in out), default=None)}
     if ds_rows:

@@ -24,7 +24,8 @@ def main():
     ctx = runtime.init(plan)  # autotune: process group, device, seed
     model = make_model()
     engine = runtime.make_engine(plan, model, ctx, loss_fn=F.cross_entropy)  # autotune: optimizer, DDP/DeepSpeed
-    batches = iter(runtime.BatchStream(make_data(), plan.batch.micro_batch_size, ctx.rank, ctx.world_size, seed=0))  # autotune
+    batches = iter(runtime.BatchStream(make_data(), plan.batch.micro_batch_size, ctx.rank, ctx.world_size,  # autotune
+                                       seed=0))
     acc = plan.batch.gradient_accumulation_steps
     for step in range(1, plan.schedule.total_steps + 1):
         for k in range(acc):

@@ -23,7 +23,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--batch_size", type=int, default=16, help="per-GPU batch size")
     p.add_argument("--gradient_accumulation_steps", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-2, help="learning rate (autotune's plan scales it: training.lr_scaling)")
+    p.add_argument("--lr", type=float, default=1e-2,
+                   help="learning rate (autotune's plan scales it: training.lr_scaling)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--num_workers", type=int, default=0)
     args = p.parse_args()

@@ -108,7 +108,8 @@ class FakeNVML:
         for g in profile.gpus.devices:
             major, minor = (int(x) for x in g.compute_capability.split("."))
             devs.append(_Dev(g.uuid, g.name, g.memory_total_mib, g.memory_free_mib, (major, minor), g.pci_bus_id,
-                             (g.clocks_max_sm_mhz, g.clocks_max_memory_mhz, g.pcie_link_gen_max, g.pcie_link_width_max)))
+                             (g.clocks_max_sm_mhz, g.clocks_max_memory_mhz, g.pcie_link_gen_max,
+                              g.pcie_link_width_max)))
         return cls(devs, {tuple(p) for p in profile.gpus.nvlink_pairs}, {tuple(p) for p in profile.gpus.p2p_pairs},
                    **knobs)
 

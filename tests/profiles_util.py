@@ -13,7 +13,8 @@ def make_profile(gpus=(), cores=16, ram_gib=64, nodes=1, interconnect="pcie", de
     return HardwareProfile(
         source="test", num_nodes=nodes,
         gpus=GPUSection(available=bool(devs), devices=devs, interconnect=interconnect if len(devs) > 1 else "none"),
-        cpu=CPUInfo(logical_cores=cores, physical_cores=cores, effective_cores=cores, effective_cores_reason=f"{cores} cores"),
+        cpu=CPUInfo(logical_cores=cores, physical_cores=cores, effective_cores=cores,
+                    effective_cores_reason=f"{cores} cores"),
         memory=MemoryInfo(total_mib=ram_gib * 1024, available_mib=ram_gib * 1024, effective_mib=ram_gib * 1024),
         infiniband=infiniband,
         software={"deepspeed": deepspeed},

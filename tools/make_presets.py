@@ -64,18 +64,24 @@ def mem(gib):
             "effective_reason": f"available RAM ({mib * 0.95 / 1024:.1f} GiB); no cgroup memory limit"}
 
 
-NO_GPU = {"available": False, "reason": "no NVIDIA driver (NVML library not found)", "devices": [], "interconnect": "none"}
+NO_GPU = {"available": False, "reason": "no NVIDIA driver (NVML library not found)", "devices": [],
+          "interconnect": "none"}
 
 PRESETS = {
     "cpu-only": ("Laptop or CI runner without a GPU: 8 threads, 32 GiB", 1, NO_GPU, cpu(4, 8), mem(32), []),
     "1xT4": ("One T4 16 GB (GCP n1-standard-8)", 1, gpus("T4", 1, "pcie"), cpu(4, 8), mem(30), []),
     "4xT4": ("4x T4 16 GB, PCIe (AWS g4dn.12xlarge)", 1, gpus("T4", 4, "pcie"), cpu(24, 48), mem(192), []),
     "4xL4": ("4x L4 24 GB, PCIe (GCP g2-standard-48)", 1, gpus("L4", 4, "pcie"), cpu(24, 48), mem(192), []),
-    "4xA100-80GB": ("4x A100 SXM4 80 GB, NVLink (GCP a2-ultragpu-4g)", 1, gpus("A100-80GB", 4, "nvlink"), cpu(24, 48), mem(680), []),
-    "8xA100-40GB": ("8x A100 SXM4 40 GB, NVSwitch (AWS p4d.24xlarge)", 1, gpus("A100-40GB", 8, "nvlink"), cpu(48, 96), mem(1152), []),
-    "8xH100-80GB": ("8x H100 SXM5 80 GB, NVLink/NVSwitch, 8 InfiniBand HCAs (DGX H100)", 1, gpus("H100-80GB", 8, "nvlink"), cpu(112, 224), mem(2048), [f"mlx5_{i}" for i in range(8)]),
-    "2xRTX4090": ("2x GeForce RTX 4090 24 GB on PCIe, no P2P (workstation)", 1, gpus("RTX4090", 2, "pcie", p2p=False), cpu(16, 32), mem(128), []),
-    "2x4xL4": ("Two nodes, each 4x L4 24 GB (GCP g2-standard-48), Ethernet between nodes", 2, gpus("L4", 4, "pcie"), cpu(24, 48), mem(192), []),
+    "4xA100-80GB": ("4x A100 SXM4 80 GB, NVLink (GCP a2-ultragpu-4g)", 1, gpus("A100-80GB", 4, "nvlink"),
+                    cpu(24, 48), mem(680), []),
+    "8xA100-40GB": ("8x A100 SXM4 40 GB, NVSwitch (AWS p4d.24xlarge)", 1, gpus("A100-40GB", 8, "nvlink"),
+                    cpu(48, 96), mem(1152), []),
+    "8xH100-80GB": ("8x H100 SXM5 80 GB, NVLink/NVSwitch, 8 InfiniBand HCAs (DGX H100)", 1,
+                    gpus("H100-80GB", 8, "nvlink"), cpu(112, 224), mem(2048), [f"mlx5_{i}" for i in range(8)]),
+    "2xRTX4090": ("2x GeForce RTX 4090 24 GB on PCIe, no P2P (workstation)", 1, gpus("RTX4090", 2, "pcie", p2p=False),
+                  cpu(16, 32), mem(128), []),
+    "2x4xL4": ("Two nodes, each 4x L4 24 GB (GCP g2-standard-48), Ethernet between nodes", 2, gpus("L4", 4, "pcie"),
+               cpu(24, 48), mem(192), []),
 }
 
 

@@ -62,7 +62,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", metavar="FILE", help="planning policy YAML (default: configs/policy.yaml)")
     g = p.add_argument_group("overrides (each beats the planner and is listed as 'auto would choose X')")
     g.add_argument("--num_gpus", type=non_negative_int, metavar="N", help="GPUs to use on each node (0 = CPU)")
-    g.add_argument("--nproc_per_node", type=positive_int, metavar="N", help="processes per node (on CPU: >1 means DDP over gloo)")
+    g.add_argument("--nproc_per_node", type=positive_int, metavar="N",
+                   help="processes per node (on CPU: >1 means DDP over gloo)")
     g.add_argument("--num_nodes", type=positive_int, metavar="N", help="nodes in the job")
     g.add_argument("--node_rank", type=non_negative_int, metavar="N", help="this node's rank, 0 .. num_nodes-1")
     g.add_argument("--master_addr", metavar="HOST", help="address of the rank-0 node (multi-node)")
@@ -70,9 +71,11 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max_restarts", type=non_negative_int, metavar="N",
                    help="after a rank fails, torchrun restarts the ranks up to N times; they continue from the "
                         "newest good checkpoint (distributed.max_restarts; default 0)")
-    g.add_argument("--batch_size", type=positive_int, metavar="N", help="micro-batch per process (training.batch_size_per_gpu)")
+    g.add_argument("--batch_size", type=positive_int, metavar="N",
+                   help="micro-batch per process (training.batch_size_per_gpu)")
     g.add_argument("--grad_accum", type=positive_int, metavar="N", help="gradient accumulation steps")
-    g.add_argument("--global_batch_size", type=positive_int, metavar="N", help="target effective batch per optimizer step")
+    g.add_argument("--global_batch_size", type=positive_int, metavar="N",
+                   help="target effective batch per optimizer step")
     g.add_argument("--epochs", type=positive_int, metavar="N", help="training epochs")
     g.add_argument("--max_steps", type=positive_int, metavar="N", help="stop after this many optimizer steps")
     eng = g.add_mutually_exclusive_group()
@@ -86,7 +89,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no_auto_optimize", action="store_true",
                    help="use the config verbatim: no policy table, no derived values")
     g.add_argument("--force", action="store_true",
-                   help="plan even when the memory estimate says nothing fits (otherwise: exit 3 saying what would fit)")
+                   help="plan even when the memory estimate says nothing fits (otherwise: exit 3 saying what would "
+                        "fit)")
 
 
 _FLAG_TO_FIELD = {
@@ -121,7 +125,8 @@ def plan_flags_argv(args: argparse.Namespace, *, skip: tuple[str, ...] = ("hardw
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict:
-    out = {field: getattr(args, flag) for flag, field in _FLAG_TO_FIELD.items() if getattr(args, flag, None) is not None}
+    out = {field: getattr(args, flag) for flag, field in _FLAG_TO_FIELD.items()
+           if getattr(args, flag, None) is not None}
     for flag in ("deepspeed", "ddp", "fsdp", "single"):
         if getattr(args, flag, False):
             out["distributed.backend"] = flag
@@ -131,11 +136,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
 def plan_from_args(args: argparse.Namespace, timed: bool = False):
     """The plan/export path: (plan, profile, DeepSpeed dict or None) from the shared flags. ``timed``: a plan for
     this machine's CPU times the model's step here (once; autotune.measure.timing)."""
-    from autotune.measure import model_facts
-    from autotune.measure.timing import measured_steps
     from autotune.prepare import plan_for
 
     cfg = load_config(args.config)
     return plan_for(cfg, overrides_from_args(args), args.hardware, auto_optimize=not args.no_auto_optimize,
-                    debug=args.debug, policy=args.policy, force=args.force, measure=model_facts,
-                    time_steps=measured_steps if timed else None)
+                    debug=args.debug, policy=args.policy, force=args.force, time_cpu=timed)

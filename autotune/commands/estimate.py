@@ -70,22 +70,18 @@ def run(args: argparse.Namespace) -> int:
     from autotune.commands.common import overrides_from_args
     from autotune.config import load_config
     from autotune.errors import EXIT_REFUSED, PlanRefused
-    from autotune.measure import model_facts
-    from autotune.measure.timing import measured_steps
-    from autotune.prepare import plan_for
+    from autotune.prepare import weigh_for
 
-    record: list = []
     refused = None
     plan = None
     try:
-        plan, _, _ = plan_for(load_config(args.config), overrides_from_args(args), args.hardware,
-                              auto_optimize=not args.no_auto_optimize, debug=args.debug, policy=args.policy,
-                              force=args.force, record=record, with_deepspeed=False, measure=model_facts,
-                              time_steps=measured_steps)
+        plan, weighing, _ = weigh_for(load_config(args.config), overrides_from_args(args), args.hardware,
+                                      auto_optimize=not args.no_auto_optimize, debug=args.debug, policy=args.policy,
+                                      force=args.force, time_cpu=True)
     except PlanRefused as e:
-        refused = e
-    budget = record[-1].budget if record else None
-    rows = list(record[-1].rows) if record else []
+        refused, weighing = e, e.weighing
+    budget = weighing.budget if weighing else None
+    rows = list(weighing.rows) if weighing else []
     chosen = None if plan is None else plan.memory.estimate.strategy if plan.memory.estimate else None
     from autotune.exports.report import engine_label
 

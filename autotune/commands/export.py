@@ -63,6 +63,7 @@ def _write_output(out, text: str, overwrite: bool) -> None:
 
 def add_parser(sub) -> None:
     from autotune.commands.common import add_plan_args
+    from autotune.rundir.layout import JOB_SECRET_ENV
 
     p = sub.add_parser("export", help=HELP, description=HELP, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,7 +89,7 @@ def add_parser(sub) -> None:
                    "<job name>-runs)")
     k.add_argument("--storage", default="100Gi", metavar="SIZE", help="its size (default 100Gi)")
     k.add_argument("--storage_class", metavar="NAME", help="its storage class (one that offers ReadWriteMany)")
-    k.add_argument("--secret", metavar="NAME", help="Secret holding AUTOTUNE_JOB_SECRET (default <job name>-secret)")
+    k.add_argument("--secret", metavar="NAME", help=f"Secret holding {JOB_SECRET_ENV} (default <job name>-secret)")
     k.add_argument("--job_restarts", type=int, default=3, metavar="N", help="kubeflow: restarts of the whole job "
                    "after a failure other than preemption (default 3; preemptions do not count)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="after `--`: the training script's arguments "
@@ -103,7 +104,7 @@ def _sbatch(args, plan, hw, script_args: list[str]) -> str:
 
     from autotune.commands.common import plan_flags_argv
     from autotune.errors import UserError
-    from autotune.exports.tools import sbatch_script
+    from autotune.exports.launchers import sbatch_script
 
     if not re.fullmatch(r"\d+(-\d+)?(:\d\d){0,2}", args.time):
         raise UserError(f"--time: SLURM time limits look like 12:00:00, 1-00:00:00 or 90, got {args.time!r}")
@@ -137,10 +138,10 @@ def _accelerate(args, plan, raw: list[str]) -> str:
     effective batch; withheld, the output says so and how to pair them."""
     import yaml
 
+    from autotune.exports.launchers import accelerate_config, accelerate_launch_env, accelerate_launch_line
     from autotune.exports.script_args import expand, placeholder_values, used_placeholders
-    from autotune.exports.tools import accelerate_config, accelerate_launch_env, accelerate_launch_line
+    from autotune.exports.script_scan import script_facts
     from autotune.exports.wiring import FLAGS, withhold_accumulation
-    from autotune.prepare import script_facts
 
     cfg = accelerate_config(plan)  # refuses what Accelerate cannot run before anything is scanned
     raw = [*plan.run.script_args, *raw]
@@ -229,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.commands.common import plan_from_args
     from autotune.errors import UserError
     from autotune.exports.deepspeed import deepspeed_config
-    from autotune.exports.tools import torchrun_command
+    from autotune.exports.launchers import torchrun_command
 
     if args.format == "sbatch":  # the help says "an sbatch script": the name users reach for
         args.format = "slurm"
@@ -253,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "deepspeed-hostfile":
         import os
 
-        from autotune.exports.tools import deepspeed_hostfile
+        from autotune.exports.launchers import deepspeed_hostfile
         from autotune.hardware.slurm import allocation
 
         alloc = allocation(os.environ)

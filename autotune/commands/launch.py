@@ -24,6 +24,7 @@ deepspeed_config.json for DeepSpeed, metrics, TensorBoard events and checkpoints
 
 def add_parser(sub) -> None:
     from autotune.commands.common import add_plan_args
+    from autotune.rundir.layout import JOB_SECRET_ENV
 
     p = sub.add_parser("launch", help=HELP, description=HELP, epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -41,9 +42,9 @@ def add_parser(sub) -> None:
                         "implies it; this flag alone does not also lift the memory refusal")
     p.add_argument("--json", action="store_true", help="with --dry-run: print the plan and spec as JSON")
     p.add_argument("--wire", choices=["none", "auto"],
-                   help="auto: fill your script's own argparse flags (--batch_size, --lr, --gradient_accumulation_steps, "
-                        "--deepspeed_config, --bf16, ...) with the plan's values, read from its source (never run); "
-                        "flags you pass after `--` win (training.wire)")
+                   help="auto: fill your script's own argparse flags (--batch_size, --lr, "
+                        "--gradient_accumulation_steps, --deepspeed_config, --bf16, ...) with the plan's values, read "
+                        "from its source (never run); flags you pass after `--` win (training.wire)")
     p.add_argument("--no_observe", action="store_true", help="do not observe your script (batch sizes, engine, "
                    "optimizer, precision, samples per step); delivery is then only what was handed over "
                    "(training.observe: false)")
@@ -57,7 +58,7 @@ def add_parser(sub) -> None:
                    help="resume from a checkpoint that has no checksums.json (an older autotune's, or one you copied "
                         "without it); it is still loaded as data only, never as code")
     p.add_argument("--job_secret_file", metavar="FILE",
-                   help="the nodes' shared secret, the same on every node (default: $AUTOTUNE_JOB_SECRET); the "
+                   help=f"the nodes' shared secret, the same on every node (default: ${JOB_SECRET_ENV}); the "
                         "multi-node hardware exchange admits only nodes that hold it")
     p.add_argument("script_args", nargs=argparse.REMAINDER,
                    help="after `--`: arguments passed to the training script")
@@ -78,8 +79,6 @@ def run(args: argparse.Namespace) -> int:
     from autotune.commands.common import overrides_from_args
     from autotune.config import load_config
     from autotune.errors import UserError
-    from autotune.measure import model_facts, model_facts_probed
-    from autotune.measure.timing import measured_steps
     from autotune.prepare import could_time_here, prepare
 
     script_args = _script_args(list(args.script_args or []))
@@ -107,16 +106,16 @@ def run(args: argparse.Namespace) -> int:
                                 debug=args.debug, policy=args.policy, run_dir=args.run_dir,
                                 resume_from=args.resume_from, script_args=script_args, environ=os.environ,
                                 python=sys.executable, force=args.force, trust_checkpoint=args.trust_checkpoint,
-                                measure=model_facts if args.dry_run else model_facts_probed)
+                                probe_gpu=not args.dry_run)
     setup = planned(args.hardware)
     from autotune.rundir.lock import check_creatable, check_usable
 
     check_creatable(setup.records_dir)
     check_usable(setup.records_dir, resuming=bool(args.resume_from), reuse=args.force_run_dir or args.force)
     if could_time_here(setup):  # the run directory is usable: the model's step timed on this CPU (once; cached)
-        setup = planned(setup.hardware, run_dir=str(setup.run_dir), time_steps=measured_steps,
+        setup = planned(setup.hardware, run_dir=str(setup.run_dir), time_cpu=True,
                         resume_from=None if setup.resume_path is None else str(setup.resume_path))
-    from autotune.launch.nodes import job_secret
+    from autotune.launch.exchange import job_secret
 
     secret = job_secret(os.environ, args.job_secret_file)
     if args.dry_run:
@@ -129,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_dry_run(setup, as_json: bool) -> None:
     from autotune.exports.report import render_plan
-    from autotune.launch import print_delivery, resume_note
+    from autotune.launch.announce import print_delivery, resume_note
     from autotune.plan import public_dict
 
     if as_json:

@@ -19,7 +19,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="report a preset (cpu-only, 4xL4, 8xH100-80GB, ...) or a saved profile instead of this machine")
     p.add_argument("--config", default=str(DEFAULT_CONFIG), metavar="FILE",
                    help="config used for the OPTIMAL TRAINING SETTINGS section (default: configs/default_config.yaml)")
-    p.add_argument("--no-plan", dest="with_plan", action="store_false", help="omit the OPTIMAL TRAINING SETTINGS section")
+    p.add_argument("--no-plan", dest="with_plan", action="store_false",
+                   help="omit the OPTIMAL TRAINING SETTINGS section")
 
 
 def add_parser(sub) -> None:
@@ -40,10 +41,7 @@ def run(args: argparse.Namespace, out=None) -> int:
         return 0
     render_profile(hw, out)
     if args.with_plan:
-        cfg = load_config(args.config)
-        from autotune.measure import model_facts
-
-        plan, _, _ = plan_for(cfg, {}, hw, with_deepspeed=False, measure=model_facts)
+        plan, _, _ = plan_for(load_config(args.config), {}, hw, with_deepspeed=False)
         render_plan(plan, out)
     return 0
 

@@ -2,7 +2,7 @@
 ``PyTorchJob`` (``pytorchjob``), each with a ReadWriteMany ``PersistentVolumeClaim`` for the run directory.
 
 Every pod runs autotune's launcher with the plan's flags and no node flags: it reads its node count, rank
-and master from the operator's variables (``autotune.hardware.kubernetes``), plans for its own node, meets
+and master from the operator's variables (``autotune.hardware.pod``), plans for its own node, meets
 the others and trains, resuming from the newest checkpoint (``--resume_from auto``) after any restart.
 
 Exit codes and the operators (facts from kubeflow/trainer v2.3.0 and training-operator v1.9.4):
@@ -28,8 +28,9 @@ from pathlib import PurePosixPath
 
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan
+from autotune.rundir.layout import JOB_SECRET_ENV
 
-SECRET_KEY = "AUTOTUNE_JOB_SECRET"
+SECRET_KEY = JOB_SECRET_ENV
 NODE_CONTAINER = "node"  # the Torch runtime's trainer container: the one the Trainer injects PET_* into
 V1_CONTAINER, V1_PORT_NAME = "pytorch", "pytorchjob-port"  # the v1 operator requires both names
 TRAINER_PORT = 29500  # the Trainer's PET_MASTER_PORT

@@ -22,8 +22,20 @@ from typing import Callable, Mapping
 
 from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
 from autotune.rundir.layout import (
+    BACKEND_ENV,
+    CHECKPOINT_DIR_ENV,
+    DEEPSPEED_CONFIG_ENV,
     ENGINE_FLAVOUR_FILE,
     FRAMEWORK_FLAVOUR_FILE,
+    GLOBAL_BATCH_SIZE_ENV,
+    OBSERVE_ENV,
+    OBSERVE_RANK_ENV,
+    PLAN,
+    PLAN_ENV,
+    RESUME_FROM_ENV,
+    RUN_DIR_ENV,
+    VALUE_ENV,
+    checkpoint_dir,
     records_dir,
 )
 from autotune.rundir.records import redact, redact_args
@@ -135,7 +147,7 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
     if plan.run.entrypoint and plan.run.observe:  # the observer starts in every process of the user's script
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(OBSERVE_SITE), environ.get("PYTHONPATH")]))
         sources["PYTHONPATH"] = "autotune"
-        env["AUTOTUNE_OBSERVE"], sources["AUTOTUNE_OBSERVE"] = "1", "autotune"
+        env[OBSERVE_ENV], sources[OBSERVE_ENV] = "1", "autotune"
     # This launch's facts: always ours, never inherited from an outer run.
     for k, v in {**plan_values_env(plan, run_dir), **single_process_rank_env(plan)}.items():
         env[k], sources[k] = v, "autotune"
@@ -154,27 +166,27 @@ def plan_values_env(plan: TrainingPlan, run_dir: str) -> dict[str, str]:
     """AUTOTUNE_PLAN (the whole plan) and its main values, for scripts that read the environment."""
     records = records_dir(plan, run_dir)
     out = {
-        "AUTOTUNE_PLAN": str(records / "plan.json"),
-        "AUTOTUNE_RUN_DIR": str(run_dir),
-        "AUTOTUNE_CHECKPOINT_DIR": str(Path(run_dir) / "checkpoints"),
-        "AUTOTUNE_MICRO_BATCH_SIZE": str(plan.batch.micro_batch_size),
-        "AUTOTUNE_GRADIENT_ACCUMULATION_STEPS": str(plan.batch.gradient_accumulation_steps),
-        "AUTOTUNE_GLOBAL_BATCH_SIZE": str(plan.batch.global_batch_size),
-        "AUTOTUNE_PRECISION": plan.numerics.precision,
-        "AUTOTUNE_NUM_WORKERS": str(plan.loader.num_workers),
-        "AUTOTUNE_BACKEND": plan.engine.backend,
+        PLAN_ENV: str(records / PLAN),
+        RUN_DIR_ENV: str(run_dir),
+        CHECKPOINT_DIR_ENV: str(checkpoint_dir(run_dir)),
+        VALUE_ENV["micro_batch_size"]: str(plan.batch.micro_batch_size),
+        VALUE_ENV["gradient_accumulation_steps"]: str(plan.batch.gradient_accumulation_steps),
+        GLOBAL_BATCH_SIZE_ENV: str(plan.batch.global_batch_size),
+        VALUE_ENV["precision"]: plan.numerics.precision,
+        VALUE_ENV["num_workers"]: str(plan.loader.num_workers),
+        BACKEND_ENV: plan.engine.backend,
     }
     if "learning_rate" not in plan.run.script_defaults:  # a rate the config does not set is the script's own
-        out["AUTOTUNE_LEARNING_RATE"] = str(plan.schedule.learning_rate)
+        out[VALUE_ENV["learning_rate"]] = str(plan.schedule.learning_rate)
     if plan.is_deepspeed:
-        out["AUTOTUNE_DEEPSPEED_CONFIG"] = str(records / ENGINE_FLAVOUR_FILE)
+        out[DEEPSPEED_CONFIG_ENV] = str(records / ENGINE_FLAVOUR_FILE)
         if plan.engine.device == "cuda":  # an unmodified Accelerator() runs DeepSpeed with the plan's ZeRO
             out["ACCELERATE_USE_DEEPSPEED"] = "true"
             out["ACCELERATE_DEEPSPEED_CONFIG_FILE"] = str(records / FRAMEWORK_FLAVOUR_FILE)
     if plan.engine.backend == "fsdp" and plan.engine.device == "cuda":  # ... and FSDP2 (on CPU Accelerate runs DDP)
         out.update(accelerate_fsdp_env(plan))
     if plan.run.resume_from:
-        out["AUTOTUNE_RESUME_FROM"] = plan.run.resume_from
+        out[RESUME_FROM_ENV] = plan.run.resume_from
     return out
 
 
@@ -187,7 +199,7 @@ def single_process_rank_env(plan: TrainingPlan) -> dict[str, str]:
         return {}
     return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
             "MASTER_ADDR": plan.engine.master_addr, "MASTER_PORT": str(plan.engine.master_port),
-            "AUTOTUNE_OBSERVE_RANK": "0"}
+            OBSERVE_RANK_ENV: "0"}
 
 
 def fsdp_settings(plan: TrainingPlan) -> dict:

@@ -50,10 +50,12 @@ def render_profile(hw: HardwareProfile, out: TextIO) -> None:
             if g.pci_bus_id:
                 w(f"  PCI bus id:         {g.pci_bus_id}\n")
             if g.mig_mode:
-                w("  MIG:                enabled (CUDA sees MIG instances; select one with CUDA_VISIBLE_DEVICES=MIG-...)\n")
+                w("  MIG:                enabled (CUDA sees MIG instances; select one with "
+                  "CUDA_VISIBLE_DEVICES=MIG-...)\n")
             if g.uuid:
                 w(f"  UUID:               {g.uuid}\n")
-        w(f"Interconnect:  {hw.gpus.interconnect}" + (f" - {hw.gpus.interconnect_reason}" if hw.gpus.interconnect_reason else "") + "\n")
+        why = f" - {hw.gpus.interconnect_reason}" if hw.gpus.interconnect_reason else ""
+        w(f"Interconnect:  {hw.gpus.interconnect}{why}\n")
     c, m = hw.cpu, hw.memory
     w(f"\n{RULE}\nCPU AND MEMORY\n{RULE}\n")
     if c.model_name:
@@ -80,7 +82,7 @@ def render_profile(hw: HardwareProfile, out: TextIO) -> None:
         w(f"SLURM job:       {s.job_id} on {s.num_nodes} node(s) [{s.nodelist}], tasks {s.ntasks}, "
           f"cpus/task {s.cpus_per_task}, gpus {s.gpus}\n")
     if hw.kubernetes:
-        from autotune.hardware.kubernetes import describe
+        from autotune.hardware.pod import describe
 
         w(f"Kubernetes:      {describe(hw.kubernetes)}\n")
     if hw.software:

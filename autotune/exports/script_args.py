@@ -17,6 +17,7 @@ from pathlib import Path
 
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan, public_dict
+from autotune.rundir.layout import checkpoint_dir
 
 _TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 
@@ -43,7 +44,7 @@ def placeholder_values(plan: TrainingPlan, run_dir: str | Path | None,
         gradient_accumulation_steps_total=_text(plan.batch.gradient_accumulation_steps * plan.engine.world_size),
     )
     if run_dir is not None:
-        values.update(run_dir=str(run_dir), checkpoint_dir=str(Path(run_dir) / "checkpoints"))
+        values.update(run_dir=str(run_dir), checkpoint_dir=str(checkpoint_dir(run_dir)))
     if deepspeed_config_path is not None:
         values["deepspeed_config"] = str(deepspeed_config_path)
     return values
@@ -70,7 +71,8 @@ def expand(args: list[str], values: dict[str, str], where: str = "script argumen
             if name in values:
                 return values[name]
             if name in _CONTEXT_NAMES:
-                raise UserError(f"{where}: {{{name}}} in {arg!r} needs {_CONTEXT_NAMES[name]}, which this command has not")
+                raise UserError(f"{where}: {{{name}}} in {arg!r} needs {_CONTEXT_NAMES[name]}, which this command "
+                                "has not")
             known = ", ".join("{" + k + "}" for k in sorted(values))
             raise UserError(f"{where}: unknown placeholder {{{name}}} in {arg!r}; known: {known}")
 

@@ -16,6 +16,8 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.rundir.layout import ENV_PREFIX
+
 # plan value -> flag names a script may declare for it (first declared one is used)
 FLAGS: dict[str, tuple[str, ...]] = {
     "micro_batch_size": ("--per_device_train_batch_size", "--micro_batch_size", "--batch_size", "--batch-size",
@@ -27,7 +29,8 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "deepspeed_config": ("--deepspeed_config", "--deepspeed-config"),
     "epochs": ("--num_train_epochs", "--epochs", "--num_epochs", "--num-epochs"),
     "max_steps": ("--max_steps", "--max-steps"),
-    "resume_from": ("--resume_from", "--resume", "--resume_from_checkpoint", "--resume-from", "--resume-from-checkpoint"),
+    "resume_from": ("--resume_from", "--resume", "--resume_from_checkpoint", "--resume-from",
+                    "--resume-from-checkpoint"),
     "precision": ("--mixed_precision", "--mixed-precision", "--precision"),
     "warmup_steps": ("--warmup_steps", "--warmup-steps", "--warmup_iters"),
     "checkpoint_dir": ("--checkpoint_dir", "--checkpoint-dir", "--ckpt_dir", "--ckpt-dir", "--save_dir", "--save-dir"),
@@ -93,7 +96,7 @@ def scan_script(path: str | Path) -> ScriptFacts:
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             if any(m == "autotune" or m.startswith("autotune.") for m in mods):
                 facts.uses_autotune = True
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("AUTOTUNE_"):
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(ENV_PREFIX):
             facts.env_reads.add(node.value)
         elif isinstance(node, ast.Call):
             name = _call_name(node.func)
@@ -294,3 +297,22 @@ def _call_name(func: ast.AST) -> str:
     if isinstance(func, ast.Name):
         parts.append(func.id)
     return ".".join(reversed(parts))
+
+
+def script_facts(entry: str | None):
+    """What a user's entrypoint declares (syntax tree only; never run); None for autotune's runtime."""
+    if not entry:
+        return None
+    if entry.endswith(".py"):
+        return scan_script(entry)
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(entry.partition(":")[0])
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return ScriptFacts(entry, error="source not found: not scanned")
+    return scan_script(spec.origin)
+
+

@@ -21,7 +21,7 @@ from autotune.exports.script_scan import (  # noqa: F401 - the scan's names, whe
     scan_script,
 )
 from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
-from autotune.rundir.layout import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE
+from autotune.rundir.layout import BACKEND_ENV, ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE, PLAN_ENV, VALUE_ENV
 
 DTYPE_WORDS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # torchrun's variables for one process: withheld from a script that decides on DDP by testing them
@@ -192,8 +192,8 @@ class Delivery:
             if k == "engine" and self.engine == "fsdp":
                 out.append("the script was given no way to run FSDP2: the plan's engine (FSDP2) is advisory and the "
                            "script trains with whatever it sets up itself (Accelerate and HF Trainer run FSDP on GPUs "
-                           "only; a torchrun script wraps its model with fully_shard itself, reading "
-                           "$AUTOTUNE_BACKEND)")
+                           f"only; a torchrun script wraps its model with fully_shard itself, reading "
+                           f"${BACKEND_ENV})")
             elif k == "engine":
                 out.append("the script was given no way to run DeepSpeed: the plan's engine (DeepSpeed ZeRO) is "
                            "advisory and the script trains with whatever it sets up itself (Accelerate and HF "
@@ -235,17 +235,13 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
                      f"{plan.schedule.learning_rate * world:g}, not the plan's {plan.schedule.learning_rate:g}; "
                      f"pass {plan.schedule.learning_rate / world:g} instead (--wire auto does)")
     routes["world_size"].append("environment (WORLD_SIZE, RANK, LOCAL_RANK from the launcher)")
-    env_names = {"micro_batch_size": "AUTOTUNE_MICRO_BATCH_SIZE",
-                 "gradient_accumulation_steps": "AUTOTUNE_GRADIENT_ACCUMULATION_STEPS",
-                 "learning_rate": "AUTOTUNE_LEARNING_RATE", "precision": "AUTOTUNE_PRECISION",
-                 "num_workers": "AUTOTUNE_NUM_WORKERS"}
-    for k, name in env_names.items():
+    for k, name in VALUE_ENV.items():
         if name in facts.env_reads and k not in plan.run.script_defaults:  # not exported then
             routes[k].append(f"environment ({name}, read by the script)")
-    if "AUTOTUNE_PLAN" in facts.env_reads:  # the whole plan, read from the file the variable names
+    if PLAN_ENV in facts.env_reads:  # the whole plan, read from the file the variable names
         for k in DELIVERED:
             if k not in plan.run.script_defaults and k != "world_size":
-                routes[k].append("environment (AUTOTUNE_PLAN, the plan's file, read by the script)")
+                routes[k].append(f"environment ({PLAN_ENV}, the plan's file, read by the script)")
     if facts.uses_accelerate:  # an explicit Accelerator(mixed_precision=...) beats the environment
         if "mixed_precision" not in facts.accelerator_kwargs:
             routes["precision"].append("environment (ACCELERATE_MIXED_PRECISION, read by Accelerator())")
@@ -334,7 +330,8 @@ def _engine_routes(plan: TrainingPlan, facts: ScriptFacts, ds_path_given: bool) 
         out.append(_behind("DeepSpeed JSON (deepspeed.initialize)", facts))
     if plan.engine.device == "cuda":  # on CPU their CPU switch turns DeepSpeed off
         if facts.uses_accelerate:
-            out.append("environment (ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_CONFIG_FILE, read by Accelerator())")
+            out.append("environment (ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_CONFIG_FILE, read by "
+                       "Accelerator())")
         if facts.uses_hf_trainer and ds_path_given:
             out.append("Trainer's --deepspeed (its DeepSpeed integration)")
     return out
@@ -344,8 +341,8 @@ def _fsdp_routes(plan: TrainingPlan, facts: ScriptFacts, wired: dict[str, str]) 
     out = []
     if facts.uses_fully_shard:
         out.append("the script wraps its model with FSDP itself")
-    if "AUTOTUNE_BACKEND" in facts.env_reads:
-        out.append("environment (AUTOTUNE_BACKEND=fsdp, read by the script)")
+    if BACKEND_ENV in facts.env_reads:
+        out.append(f"environment ({BACKEND_ENV}=fsdp, read by the script)")
     if plan.engine.device == "cuda":  # on CPU Accelerate's CPU mode trains with DDP
         if facts.uses_accelerate:
             out.append("environment (ACCELERATE_USE_FSDP, FSDP_VERSION=2 and the FSDP_* settings, read by "

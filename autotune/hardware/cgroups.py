@@ -80,7 +80,8 @@ def _min_limit(values: list[float | int | None]) -> Any:
     return min(present) if present else None
 
 
-def read_cgroup_limits(root: str | Path = "/sys/fs/cgroup", proc_self_cgroup: str | Path = "/proc/self/cgroup") -> CgroupLimits:
+def read_cgroup_limits(root: str | Path = "/sys/fs/cgroup",
+                       proc_self_cgroup: str | Path = "/proc/self/cgroup") -> CgroupLimits:
     """Read CPU quota and memory limit for this process, cgroup v2 or v1.
 
     The limit in force is the smallest along the path from the process's cgroup

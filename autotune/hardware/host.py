@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autotune.hardware.cgroups import CgroupLimits
-from autotune.hardware.probe import Probes
+from autotune.hardware.fail_alone import Probes
 from autotune.profiles import CPUInfo, MemoryInfo, SlurmInfo
 
 MIB = 1024 * 1024
@@ -98,7 +98,8 @@ def probe_memory(psutil: Any, cg: CgroupLimits, unknown: dict[str, str]) -> Memo
     else:
         eff, why = None, "RAM unknown"
         unknown["memory.effective_mib"] = why
-    return MemoryInfo(total_mib=total, available_mib=avail, cgroup_limit_mib=limit, effective_mib=eff, effective_reason=why)
+    return MemoryInfo(total_mib=total, available_mib=avail, cgroup_limit_mib=limit, effective_mib=eff,
+                      effective_reason=why)
 
 
 def probe_infiniband(sys_class: str | Path, unknown: dict[str, str]) -> tuple[str, ...] | None:

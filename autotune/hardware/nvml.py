@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from autotune.hardware.probe import Probes, describe, text
+from autotune.hardware.fail_alone import Probes, describe, text
 from autotune.hardware.visible import PhysicalGPU, Visible, select_visible
 from autotune.profiles import GPUInfo, GPUSection
 
@@ -74,7 +74,8 @@ def _probe_initialised(nvml: Any, visible_env: str | None, pr: Probes) -> GPUSec
     for cuda_index, v in enumerate(visible):
         h = handles[v.nvml_index]
         if v.mig_index is not None and h is not None:
-            h = pr.get(f"gpus.devices[{cuda_index}]", lambda h=h, v=v: nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, v.mig_index))
+            h = pr.get(f"gpus.devices[{cuda_index}]",
+                       lambda h=h, v=v: nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, v.mig_index))
         devices.append(_probe_device(nvml, h, cuda_index, v, pr))
         vis_handles.append(h)
 

@@ -23,6 +23,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.rundir.layout import VALUE_ENV
+
 EARLY_STEPS = 4  # the judgement after the first steps waits for this many optimizer steps on every rank
 TOLERANCE = 0.10  # an effective batch further than this from the plan's is a wrong training
 RATE_TOLERANCE = 1e-6  # relative: a rate passed as text and read back
@@ -32,12 +34,12 @@ FIX = {
     "micro_batch_size": "pass it to your script's batch-size setting after `--` (--batch_size {micro_batch_size}, or "
                         "--batch_size={micro_batch_size} for a --key=value configurator)",
     "gradient_accumulation_steps": "pass {gradient_accumulation_steps} to your script's accumulation flag, or read "
-                                   "$AUTOTUNE_GRADIENT_ACCUMULATION_STEPS",
+                                   f"${VALUE_ENV['gradient_accumulation_steps']}",
     "learning_rate": "pass {learning_rate} to your script's learning-rate flag (it is the rate the optimizer should "
                      "run with, not a base to scale)",
-    "precision": "pass your script's precision flag ({precision}), or read $AUTOTUNE_PRECISION",
+    "precision": f"pass your script's precision flag ({{precision}}), or read ${VALUE_ENV['precision']}",
     "num_workers": "pass {num_workers} to your script's DataLoader (num_workers=), through its workers flag or "
-                   "$AUTOTUNE_NUM_WORKERS",
+                   f"${VALUE_ENV['num_workers']}",
     "engine": "let the script take the DeepSpeed path (its own switch, e.g. --use_deepspeed / --deepspeed) or "
               "plan for the engine it runs (--ddp / --fsdp / --deepspeed)",
     "world_size": "start the script with the launcher's ranks (it reads WORLD_SIZE/RANK)",

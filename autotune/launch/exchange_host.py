@@ -1,4 +1,4 @@
-"""Node 0's side of the nodes' hardware exchange (autotune.launch.nodes, which says the protocol): listening on
+"""Node 0's side of the nodes' hardware exchange (autotune.launch.exchange, which says the protocol): listening on
 the master address only, one selector loop over the connections, each message checked against the job's secret;
 and the wire both sides share: the greeting, length-prefixed JSON frames, HMAC-SHA256 tags over both nonces.
 

@@ -81,7 +81,7 @@ _VALIDATE, _PING, _MAGIC = 0, 13, 0x3C85F7CE
 
 
 def probe_store(host: str, port: int, timeout_s: float = 3.0, tries: int = 3) -> str:
-    """What listens at ``host:port``: "exchange" (node 0's hardware exchange greeted us: autotune.launch.nodes),
+    """What listens at ``host:port``: "exchange" (node 0's hardware exchange greeted us: autotune.launch.exchange),
     "store" (a TCPStore answered our PING), "absent" (nothing accepts a connection yet), or "foreign: <what it
     did>". A program that accepts and stays silent is asked again, ``tries`` times in all, each bounded by
     ``timeout_s``: a store slow under load (or behind a flood of idle connections) answers one of them, a foreign
@@ -95,7 +95,7 @@ def probe_store(host: str, port: int, timeout_s: float = 3.0, tries: int = 3) ->
 
 
 def _probe_once(host: str, port: int, timeout_s: float) -> str:
-    from autotune.launch.nodes import GREETING
+    from autotune.launch.exchange import GREETING
 
     def ours(data: bytes) -> bool:
         return bool(data) and GREETING.startswith(data[:len(GREETING)])

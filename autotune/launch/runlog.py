@@ -90,7 +90,9 @@ class RunLog:
     """``with RunLog(records_dir, argv) as log: execute(spec, output=log)``."""
 
     def __init__(self, records_dir: str | Path, argv: list[str]):
-        self.dir = Path(records_dir) / "logs"
+        from autotune.rundir.layout import LOGS
+
+        self.dir = Path(records_dir) / LOGS
         self._argv = argv
         self._sinks: dict[int, _Sink] = {}
         self._saved: tuple | None = None
@@ -102,10 +104,10 @@ class RunLog:
         import shlex
 
         from autotune.rundir.fs import fs_error, refuse_links
-        from autotune.rundir.layout import LOGS
+        from autotune.rundir.layout import LOGS, STDERR_LOG, STDOUT_LOG
         from autotune.rundir.records import redact_args
 
-        refuse_links(self.dir.parent, [LOGS, f"{LOGS}/stdout.log", f"{LOGS}/stderr.log"])
+        refuse_links(self.dir.parent, [LOGS, STDOUT_LOG, STDERR_LOG])
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -113,8 +115,8 @@ class RunLog:
         cmd = shlex.join(["autotune", *redact_args(self._argv[1:])])
         header = f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {cmd}\n".encode(errors="replace")
         try:
-            for fd, name in ((1, "stdout.log"), (2, "stderr.log")):
-                self._sinks[fd] = _Sink(self.dir / name)
+            for fd, name in ((1, STDOUT_LOG), (2, STDERR_LOG)):
+                self._sinks[fd] = _Sink(self.dir.parent / name)
                 self._sinks[fd].write(header)
         except BaseException:
             for sink in self._sinks.values():

@@ -115,7 +115,8 @@ def build(factory: Callable[[], Any], spec: str, fake_mode, free_ram_bytes: Call
         free = free_ram_bytes()
         if size is None or free is None or size > RAM_SHARE * free:
             why = ("its size could not be counted" if size is None else "the free RAM is unknown" if free is None
-                   else f"its weights ({size / 2**30:.1f} GiB) exceed a quarter of the free RAM ({free / 2**30:.1f} GiB)")
+                   else f"its weights ({size / 2**30:.1f} GiB) exceed a quarter of the free RAM "
+                        f"({free / 2**30:.1f} GiB)")
             raise UserError(f"training.model: {spec}() failed while building under fake tensors ({first}), also with "
                             f"initialisation skipped, and is not built for real because {why}; make its constructor "
                             "free of value reads (.item(), data-dependent shapes), or give training.num_parameters")

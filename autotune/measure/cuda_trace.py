@@ -59,10 +59,12 @@ KINDS = {"mm": "matmul", "addmm": "matmul", "bmm": "matmul", "baddbmm": "matmul"
          "convolution_overrideable": "conv", "_slow_conv2d_forward": "conv",
          "_scaled_dot_product_flash_attention_for_cpu": "attention",
          "_scaled_dot_product_flash_attention_for_cpu_backward": "attention",
-         "_scaled_dot_product_flash_attention": "attention", "_scaled_dot_product_flash_attention_backward": "attention",
+         "_scaled_dot_product_flash_attention": "attention",
+         "_scaled_dot_product_flash_attention_backward": "attention",
          "_scaled_dot_product_efficient_attention": "attention",
          "_scaled_dot_product_efficient_attention_backward": "attention",
-         "_scaled_dot_product_cudnn_attention": "attention", "_scaled_dot_product_cudnn_attention_backward": "attention",
+         "_scaled_dot_product_cudnn_attention": "attention",
+         "_scaled_dot_product_cudnn_attention_backward": "attention",
          "_flash_attention_forward": "attention", "_flash_attention_backward": "attention",
          "_efficient_attention_forward": "attention", "_efficient_attention_backward": "attention"}
 MAX_BIN = 14  # log2 of FLOPs per byte: 2^14 is far beyond any GPU's ridge point
@@ -112,9 +114,8 @@ class WorkCount:
 
 
 def _flops(func, name: str, args, kwargs, out) -> float:
-    from torch.utils.flop_counter import flop_registry
-
     import torch
+    from torch.utils.flop_counter import flop_registry
 
     aten = torch.ops.aten
     packet, causal = func.overloadpacket, False

@@ -1,19 +1,19 @@
 """The model's own training step timed for real on this machine's CPU (imports torch, in child processes).
 
-A plan for this machine without a GPU is timed by what its step costs here, not by a table: ``prepare`` asks for
-the step of the model it plans (the built-in GPT, named by ``autotune.runtime.workload``'s factory; a user's
-``training.model`` with its ``training.sample_input``) at two micro-batches, as the plan's ranks will run it: one
-child process per rank on this host (``python -m autotune.measure.timing``: the launcher imports no torch), all at
-once, each with the rank's threads (the plan's ``omp_num_threads``), precision, checkpointing and clipping, so that
-the ranks' contention for the cores and memory is in the figure; several ranks form a gloo group (a file store in
-a temporary directory) and run the model under DDP as the ranks will. Each builds the model and, at each
-micro-batch, after two warm-up steps, runs the same number of steps on every rank (at least ``MIN_REPEATS`` and
+A plan for this machine without a GPU is timed by what its step costs here, not by a table: ``prepare`` asks
+(``steps_for``) for the step of the model it plans (the built-in GPT, named by ``autotune.runtime.workload``'s
+factory; a user's ``training.model`` with its ``training.sample_input``) at two micro-batches, as the plan's ranks
+will run it: one child process per rank on this host (``python -m autotune.measure.timing``: the launcher imports no
+torch), all at once, each with the rank's threads (the plan's ``omp_num_threads``), precision, checkpointing and
+clipping, so that the ranks' contention for the cores and memory is in the figure; several ranks form a gloo group (a
+file store in a temporary directory) and run the model under DDP as the ranks will. Each builds the model and, at
+each micro-batch, after two warm-up steps, runs the same number of steps on every rank (at least ``MIN_REPEATS`` and
 ``MIN_SECONDS``, in ``ROUNDS`` rounds that take the micro-batches in turn, so that a burst of other work on the
 machine falls on both alike), each an accumulation of two as the loop runs it: a micro-step without the all-reduce
-(forward + backward), one with it, and the optimizer step (gradient clipping, ``AdamW.step()``, ``zero_grad``).
-The figures are the slowest rank's medians: forward + backward, the optimizer step, and what the synchronising
-micro-step adds (the all-reduce and the wait for the slowest rank, once per optimizer step): ``MeasuredSteps``,
-from which the planner draws ``a + b x micro``.
+(forward + backward), one with it, and the optimizer step (gradient clipping, ``AdamW.step()``, ``zero_grad``). The
+figures are the slowest rank's medians: forward + backward, the optimizer step, and what the synchronising micro-step
+adds (the all-reduce and the wait for the slowest rank, once per optimizer step): ``MeasuredSteps``, from which the
+planner draws ``a + b x micro``.
 
 It runs once: the answer is kept beside the traces, keyed by everything it depends on (the request, the model's
 and sample's source, torch's version, the CPU model, the ranks and threads, this file), so a second plan reads it.
@@ -27,11 +27,50 @@ import sys
 import time
 from typing import Callable
 
+from autotune.config import TrainConfig
+from autotune.plan import TrainingPlan
 from autotune.planner.model_facts import MeasuredSteps
+from autotune.profiles import HardwareProfile
+from autotune.rundir.layout import TIMING_REQUEST
 
 MIN_REPEATS, MIN_SECONDS, MAX_REPEATS = 10, 1.0, 60  # per micro-batch: enough steps for a steady median
 ROUNDS = 5  # the steps of each micro-batch in this many rounds, taken in turn
 TIMEOUT_S = 600
+
+
+# the built-in GPT, built and fed by name in the children (the runtime holds the model; measure never imports it)
+BUILTIN_MODEL, BUILTIN_BATCH = "autotune.runtime.workload:timed_model", "autotune.runtime.workload:timed_batch"
+
+
+def times_here(hw: HardwareProfile, plan: TrainingPlan) -> bool:
+    """Whether ``plan``'s step can be timed on this machine: a plan for this machine's CPU (a detected profile, no
+    GPU, one node), without DeepSpeed (whose step is not torch's)."""
+    e = plan.engine
+    return hw.source == "detected" and not hw.gpus.devices and e.device == "cpu" and not plan.is_deepspeed \
+        and e.num_nodes == 1
+
+
+def steps_for(cfg: TrainConfig, hw: HardwareProfile, plan: TrainingPlan, facts) -> MeasuredSteps | None:
+    """The model's step timed on this machine's CPU for ``plan`` (its ranks, threads per rank, micro-batch,
+    precision, checkpointing and clipping), or None: not ``times_here``, ``training.probe`` off (--no_probe), or a
+    model that cannot be built here (a script without training.model and sample_input)."""
+    t, e = cfg.training, plan.engine
+    if not times_here(hw, plan) or not t.probe:
+        return None
+    if t.entrypoint is None:  # its shape only: the data set's size and seed change no step
+        d = plan.workload.data
+        workload = {"model": plan.workload.model.model_dump(),
+                    "data": {"seq_len": d.seq_len, "vocab_size": d.vocab_size}}
+        model, sample, kw, what = BUILTIN_MODEL, BUILTIN_BATCH, {"workload": workload}, "the built-in GPT"
+    elif t.model and t.sample_input and facts.num_parameters:
+        model, sample, kw, what = t.model, t.sample_input, {}, t.model
+    else:
+        return None
+    return measured_steps(model=model, sample=sample, micro=plan.batch.micro_batch_size, ranks=e.nproc_per_node,
+                          threads=plan.loader.omp_num_threads, precision=plan.numerics.precision,
+                          checkpointing=plan.memory.gradient_checkpointing, clip=plan.optimizer.gradient_clipping,
+                          weight_decay=plan.optimizer.weight_decay, what=what, model_kwargs=kw, sample_kwargs=kw,
+                          cpu=hw.cpu.model_name)
 
 
 def grid(micro: int) -> tuple[int, int]:
@@ -57,14 +96,14 @@ def _key(req: dict, cpu: str) -> str:
     from importlib import metadata
     from pathlib import Path
 
-    from autotune.measure import _source_of
+    from autotune.measure.cache import source_of
 
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:
         torch_version = ""
     h = hashlib.sha256()
-    for part in (json.dumps(req, sort_keys=True), _source_of(req["model"]), _source_of(req["sample"]), torch_version,
+    for part in (json.dumps(req, sort_keys=True), source_of(req["model"]), source_of(req["sample"]), torch_version,
                  cpu, Path(__file__).read_text()):
         h.update(part.encode())
         h.update(b"\0")
@@ -76,10 +115,11 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
     """The step of ``request(**what)`` timed on this CPU (``cpu``: its model name), from the cache or a child
     process (``run``: another way to run the request); None when it cannot be timed (said on stderr: the plan
     then says its time is unknown)."""
-    from autotune.measure import _store, cache_dir
+    from autotune.measure.cache import store
+    from autotune.rundir.layout import cache_file
 
     req = request(**what)
-    where = cache_dir() / f"steps-{_key(req, cpu or '')}.json"
+    where = cache_file("steps", _key(req, cpu or ""))
     try:
         return MeasuredSteps.model_validate_json(where.read_text())
     except (OSError, ValueError):
@@ -101,7 +141,7 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
                           basis=f"timed on this CPU ({cpu or 'model unknown'}, {who}) at micro-batch {a} and {b}: the "
                                 "model's own step, forward + backward and optimizer"
                                 + (", and DDP's gloo all-reduce of its gradients" if comm is not None else ""))
-    _store(where, steps)
+    store(where, steps)
     fb = {p["micro"]: p["fb_s"] for p in points}
     print(f"autotune: timed in {time.monotonic() - start:.1f} s: {fb[b] * 1000:.1f} ms a micro-step at {b}"
           + (f", {comm * 1000:.1f} ms an all-reduce" if comm is not None else ""), file=sys.stderr, flush=True)
@@ -117,7 +157,7 @@ def _children(req: dict) -> dict:
 
     env = {**os.environ, "OMP_NUM_THREADS": str(req["threads"])}
     with tempfile.TemporaryDirectory(prefix="autotune-timing-") as tmp:
-        (Path(tmp) / "request.json").write_text(json.dumps(req))
+        (Path(tmp) / TIMING_REQUEST).write_text(json.dumps(req))
         procs = [subprocess.Popen([sys.executable, "-m", "autotune.measure.timing", tmp, str(rank)], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for rank in range(req["ranks"])]
@@ -222,7 +262,7 @@ def _main() -> int:
     from pathlib import Path
 
     tmp, rank = sys.argv[1], int(sys.argv[2])
-    req = json.loads((Path(tmp) / "request.json").read_text())
+    req = json.loads((Path(tmp) / TIMING_REQUEST).read_text())
     try:
         print(json.dumps(_measure(req, tmp, rank)))
     except Exception as e:  # noqa: BLE001 - reported to the planner's side, which plans without a time

@@ -291,8 +291,8 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                            fsdp_world=fsdp_world if fsdp is not None else None,
                            source=CUDA_TRACED if cuda else "traced", margin=margin)
     how = "whole steps traced as CUDA runs them" if cuda else "activations traced"
-    return ModelFacts(source=source + f", {how} at micro-batch "
-                                       f"{', '.join(str(b) for b, _ in (fp32 or half).points) if (fp32 or half) else 'none'}"
+    at = ", ".join(str(b) for b, _ in (fp32 or half).points) if (fp32 or half) else "none"
+    return ModelFacts(source=source + f", {how} at micro-batch {at}"
                                        + (f"; {ckpt_note}" if ckpt_note else ""),
                       num_parameters=total, trainable_parameters=trainable, largest_layer_parameters=largest,
                       activations=acts, work=work, **units)

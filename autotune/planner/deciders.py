@@ -326,7 +326,8 @@ def band_choice(inputs: Inputs, on_gpu: bool, mem_mib: float | None) -> BandChoi
     """The policy table's micro-batch and checkpointing default for this memory."""
     policy = inputs.policy
     if not on_gpu:
-        return BandChoice(policy.cpu_micro_batch_size, f"no GPU: policy cpu_micro_batch_size {policy.cpu_micro_batch_size}",
+        return BandChoice(policy.cpu_micro_batch_size,
+                          f"no GPU: policy cpu_micro_batch_size {policy.cpu_micro_batch_size}",
                           False, "no GPU: memory is not the constraint, recomputation would only cost time")
     if mem_mib is None:
         band = min(policy.micro_batch_bands, key=lambda b: b.min_memory_gb)
@@ -334,9 +335,10 @@ def band_choice(inputs: Inputs, on_gpu: bool, mem_mib: float | None) -> BandChoi
     else:
         gb = mem_mib * MIB / GB  # the policy's bands are in GB (10^9 bytes), like the users' table
         band = policy.band_for(gb)
-        why = f"{gb:.1f} GB free per GPU is in the >= {band.min_memory_gb:g} GB band: micro-batch {band.micro_batch_size}"
+        why = (f"{gb:.1f} GB free per GPU is in the >= {band.min_memory_gb:g} GB band: micro-batch "
+               f"{band.micro_batch_size}")
     return BandChoice(band.micro_batch_size, why, band.gradient_checkpointing,
-                      f"the {band.min_memory_gb:g} GB band defaults to {'on' if band.gradient_checkpointing else 'off'}")
+                      f"the {band.min_memory_gb:g} GB band defaults to {('off', 'on')[band.gradient_checkpointing]}")
 
 
 def fit_to_target(resolver: Resolver, band: BandChoice, target: int, world: int, debug: bool) -> BandChoice:
@@ -350,7 +352,8 @@ def fit_to_target(resolver: Resolver, band: BandChoice, target: int, world: int,
     if debug or target >= micro * world:
         return band
     reduced = max(1, round(target / world))
-    why = f"{band.micro_reason}, reduced to {reduced} because the target global batch {target} < {micro} x {world} processes"
+    why = (f"{band.micro_reason}, reduced to {reduced} because the target global batch {target} < {micro} x {world} "
+           "processes")
     return BandChoice(reduced, why, band.gradient_checkpointing, band.checkpointing_reason)
 
 
@@ -374,7 +377,7 @@ def learning_rate(inputs: Inputs, resolver: Resolver, global_batch: int) -> floa
     ratio = global_batch / t.base_batch_size
     factor = ratio if t.lr_scaling == "linear" else math.sqrt(ratio)
     lr = t.learning_rate * factor
-    op = f"{global_batch}/{t.base_batch_size}" if t.lr_scaling == "linear" else f"sqrt({global_batch}/{t.base_batch_size})"
+    op = ("{}/{}" if t.lr_scaling == "linear" else "sqrt({}/{})").format(global_batch, t.base_batch_size)
     resolver.explain("learning_rate", f"{t.lr_scaling} scaling: {t.learning_rate:g} x {op} = {lr:.6g}")
     return lr
 

@@ -88,7 +88,8 @@ def load_table(path: str | None = None) -> GPUTable:
     try:
         return GPUTable.model_validate(data)
     except ValidationError as e:
-        raise UserError(format_validation_error(e, f"{p}: not a valid GPU table", keys_in="configs/gpus.yaml")) from None
+        raise UserError(format_validation_error(e, f"{p}: not a valid GPU table",
+                                                keys_in="configs/gpus.yaml")) from None
 
 
 def spec_for(dev: GPUInfo, table: GPUTable | None = None) -> GPUSpec | None:

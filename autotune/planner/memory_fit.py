@@ -20,6 +20,7 @@ import math
 from autotune.errors import PlanRefused, UserError
 from autotune.plan import MemoryEstimate
 from autotune.planner import memory
+from autotune.planner.choice import candidates, pick_by_time, time_reason, timed
 from autotune.planner.deciders import BandChoice, Inputs
 from autotune.planner.memory import STRATEGIES, Strategy
 from autotune.planner.micro import (
@@ -31,7 +32,6 @@ from autotune.planner.micro import (
 )
 from autotune.planner.model_facts import ModelFacts
 from autotune.planner.resolve import Decision, Resolver, is_set
-from autotune.planner.choice import candidates, pick_by_time, time_reason, timed
 from autotune.planner.weighing import Budget, MemoryFit, Need, Row, Timer, Weighing
 
 GIB = memory.GIB
@@ -122,13 +122,13 @@ def _halvings(top: int) -> list[int]:
     return out
 
 
-def fit(inputs: Inputs, resolver: Resolver, band: BandChoice, facts: ModelFacts, *, default_backend: str, default_zero: int | None,
-        world: int, nproc: int, num_nodes: int, half: bool, budget: Budget, bucket_elements: int,
-        force: bool, record: list | None = None, target: int | None = None, timer: Timer | None = None,
+def fit(inputs: Inputs, resolver: Resolver, band: BandChoice, facts: ModelFacts, *, default_backend: str,
+        default_zero: int | None, world: int, nproc: int, num_nodes: int, half: bool, budget: Budget,
+        bucket_elements: int, force: bool, target: int | None = None, timer: Timer | None = None,
         precision: str | None = None) -> MemoryFit:
     """Choose strategy, micro-batch and checkpointing; refuse when nothing fits (unless ``force``).
 
-    ``record``, when given, receives one ``Weighing`` (also when the plan is refused). ``timer`` (a model traced
+    The fit carries what was weighed (``MemoryFit.weighing``; a refusal carries it too). ``timer`` (a model traced
     as CUDA runs it, on a GPU of the table): among the options that fit, the highest predicted samples/s at the
     held global batch wins (ties within TIE: preference order); without it the seed rule's ``_pick``."""
     cfg = inputs.cfg
@@ -142,13 +142,12 @@ def fit(inputs: Inputs, resolver: Resolver, band: BandChoice, facts: ModelFacts,
         micro = resolver.resolve("micro_batch_size", micro_user, lambda: None, path="training.batch_size_per_gpu")
         ckpt = resolver.resolve("gradient_checkpointing", ckpt_user, lambda: None, verbatim=False)
         row = _row(sz, budget, default, bool(ckpt), micro, fixed_micro=True)
-        if record is not None:
-            record.append(Weighing((row,), budget))
         if row.why_not and not force:
             _refuse(inputs, sz, budget, [row], facts, fixed=f"the config verbatim (--no_auto_optimize): {row.label}, "
                     f"micro-batch {micro}")
         _explain_verbatim(resolver, default, row, force)
-        return MemoryFit(default, micro, bool(ckpt), _estimate(row, facts, budget, bool(ckpt)), None)
+        return MemoryFit(default, micro, bool(ckpt), _estimate(row, facts, budget, bool(ckpt)), None,
+                         Weighing((row,), budget))
 
     ckpt_supported = facts.checkpointing_supported
     if is_set(ckpt_user):
@@ -176,17 +175,11 @@ def fit(inputs: Inputs, resolver: Resolver, band: BandChoice, facts: ModelFacts,
         s, ckpt = opts[0]
         chosen = Row(s, ckpt, top, sz.need(s, top, ckpt), None)
         rows: tuple[Row, ...] = (chosen,)
-        if record is not None:
-            record.append(Weighing(rows, budget))
     else:
         rows = weigh(top, search, fixed_micro)
-        if record is not None:
-            record.append(Weighing(rows, budget))
         by_time = timer is not None and search and bool(target)
         if by_time:
             rows = tuple(timed(sz, rw, timer, target, world) for rw in rows)
-            if record is not None:
-                record[-1] = Weighing(rows, budget)
         picked = pick_by_time(rows) if by_time else _pick(rows, search, top)
         if picked is not None:
             chosen = picked
@@ -222,7 +215,8 @@ def fit(inputs: Inputs, resolver: Resolver, band: BandChoice, facts: ModelFacts,
     else:  # nothing to weigh: auto plans the band's micro-batch blind
         auto_micro = Decision(band.micro_batch_size, band.micro_reason)
     micro = resolver.resolve("micro_batch_size", micro_user, lambda: auto_micro, path="training.batch_size_per_gpu")
-    return MemoryFit(chosen.strategy, micro, bool(ckpt), _estimate(chosen, facts, budget, bool(ckpt)), engine_reason)
+    return MemoryFit(chosen.strategy, micro, bool(ckpt), _estimate(chosen, facts, budget, bool(ckpt)), engine_reason,
+                     Weighing(rows, budget))
 
 
 def _pick(rows: tuple[Row, ...], search: bool, top: int) -> Row | None:
@@ -291,7 +285,8 @@ def _micro_reason(band: BandChoice, chosen: Row, top: int, facts: ModelFacts | N
         reason += " (policy micro_batch_rule: band)"
     if chosen.micro == top:
         return reason
-    return f"{reason}; {chosen.micro} is the largest that fits with {chosen.label} ({chosen.need.total_gib:.1f} GiB estimated)"
+    return (f"{reason}; {chosen.micro} is the largest that fits with {chosen.label} "
+            f"({chosen.need.total_gib:.1f} GiB estimated)")
 
 
 def _ckpt_reason(chosen: Row, band: BandChoice, supported: bool) -> str:
@@ -326,20 +321,20 @@ def _explain(resolver: Resolver, inputs: Inputs, chosen: Row, rows: tuple[Row, .
         weighed = f"{chosen.need.total_gib:.2f} GiB of {budget.device_gib:.1f} GiB usable ({budget.basis})"
     resolver.explain("strategy", f"{chosen.label}: {weighed}")
     if s.backend == "fsdp":
-        resolver.explain("offload_optimizer", "needed for memory: CPUOffloadPolicy keeps the sharded weights, gradients and "
-                  "optimizer state in host RAM and steps on the CPU" if s.offload_optimizer else
+        resolver.explain("offload_optimizer", "needed for memory: CPUOffloadPolicy keeps the sharded weights, "
+                  "gradients and optimizer state in host RAM and steps on the CPU" if s.offload_optimizer else
                   "the sharded state fits in GPU memory without CPUOffloadPolicy (offload costs throughput)"
                   if budget.on_gpu else "FSDP2 on CPU processes: nothing to offload to")
         resolver.explain("offload_param", "with the optimizer (CPUOffloadPolicy)" if s.offload_param else "not needed")
-        resolver.explain("reshard_after_forward", "each unit's weights are gathered again for the backward (one unit held "
-                  "at a time)" if s.reshard_after_forward else "every unit's bf16 weights stay gathered from forward "
-                  "to backward (one all-gather a micro-step instead of two)")
+        resolver.explain("reshard_after_forward", "each unit's weights are gathered again for the backward (one unit "
+                  "held at a time)" if s.reshard_after_forward else "every unit's bf16 weights stay gathered from "
+                  "forward to backward (one all-gather a micro-step instead of two)")
     elif s.backend == "deepspeed":
         resolver.explain("offload_optimizer", "needed for memory" if s.offload_optimizer else
                   f"the model states fit in {'GPU memory' if budget.on_gpu else 'RAM'} without it (offload costs "
                   "throughput)")
-        resolver.explain("offload_param", "needed for memory: parameters live in host RAM between uses" if s.offload_param
-                  else "not needed")
+        resolver.explain("offload_param", "needed for memory: parameters live in host RAM between uses"
+                  if s.offload_param else "not needed")
     else:
         resolver.explain("offload_optimizer", "not a DeepSpeed run: optimizer offload is a ZeRO feature")
         resolver.explain("offload_param", "not a DeepSpeed run")
@@ -395,4 +390,5 @@ def _refuse(inputs: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: M
                 would.append(f"{rw.label}: {_up(rw.need.host_gib - budget.host_gib):.1f} GiB more host RAM per "
                              "node (%s GiB needed, %s usable)" % _over(rw.need.host_gib, budget.host_gib))
     raise PlanRefused(f"no plan fits: {facts.source} on {inputs.hw.num_nodes} node(s), {budget.basis}"
-                      + (f", with {fixed}" if fixed else ""), tried, would or ["a machine with more memory"])
+                      + (f", with {fixed}" if fixed else ""), tried, would or ["a machine with more memory"],
+                      Weighing(tuple(rows), budget))

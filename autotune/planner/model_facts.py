@@ -40,8 +40,8 @@ class LinearBytes(_Frozen):
 
     ``series``: the same kind of points for other moments of the step that can hold the peak
     (the trace gives the forward and backward peaks beside the overall one in ``points``); the
-    value is the largest over them, each extrapolated along its own last segment. A single line through the overall peak can bend
-    away: at small micro-batches the peak falls where weight-gradient temporaries dominate,
+    value is the largest over them, each extrapolated along its own last segment. A single line through the overall
+    peak can bend away: at small micro-batches the peak falls where weight-gradient temporaries dominate,
     at large ones at the end of the forward pass (first GPU run: an MLP at 16,384 rows,
     33 MiB predicted, 794 MiB real).
     """
@@ -263,7 +263,8 @@ class ModelFacts(_Frozen):
     def checkpointing_supported(self) -> bool:
         """Whether the plan's gradient checkpointing can reach the model (and be estimated)."""
         a = self.activations
-        return self.builtin_gpt or (a is not None and (a.fp32_checkpointed is not None or a.half_checkpointed is not None))
+        return self.builtin_gpt or (a is not None and (a.fp32_checkpointed is not None
+                                                       or a.half_checkpointed is not None))
 
     @property
     def traced_as_cuda(self) -> bool:
@@ -285,7 +286,8 @@ def builtin_facts(cfg: TrainConfig) -> ModelFacts:
                            half_checkpointed=lin(True, True), source="formula")
     unit, root = memory.gpt_fsdp_units(m.n_layer, m.n_embd, d.vocab_size, block)
     return ModelFacts(source=f"the built-in GPT ({m.n_layer} layers x {m.n_embd} wide)", num_parameters=n,
-                      trainable_parameters=n, largest_layer_parameters=memory.gpt_largest_layer(m.n_embd, d.vocab_size, block),
+                      trainable_parameters=n,
+                      largest_layer_parameters=memory.gpt_largest_layer(m.n_embd, d.vocab_size, block),
                       activations=acts, builtin_gpt=True, work=builtin_work(cfg, n), fsdp_unit="Block",
                       fsdp_unit_parameters=unit, fsdp_root_parameters=root)
 

@@ -3,7 +3,7 @@
 Each node's launcher detects its own machine. Nodes of one job can differ (other GPUs, less free
 memory, a smaller cgroup), and a plan made per node would then train inconsistently (different
 micro-batches, world sizes that do not add up). So before any rank starts, the launchers exchange
-what they detected on the master's port (autotune.launch.nodes: node 0 listens there for a moment,
+what they detected on the master's port (autotune.launch.exchange: node 0 listens there for a moment,
 then closes it for torchrun's own rendezvous on the same port; only the job's nodes are admitted, and
 each profile has passed a profile file's checks), and every node plans for ``smallest(...)`` of them:
 the same plan everywhere, said in the plan's warnings.

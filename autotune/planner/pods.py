@@ -1,6 +1,6 @@
 """A training operator's node facts as the planner's decisions: the Kubeflow Trainer's PET_NNODES /
 PET_NODE_RANK / PET_MASTER_ADDR / PET_MASTER_PORT, or the v1 operator's WORLD_SIZE / RANK / MASTER_ADDR where
-one pod is one node (read into the profile by ``autotune.hardware.kubernetes``). They are the rendezvous
+one pod is one node (read into the profile by ``autotune.hardware.pod``). They are the rendezvous
 deciders' third source: the user's flags win, then SLURM's allocation, then these, then one node. Each
 reason names the variable; an unreadable one refuses the plan unless every node flag is given."""
 

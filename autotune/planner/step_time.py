@@ -21,6 +21,7 @@ recording exists yet): their constants carry their sources below.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from autotune.planner.gpus import GPUSpec
 from autotune.planner.model_facts import PhaseWork, StepWork
 from autotune.profiles import HardwareProfile
@@ -38,7 +39,8 @@ class Calibration:
     kernel_s: float  # host time to dispatch one op (the floor of a step at small micro-batches)
 
 
-CALIBRATION = Calibration(matmul=0.74, attention=1.0, conv=0.0864, memory=0.539, optimizer_memory=0.316, kernel_s=3.69e-05)
+CALIBRATION = Calibration(matmul=0.74, attention=1.0, conv=0.0864, memory=0.539, optimizer_memory=0.316,
+                          kernel_s=3.69e-05)
 CALIBRATION_BASIS = ("roofline per op on the GPU table, efficiencies and kernel launch time fitted on the H100 "
                      "recordings of GPT-2 small, BERT-base and ResNet-50 (bench/fit_step_time.py)")
 

@@ -71,3 +71,4 @@ class MemoryFit:
     gradient_checkpointing: bool
     estimate: MemoryEstimate | None
     engine_reason: str | None = None  # why this engine, in numbers where time chose it (None: the seed rule's)
+    weighing: Weighing | None = None  # what was weighed to choose it

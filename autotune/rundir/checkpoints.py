@@ -9,22 +9,21 @@ import re
 from pathlib import Path
 
 from autotune.errors import UserError
-
-PREFIX = "step-"
+from autotune.rundir.layout import CHECKPOINT_META, CHECKPOINT_PREFIX, CHECKSUMS, RNG_PREFIX, checkpoint_dir
 
 
 def list_checkpoints(run_dir: str | Path, note=None) -> list[Path]:
     """The run's finished checkpoints, oldest first: folders ``step-<number>`` holding a meta.json. An odd entry
     under such a name (``step-best``, a file, a named pipe, a symbolic link, dangling or not) is not one autotune
     wrote: skipped, and said through ``note`` when given (never followed, never a traceback)."""
-    ckpt_dir = Path(run_dir) / "checkpoints"
+    ckpt_dir = checkpoint_dir(run_dir)
     if ckpt_dir.is_symlink() or not ckpt_dir.is_dir():
         if ckpt_dir.is_symlink() and note is not None:
             note(f"{ckpt_dir}: a symbolic link; autotune never follows links in a run directory: no checkpoint read")
         return []
     done = []
     for p in sorted(ckpt_dir.iterdir()):
-        if not p.name.startswith(PREFIX) or p.name.endswith(".tmp"):
+        if not p.name.startswith(CHECKPOINT_PREFIX) or p.name.endswith(".tmp"):
             continue
         odd = ("a symbolic link" if p.is_symlink() else "not a folder" if not p.is_dir()
                else "not a step number" if checkpoint_step(p) is None else None)
@@ -32,7 +31,7 @@ def list_checkpoints(run_dir: str | Path, note=None) -> list[Path]:
             if note is not None:
                 note(f"{p}: {odd}, not a checkpoint autotune wrote; skipped")
             continue
-        meta = p / "meta.json"
+        meta = p / CHECKPOINT_META
         if meta.is_file() and not meta.is_symlink():
             done.append(p)
     return sorted(done, key=checkpoint_step)
@@ -40,7 +39,7 @@ def list_checkpoints(run_dir: str | Path, note=None) -> list[Path]:
 
 def checkpoint_step(path: Path) -> int | None:
     """The step in a checkpoint's name (``step-00000100``: 100); None for another name (``step-best``)."""
-    digits = path.name[len(PREFIX):] if path.name.startswith(PREFIX) else ""
+    digits = path.name[len(CHECKPOINT_PREFIX):] if path.name.startswith(CHECKPOINT_PREFIX) else ""
     return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
@@ -48,7 +47,7 @@ def later_than(run_dir: str | Path, resume: str | Path) -> list[Path]:
     """The run dir's checkpoints after ``resume`` (one of them): an abandoned continuation when a run
     resumes from an older one."""
     resume = Path(resume).resolve()
-    if resume.parent != (Path(run_dir) / "checkpoints").resolve():
+    if resume.parent != checkpoint_dir(run_dir).resolve():
         return []  # resuming from another run's checkpoint: this run's own are not in its line
     step = checkpoint_step(resume)
     if step is None:
@@ -61,7 +60,7 @@ def set_aside(run_dir: str | Path, checkpoints: list[Path], stamp: str) -> Path 
     checkpoint of the run dir is then the run's own again, for --resume_from auto and for restarts."""
     if not checkpoints:
         return None
-    dest = Path(run_dir) / "checkpoints" / f"abandoned-{stamp}"
+    dest = checkpoint_dir(run_dir) / f"abandoned-{stamp}"
     dest.mkdir(parents=True, exist_ok=True)
     for c in checkpoints:
         c.rename(dest / c.name)
@@ -75,9 +74,9 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 def read_meta(path: str | Path) -> dict:
     p = Path(path)
-    meta_file = p / "meta.json"
+    meta_file = p / CHECKPOINT_META
     if not meta_file.exists():
-        raise UserError(f"--resume_from: {p} is not an autotune checkpoint (no meta.json); "
+        raise UserError(f"--resume_from: {p} is not an autotune checkpoint (no {CHECKPOINT_META}); "
                         "checkpoints live in <run_dir>/checkpoints/step-NNNNNNNN")
     from autotune.safe_input import load_json, read_text
 
@@ -103,7 +102,6 @@ def check_compatible(meta: dict, path: str | Path, backend: str, global_batch_si
 
 
 # ---- verified checkpoints ------------------------------------------------------------------------
-CHECKSUMS = "checksums.json"
 META_KEYS = ("step", "micro_batches_consumed", "backend", "world_size", "global_batch_size")
 
 
@@ -163,14 +161,14 @@ def meta_problems(ckpt: Path) -> list[str]:
     except UserError as e:
         return [str(e).removeprefix("--resume_from: ")]
     if not isinstance(meta, dict):
-        return [f"{ckpt / 'meta.json'}: not a JSON object"]
+        return [f"{ckpt / CHECKPOINT_META}: not a JSON object"]
     missing = [k for k in META_KEYS if k not in meta]
     if missing:
-        return [f"{ckpt / 'meta.json'}: missing {', '.join(missing)}"]
+        return [f"{ckpt / CHECKPOINT_META}: missing {', '.join(missing)}"]
     bad = [k for k in ("step", "micro_batches_consumed", "world_size", "global_batch_size")
            if not isinstance(meta[k], int) or isinstance(meta[k], bool) or meta[k] < 0]
     if bad:
-        return [f"{ckpt / 'meta.json'}: {', '.join(bad)} must be non-negative integers"]
+        return [f"{ckpt / CHECKPOINT_META}: {', '.join(bad)} must be non-negative integers"]
     return []
 
 
@@ -233,7 +231,7 @@ def _allowed(name: str, rel: str) -> bool:
         return True
     if rel.startswith("engine/"):
         return name in DEEPSPEED_GLOBALS
-    return rel.startswith("rng-rank") and name in OLDER_RNG_GLOBALS
+    return rel.startswith(RNG_PREFIX) and name in OLDER_RNG_GLOBALS
 
 
 def pickled_objects(data: bytes) -> set[str]:

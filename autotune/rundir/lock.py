@@ -24,8 +24,9 @@ from pathlib import Path
 
 from autotune.errors import UserError
 from autotune.rundir.fs import fs_error
+from autotune.rundir.layout import CHECKPOINT_PREFIX, CHECKPOINTS, LOCK, PLAN
 
-LOCK_NAME = ".autotune.lock"
+LOCK_NAME = LOCK
 
 def run_dir_marks(path: Path) -> list[str]:
     """What makes ``path`` an autotune run directory: the lock file every launch leaves, a
@@ -36,11 +37,11 @@ def run_dir_marks(path: Path) -> list[str]:
     marks = []
     if (path / LOCK_NAME).exists():
         marks.append(LOCK_NAME)
-    ckpts = path / "checkpoints"
-    if ckpts.is_dir() and any(p.name.startswith("step-") for p in ckpts.iterdir()):
-        marks.append("checkpoints")
-    if _is_plan(path / "plan.json"):
-        marks.append("plan.json")
+    ckpts = path / CHECKPOINTS
+    if ckpts.is_dir() and any(p.name.startswith(CHECKPOINT_PREFIX) for p in ckpts.iterdir()):
+        marks.append(CHECKPOINTS)
+    if _is_plan(path / PLAN):
+        marks.append(PLAN)
     return marks
 
 

@@ -1,5 +1,6 @@
 """The run's records (plan.json, hardware.json, the DeepSpeed JSONs, command.json, delivery.json):
-written whole or not at all, an earlier launch's kept under previous/, and never a secret in them."""
+written whole or not at all, an earlier launch's kept under previous/, and never a secret in them; and the plan read
+back (``load_plan``: a path, else $AUTOTUNE_PLAN)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,17 @@ from typing import Mapping
 
 from autotune.plan import TrainingPlan
 from autotune.profiles import HardwareProfile
-from autotune.rundir.layout import RUN_RECORDS
+from autotune.rundir.layout import (
+    COMMAND,
+    DELIVERY,
+    ENGINE_FLAVOUR_FILE,
+    FRAMEWORK_FLAVOUR_FILE,
+    HARDWARE,
+    PLAN,
+    PLAN_ENV,
+    PREVIOUS,
+    RUN_RECORDS,
+)
 
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.IGNORECASE)
 
@@ -49,12 +60,25 @@ def redact_args(argv: list[str]) -> list[str]:
     return out
 
 
+def load_plan(path: str | os.PathLike | None = None) -> TrainingPlan:
+    """The plan of this run: ``path`` (a run's plan.json), else the file the launcher names in $AUTOTUNE_PLAN;
+    read in bounded time and memory (``autotune.plan.load_plan``). Outside a launch and without a path: exit 2."""
+    from autotune.errors import UserError
+    from autotune.plan import load_plan as read_plan
+
+    path = path or os.environ.get(PLAN_ENV)
+    if not path:
+        raise UserError(f"no plan: pass --plan PATH, or launch with `python -m autotune launch` (which sets "
+                        f"{PLAN_ENV})")
+    return read_plan(path)
+
+
 def archive_run_files(run_dir: Path) -> Path | None:
     """Move an earlier launch's records to previous/<time>/ so a resume never overwrites them."""
     present = [run_dir / n for n in RUN_RECORDS if (run_dir / n).exists()]
     if not present:
         return None
-    dest = run_dir / "previous" / time.strftime("%Y%m%d-%H%M%S")
+    dest = run_dir / PREVIOUS / time.strftime("%Y%m%d-%H%M%S")
     while dest.exists():
         dest = dest.with_name(dest.name + "-1")
     dest.mkdir(parents=True)
@@ -65,29 +89,27 @@ def archive_run_files(run_dir: Path) -> Path | None:
 
 def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None, spec=None,
                   delivery=None, ds_framework: dict | None = None) -> None:
-    """Write the run's records (``ds``/``ds_framework``: DeepSpeed's JSON in its two flavours). They are written into a staging folder first; only when all of
-    them are safely on disk are an earlier launch's records moved to previous/ and the new ones
-    moved in, plan.json last (its presence means the rest is there). A full disk or a read-only
-    file system is one line naming the path; nothing earlier is lost."""
+    """Write the run's records (``ds``/``ds_framework``: DeepSpeed's JSON in its two flavours). They are written
+    into a staging folder first; only when all of them are safely on disk are an earlier launch's records moved to
+    previous/ and the new ones moved in, plan.json last (its presence means the rest is there). A full disk or a
+    read-only file system is one line naming the path; nothing earlier is lost."""
     from autotune.rundir.fs import fs_error
 
     files: list[tuple[str, str]] = []
     if delivery is not None:
-        files.append(("delivery.json", json.dumps(delivery.to_record(), indent=2) + "\n"))
-    files.append(("hardware.json", hw.to_json() + "\n"))
+        files.append((DELIVERY, json.dumps(delivery.to_record(), indent=2) + "\n"))
+    files.append((HARDWARE, hw.to_json() + "\n"))
     if ds is not None:
-        from autotune.rundir.layout import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE
-
         if ds_framework is None:
             raise ValueError("write_records: a DeepSpeed plan writes both flavours; pass ds_framework")
         files.append((ENGINE_FLAVOUR_FILE, json.dumps(ds, indent=2) + "\n"))
         files.append((FRAMEWORK_FLAVOUR_FILE, json.dumps(ds_framework, indent=2) + "\n"))
     if spec is not None:
-        files.append(("command.json", json.dumps(spec.to_record(), indent=2) + "\n"))
+        files.append((COMMAND, json.dumps(spec.to_record(), indent=2) + "\n"))
     if plan.run.script_args:  # the config's script arguments: a secret among them is not recorded
         run = plan.run.model_copy(update={"script_args": tuple(redact_args(list(plan.run.script_args)))})
         plan = plan.model_copy(update={"run": run})
-    files.append(("plan.json", plan.to_json() + "\n"))
+    files.append((PLAN, plan.to_json() + "\n"))
     staging = records / f".records-{secrets.token_hex(4)}"
     try:
         records.mkdir(parents=True, exist_ok=True)

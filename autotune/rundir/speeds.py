@@ -18,7 +18,8 @@ import os
 import time
 from pathlib import Path
 
-FILE = "speeds.json"
+from autotune.rundir.layout import SPEEDS, cache_dir
+
 MAX_ENTRIES = 500
 KEY = ("model", "machine", "strategy", "world_size", "micro_batch_size", "gradient_checkpointing", "precision")
 
@@ -51,9 +52,7 @@ def strategy_name(backend: str, zero_stage: int | None, offload_optimizer: bool)
 
 
 def _path() -> Path:
-    from autotune.rundir.layout import cache_dir
-
-    return cache_dir() / FILE
+    return cache_dir() / SPEEDS
 
 
 def _entries() -> list[dict]:

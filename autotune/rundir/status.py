@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from autotune.errors import EXIT_PREEMPTED, EXIT_REFUSED, EXIT_USAGE
-from autotune.rundir.layout import STATUS_DIR
+from autotune.rundir.layout import RANK_FILES, STATUS_DIR, STATUS_DIR_ENV, rank_file
 
 
 def status_dir(run_dir: str | Path) -> Path:
@@ -15,11 +15,11 @@ def status_dir(run_dir: str | Path) -> Path:
     outside the run dir, so a full or read-only run dir cannot swallow them), else the run dir."""
     import os
 
-    return Path(os.environ.get("AUTOTUNE_STATUS_DIR") or Path(run_dir) / STATUS_DIR)
+    return Path(os.environ.get(STATUS_DIR_ENV) or Path(run_dir) / STATUS_DIR)
 
 
 def status_path(run_dir: str | Path, rank: int) -> Path:
-    return status_dir(run_dir) / f"rank-{rank}.json"
+    return status_dir(run_dir) / rank_file(rank)
 
 
 def write_status(run_dir: str | Path, rank: int, code: int, message: str = "", **extra) -> None:
@@ -60,7 +60,7 @@ def read_rank_files(directory: str | Path, key: str, limit: int, note=_note_once
         note(f"{d}: a symbolic link; autotune never follows links in a run directory: skipped")
         return []
     out = []
-    for p in sorted(d.glob("rank-*.json")) if d.is_dir() else []:
+    for p in sorted(d.glob(RANK_FILES)) if d.is_dir() else []:
         try:
             fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:

@@ -17,11 +17,11 @@ user's script, before the script's own imports, and must not import torch (a sec
 import importlib
 
 _WHERE = {
-    "TrainingPlan": "autotune.plan", "load_plan": "autotune.plan",
-    "CheckpointManager": "autotune.runtime.checkpoint", "BatchStream": "autotune.runtime.data",
+    "TrainingPlan": "autotune.plan", "load_plan": "autotune.rundir.records",
+    "CheckpointManager": "autotune.runtime.checkpoint_manager", "BatchStream": "autotune.runtime.data",
     "DistContext": "autotune.runtime.dist", "cleanup": "autotune.runtime.dist", "init": "autotune.runtime.dist",
     "wait_for_everyone": "autotune.runtime.dist", "Engine": "autotune.runtime.engine",
-    "make_engine": "autotune.runtime.engine", "make_logger": "autotune.runtime.logging",
+    "make_engine": "autotune.runtime.engine", "make_logger": "autotune.runtime.metric_sinks",
 }
 __all__ = list(_WHERE)
 

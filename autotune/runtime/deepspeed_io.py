@@ -12,17 +12,15 @@ import os
 from pathlib import Path
 
 from autotune.errors import UserError
-from autotune.rundir.layout import ENGINE_FLAVOUR_FILE
-
-IN_EFFECT_FILE = "deepspeed_in_effect.json"
+from autotune.rundir.layout import DEEPSPEED_IN_EFFECT, ENGINE_FLAVOUR_FILE, PLAN, PLAN_ENV
 
 
 def read_ds_config(plan_path: str | Path | None) -> dict:
-    plan_path = plan_path or os.environ.get("AUTOTUNE_PLAN")
+    plan_path = plan_path or os.environ.get(PLAN_ENV)
     path = Path(plan_path).with_name(ENGINE_FLAVOUR_FILE) if plan_path else None
     if path is None or not path.is_file():
-        raise UserError("the plan's backend is deepspeed but no deepspeed_config.json lies beside plan.json "
-                        f"({plan_path or '$AUTOTUNE_PLAN unset'}); launch with `python -m autotune launch`")
+        raise UserError(f"the plan's backend is deepspeed but no {ENGINE_FLAVOUR_FILE} lies beside {PLAN} "
+                        f"({plan_path or '$' + PLAN_ENV + ' unset'}); launch with `python -m autotune launch`")
     return json.loads(path.read_text())
 
 
@@ -46,4 +44,4 @@ def in_effect(ds_engine) -> dict:
 def write_in_effect(ds_engine, run_dir: Path) -> None:
     from autotune.rundir.fs import write_whole
 
-    write_whole(Path(run_dir) / IN_EFFECT_FILE, json.dumps(in_effect(ds_engine), indent=2))
+    write_whole(Path(run_dir) / DEEPSPEED_IN_EFFECT, json.dumps(in_effect(ds_engine), indent=2))

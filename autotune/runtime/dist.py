@@ -181,10 +181,11 @@ def check_replicas(ctx: DistContext, module: torch.nn.Module, step: int, run_dir
     differ = [r["rank"] for r in every if r["sha256"] != every[0]["sha256"]]
     record = {"step": step, "identical": not differ, "ranks": every}
     from autotune.rundir.fs import write_whole
+    from autotune.rundir.layout import REPLICAS
 
-    write_whole(Path(run_dir) / "replicas.json", json.dumps(record, indent=2) + "\n")
+    write_whole(Path(run_dir) / REPLICAS, json.dumps(record, indent=2) + "\n")
     if differ:
         print(f"autotune: warning: after step {step} the weights on rank {', '.join(map(str, differ))} differ "
-              f"from rank 0's (a data-parallel run keeps identical copies); see {Path(run_dir) / 'replicas.json'}",
+              f"from rank 0's (a data-parallel run keeps identical copies); see {Path(run_dir) / REPLICAS}",
               file=sys.stderr, flush=True)
     return record

@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from autotune.plan import TrainingPlan
+from autotune.rundir.layout import DEEPSPEED_ENGINE_DIR, MODEL_WEIGHTS, TRAINER_STATE
 from autotune.runtime.deepspeed_io import read_ds_config
 from autotune.runtime.dist import DistContext
 
@@ -243,17 +244,17 @@ class LocalEngine:
         apply_hyperparameters(self.plan, self.opt.optimizer, self.opt.scheduler)
     def save_state(self, directory: Path, is_main: bool) -> None:
         if is_main:  # identical on every rank (DDP keeps replicas in step): one copy serves any world size
-            torch.save(self.opt.state_dict(), directory / "trainer.pt")
+            torch.save(self.opt.state_dict(), directory / TRAINER_STATE)
 
     def load_state(self, directory: Path) -> None:
-        weights = torch.load(directory / "model.pt", map_location=self.ctx.device, weights_only=True)
+        weights = torch.load(directory / MODEL_WEIGHTS, map_location=self.ctx.device, weights_only=True)
         self.module.load_state_dict(weights)
         from autotune.runtime import fsdp
 
         if fsdp.is_sharded(directory):  # an FSDP2 checkpoint: its optimizer shards, gathered whole by DCP
             fsdp.load_into_local(directory, self.module, self.opt.optimizer, self.opt.scheduler)
             return
-        self.opt.load_state_dict(torch.load(directory / "trainer.pt", map_location=self.ctx.device,
+        self.opt.load_state_dict(torch.load(directory / TRAINER_STATE, map_location=self.ctx.device,
                                             weights_only=True))
 
 
@@ -358,13 +359,14 @@ class DeepSpeedEngine:
         return self.module.state_dict() if self.ctx.is_main else None
 
     def save_state(self, directory: Path, is_main: bool) -> None:
-        self.model.save_checkpoint(str(directory / "engine"), tag="state")  # every rank writes its partition
+        # every rank writes its partition
+        self.model.save_checkpoint(str(directory / DEEPSPEED_ENGINE_DIR), tag="state")
 
     def load_state(self, directory: Path) -> None:
-        from autotune.runtime.checkpoint import weights_only_everywhere
+        from autotune.runtime.checkpoint_manager import weights_only_everywhere
 
         with weights_only_everywhere():
-            self.model.load_checkpoint(str(directory / "engine"), tag="state")
+            self.model.load_checkpoint(str(directory / DEEPSPEED_ENGINE_DIR), tag="state")
 
     def apply_hyperparameters(self) -> None:
         apply_hyperparameters(self.plan, self.optimizer, self.scheduler)

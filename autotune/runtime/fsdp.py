@@ -35,10 +35,10 @@ import torch.nn as nn
 
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan
+from autotune.rundir.layout import FSDP_TRAINER, MODEL_WEIGHTS, TRAINER_STATE
 from autotune.runtime.dist import DistContext
 
 SHARDED_DIR = "fsdp"  # the DCP folder inside a checkpoint
-TRAINER_JSON = "trainer.json"  # param groups and the scheduler's state (rank 0)
 
 
 # -- checkpoints as data ----------------------------------------------------------------------------------------
@@ -94,17 +94,17 @@ def _json_ready(obj):
 
 
 def _save_trainer(directory: Path, param_groups: list, scheduler) -> None:
-    (directory / TRAINER_JSON).write_text(json.dumps(
+    (directory / FSDP_TRAINER).write_text(json.dumps(
         {"param_groups": _json_ready(param_groups), "scheduler": _json_ready(scheduler.state_dict())}, indent=1))
 
 
 def _read_trainer(directory: Path) -> dict:
     from autotune.safe_input import load_json, read_text
 
-    data = load_json(read_text(directory / TRAINER_JSON, "--resume_from"), f"--resume_from: {directory}")
+    data = load_json(read_text(directory / FSDP_TRAINER, "--resume_from"), f"--resume_from: {directory}")
     if not isinstance(data, dict) or not isinstance(data.get("param_groups"), list) or \
             not isinstance(data.get("scheduler"), dict):
-        raise UserError(f"--resume_from: {directory / TRAINER_JSON} is not the trainer state autotune wrote")
+        raise UserError(f"--resume_from: {directory / FSDP_TRAINER} is not the trainer state autotune wrote")
     for group in data["param_groups"]:
         if isinstance(group.get("betas"), list):
             group["betas"] = tuple(group["betas"])
@@ -279,8 +279,8 @@ class FSDPEngine:
         """A DDP or single-process checkpoint: whole weights and optimizer state, sharded on the way in."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        weights = torch.load(directory / "model.pt", map_location="cpu", weights_only=True)
-        trainer = torch.load(directory / "trainer.pt", map_location="cpu", weights_only=True)
+        weights = torch.load(directory / MODEL_WEIGHTS, map_location="cpu", weights_only=True)
+        trainer = torch.load(directory / TRAINER_STATE, map_location="cpu", weights_only=True)
         names = [n for n, _ in self.module.named_parameters()]
         saved = trainer["optimizer"]
         optim = {"state": {names[i]: s for i, s in saved["state"].items()},

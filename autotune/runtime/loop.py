@@ -15,7 +15,15 @@ import torch
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan
 from autotune.rundir.fs import append_text, write_whole
-from autotune.runtime.checkpoint import CheckpointManager
+from autotune.rundir.layout import (
+    BACKOFF,
+    INJECT_OOM_ENV,
+    METRICS,
+    METRICS_LOG,
+    METRICS_SUPERSEDED,
+    RESUMES,
+)
+from autotune.runtime.checkpoint_manager import CheckpointManager
 from autotune.runtime.data import BatchStream, eval_batches
 from autotune.runtime.deepspeed_io import write_in_effect
 from autotune.runtime.dist import (
@@ -27,7 +35,7 @@ from autotune.runtime.dist import (
     wait_for_everyone,
 )
 from autotune.runtime.engine import make_engine
-from autotune.runtime.logging import Progress, make_logger
+from autotune.runtime.metric_sinks import Progress, make_logger
 from autotune.runtime.preempt import StopRequest
 from autotune.runtime.watchdog import Watchdog
 from autotune.runtime.workload import build_model, eval_sums, make_datasets
@@ -81,37 +89,23 @@ def train(plan: TrainingPlan, run_dir: str | Path, ds_config: dict | None = None
 
 def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict | None,
            plan_path: str | Path | None, stop: StopRequest, watch: Watchdog) -> dict:
-    b, run = plan.batch, plan.run
-    model = build_model(plan.workload, plan.memory.gradient_checkpointing)  # same seed -> same init on every rank
+    b, run, total = plan.batch, plan.run, plan.schedule.total_steps
+    # -- build: the same seed gives every rank the same initial weights
+    model = build_model(plan.workload, plan.memory.gradient_checkpointing)
     train_ds, val_ds = make_datasets(plan.workload.data)
     run_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(plan, model, ctx, ds_config=ds_config, plan_path=plan_path)
     if ctx.is_main and engine.name == "deepspeed":  # DeepSpeed's own reading of the plan's JSON
         write_in_effect(engine.model, run_dir)
     ckpts = CheckpointManager(run_dir, ctx, keep_last=run.keep_last)
-    step, consumed, saved_micro = 0, 0, None
-    resume_path = Path(run.resume_from) if run.resume_from else None
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    if restart > 0:  # torchrun restarted the group (--max_restarts): continue from the newest good checkpoint
-        def warn(msg: str) -> None:
-            print(f"autotune: warning: {msg}", file=sys.stderr, flush=True)
 
-        resume_path = ckpts.newest_good(warn) or resume_path
-        if ctx.is_main:
-            print(f"autotune: restart {restart}: " + (f"resuming from {resume_path}" if resume_path
-                                                       else "no checkpoint yet, starting over"), flush=True)
-    if resume_path is not None:
-        meta = ckpts.load(engine, resume_path)
-        step, consumed, saved_micro = meta["step"], meta["micro_batches_consumed"], meta.get("micro_batch_size")
-        if ctx.is_main:
-            _forget_after(run_dir / "metrics.jsonl", step)
-            _record_resume(run_dir, resume_path, step, meta.get("changed", {}))
+    # -- resume: the weights, optimizer and position of the checkpoint the launcher (or a restart) names
+    step, consumed, saved_micro, resume_path = _resume(plan, ctx, engine, ckpts, run_dir)
     ld = plan.loader
     stream = BatchStream(train_ds, b.micro_batch_size, ctx.rank, ctx.world_size, run.seed,
                          ld.num_workers, ld.pin_memory, ld.prefetch_factor, start_micro_batch=consumed,
                          saved_micro=saved_micro)
     logger = make_logger(plan, ctx, run_dir)
-    total = plan.schedule.total_steps
     progress = Progress(total, step, ctx.is_main, run.progress_bar)
     if ctx.is_main:
         progress.write(
@@ -122,28 +116,20 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
         )
     accum = b.gradient_accumulation_steps
     log_every, eval_every, save_every = run.log_every_steps, run.eval_every_steps, run.save_every_steps
-    history: list[dict] = []
-    jsonl = run_dir / "metrics.jsonl"
-
-    def record(entry: dict) -> None:
-        """Keep the entry; rank 0 appends it to metrics.jsonl (survives resumes)."""
-        history.append(entry)
-        if ctx.is_main:
-            append_text(jsonl, json.dumps(entry, default=_nan_safe) + "\n")
+    history = _History(run_dir / METRICS_LOG, ctx.is_main)
+    window = _Window(ctx, b.global_batch_size)
     batches = iter(stream)
     engine.train()
-    window_loss, window_steps, window_t0 = torch.zeros((), dtype=torch.float64), 0, time.perf_counter()
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     metrics: dict = {}
     backoff = OomBackoff(plan, ctx, engine, run_dir)
     preempted: dict | None = None
-    # samples/s after warm-up: the steps after the first logged window (which holds the first step's set-up)
-    timed_steps, timed_s, first_window_done = 0, 0.0, False
     while step < total:
+        # -- one optimizer step: the micro-batches' gradients accumulated, then the update
         watch.enter("step", f"step {step + 1}")
         t0 = time.perf_counter()
-        if backoff.enabled:
+        if backoff.enabled:  # out of memory on a rank: every rank retries the step in smaller pieces
             step_loss = backoff.run_step([next(batches) for _ in range(accum)], step + 1)
         else:
             step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
@@ -152,44 +138,39 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
             step_loss = step_loss / accum
         grad_norm = engine.step()
         step += 1
-        window_loss += step_loss.cpu()
-        window_steps += 1
-        step_time = time.perf_counter() - t0
-        if first_window_done:
-            timed_steps, timed_s = timed_steps + 1, timed_s + step_time
+        step_time = window.add(step_loss, t0)
+
+        # -- log the window since the last line: its loss over every rank and samples (a CPU-GPU sync point)
         if step % log_every == 0 or step == total or step == 1:
-            loss = all_reduce_sum(ctx, window_loss.clone()).item() / (window_steps * ctx.world_size)
-            elapsed = time.perf_counter() - window_t0
-            metrics = {"train/loss": loss, "train/lr": engine.lr(), "train/grad_norm": grad_norm,
-                       "train/samples_per_s": window_steps * b.global_batch_size / max(elapsed, 1e-9),
-                       "train/step_time_s": step_time, "train/epoch": stream.consumed / stream.per_epoch}
-            if ctx.device.type == "cuda":
-                metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2**30
+            metrics = window.close(engine, grad_norm, step_time, stream.consumed / stream.per_epoch)
             logger.log(metrics, step)
-            record({"step": step, **metrics})
+            history.record({"step": step, **metrics})
             progress.write(
-                f"step {step}/{total} | loss {loss:.4f} | lr {metrics['train/lr']:.2e} | grad_norm {grad_norm:.3f} | "
-                f"{metrics['train/samples_per_s']:.0f} samples/s | {step_time * 1000:.0f} ms/step"
+                f"step {step}/{total} | loss {metrics['train/loss']:.4f} | lr {metrics['train/lr']:.2e} | grad_norm "
+                f"{grad_norm:.3f} | {metrics['train/samples_per_s']:.0f} samples/s | {step_time * 1000:.0f} ms/step"
             )
-            window_loss.zero_()
-            window_steps, window_t0 = 0, time.perf_counter()
-            first_window_done = True
         progress.update(1, {"loss": f"{metrics.get('train/loss', float('nan')):.3f}"})
+
+        # -- evaluate every sample of the validation set once, every rank together
         if step % eval_every == 0 or step == total:
             watch.enter("step", f"evaluation at step {step}")
             wait_for_everyone(ctx)
             val = evaluate(engine, val_ds, ctx, max(b.micro_batch_size, 64))
             logger.log(val, step)
-            record({"step": step, **val})
+            history.record({"step": step, **val})
             progress.write(f"step {step}/{total} | val loss {val['val/loss']:.4f} | "
                            f"val accuracy {val['val/accuracy']:.3f} | exact match {val['val/exact_match']:.3f}")
             wait_for_everyone(ctx)
+
+        # -- checkpoint on schedule and at the end
         saved_now = False
         if (save_every and step % save_every == 0) or (step == total and run.save_at_end):
             with watch.phase("checkpoint", f"checkpoint at step {step}"):
                 path = ckpts.save(engine, step, stream.consumed)
             saved_now = True
             progress.write(f"checkpoint: {path}")
+
+        # -- a preemption signal stops every rank after the same step, agreed by all, with a checkpoint
         watch.enter("step", f"step {step} (agreeing whether to stop)")
         signum = stop.agreed(ctx.distributed, ctx.device)
         if signum and step < total:
@@ -205,16 +186,91 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
     logger.close()
     if preempted:
         return preempted
+
+    # -- the end: the data-parallel replicas must hold the same weights; the summary with the measured speed
     watch.enter("step", f"comparing the ranks' weights after step {step}")
     check_replicas(ctx, engine.module, step, run_dir, sharded=plan.engine.backend == "fsdp" or
                    plan.engine.backend == "deepspeed" and plan.engine.zero_stage == 3)
-    final = dict(history[-1]) if history else {}
+    final = dict(history.entries[-1]) if history.entries else {}
     if ctx.is_main:
-        summary = {"steps": step, "history": history, "final": final,
-                   "measured_samples_per_s": timed_steps * b.global_batch_size / timed_s if timed_steps else None,
-                   "measured_steps": timed_steps}
-        write_whole(run_dir / "metrics.json", json.dumps(summary, indent=2, default=_nan_safe))
+        summary = {"steps": step, "history": history.entries, "final": final,
+                   "measured_samples_per_s": window.samples_per_s(), "measured_steps": window.timed_steps}
+        write_whole(run_dir / METRICS, json.dumps(summary, indent=2, default=_nan_safe))
     return final
+
+
+def _resume(plan: TrainingPlan, ctx: DistContext, engine, ckpts: CheckpointManager, run_dir: Path):
+    """(step, micro-batches consumed, the checkpoint's micro-batch, the checkpoint or None): where training starts.
+    The launcher's ``plan.run.resume_from``; after torchrun restarted the group (--max_restarts), the newest
+    checkpoint that verifies. Rank 0 moves what was logged after that step aside and records the resume."""
+    resume_path = Path(plan.run.resume_from) if plan.run.resume_from else None
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if restart > 0:
+        def warn(msg: str) -> None:
+            print(f"autotune: warning: {msg}", file=sys.stderr, flush=True)
+
+        resume_path = ckpts.newest_good(warn) or resume_path
+        if ctx.is_main:
+            print(f"autotune: restart {restart}: " + (f"resuming from {resume_path}" if resume_path
+                                                       else "no checkpoint yet, starting over"), flush=True)
+    if resume_path is None:
+        return 0, 0, None, None
+    meta = ckpts.load(engine, resume_path)
+    step = meta["step"]
+    if ctx.is_main:
+        _forget_after(run_dir / METRICS_LOG, step)
+        _record_resume(run_dir, resume_path, step, meta.get("changed", {}))
+    return step, meta["micro_batches_consumed"], meta.get("micro_batch_size"), resume_path
+
+
+class _History:
+    """Every logged entry, kept for metrics.json; rank 0 also appends each to metrics.jsonl as it comes (a record
+    that survives a crash and a resume)."""
+
+    def __init__(self, jsonl: Path, is_main: bool):
+        self.jsonl, self.is_main, self.entries = jsonl, is_main, []
+
+    def record(self, entry: dict) -> None:
+        self.entries.append(entry)
+        if self.is_main:
+            append_text(self.jsonl, json.dumps(entry, default=_nan_safe) + "\n")
+
+
+class _Window:
+    """The steps since the last log line: their summed loss (on the CPU), count and time. And the run's speed after
+    warm-up: the steps after the first window, which holds the first step's set-up, counted apart."""
+
+    def __init__(self, ctx: DistContext, global_batch: int):
+        self.ctx, self.global_batch = ctx, global_batch
+        self.loss, self.steps, self.t0 = torch.zeros((), dtype=torch.float64), 0, time.perf_counter()
+        self.timed_steps, self.timed_s, self.warm = 0, 0.0, False
+
+    def add(self, step_loss: torch.Tensor, t0: float) -> float:
+        """Count a step that started at ``t0``; its time, to the moment its loss reached the CPU."""
+        self.loss += step_loss.cpu()  # waits for the step's kernels: a CPU-GPU sync point
+        self.steps += 1
+        step_time = time.perf_counter() - t0
+        if self.warm:
+            self.timed_steps, self.timed_s = self.timed_steps + 1, self.timed_s + step_time
+        return step_time
+
+    def close(self, engine, grad_norm: float, step_time: float, epoch: float) -> dict:
+        """The window's metrics (the loss averaged over its steps and every rank), and a new window."""
+        ctx = self.ctx
+        loss = all_reduce_sum(ctx, self.loss.clone()).item() / (self.steps * ctx.world_size)
+        elapsed = time.perf_counter() - self.t0
+        metrics = {"train/loss": loss, "train/lr": engine.lr(), "train/grad_norm": grad_norm,
+                   "train/samples_per_s": self.steps * self.global_batch / max(elapsed, 1e-9),
+                   "train/step_time_s": step_time, "train/epoch": epoch}
+        if ctx.device.type == "cuda":
+            metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2**30
+        self.loss.zero_()
+        self.steps, self.t0, self.warm = 0, time.perf_counter(), True
+        return metrics
+
+    def samples_per_s(self) -> float | None:
+        """Samples/s after warm-up (None: no step after the first window)."""
+        return self.timed_steps * self.global_batch / self.timed_s if self.timed_steps else None
 
 
 class OomBackoff:
@@ -237,7 +293,7 @@ class OomBackoff:
     def __init__(self, plan: TrainingPlan, ctx: DistContext, engine, run_dir: Path):
         self.ctx, self.engine, self.run_dir = ctx, engine, run_dir
         self.micro, self.accum, self.splits = plan.batch.micro_batch_size, plan.batch.gradient_accumulation_steps, 1
-        self.inject = _injection(os.environ.get("AUTOTUNE_INJECT_OOM", ""), ctx.rank)
+        self.inject = _injection(os.environ.get(INJECT_OOM_ENV, ""), ctx.rank)
         # ZeRO-3 gathers parameters inside the forward (a collective a rank that ran out never joins): no back-off
         zero3 = plan.engine.backend == "deepspeed" and plan.engine.zero_stage == 3
         self.enabled = not zero3 and (ctx.device.type == "cuda" or self.inject is not None)
@@ -252,7 +308,7 @@ class OomBackoff:
 
     def _before_forward(self, rows: int) -> None:
         if self.inject is not None and self.step >= self.inject[0] and rows > self.inject[1]:
-            raise torch.OutOfMemoryError(f"injected: {rows} rows > {self.inject[1]} (AUTOTUNE_INJECT_OOM)")
+            raise torch.OutOfMemoryError(f"injected: {rows} rows > {self.inject[1]} ({INJECT_OOM_ENV})")
 
     def run_step(self, batches: list, step: int) -> torch.Tensor:
         """One optimizer step's forward/backward over ``batches``; returns the mean loss."""
@@ -284,8 +340,8 @@ class OomBackoff:
         if self.ctx.is_main:
             print(f"autotune: out of memory on rank {ranks} at step {step} with micro-batch {micro}: every rank "
                   f"retries the step with micro-batch {new_micro} x accumulation {new_accum} (global batch "
-                  "unchanged); recorded in backoff.jsonl", flush=True)
-            append_text(self.run_dir / "backoff.jsonl", json.dumps({
+                  f"unchanged); recorded in {BACKOFF}", flush=True)
+            append_text(self.run_dir / BACKOFF, json.dumps({
                 "step": step, "ranks": who, "micro_batch_size": new_micro, "gradient_accumulation_steps": new_accum,
                 "was_micro_batch_size": micro}) + "\n")
 
@@ -305,7 +361,7 @@ def _record_resume(run_dir: Path, path: Path, step: int, changed: dict) -> None:
     if changed:
         print(f"autotune: changed since {path.name} (applied from step {step + 1}): {describe_changes(changed)}",
               flush=True)
-    append_text(run_dir / "resumes.jsonl", json.dumps({
+    append_text(run_dir / RESUMES, json.dumps({
         "step": step, "checkpoint": str(path), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "changed": {k: {"checkpoint": a, "now": b} for k, (a, b) in changed.items()}}) + "\n")
 
@@ -324,7 +380,7 @@ def _forget_after(jsonl: Path, step: int) -> None:
         (drop if later else keep).append(line)
     if not drop:
         return
-    append_text(jsonl.parent / "metrics.superseded.jsonl", "\n".join(drop) + "\n")
+    append_text(jsonl.parent / METRICS_SUPERSEDED, "\n".join(drop) + "\n")
     write_whole(jsonl, "".join(x + "\n" for x in keep))
 
 

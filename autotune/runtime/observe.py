@@ -36,12 +36,23 @@ import functools
 import os
 import sys
 import threading
-import time
 import weakref
 
-from autotune.runtime.observe_record import OWNER, WINDOW, WRITE_AT, AfterImport, _after, _batch_size, _guarded, _rank
-from autotune.runtime.observe_record import _record
-from autotune.runtime.observe_record import _state, write  # noqa: F401 - also where tests and tools find them
+from autotune.rundir.layout import OBSERVE_ENV, OBSERVED_BY_ENV, RUN_DIR_ENV
+from autotune.runtime.observe_record import (  # noqa: F401 - also where tests and tools find them
+    WINDOW,
+    WRITE_AT,
+    AfterImport,
+    _after,
+    _batch_size,
+    _ended,
+    _exit_code,
+    _guarded,
+    _rank,
+    _record,
+    _state,
+    write,
+)
 
 
 # -- the hooks, one module each ----------------------------------------------------------------------------------
@@ -332,33 +343,20 @@ HOOKS = {"torch.utils.data": _data, "torch.distributed": _distributed, "torch.nn
          "torch.amp.grad_scaler": _scaler, "deepspeed": _deepspeed, "accelerate": _accelerate}
 
 
-def _ended(how: str) -> None:
-    rec = _record()
-    rec["ended"] = time.time()
-    if how == "returned" and rec["raised"] is None and not rec["exit_code"]:
-        rec["returned"] = True  # returned normally: only then may a teardown failure after it be forgiven
-    write()
-
-
-def _exit_code(status) -> int:
-    """The code ``sys.exit(status)`` ends the process with: None is 0, any other non-integer (a message) is 1."""
-    return 0 if status is None else status if isinstance(status, int) else 1
-
-
 def install() -> None:
     """Start observing this process (the script's own code runs after). Off with AUTOTUNE_OBSERVE=0."""
-    if os.environ.get("AUTOTUNE_OBSERVE", "1") == "0" or _state.get("installed"):
+    if os.environ.get(OBSERVE_ENV, "1") == "0" or _state.get("installed"):
         return
     # Only the script's own ranks: torchrun's agent (no rank) and multiprocessing's spawned children (DataLoader
     # workers) inherit the PYTHONPATH too, and must not write a rank's record.
     if _rank() is None or "--multiprocessing-fork" in sys.argv or \
             any(a.startswith("from multiprocessing") for a in sys.argv):
         return
-    run_dir = os.environ.get("AUTOTUNE_RUN_DIR", "")
-    owner, _, owner_dir = os.environ.get(OWNER, "").partition(" ")
+    run_dir = os.environ.get(RUN_DIR_ENV, "")
+    owner, _, owner_dir = os.environ.get(OBSERVED_BY_ENV, "").partition(" ")
     if owner and owner != str(os.getpid()) and owner_dir == run_dir:
         return  # started by the rank's process (a helper, a compile worker): not the rank, left untouched
-    os.environ[OWNER] = f"{os.getpid()} {run_dir}"
+    os.environ[OBSERVED_BY_ENV] = f"{os.getpid()} {run_dir}"
     _state.update(installed=True, pid=os.getpid())
     _record()
     for name, hook in HOOKS.items():  # already imported (rare: sitecustomize runs first)

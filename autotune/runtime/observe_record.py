@@ -14,19 +14,16 @@ import os
 import threading
 import time
 
+from autotune.rundir.layout import OBSERVE_RANK_ENV, OBSERVED, RUN_DIR_ENV, rank_file
+
 WRITE_AT = (1, 2, 4, 8, 16)  # optimizer steps after which the record is written (and at exit)
 WINDOW = WRITE_AT[-1]  # the first steps, each kept one by one (samples, forwards, backwards, learning rate)
-# "<pid> <run dir>" of the process that observes a rank: set by it, inherited by every process it starts, which is
-# then not the rank's own and is left alone (a nested launch has another run dir and observes its own ranks)
-OWNER = "AUTOTUNE_OBSERVED_BY"
-# the rank of a one-process launch that gets no RANK (a script that decides on DDP by RANK runs as plain Python)
-SINGLE_RANK = "AUTOTUNE_OBSERVE_RANK"
 _lock = threading.Lock()
 _state: dict = {"fwd_samples": 0, "fwd_calls": 0, "bwd_calls": 0, "bwd_depth": 0}
 
 
 def _rank() -> str | None:
-    return os.environ.get("RANK") or os.environ.get(SINGLE_RANK) or None
+    return os.environ.get("RANK") or os.environ.get(OBSERVE_RANK_ENV) or None
 
 
 def _record() -> dict:
@@ -40,12 +37,10 @@ def _record() -> dict:
 
 
 def _path() -> str | None:
-    run_dir = os.environ.get("AUTOTUNE_RUN_DIR")
+    run_dir = os.environ.get(RUN_DIR_ENV)
     if not run_dir:
         return None
-    from autotune.rundir.layout import OBSERVED
-
-    return os.path.join(run_dir, OBSERVED, f"rank-{_rank() or '0'}.json")
+    return os.path.join(run_dir, OBSERVED, rank_file(_rank() or "0"))
 
 
 def write() -> None:
@@ -64,6 +59,19 @@ def write() -> None:
         os.replace(tmp, path)
     except Exception:  # noqa: BLE001 - observing must never break the user's run
         pass
+
+
+def _ended(how: str) -> None:
+    rec = _record()
+    rec["ended"] = time.time()
+    if how == "returned" and rec["raised"] is None and not rec["exit_code"]:
+        rec["returned"] = True  # returned normally: only then may a teardown failure after it be forgiven
+    write()
+
+
+def _exit_code(status) -> int:
+    """The code ``sys.exit(status)`` ends the process with: None is 0, any other non-integer (a message) is 1."""
+    return 0 if status is None else status if isinstance(status, int) else 1
 
 
 def _guarded(where: str):
@@ -115,8 +123,8 @@ def _batch_size(batch) -> int | None:
 
 
 class AfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for the modules in ``hooks`` (module name -> hook), wraps the real loader so the hook runs once the module
-    has executed (the script imports them; the observer never imports torch on its own)."""
+    """Finds nothing itself: for the modules in ``hooks`` (module name -> hook), wraps the real loader so the hook
+    runs once the module has executed (the script imports them; the observer never imports torch on its own)."""
 
     def __init__(self, hooks: dict) -> None:
         self.hooks = hooks

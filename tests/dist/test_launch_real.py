@@ -336,7 +336,7 @@ def test_two_nodes_on_one_machine_through_the_slurm_path(runs, small_config, tmp
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                 env={**env, "SLURM_NODEID": str(node)})
 
-    # Node 0 first: its hardware exchange (autotune.launch.nodes) listens on the master address only, meets a
+    # Node 0 first: its hardware exchange (autotune.launch.exchange) listens on the master address only, meets a
     # stranger without the job's secret who says it is node 1, and 60 idle connections; the real node 1 then joins.
     procs = [start(0)]
     strangers = _strangers_at_node_0s_exchange(procs[0], port)
@@ -394,7 +394,7 @@ def _strangers_at_node_0s_exchange(node0, port):
     import time
 
     from autotune.errors import UserError
-    from autotune.launch.nodes import meet
+    from autotune.launch.exchange import meet
     from autotune.profiles import load_profile
 
     deadline = time.monotonic() + 120

@@ -66,7 +66,7 @@ def test_node_0_refuses_a_peer_with_an_impossible_profile_by_name(small_config, 
     line naming node 1 and the field, no traceback, nothing written (issue 34: a peer's profile passes the checks a
     profile file gets)."""
     from autotune.errors import UserError
-    from autotune.launch.nodes import meet
+    from autotune.launch.exchange import meet
     from autotune.profiles import load_profile
 
     port = free_port()

@@ -13,7 +13,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import ROOT
 
 SMALL = """
@@ -53,7 +52,8 @@ def test_detection_matches_nvidia_smi(record):
         assert abs(d["memory_free_mib"] - int(s["memory.free"])) < 512  # free memory moves between the two reads
         assert d["compute_capability"] == s["compute_cap"]
         assert d["pci_bus_id"].lower().endswith(s["pci.bus_id"].lower()[-12:])
-    record("detection", f"{len(devs)} x {devs[0]['name']}, {devs[0]['memory_total_mib']} MiB, cc {devs[0]['compute_capability']}")
+    record("detection", f"{len(devs)} x {devs[0]['name']}, {devs[0]['memory_total_mib']} MiB, "
+                        f"cc {devs[0]['compute_capability']}")
 
 
 def test_visible_devices_by_uuid():
@@ -201,9 +201,9 @@ def test_fsdp2_on_one_gpu_peaks_within_the_estimate(record):
     policy's memory_headroom_fraction leaves)."""
     import torch
     import torch.distributed as dist
+    import trace_models
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    import trace_models
     from autotune.measure.fsdp_trace import wrap_units
     from autotune.measure.trace import _call, _loss, trace
     from autotune.planner.memory import STRATEGIES, fsdp_buffer_bytes, model_state_bytes
@@ -283,7 +283,7 @@ PROBE_PARAMS = (1024 * 4096 + 4096) + (4096 * 4096 + 4096) + (4096 * 1024 + 1024
 def probed(tmp_path_factory):
     """The probe's points (memory and times) at micro-batch 256, 512 and 2048 of a 3-layer MLP on GPU 0, and the
     folder of the model's module."""
-    from autotune.measure.probe import probe
+    from autotune.measure.gpu_probe import probe
 
     where = tmp_path_factory.mktemp("probe")
     (where / "probe_model.py").write_text(
@@ -300,11 +300,11 @@ def probed(tmp_path_factory):
 
 
 def test_the_gpu_probe_is_within_2_percent_of_a_measured_step(record, probed):
-    """The probe (autotune.measure.probe: real steps at two micro-batches) predicts a third micro-batch's peak,
+    """The probe (autotune.measure.gpu_probe: real steps at two micro-batches) predicts a third micro-batch's peak,
     measured here the same way, to within 2 %."""
     import torch
 
-    from autotune.measure.probe import probed_line
+    from autotune.measure.gpu_probe import probed_line
 
     points, _ = probed
     line = probed_line(points[:2], 16 * PROBE_PARAMS)
@@ -320,8 +320,9 @@ def test_the_gpu_probe_times_its_steps_and_the_plan_takes_them(record, probed, m
     summary: the time model is judged in bench/, not here)."""
     from autotune.config import TrainConfig
     from autotune.hardware import detect
-    from autotune.measure import _TRACE_CACHE, model_facts_probed
-    from autotune.measure.probe import probed_steps
+    from autotune.measure import model_facts_probed
+    from autotune.measure.cache import TRACE_CACHE as _TRACE_CACHE
+    from autotune.measure.gpu_probe import probed_steps
     from autotune.planner import plan
 
     points, where = probed

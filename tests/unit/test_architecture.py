@@ -20,8 +20,8 @@ LAYERS: list[set[str]] = [
     {"autotune.errors", "autotune.safe_input"},
     {"autotune.config", "autotune.profiles", "autotune.plan"},
     {"autotune.hardware", "autotune.planner", "autotune.rundir"},
-    {"autotune.exports", "autotune.runtime"},
-    {"autotune.prepare", "autotune.measure"},
+    {"autotune.exports", "autotune.runtime", "autotune.measure"},
+    {"autotune.prepare"},
     {"autotune.launch"},
     {"autotune", "autotune.__main__", "autotune.train", "autotune.entry", "autotune.commands"},
 ]

@@ -16,11 +16,11 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import ROOT, examples
 
 from autotune.config import parse_config
 from autotune.errors import PlanRefused, UserError
 from autotune.profiles import HardwareProfile, load_profile, preset_names
-from support import ROOT, examples
 
 PRESET = json.loads((ROOT / "configs" / "hardware" / "4xL4.json").read_text())
 

@@ -2,20 +2,18 @@
 
 import json
 
-from autotune.prepare import resolve_resume
-from autotune.rundir.checkpoints import newest_good_checkpoint, verify_checkpoint
-
 import pytest
 import torch
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
 from autotune.planner import plan
+from autotune.prepare import resolve_resume
 from autotune.profiles import load_profile
-from autotune.runtime.checkpoint import CheckpointManager
+from autotune.rundir.checkpoints import latest_checkpoint, list_checkpoints, newest_good_checkpoint, verify_checkpoint
+from autotune.runtime.checkpoint_manager import CheckpointManager
 from autotune.runtime.dist import DistContext
 from autotune.runtime.engine import make_engine
-from autotune.rundir.checkpoints import latest_checkpoint, list_checkpoints
 from autotune.runtime.workload import build_model
 
 CTX = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), distributed=False)
@@ -170,7 +168,7 @@ def test_resuming_from_an_older_checkpoint_sets_the_later_ones_aside(tmp_path, c
     """keep_last 2: saved 10 and 20, resumed from 10, saved 15: the old 20 must not win --resume_from auto."""
     import types
 
-    from autotune.launch import set_aside_abandoned
+    from autotune.launch.sequence import set_aside_abandoned
     from autotune.rundir.checkpoints import latest_checkpoint, list_checkpoints
 
     def save(step):

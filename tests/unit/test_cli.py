@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from support import ROOT
 
 from autotune.__main__ import build_parser
-from support import ROOT
 
 PLAN_FLAGS = {"--config", "--hardware", "--policy", "--num_gpus", "--nproc_per_node", "--num_nodes", "--node_rank",
               "--master_addr", "--master_port", "--batch_size",
@@ -69,7 +69,8 @@ def test_missing_entrypoint_script_is_refused_before_launch(cli, tmp_path):
     (["launch", "--dry-run", "--resume_from", "/no/such/ckpt"], "no checkpoint directory"),
     (["plan", "--hardware", "4xT4", "--precision", "bf16"], "GPU 0 (Tesla T4, compute capability 7.5)"),
     (["launch", "--hardware", "4xL4"], "use --hardware with --dry-run"),
-    (["plan", "--hardware", "2x4xL4", "--node_rank", "2"], "distributed.node_rank: must be below the number of nodes (2)"),
+    (["plan", "--hardware", "2x4xL4", "--node_rank", "2"],
+     "distributed.node_rank: must be below the number of nodes (2)"),
 ])
 def test_bad_flags_exit_2_with_a_clear_message(cli, args, msg):
     r = cli("autotune", *args)
@@ -79,7 +80,6 @@ def test_bad_flags_exit_2_with_a_clear_message(cli, args, msg):
 
 def test_required_test_dependencies_fail_in_ci_instead_of_skipping(monkeypatch):
     import pytest as _pytest
-
     from support import require
 
     monkeypatch.setenv("CI", "true")

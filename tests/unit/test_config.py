@@ -5,10 +5,10 @@ import re
 import textwrap
 
 import pytest
+from support import ROOT
 
 from autotune.config import AUTO, TrainConfig, apply_overrides, load_config, parse_config
 from autotune.errors import UserError
-from support import ROOT
 
 
 def write(tmp_path, text, name="c.yaml"):
@@ -194,7 +194,8 @@ def test_check_command_missing_file(cli):
     ("distributed.node_rank", [0, 2**24], [-1, 2**24 + 1], None),
     ("distributed.backend", ["single", "ddp", "deepspeed"], ["DDP", "zero", 1],
      "must be one of 'auto', 'single', 'ddp', 'deepspeed'"),
-    ("training.mixed_precision", ["bf16", "fp16", "fp32"], ["fp8", "BF16"], "must be one of 'auto', 'bf16', 'fp16', 'fp32'"),
+    ("training.mixed_precision", ["bf16", "fp16", "fp32"], ["fp8", "BF16"],
+     "must be one of 'auto', 'bf16', 'fp16', 'fp32'"),
 ])
 def test_auto_or_value_fields_at_their_bounds(key, good, bad, message):
     """Each "auto"-or-value field: "auto" and null mean auto; the bounds themselves are accepted, one past
@@ -224,7 +225,8 @@ def test_auto_or_value_fields_at_their_bounds(key, good, bad, message):
     (None, []),  # an empty file: every default
     ({"model": {"n_embd": 64, "n_head": 4}}, []),
     ({"model": {"num_parameters": 10}}, ["model.num_parameters: moved to training.num_parameters (it describes your "
-                                         "own script's model; the built-in GPT's size follows from n_layer and n_embd)"]),
+                                         "own script's model; the built-in GPT's size follows from n_layer and "
+                                         "n_embd)"]),
     ({"training": {"entrypoint": "t.py", "model": "pkg.mod:make"}}, []),
     ({"training": {"entrypoint": "t.py", "model": "pkg.mod:make", "sample_input": "int[512]<50257"}}, []),
     ({"training": {"entrypoint": "t.py", "model": "pkg.mod:make", "sample_input": "[3, 224, 224]"}}, []),
@@ -242,7 +244,8 @@ def test_auto_or_value_fields_at_their_bounds(key, good, bad, message):
      ["training.sample_input: needs training.model (the factory of the model it feeds)"]),
     ({"training": {"entrypoint": "t.py", "sample_input": "m.f"}},  # no model, and a malformed input: both said
      ["training.sample_input: must look like package.module:function or a per-sample shape such as [3,224,224] "
-      "or int[512]<50257, got 'm.f'", "training.sample_input: needs training.model (the factory of the model it feeds)"]),
+      "or int[512]<50257, got 'm.f'",
+      "training.sample_input: needs training.model (the factory of the model it feeds)"]),
     ({"training": {"model": "m:f", "num_parameters": 5}},
      [f"training.{n}: describes your own script's model, but training.entrypoint is empty (the built-in workload is "
       "sized from the model section); set an entrypoint or remove it" for n in ("model", "num_parameters")]),
@@ -340,7 +343,8 @@ def test_the_guides_own_keys_are_answered_with_autotunes_names(tmp_path):
                       ("deepspeed", "distributed.backend: deepspeed"), ("zero_optimization", "distributed.zero_stage"),
                       ("training.per_device_train_batch_size", "training.batch_size_per_gpu"),
                       ("training.train_batch_size", "training.global_batch_size"),
-                      ("training.dataloader_num_workers", "data.num_workers"), ("training.lr", "training.learning_rate"),
+                      ("training.dataloader_num_workers", "data.num_workers"),
+                      ("training.lr", "training.learning_rate"),
                       ("training.num_train_epochs", "training.epochs")):
         line = next(x for x in r.stderr.splitlines() if x.strip().startswith(f"- {key}:"))
         assert f"autotune's name for it: {ours}" in line, line

@@ -50,7 +50,8 @@ def test_a_user_scripts_printed_plan_says_its_steps_are_unknown(cli, tmp_path):
     (tmp_path / "c.yaml").write_text("training:\n  entrypoint: s.py\n")
     r = cli("autotune", "plan", "--config", str(tmp_path / "c.yaml"), "--hardware", "cpu-only", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    lines = {ln.split(":", 1)[0]: ln for ln in r.stdout.splitlines() if ln.startswith(("Steps per epoch", "Total steps"))}
+    lines = {ln.split(":", 1)[0]: ln for ln in r.stdout.splitlines()
+             if ln.startswith(("Steps per epoch", "Total steps"))}
     assert "unknown: your script's data is not described (set data.num_samples" in lines["Steps per epoch"]
     assert lines["Total steps"].split()[-1] == "unknown"
 

@@ -1,14 +1,14 @@
 """Every generated DeepSpeed config, for every preset and world size, validated by DeepSpeed itself."""
 
 import pytest
+from profiles_util import preset_with_gpus
+from support import require
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.exports.deepspeed import KNOWN_TOP_LEVEL_KEYS, check_keys, deepspeed_config
-from autotune.planner.memory import bucket_size
 from autotune.planner import plan
+from autotune.planner.memory import bucket_size
 from autotune.profiles import load_profile, preset_names
-from profiles_util import preset_with_gpus
-from support import require
 
 ds_config_mod = require("deepspeed.runtime.config", reason="DeepSpeed is not installed")
 
@@ -43,7 +43,8 @@ def test_every_preset_world_and_stage_validates(label, hw, cfg, monkeypatch):
     p = plan(hw, cfg, deepspeed_installed=True)
     ds = deepspeed_config(p)
     check_keys(ds)
-    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * p.engine.world_size
+    assert ds["train_batch_size"] == \
+        ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * p.engine.world_size
     parsed = validate_with_deepspeed(ds, p.engine.world_size, monkeypatch)
     assert parsed.train_batch_size == p.batch.global_batch_size
     assert parsed.train_micro_batch_size_per_gpu == p.batch.micro_batch_size
@@ -101,7 +102,8 @@ def test_fields_that_change_training_hand_derived():
     ds = deepspeed_config(l4)
     assert ds["zero_optimization"]["overlap_comm"] is True
     # the built-in GPT's 101,696 parameters: the smallest bucket
-    assert ds["zero_optimization"]["reduce_bucket_size"] == 1_000_000 == ds["zero_optimization"]["allgather_bucket_size"]
+    zero = ds["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 1_000_000 == zero["allgather_bucket_size"]
     big = apply_overrides(TrainConfig(), {"training.num_parameters": 7_000_000_000, "training.entrypoint": "t.py"})
     l4_big = deepspeed_config(plan(load_profile("4xL4"), big, deepspeed_installed=True, force=True))
     assert l4_big["zero_optimization"]["reduce_bucket_size"] == 220_300_000  # 22.03 GiB x 10M < 7e8
@@ -131,7 +133,8 @@ ADAMW = {"type": "AdamW", "params": {"lr": 0.003, "betas": [0.9, 0.95], "eps": 1
 
 def test_whole_json_4xl4_bf16_zero2():
     # micro 16 (>= 20 GB band) x accumulation 4 x 4 GPUs = 256; buckets: the smallest (1M elements), the
-    # built-in GPT's 101,696 parameters being far below ten of 22.03 GiB x 10M elements; log every 10 steps -> DeepSpeed prints every 1000.
+    # built-in GPT's 101,696 parameters being far below ten of 22.03 GiB x 10M elements; log every 10 steps ->
+    # DeepSpeed prints every 1000.
     got = deepspeed_config(plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True))
     assert got == {
         "train_batch_size": 256, "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 4,
@@ -264,7 +267,6 @@ def test_framework_flavour_drops_the_engines_optimizer_and_leaves_the_rest_to_th
 
 def test_the_run_records_name_both_deepspeed_files():
     """runs.RUN_RECORDS spells the two file names out (the report path does not import this module)."""
-    from autotune.rundir.layout import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE
-    from autotune.rundir.layout import RUN_RECORDS
+    from autotune.rundir.layout import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE, RUN_RECORDS
 
     assert {ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE} <= set(RUN_RECORDS)

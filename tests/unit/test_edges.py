@@ -4,18 +4,25 @@
 import dataclasses
 
 import pytest
-
-from autotune.hardware import (PhysicalGPU, Visible, classify_interconnect, parse_cfs_quota, parse_cpu_max,
-                               parse_memory_limit, parse_proc_self_cgroup, read_cgroup_limits, select_visible)
-from autotune.hardware.cgroups import CgroupLimits
-from autotune.hardware.host import probe_cpu
-from autotune.exports.launch_spec import LaunchSpec, default_cache_dir, launch_spec
-from autotune.rundir.records import redact
-from autotune.planner import plan
-from autotune.config import TrainConfig, apply_overrides
-from autotune.profiles import load_profile
 from profiles_util import make_profile
 from test_hardware import FakePsutil, write_tree
+
+from autotune.config import TrainConfig, apply_overrides
+from autotune.exports.launch_spec import LaunchSpec, default_cache_dir, launch_spec
+from autotune.hardware.cgroups import (
+    CgroupLimits,
+    parse_cfs_quota,
+    parse_cpu_max,
+    parse_memory_limit,
+    parse_proc_self_cgroup,
+    read_cgroup_limits,
+)
+from autotune.hardware.host import probe_cpu
+from autotune.hardware.nvml import classify_interconnect
+from autotune.hardware.visible import PhysicalGPU, Visible, select_visible
+from autotune.planner import plan
+from autotune.profiles import load_profile
+from autotune.rundir.records import redact
 
 
 # -- cgroup text --------------------------------------------------------------------------------
@@ -144,7 +151,8 @@ def test_classify_interconnect():
 def test_record_and_shell_are_exact_and_redact_only_secrets():
     spec = LaunchSpec(cmd=["python", "-m", "x", "a b"], env={"B": "2 3", "A": "1", "HF_TOKEN": "s"},
                       env_sources={"A": "user", "B": "autotune", "HF_TOKEN": "user", "GONE": "user"}, cwd="/w")
-    assert spec.to_record() == {"argv": ["python", "-m", "x", "a b"], "env": {"B": "2 3", "A": "1", "HF_TOKEN": "<redacted>"},
+    assert spec.to_record() == {"argv": ["python", "-m", "x", "a b"],
+                                "env": {"B": "2 3", "A": "1", "HF_TOKEN": "<redacted>"},
                                 "env_sources": {"A": "user", "B": "autotune", "HF_TOKEN": "user"}, "cwd": "/w"}
     assert spec.shell() == "cd /w && A=1 B='2 3' HF_TOKEN='<redacted>' python -m x 'a b'"
     assert dataclasses.replace(spec, cwd=None).shell() == "A=1 B='2 3' HF_TOKEN='<redacted>' python -m x 'a b'"
@@ -306,7 +314,8 @@ def test_nvml_failures_are_named(tmp_path):
     old = run_detect(tmp_path, LibraryMessageOnly.from_profile(l4))
     assert old.gpus.reason == "no NVIDIA driver (NVML library not found)"
     broken = run_detect(tmp_path, FakeNVML.from_profile(l4, init_error=True), environ=env)
-    assert broken.unknown["gpus"] == broken.gpus.reason == "NVML failed to initialise (NVMLError_DriverNotLoaded: Driver Not Loaded)"
+    assert broken.unknown["gpus"] == broken.gpus.reason == \
+        "NVML failed to initialise (NVMLError_DriverNotLoaded: Driver Not Loaded)"
     assert broken.gpus.interconnect == "unknown" and broken.gpus.cuda_visible_devices == "0,1"
     empty = run_detect(tmp_path, FakeNVML([]))
     assert empty.gpus.reason == "NVML found no GPU" and not empty.gpus.available
@@ -318,7 +327,8 @@ def test_a_gpu_without_handle_is_a_placeholder_and_links_are_unknown(tmp_path):
     hw = run_detect(tmp_path, NoHandleFor1.from_profile(load_profile("4xL4")))
     assert hw.gpus.devices[1].error == "NVML returned no handle for this device"
     assert hw.gpus.devices[0].name == "NVIDIA L4"
-    assert hw.gpus.interconnect_reason == "NVML did not report peer links (RuntimeError: GPU 1 has no handle); treated as PCIe"
+    assert hw.gpus.interconnect_reason == \
+        "NVML did not report peer links (RuntimeError: GPU 1 has no handle); treated as PCIe"
 
 
 def test_memory_in_bytes_is_floored_to_whole_mib(tmp_path):
@@ -340,7 +350,7 @@ def test_mig_uses_the_current_mode_not_the_pending_one(tmp_path):
 
 # -- host records, whole, from recorded inputs ------------------------------------------------------------
 def test_slurm_variables_whole_record_and_fallback_names():
-    from autotune.hardware import parse_slurm_env
+    from autotune.hardware.host import parse_slurm_env
     from autotune.profiles import SlurmInfo
 
     full = {"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NTASKS": "8",
@@ -376,7 +386,8 @@ def test_cpu_record_whole(tmp_path):
     unknown = {}
     cpu = probe_cpu(NoPhysical(), CgroupLimits(errors={"cpu": "cannot read x"}), unknown, cpuinfo=info)
     assert (cpu.physical_cores, cpu.logical_cores) == (None, 4)
-    assert unknown == {"cpu.physical_cores": "psutil could not tell physical cores", "cpu.cgroup_quota_cores": "cannot read x"}
+    assert unknown == {"cpu.physical_cores": "psutil could not tell physical cores",
+                       "cpu.cgroup_quota_cores": "cannot read x"}
     unknown = {}
     probe_cpu(FakePsutil(fail=True), CgroupLimits(), unknown, cpuinfo=info)
     assert unknown == {"cpu.logical_cores": "OSError: no /proc", "cpu.physical_cores": "OSError: no /proc"}
@@ -400,7 +411,8 @@ def test_memory_record_whole():
     unknown = {}
     m = probe_memory(FakePsutil(fail=True), CgroupLimits(errors={"memory": "cannot read y"}), unknown)
     assert m == MemoryInfo(effective_reason="RAM unknown")
-    assert unknown == {"memory.total_mib": "OSError: no /proc/meminfo", "memory.available_mib": "OSError: no /proc/meminfo",
+    assert unknown == {"memory.total_mib": "OSError: no /proc/meminfo",
+                       "memory.available_mib": "OSError: no /proc/meminfo",
                        "memory.cgroup_limit_mib": "cannot read y", "memory.effective_mib": "RAM unknown"}
     assert probe_memory(FakePsutil(fail=True), CgroupLimits(memory_limit_bytes=2**30), {}).effective_mib == 1024
 
@@ -415,11 +427,12 @@ def test_memory_record_whole():
 
 
 def test_effective_cores_reasons():
-    from autotune.hardware import effective_cores
+    from autotune.hardware.host import effective_cores
 
     assert effective_cores(None, None, None) == (1, "core count unknown; assuming 1")
     assert effective_cores(8, None, None) == (8, "8 logical cores")
-    assert effective_cores(8, 4, 0.5) == (1, "cgroup CPU quota is 0.5 cores (also: 8 logical cores; CPU affinity allows 4)")
+    assert effective_cores(8, 4, 0.5) == \
+        (1, "cgroup CPU quota is 0.5 cores (also: 8 logical cores; CPU affinity allows 4)")
 
 
 def test_software_versions_search_path_default_is_sys_path(tmp_path, monkeypatch):
@@ -480,7 +493,7 @@ def test_deepspeed_json_for_a_non_deepspeed_plan_and_print_interval():
 
 
 def test_exports_without_offload_and_default_script():
-    from autotune.exports.tools import accelerate_config, torchrun_command
+    from autotune.exports.launchers import accelerate_config, torchrun_command
 
     p = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)
     assert accelerate_config(p)["deepspeed_config"]["offload_optimizer_device"] == "none"

@@ -471,18 +471,16 @@ def test_the_linger_clock_starts_once_from_the_ranks_own_records_and_a_script_fa
 def test_the_done_line_names_as_advisory_only_what_no_route_reached_and_nothing_observed():
     """The final line follows the observation: a value with no route that the script was observed running is in the
     observed line, not called "never reached"; without an observation the route table is all there is."""
-    from types import SimpleNamespace
-
     from autotune.exports.wiring import Delivery
-    from autotune.launch import _unreached
+    from autotune.launch.ending import unreached
 
     p = a_plan()
-    setup = SimpleNamespace(plan=p, delivery=Delivery({}, ["micro_batch_size", "num_workers"]))
+    d = Delivery({}, ["micro_batch_size", "num_workers"])
     seen = judge(p, [{**trained(record(r), 32, 4), "dataloaders": []} for r in (0, 1)])  # no loader: no workers seen
-    assert _unreached(setup, seen) == " (advisory: no route to the script, and not observed: num_workers)"
-    assert _unreached(setup, judge(p, [trained(record(r), 32, 4) for r in (0, 1)])) == ""
-    assert _unreached(setup, None) == " (advisory: no route to the script: micro_batch_size, num_workers)"
-    assert _unreached(SimpleNamespace(plan=p, delivery=Delivery({}, [])), seen) == ""
+    assert unreached(p, d, seen) == " (advisory: no route to the script, and not observed: num_workers)"
+    assert unreached(p, d, judge(p, [trained(record(r), 32, 4) for r in (0, 1)])) == ""
+    assert unreached(p, d, None) == " (advisory: no route to the script: micro_batch_size, num_workers)"
+    assert unreached(p, Delivery({}, []), seen) == ""
 
 
 FAST_AND_WRONG = """

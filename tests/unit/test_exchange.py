@@ -1,4 +1,4 @@
-"""The nodes' hardware exchange belongs to one job (issue 34; autotune.launch.nodes, exchange_host): node 0 listens
+"""The nodes' hardware exchange belongs to one job (issue 34; autotune.launch.exchange, exchange_host): node 0 listens
 on the master address only, every message carries the job secret's HMAC, a stranger is ignored and named and can
 neither take a rank nor read a thing, a peer's profile passes a profile file's checks, a flood of idle connections
 does not shut the real node out, and the preflight probe tells node 0's exchange or a slow store from a stranger.
@@ -11,12 +11,12 @@ import threading
 import time
 
 import pytest
+from support import free_port
 
 from autotune.errors import UserError
-from autotune.launch.nodes import exchange, job_secret, meet
+from autotune.launch.exchange import exchange, job_secret, meet
 from autotune.launch.preflight import probe_store
 from autotune.profiles import load_profile, peer_profile
-from support import free_port
 
 CPU = load_profile("cpu-only")
 SECRET = b"s3cret-of-this-job"
@@ -167,9 +167,9 @@ def test_the_probe_tells_a_slow_store_from_a_foreign_program():
 
 def test_the_job_secret_comes_from_its_file_or_the_environment_and_an_open_exchange_is_said_once(tmp_path,
                                                                                               monkeypatch):
-    import autotune.launch.nodes as nodes
+    import autotune.launch.exchange as exchange_module
 
-    monkeypatch.setattr(nodes, "_warned_open", [])
+    monkeypatch.setattr(exchange_module, "_warned_open", [])
     f = tmp_path / "secret"
     f.write_text("  from-file\n")
     assert job_secret({"AUTOTUNE_JOB_SECRET": "from-env"}, str(f)) == b"from-file"

@@ -4,12 +4,12 @@ import json
 
 import pytest
 import yaml
+from support import require
 
 from autotune.config import TrainConfig, apply_overrides
-from autotune.exports.tools import accelerate_config, torchrun_command
+from autotune.exports.launchers import accelerate_config, torchrun_command
 from autotune.planner import plan
 from autotune.profiles import load_profile, preset_names
-from support import require
 
 
 @pytest.mark.parametrize("name", preset_names())
@@ -21,7 +21,8 @@ def test_accelerate_config_loads_with_accelerate(name, tmp_path):
     loaded = config_args.load_config_from_file(str(f))
     assert loaded.num_processes == p.engine.world_size
     assert loaded.num_machines == p.engine.num_nodes
-    assert str(loaded.mixed_precision).lower().endswith({"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[p.numerics.precision])
+    assert str(loaded.mixed_precision).lower().endswith(
+        {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}[p.numerics.precision])
     dist_type = str(loaded.distributed_type)
     if p.engine.backend == "deepspeed":
         assert "DEEPSPEED" in dist_type and loaded.deepspeed_config["zero_stage"] == p.engine.zero_stage
@@ -74,7 +75,7 @@ def test_accelerate_whole_config_cpu_one_and_two_processes():
 
 def test_accelerate_export_refuses_deepspeed_on_cpu_and_names_the_launch_line():
     from autotune.errors import UserError
-    from autotune.exports.tools import accelerate_launch_line
+    from autotune.exports.launchers import accelerate_launch_line
 
     with pytest.raises(UserError) as e:
         _acc("cpu-only", **{"distributed.backend": "deepspeed"})
@@ -84,7 +85,8 @@ def test_accelerate_export_refuses_deepspeed_on_cpu_and_names_the_launch_line():
     two = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {"distributed.nproc_per_node": 2}))
     assert (two.batch.gradient_accumulation_steps, two.engine.world_size) == (2, 2)
     assert accelerate_launch_line(two, "a b.yaml", "t.py") == \
-        "ACCELERATE_USE_CPU=true ACCELERATE_GRADIENT_ACCUMULATION_STEPS=2 accelerate launch --config_file 'a b.yaml' t.py"
+        ("ACCELERATE_USE_CPU=true ACCELERATE_GRADIENT_ACCUMULATION_STEPS=2 accelerate launch --config_file 'a b.yaml' "
+         "t.py")
     # DeepSpeed's accumulation is in the file; one GPU process needs no CPU switch
     assert accelerate_launch_line(plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True), "a.yaml") == \
         "accelerate launch --config_file a.yaml train.py"
@@ -120,7 +122,7 @@ def test_zero3_offload_reaches_accelerate_and_the_deepspeed_json_and_launch_vari
     JSON) and named in Accelerate's file. The launch variables at their edges: one CPU process with no
     accumulation needs neither; two CPU processes need the CPU switch and nothing else."""
     from autotune.exports.deepspeed import deepspeed_config
-    from autotune.exports.tools import accelerate_launch_env
+    from autotune.exports.launchers import accelerate_launch_env
 
     z3 = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.zero_stage": 3,
                                                                      "distributed.offload_optimizer": True}),
@@ -133,7 +135,8 @@ def test_zero3_offload_reaches_accelerate_and_the_deepspeed_json_and_launch_vari
     assert (one.engine.world_size, one.batch.gradient_accumulation_steps) == (1, 1)
     assert accelerate_launch_env(one) == {}
     two = plan(cpu, apply_overrides(TrainConfig(), {"distributed.backend": "ddp", "distributed.nproc_per_node": 2,
-                                                    "training.global_batch_size": 32, "training.batch_size_per_gpu": 16}))
+                                                    "training.global_batch_size": 32,
+                                                    "training.batch_size_per_gpu": 16}))
     assert accelerate_launch_env(two) == {"ACCELERATE_USE_CPU": "true"}
 
 
@@ -197,8 +200,8 @@ def test_an_fsdp2_plan_exports_for_accelerate_as_accelerates_own_launcher_reads_
     Accelerate's own launcher turns that file into the variables its FSDP plugin reads: exactly those autotune's
     launcher sets for an unmodified Accelerator() (ACCELERATE_USE_FSDP and FSDP_*), and the plugin is FSDP2's.
     On CPU Accelerate trains with DDP instead: refused, as for DeepSpeed."""
-    from autotune.exports.launch_spec import FSDP_ENV, plan_values_env
     from autotune.errors import UserError
+    from autotune.exports.launch_spec import FSDP_ENV, plan_values_env
 
     p = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.backend": "fsdp"}))
     cfg = accelerate_config(p)

@@ -9,7 +9,7 @@ import torch
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
-from autotune.planner import memory, plan
+from autotune.planner import plan, weigh
 from autotune.planner.memory import STRATEGIES, fsdp_buffer_bytes, model_state_bytes
 from autotune.planner.model_facts import builtin_facts
 from autotune.profiles import load_profile
@@ -46,8 +46,8 @@ def test_fsdp_memory_lines_by_hand():
 
 def test_the_wrap_units_are_the_models_repeated_blocks():
     import torch.nn as nn
-
     import trace_models
+
     from autotune.measure.fsdp_trace import unit_sizes
 
     gpt = trace_models.small_gpt()
@@ -78,9 +78,9 @@ def test_fsdp_lines_against_a_fake_process_group_trace():
     itself at the traced world, the no-reshard variant from the same line within 10 % (its arithmetic keeps every
     unit gathered at the peak), and at 8 ranks low by at most the gradients not yet made at the peak, 4 bytes a
     parameter x (1/4 - 1/8), as measure.fsdp_trace says."""
+    import trace_models
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    import trace_models
     from autotune.measure.fsdp_trace import fsdp_lines, traced_peaks
     from autotune.measure.trace import _call, _loss
 
@@ -106,9 +106,8 @@ def test_fsdp_lines_against_a_fake_process_group_trace():
 # -- the choice among DDP, FSDP2 and ZeRO --------------------------------------------------------------------------
 
 def _weighed(hw, cfg, facts, deepspeed):
-    record: list = []
-    p = plan(hw, cfg, facts=facts, deepspeed_installed=deepspeed, record=record)
-    return p, {rw.label: rw for rw in record[-1].rows}
+    p, weighing = weigh(hw, cfg, facts=facts, deepspeed_installed=deepspeed)
+    return p, {rw.label: rw for rw in weighing.rows}
 
 
 def _recorded_gpt2(params=None):
@@ -159,9 +158,8 @@ def test_fsdp_is_forced_with_its_flag_and_refused_in_fp16():
     assert (p.engine.backend, p.engine.fsdp_unit, ds) == ("fsdp", "Block", None)
     assert p.overrides["backend"].chosen == "fsdp" and p.memory.estimate.strategy.startswith("FSDP2")
     # T4s have no bf16: autotune offers no FSDP2 there, and refuses it when asked
-    record: list = []
-    plan(load_profile("4xT4"), TrainConfig(), deepspeed_installed=True, record=record)
-    assert not [rw for rw in record[-1].rows if rw.strategy.backend == "fsdp"]
+    _, weighing = weigh(load_profile("4xT4"), TrainConfig(), deepspeed_installed=True)
+    assert not [rw for rw in weighing.rows if rw.strategy.backend == "fsdp"]
     with pytest.raises(UserError, match="autotune runs FSDP2 in bf16 or fp32"):
         plan_for(TrainConfig(), {"distributed.backend": "fsdp"}, "4xT4")
     # on CPU processes FSDP2 runs only when asked for, in fp32 and its units in RAM
@@ -218,7 +216,7 @@ def _weights(engine):
 
 
 def test_fsdp_checkpoints_continue_under_single_and_back_and_refuse_code(group, tmp_path):
-    from autotune.runtime.checkpoint import CheckpointManager
+    from autotune.runtime.checkpoint_manager import CheckpointManager
 
     fsdp, ctx = _engine("fsdp")
     _step(fsdp)

@@ -4,13 +4,19 @@ import json
 import sys
 
 import pytest
-
-from autotune.hardware import (
-    PhysicalGPU, Visible, detect, effective_cores, parse_cfs_quota, parse_cpu_max, parse_memory_limit,
-    parse_proc_self_cgroup, parse_slurm_env, read_cgroup_limits, select_visible,
-)
-from autotune.profiles import HardwareProfile, load_profile, preset_names
 from fake_nvml import FakeNVML
+
+from autotune.hardware import detect
+from autotune.hardware.cgroups import (
+    parse_cfs_quota,
+    parse_cpu_max,
+    parse_memory_limit,
+    parse_proc_self_cgroup,
+    read_cgroup_limits,
+)
+from autotune.hardware.host import effective_cores, parse_slurm_env
+from autotune.hardware.visible import PhysicalGPU, Visible, select_visible
+from autotune.profiles import HardwareProfile, load_profile, preset_names
 
 REQUIRED_PRESETS = {"cpu-only", "1xT4", "4xT4", "4xL4", "4xA100-80GB", "8xA100-40GB", "8xH100-80GB",
                     "2xRTX4090", "2x4xL4"}
@@ -76,8 +82,8 @@ def test_detect_reproduces_preset_gpus(tmp_path, preset):
     hw = run_detect(tmp_path, FakeNVML.from_profile(prof))
     assert hw.gpus.available and hw.num_gpus == prof.num_gpus
     for got, want in zip(hw.gpus.devices, prof.gpus.devices):
-        assert (got.name, got.memory_total_mib, got.memory_free_mib, got.compute_capability, got.uuid, got.pci_bus_id) == \
-               (want.name, want.memory_total_mib, want.memory_free_mib, want.compute_capability, want.uuid, want.pci_bus_id)
+        fields = ("name", "memory_total_mib", "memory_free_mib", "compute_capability", "uuid", "pci_bus_id")
+        assert [getattr(got, f) for f in fields] == [getattr(want, f) for f in fields]
     assert hw.gpus.interconnect == prof.gpus.interconnect
     assert hw.gpus.nvlink_pairs == prof.gpus.nvlink_pairs
     assert hw.gpus.driver_version == "550.54.15" and hw.gpus.cuda_driver_version == "12.4"
@@ -198,8 +204,8 @@ def test_a_mig_instance_gone_between_listing_and_probing_is_reported_with_nvmls_
 
 
 def test_a_mig_gpu_is_planned_as_its_slice_end_to_end(tmp_path):
-    from autotune.planner import plan
     from autotune.config import TrainConfig
+    from autotune.planner import plan
 
     mig = {0: [("MIG-aaaa-1111", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 19968, 19800),
                ("MIG-bbbb-2222", "NVIDIA A100-SXM4-40GB MIG 2g.10gb", 9856, 9800)]}
@@ -406,10 +412,11 @@ def test_report_on_this_machine_text_and_json(cli):
 @pytest.mark.parametrize("preset", sorted(REQUIRED_PRESETS))
 def test_report_every_preset(preset):
     import io
+    from argparse import Namespace
+
+    from support import ROOT
 
     from autotune.commands.report import run
-    from argparse import Namespace
-    from support import ROOT
 
     buf = io.StringIO()
     assert run(Namespace(json=False, profile=preset, config=str(ROOT / "configs/default_config.yaml"),
@@ -439,7 +446,10 @@ def test_report_does_not_import_torch_or_deepspeed(cli):
             "print('RC', rc, 'IMPORTED', [m for m in ('torch', 'deepspeed') if m in sys.modules])\n")
     r = cli("autotune.hardware", "report")
     assert r.returncode == 0 and "torch" in r.stdout  # torch is installed and reported by version...
-    import subprocess, sys, os
+    import os
+    import subprocess
+    import sys
+
     from support import ROOT
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -470,8 +480,9 @@ def test_shipped_presets_match_their_generator(tmp_path):
     import subprocess
     import sys
 
-    from autotune.profiles import PRESET_DIR
     from support import ROOT
+
+    from autotune.profiles import PRESET_DIR
 
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "make_presets.py"), "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
@@ -515,8 +526,8 @@ def test_report_does_not_call_the_other_nccl_build_missing():
     listed nvidia-nccl-cu12 as 'Not installed' as if something were wrong."""
     import io
 
-    from autotune.profiles import load_profile
     from autotune.exports.report import render_profile
+    from autotune.profiles import load_profile
 
     hw = load_profile("4xL4")
     for software, missing in (({"nvidia-nccl-cu12": None, "nvidia-nccl-cu13": "2.28.9", "deepspeed": None},
@@ -544,7 +555,8 @@ def test_failing_system_queries_are_unknown_by_their_own_field(tmp_path):
                          environ=env)
     g = nocount.gpus
     assert (g.available, g.count, g.interconnect) == (False, 0, "unknown")
-    assert (g.driver_version, g.cuda_driver_version, g.cuda_visible_devices) == ("550.54.15", "12.4", env["CUDA_VISIBLE_DEVICES"])
+    assert (g.driver_version, g.cuda_driver_version, g.cuda_visible_devices) == \
+        ("550.54.15", "12.4", env["CUDA_VISIBLE_DEVICES"])
     assert g.reason == nocount.unknown["gpus"] and g.reason
 
 
@@ -556,7 +568,8 @@ def test_a_gpu_answering_none_of_the_key_queries_is_marked_as_such(tmp_path):
     failing = {(1, q) for q in key} | {(2, "nvmlDeviceGetName")}
     hw = run_detect(tmp_path, FakeNVML.from_profile(prof, failing_queries=failing))
     d1, d2 = hw.gpus.devices[1], hw.gpus.devices[2]
-    assert (d1.nvml_index, d1.error, d1.name, d1.memory_total_mib) == (1, "device did not answer NVML queries", None, None)
+    assert (d1.nvml_index, d1.error, d1.name, d1.memory_total_mib) == \
+        (1, "device did not answer NVML queries", None, None)
     assert (d2.error, d2.name, d2.memory_total_mib) == (None, None, prof.gpus.devices[2].memory_total_mib)
 
 
@@ -670,8 +683,8 @@ def test_peer_links_without_a_handle_name_the_gpu(tmp_path, missing):
     prof = load_profile("4xL4")
     hw = run_detect(tmp_path, FakeNVML.from_profile(prof, failing_queries={(missing, "nvmlDeviceGetHandleByIndex")}))
     assert hw.gpus.interconnect == "unknown"
-    assert hw.gpus.interconnect_reason == (f"NVML did not report peer links (RuntimeError: GPU {missing} has no handle); "
-                                           "treated as PCIe")
+    assert hw.gpus.interconnect_reason == (f"NVML did not report peer links (RuntimeError: GPU {missing} has no "
+                                           "handle); treated as PCIe")
 
 
 class _InitFails(FakeNVML):
@@ -833,9 +846,10 @@ def test_a_profile_file_s_defaults_and_messages_by_hand():
     (free memory above a total of 1 MiB) are refused naming the origin, "<profile>" when none is given."""
     import json
 
+    from profiles_util import make_profile
+
     from autotune.errors import UserError
     from autotune.profiles import HardwareProfile
-    from profiles_util import make_profile
 
     hw = make_profile(gpus=[("GPU", 20000, 19000, "8.0")], ram_gib=64)
     d = json.loads(hw.to_json())

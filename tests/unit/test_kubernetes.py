@@ -12,13 +12,13 @@ import sys
 
 import pytest
 import yaml
+from support import in_process_cli, require
 
 from autotune.config import TrainConfig
 from autotune.errors import UserError
 from autotune.exports import kubernetes as k8s
 from autotune.planner import plan
 from autotune.profiles import load_profile
-from support import in_process_cli, require
 
 IMAGE = "registry.example.com/team/train:1.0"
 

@@ -131,7 +131,8 @@ def test_spec_is_pure_and_never_leaks_secrets():
     rec = json.dumps(s.to_record()) + s.shell()
     assert "sekrit" not in rec
     assert "WANDB_MODE" not in s.env  # a key is present: online is the user's call
-    _, s2 = spec_for("cpu-only", **{"logging.wandb": True, "logging.wandb_project": "p1", "logging.wandb_entity": "team"})
+    _, s2 = spec_for("cpu-only", **{"logging.wandb": True, "logging.wandb_project": "p1",
+                                    "logging.wandb_entity": "team"})
     assert {k: s2.env[k] for k in s2.env if k.startswith("WANDB_")} == {
         "WANDB_MODE": "offline", "WANDB_PROJECT": "p1", "WANDB_ENTITY": "team", "WANDB_DIR": "runs/x"}
     _, s3 = spec_for("cpu-only", environ={"HOME": "/h", "WANDB_PROJECT": "mine"}, **{"logging.wandb": True})
@@ -409,8 +410,9 @@ def test_plan_values_and_accelerate_variables_whole():
     p, _ = spec_for("4xT4", **{"training.learning_rate": 0.001})  # fp16, DeepSpeed x4, micro 12 x acc 5 = 240
     p = p.model_copy(update={"run": p.run.model_copy(update={"resume_from": "/ck/step-5"})})
     assert plan_values_env(p, "runs/x") == {
-        "AUTOTUNE_PLAN": "runs/x/plan.json", "AUTOTUNE_RUN_DIR": "runs/x", "AUTOTUNE_CHECKPOINT_DIR": "runs/x/checkpoints",
-        "AUTOTUNE_MICRO_BATCH_SIZE": "12", "AUTOTUNE_GRADIENT_ACCUMULATION_STEPS": "5", "AUTOTUNE_GLOBAL_BATCH_SIZE": "240",
+        "AUTOTUNE_PLAN": "runs/x/plan.json", "AUTOTUNE_RUN_DIR": "runs/x",
+        "AUTOTUNE_CHECKPOINT_DIR": "runs/x/checkpoints", "AUTOTUNE_MICRO_BATCH_SIZE": "12",
+        "AUTOTUNE_GRADIENT_ACCUMULATION_STEPS": "5", "AUTOTUNE_GLOBAL_BATCH_SIZE": "240",
         "AUTOTUNE_LEARNING_RATE": "0.001", "AUTOTUNE_PRECISION": "fp16", "AUTOTUNE_NUM_WORKERS": "3",
         "AUTOTUNE_BACKEND": "deepspeed", "AUTOTUNE_DEEPSPEED_CONFIG": "runs/x/deepspeed_config.json",
         "AUTOTUNE_RESUME_FROM": "/ck/step-5",
@@ -442,10 +444,10 @@ def test_kill_tree_kills_the_process_and_everything_under_it_and_nothing_else(tm
     from autotune.launch.process import kill_tree
 
     leaf = "import time; time.sleep(60)"
-    middle = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {leaf!r}], start_new_session=True); "
-              "time.sleep(60)")
-    top = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {middle!r}]); print('up', flush=True); "
-           "time.sleep(60)")
+    middle = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {leaf!r}], "
+              "start_new_session=True); time.sleep(60)")
+    top = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {middle!r}]); "
+           "print('up', flush=True); time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", top], stdout=subprocess.PIPE, text=True)
     sibling = subprocess.Popen([sys.executable, "-c", leaf])
     try:

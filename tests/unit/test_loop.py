@@ -245,9 +245,9 @@ def test_a_restart_by_torchrun_resumes_from_the_newest_good_checkpoint(tmp_path,
 def test_the_layout_and_a_back_off_do_not_change_what_is_trained(tmp_path, monkeypatch):
     """The same 32 samples a step as micro 16 x accumulation 2, as 8 x 4, and as 16 x 2 that an injected
     out-of-memory backs off to 8 x 4 from step 2: each step's loss and the validation figures are the same, to
-    float rounding, and so is the gradient's norm. So what a step logs is the mean loss over its samples (not one micro-batch's, not a sum), and
-    the update it makes does not depend on the split. The 8 x 4 run logs every 3 steps: its step 3 is the mean of
-    steps 2 and 3. The timings are bounded by the test's own clock."""
+    float rounding, and so is the gradient's norm. So what a step logs is the mean loss over its samples (not one
+    micro-batch's, not a sum), and the update it makes does not depend on the split. The 8 x 4 run logs every 3
+    steps: its step 3 is the mean of steps 2 and 3. The timings are bounded by the test's own clock."""
     runs = {}
     for name, extra, inject in (("16x2", {"training.log_every_steps": 1}, ""),
                                 ("8x4", {"training.batch_size_per_gpu": 8, "training.log_every_steps": 3}, ""),

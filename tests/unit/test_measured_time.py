@@ -28,9 +28,17 @@ def steps(ranks: int = 1, comm: float | None = None) -> MeasuredSteps:
                          all_reduce_s=comm, basis="timed on this CPU (AMD EPYC, test)")
 
 
+@pytest.fixture(autouse=True)
+def _no_past_runs(tmp_path, monkeypatch):
+    """Speeds kept by earlier launches on this machine (another suite's) would calibrate these plans: a cache of
+    this test's own."""
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
+
+
 # -- the step timed on this CPU --------------------------------------------------------------------------------
 
-def test_a_plan_for_this_cpu_times_the_models_step_as_its_ranks_will_run_it():
+def test_a_plan_for_this_cpu_times_the_models_step_as_its_ranks_will_run_it(monkeypatch):
+    """The request prepare makes of measure.timing (its children stand in for by a figure here)."""
     asked: list[dict] = []
 
     def time_steps(**what):
@@ -39,8 +47,9 @@ def test_a_plan_for_this_cpu_times_the_models_step_as_its_ranks_will_run_it():
 
     from autotune.prepare import plan_for
 
+    monkeypatch.setattr("autotune.measure.timing.measured_steps", time_steps)
     cfg = apply_overrides(TrainConfig(), {"distributed.nproc_per_node": 2, "training.max_steps": 100})
-    p, _, _ = plan_for(cfg, hardware=this_cpu(), time_steps=time_steps)
+    p, _, _ = plan_for(cfg, hardware=this_cpu(), time_cpu=True)
     what, = asked
     assert (what["ranks"], what["threads"], what["micro"]) == (2, p.loader.omp_num_threads, p.batch.micro_batch_size)
     assert what["model"] == "autotune.runtime.workload:timed_model" and what["cpu"] == "AMD EPYC"
@@ -55,7 +64,7 @@ def test_a_plan_for_this_cpu_times_the_models_step_as_its_ranks_will_run_it():
     for hw, extra in ((load_profile("cpu-only"), {}), (load_profile("4xL4"), {}),
                       (this_cpu(), {"training.probe": False}),
                       (this_cpu(), {"distributed.backend": "deepspeed", "distributed.nproc_per_node": 2})):
-        q, _, _ = plan_for(apply_overrides(cfg, extra), hardware=hw, time_steps=time_steps, with_deepspeed=False)
+        q, _, _ = plan_for(apply_overrides(cfg, extra), hardware=hw, time_cpu=True, with_deepspeed=False)
         assert len(asked) == 1
         assert q.schedule.time_estimate.samples_per_s is None or hw.gpus.devices
 
@@ -96,7 +105,7 @@ def test_the_timing_child_times_the_models_own_step(monkeypatch):
     assert all(p["fb_s"] > 0 and p["opt_s"] > 0 for p in out["points"])
     workload = {"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.0}, "data": {"seq_len": 4,
                                                                                               "vocab_size": 10}}
-    from autotune.prepare import BUILTIN_BATCH, BUILTIN_MODEL
+    from autotune.measure.timing import BUILTIN_BATCH, BUILTIN_MODEL
 
     req = timing.request(model=BUILTIN_MODEL, sample=BUILTIN_BATCH, micro=2, ranks=1, threads=1, precision="fp32",
                          checkpointing=True, clip=None, weight_decay=0.01, what="gpt",
@@ -109,7 +118,7 @@ def test_the_timing_child_times_the_models_own_step(monkeypatch):
 def test_probed_step_times_time_the_gpu_plan_and_say_so():
     """The H100's recorded t_fb and t_opt of GPT-2 small at micro-batch 8 and 16, as the probe would have timed them:
     the plan's plain step takes them, the basis says "probed on GPU 0", and the other options are scaled alike."""
-    from autotune.measure.probe import ProbePoint, probed_steps
+    from autotune.measure.gpu_probe import ProbePoint, probed_steps
     from autotune.planner.model_facts import CUDA_TRACED, ActivationModel, LinearBytes, ModelFacts, builtin_work
 
     rec = json.loads((TRUTH / "gpt2_small.json").read_text())
@@ -183,21 +192,23 @@ def test_a_past_run_with_the_same_settings_calibrates_the_plan_and_says_so():
 def test_past_runs_are_kept_per_model_and_machine_and_a_damaged_file_is_no_run(tmp_path, monkeypatch):
     from autotune.prepare import plan_for, speed_key
     from autotune.rundir import speeds
+    from autotune.rundir.layout import SPEEDS
 
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("autotune.measure.timing.measured_steps", lambda **w: steps(ranks=w["ranks"]))
     cfg, hw = TrainConfig(), this_cpu()
-    p, _, _ = plan_for(cfg, hardware=hw, time_steps=lambda **w: steps(ranks=w["ranks"]))
+    p, _, _ = plan_for(cfg, hardware=hw, time_cpu=True)
     model, machine = speed_key(cfg, hw)
     assert machine == "CPU AMD EPYC, 2 cores" and model.startswith("the built-in GPT (2 layers x 64 wide")
     assert speed_key(cfg, load_profile("cpu-only"))[1] is None  # a CPU of unknown model: no kind to match
     speeds.record(model, machine, p, 1234.5, p.schedule.time_estimate.samples_per_s, tmp_path / "runs" / "a")
     speeds.record("another model", machine, p, 99.0, None, tmp_path / "runs" / "b")
-    again, _, _ = plan_for(cfg, hardware=hw, time_steps=lambda **w: steps(ranks=w["ranks"]))
+    again, _, _ = plan_for(cfg, hardware=hw, time_cpu=True)
     te = again.schedule.time_estimate
     assert te.samples_per_s == 1234.5 and f"in {tmp_path / 'runs' / 'a'}: measured 1,234.5 samples/s" in te.basis
     speeds.record(model, machine, p, 1000.0, None, tmp_path / "runs" / "c")  # a newer run replaces it
     assert [r["run_dir"] for r in speeds.past_runs(model, machine)] == [str(tmp_path / "runs" / "c")]
-    (tmp_path / speeds.FILE).write_text("{not json")
+    (tmp_path / SPEEDS).write_text("{not json")
     assert speeds.past_runs(model, machine) == []
     assert plan_for(cfg, hardware=hw)[0].schedule.time_estimate.samples_per_s is None  # no timing, no run: unknown
 

@@ -1,6 +1,7 @@
 """The micro-batch of a model traced as CUDA runs it, by hand (planner/micro.py, policy.micro_batch_rule)."""
 
 import pytest
+from support import ROOT
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.planner import plan
@@ -8,7 +9,6 @@ from autotune.planner.micro import largest_fitting, steady_micro
 from autotune.planner.model_facts import CUDA_TRACED, ActivationModel, LinearBytes, ModelFacts
 from autotune.planner.policy import load_policy
 from autotune.profiles import load_profile
-from support import ROOT
 
 GIB = 2 ** 30
 H100 = load_profile(str(ROOT / "bench" / "gpu_truth" / "h100" / "h100-profile.json"))  # 81079 MiB free

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+import trace_models
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from autotune.errors import UserError
 from autotune.measure.trace import count_parameters, trace
-import trace_models
 
 
 def real_activation_peak(model, batch):
@@ -112,7 +112,8 @@ def test_the_line_is_the_largest_of_its_moments():
 @pytest.mark.parametrize("preset, precision, margin, source", [
     ("cpu-only", "auto", 1.1, "traced"),                  # policy.traced_activation_margin (the CPU trace)
     ("4xL4", "auto", 1.0, "traced as CUDA runs it"),      # bf16 on a GPU: whole steps as CUDA runs them, no margin
-    ("4xL4", "fp32", 4.5, "traced as CUDA runs it"),      # fp32 on a GPU: cuDNN workspaces (traced_activation_margin_gpu_fp32)
+    # fp32 on a GPU: cuDNN workspaces (traced_activation_margin_gpu_fp32)
+    ("4xL4", "fp32", 4.5, "traced as CUDA runs it"),
 ])
 def test_gpu_plans_trace_as_cuda_runs_and_keep_only_the_fp32_margin(preset, precision, margin, source, tmp_path,
                                                                   monkeypatch):
@@ -198,8 +199,10 @@ def test_a_model_whose_checkpointing_switch_raises_is_traced_without_it(tmp_path
 
 def test_the_trace_cache_answers_a_second_plan_without_tracing(tmp_path, monkeypatch):
     from autotune.config import TrainConfig
-    from autotune.measure import _TRACE_CACHE, cache_dir, model_facts
+    from autotune.measure import model_facts
+    from autotune.measure.cache import TRACE_CACHE as _TRACE_CACHE
     from autotune.profiles import load_profile
+    from autotune.rundir.layout import cache_dir
 
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
     cfg = TrainConfig.model_validate({"training": {"entrypoint": "examples/plain_train.py",
@@ -211,7 +214,8 @@ def test_the_trace_cache_answers_a_second_plan_without_tracing(tmp_path, monkeyp
     monkeypatch.setattr("autotune.measure.trace.trace", lambda *a, **k: (_ for _ in ()).throw(AssertionError("traced")))
     assert model_facts(cfg, hw=load_profile("4xL4")) == first  # from disk, no trace
     other = TrainConfig.model_validate({"training": {"entrypoint": "examples/plain_train.py",
-                                                     "model": "examples.plain_train:make_model", "sample_input": "[32]"}})
+                                                     "model": "examples.plain_train:make_model",
+                                                     "sample_input": "[32]"}})
     with pytest.raises(AssertionError, match="traced"):  # another sample spec is another key
         model_facts(other, hw=load_profile("4xL4"))
 
@@ -249,25 +253,27 @@ def test_a_model_too_big_to_build_for_real_is_refused_naming_the_way_out(monkeyp
 
 
 def test_the_gpu_probe_is_cached_on_disk_like_the_trace(tmp_path, monkeypatch, capsys):
-    """On a detected CUDA machine the plan is made from real steps on GPU 0 (autotune.measure.probe). A second plan
+    """On a detected CUDA machine the plan is made from real steps on GPU 0 (autotune.measure.gpu_probe). A second plan
     of the same model on the same GPU model reads the probe's line from the cache directory: no GPU step runs."""
     from autotune.config import TrainConfig
-    from autotune.measure import _TRACE_CACHE, cache_dir, model_facts_probed
-    from autotune.measure.probe import PROBED, ProbePoint
+    from autotune.measure import model_facts_probed
+    from autotune.measure.cache import TRACE_CACHE as _TRACE_CACHE
+    from autotune.measure.gpu_probe import PROBED, ProbePoint
     from autotune.planner.model_facts import CUDA_TRACED, ActivationModel, LinearBytes, ModelFacts
     from autotune.profiles import load_profile
+    from autotune.rundir.layout import cache_dir
 
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
-    traced = ModelFacts(source="m", num_parameters=1_000_000, trainable_parameters=1_000_000, activations=ActivationModel(
-        half=LinearBytes.line(100 * 2**20, 50 * 2**20), source=CUDA_TRACED))
-    monkeypatch.setattr("autotune.measure.model_facts", lambda cfg, policy=None, hw=None: traced)
+    traced = ModelFacts(source="m", num_parameters=1_000_000, trainable_parameters=1_000_000,
+                        activations=ActivationModel(half=LinearBytes.line(100 * 2**20, 50 * 2**20), source=CUDA_TRACED))
+    monkeypatch.setattr("autotune.measure.facts.model_facts", lambda cfg, policy=None, hw=None: traced)
     runs = []
 
     def probe(model, sample, micros, **kw):
         runs.append(micros)  # peaks: the states (16 B x 1e6) + 40 MiB a sample + 90 MiB
         return [ProbePoint(m, 16_000_000 + 90 * 2**20 + m * 40 * 2**20) for m in micros]
 
-    monkeypatch.setattr("autotune.measure.probe.probe", probe)
+    monkeypatch.setattr("autotune.measure.gpu_probe.probe", probe)
     hw = load_profile("4xA100-80GB").model_copy(update={"source": "detected"})
     cfg = TrainConfig.model_validate({"training": {"entrypoint": "t.py", "model": "t:m", "sample_input": "[16]"}})
     _TRACE_CACHE.clear()

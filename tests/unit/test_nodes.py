@@ -7,14 +7,14 @@ import threading
 import time
 
 import pytest
+from support import free_port
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
-from autotune.launch.nodes import exchange, meet
-from autotune.planner.nodes import smallest
+from autotune.launch.exchange import exchange, meet
 from autotune.planner import plan
+from autotune.planner.nodes import smallest
 from autotune.profiles import load_profile
-from support import free_port
 
 A100_80 = load_profile("4xA100-80GB")
 A100_40 = load_profile("8xA100-40GB")
@@ -46,7 +46,8 @@ def test_fewer_gpus_and_less_memory_each_come_from_the_node_that_has_them():
     assert lines[0].startswith("the nodes differ; every node plans for the smallest (4 GPU(s)")
     assert lines[1].startswith("  node 0: 4 GPU(s) NVIDIA A100") and lines[2].startswith("  node 1: 8 GPU(s)")
     # The plan made from it: 4 processes per node on 2 nodes, the 40 GB band's micro-batch (32; 64 at 80 GB).
-    cfg = apply_overrides(TrainConfig(), {"training.global_batch_size": 2048, "distributed.num_nodes": 2, "distributed.node_rank": 0,
+    cfg = apply_overrides(TrainConfig(), {"training.global_batch_size": 2048, "distributed.num_nodes": 2,
+                                          "distributed.node_rank": 0,
                                           "distributed.master_addr": "10.0.0.1"})
     p = plan(combined, cfg, deepspeed_installed=True)
     four40 = b.model_copy(update={"gpus": b.gpus.model_copy(update={"devices": b.gpus.devices[:4]})})
@@ -111,7 +112,8 @@ def test_a_mig_node_keeps_its_slices():
 
 
 def test_infiniband_and_the_interconnect_count_only_when_every_node_has_them():
-    ib = L4.model_copy(update={"infiniband": ("mlx5_0",), "gpus": L4.gpus.model_copy(update={"interconnect": "nvlink"})})
+    ib = L4.model_copy(update={"infiniband": ("mlx5_0",),
+                               "gpus": L4.gpus.model_copy(update={"interconnect": "nvlink"})})
     none = L4.model_copy(update={"infiniband": (), "gpus": L4.gpus.model_copy(update={"interconnect": "pcie"})})
     combined, _ = smallest({0: ib, 1: none}, me=0)
     assert combined.infiniband == () and combined.gpus.interconnect == "pcie"
@@ -208,7 +210,7 @@ def test_waiting_for_node_0s_port_keeps_its_deadline():
     """Nothing listening: a TimeoutError naming the address once the deadline passes (not before, and not
     torch's retry backoff later). Something listening: it returns at once, even with under a second left."""
 
-    from autotune.launch.nodes import _wait_for_port
+    from autotune.launch.exchange import _wait_for_port
 
     port = free_port()
     t0 = time.monotonic()
@@ -247,12 +249,12 @@ def test_two_nodes_claiming_one_rank_are_refused():
 
 
 def _node_0_launch_beside(mine, peer, tmp_path):
-    """The launcher's step for node 0 detecting ``mine`` (autotune.launch._with_the_other_nodes) while node 1,
+    """The launcher's step for node 0 detecting ``mine`` (autotune.launch.sequence._with_the_other_nodes) while node 1,
     detecting ``peer``, meets it through the real exchange.
     Returns (node 0's planner, its setup before, after)."""
     import functools
 
-    from autotune.launch import _with_the_other_nodes
+    from autotune.launch.sequence import _with_the_other_nodes
     from autotune.prepare import prepare
 
     port = free_port()
@@ -268,7 +270,7 @@ def _node_0_launch_beside(mine, peer, tmp_path):
 
 
 def test_a_launch_on_a_bigger_node_replans_for_the_smaller_one_and_keeps_its_own_records(tmp_path):
-    """The launcher's step (autotune.launch._with_the_other_nodes) against a real peer: node 0 (8 cores) meets
+    """The launcher's step (autotune.launch.sequence._with_the_other_nodes) against a real peer: node 0 (8 cores) meets
     node 1 (2 cores) through the exchange; node 0's plan becomes the 2-core plan (threads per rank
     follow the cores), says why in its warnings, keeps its run dir, and its records keep its own
     detected hardware."""
@@ -310,7 +312,8 @@ def test_nodes_that_differ_only_in_what_the_plan_does_not_use_keep_their_plans(t
     """Free RAM moves by a few MiB between two probes: node 1's profile differs from node 0's by 3 MiB
     of RAM, which changes nothing the plan uses: node 0 keeps its plan and says nothing."""
     mine = CPU.model_copy(update={"num_nodes": 1})
-    jitter = mine.model_copy(update={"memory": mine.memory.model_copy(update={"effective_mib": mine.memory.effective_mib - 3})})
+    less = mine.memory.model_copy(update={"effective_mib": mine.memory.effective_mib - 3})
+    jitter = mine.model_copy(update={"memory": less})
     _, setup, after = _node_0_launch_beside(mine, jitter, tmp_path)
     assert after is setup and not any("the nodes differ" in w for w in after.plan.warnings)
 
@@ -364,7 +367,8 @@ def test_the_node_with_fewest_gpus_is_lowered_to_every_smaller_figure_of_the_oth
         "8 effective core(s), 32.0 GiB RAM):",
         f"  node 0: 4 GPU(s) {l4.name}, {l4.memory_free_mib / 1024:.1f} GiB free, 64 effective core(s), 256.0 GiB RAM, "
         "InfiniBand mlx5_0",
-        f"  node 1: 8 GPU(s) {a100.name}, {a100.memory_free_mib / 1024:.1f} GiB free, 8 effective core(s), 32.0 GiB RAM"]
+        f"  node 1: 8 GPU(s) {a100.name}, {a100.memory_free_mib / 1024:.1f} GiB free, 8 effective core(s), "
+        "32.0 GiB RAM"]
     # the same nodes the other way round: the smallest is node 1 now, whatever the ranks' order
     swapped, _ = smallest({0: b, 1: a}, me=0)
     assert (swapped.gpus.count, swapped.cpu.effective_cores, swapped.hostname) == (4, 8, b.hostname)
@@ -397,7 +401,8 @@ def test_unknown_figures_never_count_as_the_largest():
     no_free = _gpus(L4, memory_free_mib=None)
     smaller = _gpus(no_free, memory_total_mib=l4.memory_total_mib - 100)
     combined, _ = smallest({0: no_free, 1: smaller}, me=0)
-    assert {(d.memory_total_mib, d.memory_free_mib) for d in combined.gpus.devices} == {(l4.memory_total_mib - 100, None)}
+    assert {(d.memory_total_mib, d.memory_free_mib) for d in combined.gpus.devices} == \
+        {(l4.memory_total_mib - 100, None)}
     cc = _gpus(L4, compute_capability=None)
     combined, _ = smallest({0: L4, 1: cc}, me=0)
     assert {d.compute_capability for d in combined.gpus.devices} == {None}

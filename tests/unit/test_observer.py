@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from support import ROOT, free_port
 
 from autotune.exports.launch_spec import OBSERVE_SITE
-from support import ROOT, free_port
 
 FSDP_AUTOCAST_SCALER = """
 import os
@@ -115,7 +115,7 @@ def test_the_observer_starts_without_importing_torch_or_the_plan(tmp_path):
             "AUTOTUNE_RUN_DIR": str(tmp_path / "run"), "AUTOTUNE_OBSERVE": "1"}
     r = subprocess.run([sys.executable, "-c", "import sys; import autotune.runtime.observe as o; "
                         "print(o._state.get('installed'), sorted(m for m in ('torch', 'autotune.plan', "
-                        "'autotune.runtime.checkpoint') if m in sys.modules))"],
+                        "'autotune.runtime.checkpoint_manager') if m in sys.modules))"],
                        capture_output=True, text=True, env=full, timeout=60)
     assert r.stdout.split() == ["True", "[]"], r.stderr[-2000:]
 

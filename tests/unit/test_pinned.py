@@ -6,13 +6,14 @@ import signal
 import sys
 
 import pytest
-
-from autotune.config import TrainConfig, apply_overrides, parse_config
-from autotune.hardware import PhysicalGPU, Visible, read_cgroup_limits, select_visible
-from autotune.planner import plan
-from autotune.profiles import load_profile
 from profiles_util import make_profile
 from test_hardware import write_tree
+
+from autotune.config import TrainConfig, apply_overrides, parse_config
+from autotune.hardware.cgroups import read_cgroup_limits
+from autotune.hardware.visible import PhysicalGPU, Visible, select_visible
+from autotune.planner import plan
+from autotune.profiles import load_profile
 
 CC80 = "8.0"
 
@@ -91,9 +92,8 @@ def test_uuid_and_mig_prefixes(value, visible, stopped):
 
 def test_fake_nvml_speaks_the_real_pynvml():
     """Constants and error names of the fake used by the detection tests are the installed module's."""
-    import pynvml
-
     import fake_nvml
+    import pynvml
 
     for name in ("NVML_P2P_CAPS_INDEX_READ", "NVML_P2P_CAPS_INDEX_NVLINK", "NVML_P2P_STATUS_OK",
                  "NVML_P2P_STATUS_NOT_SUPPORTED"):
@@ -159,7 +159,8 @@ def test_torchrun_reads_the_shutdown_grace_and_the_signals_the_launcher_sets(mon
 
     from autotune.exports.launch_spec import launch_spec
 
-    cfg = parse_config({"distributed": {"backend": "ddp", "nproc_per_node": 2}, "checkpoint": {"preemption_grace_s": 40}})
+    cfg = parse_config({"distributed": {"backend": "ddp", "nproc_per_node": 2},
+                        "checkpoint": {"preemption_grace_s": 40}})
     env = launch_spec(plan(load_profile("cpu-only"), cfg), "/r", {"HOME": "/h"}).env
     for k in ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "PET_SIGNALS_TO_HANDLE"):
         monkeypatch.setenv(k, env[k])

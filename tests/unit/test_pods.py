@@ -7,13 +7,13 @@ import re
 import time
 
 import pytest
+from support import in_process_cli
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
-from autotune.hardware.kubernetes import pod_info
+from autotune.hardware.pod import pod_info
 from autotune.planner import plan
 from autotune.profiles import load_profile
-from support import in_process_cli
 
 POD = {"KUBERNETES_SERVICE_HOST": "kubernetes.default.svc", "PET_NNODES": "2", "PET_NODE_RANK": "1",
        "PET_NPROC_PER_NODE": "4", "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29511"}
@@ -84,7 +84,7 @@ def test_a_pod_plans_its_rank_and_master_from_the_operator_and_says_so():
     mine = plan(_in_pod(POD), cfg, deepspeed_installed=True)
     assert (mine.engine.node_rank, mine.engine.master_port, mine.overrides["node_rank"].auto) == (0, 29600, 1)
     slurm = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n[1-2]"}
-    from autotune.hardware import parse_slurm_env
+    from autotune.hardware.host import parse_slurm_env
 
     both = plan(_in_pod(POD).model_copy(update={"slurm": parse_slurm_env(slurm)}), TrainConfig(),
                 deepspeed_installed=True)

@@ -3,18 +3,17 @@
 import math
 
 import pytest
-
-from autotune.errors import PlanRefused
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from profiles_util import A100, L4, T4, V100, make_profile, preset_with_gpus
+from support import examples
 
 from autotune.config import TrainConfig, apply_overrides, parse_config
-from autotune.errors import UserError
+from autotune.errors import PlanRefused, UserError
 from autotune.planner import plan as _plan
 from autotune.planner.deciders import accumulation as _accumulation
 from autotune.planner.policy import load_policy
 from autotune.profiles import load_profile, preset_names
-from profiles_util import A100, L4, T4, V100, make_profile, preset_with_gpus
-from support import examples
 
 CFG = TrainConfig()
 
@@ -39,7 +38,9 @@ def cfg_with(**dotted):
 ])
 def test_issue_examples(hw, micro, acc, world, gb):
     p = plan(hw, CFG)
-    assert (p.batch.micro_batch_size, p.batch.gradient_accumulation_steps, p.engine.world_size, p.batch.global_batch_size) == (micro, acc, world, gb)
+    b = p.batch
+    assert (b.micro_batch_size, b.gradient_accumulation_steps, p.engine.world_size, b.global_batch_size) == \
+        (micro, acc, world, gb)
     assert p.batch.target_global_batch_size == 256 and p.batch.global_batch_deviation == gb - 256
     assert str(gb) in p.reasons["global_batch_size"]
 
@@ -102,7 +103,8 @@ def test_forcing_deepspeed_without_it_is_a_clear_error():
 
 def test_workers_threads_and_prefetch():
     p = plan(load_profile("4xL4"), CFG)  # 48 cores, 4 ranks
-    assert p.loader.num_workers == 3 and p.loader.omp_num_threads == 12 and p.loader.pin_memory is True and p.loader.prefetch_factor == 4
+    assert (p.loader.num_workers, p.loader.omp_num_threads, p.loader.pin_memory, p.loader.prefetch_factor) == \
+        (3, 12, True, 4)
     q = plan(make_profile([L4] * 4, cores=6, ram_gib=8), CFG)
     assert q.loader.num_workers == 0 and q.loader.prefetch_factor is None and q.loader.omp_num_threads == 1
     cpu = plan(load_profile("cpu-only"), cfg_with(**{"distributed.nproc_per_node": 2}))
@@ -128,9 +130,10 @@ def test_steps_per_epoch(gb, steps):
 
 
 def test_overrides_win_and_are_recorded():
-    cfg = cfg_with(**{"training.batch_size_per_gpu": 8, "distributed.zero_stage": 3, "training.mixed_precision": "fp16"})
+    cfg = cfg_with(**{"training.batch_size_per_gpu": 8, "distributed.zero_stage": 3,
+                      "training.mixed_precision": "fp16"})
     p = plan(load_profile("4xL4"), cfg)
-    assert p.batch.micro_batch_size == 8 and p.batch.gradient_accumulation_steps == 8 and p.batch.global_batch_size == 256
+    assert (p.batch.micro_batch_size, p.batch.gradient_accumulation_steps, p.batch.global_batch_size) == (8, 8, 256)
     assert p.overrides["micro_batch_size"].auto == 16 and p.overrides["micro_batch_size"].chosen == 8
     assert p.overrides["zero_stage"].auto == 2 and p.engine.zero_stage == 3
     assert p.overrides["precision"].auto == "bf16" and p.numerics.precision == "fp16"
@@ -139,7 +142,8 @@ def test_overrides_win_and_are_recorded():
 
 def test_mismatched_explicit_batch_is_an_error_with_the_fix():
     cfg = cfg_with(**{"training.batch_size_per_gpu": 8, "training.gradient_accumulation_steps": 2})
-    with pytest.raises(UserError, match=r"8 x gradient_accumulation_steps 2 x world size 4 = 64.*--global_batch_size 64"):
+    with pytest.raises(UserError,
+                       match=r"8 x gradient_accumulation_steps 2 x world size 4 = 64.*--global_batch_size 64"):
         plan(load_profile("4xL4"), cfg)
     ok = plan(load_profile("4xL4"), apply_overrides(cfg, {"training.global_batch_size": 64}))
     assert ok.batch.global_batch_size == 64
@@ -151,7 +155,7 @@ def test_impossible_gpu_counts():
     with pytest.raises(UserError, match="this machine has none"):
         plan(load_profile("cpu-only"), cfg_with(**{"distributed.num_gpus": 2}))
     two = plan(load_profile("4xL4"), cfg_with(**{"distributed.num_gpus": 2}))
-    assert two.engine.world_size == 2 and two.batch.micro_batch_size == 16 and two.batch.gradient_accumulation_steps == 8
+    assert (two.engine.world_size, two.batch.micro_batch_size, two.batch.gradient_accumulation_steps) == (2, 16, 8)
     cpu = plan(load_profile("4xL4"), cfg_with(**{"distributed.num_gpus": 0}))
     assert cpu.engine.device == "cpu" and cpu.engine.backend == "single"
 
@@ -163,11 +167,14 @@ def test_no_auto_optimize_uses_config_verbatim_and_names_missing_values():
     for field in ("training.batch_size_per_gpu", "training.gradient_accumulation_steps",
                   "training.mixed_precision", "distributed.backend"):
         assert field in text
-    cfg = parse_config({"training": {"batch_size_per_gpu": 5, "gradient_accumulation_steps": 3, "mixed_precision": "fp32"},
+    cfg = parse_config({"training": {"batch_size_per_gpu": 5, "gradient_accumulation_steps": 3,
+                                     "mixed_precision": "fp32"},
                         "distributed": {"backend": "ddp", "nproc_per_node": 2}})
     p = plan(load_profile("4xL4"), cfg, auto_optimize=False)
-    assert (p.batch.micro_batch_size, p.batch.gradient_accumulation_steps, p.engine.world_size, p.batch.global_batch_size) == (5, 3, 2, 30)
-    assert p.numerics.precision == "fp32" and p.engine.backend == "ddp" and not p.run.auto_optimize and p.overrides == {}
+    b = p.batch
+    assert (b.micro_batch_size, b.gradient_accumulation_steps, p.engine.world_size, b.global_batch_size) == \
+        (5, 3, 2, 30)
+    assert (p.numerics.precision, p.engine.backend, p.run.auto_optimize, p.overrides) == ("fp32", "ddp", False, {})
 
 
 def test_no_auto_optimize_explains_each_memory_value_and_forces_only_what_does_not_fit():
@@ -192,7 +199,8 @@ def test_no_auto_optimize_explains_each_memory_value_and_forces_only_what_does_n
     why = f"104.3 GiB needed > {usable:.1f} GiB usable"
     forced = plan(load_profile("4xL4"), big, auto_optimize=False, force=True)
     assert forced.reasons["strategy"] == f"DDP (the config verbatim); {why}"
-    assert forced.warnings == (f"--force: the config does not fit by the estimate ({why}): EXPECT OUT-OF-MEMORY ERRORS",)
+    assert forced.warnings == \
+        (f"--force: the config does not fit by the estimate ({why}): EXPECT OUT-OF-MEMORY ERRORS",)
 
 
 def test_debug_plans_a_tiny_run():
@@ -208,9 +216,11 @@ def test_every_preset_by_every_mode():
     for name in preset_names():
         hw = load_profile(name)
         for p in (plan(hw, CFG), plan(hw, CFG, debug=True), plan(hw, verbatim, auto_optimize=False),
-                  plan(hw, cfg_with(**{"distributed.backend": "ddp"})) if name not in ("cpu-only", "1xT4") else plan(hw, CFG),
+                  plan(hw, cfg_with(**{"distributed.backend": "ddp"})) if name not in ("cpu-only", "1xT4")
+                  else plan(hw, CFG),
                   plan(hw, cfg_with(**{"distributed.backend": "deepspeed"}), deepspeed_installed=True)):
-            assert p.batch.global_batch_size == p.batch.micro_batch_size * p.batch.gradient_accumulation_steps * p.engine.world_size
+            assert p.batch.global_batch_size == \
+                p.batch.micro_batch_size * p.batch.gradient_accumulation_steps * p.engine.world_size
             assert set(p.reasons) >= {"backend", "micro_batch_size", "global_batch_size", "learning_rate"}
 
 
@@ -249,7 +259,8 @@ def test_property_random_profiles(n, gpu, cores, ram, nodes, target, ds):
     except PlanRefused as e:  # only when the GPU cannot hold even the CUDA context and the tiny model
         assert n and min(free, total) < 1024 and e.tried
         return
-    assert p.batch.global_batch_size == p.batch.micro_batch_size * p.batch.gradient_accumulation_steps * p.engine.world_size
+    assert p.batch.global_batch_size == \
+        p.batch.micro_batch_size * p.batch.gradient_accumulation_steps * p.engine.world_size
     if target >= p.engine.world_size:
         assert abs(p.batch.global_batch_size - target) <= p.batch.micro_batch_size * p.engine.world_size / 2
     else:  # every process needs one sample per step: the smallest possible global batch, and a warning
@@ -270,7 +281,10 @@ def test_property_random_profiles(n, gpu, cores, ram, nodes, target, ds):
 def test_plan_never_imports_torch_or_deepspeed(cli):  # its speed is a benchmark (bench/bench_report.py)
     r = cli("autotune", "plan", "--hardware", "4xL4", "--json")
     assert r.returncode == 0, r.stderr
-    import subprocess, sys, os
+    import os
+    import subprocess
+    import sys
+
     from support import ROOT
     code = ("import sys, io, contextlib\nfrom autotune.__main__ import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n    rc = main(['plan', '--hardware', '8xH100-80GB'])\n"
@@ -314,7 +328,8 @@ def test_loader_values_at_their_edges():
     assert one.reasons["pin_memory"] == "no GPU: pinning host memory would only cost RAM" and not one.loader.pin_memory
     blind = _plan(on(8, None), TrainConfig())  # 8 cores, 1 process: (8 - 1) / 1 = 7, capped at 3
     assert (blind.loader.num_workers, blind.loader.prefetch_factor) == (3, 2)
-    assert blind.reasons["prefetch_factor"] == "2 batches prefetched per worker: effective RAM unknown: PyTorch's default 2"
+    assert blind.reasons["prefetch_factor"] == \
+        "2 batches prefetched per worker: effective RAM unknown: PyTorch's default 2"
     at = _plan(on(8, 3 * 4 * 1024), TrainConfig())
     assert at.loader.prefetch_factor == 4
     assert at.reasons["prefetch_factor"] == "4 batches prefetched per worker: 4.0 GiB RAM per worker >= 4 GiB"
@@ -429,7 +444,8 @@ def test_mig_view_leaves_a_machine_without_mig_alone_and_names_an_unnamed_gpu():
     out = mig_view(hw, load_policy(), r).gpus.devices
     assert out[0].name == "GPU MIG slice" and r.warnings[0].startswith("GPU 0 (unknown) is in MIG mode with 2 ")
     # an instance itself (CUDA_VISIBLE_DEVICES=MIG-...) is already what a process sees
-    inst = hw.gpus.devices[0].model_copy(update={"mig_instance": True, "memory_total_mib": 9856, "memory_free_mib": 9800})
+    inst = hw.gpus.devices[0].model_copy(update={"mig_instance": True, "memory_total_mib": 9856,
+                                                 "memory_free_mib": 9800})
     hw2 = hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"devices": (inst,)})})
     r2 = Resolver()
     assert mig_view(hw2, load_policy(), r2).gpus.devices == (inst,) and r2.warnings == []
@@ -556,7 +572,8 @@ def test_gpu_count_reasons_and_overrides():
     same = plan(hw, _cfg(**{"distributed.num_gpus": 2, "distributed.nproc_per_node": 2}))
     assert same.engine.num_gpus == 2 and same.engine.nproc_per_node == 2
     by_proc = plan(hw, _cfg(**{"distributed.nproc_per_node": 3}))
-    assert by_proc.reasons["num_gpus"] == "nproc_per_node=3: one process per GPU, 4 visible" and by_proc.engine.num_gpus == 3
+    assert by_proc.reasons["num_gpus"] == "nproc_per_node=3: one process per GPU, 4 visible"
+    assert by_proc.engine.num_gpus == 3
     cpu = plan(make_profile(cores=8), _cfg(**{"distributed.num_gpus": 0}))
     assert cpu.engine.num_gpus == 0 and cpu.reasons["num_gpus"] == "you set num_gpus=0 (auto would use all 0 visible)"
     gone = make_profile(cores=8)

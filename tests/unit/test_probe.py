@@ -4,9 +4,9 @@ planner plans from; the real probe runs in the GPU tier (tests/gpu)."""
 import json
 
 import pytest
-
-from autotune.measure.probe import ProbePoint, probe_micro_batches, probed_line
 from support import ROOT
+
+from autotune.measure.gpu_probe import ProbePoint, probe_micro_batches, probed_line
 
 GIB = 2 ** 30
 

@@ -52,8 +52,9 @@ def test_under_a_launch_it_reads_the_launchers_plan_and_a_bare_call_describes_th
     assert out.strip() == "3"  # the 4xL4 plan from the file, not one for this CPU machine
     (tmp_path / "mine.py").write_text("import autotune\np = autotune.current_plan()\n"
                                       "print(p.run.entrypoint, p.memory.estimate.num_parameters is None)\n")
-    r = subprocess.run([sys.executable, str(tmp_path / "mine.py")], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env={**{k: v for k, v in os.environ.items() if k != "AUTOTUNE_PLAN"}, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run([sys.executable, str(tmp_path / "mine.py")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env={**{k: v for k, v in os.environ.items() if k != "AUTOTUNE_PLAN"},
+                                         "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [str(tmp_path / "mine.py"), "True"]  # its own model: unknown, not the built-in GPT's
 
@@ -64,10 +65,9 @@ def test_helpers_feed_a_real_dataloader_and_accelerator():
     from torch.utils.data import DataLoader, TensorDataset
 
     from autotune.config import TrainConfig, apply_overrides
+    from autotune.entry import ScriptPlan
     from autotune.planner import plan
     from autotune.profiles import load_profile
-
-    from autotune.entry import ScriptPlan
 
     p = ScriptPlan.of(plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
         "training.global_batch_size": 40, "training.batch_size_per_gpu": 5, "data.num_workers": 2}),
@@ -77,7 +77,8 @@ def test_helpers_feed_a_real_dataloader_and_accelerator():
     assert [len(b[0]) for b in loader] == [5, 5, 5, 5] and loader.num_workers == 2
     acc = Accelerator(**p.accelerator_kwargs())
     assert (acc.gradient_accumulation_steps, acc.mixed_precision, acc.device.type) == (8, "no", "cpu")
-    ds = ScriptPlan.of(plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True))  # ZeRO-2 on 4 GPUs, micro 16 x 4
+    # ZeRO-2 on 4 GPUs, micro 16 x 4
+    ds = ScriptPlan.of(plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True))
     engine, framework = ds.deepspeed_config(), ds.deepspeed_config("framework")
     assert (engine["train_micro_batch_size_per_gpu"], engine["gradient_accumulation_steps"],
             engine["train_batch_size"], engine["optimizer"]["type"]) == (16, 4, 256, "AdamW")

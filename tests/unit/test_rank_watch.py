@@ -3,13 +3,13 @@
 import pytest
 
 from autotune.config import TrainConfig, apply_overrides
+from autotune.errors import EXIT_PREEMPTED
+from autotune.launch.rank_watch import FAILED_GRACE_S, RankWatch
 from autotune.planner import plan
 from autotune.profiles import load_profile
-from autotune.launch.rank_watch import FAILED_GRACE_S, RankWatch
+from autotune.rundir.status import write_status
 
 BARRIER_WAIT_S = 30  # distributed.exit_barrier_s's default
-from autotune.errors import EXIT_PREEMPTED
-from autotune.rundir.status import write_status
 
 
 class Clock:

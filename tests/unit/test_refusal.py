@@ -113,7 +113,7 @@ def test_deepspeed_strategies_take_the_half_weights_activations_and_others_the_a
 
 def test_a_gpu_of_unknown_memory_is_still_a_gpu_budget():
     """Its budget is unknown, but it is a GPU's: on_gpu stays true, so a refusal speaks of GPUs."""
-    from autotune.planner import _budget
+    from autotune.planner.compose import _budget
 
     hw = load_profile("4xA100-80GB")
     b = _budget(Inputs(hw, TrainConfig(), load_policy(), True), None, 4, True, 4)

@@ -10,10 +10,9 @@ import textwrap
 
 import pytest
 
-from autotune.errors import UserError
-from autotune.rundir.lock import LOCK_NAME, RunLock, check_creatable, check_usable
+from autotune.errors import EXIT_PREEMPTED, UserError
 from autotune.rundir.fs import fs_error
-from autotune.errors import EXIT_PREEMPTED
+from autotune.rundir.lock import LOCK_NAME, RunLock, check_creatable, check_usable
 from autotune.rundir.status import combined_exit, read_statuses, write_status
 
 

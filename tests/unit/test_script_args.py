@@ -6,9 +6,9 @@ import pytest
 
 from autotune.config import TrainConfig
 from autotune.errors import UserError
+from autotune.exports.script_args import expand, placeholder_values, used_placeholders
 from autotune.planner import plan
 from autotune.profiles import load_profile
-from autotune.exports.script_args import expand, placeholder_values, used_placeholders
 
 P = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)  # 16 x 4 x 4 = 256, bf16
 

@@ -6,10 +6,10 @@ import pytest
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
-from autotune.hardware import parse_slurm_env
+from autotune.hardware.host import parse_slurm_env
+from autotune.hardware.slurm import allocation, expand_hostlist, gpus_per_node
 from autotune.planner import plan
 from autotune.profiles import load_profile
-from autotune.hardware.slurm import allocation, expand_hostlist, gpus_per_node
 
 
 @pytest.mark.parametrize("text, hosts", [
@@ -52,7 +52,8 @@ def test_the_older_variable_names_are_read_when_the_newer_are_absent():
            "SLURM_GPUS_PER_NODE": "gpu:a100:8,gpu:v100:2"}
     a = allocation(old)
     assert (a.job_id, a.hosts, a.num_nodes, a.node_rank, a.gpus_per_node) == ("9", ("gpu1", "gpu2", "gpu3"), 3, 2, 8)
-    assert a.sources["num_nodes"] == "SLURM_NNODES" and a.sources["master_addr"] == "first host of SLURM_JOB_NODELIST (gpu[1-3])"
+    assert a.sources["num_nodes"] == "SLURM_NNODES"
+    assert a.sources["master_addr"] == "first host of SLURM_JOB_NODELIST (gpu[1-3])"
     bare = allocation({"SLURM_JOB_ID": "9"})
     assert (bare.num_nodes, bare.node_rank, bare.hosts, bare.gpus_per_node) == (1, 0, ("127.0.0.1",), None)
     assert bare.sources == {"num_nodes": "SLURM_JOB_NODELIST", "node_rank": "default 0",
@@ -120,7 +121,8 @@ def test_a_second_node_with_no_master_is_refused_and_loopback_warned():
     with pytest.raises(UserError, match="node 1 of 2 needs the address of node 0"):
         plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.num_nodes": 2,
                                                                    "distributed.node_rank": 1}))
-    p = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.num_nodes": 2, "distributed.node_rank": 1,
+    p = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.num_nodes": 2,
+                                                                   "distributed.node_rank": 1,
                                                                    "distributed.master_addr": "127.0.0.1"}))
     assert any("every one of the 2 nodes must run here" in w for w in p.warnings)
 
@@ -192,7 +194,8 @@ def test_an_allocation_on_one_test_host_is_warned_not_refused_and_only_node_0_ne
     with socket.socket() as s:
         s.bind(("", 0))
         s.listen()  # accepts (the kernel's backlog), never answers
-        silent = node1.model_copy(update={"engine": node1.engine.model_copy(update={"master_port": s.getsockname()[1]})})
+        port = s.getsockname()[1]
+        silent = node1.model_copy(update={"engine": node1.engine.model_copy(update={"master_port": port})})
         with pytest.raises(UserError, match=f"localhost:{s.getsockname()[1]} is answered by another program, not "
                                             "node 0's rendezvous .it accepts connections but did not answer"):
             check(silent)

@@ -8,7 +8,7 @@ import pytest
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.plan import TimeEstimate
-from autotune.planner import plan
+from autotune.planner import plan, weigh
 from autotune.planner.gpus import load_table, spec_for
 from autotune.planner.model_facts import CUDA_TRACED, ActivationModel, LinearBytes, ModelFacts, builtin_work
 from autotune.profiles import HardwareProfile, load_profile, preset_names
@@ -88,7 +88,6 @@ def test_the_gpu_table_parses_and_covers_every_preset_and_the_named_gpus():
 
 def test_nvml_speed_facts_reach_the_profile_and_override_the_table(tmp_path):
     from fake_nvml import FakeNVML
-
     from test_hardware import run_detect
 
     base = load_profile("1xT4")
@@ -113,7 +112,8 @@ def recorded_facts(model: str) -> tuple[TrainConfig, ModelFacts]:
     params = rec["params"]
 
     def line(ckpt):
-        pts = tuple((p["micro"], float(p["peak"] - 16 * params)) for p in rec["points"] if p["ok"] and p["ckpt"] == ckpt)
+        pts = tuple((p["micro"], float(p["peak"] - 16 * params)) for p in rec["points"]
+                    if p["ok"] and p["ckpt"] == ckpt)
         return LinearBytes(points=pts, interpolate=True)
 
     cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py", "training.global_batch_size": 256,
@@ -140,10 +140,9 @@ def h100(n: int = 1) -> HardwareProfile:
 
 def test_offload_never_wins_on_one_gpu_where_a_plain_step_fits_and_checkpointing_only_when_faster():
     cfg, facts = recorded_facts("gpt2_small")
-    record: list = []
-    p = plan(h100(), cfg, facts=facts, deepspeed_installed=True, record=record)
+    p, weighing = weigh(h100(), cfg, facts=facts, deepspeed_installed=True)
     assert (p.engine.backend, p.engine.offload_optimizer, p.memory.gradient_checkpointing) == ("single", False, False)
-    rows = {rw.label: rw for rw in record[-1].rows}
+    rows = {rw.label: rw for rw in weighing.rows}
     assert rows["ZeRO-2 + optimizer offload"].time.samples_per_s < rows["DDP"].time.samples_per_s
     assert rows["DDP + checkpointing"].time.samples_per_s < rows["DDP"].time.samples_per_s
     assert "samples/s predicted" in p.reasons["backend"] and "PCIe" in p.reasons["backend"]
@@ -160,18 +159,16 @@ def test_checkpointing_wins_where_it_is_needed():
     p = plan(tight, cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update={"backend": "single"})}),
              facts=facts, deepspeed_installed=False)
     assert p.memory.gradient_checkpointing or p.batch.micro_batch_size >= 1  # fits one way or the other
-    record: list = []
-    plan(tight, cfg, facts=facts, deepspeed_installed=False, record=record)
-    chosen = max((rw for rw in record[-1].rows if rw.time is not None), key=lambda rw: rw.time.samples_per_s)
+    _, weighing = weigh(tight, cfg, facts=facts, deepspeed_installed=False)
+    chosen = max((rw for rw in weighing.rows if rw.time is not None), key=lambda rw: rw.time.samples_per_s)
     assert p.memory.gradient_checkpointing == chosen.checkpointing
 
 
 def test_zero2_over_ddp_only_when_the_model_says_so():
     cfg, facts = recorded_facts("gpt2_small")
     for n in (2, 8):
-        record: list = []
-        p = plan(h100(n), cfg, facts=facts, deepspeed_installed=True, record=record)
-        rows = {rw.label: rw for rw in record[-1].rows if rw.time is not None}
+        p, weighing = weigh(h100(n), cfg, facts=facts, deepspeed_installed=True)
+        rows = {rw.label: rw for rw in weighing.rows if rw.time is not None}
         chosen = p.memory.estimate.strategy
         best = max(rw.time.samples_per_s for rw in rows.values())
         assert rows[chosen].time.samples_per_s >= best * (1 - 0.005)
@@ -205,25 +202,25 @@ def test_an_unknown_gpu_or_model_has_a_null_time_with_its_reason():
 def test_timing_json_compares_the_prediction_with_the_measurement_and_warns_beyond_25_percent(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from autotune.launch import timing
+    from autotune.launch import speed_check
     from autotune.rundir.speeds import past_runs
 
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
 
     p = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)
     predicted = p.schedule.time_estimate.samples_per_s
-    record, lines = timing.compare(p, predicted * 1.1, "test")
+    record, lines = speed_check.compare(p, predicted * 1.1, "test")
     assert record["predicted_samples_per_s"] == predicted and record["measured_samples_per_s"] == predicted * 1.1
     assert record["settings"]["micro_batch_size"] == p.batch.micro_batch_size and len(lines) == 1
     assert "+10 %" in lines[0]
-    _, lines = timing.compare(p, predicted * 0.5, "test")
+    _, lines = speed_check.compare(p, predicted * 0.5, "test")
     assert lines[-1].startswith("warning:") and f"{predicted:,.1f}" in lines[-1] and "-50 %" in lines[-1]
     (tmp_path / "metrics.json").write_text(json.dumps({"measured_samples_per_s": 123.0, "measured_steps": 3}))
-    timing.report(SimpleNamespace(plan=p, speed_key=("a model", "NVIDIA L4")), tmp_path, open(tmp_path / "o", "w"))
+    speed_check.report(SimpleNamespace(plan=p, speed_key=("a model", "NVIDIA L4")), tmp_path, open(tmp_path / "o", "w"))
     assert past_runs("a model", "NVIDIA L4") == []  # 3 steps: too few to calibrate a later plan
     (tmp_path / "metrics.json").write_text(json.dumps({"measured_samples_per_s": 123.0, "measured_steps": 10}))
     setup = SimpleNamespace(plan=p, speed_key=("a model", "NVIDIA L4"))
-    timing.report(setup, tmp_path, open(tmp_path / "out.txt", "w"))
+    speed_check.report(setup, tmp_path, open(tmp_path / "out.txt", "w"))
     assert json.loads((tmp_path / "timing.json").read_text())["measured_samples_per_s"] == 123.0
     kept, = past_runs("a model", "NVIDIA L4")  # for a later plan of the same model on this kind of GPU
     assert kept["measured_samples_per_s"] == 123.0 and kept["run_dir"] == str(tmp_path.absolute())

@@ -10,15 +10,15 @@ CUDA context 600 MiB, NCCL 256 MiB with more than one rank, host margin 1.5, hos
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from profiles_util import make_profile
+from support import examples
 
 from autotune.config import TrainConfig, apply_overrides, parse_config
 from autotune.errors import PlanRefused
+from autotune.planner import plan, weigh
 from autotune.planner.memory import model_state_bytes
 from autotune.planner.model_facts import ActivationModel, LinearBytes, ModelFacts
-from autotune.planner import plan
 from autotune.profiles import GPUInfo, load_profile
-from profiles_util import make_profile
-from support import examples
 
 MIB, GIB = 2**20, 2**30
 
@@ -365,8 +365,9 @@ def test_no_auto_optimize_estimates_the_config_as_written(ckpt):
     model (P = 1e8; 1,000,000 B of bf16 activations per sample, 100,000 with checkpointing): the
     estimate is of exactly that: states 16P, activations 8 x per-sample, no overhead (no DeepSpeed buckets),
     budget 0.85 x 30000 MiB less the CUDA context (600 MiB); checkpointing as written."""
-    cfg = parse_config({"training": {"entrypoint": "train.py", "batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
-                                     "mixed_precision": "bf16", "gradient_checkpointing": ckpt},
+    cfg = parse_config({"training": {"entrypoint": "train.py", "batch_size_per_gpu": 8,
+                                     "gradient_accumulation_steps": 2, "mixed_precision": "bf16",
+                                     "gradient_checkpointing": ckpt},
                         "distributed": {"backend": "single"}})
     p = plan(gpus(1, 30000, deepspeed=None), cfg, facts=facts(100_000_000), auto_optimize=False)
     e = p.memory.estimate
@@ -403,7 +404,8 @@ def test_offload_where_it_cannot_be_is_refused_with_the_fix(over, message):
 @pytest.mark.parametrize("stage, strategy", [(2, "ZeRO-2 + optimizer offload"),
                                              (3, "ZeRO-3 + optimizer and parameter offload")])
 def test_offload_asked_for_is_the_strategy(stage, strategy):
-    p = plan(gpus(4, 10000), user_model(1_000_000, **{"distributed.backend": "deepspeed", "distributed.zero_stage": stage,
+    p = plan(gpus(4, 10000), user_model(1_000_000, **{"distributed.backend": "deepspeed",
+                                                      "distributed.zero_stage": stage,
                                                       "distributed.offload_optimizer": True}))
     assert p.engine.zero_stage == stage and p.engine.offload_optimizer and p.memory.estimate.strategy == strategy
     assert p.engine.offload_param == (stage == 3)
@@ -484,8 +486,8 @@ def test_the_strategy_reasons_name_what_was_rejected_and_why():
     assert big.reasons["offload_optimizer"] == "needed for memory"
     ddp = plan(gpus(4, 10000), user_model(1000, **{"distributed.backend": "ddp"}))
     assert ddp.reasons["backend"].startswith("you set ddp (auto would choose deepspeed")
-    assert ddp.reasons["strategy"] == ("DDP: 0.00 GiB of 7.5 GiB usable (per GPU: free memory x memory_headroom_fraction "
-                                       "0.85 - CUDA context 600 MiB - NCCL buffers 256 MiB)")
+    assert ddp.reasons["strategy"] == ("DDP: 0.00 GiB of 7.5 GiB usable (per GPU: free memory x "
+                                       "memory_headroom_fraction 0.85 - CUDA context 600 MiB - NCCL buffers 256 MiB)")
     assert (ddp.reasons["offload_optimizer"], ddp.reasons["offload_param"]) == (
         "not a DeepSpeed run: optimizer offload is a ZeRO feature", "not a DeepSpeed run")
     plain = plan(gpus(4, 10000), user_model(1000))  # the default strategy fits: no "most preferred" story
@@ -775,8 +777,9 @@ def test_a_verbatim_config_is_weighed_at_its_own_micro_batch_and_refused_or_forc
 
 def test_the_sizer_uses_the_plan_s_precision_optimizer_and_nodes():
     """P = 1e8. DeepSpeed ZeRO-2 on 2 CPU processes runs fp32: 8P + 12P / 2, and the step's fp32 gradient partition
-    4P / 2 with no activations known: 16P = 1.4901 GiB (bf16 would give 4P + 6P + 2P = 12P); plain SGD under DDP keeps 8P = 0.7451 GiB; ZeRO-3 offload over 2 nodes keeps 18P x 1.5 / 2 =
-    1.35e9 B = 1.2573 GiB of host RAM per node, shown with two decimals."""
+    4P / 2 with no activations known: 16P = 1.4901 GiB (bf16 would give 4P + 6P + 2P = 12P); plain SGD under DDP
+    keeps 8P = 0.7451 GiB; ZeRO-3 offload over 2 nodes keeps 18P x 1.5 / 2 = 1.35e9 B = 1.2573 GiB of host RAM per
+    node, shown with two decimals."""
     p = plan(make_profile(cores=8, ram_gib=64), user_model(100_000_000, **{
         "distributed.backend": "deepspeed", "distributed.nproc_per_node": 2}))
     assert (p.numerics.precision, p.engine.zero_stage) == ("fp32", 2)
@@ -820,22 +823,20 @@ def test_ranks_per_node_is_a_whole_number():
 
 def test_debug_keeps_the_band_s_checkpointing_and_the_weighing_is_recorded():
     """--debug on 4 x 7000 MiB (the 6 GB band: checkpointing on): a tiny micro-batch, checkpointing still on.
-    `record` (what `autotune estimate` prints) receives the weighing, also for a refusal."""
+    The weighing (what `autotune estimate` prints) comes back with the plan, and with a refusal."""
     p = plan(gpus(4, 7000), TrainConfig(), debug=True)
     assert (p.batch.micro_batch_size, p.memory.gradient_checkpointing) == (4, True)
-    record = []
-    plan(gpus(4, 10000), user_model(1000), record=record)
-    assert len(record) == 1 and [rw.strategy.name for rw in record[0].rows][:2] == ["zero2", "ddp"]
-    b = record[0].budget  # 0.85 x 10000 MiB - 856 MiB per GPU; 64 GiB of RAM x 0.85 for offload
+    _, weighing = weigh(gpus(4, 10000), user_model(1000))
+    assert [rw.strategy.name for rw in weighing.rows][:2] == ["zero2", "ddp"]
+    b = weighing.budget  # 0.85 x 10000 MiB - 856 MiB per GPU; 64 GiB of RAM x 0.85 for offload
     assert (b.device_gib, b.on_gpu, b.outside_gib) == (pytest.approx((0.85 * 10000 - 856) / 1024), True, 856 / 1024)
-    assert b.basis == "per GPU: free memory x memory_headroom_fraction 0.85 - CUDA context 600 MiB - NCCL buffers 256 MiB"
-    one = []
-    plan(gpus(1, 10000), user_model(1000), record=one)  # one process: no NCCL
-    assert one[0].budget.device_gib == pytest.approx((0.85 * 10000 - 600) / 1024)
-    record = []
-    with pytest.raises(PlanRefused):
-        plan(gpus(4, 1000, ram_gib=1), user_model(50_000_000, **{"distributed.backend": "deepspeed"}), record=record)
-    assert len(record) == 1 and all(rw.why_not for rw in record[0].rows)
+    assert b.basis == \
+        "per GPU: free memory x memory_headroom_fraction 0.85 - CUDA context 600 MiB - NCCL buffers 256 MiB"
+    _, one = weigh(gpus(1, 10000), user_model(1000))  # one process: no NCCL
+    assert one.budget.device_gib == pytest.approx((0.85 * 10000 - 600) / 1024)
+    with pytest.raises(PlanRefused) as refused:
+        weigh(gpus(4, 1000, ram_gib=1), user_model(50_000_000, **{"distributed.backend": "deepspeed"}))
+    assert refused.value.weighing.rows and all(rw.why_not for rw in refused.value.weighing.rows)
 
 
 def test_auto_is_recognised_by_value_not_by_identity():
@@ -851,8 +852,9 @@ def test_auto_is_recognised_by_value_not_by_identity():
 def test_debug_with_no_auto_optimize_records_the_config_s_target():
     """--debug shrinks the automatic target to one tiny step, but it is off under --no_auto_optimize: the
     config's own target (64) is what the plan records, against 8 x 2 x 2 = 32 as written."""
-    cfg = parse_config({"training": {"entrypoint": "train.py", "batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
-                                     "global_batch_size": 64, "num_parameters": 1000, "mixed_precision": "bf16"},
+    cfg = parse_config({"training": {"entrypoint": "train.py", "batch_size_per_gpu": 8,
+                                     "gradient_accumulation_steps": 2, "global_batch_size": 64,
+                                     "num_parameters": 1000, "mixed_precision": "bf16"},
                         "distributed": {"backend": "ddp", "nproc_per_node": 2}})
     b = plan(gpus(2, 30000, deepspeed=None), cfg, auto_optimize=False, debug=True).batch
     assert (b.micro_batch_size, b.global_batch_size, b.target_global_batch_size) == (8, 32, 64)
@@ -999,8 +1001,6 @@ def test_a_zero_stage_set_on_a_cpu_weighs_every_option_of_that_stage():
 
 def test_a_model_of_unknown_size_is_recorded_as_its_one_blind_option():
     """What `autotune estimate` shows: with a budget known but no model size, one option (the plan's), unweighed."""
-    record = []
-    plan(gpus(4, 10000), apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"}), record=record)
-    assert len(record) == 1 and [(rw.label, rw.need.total_gib, rw.why_not) for rw in record[0].rows] == [
-        ("ZeRO-2", None, None)]
-    assert record[0].budget.device_gib == pytest.approx((0.85 * 10000 - 856) / 1024)
+    _, weighing = weigh(gpus(4, 10000), apply_overrides(TrainConfig(), {"training.entrypoint": "train.py"}))
+    assert [(rw.label, rw.need.total_gib, rw.why_not) for rw in weighing.rows] == [("ZeRO-2", None, None)]
+    assert weighing.budget.device_gib == pytest.approx((0.85 * 10000 - 856) / 1024)

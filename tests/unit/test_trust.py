@@ -11,6 +11,7 @@ import threading
 
 import pytest
 import torch
+from support import ROOT
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
@@ -18,11 +19,10 @@ from autotune.planner import plan
 from autotune.prepare import resolve_resume
 from autotune.profiles import load_profile
 from autotune.rundir.checkpoints import CHECKSUMS, file_digest, list_checkpoints, verify_checkpoint
-from autotune.runtime.checkpoint import CheckpointManager
+from autotune.runtime.checkpoint_manager import CheckpointManager
 from autotune.runtime.dist import DistContext
 from autotune.runtime.engine import make_engine
 from autotune.runtime.workload import build_model
-from support import ROOT
 
 CTX = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), distributed=False)
 
@@ -90,7 +90,7 @@ def test_a_checkpoint_without_checksums_needs_trust_and_an_older_autotunes_files
 
     import numpy as np
 
-    from autotune.runtime.checkpoint import _set_rng_state, load_rng
+    from autotune.runtime.checkpoint_manager import _set_rng_state, load_rng
 
     ckpt = _saved(tmp_path)
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
@@ -128,7 +128,7 @@ def test_the_random_state_is_saved_as_tensors_and_numbers_and_comes_back_exactly
         data = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
     assert not any(n.startswith("numpy") for n in pickled_objects(data)), list(pickletools.genops(data))[:5]
     random.seed(0), np.random.seed(0), torch.manual_seed(0)
-    from autotune.runtime.checkpoint import _set_rng_state, load_rng
+    from autotune.runtime.checkpoint_manager import _set_rng_state, load_rng
 
     _set_rng_state(torch.load(ckpt / "rng-rank0.pt", weights_only=True))  # no allowlist needed
     assert (random.random(), np.random.rand(), torch.rand(1)) == expected
@@ -142,7 +142,7 @@ def test_deepspeeds_own_loader_runs_under_weights_only(tmp_path):
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
-    from autotune.runtime.checkpoint import weights_only_everywhere
+    from autotune.runtime.checkpoint_manager import weights_only_everywhere
 
     marker = tmp_path / "payload-ran"
     torch.save({"optimizer_state_dict": Payload(marker)}, tmp_path / "optim.pt")
@@ -261,7 +261,7 @@ def test_values_bound_for_generated_scripts_are_checked_and_named(cli, tmp_path)
     """A newline in --partition once became a shell line of the sbatch script (an injected `touch` ran);
     --account was not checked at all. Each field is refused by name (a real export, exit 2), and so is a host name
     that would break a hostfile line."""
-    from autotune.exports.tools import deepspeed_hostfile, sbatch_script
+    from autotune.exports.launchers import deepspeed_hostfile, sbatch_script
 
     marker = tmp_path / "injected"
     r = cli("autotune", "export", "--format", "slurm", "--hardware", "2x4xL4", "--partition", f"gpu\ntouch {marker}")

@@ -5,10 +5,10 @@ import textwrap
 import pytest
 
 from autotune.config import TrainConfig, apply_overrides
-from autotune.planner import plan
-from autotune.profiles import load_profile
 from autotune.exports.script_args import placeholder_values
 from autotune.exports.wiring import ScriptFacts, delivery, scan_script, wire_flags
+from autotune.planner import plan
+from autotune.profiles import load_profile
 
 
 def script(tmp_path, text, name="train.py"):
@@ -140,7 +140,8 @@ def test_a_literal_path_to_either_deepspeed_file_counts_as_the_engine_route(tmp_
     """, "hf.py")
     gpu = a_plan()
     given = ["--deepspeed", "/runs/x/deepspeed_config_hf.json"]
-    assert delivery(gpu, hf, [], {}, given, True).routes["engine"] == ["Trainer's --deepspeed (its DeepSpeed integration)"]
+    assert delivery(gpu, hf, [], {}, given, True).routes["engine"] == \
+        ["Trainer's --deepspeed (its DeepSpeed integration)"]
     assert "engine" in delivery(gpu, hf, [], {}, ["--deepspeed", "/runs/x/other.json"], True).advisory
 
 
@@ -157,7 +158,8 @@ def test_a_flag_passed_under_its_other_name_wins_and_nothing_is_added_for_it(tmp
     """One value declared under two names: the user passes the second after `--`; --wire auto must not add the
     first (argparse would take the later one and the user's value would be lost)."""
     facts = script(tmp_path, ALIASES)
-    assert facts.aliases["--lr"] == ("--lr", "--learning_rate") and facts.aliases["--batch_size"] == ("--batch_size", "-b")
+    assert facts.aliases["--lr"] == ("--lr", "--learning_rate")
+    assert facts.aliases["--batch_size"] == ("--batch_size", "-b")
     p = a_plan()
     values = placeholder_values(p, tmp_path, None)
     for user in (["--learning_rate", "0.5"], ["--learning_rate=0.5"], ["--lr", "0.5"]):
@@ -199,7 +201,8 @@ def test_precision_is_passed_in_the_scripts_own_vocabulary(tmp_path):
     extra, used = wire_flags(only_half, cpu, placeholder_values(cpu, tmp_path, None), [])
     assert "--precision" not in extra and "precision" not in used
     # undeclared choices: Accelerate's words for --mixed_precision, the plain ones for --precision
-    mixed = script(tmp_path, 'import argparse\np = argparse.ArgumentParser()\np.add_argument("--mixed_precision")\n', "m.py")
+    mixed = script(tmp_path, 'import argparse\np = argparse.ArgumentParser()\np.add_argument("--mixed_precision")\n',
+                   "m.py")
     assert wire_flags(mixed, cpu, placeholder_values(cpu, tmp_path, None), [])[0] == ["--mixed_precision", "no"]
     plain = script(tmp_path, 'import argparse\np = argparse.ArgumentParser()\np.add_argument("--precision")\n', "q.py")
     assert wire_flags(plain, cpu, placeholder_values(cpu, tmp_path, None), [])[0] == ["--precision", "fp32"]
@@ -224,7 +227,8 @@ def test_the_built_in_default_learning_rate_never_reaches_a_script(tmp_path):
     extra, used = wire_flags(facts, unset, placeholder_values(unset, tmp_path, None), [])
     assert extra == ["--batch_size", "16"] and "learning_rate" not in used
     d = delivery(unset, facts, [], used, extra, deepspeed_json=False)
-    assert "learning_rate" not in d.advisory and d.routes["learning_rate"][0].startswith("yours: training.learning_rate")
+    assert "learning_rate" not in d.advisory
+    assert d.routes["learning_rate"][0].startswith("yours: training.learning_rate")
     mine = a_plan(**{"training.learning_rate": 2e-4, "training.epochs": 5})
     extra, used = wire_flags(facts, mine, placeholder_values(mine, tmp_path, None), [])
     assert extra == ["--batch_size", "16", "--learning_rate", "0.0002", "--epochs", "5"]
@@ -318,11 +322,12 @@ def test_the_routes_printed_before_a_launch_are_handed_over_not_delivered(tmp_pa
     variable); it says that what the script runs is observed, and never calls a route delivered."""
     import io
 
-    from autotune.launch import print_delivery
+    from autotune.launch.announce import print_delivery
     from autotune.prepare import prepare
 
     (tmp_path / "acc.py").write_text(textwrap.dedent(ACCEL_OWN_ACCUM).replace("gradient_accumulation_steps=1", ""))
-    for observe, tail in ((True, "(what it runs is observed in its first steps):"), (False, "(not observed: --no_observe):")):
+    for observe, tail in ((True, "(what it runs is observed in its first steps):"),
+                          (False, "(not observed: --no_observe):")):
         cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "acc.py"), "training.wire": "auto",
                                               "training.observe": observe})
         out = io.StringIO()
@@ -425,13 +430,15 @@ def test_fp32_is_claimed_as_pytorchs_default_only_for_a_script_that_sets_no_prec
      {"uses_hf_trainer": True, "deepspeed_flag": False, "hf_flags": True}),
     ("import transformers\np = transformers.HfArgumentParser(X)\n", {"uses_hf_trainer": True, "hf_flags": True}),
     # the script's own --deepspeed switch beside Trainer's arguments: Trainer's --deepspeed takes the JSON's path
-    ("import argparse, transformers\np = argparse.ArgumentParser()\np.add_argument('--deepspeed', action='store_true')\n"
-     "a = transformers.TrainingArguments('out')\n", {"deepspeed_flag": False}),
+    ("import argparse, transformers\np = argparse.ArgumentParser()\n"
+     "p.add_argument('--deepspeed', action='store_true')\na = transformers.TrainingArguments('out')\n",
+     {"deepspeed_flag": False}),
     # deepspeed.add_config_arguments declares --deepspeed a switch, whatever else the script uses
     ("import argparse, deepspeed, transformers\np = deepspeed.add_config_arguments(argparse.ArgumentParser())\n"
      "a = transformers.TrainingArguments('out')\n", {"deepspeed_flag": True, "deepspeed_launcher_args": True}),
     # a flag whose name is a variable is not read (and does not stop the scan)
-    ("import argparse\np = argparse.ArgumentParser()\np.add_argument(NAME, type=int)\np.add_argument('--x', type=int)\n",
+    ("import argparse\np = argparse.ArgumentParser()\np.add_argument(NAME, type=int)\n"
+     "p.add_argument('--x', type=int)\n",
      {"flags": {"--x": False}, "error": None}),
     ("from accelerate import Accelerator\na = Accelerator(mixed_precision='bf16')\n",
      {"uses_accelerate": True, "accelerator_kwargs": {"mixed_precision"}}),
@@ -503,7 +510,8 @@ def test_run_length_and_resume_flags_are_added_only_with_a_value():
 def test_deepspeeds_path_goes_to_its_own_flag_or_to_trainers_value_flag_and_the_launchers_switch_alone():
     ds = {"deepspeed_config": "/r/deepspeed_config.json"}
     extra, used = _wire({"--deepspeed_config": False}, ds)
-    assert extra[-2:] == ["--deepspeed_config", "/r/deepspeed_config.json"] and used["deepspeed_config"] == "--deepspeed_config"
+    assert extra[-2:] == ["--deepspeed_config", "/r/deepspeed_config.json"]
+    assert used["deepspeed_config"] == "--deepspeed_config"
     extra, used = _wire({"--deepspeed": False}, ds)  # Trainer's --deepspeed takes the path
     assert extra[-2:] == ["--deepspeed", "/r/deepspeed_config.json"] and used["deepspeed_config"] == "--deepspeed"
     extra, used = _wire({"--deepspeed": True, "--deepspeed_config": False}, ds)  # the launcher's switch
@@ -706,9 +714,9 @@ def test_one_process_runs_as_plain_python_when_the_script_decides_ddp_by_rank(tm
         assert all((v in env) is exported for v in RANK_VARIABLES), name
         assert (env.get("AUTOTUNE_OBSERVE_RANK") == "0") is (not flags), name  # not for torchrun's agent
         lines = [x for x in s.delivery.summary() if x.startswith("RANK, LOCAL_RANK")]
-        assert lines == ([f"RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT not exported: the "
-                          f"script decides on DDP by testing RANK (`int(os.environ.get('RANK', -1)) != -1`): one "
-                          f"process runs as plain Python, as `python decides.py` would"] if withheld else []), name
+        assert lines == (["RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT not exported: the "
+                          "script decides on DDP by testing RANK (`int(os.environ.get('RANK', -1)) != -1`): one "
+                          "process runs as plain Python, as `python decides.py` would"] if withheld else []), name
 
 
 def test_a_deepspeed_path_behind_the_scripts_own_switch_is_handed_over_not_claimed(tmp_path):
@@ -740,7 +748,7 @@ def test_a_deepspeed_path_behind_the_scripts_own_switch_is_handed_over_not_claim
 def test_the_hint_after_the_routes_does_not_suggest_wire_auto_to_a_wired_launch(tmp_path):
     import io
 
-    from autotune.launch import print_delivery
+    from autotune.launch.announce import print_delivery
     from autotune.prepare import prepare
 
     (tmp_path / "bare.py").write_text("print('no flags')\n")

@@ -29,9 +29,7 @@ import torch
 from autotune.errors import UserError
 from autotune.plan import training_values
 from autotune.rundir.checkpoints import (
-    CHECKSUMS,
     DEEPSPEED_GLOBALS,
-    PREFIX,
     check_compatible,
     check_files,
     checkpoint_files,
@@ -43,6 +41,14 @@ from autotune.rundir.checkpoints import (
     resume_changes,
 )
 from autotune.rundir.fs import disk_cause
+from autotune.rundir.layout import (
+    CHECKPOINT_META,
+    CHECKPOINT_PREFIX,
+    CHECKSUMS,
+    MODEL_WEIGHTS,
+    checkpoint_dir,
+    rng_file,
+)
 from autotune.runtime.dist import (
     DistContext,
     from_main,
@@ -151,14 +157,14 @@ def _saved_world(path: Path) -> int | None:
 
 class CheckpointManager:
     def __init__(self, run_dir: str | Path, ctx: DistContext, keep_last: int = 3):
-        self.dir = Path(run_dir) / "checkpoints"
+        self.dir = checkpoint_dir(run_dir)
         self.ctx, self.keep_last = ctx, keep_last
 
     def save(self, engine, step: int, consumed: int) -> Path:
         """Write the checkpoint for ``step`` (a collective: every rank calls it). A full disk or a
         read-only file system is a UserError naming the path and the cause; the partial
         ``.tmp`` folder is removed and every earlier checkpoint is left as it was."""
-        final = self.dir / f"{PREFIX}{step:08d}"
+        final = self.dir / f"{CHECKPOINT_PREFIX}{step:08d}"
         try:
             return self._save(engine, step, consumed, final)
         except (OSError, RuntimeError) as e:
@@ -177,16 +183,16 @@ class CheckpointManager:
         wait_for_everyone(self.ctx)
         tmp.mkdir(parents=True, exist_ok=True)  # other nodes, when the run dir is not shared
         engine.save_state(tmp, self.ctx.is_main)
-        torch.save(_rng_state(), tmp / f"rng-rank{self.ctx.rank}.pt")
+        torch.save(_rng_state(), tmp / rng_file(self.ctx.rank))
         state = engine.full_state_dict()  # a collective under ZeRO-3: every rank calls it
         if self.ctx.is_main:
-            torch.save({k: v.detach().float().cpu() for k, v in state.items()}, tmp / "model.pt")
+            torch.save({k: v.detach().float().cpu() for k, v in state.items()}, tmp / MODEL_WEIGHTS)
             b = engine.plan.batch
             meta = {"step": step, "micro_batches_consumed": consumed, "backend": engine.name,
                     "world_size": self.ctx.world_size, "micro_batch_size": b.micro_batch_size,
                     "gradient_accumulation_steps": b.gradient_accumulation_steps,
                     "global_batch_size": b.global_batch_size, "training": training_values(engine.plan)}
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+            (tmp / CHECKPOINT_META).write_text(json.dumps(meta, indent=2))
         wait_for_everyone(self.ctx)
         self._write_checksums(tmp)
         if self.ctx.is_main:
@@ -228,7 +234,7 @@ class CheckpointManager:
             problems += check_files(path, expected, sorted(expected)[self.ctx.rank::self.ctx.world_size])
         elif need_checksums and self.ctx.is_main and not problems:
             problems.append(f"{path / CHECKSUMS}: missing (every checkpoint this run writes has one)")
-        rng = path / f"rng-rank{self.ctx.rank}.pt"
+        rng = path / rng_file(self.ctx.rank)
         if expected is None and not rng.exists() and self.ctx.world_size == _saved_world(path):
             problems.append(f"{rng}: missing")
         return [p for part in gather_objects(self.ctx, problems) for p in part]
@@ -258,7 +264,7 @@ class CheckpointManager:
         error = None
         try:
             engine.load_state(p)
-            rng = p / f"rng-rank{self.ctx.rank}.pt"
+            rng = p / rng_file(self.ctx.rank)
             if rng.exists() and meta.get("world_size") == self.ctx.world_size:
                 _set_rng_state(load_rng(rng))
         except Exception as e:  # unpickling errors (an object that is not data), truncated files, shape mismatches

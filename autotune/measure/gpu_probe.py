@@ -1,7 +1,7 @@
 """Measured on the GPU itself: real training steps at two micro-batches, and the line through their peaks.
 
 On a CUDA machine ``launch`` probes before it starts the ranks (``probe``): a child process
-(``python -m autotune.measure.probe``, so the launcher holds no CUDA context and the memory is free again
+(``python -m autotune.measure.gpu_probe``, so the launcher holds no CUDA context and the memory is free again
 before the ranks start) builds the model on GPU 0, runs one warm-up step and then one measured step at each
 micro-batch (forward, backward, ``AdamW.step()``, ``zero_grad(set_to_none=True)``, in the plan's precision and
 checkpointing, the output alive through backward as in a training loop), and reports
@@ -64,7 +64,7 @@ def probe(model: str, sample: str | None, micro_batches: tuple[int, ...], *, hal
     """Run the probe in a child process; raises RuntimeError with the child's last words when it fails."""
     request = {"model": model, "sample": sample, "micro_batches": list(micro_batches), "half": half,
                "checkpointing": checkpointing, "device": device}
-    r = subprocess.run([sys.executable, "-m", "autotune.measure.probe"], input=json.dumps(request),
+    r = subprocess.run([sys.executable, "-m", "autotune.measure.gpu_probe"], input=json.dumps(request),
                        capture_output=True, text=True, timeout=timeout_s)
     try:
         answer = json.loads(r.stdout.strip().splitlines()[-1])
@@ -141,7 +141,8 @@ def _main() -> int:
     try:
         print(json.dumps({"points": _measure(req)}))
     except Exception as e:  # noqa: BLE001 - reported to the launcher, which keeps the trace
-        print(json.dumps({"error": f"the GPU probe failed: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}))
+        text = str(e).splitlines()[0][:300] if str(e) else ""
+        print(json.dumps({"error": f"the GPU probe failed: {type(e).__name__}: {text}"}))
         return 1
     return 0
 

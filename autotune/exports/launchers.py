@@ -129,7 +129,8 @@ def deepspeed_hostfile(plan: TrainingPlan, hosts: tuple[str, ...] | list[str]) -
         from autotune.errors import UserError
 
         raise UserError(f"export --format deepspeed-hostfile: the plan has {eng.num_nodes} nodes but only "
-                        f"{len(names)} host name(s) are known; run it inside the SLURM allocation (it reads SLURM_JOB_NODELIST)")
+                        f"{len(names)} host name(s) are known; run it inside the SLURM allocation (it reads "
+                        "SLURM_JOB_NODELIST)")
     return "".join(f"{h} slots={eng.nproc_per_node}\n" for h in names[:eng.num_nodes])
 
 

@@ -146,7 +146,9 @@ def make_logger(plan, ctx, run_dir: str | Path):
     run = plan.run
     sinks = []
     if run.tensorboard:
-        sinks.append(TensorBoardLogger(run_dir / "tensorboard"))
+        from autotune.rundir.layout import TENSORBOARD
+
+        sinks.append(TensorBoardLogger(run_dir / TENSORBOARD))
     if run.wandb:
         sinks.append(WandbLogger(run.wandb_project or "autotune", run.wandb_entity, run_dir, _safe_config(plan)))
     return MultiLogger(sinks)

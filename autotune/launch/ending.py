@@ -1,0 +1,153 @@
+"""How a launch ended, as a rule: what its processes did in (the ranks' statuses, the signals it forwarded, what a
+user's script observably did), the exit code and the lines that say it out. Pure: nothing is spawned or read here;
+``sequence`` gathers the facts, prints the lines, and adds a finished run's own figures after them.
+
+The rules, first match wins (RELIABILITY.md 1-4, docs/scripts.md "The exit code is the script's"):
+
+1. ``--strict`` stopped the script (another effective batch or engine than the plan): 2.
+2. ``--strict``, and the script ended before its first steps were judged with a value wrong: 2.
+3. every rank's script returned and only its processes' teardown failed: 0, with a warning.
+4. every rank stopped after a preemption and saved its checkpoint: 75 (resume with ``--resume_from auto``).
+5. a rank said how it failed (torchrun reports any rank's failure as 1): the rank's code.
+6. a user's script was signalled: 75 when it wrote into {checkpoint_dir} after the signal, else 128+N.
+7. any other run that was signalled and failed: 128+N (the shell's convention, whatever torchrun made of it).
+8. a user's script raised or exited non-zero: its own code.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from autotune.errors import EXIT_PREEMPTED, EXIT_USAGE
+from autotune.launch.preflight import explain_failure
+from autotune.rundir.layout import RESUME_FROM_ENV, checkpoint_dir
+
+
+@dataclass(frozen=True)
+class ScriptEnd:
+    """What a user's observed script did, read once its processes ended (``evidence.ScriptWatch``)."""
+
+    stopped_strict: bool = False  # --strict stopped it
+    stop_reason: str | None = None  # why the launch last stopped what ran
+    failure: tuple[int, str] | None = None  # its own code and how, when a rank raised or exited non-zero
+    all_returned: bool = False  # every local rank's script returned normally
+    cut_teardown: bool = False  # the launch ended processes that lingered after every script had ended
+
+
+@dataclass(frozen=True)
+class Ending:
+    code: int
+    lines: tuple[tuple[str, str], ...]  # ("out" or "err", the text), in the order they are said
+    completed: bool = False  # the training completed: a finished run's figures follow the lines
+
+
+def ending(plan, run_dir: Path, outcome, signals: Sequence[int], script: ScriptEnd | None = None, evidence=None, *,
+           delivery=None, script_checkpoint: Path | None = None, has_checkpoint: bool = False,
+           elapsed_s: float = 0.0) -> Ending:
+    """The exit code and what to say, from ``outcome`` (``rank_watch.Outcome``), the ``signals`` forwarded (the
+    first first), a user's ``script`` (None: not observed) and the ``evidence`` judged of it; ``delivery`` the
+    plan's routes to the script; ``script_checkpoint`` the newest entry the script wrote into {checkpoint_dir}
+    after the first signal; ``has_checkpoint`` whether the run holds a checkpoint of autotune's; ``elapsed_s``
+    how long the processes ran."""
+    said: list[tuple[str, str]] = []
+
+    def out(text: str) -> None:
+        said.append(("out", text))
+
+    def err(text: str) -> None:
+        said.append(("err", text))
+
+    def end(code: int, completed: bool = False) -> Ending:
+        return Ending(code, tuple(said), completed)
+
+    rc, decider, entry = outcome.rc, outcome.decider, plan.run.entrypoint
+    if script is not None and script.stopped_strict:
+        err(f"\nStopped: {script.stop_reason}\nRun directory: {run_dir}")
+        return end(EXIT_USAGE)
+    if evidence is not None and evidence.wrong and plan.run.strict and rc == 0 and not signals:
+        # it ended before its first steps were judged: --strict still fails what it trained wrongly
+        err(f"\n--strict: {'; '.join(evidence.wrong)}; the script ended before its first steps were judged, so the "
+            f"launch fails now (exit 2)\nRun directory: {run_dir}")
+        return end(EXIT_USAGE)
+    failure = script.failure if script is not None and rc != 0 and not signals else None
+    if script is not None and rc != 0 and not signals and failure is None and script.all_returned:
+        # every rank's script returned normally: what failed was the processes' teardown, not the training
+        how = ("ended by autotune: " + str(script.stop_reason)) if script.cut_teardown else \
+            f"a rank's process ended with code {rc} after its script had returned (teardown)"
+        err(f"autotune: warning: {how}; the training completed")
+        rc = 0
+    if outcome.barrier_note:
+        err(f"autotune: {outcome.barrier_note}")
+    if outcome.ranks_code == EXIT_PREEMPTED:
+        err(f"\nPreempted ({decider.get('signal', 'signal')}): every rank stopped after step {decider.get('step')} "
+            f"and saved {decider.get('checkpoint')}.\nRun directory: {run_dir}\nTo continue (no step is "
+            f"repeated), run the same command with --run_dir {run_dir} --resume_from auto")
+        return end(EXIT_PREEMPTED)
+    if rc != 0 and outcome.ranks_code:  # torchrun reports any rank's failure as 1: say what the rank said
+        err(f"\nRank {decider.get('rank')} stopped the run (exit {outcome.ranks_code}). Run directory: {run_dir}"
+            + (f"\nNever reported (hung, or killed before they could): rank {', '.join(map(str, outcome.silent))}"
+               if outcome.silent and plan.engine.backend != "single" else "")
+            + f"\n{decider.get('message', '')}")
+        return end(outcome.ranks_code)
+    if signals and entry and outcome.ranks_code is None:
+        return _script_signalled(run_dir, signals, script_checkpoint, said)
+    if rc != 0 and signals:  # interrupted: the shell convention 128+N, whatever torchrun made of it
+        rc = 128 + signals[0]
+    if failure is not None and outcome.ranks_code is None:  # the script's own code, where torchrun says 1
+        rc = failure[0]
+        err(f"\nYour script failed: {failure[1]}; the training did not complete.")
+    if rc == 0:
+        out(f"\nDone. Run directory: {run_dir}" + unreached(plan, delivery, evidence))
+        if evidence is not None and evidence.steps:
+            out(f"Your script, {evidence.line()}")
+            for note in evidence.notes:
+                out(f"note: {note}")
+            for w in evidence.wrong:
+                out(f"warning: {w}")
+        return end(0, completed=True)
+    if signals:
+        err(f"\nInterrupted ({_signal.Signals(signals[0]).name}) before a checkpoint could be saved. "
+            f"Run directory: {run_dir}")
+        if has_checkpoint:
+            err(f"To continue from its newest checkpoint, run the same command with --run_dir {run_dir} "
+                "--resume_from auto")
+        return end(rc)
+    err(f"\nTraining exited with code {rc}. Run directory: {run_dir}")
+    hint = explain_failure(plan, elapsed_s)
+    if hint:
+        err(f"hint: {hint}")
+    return end(rc)
+
+
+def _script_signalled(run_dir: Path, signals: Sequence[int], written: Path | None,
+                      said: list[tuple[str, str]]) -> Ending:
+    """A user's script after SIGTERM/SIGUSR1/Ctrl-C: 75 (requeue, resume auto) only when it observably wrote a
+    checkpoint into {checkpoint_dir} after the signal; otherwise it does not handle preemption, and says so."""
+    name, where = _signal.Signals(signals[0]).name, checkpoint_dir(run_dir)
+    if written is not None:
+        said.append(("err", f"\nPreempted ({name}): your script wrote {written} after the signal.\nRun directory: "
+                            f"{run_dir}\nTo continue, run the same command with --run_dir {run_dir} --resume_from "
+                            f"auto (the newest entry in {where} reaches your script as {{resume_from}} and "
+                            f"${RESUME_FROM_ENV})"))
+        return Ending(EXIT_PREEMPTED, tuple(said))
+    said.append(("err", f"\nInterrupted ({name}): your script wrote no checkpoint into {where} after the signal, so "
+                        "it does not handle preemption (to be requeued, save there on SIGTERM/SIGUSR1 and resume from "
+                        f"{{resume_from}}). Run directory: {run_dir}"))
+    return Ending(128 + signals[0], tuple(said))
+
+
+def unreached(plan, delivery, evidence) -> str:
+    """The "Done" line's word on the plan values no route reached, after the observation: a value observed (equal,
+    different, the script's own) is in the observed line below it; only what no route reached and nothing observed
+    stays advisory."""
+    d = delivery
+    if d is None or not plan.run.entrypoint or not d.advisory:
+        return ""
+    if evidence is not None and evidence.steps:
+        unseen = [k for k in d.advisory
+                  if evidence.values.get(k, {}).get("status", "not observable") == "not observable"]
+        return f" (advisory: no route to the script, and not observed: {', '.join(unseen)})" if unseen else ""
+    return f" (advisory: no route to the script: {', '.join(d.advisory)})"

@@ -1,0 +1,241 @@
+"""The launch sequence: ``run(setup)`` takes a prepared ``RunSetup`` (autotune.prepare) to an exit code.
+
+Preflight (this node's checks before any rank starts), the nodes' hardware exchange and the re-plan for the smallest
+node, the run directory's lock, the records, the run log, ``execute`` (the one place that spawns:
+``autotune.launch.process``), the rank watch, and how the run ended, said: a rank's own code over torchrun's 1, 75
+for a preemption with its checkpoint, 128+N for a signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from autotune.launch.ending import ScriptEnd, ending
+from autotune.launch.evidence import ScriptWatch
+from autotune.plan import training_values
+
+
+def run(setup, replan: Callable | None = None, argv: list[str] | None = None, job_secret: bytes | None = None) -> int:
+    """Launch ``setup`` and wait for it. ``replan(profile, run_dir=...)`` plans again for another hardware
+    profile with the same inputs (several nodes plan for the smallest); ``argv`` is what the records call
+    the command (default: sys.argv); ``job_secret``: the nodes' shared secret (default: $AUTOTUNE_JOB_SECRET)."""
+    from autotune.exports.deepspeed import framework_flavour
+    from autotune.launch.preflight import check as preflight
+    from autotune.launch.runlog import RunLog
+    from autotune.rundir.lock import RunLock
+    from autotune.rundir.records import write_records
+
+    argv = list(sys.argv if argv is None else argv)
+    preflight(setup.plan)
+    if replan is not None:
+        setup = _with_the_other_nodes(setup, replan, job_secret)
+    lock = RunLock(setup.records_dir).acquire(argv)
+    try:
+        set_aside_abandoned(setup)
+        if setup.plan.run.entrypoint and setup.plan.engine.node_rank == 0:  # {checkpoint_dir} exists for the script
+            from autotune.rundir.layout import checkpoint_dir
+
+            checkpoint_dir(setup.run_dir).mkdir(parents=True, exist_ok=True)
+        ds = setup.deepspeed_config
+        write_records(setup.records_dir, setup.plan, setup.hardware, ds, setup.launch_spec, setup.delivery,
+                      ds_framework=None if ds is None else framework_flavour(ds))
+        with RunLog(setup.records_dir, argv) as log:
+            return _execute(setup, lock, log)
+    finally:
+        lock.release()
+
+
+class _Signals(list):
+    """The signals forwarded to the run, and when the first came."""
+
+    first_at: float | None = None
+
+    def append(self, signum) -> None:
+        if not self:
+            import time
+
+            self.first_at = time.time()
+        super().append(signum)
+
+
+def _execute(setup, lock=None, log=None) -> int:
+    """Say what runs, run it, say how it ended: the exit code (``ending``)."""
+    _announce(setup)
+    started = time.monotonic()
+    outcome, signals, script, stop_reason = _run(setup, lock, log)
+    run_dir, plan = setup.run_dir, setup.plan
+    evidence = _record_evidence(setup, run_dir) if script is not None else None
+    # what the rule needs from disk, read here so that it stays a rule (nothing read, nothing spawned)
+    end = ending(plan, run_dir, outcome, signals, _script_end(script, stop_reason), evidence,
+                 delivery=setup.delivery, elapsed_s=time.monotonic() - started,
+                 script_checkpoint=_written_after(run_dir, signals.first_at) if signals and plan.run.entrypoint
+                 else None, has_checkpoint=bool(signals) and _has_checkpoint(run_dir))
+    for stream, text in end.lines:
+        print(text, file=sys.stdout if stream == "out" else sys.stderr)
+    if end.completed:
+        _say_figures(setup)
+    return end.code
+
+
+def _announce(setup) -> None:
+    """The plan, the resume point, the run directory, the command and the script's wiring, before it starts."""
+    from autotune.exports.report import render_plan
+    from autotune.launch.announce import print_delivery, resume_note
+    from autotune.launch.preflight import waiting_line
+
+    render_plan(setup.plan, sys.stdout)
+    if setup.resume_path:
+        print(f"\nResuming from {setup.resume_path}{resume_note(setup)}")
+    print(f"\nRun directory: {setup.run_dir}\nCommand: {setup.launch_spec.shell()}", flush=True)
+    print_delivery(setup)
+    print(flush=True)
+    line = waiting_line(setup.plan)
+    if line:
+        print(line, flush=True)
+
+
+def _run(setup, lock, log):
+    """Execute the spec while watching the ranks (and a user's script): (the ranks' outcome, the signals
+    forwarded, the script's watch or None, why the launch stopped what ran)."""
+    import shutil
+    import tempfile
+
+    from autotune.launch.builds import BuildWatch
+    from autotune.launch.process import execute
+    from autotune.launch.rank_watch import RankWatch
+    from autotune.rundir.layout import JOB_SECRET_ENV, STATUS_DIR_ENV
+
+    plan, signals, stop_reason = setup.plan, _Signals(), []
+    statuses = tempfile.mkdtemp(prefix="autotune-status-")  # how each rank ended, outside the run dir
+    watch = RankWatch(plan.engine, statuses)
+    observing = bool(plan.run.entrypoint and plan.run.observe)
+    script = ScriptWatch(plan, setup.run_dir, sys.stderr, delivery=setup.delivery) if observing else None
+    builds = BuildWatch(setup.launch_spec.env.get("TORCH_EXTENSIONS_DIR"), deepspeed=plan.is_deepspeed)
+
+    def should_kill() -> str | None:
+        builds.check()  # a first DeepSpeed launch builds its ops: say so while the ranks wait on it
+        reason = watch.lingering() or (script.check() if script is not None else None)
+        if reason:
+            stop_reason.append(reason)
+        return reason
+
+    try:
+        environ = {k: v for k, v in os.environ.items() if k != JOB_SECRET_ENV}  # the ranks never need it
+        rc = execute(setup.launch_spec, environ={**environ, STATUS_DIR_ENV: statuses},
+                     forwarded=signals, keep_fds=lock.fds() if lock is not None else (),
+                     kill_after_s=plan.run.preemption_grace_s + 10,
+                     signal_ranks=plan.run.entrypoint is None and plan.engine.backend != "single",
+                     should_kill=should_kill, output=log)
+        return watch.outcome(rc, interrupted=bool(signals)), signals, script, stop_reason
+    finally:
+        shutil.rmtree(statuses, ignore_errors=True)
+
+
+def _script_end(script: ScriptWatch | None, stop_reason: list[str]) -> ScriptEnd | None:
+    """What the script's watch saw, once its processes ended (its records read once each)."""
+    if script is None:
+        return None
+    return ScriptEnd(stopped_strict=script.stopped_strict, stop_reason=stop_reason[-1] if stop_reason else None,
+                     failure=script.script_failure(), all_returned=script.all_returned(),
+                     cut_teardown=script.cut_teardown)
+
+
+def _written_after(run_dir: Path, since: float | None) -> Path | None:
+    """The newest entry a user's script wrote into {checkpoint_dir} after the first signal (lstat: a link there,
+    dangling or not, is never followed)."""
+    from autotune.rundir.layout import checkpoint_dir
+
+    where = checkpoint_dir(run_dir)
+    written = [p for p in where.rglob("*") if p.lstat().st_mtime >= (since or 0.0)] if where.is_dir() else []
+    return max(written, key=lambda p: p.lstat().st_mtime) if written else None
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    from autotune.rundir.checkpoints import latest_checkpoint
+
+    return latest_checkpoint(run_dir) is not None
+
+
+def _say_figures(setup) -> None:
+    """A finished run's own figures: the built-in loop's speed against the prediction, TensorBoard, the final
+    validation accuracy."""
+    from autotune.rundir.layout import METRICS, TENSORBOARD
+
+    run_dir = setup.run_dir
+    if not setup.plan.run.entrypoint:  # the built-in loop measured its speed: against the prediction
+        from autotune.launch.speed_check import report as timing_report
+
+        timing_report(setup, run_dir, sys.stdout)
+    if (run_dir / TENSORBOARD).is_dir():
+        print(f"TensorBoard: tensorboard --logdir {run_dir / TENSORBOARD}")
+    metrics = run_dir / METRICS
+    if metrics.exists():
+        final = json.loads(metrics.read_text()).get("final", {})
+        if "val/accuracy" in final:
+            print(f"Final validation accuracy: {final['val/accuracy']:.3f} (loss {final['val/loss']:.4f})")
+
+
+def _record_evidence(setup, run_dir):
+    """The final judgement of what the script ran, added to delivery.json (beside what was handed over)."""
+    from autotune.launch.evidence import judge, read_observed
+    from autotune.rundir.layout import DELIVERY
+
+    evidence = judge(setup.plan, read_observed(run_dir), setup.delivery)
+    path = setup.records_dir / DELIVERY
+    try:
+        record = json.loads(path.read_text()) if path.exists() else {}
+        record["observed"] = evidence.to_record()
+        path.write_text(json.dumps(record, indent=2) + "\n")
+    except (OSError, ValueError):
+        pass  # the records stay as written at launch; the evidence is still printed
+    return evidence
+
+
+def set_aside_abandoned(setup) -> None:
+    """Resuming the built-in runtime from an older checkpoint of the same run dir: the checkpoints after it belong
+    to the continuation being abandoned; left in place, the newest of them would win the next --resume_from auto
+    (and a restart). They are moved aside, kept, and the launch says where (node 0, which writes checkpoints)."""
+    import time
+
+    from autotune.rundir.checkpoints import later_than, set_aside
+
+    plan = setup.plan
+    if plan.run.entrypoint or not setup.resume_path or plan.engine.node_rank != 0:
+        return
+    later = later_than(setup.run_dir, setup.resume_path)
+    dest = set_aside(setup.run_dir, later, time.strftime("%Y%m%d-%H%M%S"))
+    if dest is not None:
+        print(f"autotune: resuming from {setup.resume_path.name}: set aside the {len(later)} later checkpoint(s) of "
+              f"the abandoned continuation ({', '.join(c.name for c in later)}) in {dest}, so that "
+              "--resume_from auto continues this run", file=sys.stderr, flush=True)
+
+
+def _with_the_other_nodes(setup, replan, secret: bytes | None = None):
+    """Several nodes: exchange what each detected and plan every node for the smallest (autotune.planner.nodes).
+    The node's own detected profile stays what its records call its hardware."""
+    eng = setup.plan.engine
+    if eng.num_nodes == 1:
+        return setup
+    import dataclasses
+
+    from autotune.launch.exchange import exchange, job_secret
+    from autotune.planner.nodes import smallest
+
+    print(f"Multi-node: node {eng.node_rank} of {eng.num_nodes} meets the others at {eng.master_addr}:"
+          f"{eng.master_port} to compare hardware; waits up to {eng.rendezvous_timeout_s} s "
+          "(distributed.rendezvous_timeout_s)", flush=True)
+    profiles = exchange(eng.num_nodes, eng.node_rank, eng.master_addr, eng.master_port, setup.hardware,
+                        eng.rendezvous_timeout_s, secret=secret or job_secret(os.environ))
+    combined, lines = smallest(profiles, eng.node_rank)
+    if not lines:
+        return setup
+    again = replan(combined, run_dir=str(setup.run_dir))  # the run dir chosen already, not a new name
+    if training_values(again.plan) == training_values(setup.plan):
+        return setup  # the nodes differ in nothing the plan uses (free RAM moves by a few MiB between probes)
+    plan = again.plan.model_copy(update={"warnings": (*again.plan.warnings, *lines)})
+    return dataclasses.replace(again, plan=plan, hardware=setup.hardware)

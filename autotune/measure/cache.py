@@ -1,0 +1,64 @@
+"""What autotune keeps between runs of the same model (the traces, the GPU probes, the CPU step timings): in
+memory for this process (``TRACE_CACHE``) and on disk (``rundir.layout.cache_dir``), keyed by everything a
+measurement depends on (``cache_key``). A damaged or unwritable entry only means measuring again."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TRACE_CACHE: dict = {}
+
+
+def source_of(spec: str | None) -> str:
+    """The text of the module a ``package.module:function`` spec names ('' when it has none)."""
+    if not spec or ":" not in spec:
+        return ""
+    import importlib.util
+    import sys
+
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        found = importlib.util.find_spec(spec.partition(":")[0])
+    except (ImportError, ValueError):
+        return ""
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        return ""
+    try:
+        return Path(found.origin).read_text()
+    except OSError:
+        return ""
+
+
+def cache_key(model: str, sample: str | None, margin: float, modes: tuple[str, ...], cuda: bool) -> str:
+    """What a trace depends on: the specs, the model's and sample's source files, the numerics, torch's and
+    transformers' versions, and autotune's own tracing code."""
+    import hashlib
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return ""
+
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    code = ("gpu_probe.py",) if "probe" in modes else ("trace.py", "cuda_trace.py", "fsdp_trace.py")  # what measured it
+    for part in (model, sample or "", repr(margin), ",".join(modes), str(cuda), source_of(model), source_of(sample),
+                 version("torch"), version("transformers"), *((here / c).read_text() for c in code)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def store(where: Path, facts) -> None:
+    """Keep measured facts on disk (atomically); a read-only cache only means measuring again next time."""
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        tmp = where.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(facts.model_dump_json())
+        tmp.replace(where)
+    except OSError:
+        pass

@@ -1,0 +1,124 @@
+"""config + flags + hardware (+ the measured model) -> (plan, profile, DeepSpeed dict): ``plan_for``, what
+``plan``, ``export``, ``report`` and ``estimate`` need, and the first half of ``prepare``. The hardware is a preset,
+a profile file or this machine detected; the model's facts are measured (``autotune.measure``: a user's
+``training.model``), else the built-in GPT's or what the config declares; past runs of the same model on the same
+kind of machine join them (``autotune.rundir.speeds``); a plan for this machine's CPU can be timed by the model's
+own step run here (``autotune.measure.timing``).
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any, Mapping
+
+from autotune.config import TrainConfig, apply_overrides
+from autotune.plan import TrainingPlan
+from autotune.profiles import HardwareProfile, load_profile
+
+
+def deepspeed_installed_locally() -> bool:
+    try:
+        metadata.version("deepspeed")
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def resolve_hardware(spec: str | HardwareProfile | None) -> HardwareProfile:
+    """A preset name or profile path, an already resolved profile, or None to detect this machine."""
+    if isinstance(spec, HardwareProfile):
+        return spec
+    if spec:
+        return load_profile(spec)
+    from autotune.hardware import detect
+
+    return detect()
+
+
+def plan_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
+             hardware: str | HardwareProfile | None = None, *, with_deepspeed: bool = True, **options
+             ) -> tuple[TrainingPlan, HardwareProfile, dict | None]:
+    """config + flags + hardware -> (plan, profile, DeepSpeed dict or None; None too without with_deepspeed);
+    ``options``: ``weigh_for``'s. Raises PlanRefused (exit 3) when nothing fits by the estimate, unless ``force``."""
+    p, _, hw = weigh_for(cfg, overrides, hardware, times=False, **options)
+    if not (with_deepspeed and p.is_deepspeed):
+        return p, hw, None
+    from autotune.exports.deepspeed import deepspeed_config
+
+    return p, hw, deepspeed_config(p)
+
+
+def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
+              hardware: str | HardwareProfile | None = None, *, auto_optimize: bool = True, debug: bool = False,
+              policy: str | None = None, force: bool = False, facts=None, probe_gpu: bool = False,
+              time_cpu: bool = False, times: bool = True):
+    """config + flags + hardware -> (plan, what its memory decider weighed, profile): ``autotune estimate``'s table
+    (``planner.weigh``; a refusal carries its weighing).
+
+    A user's model (``training.model``) is measured here (``autotune.measure``): traced under fake tensors, and with
+    ``probe_gpu`` (a launch on this machine's GPUs, not a dry run) refined by real steps on GPU 0. With ``time_cpu``,
+    a plan for this machine's CPU is timed by the model's own step run here, then planned again by it
+    (``measure.timing.steps_for``). ``facts``: the model's facts, measured already.
+    """
+    from autotune.measure.timing import steps_for
+    from autotune.planner import weigh
+    from autotune.planner.policy import load_policy
+
+    if overrides:
+        cfg = apply_overrides(cfg, dict(overrides))
+    hw = resolve_hardware(hardware)
+    pol = load_policy(policy)
+    # A preset says nothing about installed software: the plan will run with what is installed here.
+    ds_installed = bool(hw.software["deepspeed"]) if "deepspeed" in hw.software else deepspeed_installed_locally()
+    facts = _with_past_runs(cfg, hw, facts or _model_facts(cfg, pol, hw, probe_gpu))
+    options = dict(auto_optimize=auto_optimize, debug=debug, policy=pol, deepspeed_installed=ds_installed,
+                   force=force, times=times)
+    p, weighing = weigh(hw, cfg, facts=facts, **options)
+    steps = steps_for(cfg, hw, p, facts) if time_cpu else None
+    if steps is not None:  # the same plan again, timed by the step measured here
+        p, weighing = weigh(hw, cfg, facts=facts.model_copy(update={"measured_steps": steps}), **options)
+    return p, weighing, hw
+
+
+def _model_facts(cfg: TrainConfig, policy, hw: HardwareProfile, probe_gpu: bool):
+    """The planner's model facts: measured (a user's ``training.model``), else the built-in GPT's or
+    what the config declares."""
+    from autotune.planner.model_facts import facts_for
+
+    t = cfg.training
+    if t.entrypoint is None or t.model is None:
+        return facts_for(cfg)
+    from autotune.measure import model_facts, model_facts_probed
+
+    return (model_facts_probed if probe_gpu else model_facts)(cfg, policy, hw)
+
+
+def speed_key(cfg: TrainConfig, hw: HardwareProfile) -> tuple[str | None, str | None]:
+    """(model, kind of machine) under which past runs' speeds are kept (``autotune.rundir.speeds``)."""
+    from autotune.rundir.speeds import machine_kind, model_key
+
+    return model_key(cfg), machine_kind(hw)
+
+
+def _with_past_runs(cfg: TrainConfig, hw: HardwareProfile, facts):
+    """The facts with what earlier runs of this model measured on this kind of machine."""
+    from pydantic import ValidationError
+
+    from autotune.planner.model_facts import PastRun
+    from autotune.rundir.speeds import past_runs
+
+    runs = []
+    for entry in past_runs(*speed_key(cfg, hw)):
+        try:
+            runs.append(PastRun.model_validate(entry))
+        except ValidationError:
+            continue  # an entry another version wrote: no past run
+    return facts.model_copy(update={"past_runs": tuple(runs)}) if runs else facts
+
+
+def could_time_here(setup) -> bool:
+    """Whether preparing ``setup`` again with ``time_cpu`` could time its step (a launch checks its run directory
+    first, then pays for the timing)."""
+    from autotune.measure.timing import times_here
+
+    return times_here(setup.hardware, setup.plan)

@@ -1,0 +1,146 @@
+"""``prepare``: config + overrides + hardware (+ the measured model) -> ``RunSetup``, the launch as data.
+
+It plans (``planning.plan_for``), picks the run directory and resolves ``--resume_from`` once to a concrete
+checkpoint (``resume``; recorded in the plan the ranks read, so no rank resolves it again), checks that checkpoint
+against the plan, reads what a user's script declares, wires the plan's values to it, and builds the
+``LaunchSpec``. It writes nothing and spawns nothing: ``autotune.rundir.records`` writes the records,
+``autotune.launch`` runs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from autotune.config import TrainConfig, apply_overrides
+from autotune.errors import UserError
+from autotune.plan import TrainingPlan
+from autotune.prepare.planning import plan_for, speed_key
+from autotune.prepare.resume import choose_run_dir, resolve_resume
+from autotune.profiles import HardwareProfile
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    plan: TrainingPlan
+    hardware: HardwareProfile
+    deepspeed_config: dict | None
+    run_dir: Path
+    resume_path: Path | None
+    launch_spec: Any  # autotune.exports.launch_spec.LaunchSpec
+    delivery: Any = None  # autotune.exports.wiring.Delivery: how each plan value reaches the script
+    speed_key: tuple[str | None, str | None] = (None, None)  # (model, kind of machine): autotune.rundir.speeds
+
+    @property
+    def records_dir(self) -> Path:
+        from autotune.rundir.layout import records_dir
+
+        return records_dir(self.plan, self.run_dir)
+
+
+def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
+            hardware: str | HardwareProfile | None = None, *, auto_optimize: bool = True, debug: bool = False,
+            policy: str | None = None, run_dir: str | Path | None = None, resume_from: str | None = None,
+            script_args: list[str] | tuple[str, ...] = (), environ: Mapping[str, str] | None = None,
+            python: str | None = None, runs_root: str | Path = "runs", force: bool = False,
+            trust_checkpoint: bool = False, probe_gpu: bool = False, time_cpu: bool = False) -> RunSetup:
+    """Plan, pick the run dir, resolve the resume point once, build the launch spec. Writes nothing.
+    ``trust_checkpoint``: resume from a checkpoint without checksums (--trust_checkpoint); it is loaded as data.
+    ``probe_gpu``, ``time_cpu``: measure on this machine first (``plan_for``)."""
+    from autotune.exports.launch_spec import launch_spec
+    from autotune.exports.script_scan import script_facts
+    from autotune.rundir.checkpoints import check_compatible, read_meta
+
+    if overrides:
+        cfg = apply_overrides(cfg, dict(overrides))
+    plan, hw, ds = plan_for(cfg, None, hardware, auto_optimize=auto_optimize, debug=debug, policy=policy,
+                            force=force, probe_gpu=probe_gpu, time_cpu=time_cpu)
+    entry = plan.run.entrypoint
+    if entry and entry.endswith(".py") and not Path(entry).is_file():
+        raise UserError(f"training.entrypoint: no such script {entry!r} (paths are relative to {Path.cwd()})")
+    rd = choose_run_dir(run_dir, resume_from, Path(runs_root), own_format=bool(entry))
+    workdir = _workdir(cfg.training.workdir)
+    if workdir is not None:  # the child starts elsewhere: every path it is given must not depend on its cwd
+        rd = rd.absolute()
+        if entry and entry.endswith(".py"):
+            entry = str(Path(entry).absolute())
+            plan = plan.model_copy(update={"run": plan.run.model_copy(update={"entrypoint": entry})})
+    resume_path = resolve_resume(resume_from, rd, own_format=bool(entry), searched=None if run_dir else Path(runs_root),
+                                 trust=trust_checkpoint)
+    if resume_path is not None:
+        if not entry:  # the built-in runtime's checkpoints: refuse an incompatible one before any rank starts
+            check_compatible(read_meta(resume_path), resume_path, plan.engine.backend, plan.batch.global_batch_size)
+        plan = plan.model_copy(update={"run": plan.run.model_copy(update={"resume_from": str(resume_path)})})
+    from autotune.exports.script_args import (
+        expand,
+        placeholder_values,
+        used_placeholders,
+    )
+    from autotune.exports.wiring import (
+        RANK_VARIABLES,
+        delivery,
+        wire_flags,
+        withhold_accumulation,
+        withhold_rank_env,
+    )
+    from autotune.rundir.layout import deepspeed_config_path
+
+    facts = script_facts(entry)
+    ds_path = None
+    if ds is not None:  # Accelerate and HF Trainer scripts get the flavour they accept (no optimizer, "auto")
+        framework = facts is not None and (facts.uses_hf_trainer or facts.uses_accelerate)
+        ds_path = deepspeed_config_path(plan, rd, framework)
+    raw = [*plan.run.script_args, *script_args]
+    values = placeholder_values(plan, rd, ds_path)
+    args = expand(raw, values)
+    wired: dict[str, str] = {}
+    if cfg.training.wire == "auto" and facts is not None:
+        extra, wired = wire_flags(facts, plan, values, args)
+        args += extra
+    if entry and resume_path is not None:
+        _check_resume_reaches(facts, used_placeholders(raw), wired, args)
+    route = delivery(plan, facts, used_placeholders(raw), wired, args, ds is not None) if entry else \
+        delivery(plan, None, [], {}, args, ds is not None)
+    why = withhold_accumulation(facts, route.routes) if entry else None
+    withheld = {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": why} if why else {}
+    why = withhold_rank_env(plan, facts) if entry else None
+    if why:
+        withheld.update(dict.fromkeys(RANK_VARIABLES, why))
+    route = dataclasses.replace(route, withheld=withheld, wired=bool(wired) or cfg.training.wire == "auto")
+    spec = launch_spec(plan, str(rd), os.environ if environ is None else environ, python=python,
+                       has_infiniband=bool(hw.infiniband), script_args=args, cwd=workdir,
+                       withhold=tuple(route.withheld))
+    return RunSetup(plan=plan, hardware=hw, deepspeed_config=ds, run_dir=rd, resume_path=resume_path,
+                    launch_spec=spec, delivery=route, speed_key=speed_key(cfg, hw))
+
+
+def _check_resume_reaches(facts, placeholders: list[str], wired: dict[str, str], args: list[str]) -> None:
+    """A resume point for a user's script must reach it: as {resume_from}, through $AUTOTUNE_RESUME_FROM (read
+    by the script), or its own resume flag (--wire auto, or given after `--`). Otherwise the script would start
+    from scratch without a word: refused."""
+    from autotune.exports.wiring import FLAGS
+    from autotune.rundir.layout import RESUME_FROM_ENV
+
+    if "resume_from" in placeholders or "resume_from" in wired or facts is None or facts.uses_autotune:
+        return
+    if RESUME_FROM_ENV in facts.env_reads or any(a.split("=")[0] in FLAGS["resume_from"] for a in args):
+        return
+    declared = [f for f in FLAGS["resume_from"] if f in facts.flags]
+    how = (f"your script declares {declared[0]}: add --wire auto, or pass {declared[0]} {{resume_from}} after `--`"
+           if declared else "pass it to your script after `--` (e.g. --resume {resume_from}) or have the script "
+           f"read ${RESUME_FROM_ENV}")
+    raise UserError(f"--resume_from: your script has no way to receive the resume point, and would start from "
+                    f"scratch; {how}")
+
+
+def _workdir(value: str | None) -> str | None:
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise UserError(f"training.workdir: {value!r} is not a directory (relative to {Path.cwd()}); create it "
+                        "or give the directory your script should start in (--workdir)")
+    return str(path.absolute())
