@@ -1,5 +1,8 @@
+import atexit
 import os
+import shutil
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -8,6 +11,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# What autotune keeps between runs (traces, CPU step timings, past runs' speeds) goes to a cache of the suite's own:
+# a test's launch must not calibrate the user's later plans (a pytest run is not "your run"), and the user's past
+# runs must not change what a test plans. Each pytest process (each xdist worker) has one for its whole session.
+os.environ["AUTOTUNE_CACHE_DIR"] = _SUITE_CACHE = tempfile.mkdtemp(prefix="autotune-test-cache-")
+atexit.register(shutil.rmtree, _SUITE_CACHE, ignore_errors=True)
 
 if os.environ.get("MUTANT_UNDER_TEST"):
     # Under `make mutation` the property tests draw the same examples for every mutant and never replay

@@ -232,6 +232,8 @@ class PastRun(_Frozen):
 
     strategy: str  # the planner's strategy name (memory.STRATEGIES): ddp (single or DDP), zero2, zero2_offload, ...
     world_size: int
+    num_nodes: int  # the same world on one node or on several is not the same speed
+    omp_num_threads: int  # each rank's threads (on a CPU, the speed's first cause)
     micro_batch_size: int
     gradient_accumulation_steps: int
     gradient_checkpointing: bool

@@ -6,7 +6,8 @@ The launch records an entry when it writes timing.json (``record``); ``prepare``
 its model and machine (``past_runs``); the planner matches the settings (``planner.step_time``). An entry's key:
 the model (``model_key``: the built-in GPT's shape, or a script with its ``training.model`` and sample input), the
 kind of machine (``machine_kind``: the GPU's name, or the CPU's model and cores), and the settings a speed
-depends on: world size, engine (the planner's strategy name), micro-batch, checkpointing and precision. A newer
+depends on: world size, nodes, threads per rank, engine (the planner's strategy name), micro-batch, checkpointing
+and precision. A newer
 run replaces an older one of the same key; the newest ``MAX_ENTRIES`` are kept. A damaged or unreadable file is no
 past run (a plan never fails on it), and a file that cannot be written only loses the figure.
 """
@@ -21,7 +22,8 @@ from pathlib import Path
 from autotune.rundir.layout import SPEEDS, cache_dir
 
 MAX_ENTRIES = 500
-KEY = ("model", "machine", "strategy", "world_size", "micro_batch_size", "gradient_checkpointing", "precision")
+KEY = ("model", "machine", "strategy", "world_size", "num_nodes", "omp_num_threads", "micro_batch_size",
+       "gradient_checkpointing", "precision")
 
 
 def model_key(cfg) -> str | None:
@@ -44,11 +46,15 @@ def machine_kind(hw) -> str | None:
     return f"CPU {c.model_name}, {c.effective_cores} cores" if c.model_name else None
 
 
-def strategy_name(backend: str, zero_stage: int | None, offload_optimizer: bool) -> str:
-    """The planner's strategy name of a plan's engine (``planner.memory.STRATEGIES``)."""
-    if backend != "deepspeed":
+def strategy_name(engine) -> str:
+    """The planner's strategy name of a plan's engine (``planner.memory.STRATEGIES``; one process or DDP: ddp)."""
+    if engine.backend == "fsdp":
+        return ("fsdp_offload" if engine.offload_optimizer else "fsdp" if engine.reshard_after_forward else
+                "fsdp_no_reshard")
+    if engine.backend != "deepspeed":
         return "ddp"
-    return f"zero{zero_stage}" + ("_offload" if offload_optimizer and zero_stage in (2, 3) else "")
+    z = engine.zero_stage
+    return f"zero{z}" + ("_offload" if engine.offload_optimizer and z in (2, 3) else "")
 
 
 def _path() -> Path:
@@ -83,7 +89,8 @@ def record(model: str | None, machine: str | None, plan, measured: float, predic
         return None
     e, b = plan.engine, plan.batch
     entry = {"model": model, "machine": machine,
-             "strategy": strategy_name(e.backend, e.zero_stage, e.offload_optimizer), "world_size": e.world_size,
+             "strategy": strategy_name(e), "world_size": e.world_size, "num_nodes": e.num_nodes,
+             "omp_num_threads": plan.loader.omp_num_threads,
              "micro_batch_size": b.micro_batch_size, "gradient_accumulation_steps": b.gradient_accumulation_steps,
              "gradient_checkpointing": plan.memory.gradient_checkpointing, "precision": plan.numerics.precision,
              "measured_samples_per_s": round(float(measured), 3),

@@ -151,6 +151,7 @@ def test_probed_step_times_time_the_gpu_plan_and_say_so():
 def past(p, measured: float, **changes) -> PastRun:
     e, b = p.engine, p.batch
     fields = dict(strategy="ddp" if e.backend != "deepspeed" else f"zero{e.zero_stage}", world_size=e.world_size,
+                  num_nodes=e.num_nodes, omp_num_threads=p.loader.omp_num_threads,
                   micro_batch_size=b.micro_batch_size, gradient_accumulation_steps=b.gradient_accumulation_steps,
                   gradient_checkpointing=p.memory.gradient_checkpointing, precision=p.numerics.precision,
                   measured_samples_per_s=measured, date="2026-11-20", run_dir="runs/x")
@@ -182,8 +183,9 @@ def test_a_past_run_with_the_same_settings_calibrates_the_plan_and_says_so():
               deepspeed_installed=True).schedule.time_estimate
     assert te.samples_per_s == 812.0 and te.micro_step_s is None and "not in the GPU table" in te.unknown[
         "micro_step_s"] and te.basis.startswith("calibrated by your run")
-    # another micro-batch, world size or precision is another setting: the model's own figure
-    for change in ({"micro_batch_size": first.batch.micro_batch_size + 1}, {"world_size": 1}, {"precision": "fp32"}):
+    # another micro-batch, world size, node count, threads per rank or precision is another setting: the model's own
+    for change in ({"micro_batch_size": first.batch.micro_batch_size + 1}, {"world_size": 1}, {"precision": "fp32"},
+                   {"num_nodes": 2}, {"omp_num_threads": first.loader.omp_num_threads + 1}):
         q = plan(hw, cfg, facts=facts.model_copy(update={"past_runs": (past(first, 812.0, **change),)}),
                  deepspeed_installed=True)
         assert q.schedule.time_estimate == model
@@ -206,11 +208,25 @@ def test_past_runs_are_kept_per_model_and_machine_and_a_damaged_file_is_no_run(t
     again, _, _ = plan_for(cfg, hardware=hw, time_cpu=True)
     te = again.schedule.time_estimate
     assert te.samples_per_s == 1234.5 and f"in {tmp_path / 'runs' / 'a'}: measured 1,234.5 samples/s" in te.basis
+    kept = speeds.past_runs(model, machine)[0]
+    assert (kept["num_nodes"], kept["omp_num_threads"], kept["strategy"]) == (1, p.loader.omp_num_threads, "ddp")
     speeds.record(model, machine, p, 1000.0, None, tmp_path / "runs" / "c")  # a newer run replaces it
     assert [r["run_dir"] for r in speeds.past_runs(model, machine)] == [str(tmp_path / "runs" / "c")]
     (tmp_path / SPEEDS).write_text("{not json")
     assert speeds.past_runs(model, machine) == []
     assert plan_for(cfg, hardware=hw)[0].schedule.time_estimate.samples_per_s is None  # no timing, no run: unknown
+
+
+def test_an_fsdp2_run_is_kept_as_fsdp2_not_as_ddp():
+    from autotune.plan import EngineSection
+    from autotune.rundir.speeds import strategy_name
+
+    e = dict(device="cpu", nproc_per_node=2, world_size=2)
+    assert [strategy_name(EngineSection(**e, **k)) for k in (
+        {"backend": "fsdp"}, {"backend": "fsdp", "reshard_after_forward": False},
+        {"backend": "fsdp", "offload_optimizer": True, "offload_param": True}, {"backend": "ddp"},
+        {"backend": "deepspeed", "zero_stage": 2, "offload_optimizer": True}, {"backend": "deepspeed", "zero_stage": 1})
+    ] == ["fsdp", "fsdp_no_reshard", "fsdp_offload", "ddp", "zero2_offload", "zero1"]
 
 
 # -- time printed everywhere -----------------------------------------------------------------------------------
