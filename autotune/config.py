@@ -109,6 +109,9 @@ class DataConfig(_Section):
     seed: int = Field(1234, ge=0, le=2**32 - 1)
     num_workers: AutoWorkers = AUTO
     max_workers_per_process: int = Field(3, ge=0, le=64)
+    # each process's threads (OMP_NUM_THREADS); auto: effective cores / processes. An OMP_NUM_THREADS you export
+    # is taken as this value when the plan is for this machine (the ranks run with it).
+    omp_num_threads: AutoSmallPosInt = AUTO
     pin_memory: AutoBool = AUTO
     prefetch_factor: AutoSmallPosInt = AUTO
 

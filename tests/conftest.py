@@ -2,8 +2,8 @@ import atexit
 import os
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # runs must not change what a test plans. Each pytest process (each xdist worker) has one for its whole session.
 os.environ["AUTOTUNE_CACHE_DIR"] = _SUITE_CACHE = tempfile.mkdtemp(prefix="autotune-test-cache-")
 atexit.register(shutil.rmtree, _SUITE_CACHE, ignore_errors=True)
+# A plan for this machine takes an exported OMP_NUM_THREADS as its threads per rank: the suite's plans are the
+# planner's own wherever it runs (a test that wants one exports it itself).
+os.environ.pop("OMP_NUM_THREADS", None)
 
 if os.environ.get("MUTANT_UNDER_TEST"):
     # Under `make mutation` the property tests draw the same examples for every mutant and never replay

@@ -312,9 +312,11 @@ def _check_global_batch(resolver: Resolver, t, target: int, micro: int, acc: int
 def _loader(inputs: dec.Inputs, resolver: Resolver, nproc: int, on_gpu: bool) -> LoaderSection:
     """Threads per process, DataLoader workers, pinning and prefetch from effective cores and RAM."""
     cores, d, policy = inputs.hw.cpu.effective_cores, inputs.cfg.data, inputs.policy
-    omp = max(1, cores // nproc)
-    resolver.explain("omp_num_threads", f"{cores} effective cores ({inputs.hw.cpu.effective_cores_reason}) / {nproc} "
-                     f"process(es) per node = {omp} thread(s) each")
+    auto_omp = max(1, cores // nproc)
+    omp_reason = (f"{cores} effective cores ({inputs.hw.cpu.effective_cores_reason}) / {nproc} process(es) per node = "
+                  f"{auto_omp} thread(s) each")
+    omp = resolver.resolve("omp_num_threads", d.omp_num_threads, lambda: Decision(auto_omp, omp_reason),
+                           verbatim=auto_omp, verbatim_reason=omp_reason)
     spare = max(0, cores - nproc) // nproc
     auto_w = min(d.max_workers_per_process, spare)
     w_reason = (f"{auto_w} DataLoader worker(s) per process: ({cores} effective cores - {nproc} kept for the rank(s)) "

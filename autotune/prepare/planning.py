@@ -8,6 +8,7 @@ own step run here (``autotune.measure.timing``).
 
 from __future__ import annotations
 
+import os
 from importlib import metadata
 from typing import Any, Mapping
 
@@ -67,6 +68,8 @@ def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     if overrides:
         cfg = apply_overrides(cfg, dict(overrides))
     hw = resolve_hardware(hardware)
+    threads_set = "omp_num_threads" in cfg.data.model_fields_set
+    cfg = exported_threads(cfg, hw, os.environ)
     pol = load_policy(policy)
     # A preset says nothing about installed software: the plan will run with what is installed here.
     ds_installed = bool(hw.software["deepspeed"]) if "deepspeed" in hw.software else deepspeed_installed_locally()
@@ -77,7 +80,30 @@ def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     steps = steps_for(cfg, hw, p, facts) if time_cpu else None
     if steps is not None:  # the same plan again, timed by the step measured here
         p, weighing = weigh(hw, cfg, facts=facts.model_copy(update={"measured_steps": steps}), **options)
+    if not threads_set and "omp_num_threads" in cfg.data.model_fields_set:  # yours, by the environment
+        n, said = cfg.data.omp_num_threads, p.reasons.get("omp_num_threads", "")
+        p = p.model_copy(update={"reasons": {**p.reasons, "omp_num_threads": said.replace(
+            f"you set {n}", f"OMP_NUM_THREADS={n} in your environment (the ranks run with it)", 1)}})
     return p, weighing, hw
+
+
+def exported_threads(cfg: TrainConfig, hw: HardwareProfile, environ: Mapping[str, str]) -> TrainConfig:
+    """``cfg`` with the OMP_NUM_THREADS the user exported as ``data.omp_num_threads`` when the plan is for this
+    machine: the launch leaves an exported value in the ranks' environment (``launch_spec.plan_env``), so the plan
+    says, and times, what they will run. A value in the config wins; a preset or profile file is another machine."""
+    raw = environ.get("OMP_NUM_THREADS")
+    if raw is None or hw.source != "detected" or "omp_num_threads" in cfg.data.model_fields_set:
+        return cfg
+    try:
+        threads = int(raw.strip())
+    except ValueError:
+        threads = 0
+    if not 1 <= threads <= 65536:
+        from autotune.errors import UserError
+
+        raise UserError(f"OMP_NUM_THREADS={raw!r} in your environment is not a number of threads",
+                        ["unset it (the plan then chooses effective cores / processes) or export a positive integer"])
+    return apply_overrides(cfg, {"data.omp_num_threads": threads})
 
 
 def _model_facts(cfg: TrainConfig, policy, hw: HardwareProfile, probe_gpu: bool):

@@ -146,6 +146,31 @@ def test_probed_step_times_time_the_gpu_plan_and_say_so():
     assert te.optimizer_step_s == pytest.approx(probed.at(micro)[1], rel=1e-3)
 
 
+def test_an_exported_omp_num_threads_is_the_plans_and_its_timings_threads(monkeypatch):
+    """The launch leaves an OMP_NUM_THREADS the user exported in the ranks' environment, so the plan for this
+    machine says it, and times the step with it; a preset is another machine; a bad value is named."""
+    from autotune.errors import UserError
+    from autotune.prepare import plan_for
+
+    asked: list[dict] = []
+    monkeypatch.setattr("autotune.measure.timing.measured_steps", lambda **w: asked.append(w) or steps())
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    auto, _, _ = plan_for(TrainConfig(), hardware=this_cpu(cores=4), time_cpu=True)
+    assert auto.loader.omp_num_threads == 4 and asked[-1]["threads"] == 4
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    p, _, _ = plan_for(TrainConfig(), hardware=this_cpu(cores=4), time_cpu=True)
+    assert p.loader.omp_num_threads == 3 and asked[-1]["threads"] == 3
+    assert p.reasons["omp_num_threads"].startswith("OMP_NUM_THREADS=3 in your environment (the ranks run with it) "
+                                                   "(auto would choose 4: 4 effective cores")
+    assert p.overrides["omp_num_threads"].chosen == 3
+    assert plan_for(TrainConfig(), hardware="4xL4")[0].loader.omp_num_threads != 3  # not this machine
+    mine = apply_overrides(TrainConfig(), {"data.omp_num_threads": 2})  # the config's value wins
+    assert plan_for(mine, hardware=this_cpu(cores=4))[0].loader.omp_num_threads == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "four")
+    with pytest.raises(UserError, match="OMP_NUM_THREADS='four' in your environment is not a number of threads"):
+        plan_for(TrainConfig(), hardware=this_cpu(cores=4))
+
+
 # -- a past run calibrates a later plan ----------------------------------------------------------------------
 
 def past(p, measured: float, **changes) -> PastRun:
