@@ -157,10 +157,11 @@ def _close(a: float | None, b: float) -> bool:
     return a is not None and abs(a - b) <= RATE_TOLERANCE * max(abs(b), 1e-12)
 
 
-def _rate_verdict(rate: Rate, plan_lr: float, world: int) -> dict:
+def _rate_verdict(rate: Rate, plan_lr: float, world: int, delivered: bool = True) -> dict:
     """The learning rate judged as a schedule: equal when it reaches the plan's rate or was built at it; warming up
     when built at the plan's rate and still rising toward it; different otherwise (the higher of its target and its
-    peak shown), with the fix for a script that multiplies the rate by its world size."""
+    peak shown), with the fix for a script that multiplies the rate it was handed by its world size (only when the
+    plan's rate was handed over: a script's own rate that happens to be the plan's times the world is its own)."""
     if _close(rate.peak, plan_lr) or (_close(rate.built, plan_lr) and not (rate.peak or 0) > plan_lr * 1.000001):
         if rate.rising and not _close(rate.peak, plan_lr):
             return {"status": "warming up", "observed": rate.now, "plan": plan_lr,
@@ -169,7 +170,7 @@ def _rate_verdict(rate: Rate, plan_lr: float, world: int) -> dict:
                 "plan": plan_lr}
     seen = max(v for v in (rate.built, rate.peak) if v is not None)
     out = {"status": "different", "observed": seen, "plan": plan_lr, "fix": FIX["learning_rate"]}
-    if world > 1 and _close(seen, plan_lr * world):
+    if world > 1 and delivered and _close(seen, plan_lr * world):
         out["fix"] = (f"the script runs the plan's rate times its world size ({_fmt(seen)} = {_fmt(plan_lr)} x "
                       f"{world}): pass {_fmt(plan_lr / world)} (the plan's rate / {world}) to its learning-rate flag; "
                       "--wire auto does when it reads the multiplication in the script")
@@ -268,7 +269,8 @@ def judge(plan, observed: list[dict], delivery=None) -> Judgement:
             if key in plan.run.script_defaults and not json_rate:
                 j.values[key] = {"status": "yours", "observed": seen_value, "plan": None}
             else:
-                j.values[key] = _rate_verdict(seen, want, world)
+                handed = delivery is None or key not in delivery.advisory or json_rate
+                j.values[key] = _rate_verdict(seen, want, world, handed)
             continue
         if key in plan.run.script_defaults:  # not planned: the script's own value, observed for the record
             j.values[key] = {"status": "yours", "observed": seen, "plan": None}

@@ -277,6 +277,21 @@ def test_a_rate_the_script_multiplies_by_its_world_size_gets_the_rate_to_pass():
         "the script runs the plan's rate times its world size (0.0032 = 0.0016 x 2): pass 0.0008 (the plan's rate / 2) "
         "to its learning-rate flag; --wire auto does when it reads the multiplication in the script")
     assert _rate_verdict(Rate(0.0032), 0.0016, world=1)["fix"].startswith("pass {learning_rate} to your script's")
+    # the plan's rate reached the script by no route: its own rate is its own, not the plan's times two
+    own = _rate_verdict(Rate(0.0032, now=0.0032, peak=0.0032, steps=8), 0.0016, world=2, delivered=False)
+    assert own["fix"].startswith("pass {learning_rate} to your script's learning-rate flag")
+
+
+def test_a_script_never_handed_the_rate_is_not_told_it_multiplies_it():
+    from autotune.exports.wiring import Delivery
+
+    p = a_plan()
+    lr = p.schedule.learning_rate * 2
+    ranks = [record(r, lr=lr) for r in (0, 1)]
+    handed = Delivery({"learning_rate": ["--lr {learning_rate}"]}, [])
+    assert judge(p, ranks, handed).values["learning_rate"]["fix"].startswith("the script runs the plan's rate times")
+    never = Delivery({"learning_rate": []}, ["learning_rate"])
+    assert judge(p, ranks, never).values["learning_rate"]["fix"].startswith("pass {learning_rate} to your script's")
 
 
 @pytest.mark.parametrize("rec, per_step", [
