@@ -229,6 +229,18 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
                      f"{{gradient_accumulation_steps}} makes it accumulate {accumulation // world or 'less than 1'} a "
                      f"process, not the plan's {accumulation}; pass {{gradient_accumulation_steps_total}} (the total "
                      "over the processes) instead")
+    if "gradient_accumulation_steps_total" in placeholders:  # the total over the processes, for a dividing script
+        if world == 1 or "gradient_accumulation_steps" in facts.divided_by_world:
+            routes["gradient_accumulation_steps"].append(
+                "placeholder {gradient_accumulation_steps_total}" + (
+                    f" (the total over the {world} processes; the script divides it by its world size: "
+                    f"`{facts.divided_by_world['gradient_accumulation_steps']}`)" if world > 1 else ""))
+        else:
+            total = plan.batch.gradient_accumulation_steps * world
+            notes.append(f"{{gradient_accumulation_steps_total}} is the accumulation over all {world} processes "
+                         f"({total}), for a script that divides it by its world size; this script is not read "
+                         f"dividing it, so it would accumulate {total} a process, {world} times the plan's "
+                         f"{plan.batch.gradient_accumulation_steps}: pass {{gradient_accumulation_steps}} instead")
     if world > 1 and "learning_rate" in placeholders and "learning_rate" in facts.scaled_by_world:
         notes.append(f"the script multiplies its learning rate by its world size "
                      f"(`{facts.scaled_by_world['learning_rate']}`): {{learning_rate}} makes it train at "

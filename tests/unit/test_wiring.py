@@ -694,6 +694,24 @@ def test_the_accumulation_placeholder_to_a_script_that_divides_it_is_named_and_t
     assert d.notes == ("the script divides its accumulation by its world size (`gradient_accumulation_steps //= "
                        "ddp_world_size`): {gradient_accumulation_steps} makes it accumulate 2 a process, not the "
                        "plan's 4; pass {gradient_accumulation_steps_total} (the total over the processes) instead",)
+    total = delivery(p, f, ["gradient_accumulation_steps_total"], {}, ["--gradient_accumulation_steps=8"],
+                     deepspeed_json=False)
+    assert total.notes == () and total.routes["gradient_accumulation_steps"] == [
+        "placeholder {gradient_accumulation_steps_total} (the total over the 2 processes; the script divides it by its "
+        "world size: `gradient_accumulation_steps //= ddp_world_size`)"]
+    # the total given to a script that uses its accumulation as given: twice the plan's batch, said; no route
+    plain = script(tmp_path, """
+        import argparse
+        p = argparse.ArgumentParser()
+        p.add_argument("--gradient_accumulation_steps", type=int, default=1)
+        args = p.parse_args()
+    """)
+    wrong = delivery(p, plain, ["gradient_accumulation_steps_total"], {}, ["--gradient_accumulation_steps", "8"],
+                     deepspeed_json=False)
+    assert "gradient_accumulation_steps" in wrong.advisory and wrong.notes == (
+        "{gradient_accumulation_steps_total} is the accumulation over all 2 processes (8), for a script that divides "
+        "it by its world size; this script is not read dividing it, so it would accumulate 8 a process, 2 times the "
+        "plan's 4: pass {gradient_accumulation_steps} instead",)
 
 
 def test_one_process_runs_as_plain_python_when_the_script_decides_ddp_by_rank(tmp_path):
