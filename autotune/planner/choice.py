@@ -147,6 +147,11 @@ def time_reason(chosen: Row, rows: tuple[Row, ...]) -> str:
     if aside:
         text += ("; offload, not weighed (it is for a model that does not fit without it): "
                  + "; ".join(one(rw, False) for rw in aside[:2]))
+    fastest = max((rw.time.samples_per_s for rw in weighed if rw.why_not is None and rw.time is not None),
+                  default=chosen.time.samples_per_s)
+    if chosen.time.samples_per_s < fastest:
+        return (f"within {TIE:.1%} of the most samples/s at the global batch, a tie settled by the preference order: "
+                f"{text}")
     return f"the most samples/s at the global batch: {text}"
 
 

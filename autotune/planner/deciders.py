@@ -54,7 +54,8 @@ def infiniband_note(hw: HardwareProfile) -> str:
     return "no InfiniBand (NCCL_IB_DISABLE=1: between nodes NCCL uses TCP sockets)"
 
 
-ZERO2_WHY = "ZeRO-2 partitions gradients and optimizer state with no extra communication over DDP"
+ZERO2_WHY = ("ZeRO-2 partitions gradients and optimizer state; its reduce-scatter of the gradients and all-gather of "
+             "the weights move about what DDP's all-reduce moves")
 
 
 # -- GPUs and engine ----------------------------------------------------------------
