@@ -142,8 +142,9 @@ def weigh(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, 
     described = t.entrypoint is None or "num_samples" in cfg.data.model_fields_set
     num_samples = cfg.data.num_samples if described else None
     spe, total, per_epoch = dec.steps(num_samples, micro, acc, world, t.epochs, max_steps)
+    dropped = " (a partial one dropped)" if num_samples and (num_samples // world) % micro else ""
     resolver.explain("steps_per_epoch", (f"{num_samples} samples / {world} process(es) = {num_samples // world} "
-                                         f"each, in {per_epoch} whole micro-batches of {micro} (a partial one dropped) "
+                                         f"each, in {per_epoch} whole micro-batches of {micro}{dropped} "
                                          f"/ accumulation {acc} = {per_epoch / acc:g}" if per_epoch else
                                          f"{num_samples} samples give no whole micro-batch of {micro} per process")
                      if num_samples else "data.num_samples unknown" if described else
