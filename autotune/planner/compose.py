@@ -155,7 +155,7 @@ def weigh(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, 
     resolver.explain("warmup_steps", f"training.warmup_steps {t.warmup_steps} carried over")
     past = tuple(r for r in facts.past_runs if r.num_nodes == num_nodes and r.omp_num_threads == loader.omp_num_threads)
     estimate = time_estimate(timing, untimed, mf.strategy, mf.gradient_checkpointing, micro, acc, total,
-                             _tokens_per_sample(cfg), world, precision, past)
+                             _tokens_per_sample(cfg), world, precision, past, on_gpu=bool(devs))
     m = cfg.model
     return TrainingPlan(
         engine=EngineSection(backend=backend, zero_stage=zero, device="cuda" if devs else "cpu",

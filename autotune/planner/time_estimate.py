@@ -137,7 +137,7 @@ def _calibrated(t: StepTime | None, past, timing: Timing | None, strategy, check
 
 def time_estimate(timing: Timing | None, untimed: str, strategy, checkpointing: bool, micro: int, accumulation: int,
                   total_steps: int | None, tokens_per_sample: int | None, world: int, precision: str = "bf16",
-                  past_runs: tuple = ()) -> TimeEstimate:
+                  past_runs: tuple = (), on_gpu: bool = True) -> TimeEstimate:
     """The plan's ``time_estimate``: each figure, or null with its reason; a past run with the same settings
     calibrates it (``past_runs``: the model's, on this kind of machine, newest first)."""
     import dataclasses
@@ -181,8 +181,9 @@ def time_estimate(timing: Timing | None, untimed: str, strategy, checkpointing: 
             speedup_basis = (f"against one {timing.gpu.row.name} at micro-batch {micro} x accumulation {one_acc} "
                              f"(one process), by the same model")
     if speedup is None:
-        unknown["speedup_vs_1_gpu"] = (untimed or "unknown" if timing is None else "no GPU: a CPU plan"
-                                       if timing.gpu is None else "the one-GPU step could not be predicted")
+        unknown["speedup_vs_1_gpu"] = ("no GPU: a CPU plan" if not on_gpu else untimed or "unknown" if timing is None
+                                       else "no GPU: a CPU plan" if timing.gpu is None else
+                                       "the one-GPU step could not be predicted")
     comm = f"; communication over {timing.link.basis}" if timing and timing.link is not None and world > 1 else ""
 
     def r(v, n):

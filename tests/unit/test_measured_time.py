@@ -233,6 +233,8 @@ def test_past_runs_are_kept_per_model_and_machine_and_a_damaged_file_is_no_run(t
     again, _, _ = plan_for(cfg, hardware=hw, time_cpu=True)
     te = again.schedule.time_estimate
     assert te.samples_per_s == 1234.5 and f"in {tmp_path / 'runs' / 'a'}: measured 1,234.5 samples/s" in te.basis
+    untimed = plan_for(cfg, hardware=hw)[0].schedule.time_estimate  # not timed here: the past run alone
+    assert untimed.samples_per_s == 1234.5 and untimed.unknown["speedup_vs_1_gpu"] == "no GPU: a CPU plan"
     kept = speeds.past_runs(model, machine)[0]
     assert (kept["num_nodes"], kept["omp_num_threads"], kept["strategy"]) == (1, p.loader.omp_num_threads, "ddp")
     speeds.record(model, machine, p, 1000.0, None, tmp_path / "runs" / "c")  # a newer run replaces it
