@@ -22,8 +22,10 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from autotune.config import AUTO, config_to_dict, load_config
+    from autotune.prepare import check_entrypoint
 
     cfg = load_config(args.config)
+    check_entrypoint(cfg)
     data = config_to_dict(cfg)
     if args.json:
         print(json.dumps(data, indent=2))

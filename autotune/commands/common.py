@@ -60,6 +60,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", metavar="PRESET|PATH",
                    help="plan for a preset (e.g. 4xL4, 8xH100-80GB) or a profile JSON instead of this machine")
     p.add_argument("--policy", metavar="FILE", help="planning policy YAML (default: configs/policy.yaml)")
+    p.add_argument("--no_probe", action="store_true", help="plan without measuring on this machine first: no "
+                   "training.model on GPU 0, no timing of the model's step on this CPU (training.probe: false)")
     g = p.add_argument_group("overrides (each beats the planner and is listed as 'auto would choose X')")
     g.add_argument("--num_gpus", type=non_negative_int, metavar="N", help="GPUs to use on each node (0 = CPU)")
     g.add_argument("--nproc_per_node", type=positive_int, metavar="N",
@@ -130,14 +132,18 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     for flag in ("deepspeed", "ddp", "fsdp", "single"):
         if getattr(args, flag, False):
             out["distributed.backend"] = flag
+    if getattr(args, "no_probe", False):
+        out["training.probe"] = False
     return out
 
 
 def plan_from_args(args: argparse.Namespace, timed: bool = False):
     """The plan/export path: (plan, profile, DeepSpeed dict or None) from the shared flags. ``timed``: a plan for
     this machine's CPU times the model's step here (once; autotune.measure.timing)."""
-    from autotune.prepare import plan_for
+    from autotune.prepare import check_entrypoint, plan_for
 
     cfg = load_config(args.config)
+    if args.hardware is None:  # a plan for this machine: its script must be here (another machine's need not be)
+        check_entrypoint(cfg)
     return plan_for(cfg, overrides_from_args(args), args.hardware, auto_optimize=not args.no_auto_optimize,
                     debug=args.debug, policy=args.policy, force=args.force, time_cpu=timed)

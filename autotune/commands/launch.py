@@ -50,8 +50,6 @@ def add_parser(sub) -> None:
                    "(training.observe: false)")
     p.add_argument("--strict", action="store_true", help="stop when your script observably trains another effective "
                    "batch (> 10 %% off the plan) or engine than the plan, naming the fix (training.strict)")
-    p.add_argument("--no_probe", action="store_true", help="plan without measuring on this machine first: no "
-                   "training.model on GPU 0, no timing of the model's step on this CPU (training.probe: false)")
     p.add_argument("--workdir", metavar="DIR", help="start your script in DIR (training.workdir); its path, the "
                    "config and --run_dir stay relative to where you launch")
     p.add_argument("--trust_checkpoint", action="store_true",
@@ -98,8 +96,6 @@ def run(args: argparse.Namespace) -> int:
         overrides["training.observe"] = False
     if args.strict:
         overrides["training.strict"] = True
-    if args.no_probe:
-        overrides["training.probe"] = False
     import functools
 
     planned = functools.partial(prepare, load_config(args.config), overrides, auto_optimize=not args.no_auto_optimize,

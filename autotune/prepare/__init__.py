@@ -12,7 +12,7 @@ It writes nothing and spawns nothing: ``autotune.rundir.records`` writes the rec
 
 from autotune.prepare.planning import could_time_here, plan_for, resolve_hardware, speed_key, weigh_for
 from autotune.prepare.resume import resolve_resume
-from autotune.prepare.run_setup import RunSetup, prepare
+from autotune.prepare.run_setup import RunSetup, check_entrypoint, prepare
 
-__all__ = ["RunSetup", "could_time_here", "plan_for", "prepare", "resolve_hardware", "resolve_resume", "speed_key",
-           "weigh_for"]
+__all__ = ["RunSetup", "check_entrypoint", "could_time_here", "plan_for", "prepare", "resolve_hardware",
+           "resolve_resume", "speed_key", "weigh_for"]

@@ -41,6 +41,15 @@ class RunSetup:
         return records_dir(self.plan, self.run_dir)
 
 
+def check_entrypoint(cfg: TrainConfig) -> None:
+    """A script entrypoint (``*.py``) must exist where the launch starts (relative to the current directory);
+    a ``module:function`` is found when it runs."""
+    entry = cfg.training.entrypoint
+    if entry and entry.endswith(".py") and not Path(entry).is_file():
+        raise UserError(f"training.entrypoint: no such script {entry!r} (paths are relative to {Path.cwd()})",
+                        ["fix the path in the config, or run from the directory it is relative to"])
+
+
 def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
             hardware: str | HardwareProfile | None = None, *, auto_optimize: bool = True, debug: bool = False,
             policy: str | None = None, run_dir: str | Path | None = None, resume_from: str | None = None,
@@ -56,11 +65,10 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
 
     if overrides:
         cfg = apply_overrides(cfg, dict(overrides))
+    check_entrypoint(cfg)  # before any measuring: a missing script fails at once
     plan, hw, ds = plan_for(cfg, None, hardware, auto_optimize=auto_optimize, debug=debug, policy=policy,
                             force=force, probe_gpu=probe_gpu, time_cpu=time_cpu)
     entry = plan.run.entrypoint
-    if entry and entry.endswith(".py") and not Path(entry).is_file():
-        raise UserError(f"training.entrypoint: no such script {entry!r} (paths are relative to {Path.cwd()})")
     rd = choose_run_dir(run_dir, resume_from, Path(runs_root), own_format=bool(entry))
     workdir = _workdir(cfg.training.workdir)
     if workdir is not None:  # the child starts elsewhere: every path it is given must not depend on its cwd

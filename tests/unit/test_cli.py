@@ -250,3 +250,24 @@ def test_resume_auto_with_nothing_to_resume_says_so_in_one_line(tmp_path, capsys
     setup = prepare(mine, hardware="cpu-only", runs_root=runs, resume_from="auto", environ={},
                     script_args=["--resume", "{resume_from}"])
     assert (setup.run_dir, setup.resume_path, capsys.readouterr().err) == (runs / "old", kept.resolve(), "")
+
+
+def test_a_missing_script_fails_check_and_a_plan_for_this_machine_and_no_probe_reaches_plan(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """`check` and `plan` (this machine) name a script that is not there, exit 2, before measuring anything; a
+    plan for a preset is another machine's, where the script may be; `plan --no_probe` times nothing here."""
+    from autotune.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("training:\n  entrypoint: nosuch_script.py\n")
+    for argv in (["check", "--config", str(cfg)], ["plan", "--config", str(cfg)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"training.entrypoint: no such script 'nosuch_script.py' (paths are relative to {tmp_path})" in err
+    assert main(["plan", "--config", str(cfg), "--hardware", "4xL4"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr("autotune.measure.timing.measured_steps", lambda **w: pytest.fail("timed with --no_probe"))
+    assert main(["plan", "--no_probe", "--json"]) == 0
+    te = json.loads(capsys.readouterr().out)["time_estimate"]
+    assert te["samples_per_s"] is None and "unless --no_probe" in te["unknown"]["samples_per_s"]
