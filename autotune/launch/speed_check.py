@@ -25,8 +25,9 @@ def settings(plan) -> dict:
             "model": (plan.memory.estimate.model_source if plan.memory.estimate else None)}
 
 
-def compare(plan, measured: float | None, source: str) -> tuple[dict, list[str]]:
-    """(the timing.json record, the lines to print). ``measured``: samples/s after warm-up, or None."""
+def compare(plan, measured: float | None, source: str, steps: int | None = None) -> tuple[dict, list[str]]:
+    """(the timing.json record, the lines to print). ``measured``: samples/s after warm-up, or None; ``steps``: the
+    optimizer steps it was counted over (fewer than ``KEPT_AFTER_STEPS``: said, never warned about)."""
     te = plan.schedule.time_estimate
     predicted = te.samples_per_s if te is not None else None
     record = {"predicted_samples_per_s": predicted, "measured_samples_per_s": measured,
@@ -40,7 +41,10 @@ def compare(plan, measured: float | None, source: str) -> tuple[dict, list[str]]
     off = (measured - predicted) / predicted
     record["error_fraction"] = round(off, 4)
     lines = [f"speed: predicted {predicted:,.1f} samples/s, measured {measured:,.1f} ({off * 100:+.0f} %)"]
-    if abs(off) > WARN_FRACTION:
+    if steps is not None and steps < KEPT_AFTER_STEPS:
+        lines[0] += (f", over {steps} optimizer step(s) after warm-up: too few to judge the prediction (or to "
+                     f"calibrate a later plan; {KEPT_AFTER_STEPS} do)")
+    elif abs(off) > WARN_FRACTION:
         lines.append(f"warning: the prediction ({predicted:,.1f} samples/s) is off by {off * 100:+.0f} % from what "
                      f"this run measured ({measured:,.1f} samples/s); basis: {te.basis}")
     return record, lines
@@ -83,7 +87,7 @@ def report(setup, run_dir: Path, out) -> None:
 
     plan = setup.plan
     measured, steps = _metrics(run_dir)
-    record, lines = compare(plan, measured, "the built-in loop, after its first logged window")
+    record, lines = compare(plan, measured, "the built-in loop, after its first logged window", steps)
     try:
         write(run_dir, record)
     except OSError as e:

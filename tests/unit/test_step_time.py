@@ -215,6 +215,10 @@ def test_timing_json_compares_the_prediction_with_the_measurement_and_warns_beyo
     assert "+10 %" in lines[0]
     _, lines = speed_check.compare(p, predicted * 0.5, "test")
     assert lines[-1].startswith("warning:") and f"{predicted:,.1f}" in lines[-1] and "-50 %" in lines[-1]
+    _, few = speed_check.compare(p, predicted * 0.5, "test", steps=3)  # a short run's speed is no verdict
+    assert few == [f"speed: predicted {predicted:,.1f} samples/s, measured {predicted * 0.5:,.1f} (-50 %), over 3 "
+                   "optimizer step(s) after warm-up: too few to judge the prediction (or to calibrate a later plan; "
+                   "10 do)"]
     (tmp_path / "metrics.json").write_text(json.dumps({"measured_samples_per_s": 123.0, "measured_steps": 3}))
     speed_check.report(SimpleNamespace(plan=p, speed_key=("a model", "NVIDIA L4")), tmp_path, open(tmp_path / "o", "w"))
     assert past_runs("a model", "NVIDIA L4") == []  # 3 steps: too few to calibrate a later plan
