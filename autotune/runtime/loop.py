@@ -138,16 +138,17 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
             step_loss = step_loss / accum
         grad_norm = engine.step()
         step += 1
-        step_time = window.add(step_loss, t0)
+        window.add(step_loss, t0)
 
         # -- log the window since the last line: its loss over every rank and samples (a CPU-GPU sync point)
         if step % log_every == 0 or step == total or step == 1:
-            metrics = window.close(engine, grad_norm, step_time, stream.consumed / stream.per_epoch)
+            metrics = window.close(engine, grad_norm, stream.consumed / stream.per_epoch)
             logger.log(metrics, step)
             history.record({"step": step, **metrics})
             progress.write(
                 f"step {step}/{total} | loss {metrics['train/loss']:.4f} | lr {metrics['train/lr']:.2e} | grad_norm "
-                f"{grad_norm:.3f} | {metrics['train/samples_per_s']:.0f} samples/s | {step_time * 1000:.0f} ms/step"
+                f"{grad_norm:.3f} | {metrics['train/samples_per_s']:.0f} samples/s | "
+                f"{metrics['train/step_time_s'] * 1000:.0f} ms/step"
             )
         progress.update(1, {"loss": f"{metrics.get('train/loss', float('nan')):.3f}"})
 
@@ -254,14 +255,15 @@ class _Window:
             self.timed_steps, self.timed_s = self.timed_steps + 1, self.timed_s + step_time
         return step_time
 
-    def close(self, engine, grad_norm: float, step_time: float, epoch: float) -> dict:
-        """The window's metrics (the loss averaged over its steps and every rank), and a new window."""
+    def close(self, engine, grad_norm: float, epoch: float) -> dict:
+        """The window's metrics (the loss averaged over its steps and every rank; samples/s and the time of a step
+        both over the whole window, so that the log line's two speeds agree), and a new window."""
         ctx = self.ctx
         loss = all_reduce_sum(ctx, self.loss.clone()).item() / (self.steps * ctx.world_size)
         elapsed = time.perf_counter() - self.t0
         metrics = {"train/loss": loss, "train/lr": engine.lr(), "train/grad_norm": grad_norm,
                    "train/samples_per_s": self.steps * self.global_batch / max(elapsed, 1e-9),
-                   "train/step_time_s": step_time, "train/epoch": epoch}
+                   "train/step_time_s": elapsed / self.steps, "train/epoch": epoch}
         if ctx.device.type == "cuda":
             metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2**30
         self.loss.zero_()
