@@ -12,7 +12,7 @@ from autotune.commands.common import Parser, did_you_mean
 from autotune.errors import run_cli
 
 DESCRIPTION = """autotune: detect the hardware, plan batch sizes / accumulation / precision /
-engine for it, and launch training with the right engine (single, DDP, DeepSpeed).
+engine for it, and launch training with the right engine (single, DDP, FSDP2, DeepSpeed).
 
 start here:
   python -m autotune report                  what this machine is and what autotune would do
