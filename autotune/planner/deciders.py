@@ -54,8 +54,7 @@ def infiniband_note(hw: HardwareProfile) -> str:
     return "no InfiniBand (NCCL_IB_DISABLE=1: between nodes NCCL uses TCP sockets)"
 
 
-ZERO2_WHY = ("ZeRO-2 partitions gradients and optimizer state; its reduce-scatter of the gradients and all-gather of "
-             "the weights move about what DDP's all-reduce moves")
+ZERO2_WHY = "ZeRO-2 partitions gradients and optimizer state, communicating about what DDP does"
 
 
 # -- GPUs and engine ----------------------------------------------------------------
@@ -156,7 +155,10 @@ def decide_rendezvous(inputs: Inputs, resolver: Resolver, num_nodes: int) -> tup
     if num_nodes > 1 and loopback and master is None and rank > 0 and not (from_slurm or op_master):
         raise UserError(f"distributed.master_addr: node {rank} of {num_nodes} needs the address of node 0; pass "
                         "--master_addr HOST (127.0.0.1 only when every node runs on this machine)")
-    if num_nodes > 1 and loopback:
+    if num_nodes > 1 and loopback and inputs.hw.source != "detected" and not (master or from_slurm or op_master):
+        resolver.reasons["master_addr"] = (f"no --master_addr: {addr} in this plan for another machine; where it runs, "
+                                           "give node 0's address with --master_addr (SLURM: its first host)")
+    elif num_nodes > 1 and loopback:
         resolver.warnings.append(f"master address {addr} is this machine: every one of the {num_nodes} nodes must run "
                                  "here (a test setup); on a cluster give node 0's address")
     rdzv = slurm.job_id if in_slurm and num_nodes > 1 and master is None and d.node_rank == AUTO else None
@@ -391,10 +393,5 @@ def steps(num_samples: int | None, micro: int, acc: int, world: int, epochs: int
     two. Steps per epoch is rounded down; the total is epochs x micro-batches per epoch // accumulation."""
     per_epoch = (num_samples // world) // micro if num_samples else None
     spe = per_epoch // acc if per_epoch else None
-    if max_steps:
-        total = max_steps
-    elif epochs and per_epoch:
-        total = max(1, epochs * per_epoch // acc)
-    else:
-        total = None
+    total = max_steps or (max(1, epochs * per_epoch // acc) if epochs and per_epoch else None)
     return spe, total, per_epoch

@@ -495,7 +495,7 @@ def test_engine_reasons_and_an_ignored_zero_stage():
     ds = plan(load_profile("4xL4"), _cfg(**{"distributed.backend": "deepspeed"}), deepspeed_installed=True)
     assert ds.engine.zero_stage == 2
     assert ds.reasons["zero_stage"].startswith(
-        "ZeRO-2 partitions gradients and optimizer state with no extra communication over DDP")
+        "ZeRO-2 partitions gradients and optimizer state, communicating about what DDP does")
 
 
 @pytest.mark.parametrize("hw, over, backend, zero, offload", [
@@ -616,10 +616,15 @@ def test_nodes_and_rendezvous_reasons_without_slurm():
     two = plan(load_profile("4xL4"), _cfg(**{"distributed.num_nodes": 2, "distributed.master_addr": "10.0.0.1"}))
     assert two.reasons["node_rank"] == "no SLURM_NODEID and no --node_rank: node 0" and two.engine.node_rank == 0
     assert two.engine.rdzv_id is None and not any("must run here" in w for w in two.warnings)
-    loop = plan(load_profile("4xL4"), _cfg(**{"distributed.num_nodes": 2}))
+    here = load_profile("4xL4").model_copy(update={"source": "detected"})  # this machine, launching
+    loop = plan(here, _cfg(**{"distributed.num_nodes": 2}))
     assert loop.reasons["master_addr"] == "no --master_addr and no SLURM allocation: 127.0.0.1"
     assert ("master address 127.0.0.1 is this machine: every one of the 2 nodes must run here (a test setup); on a "
             "cluster give node 0's address") in loop.warnings
+    afar = plan(load_profile("4xL4"), _cfg(**{"distributed.num_nodes": 2}))  # a preset: another machine, no warning
+    assert afar.reasons["master_addr"] == ("no --master_addr: 127.0.0.1 in this plan for another machine; where it "
+                                           "runs, give node 0's address with --master_addr (SLURM: its first host)")
+    assert not any("must run here" in w for w in afar.warnings)
     local = plan(load_profile("4xL4"), _cfg(**{"distributed.num_nodes": 2, "distributed.master_addr": "localhost",
                                                "distributed.node_rank": 1}))
     assert local.engine.master_addr == "localhost" and any("must run here" in w for w in local.warnings)

@@ -21,7 +21,9 @@ def _py(code, cwd, **env):
 
 def test_outside_a_launch_it_plans_on_the_spot_like_the_plan_command(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("training:\n  entrypoint: train.py\n  global_batch_size: 96\n  num_parameters: 5000000\n")
+    (tmp_path / "train.py").write_text("import autotune\n")  # a plan for this machine needs its script here
+    cfg.write_text(f"training:\n  entrypoint: {tmp_path / 'train.py'}\n  global_batch_size: 96\n"
+                   "  num_parameters: 5000000\n")
     got = json.loads(_py("import json, sys, autotune\nfrom autotune.plan import public_dict\n"
                          f"p = autotune.current_plan(config={str(cfg)!r})\n"
                          "print(json.dumps({'plan': public_dict(p), 'torch': 'torch' in sys.modules}))", ROOT))
