@@ -137,6 +137,14 @@ class Rate:
     rising: bool = False
 
 
+def _optimizer_class(rec: dict) -> str | None:
+    """The class of the optimizer that steps (as ``_lr`` picks it), else DeepSpeed's, else None."""
+    opts = rec.get("optimizers") or []
+    o = ([x for x in opts if x.get("lr_steps")] or opts or [None])[-1]
+    name = o.get("class") if o is not None else (rec.get("deepspeed") or {}).get("optimizer")
+    return name if isinstance(name, str) and name else None
+
+
 def _lr(rec: dict) -> Rate | None:
     """The rate of the optimizer that steps (the last one made that stepped, else the last one made); DeepSpeed's
     engine's when no optimizer was seen stepping."""
@@ -307,6 +315,11 @@ def judge(plan, observed: list[dict], delivery=None) -> Judgement:
                        f"{eng.world_size})" + (f": {'; '.join(fixes)}" if fixes else ""))
     if engine is not None and engine != planned_engine:
         j.wrong.append(f"the script runs {engine}, the plan {planned_engine}: {FIX['engine']}")
+    cls = _optimizer_class(first)
+    if cls is not None and "adam" not in cls.lower():  # never handed over: the script's own, and what the plan assumed
+        j.values["optimizer"] = {"status": "yours", "observed": cls, "plan": None}
+        j.notes.append(f"the script's optimizer is {cls}, not AdamW: the plan's memory estimate and time assume "
+                       "AdamW's two fp32 states a parameter (more memory than most others keep)")
     rate_v = j.values.get("learning_rate", {})
     if rate_v.get("status") == "different":  # a rate the plan set (a script's own default is "yours", not this)
         why = rate_v.get("note") or rate_v["fix"].format(learning_rate=_fmt(rate_v["plan"]))

@@ -547,3 +547,14 @@ def test_a_rate_deepspeed_took_from_the_plans_json_is_judged_not_the_scripts_own
     assert judge(unset, [ds, {**ds, "rank": 1}]).values["learning_rate"]["status"] == "equal"
     own = {**ds, "deepspeed": {"script_optimizer": True}}
     assert judge(unset, [own, {**own, "rank": 1}]).values["learning_rate"]["status"] == "yours"
+
+
+def test_a_script_optimizer_other_than_adamw_is_its_own_and_said_against_the_plans_assumption():
+    p = a_plan()
+    sgd = [dict(record(r), optimizers=[{**record(r)["optimizers"][0], "class": "SGD"}]) for r in (0, 1)]
+    j = judge(p, sgd)
+    assert j.values["optimizer"] == {"status": "yours", "observed": "SGD", "plan": None}
+    assert "the script's own: optimizer SGD" in j.line() and j.notes == [
+        "the script's optimizer is SGD, not AdamW: the plan's memory estimate and time assume AdamW's two fp32 "
+        "states a parameter (more memory than most others keep)"]
+    assert "optimizer" not in judge(p, [record(r) for r in (0, 1)]).values  # AdamW: the plan's, nothing to say
