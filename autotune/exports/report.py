@@ -217,7 +217,8 @@ def time_lines(plan) -> list[tuple[str, str]]:
     split = ", ".join(x for x in parts if x)
     sc = plan.schedule
     epochs = f" ({sc.epochs} epoch{'s' if sc.epochs != 1 else ''})" if sc.max_steps is None and sc.epochs else ""
-    total = (f"{duration(te.total_s)} for {sc.total_steps:,} optimizer steps{epochs}" if te.total_s is not None
+    total = (f"{duration(te.total_s)} for {sc.total_steps:,} optimizer steps{epochs}, start-up, evaluation and "
+             "checkpoints not included" if te.total_s is not None
              else unknown("total_s"))
     unit = "GPU" if plan.engine.device == "cuda" else "process"
     speedup = (f"{te.speedup_vs_1_gpu:.2f}x over one GPU of this kind ({te.speedup_basis})"

@@ -153,6 +153,10 @@ def weigh(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, 
                      (f"{t.epochs} epoch(s) x {per_epoch} micro-batches // accumulation {acc} = {total}" if total
                       else "unknown"))
     resolver.explain("warmup_steps", f"training.warmup_steps {t.warmup_steps} carried over")
+    if total and t.warmup_steps >= total and not debug and (t.entrypoint is None or
+                                                            "warmup_steps" in t.model_fields_set):
+        resolver.warnings.append(f"training.warmup_steps {t.warmup_steps} >= the run's {total} optimizer steps: the "
+                                 f"learning rate never reaches {lr:.6g} (lower warmup_steps, or train longer)")
     past = tuple(r for r in facts.past_runs if r.num_nodes == num_nodes and r.omp_num_threads == loader.omp_num_threads)
     estimate = time_estimate(timing, untimed, mf.strategy, mf.gradient_checkpointing, micro, acc, total,
                              _tokens_per_sample(cfg), world, precision, past, on_gpu=bool(devs))

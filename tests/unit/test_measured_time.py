@@ -281,7 +281,8 @@ def test_the_plan_prints_its_time_with_each_basis_and_why_a_part_is_unknown(caps
     assert printed(te) == [
         "Expected speed:           1,207.5 samples/s (301.9 per GPU), 18,113 tokens/s",
         "Optimizer step:           0.212 s (micro-step 0.05 s x 4, optimizer 0.01 s, communication 0.002 s)",
-        "Training time:            3 min 32 s for 1,000 optimizer steps",
+        "Training time:            3 min 32 s for 1,000 optimizer steps, start-up, evaluation and checkpoints not "
+        "included",
         "Speedup:                  3.62x over one GPU of this kind (against one L4, by the same model)",
         "Time basis:               model: the L4 row"]
     part = te.model_copy(update={"tokens_per_s": None, "total_s": None, "speedup_vs_1_gpu": None, "unknown": {

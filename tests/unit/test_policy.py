@@ -845,3 +845,17 @@ def test_no_auto_optimize_needs_the_processes_and_the_zero_stage_of_the_backend_
     one = plan(make_profile(cores=8), _cfg(**{**full, "training.mixed_precision": "fp32"}, **{
         "distributed.backend": "single", "distributed.nproc_per_node": 1}), auto_optimize=False)
     assert (one.engine.backend, one.engine.nproc_per_node) == ("single", 1)
+
+
+def test_a_warm_up_as_long_as_the_run_is_warned_unless_the_script_keeps_its_own_or_the_plan_is_a_debug_one():
+    from autotune.planner import plan
+
+    def warned(**over) -> list[str]:
+        return [w for w in plan(load_profile("4xL4"), _cfg(**over)).warnings if "warmup_steps" in w]
+
+    assert warned(**{"training.max_steps": 10}) == [
+        "training.warmup_steps 20 >= the run's 10 optimizer steps: the learning rate never reaches 0.003 (lower "
+        "warmup_steps, or train longer)"]
+    assert warned(**{"training.max_steps": 21}) == []
+    assert warned(**{"training.max_steps": 10, "training.entrypoint": "train.py"}) == []  # the script's own warm-up
+    assert len(warned(**{"training.max_steps": 10, "training.entrypoint": "train.py", "training.warmup_steps": 12}))
