@@ -16,6 +16,7 @@ PYTEST_ARGS ?=
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
+	@echo "== installing into $(VENV): $(TORCH_SPEC), $(DEEPSPEED_SPEC), autotune and its extras (about a minute) =="
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel ninja
 	# torch first, from TORCH_SPEC, so nothing below can pull a CUDA build.
@@ -23,6 +24,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	# DeepSpeed compiles against the torch above: no build isolation.
 	$(PIP) install -q --no-build-isolation "$(DEEPSPEED_SPEC)"
 	$(PIP) install -q --no-build-isolation -e ".[train,deepspeed,export,test]"
+	@echo "== installed =="
 	touch $@
 
 # ruff first (pyproject.toml's [tool.ruff]): a finding fails the suite before any test runs.
