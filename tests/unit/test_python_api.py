@@ -64,11 +64,13 @@ def test_helpers_feed_a_real_dataloader_and_accelerator():
     from accelerate import Accelerator
     from torch.utils.data import DataLoader, TensorDataset
 
+    import autotune.exports.script_plan
     from autotune.config import TrainConfig, apply_overrides
-    from autotune.entry import ScriptPlan
+    from autotune.entry import ScriptPlan  # where users import it from; it lives in exports/
     from autotune.planner import plan
     from autotune.profiles import load_profile
 
+    assert ScriptPlan is autotune.exports.script_plan.ScriptPlan
     p = ScriptPlan.of(plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
         "training.global_batch_size": 40, "training.batch_size_per_gpu": 5, "data.num_workers": 2}),
         deepspeed_installed=True))
