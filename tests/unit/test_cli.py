@@ -216,7 +216,7 @@ def test_on_a_cpu_plan_estimate_and_memory_strategy_name_one_engine_in_one_unit(
 
 
 def test_the_estimate_table_keeps_one_unit_large_or_small():
-    from autotune.commands.estimate import table_unit
+    from autotune.exports.options_table import table_unit
 
     row = dict.fromkeys(("model_states_gib", "activations_gib", "overhead_gib", "total_gib", "host_gib_per_node"))
     assert table_unit([{**row, "total_gib": 0.99}, {**row, "host_gib_per_node": 0.5}]) == ("MiB", 1024.0)
