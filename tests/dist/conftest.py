@@ -2,7 +2,7 @@
 
 import pytest
 
-from dist_util import SMALL, launch
+from helpers.multiprocess import SMALL, launch
 
 
 @pytest.fixture(scope="session")

@@ -20,8 +20,8 @@ import psutil
 import pytest
 import torch
 
-from dist_util import SMALL, metric_rows
-from support import ROOT
+from helpers.multiprocess import SMALL, metric_rows
+from helpers.support import ROOT
 
 LONG = (SMALL.replace("max_steps: 12", "max_steps: 120").replace("save_every_steps: 5, keep_last: 5",
                                                                 "save_every_steps: 20, keep_last: 3")

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from support import ROOT
+from helpers.support import ROOT
 
 CFG = """
 model: {n_layer: 1, n_head: 2, n_embd: 32}

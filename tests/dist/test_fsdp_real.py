@@ -15,8 +15,8 @@ import shutil
 
 import pytest
 
-from dist_util import launch, losses, observed_as_planned
-from support import ROOT
+from helpers.multiprocess import launch, losses, observed_as_planned
+from helpers.support import ROOT
 
 TOL = 1e-4
 

@@ -14,8 +14,8 @@ import time
 import psutil
 import yaml
 
-from dist_util import metric_rows, plan_json
-from support import ROOT, free_port
+from helpers.multiprocess import metric_rows, plan_json
+from helpers.support import ROOT, free_port
 
 CONFIG = """
 model: {n_layer: 1, n_head: 2, n_embd: 32}

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from dist_util import ROOT, SMALL, check_run_dir, final_val, launch, losses, plan_json  # noqa: F401
-from support import require
+from helpers.multiprocess import ROOT, SMALL, check_run_dir, final_val, launch, losses, plan_json  # noqa: F401
+from helpers.support import require
 
 pytestmark = pytest.mark.dist
 
@@ -127,7 +127,7 @@ def test_bring_your_own_script(tmp_path):
     assert acc > 0.8, r.stdout[-2000:]
     plan = plan_json(tmp_path / "byo" / "plan.json")
     assert plan["world_size"] == nproc and plan["global_batch_size"] == 64
-    from dist_util import observed_as_planned
+    from helpers.multiprocess import observed_as_planned
 
     assert observed_as_planned(tmp_path / "byo")["engine"] == "equal"
 

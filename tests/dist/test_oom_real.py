@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from dist_util import SMALL, launch, losses
-from support import ROOT
+from helpers.multiprocess import SMALL, launch, losses
+from helpers.support import ROOT
 
 
 def test_oom_on_one_rank_backs_every_rank_off_and_retries_the_same_samples(runs, small_config, tmp_path):

@@ -15,8 +15,8 @@ import time
 import psutil
 import pytest
 
-from dist_util import metric_rows
-from support import ROOT, free_port
+from helpers.multiprocess import metric_rows
+from helpers.support import ROOT, free_port
 
 LONG = """
 model: {n_layer: 1, n_head: 2, n_embd: 32}

@@ -6,7 +6,7 @@ import subprocess
 import time
 
 import pytest
-from support import ROOT, free_port
+from helpers.support import ROOT, free_port
 
 
 def _launch(*args, timeout=120):

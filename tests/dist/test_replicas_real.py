@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from support import ROOT
+from helpers.support import ROOT
 
 pytestmark = pytest.mark.dist
 

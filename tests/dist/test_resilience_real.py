@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from support import ROOT
+from helpers.support import ROOT
 
 LONG = """
 model: {n_layer: 1, n_head: 2, n_embd: 32}
@@ -54,7 +54,7 @@ def test_max_restarts_restart_a_failed_one_process_run(tmp_path):
     import json
     import sys
 
-    from dist_util import launch
+    from helpers.multiprocess import launch
 
     marker = tmp_path / "attempts"
     script = tmp_path / "flaky.py"
@@ -99,7 +99,7 @@ def test_a_rank_lingering_after_its_script_returned_is_ended_and_the_run_reporte
     launch ends it and reports success with a warning, not "Training exited with code ..."."""
     import time
 
-    from dist_util import launch
+    from helpers.multiprocess import launch
 
     script = tmp_path / "lingers.py"
     script.write_text(LINGERS)
@@ -123,7 +123,7 @@ def test_a_rank_aborting_after_its_script_returned_is_reported_as_teardown_not_a
     reports a failed rank, and the launch says what it was, a teardown after the training completed, and exits 0."""
     import json
 
-    from dist_util import launch
+    from helpers.multiprocess import launch
 
     script = tmp_path / "aborts.py"
     script.write_text(LINGERS.replace(

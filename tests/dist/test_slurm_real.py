@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from support import ROOT, free_port
+from helpers.support import ROOT, free_port
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -120,7 +120,7 @@ def test_exported_script_trains_under_slurm_and_requeues_itself_when_preempted(s
     of the last step, the launcher exit 75 and the script requeue the job."""
     import json
 
-    from dist_util import SMALL
+    from helpers.multiprocess import SMALL
 
     cfg = tmp_path / "long.yaml"
     cfg.write_text(SMALL.replace("max_steps: 12", "max_steps: 600").replace("save_every_steps: 5, keep_last: 5",
@@ -170,7 +170,7 @@ def test_an_accelerate_script_with_its_own_batch_trains_the_plan_under_slurm(slu
     it train, the rate it keeps is shown as its own, and the job ends 0."""
     import json
 
-    from dist_util import accelerate_own_yaml
+    from helpers.multiprocess import accelerate_own_yaml
 
     cfg = accelerate_own_yaml(tmp_path, batch_size=32)
     run_dir, script = tmp_path / "job", tmp_path / "acc.sbatch"

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from dist_util import ROOT, SMALL, launch, losses, observed_as_planned
+from helpers.multiprocess import ROOT, SMALL, launch, losses, observed_as_planned
 
 
 def _config(tmp_path, extra: str, name: str = "c.yaml"):
@@ -580,7 +580,7 @@ def test_a_scripts_own_learning_rate_default_is_what_it_runs_when_the_config_set
 
 # -- a run is reported as what it was (issue 33): the script's exit code, the rank's own record --------------------
 def _launch_rc(*args, timeout=300):
-    """A launch whose exit code the test reads (dist_util.launch asserts 0)."""
+    """A launch whose exit code the test reads (helpers.multiprocess.launch asserts 0)."""
     env = {k: v for k, v in os.environ.items() if k != "AUTOTUNE_PLAN"}
     return subprocess.run([str(ROOT / "launch_distributed_training.sh"), *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=ROOT)
@@ -680,7 +680,7 @@ def test_an_accelerate_script_whose_own_yaml_batch_is_not_the_plans_is_stopped_b
     it trains 64 x 2 = 128 for the plan's 64, counted at its model (its look-ahead and validation batches not), and
     training.strict fails it, exit 2: stopped in its first steps, or, its 12 steps being quick, when it has ended
     before they were judged (a wrong training never passes --strict for having been fast)."""
-    from dist_util import accelerate_own_yaml
+    from helpers.multiprocess import accelerate_own_yaml
 
     cfg = accelerate_own_yaml(tmp_path, batch_size=64)
     r = _launch_rc("--config", cfg, "--nproc_per_node", 2, "--run_dir", tmp_path / "r")

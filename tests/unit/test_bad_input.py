@@ -14,9 +14,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers.support import ROOT, examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import ROOT, examples
 
 from autotune.config import parse_config
 from autotune.errors import PlanRefused, UserError

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from support import ROOT
+from helpers.support import ROOT
 
 from autotune.__main__ import build_parser
 
@@ -80,7 +80,7 @@ def test_bad_flags_exit_2_with_a_clear_message(cli, args, msg):
 
 def test_required_test_dependencies_fail_in_ci_instead_of_skipping(monkeypatch):
     import pytest as _pytest
-    from support import require
+    from helpers.support import require
 
     monkeypatch.setenv("CI", "true")
     with _pytest.raises(ImportError):

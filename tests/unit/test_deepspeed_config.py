@@ -1,8 +1,8 @@
 """Every generated DeepSpeed config, for every preset and world size, validated by DeepSpeed itself."""
 
 import pytest
-from profiles_util import preset_with_gpus
-from support import require
+from helpers.profiles_util import preset_with_gpus
+from helpers.support import require
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.exports.deepspeed import KNOWN_TOP_LEVEL_KEYS, check_keys, deepspeed_config
@@ -65,7 +65,7 @@ def test_offload_debug_and_checkpointing_configs_validate(monkeypatch):
     parsed = validate_with_deepspeed(ds, 4, monkeypatch)
     assert parsed.zero_config.offload_optimizer is not None
     # 7B on 8 x 16 GB with 512 GiB of RAM: ZeRO-3 with optimizer and parameter offload (test_strategies)
-    from profiles_util import make_profile
+    from helpers.profiles_util import make_profile
 
     hw = make_profile([("V100", 16500, 16000, "7.0")] * 8, ram_gib=512)
     z3 = plan(hw, apply_overrides(TrainConfig(), {"training.num_parameters": 7_000_000_000,

@@ -4,8 +4,8 @@
 import dataclasses
 
 import pytest
-from profiles_util import make_profile
-from test_hardware import FakePsutil, write_tree
+from helpers.detection import FakePsutil, write_tree
+from helpers.profiles_util import make_profile
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.exports.launch_spec import LaunchSpec, default_cache_dir, launch_spec
@@ -274,9 +274,9 @@ def test_gpu_memory_warnings():
 
 
 # -- NVML answers and failures, through the fake driven by presets -------------------------------------------
-from fake_nvml import FakeNVML, NVMLError_Unknown  # noqa: E402
-from profiles_util import preset_with_gpus  # noqa: E402
-from test_hardware import run_detect  # noqa: E402
+from helpers.detection import run_detect  # noqa: E402
+from helpers.fake_nvml import FakeNVML, NVMLError_Unknown  # noqa: E402
+from helpers.profiles_util import preset_with_gpus  # noqa: E402
 
 
 class NoCount(FakeNVML):

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from support import free_port
+from helpers.support import free_port
 
 from autotune.errors import UserError
 from autotune.launch.exchange import exchange, job_secret, meet

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import yaml
-from support import require
+from helpers.support import require
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.exports.launchers import accelerate_config, torchrun_command

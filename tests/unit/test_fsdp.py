@@ -46,7 +46,7 @@ def test_fsdp_memory_lines_by_hand():
 
 def test_the_wrap_units_are_the_models_repeated_blocks():
     import torch.nn as nn
-    import trace_models
+    from helpers import trace_models
 
     from autotune.measure.fsdp_trace import unit_sizes
 
@@ -78,7 +78,7 @@ def test_fsdp_lines_against_a_fake_process_group_trace():
     itself at the traced world, the no-reshard variant from the same line within 10 % (its arithmetic keeps every
     unit gathered at the peak), and at 8 ranks low by at most the gradients not yet made at the peak, 4 bytes a
     parameter x (1/4 - 1/8), as measure.fsdp_trace says."""
-    import trace_models
+    from helpers import trace_models
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from autotune.measure.fsdp_trace import fsdp_lines, traced_peaks
@@ -111,7 +111,7 @@ def _weighed(hw, cfg, facts, deepspeed):
 
 
 def _recorded_gpt2(params=None):
-    from test_step_time import recorded_facts
+    from helpers.gpu_truth import recorded_facts
 
     cfg, facts = recorded_facts("gpt2_small")
     if params:  # a 1.5B model with GPT-2 small's activations: 30 blocks of 50M, a 300M root
@@ -170,7 +170,7 @@ def test_fsdp_is_forced_with_its_flag_and_refused_in_fp16():
 def test_offload_is_the_seed_rules_last_resort():
     """One GPU without DeepSpeed: FSDP2's CPU offload is weighed (no install needed) but taken only where nothing
     fits without it."""
-    from profiles_util import make_profile
+    from helpers.profiles_util import make_profile
 
     hw = make_profile(gpus=[("GPU", 20500, 20000, "8.0")], ram_gib=256, deepspeed=None)
     p = plan(hw, BIG, deepspeed_installed=False)  # 1.3B: DDP's 16 bytes a parameter (19.3 GiB) fit no 20 GB GPU

@@ -4,7 +4,8 @@ import json
 import sys
 
 import pytest
-from fake_nvml import FakeNVML
+from helpers.detection import FakePsutil, run_detect, write_tree
+from helpers.fake_nvml import FakeNVML
 
 from autotune.hardware import detect
 from autotune.hardware.cgroups import (
@@ -20,32 +21,6 @@ from autotune.profiles import HardwareProfile, load_profile, preset_names
 
 REQUIRED_PRESETS = {"cpu-only", "1xT4", "4xT4", "4xL4", "4xA100-80GB", "8xA100-40GB", "8xH100-80GB",
                     "2xRTX4090", "2x4xL4"}
-
-
-class FakePsutil:
-    def __init__(self, logical=8, physical=4, total_mib=32768, avail_mib=30000, fail=False):
-        self.logical, self.physical, self.total, self.avail, self.fail = logical, physical, total_mib, avail_mib, fail
-
-    def cpu_count(self, logical=True):
-        if self.fail:
-            raise OSError("no /proc")
-        return self.logical if logical else self.physical
-
-    def Process(self):
-        from types import SimpleNamespace
-        return SimpleNamespace(cpu_affinity=lambda: list(range(self.logical)))
-
-    def virtual_memory(self):
-        if self.fail:
-            raise OSError("no /proc/meminfo")
-        from types import SimpleNamespace
-        return SimpleNamespace(total=self.total * 2**20, available=self.avail * 2**20)
-
-
-def run_detect(tmp_path, nvml, environ=None, **kw):
-    return detect(nvml=nvml, environ=environ or {}, cgroup_root=tmp_path / "nocgroup",
-                  proc_self_cgroup=tmp_path / "nocgroup" / "self", sys_class=tmp_path / "sysclass",
-                  psutil_module=kw.pop("psutil_module", FakePsutil()), **kw)
 
 
 # -- presets ---------------------------------------------------------------------------
@@ -275,15 +250,6 @@ def test_cgroup_text_parsers():
         parse_cpu_max("")
 
 
-def write_tree(root, files):
-    """A recorded cgroup hierarchy: {relative path: file text}."""
-    for rel, text in files.items():
-        f = root / rel
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(text)
-    return root
-
-
 def test_cgroup_v2_tree_takes_tightest_ancestor(tmp_path):
     root = write_tree(tmp_path / "cg", {
         "cgroup.controllers": "cpu memory\n",
@@ -414,7 +380,7 @@ def test_report_every_preset(preset):
     import io
     from argparse import Namespace
 
-    from support import ROOT
+    from helpers.support import ROOT
 
     from autotune.commands.report import run
 
@@ -450,7 +416,7 @@ def test_report_does_not_import_torch_or_deepspeed(cli):
     import subprocess
     import sys
 
-    from support import ROOT
+    from helpers.support import ROOT
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr
@@ -480,7 +446,7 @@ def test_shipped_presets_match_their_generator(tmp_path):
     import subprocess
     import sys
 
-    from support import ROOT
+    from helpers.support import ROOT
 
     from autotune.profiles import PRESET_DIR
 
@@ -846,7 +812,7 @@ def test_a_profile_file_s_defaults_and_messages_by_hand():
     (free memory above a total of 1 MiB) are refused naming the origin, "<profile>" when none is given."""
     import json
 
-    from profiles_util import make_profile
+    from helpers.profiles_util import make_profile
 
     from autotune.errors import UserError
     from autotune.profiles import HardwareProfile

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import yaml
-from support import in_process_cli, require
+from helpers.support import in_process_cli, require
 
 from autotune.config import TrainConfig
 from autotune.errors import UserError

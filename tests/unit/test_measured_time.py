@@ -80,12 +80,13 @@ def test_the_cpu_timing_runs_once_then_comes_from_the_cache(tmp_path, monkeypatc
         return {"points": [{"micro": m, "fb_s": 0.001 * m, "opt_s": 0.002} for m in req["micro_batches"]],
                 "all_reduce_s": 0.003 if req["ranks"] > 1 else None}
 
-    what = dict(model="trace_models:mlp", sample="[64]", micro=48, ranks=2, threads=1, precision="fp32",
-                checkpointing=False, clip=1.0, weight_decay=0.01, what="trace_models:mlp")
+    what = dict(model="helpers.trace_models:mlp", sample="[64]", micro=48, ranks=2, threads=1, precision="fp32",
+                checkpointing=False, clip=1.0, weight_decay=0.01, what="helpers.trace_models:mlp")
     first = measured_steps(cpu="AMD EPYC", run=run, **what)
     assert runs[0]["micro_batches"] == [32, 64] and first.at(48) == (pytest.approx(0.048), pytest.approx(0.002))
     assert first.ranks == 2 and first.all_reduce_s == 0.003 and first.basis.startswith("timed on this CPU (AMD EPYC")
-    assert "timing trace_models:mlp's training step on this CPU (2 processes x 1 thread(s)" in capsys.readouterr().err
+    assert ("timing helpers.trace_models:mlp's training step on this CPU (2 processes x 1 thread(s)"
+            in capsys.readouterr().err)
     assert measured_steps(cpu="AMD EPYC", run=run, **what) == first and len(runs) == 1  # from disk
     measured_steps(cpu="AMD EPYC", run=run, **{**what, "threads": 2})
     measured_steps(cpu="Intel Xeon", run=run, **what)
@@ -98,7 +99,7 @@ def test_the_timing_child_times_the_models_own_step(monkeypatch):
     from autotune.measure import timing
 
     monkeypatch.setattr(timing, "MIN_SECONDS", 0.0)
-    req = timing.request(model="trace_models:mlp", sample="[64]", micro=8, ranks=1, threads=1, precision="bf16",
+    req = timing.request(model="helpers.trace_models:mlp", sample="[64]", micro=8, ranks=1, threads=1, precision="bf16",
                          checkpointing=False, clip=1.0, weight_decay=0.0, what="mlp")
     out = timing._measure(req, "", 0)
     assert [p["micro"] for p in out["points"]] == [4, 8] and out["all_reduce_s"] is None

@@ -1,7 +1,7 @@
 """The micro-batch of a model traced as CUDA runs it, by hand (planner/micro.py, policy.micro_batch_rule)."""
 
 import pytest
-from support import ROOT
+from helpers.support import ROOT
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.planner import plan

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-import trace_models
+from helpers import trace_models
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from autotune.errors import UserError
@@ -40,9 +40,9 @@ def fresh_real_peak(factory, batch):
 
 
 @pytest.mark.parametrize("factory, sample, make", [
-    ("trace_models:mlp", "[64]", lambda b: torch.randn(b, 64)),
-    ("trace_models:cnn", "[3,32,32]", lambda b: torch.randn(b, 3, 32, 32)),
-    ("trace_models:tied_lm", "int[32]<500", lambda b: torch.randint(0, 500, (b, 32))),
+    ("helpers.trace_models:mlp", "[64]", lambda b: torch.randn(b, 64)),
+    ("helpers.trace_models:cnn", "[3,32,32]", lambda b: torch.randn(b, 3, 32, 32)),
+    ("helpers.trace_models:tied_lm", "int[32]<500", lambda b: torch.randint(0, 500, (b, 32))),
 ])
 def test_traced_activations_match_the_real_peak(factory, sample, make):
     """Within 10 % from micro-batch 16 up (where activations dominate); never below the real
@@ -57,14 +57,14 @@ def test_traced_activations_match_the_real_peak(factory, sample, make):
 
 
 def test_untraceable_model_falls_back_to_model_states_and_says_why():
-    facts = trace("trace_models:data_dependent", "[8]")
+    facts = trace("helpers.trace_models:data_dependent", "[8]")
     assert facts.num_parameters == 8 * 8 + 8 and facts.activations is None
     assert "could not be traced" in facts.unknown_reason
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("trace_models:broken", "failed while building"),
-    ("trace_models:nothing_here", "has no function"),
+    ("helpers.trace_models:broken", "failed while building"),
+    ("helpers.trace_models:nothing_here", "has no function"),
     ("no_such_module_xyz:f", "cannot import"),
 ])
 def test_bad_factories_are_user_errors_naming_the_field(spec, message):
@@ -72,27 +72,16 @@ def test_bad_factories_are_user_errors_naming_the_field(spec, message):
         trace(spec, None)
 
 
-def deep_mlp():
-    """8 x (Linear 512, LayerNorm, GELU): 2.1M parameters; its activations pass its gradients
-    only above ~170 rows, far beyond the trace's first points (1..64)."""
-    import torch.nn as nn
-
-    layers = []
-    for _ in range(8):
-        layers += [nn.Linear(512, 512), nn.LayerNorm(512), nn.GELU()]
-    return nn.Sequential(*layers, nn.Linear(512, 10))
-
-
 def test_large_micro_batches_follow_the_activations_not_the_gradient_temporaries():
     """Found on the first GPU run: traced at 1..64 rows, where the step's peak falls late in
     backward among weight-gradient temporaries, a line predicted 33 MiB at 16,384 rows against
     794 MiB real. The trace now follows the forward peak and adds points until activations
     dominate. Expected by hand: 24 saved [b, 512] fp32 tensors = 48 KiB per row."""
-    facts = trace("test_model_trace:deep_mlp", "[512]")
+    facts = trace("helpers.trace_models:deep_mlp", "[512]")
     assert [b for b, _ in facts.activations.fp32.points][-1] > 64  # it traced beyond the first points
     for micro in (1024, 4096):
         torch.manual_seed(0)
-        real = real_activation_peak(deep_mlp(), torch.randn(micro, 512))
+        real = real_activation_peak(trace_models.deep_mlp(), torch.randn(micro, 512))
         predicted = facts.activations.bytes(micro, half=False, checkpointing=False)
         assert real >= micro * 24 * 512 * 4  # the hand count is a floor of the real peak
         assert 0.99 * real <= predicted <= 1.10 * real, (micro, predicted, real)
@@ -191,7 +180,7 @@ def test_the_cuda_trace_runs_cross_entropy_on_bf16_logits_as_cuda_does():
 
 
 def test_a_model_whose_checkpointing_switch_raises_is_traced_without_it(tmp_path):
-    facts = trace("trace_models:ckpt_raises", "[64]")
+    facts = trace("helpers.trace_models:ckpt_raises", "[64]")
     assert facts.activations is not None and facts.activations.fp32 is not None  # not thrown away
     assert facts.activations.fp32_checkpointed is None and not facts.checkpointing_supported
     assert "checkpointing unsupported" in facts.source
@@ -221,7 +210,7 @@ def test_the_trace_cache_answers_a_second_plan_without_tracing(tmp_path, monkeyp
 
 
 def test_a_model_that_reads_values_in_its_constructor_is_built_for_real_then_measured():
-    facts = trace("trace_models:reads_values", "[32]")
+    facts = trace("helpers.trace_models:reads_values", "[32]")
     assert facts.num_parameters == 32 * 64 + 64 + 64 * 4 + 4 and facts.activations is not None
     assert "built for real on the CPU" in facts.source
 
@@ -239,7 +228,7 @@ def test_an_initialiser_that_fails_under_fake_tensors_is_skipped(monkeypatch):
         return real(tensor, *a, **k)
 
     monkeypatch.setattr(init, "normal_", reads)
-    facts = trace("trace_models:init_reads_values", "[32]")
+    facts = trace("helpers.trace_models:init_reads_values", "[32]")
     assert "initialisation skipped" in facts.source and facts.activations is not None
     assert init.normal_ is reads  # restored after the build
 
@@ -249,7 +238,7 @@ def test_a_model_too_big_to_build_for_real_is_refused_naming_the_way_out(monkeyp
 
     monkeypatch.setattr(tr, "_free_ram", lambda: 1000)  # 1000 bytes free: a real build may take 250
     with pytest.raises(UserError, match="training.model: .*exceed a quarter of the free RAM.*training.num_parameters"):
-        trace("trace_models:reads_values", "[32]")
+        trace("helpers.trace_models:reads_values", "[32]")
 
 
 def test_the_gpu_probe_is_cached_on_disk_like_the_trace(tmp_path, monkeypatch, capsys):

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from support import free_port
+from helpers.support import free_port
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError

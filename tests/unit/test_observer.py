@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from support import ROOT, free_port
+from helpers.support import ROOT, free_port
 
 from autotune.exports.launch_spec import OBSERVE_SITE
 

@@ -6,8 +6,8 @@ import signal
 import sys
 
 import pytest
-from profiles_util import make_profile
-from test_hardware import write_tree
+from helpers.detection import write_tree
+from helpers.profiles_util import make_profile
 
 from autotune.config import TrainConfig, apply_overrides, parse_config
 from autotune.hardware.cgroups import read_cgroup_limits
@@ -92,8 +92,8 @@ def test_uuid_and_mig_prefixes(value, visible, stopped):
 
 def test_fake_nvml_speaks_the_real_pynvml():
     """Constants and error names of the fake used by the detection tests are the installed module's."""
-    import fake_nvml
     import pynvml
+    from helpers import fake_nvml
 
     for name in ("NVML_P2P_CAPS_INDEX_READ", "NVML_P2P_CAPS_INDEX_NVLINK", "NVML_P2P_STATUS_OK",
                  "NVML_P2P_STATUS_NOT_SUPPORTED"):
@@ -110,7 +110,7 @@ def test_plan_timeout_reaches_the_process_group(tmp_path):
     process group outlives the test in this one)."""
     import subprocess
 
-    from support import ROOT
+    from helpers.support import ROOT
 
     code = (
         "import datetime, torch, torch.distributed as dist\n"

@@ -7,7 +7,7 @@ import re
 import time
 
 import pytest
-from support import in_process_cli
+from helpers.support import in_process_cli
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError

@@ -3,10 +3,10 @@
 import math
 
 import pytest
+from helpers.profiles_util import A100, L4, T4, V100, make_profile, preset_with_gpus
+from helpers.support import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from profiles_util import A100, L4, T4, V100, make_profile, preset_with_gpus
-from support import examples
 
 from autotune.config import TrainConfig, apply_overrides, parse_config
 from autotune.errors import PlanRefused, UserError
@@ -285,7 +285,7 @@ def test_plan_never_imports_torch_or_deepspeed(cli):  # its speed is a benchmark
     import subprocess
     import sys
 
-    from support import ROOT
+    from helpers.support import ROOT
     code = ("import sys, io, contextlib\nfrom autotune.__main__ import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n    rc = main(['plan', '--hardware', '8xH100-80GB'])\n"
             "print('RC', rc, [m for m in ('torch', 'deepspeed') if m in sys.modules])")

@@ -4,7 +4,7 @@ planner plans from; the real probe runs in the GPU tier (tests/gpu)."""
 import json
 
 import pytest
-from support import ROOT
+from helpers.support import ROOT
 
 from autotune.measure.gpu_probe import ProbePoint, probe_micro_batches, probed_line
 

@@ -308,6 +308,6 @@ def test_the_example_sbatch_script_is_what_export_writes(cli, tmp_path):
     r = cli("autotune", "export", "--format", "slurm", "--config", "configs/default_config.yaml", "--hardware", str(hw),
             "--nproc_per_node", "2", "--time", "01:00:00", "--job_name", "autotune-example")
     assert r.returncode == 0, r.stderr
-    from support import ROOT
+    from helpers.support import ROOT
 
     assert r.stdout == (ROOT / "examples" / "train_slurm.sbatch").read_text()

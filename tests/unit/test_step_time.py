@@ -2,18 +2,15 @@
 samples/s on recorded numbers, and the run's timing record (issue 38)."""
 
 import json
-from pathlib import Path
 
 import pytest
+from helpers.gpu_truth import TRUTH, recorded_facts
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.plan import TimeEstimate
 from autotune.planner import plan, weigh
 from autotune.planner.gpus import load_table, spec_for
-from autotune.planner.model_facts import CUDA_TRACED, ActivationModel, LinearBytes, ModelFacts, builtin_work
 from autotune.profiles import HardwareProfile, load_profile, preset_names
-
-TRUTH = Path(__file__).resolve().parents[2] / "bench" / "gpu_truth"
 
 
 def counted(fn):
@@ -87,8 +84,8 @@ def test_the_gpu_table_parses_and_covers_every_preset_and_the_named_gpus():
 
 
 def test_nvml_speed_facts_reach_the_profile_and_override_the_table(tmp_path):
-    from fake_nvml import FakeNVML
-    from test_hardware import run_detect
+    from helpers.detection import run_detect
+    from helpers.fake_nvml import FakeNVML
 
     base = load_profile("1xT4")
     dev = base.gpus.devices[0].model_copy(update={"clocks_max_sm_mhz": 795, "pcie_link_gen_max": 4,
@@ -104,29 +101,6 @@ def test_nvml_speed_facts_reach_the_profile_and_override_the_table(tmp_path):
 
 
 # -- the ranking, on the recorded H100 numbers --------------------------------------------------------------
-
-def recorded_facts(model: str) -> tuple[TrainConfig, ModelFacts]:
-    """GPT-2-small-sized facts: its recorded peaks on the H100 (minus the 16 bytes a parameter the step held) as
-    the activation lines, and the built-in GPT's work formula at GPT-2 small's shape."""
-    rec = json.loads((TRUTH / "h100" / f"{model}.json").read_text())
-    params = rec["params"]
-
-    def line(ckpt):
-        pts = tuple((p["micro"], float(p["peak"] - 16 * params)) for p in rec["points"]
-                    if p["ok"] and p["ckpt"] == ckpt)
-        return LinearBytes(points=pts, interpolate=True)
-
-    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py", "training.global_batch_size": 256,
-                                          "training.max_steps": 10})
-    base = TrainConfig()  # GPT-2 small's shape, beyond the built-in workload's limits: not validated
-    shape = base.model_copy(update={"model": base.model.model_copy(update={"n_layer": 12, "n_embd": 768, "n_head": 12}),
-                                    "data": base.data.model_copy(update={"vocab_size": 50257, "seq_len": 512})})
-    acts = ActivationModel(half=line(False), half_checkpointed=line(True), half_weights=line(False),
-                           half_weights_checkpointed=line(True), source=CUDA_TRACED)
-    facts = ModelFacts(source=f"recorded {model}", num_parameters=params, trainable_parameters=params,
-                       largest_layer_parameters=50257 * 768, activations=acts, work=builtin_work(shape, params))
-    return cfg, facts
-
 
 def h100(n: int = 1) -> HardwareProfile:
     hw = HardwareProfile.from_json((TRUTH / "h100" / "h100-profile.json").read_text())

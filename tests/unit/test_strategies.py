@@ -8,10 +8,10 @@ CUDA context 600 MiB, NCCL 256 MiB with more than one rank, host margin 1.5, hos
 
 
 import pytest
+from helpers.profiles_util import make_profile
+from helpers.support import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from profiles_util import make_profile
-from support import examples
 
 from autotune.config import TrainConfig, apply_overrides, parse_config
 from autotune.errors import PlanRefused

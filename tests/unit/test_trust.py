@@ -11,7 +11,7 @@ import threading
 
 import pytest
 import torch
-from support import ROOT
+from helpers.support import ROOT
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError

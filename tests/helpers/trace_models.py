@@ -1,4 +1,4 @@
-"""Small models for the tracing tests (importable as trace_models:<factory>)."""
+"""Small models for the tracing tests (importable as helpers.trace_models:<factory>)."""
 
 import torch.nn as nn
 
@@ -127,3 +127,14 @@ def gpu_gpt_batch(b):
 
     ids = torch.randint(0, 8192, (b, 512))
     return ids, ids
+
+
+def deep_mlp():
+    """8 x (Linear 512, LayerNorm, GELU): 2.1M parameters; its activations pass its gradients
+    only above ~170 rows, far beyond the trace's first points (1..64)."""
+    import torch.nn as nn
+
+    layers = []
+    for _ in range(8):
+        layers += [nn.Linear(512, 512), nn.LayerNorm(512), nn.GELU()]
+    return nn.Sequential(*layers, nn.Linear(512, 10))

@@ -4,7 +4,8 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from support import ROOT
+
+from helpers.support import ROOT
 
 SMALL = """
 model: {n_layer: 1, n_head: 2, n_embd: 32}

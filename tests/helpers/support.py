@@ -1,4 +1,4 @@
-"""Shared by the tests (the two conftest modules are not importable by name)."""
+"""Shared by the tests (a conftest module is not importable by name): the checkout, optional imports, ports, the CLI."""
 
 import importlib
 import os
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def require(module: str, reason: str):
