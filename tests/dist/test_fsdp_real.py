@@ -3,7 +3,7 @@ from its step-5 checkpoint (torch's engines are one family: DDP's whole weights 
 the way in), backs off from an out-of-memory error, checkpoints through torch.distributed.checkpoint, follows DDP's
 loss curve at the same seed and global batch, and resumes at 1 process (DCP reshards the 2 ranks' shards); a torchrun
 script that calls fully_shard itself is observed as FSDP. (FSDP2 from scratch, and its checkpoints into one process
-and back: tests/unit/test_fsdp.py, in one process.)
+and back: tests/unit/planner/test_fsdp.py, in one process.)
 
 The DDP curve is the session's reference run (conftest.runs: SMALL, 2 processes x micro-batch 16). Tolerance:
 1e-4 relative per logged step (measured: the curves agree to 4 decimals; FSDP2's reduce-scatter sums in another

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-# The real nvidia-ml-py values (tests/unit/test_hardware.py compares them with the installed
+# The real nvidia-ml-py values (tests/unit/hardware/test_hardware.py compares them with the installed
 # module): READ is a one-element tuple there, a stray comma in the bindings.
 NVML_P2P_CAPS_INDEX_READ = (0,)
 NVML_P2P_CAPS_INDEX_NVLINK = 2

@@ -183,7 +183,7 @@ def test_one_process_under_a_ddp_wrapper_is_the_single_plan():
                                      "fix": fsdp.values["engine"]["fix"]}
 
 
-# What each reader takes from one rank's record, as the observer writes it (tests/unit/test_observer.py shows a
+# What each reader takes from one rank's record, as the observer writes it (tests/unit/runtime/test_observer.py shows a
 # real script's record; these are its fields one at a time).
 
 

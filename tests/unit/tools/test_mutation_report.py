@@ -4,7 +4,7 @@ describes the mutant: an entry whose function was edited (its mutants renumbered
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tools"))
 import mutation_report as report  # noqa: E402
 

@@ -11,7 +11,7 @@ from autotune.planner import plan
 from autotune.planner.model_facts import MeasuredSteps, PastRun, builtin_facts
 from autotune.profiles import HardwareProfile, load_profile
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TRUTH = ROOT / "bench" / "gpu_truth" / "h100"
 
 
