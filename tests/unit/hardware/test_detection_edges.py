@@ -1,14 +1,12 @@
-"""Edges of the pure helpers, from recorded inputs and the rules they implement (cgroup files,
-/proc/cpuinfo, CUDA_VISIBLE_DEVICES, NVML peer links, the launch record)."""
-
-import dataclasses
+"""Edges of detection, from recorded inputs and the rules they implement: cgroup files, /proc/cpuinfo,
+CUDA_VISIBLE_DEVICES, NVML's answers and failures, NVML peer links, SLURM's variables, the whole CPU and memory
+records."""
 
 import pytest
-from helpers.detection import FakePsutil, write_tree
-from helpers.profiles_util import make_profile
+from helpers.detection import FakePsutil, run_detect, write_tree
+from helpers.fake_nvml import FakeNVML, NVMLError_Unknown
+from helpers.profiles_util import preset_with_gpus
 
-from autotune.config import TrainConfig, apply_overrides
-from autotune.exports.launch_spec import LaunchSpec, default_cache_dir, launch_spec
 from autotune.hardware.cgroups import (
     CgroupLimits,
     parse_cfs_quota,
@@ -20,9 +18,7 @@ from autotune.hardware.cgroups import (
 from autotune.hardware.host import probe_cpu
 from autotune.hardware.nvml import classify_interconnect
 from autotune.hardware.visible import PhysicalGPU, Visible, select_visible
-from autotune.planner import plan
 from autotune.profiles import load_profile
-from autotune.rundir.records import redact
 
 
 # -- cgroup text --------------------------------------------------------------------------------
@@ -107,7 +103,6 @@ def test_cpu_model_name_and_affinity(tmp_path):
     assert (cpu.affinity_cores, cpu.effective_cores) == (3, 3) and unknown == {}
 
 
-
 def test_cpu_model_name_without_a_model_line_is_the_platform_s_or_unknown(tmp_path, monkeypatch):
     import platform
 
@@ -147,138 +142,7 @@ def test_classify_interconnect():
     assert classify_interconnect(2, [], [], None) == ("pcie", "no NVLink reported; PCIe without peer-to-peer reads")
 
 
-# -- the launch record -------------------------------------------------------------------------------------
-def test_record_and_shell_are_exact_and_redact_only_secrets():
-    spec = LaunchSpec(cmd=["python", "-m", "x", "a b"], env={"B": "2 3", "A": "1", "HF_TOKEN": "s"},
-                      env_sources={"A": "user", "B": "autotune", "HF_TOKEN": "user", "GONE": "user"}, cwd="/w")
-    assert spec.to_record() == {"argv": ["python", "-m", "x", "a b"],
-                                "env": {"B": "2 3", "A": "1", "HF_TOKEN": "<redacted>"},
-                                "env_sources": {"A": "user", "B": "autotune", "HF_TOKEN": "user"}, "cwd": "/w"}
-    assert spec.shell() == "cd /w && A=1 B='2 3' HF_TOKEN='<redacted>' python -m x 'a b'"
-    assert dataclasses.replace(spec, cwd=None).shell() == "A=1 B='2 3' HF_TOKEN='<redacted>' python -m x 'a b'"
-    assert launch_spec(plan(load_profile("cpu-only"), TrainConfig()), "/r", {}, cwd="/work dir").cwd == "/work dir"
-    assert redact({"PATH": "/bin", "MY_PASSWORD": "x"}) == {"PATH": "/bin", "MY_PASSWORD": "<redacted>"}
-
-
-def test_cache_dir_follows_xdg_then_home():
-    assert default_cache_dir({"XDG_CACHE_HOME": "/c", "HOME": "/h"}) == "/c/autotune"
-    assert default_cache_dir({"HOME": "/h"}) == "/h/.cache/autotune"
-    assert default_cache_dir({}) == "/tmp/.cache/autotune"
-
-
-def test_nccl_ib_disabled_exactly_when_no_infiniband():
-    p = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)
-    assert launch_spec(p, "/r", {}, has_infiniband=False).env["NCCL_IB_DISABLE"] == "1"
-    assert "NCCL_IB_DISABLE" not in launch_spec(p, "/r", {}, has_infiniband=True).env
-
-
-# -- config files: every message names the file and the place --------------------------------------------
-def test_config_file_errors_name_file_line_and_column(tmp_path):
-    from autotune.config import load_config
-    from autotune.errors import UserError
-
-    with pytest.raises(UserError) as e:
-        load_config(tmp_path / "none.yaml")
-    assert str(e.value) == (f"--config: no such file {str(tmp_path / 'none.yaml')!r} "
-                            "(the shipped example is configs/default_config.yaml)")
-    with pytest.raises(UserError) as e:
-        load_config(tmp_path)
-    assert str(e.value) == f"--config: {str(tmp_path)!r} is a directory, expected a file"
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("training:\n  learning_rate: [1, 2\n")  # the flow sequence never closes
-    with pytest.raises(UserError) as e:
-        load_config(bad)
-    assert str(e.value).startswith(f"{bad}: invalid YAML at line 3, column 1: expected ',' or ']'")
-    wrong = tmp_path / "wrong.yaml"
-    wrong.write_text("training: {epochs: 0}\n")
-    with pytest.raises(UserError) as e:
-        load_config(wrong)
-    assert str(e.value) == f"{wrong}: 1 problem(s) in the config" and e.value.problems[0].startswith("training.epochs:")
-
-
-def test_verbatim_problems_are_listed_under_one_message():
-    from autotune.config import parse_config
-    from autotune.errors import UserError
-
-    with pytest.raises(UserError) as e:
-        plan(load_profile("cpu-only"), parse_config({}), auto_optimize=False)
-    assert str(e.value) == "--no_auto_optimize uses the config verbatim, but values are missing"
-    assert [p.split(":")[0] for p in e.value.problems] == [
-        "distributed.backend", "training.mixed_precision", "training.batch_size_per_gpu",
-        "training.gradient_accumulation_steps"]
-
-
-# -- the profile model -------------------------------------------------------------------------------------
-def test_compute_capability_tuple_and_json_indent():
-    from autotune.profiles import GPUInfo
-
-    assert GPUInfo(index=0, compute_capability="8").compute_capability_tuple() == (8, 0)
-    assert GPUInfo(index=0, compute_capability="12.1").compute_capability_tuple() == (12, 1)
-    assert GPUInfo(index=0).compute_capability_tuple() is None
-    text = load_profile("cpu-only").to_json()
-    assert text.splitlines()[1].startswith('  "schema_version"')
-
-
-# -- precision rules of a custom policy; GPU memory warnings ------------------------------------------------------
-def _policy(tmp_path, rules):
-    import yaml
-
-    from autotune.planner.policy import DEFAULT_POLICY_PATH, load_policy
-
-    data = yaml.safe_load(DEFAULT_POLICY_PATH.read_text())
-    data["precision_by_compute_capability"] = rules
-    f = tmp_path / "p.yaml"
-    f.write_text(yaml.safe_dump(data))
-    return load_policy(str(f))
-
-
-def test_unknown_compute_capability_takes_the_lowest_rule_and_reasons_name_the_next_rule(tmp_path):
-    pol = _policy(tmp_path, [{"min_compute_capability": 9.0, "precision": "bf16", "tf32": True},
-                             {"min_compute_capability": 7.0, "precision": "fp16", "tf32": False},
-                             {"min_compute_capability": 1.0, "precision": "fp32", "tf32": False}])
-    unknown = make_profile(gpus=[("G", 16000, 15000, None)])
-    assert plan(unknown, TrainConfig(), policy=pol).numerics.precision == "fp32"
-    volta = plan(make_profile(gpus=[("V", 16000, 15000, "7.5")]), TrainConfig(), policy=pol)
-    assert volta.numerics.precision == "fp16"
-    assert volta.reasons["precision"] == ("lowest compute capability 7.5 is below the 9.0 that bf16 needs: fp16 "
-                                          "with dynamic loss scaling")
-    # two better rules, listed highest first: the reason names the nearer one
-    pascal = plan(make_profile(gpus=[("P", 16000, 15000, "6.0")]), TrainConfig(), policy=pol)
-    assert pascal.reasons["precision"] == "lowest compute capability 6.0 is below the 7.0 that fp16 needs: fp32"
-
-
-def test_unknown_compute_capability_takes_the_lowest_rule_even_when_one_starts_at_1_0(tmp_path):
-    pol = _policy(tmp_path, [{"min_compute_capability": 8.0, "precision": "bf16", "tf32": True},
-                             {"min_compute_capability": 1.0, "precision": "fp16", "tf32": False},
-                             {"min_compute_capability": 0.5, "precision": "fp32", "tf32": False}])
-    unknown = plan(make_profile(gpus=[("G", 16000, 15000, None)]), TrainConfig(), policy=pol)
-    assert unknown.numerics.precision == "fp32"
-    assert unknown.reasons["precision"] == "compute capability unknown for some GPU: fp32, the safe choice"
-
-
-def test_gpu_memory_warnings():
-    from autotune.planner.deciders import fmt_gb
-
-    assert fmt_gb(95367.43) == "100.0 GB"  # 95367.43 MiB x 2^20 = 1e11 bytes
-    same_name = plan(make_profile(gpus=[("L4", 23034, 22563, "8.9"), ("L4", 23034, 20000, "8.9")]), TrainConfig(),
-                     deepspeed_installed=True)
-    assert same_name.warnings == ("GPUs differ (L4): planning every rank to the smallest free memory, GPU 1 with "
-                                  "21.0 GB",)
-    names = plan(make_profile(gpus=[("A", 23034, 22563, "8.9"), (None, 23034, 22563, "8.9")]), TrainConfig(),
-                 deepspeed_installed=True)
-    assert names.warnings[0].startswith("GPUs differ (?, A): planning every rank to the smallest free memory, GPU 0")
-    one_unknown = make_profile(gpus=[("L4", 23034, 22563, "8.9"), ("L4", None, None, "8.9")])
-    p = plan(one_unknown, TrainConfig(), deepspeed_installed=True)
-    assert p.warnings[0] == ("memory of some GPU is unknown (see the hardware report); planning for the smallest "
-                             "band") and p.batch.micro_batch_size == 2
-
-
 # -- NVML answers and failures, through the fake driven by presets -------------------------------------------
-from helpers.detection import run_detect  # noqa: E402
-from helpers.fake_nvml import FakeNVML, NVMLError_Unknown  # noqa: E402
-from helpers.profiles_util import preset_with_gpus  # noqa: E402
-
-
 class NoCount(FakeNVML):
     def nvmlDeviceGetCount(self):
         raise NVMLError_Unknown()
@@ -445,71 +309,6 @@ def test_software_versions_search_path_default_is_sys_path(tmp_path, monkeypatch
     (tmp_path / "mypkg-3.1.dist-info").mkdir()
     monkeypatch.chdir(tmp_path)
     assert installed_versions([""])["mypkg"] == "3.1"  # "" on sys.path is the current directory
-
-
-# -- execute: exit codes, working directory, its own session, forwarded signals ------------------------------
-def test_execute_exit_codes_cwd_and_session(tmp_path):
-    import os
-    import sys
-
-    from autotune.launch.process import execute
-
-    def spec(code, cwd=None):
-        return LaunchSpec(cmd=[sys.executable, "-c", code], env={"X_MARK": "1"}, cwd=cwd)
-
-    assert execute(spec("import sys; sys.exit(0)")) == 0
-    assert execute(spec("import sys; sys.exit(1)")) == 1
-    out = tmp_path / "out"
-    code = (f"import os; open({str(out)!r}, 'w').write(f'{{os.getcwd()}} {{os.getsid(0)}} {{os.environ[\"X_MARK\"]}} "
-            f"{{os.environ.get(\"X_OUTER\")}}')")
-    assert execute(spec(code, cwd=str(tmp_path)), environ={"X_OUTER": "o", "PATH": os.environ["PATH"]}) == 0
-    cwd, sid, mark, outer = out.read_text().split()
-    assert cwd == str(tmp_path) and int(sid) != os.getsid(0) and mark == "1" and outer == "o"
-    # the fds it is told to keep (the run directory's lock) reach the child; others are closed there
-    r, w = os.pipe()
-    try:
-        assert execute(spec(f"import os; os.write({w}, b'held')"), keep_fds=(w,)) == 0
-        assert os.read(r, 4) == b"held"
-        assert execute(spec(f"import os; os.write({w}, b'held')")) == 1  # not kept: closed in the child
-    finally:
-        os.close(r)
-        os.close(w)
-
-
-def test_env_sources_and_unbuffered_output():
-    p = plan(load_profile("cpu-only"), TrainConfig())
-    s = launch_spec(p, "/r", {"HOME": "/h"})
-    assert s.env["PYTHONUNBUFFERED"] == "1" and s.env_sources["PYTHONUNBUFFERED"] == "autotune"
-    assert s.env_sources["AUTOTUNE_PLAN"] == "autotune" and s.cwd is None
-
-
-def test_deepspeed_json_for_a_non_deepspeed_plan_and_print_interval():
-    from autotune.exports.deepspeed import deepspeed_config
-
-    ddp = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.backend": "ddp",
-                                                                      "training.log_every_steps": 1}))
-    ds = deepspeed_config(ddp)  # what `export --format deepspeed` writes for a DDP plan
-    assert ds["zero_optimization"]["stage"] == 0 and ds["steps_per_print"] == 100
-
-
-def test_exports_without_offload_and_default_script():
-    from autotune.exports.launchers import accelerate_config, torchrun_command
-
-    p = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)
-    assert accelerate_config(p)["deepspeed_config"]["offload_optimizer_device"] == "none"
-    assert torchrun_command(p) == ["torchrun", "--nproc_per_node=4", "--standalone", "train.py"]
-
-
-def test_yaml_reader_error_has_no_position_but_a_message(tmp_path):
-    from autotune.config import load_config
-    from autotune.errors import UserError
-
-    f = tmp_path / "ctrl.yaml"
-    f.write_text("training:\n  seed: 1\x07\n")  # a control character: yaml's reader refuses it
-    with pytest.raises(UserError) as e:
-        load_config(f)
-    msg = str(e.value)
-    assert msg.startswith(f"{f}: invalid YAML: ") and "#x0007" in msg and "at line" not in msg
 
 
 def test_cgroup_lines_after_a_malformed_one_and_quota_without_period(tmp_path):
