@@ -1,7 +1,7 @@
 """Kubernetes (issue 37), the export: `export --format kubeflow|pytorchjob` checked against the operators' own models
 (kubeflow-trainer-api, kubeflow-training) and Kubernetes' schemas (kubernetes-validate), the exit codes that restart
 or stop the job, every value checked. The launcher's side is tests/unit/hardware/test_pods.py, the real two-pod run
-tests/dist/test_kubernetes_real.py."""
+tests/multiprocess/test_kubernetes_real.py."""
 
 import copy
 import json

@@ -1,7 +1,7 @@
 """Kubernetes (issue 37), the launcher's side: the pod and a training operator's variables (the Kubeflow Trainer's
 PET_*, the v1 operator's MASTER_ADDR/RANK/WORLD_SIZE) read as node facts like SLURM's, each reason naming its
 variable; report and plan naming the pod. The export is tests/unit/exports/test_kubernetes.py, the real two-pod run
-tests/dist/test_kubernetes_real.py."""
+tests/multiprocess/test_kubernetes_real.py."""
 
 import re
 import time

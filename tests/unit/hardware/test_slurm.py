@@ -189,7 +189,7 @@ def test_an_allocation_on_one_test_host_is_warned_not_refused_and_only_node_0_ne
 
     import autotune.launch.preflight as preflight
 
-    # the real probe, asking each time for 0.5 s instead of 3 (tests/dist/test_preflight_real.py keeps the 3 s)
+    # the real probe, asking each time for 0.5 s instead of 3 (tests/multiprocess/test_preflight_real.py keeps the 3 s)
     monkeypatch.setattr(preflight, "probe_store", functools.partial(preflight.probe_store, timeout_s=0.5))
     with socket.socket() as s:
         s.bind(("", 0))

@@ -1,6 +1,6 @@
 """The launch's own log (logs/stdout.log, logs/stderr.log) in this process: what the launcher prints and what
 its child prints reach both the real streams and the files, each launch under one header line. The real
-launches in tests/dist read these files after whole runs; here each part is pinned."""
+launches in tests/multiprocess read these files after whole runs; here each part is pinned."""
 
 import re
 import subprocess

@@ -1,6 +1,6 @@
 """The built-in workload's loop run in this process (one rank, CPU): what it logs, saves, resumes from, and how
-a stop signal ends it. The multi-process launches in tests/dist cover the same loop across ranks; these runs take
-about a second each, so mutation testing can use them for the runtime's loop, checkpoints and preemption."""
+a stop signal ends it. The multi-process launches in tests/multiprocess cover the same loop across ranks; these runs
+take about a second each, so mutation testing can use them for the runtime's loop, checkpoints and preemption."""
 
 import json
 import signal
@@ -30,7 +30,7 @@ def small_plan(tmp_path, resume_from=None, **overrides):
 def to_receiver(signum):
     """The signal, to the thread that receives the stop signals. Sent to the whole process it could land in a
     thread this test process started before any run blocked the signals (the ranks of a launch block them before
-    they start threads; tests/dist signals whole processes)."""
+    they start threads; tests/multiprocess signals whole processes)."""
     signal.pthread_kill(preempt._receiver.ident, signum)
 
 

@@ -14,7 +14,6 @@ import json
 import shutil
 
 import pytest
-
 from helpers.multiprocess import launch, losses, observed_as_planned
 from helpers.support import ROOT
 

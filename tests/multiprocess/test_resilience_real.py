@@ -7,7 +7,6 @@ import time
 
 import psutil
 import pytest
-
 from helpers.support import ROOT
 
 LONG = """
@@ -85,7 +84,8 @@ x = torch.randn(256, 16)
 data = TensorDataset(x, x.sum(1, keepdim=True))
 model = nn.parallel.DistributedDataParallel(nn.Linear(16, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for xb, yb in DataLoader(data, batch_size=int(os.environ["AUTOTUNE_MICRO_BATCH_SIZE"]), sampler=DistributedSampler(data)):
+micro = int(os.environ["AUTOTUNE_MICRO_BATCH_SIZE"])
+for xb, yb in DataLoader(data, batch_size=micro, sampler=DistributedSampler(data)):
     F.mse_loss(model(xb), yb).backward(); opt.step(); opt.zero_grad()
 dist.barrier(); dist.destroy_process_group()
 os.write(1, f"SUMMARY rank {os.environ['RANK']}\\n".encode())  # one write: two ranks share the pipe

@@ -6,7 +6,6 @@ import os
 import subprocess
 
 import pytest
-
 from helpers.multiprocess import SMALL, launch, losses
 from helpers.support import ROOT
 

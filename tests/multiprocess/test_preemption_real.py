@@ -14,7 +14,6 @@ import time
 
 import psutil
 import pytest
-
 from helpers.multiprocess import metric_rows
 from helpers.support import ROOT, free_port
 
@@ -100,7 +99,8 @@ def test_sigterm_to_one_rank_only_stops_every_rank_at_one_checkpoint(tmp_path):
     engine = ["--nproc_per_node", 2]
     p, cfg, run = _start(tmp_path, "r", *engine)
     ranks = sorted((c for c in psutil.Process(p.pid).children(recursive=True)
-                    if "autotune.train" in " ".join(c.cmdline()) and "torch.distributed.run" not in " ".join(c.cmdline())),
+                    if "autotune.train" in " ".join(c.cmdline())
+                    and "torch.distributed.run" not in " ".join(c.cmdline())),
                    key=lambda c: c.environ().get("RANK", ""))
     assert len(ranks) == 2 and ranks[1].environ()["RANK"] == "1"
     ranks[1].send_signal(signal.SIGTERM)  # rank 1 only: not the launcher, not torchrun, not rank 0
@@ -225,7 +225,8 @@ def test_sigterm_to_one_node_of_two_stops_both_nodes_at_one_checkpoint(tmp_path)
     cfg.write_text(LONG.replace("GRACE", "60"))
     run = tmp_path / "two"
     outs = [open(tmp_path / f"node{n}.out", "w") for n in (0, 1)]
-    procs = [subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(cfg), "--run_dir", str(run),
+    procs = [subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(cfg),
+                               "--run_dir", str(run),
                                "--nproc_per_node", "1", "--num_nodes", "2", "--node_rank", str(n), "--master_addr",
                                "127.0.0.1", "--master_port", str(port)], stdout=outs[n], stderr=subprocess.STDOUT,
                               env=_env(), cwd=ROOT) for n in (0, 1)]

@@ -13,7 +13,6 @@ import time
 
 import psutil
 import yaml
-
 from helpers.multiprocess import metric_rows, plan_json
 from helpers.support import ROOT, free_port
 

@@ -19,7 +19,6 @@ import time
 import psutil
 import pytest
 import torch
-
 from helpers.multiprocess import SMALL, metric_rows
 from helpers.support import ROOT
 

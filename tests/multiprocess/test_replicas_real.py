@@ -9,10 +9,9 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers.support import ROOT
 
-pytestmark = pytest.mark.dist
+pytestmark = pytest.mark.multiprocess
 
 SCRIPT = """
 import os, sys, torch, torch.distributed as dist
@@ -44,7 +43,8 @@ def test_ranks_compare_their_weights(tmp_path, what):
     script = tmp_path / "replicas.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}",
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+                        f"--master_port={port}",
                         str(script), str(tmp_path), what], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "replicas.json"

@@ -9,7 +9,6 @@ import os
 import subprocess
 
 import pytest
-
 from helpers.multiprocess import ROOT, SMALL, launch, losses, observed_as_planned
 
 
@@ -162,7 +161,8 @@ def test_unmodified_deepspeed_script_follows_the_plan(tmp_path):
     r = launch("--config", ROOT / "examples" / "deepspeed_config.yaml", "--deepspeed", "--nproc_per_node", 2,
                "--run_dir", tmp_path / "ds", "--", "--deepspeed_config", "{deepspeed_config}", timeout=600)
     used = [line for line in r.stdout.splitlines() if line.startswith("USED ")]
-    assert len(used) == 1 and used[0].startswith("USED world=2 micro=8 accumulation=4 effective=64 precision=float32 device=cpu train_batch_size=64")
+    assert len(used) == 1 and used[0].startswith("USED world=2 micro=8 accumulation=4 effective=64 precision=float32 "
+                                                 "device=cpu train_batch_size=64")
     argv = json.loads((tmp_path / "ds" / "command.json").read_text())["argv"]
     assert argv[-2:] == ["--deepspeed_config", str(tmp_path / "ds" / "deepspeed_config.json")]
     seen = observed_as_planned(tmp_path / "ds")
@@ -286,7 +286,8 @@ def test_unmodified_hf_trainer_script_follows_the_plan(tmp_path):
     # the launcher's and the script's output, also in the run directory
     logged = (tmp_path / "hf" / "logs" / "stdout.log").read_text()
     assert logged.startswith("==== ") and " autotune launch --config " in logged.splitlines()[0]
-    assert used[0] in logged and "How the plan is handed to your script (what it runs is observed in its first steps):" in logged and "\nDone. Run directory:" in logged
+    assert used[0] in logged and "\nDone. Run directory:" in logged
+    assert "How the plan is handed to your script (what it runs is observed in its first steps):" in logged
     assert "it/s]" in (tmp_path / "hf" / "logs" / "stderr.log").read_text()  # Trainer's progress bar (stderr)
 
 
@@ -535,7 +536,8 @@ def test_an_explicit_accelerator_accumulation_is_kept_and_its_effective_batch_na
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"training:\n  entrypoint: {script}\n  global_batch_size: 32\n  batch_size_per_gpu: 8\n")
     r = launch("--config", cfg, "--wire", "auto", "--run_dir", tmp_path / "r", timeout=300)
-    assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS not exported: the script passes gradient_accumulation_steps" in r.stdout
+    assert ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS not exported: the script passes gradient_accumulation_steps"
+            in r.stdout)
     seen = json.loads((tmp_path / "r" / "delivery.json").read_text())["observed"]
     assert seen["effective_batch"] == 8 and seen["values"]["micro_batch_size"]["status"] == "equal"
     assert (seen["values"]["gradient_accumulation_steps"]["observed"], seen["values"]["gradient_accumulation_steps"]
@@ -676,7 +678,7 @@ def test_a_nanogpt_shaped_script_trains_the_plan_unedited_under_wire_auto_and_st
 
 
 def test_an_accelerate_script_whose_own_yaml_batch_is_not_the_plans_is_stopped_by_strict(tmp_path):
-    """The seed Accelerate script (tests/dist/test_slurm_real.py trains it right under SLURM) with 64 in its own YAML:
+    """The seed Accelerate script (test_slurm_real.py trains it right under SLURM) with 64 in its own YAML:
     it trains 64 x 2 = 128 for the plan's 64, counted at its model (its look-ahead and validation batches not), and
     training.strict fails it, exit 2: stopped in its first steps, or, its 12 steps being quick, when it has ended
     before they were judged (a wrong training never passes --strict for having been fast)."""

@@ -6,7 +6,6 @@ import os
 import subprocess
 
 import pytest
-
 from helpers.support import ROOT
 
 CFG = """

@@ -14,7 +14,6 @@ import subprocess
 import time
 
 import pytest
-
 from helpers.support import ROOT, free_port
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

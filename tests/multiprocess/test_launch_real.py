@@ -11,11 +11,10 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers.multiprocess import ROOT, SMALL, check_run_dir, final_val, launch, losses, plan_json  # noqa: F401
 from helpers.support import require
 
-pytestmark = pytest.mark.dist
+pytestmark = pytest.mark.multiprocess
 
 def test_single_process_run(runs):
     check_run_dir(runs / "single", "single", 1)
@@ -140,7 +139,8 @@ def test_module_function_entrypoint(small_config, tmp_path):
     mod.write_text("import json, os, sys\n"
                    "def main():\n"
                    "    plan = json.load(open(os.environ['AUTOTUNE_PLAN']))\n"
-                   "    print('ENTRY micro', plan['batch']['micro_batch_size'], 'world', plan['engine']['world_size'])\n"
+                   "    print('ENTRY micro', plan['batch']['micro_batch_size'],"
+                   " 'world', plan['engine']['world_size'])\n"
                    "    print('ARGV', sys.argv[:3])\n"
                    f"    json.dump(sys.argv, open({str(tmp_path / 'argv.json')!r}, 'w'))\n")
     cfg = tmp_path / "c.yaml"
@@ -201,14 +201,16 @@ def test_deepspeed_resume_through_its_own_checkpoint(runs, small_config, tmp_pat
 
 
 def test_ctrl_c_stops_every_rank_and_the_run_resumes(small_config, tmp_path):
-    """SIGINT to the launcher reaches both ranks; they save the step and exit, the launcher 75; resume finishes the run."""
+    """SIGINT to the launcher reaches both ranks; they save the step and exit, the launcher 75; resume finishes the
+    run."""
     import signal
     import time
 
     import psutil
 
     cfg = tmp_path / "long.yaml"
-    cfg.write_text(SMALL.replace("max_steps: 12", "max_steps: 100000").replace("save_every_steps: 5", "save_every_steps: 3"))
+    cfg.write_text(SMALL.replace("max_steps: 12", "max_steps: 100000")
+                   .replace("save_every_steps: 5", "save_every_steps: 3"))
     run = tmp_path / "run"
     env = {**os.environ}
     env.pop("AUTOTUNE_PLAN", None)
@@ -239,7 +241,8 @@ def test_ctrl_c_stops_every_rank_and_the_run_resumes(small_config, tmp_path):
     # The same command with --resume_from auto continues from the newest complete checkpoint.
     newest = sorted(p for p in (run / "checkpoints").glob("step-*") if not p.name.endswith(".tmp"))[-1]
     step = int(newest.name.split("-")[1])
-    cfg.write_text(SMALL.replace("max_steps: 12", f"max_steps: {step + 3}").replace("save_every_steps: 5", "save_every_steps: 3"))
+    cfg.write_text(SMALL.replace("max_steps: 12", f"max_steps: {step + 3}")
+                   .replace("save_every_steps: 5", "save_every_steps: 3"))
     # the plan's total steps changed, so this continues the weights and data position on a new schedule
     r = launch("--config", cfg, "--run_dir", run, "--nproc_per_node", 2, "--resume_from", "auto")
     assert f"resumed at step {step}" in r.stdout
@@ -347,7 +350,8 @@ def test_two_nodes_on_one_machine_through_the_slurm_path(runs, small_config, tmp
         for s in strangers:
             s.close()
     assert [p.returncode for p in procs] == [0, 0], "\n".join(
-        f"--- node {n} (exit {p.returncode}):\n{out[-2500:]}\n{err[-3000:]}" for n, (p, (out, err)) in enumerate(zip(procs, outs)))
+        f"--- node {n} (exit {p.returncode}):\n{out[-2500:]}\n{err[-3000:]}"
+        for n, (p, (out, err)) in enumerate(zip(procs, outs)))
     assert "the nodes' exchange ignored 127.0.0.1:" in outs[0][1]  # the stranger, named; it took no rank
     assert all(secret not in out + err for out, err in outs)
     assert not [f for f in run.rglob("*") if f.is_file() and secret.encode() in f.read_bytes()]
@@ -423,7 +427,8 @@ def test_nodes_that_planned_differently_stop_together_naming_the_smallest_plan(s
     env.pop("AUTOTUNE_PLAN", None)
     procs = [subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(small_config),
                                "--run_dir", str(run), "--nproc_per_node", "1", "--num_nodes", "2", "--node_rank",
-                               str(node), "--master_addr", "127.0.0.1", "--master_port", str(port), "--batch_size", micro],
+                               str(node), "--master_addr", "127.0.0.1", "--master_port", str(port),
+                               "--batch_size", micro],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
              for node, micro in ((0, "16"), (1, "8"))]
     outs = [p.communicate(timeout=300) for p in procs]
@@ -480,7 +485,8 @@ def test_node_0_learns_when_node_1_dies(tmp_path):
     run = tmp_path / "mn"
     env = {**os.environ}
     env.pop("AUTOTUNE_PLAN", None)
-    procs = [subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(cfg), "--run_dir", str(run),
+    procs = [subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(cfg),
+                               "--run_dir", str(run),
                                "--nproc_per_node", "1", "--num_nodes", "2", "--node_rank", str(node), "--master_addr",
                                "127.0.0.1", "--master_port", str(port)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, env=env, cwd=ROOT) for node in (0, 1)]
