@@ -31,8 +31,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 lint: install
 	$(VENV)/bin/ruff check .
 
+# Two workers (pytest-xdist), each test file whole on one: a file's session fixtures and its order stay its own.
 test: lint
-	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS) --ignore=tests/gpu tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=20 $(PYTEST_ARGS) --ignore=tests/gpu tests
 
 # On a GPU machine (after `make install TORCH_SPEC=... TORCH_PIP_ARGS=...` with a CUDA build of torch):
 # every CUDA path, summary in bench/results/gpu-<name>-<date>.md. Skips with "no CUDA device" elsewhere.

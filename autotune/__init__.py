@@ -17,7 +17,7 @@ def current_plan(path=None, *, config=None):
     """
     import os
 
-    from autotune.entry import ScriptPlan
+    from autotune.exports.script_plan import ScriptPlan
     from autotune.rundir.layout import PLAN_ENV
     from autotune.rundir.records import load_plan
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 from autotune import __version__
-from autotune.commands import COMMANDS
+from autotune.commands import check, estimate, export, launch, plan, report
 from autotune.commands.common import Parser, did_you_mean
 from autotune.errors import run_cli
 
@@ -20,13 +19,16 @@ start here:
   python -m autotune plan --hardware 4xL4    plan for a machine you don't have
   python -m autotune launch                  train the built-in workload here"""
 
+REGISTERED = (check, report, plan, estimate, export, launch)  # in the order `--help` lists them
+COMMANDS = tuple(m.__name__.rsplit(".", 1)[1] for m in REGISTERED)
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="autotune", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = p.add_subparsers(dest="command", metavar="<command>", required=True)
-    for name in COMMANDS:
-        importlib.import_module(f"autotune.commands.{name}").add_parser(sub)
+    for command in REGISTERED:
+        command.add_parser(sub)
     return p
 
 

@@ -47,9 +47,9 @@ from common import ROOT, env, machine  # noqa: E402
 from autotune.measure.trace import trace  # noqa: E402
 
 ZOO = [  # (factory, sample spec, batch maker)
-    ("trace_models:mlp", "[64]", lambda b: torch.randn(b, 64)),
-    ("trace_models:cnn", "[3,32,32]", lambda b: torch.randn(b, 3, 32, 32)),
-    ("trace_models:tied_lm", "int[32]<500", lambda b: torch.randint(0, 500, (b, 32))),
+    ("helpers.trace_models:mlp", "[64]", lambda b: torch.randn(b, 64)),
+    ("helpers.trace_models:cnn", "[3,32,32]", lambda b: torch.randn(b, 3, 32, 32)),
+    ("helpers.trace_models:tied_lm", "int[32]<500", lambda b: torch.randint(0, 500, (b, 32))),
     ("memory_accuracy:medium_lm", "int[128]<8000", lambda b: torch.randint(0, 8000, (b, 128))),
     ("memory_accuracy:deep_mlp", "[512]", lambda b: torch.randn(b, 512)),
 ]
@@ -57,7 +57,7 @@ MICROS = (1, 4, 16, 32, 64)
 # On a GPU, sizes whose activations are tens of MiB to GiB: relative errors on a few KiB say nothing.
 CUDA_ZOO = [  # (factory, sample spec, batch maker, micro-batches)
     ("memory_accuracy:wide_mlp", "[2048]", lambda b: torch.randn(b, 2048), (256, 1024, 4096)),
-    ("trace_models:cnn", "[3,32,32]", lambda b: torch.randn(b, 3, 32, 32), (64, 256, 1024)),
+    ("helpers.trace_models:cnn", "[3,32,32]", lambda b: torch.randn(b, 3, 32, 32), (64, 256, 1024)),
     ("memory_accuracy:medium_lm", "int[128]<8000", lambda b: torch.randint(0, 8000, (b, 128)), (16, 64, 256)),
     ("memory_accuracy:deep_mlp", "[512]", lambda b: torch.randn(b, 512), (1024, 4096, 16384)),
     ("memory_accuracy:large_lm", "int[512]<32000", lambda b: torch.randint(0, 32000, (b, 512)), (4, 16)),
@@ -65,7 +65,7 @@ CUDA_ZOO = [  # (factory, sample spec, batch maker, micro-batches)
 
 
 def medium_lm():
-    import trace_models
+    from helpers import trace_models
 
     return trace_models.TiedLM(vocab=8000, d=256, layers=4)
 
@@ -82,20 +82,20 @@ def wide_mlp():
 
 
 def large_lm():
-    import trace_models
+    from helpers import trace_models
 
     return trace_models.TiedLM(vocab=32000, d=1024, layers=8)
 
 
 def fit_lm():
     """~0.67B parameters: on an 80 GB GPU memory, not the policy's micro-batch cap, binds."""
-    import trace_models
+    from helpers import trace_models
 
     return trace_models.TiedLM(vocab=32000, d=2048, layers=12)
 
 
 def one_billion():
-    import trace_models
+    from helpers import trace_models
 
     return trace_models.TiedLM(vocab=32000, d=2048, layers=19)
 

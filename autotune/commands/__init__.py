@@ -1,3 +1,2 @@
-"""One module per command: ``add_parser(subparsers)`` and ``run(args) -> int``."""
-
-COMMANDS = ("check", "report", "plan", "estimate", "export", "launch")
+"""One module per command: ``add_parser(subparsers)`` and ``run(args) -> int``; `autotune/__main__.py`
+registers them by import."""

@@ -44,6 +44,19 @@ positive_int = _int_at_least(1, "a positive integer")
 non_negative_int = _int_at_least(0, "an integer >= 0")
 
 
+def script_args_of(raw: list[str] | None) -> list[str]:
+    """The training script's arguments: what follows `--` (argparse's REMAINDER keeps the `--` itself); anything
+    else left over is a mistake."""
+    raw = list(raw or [])
+    if raw and raw[0] == "--":
+        return raw[1:]
+    if raw:
+        from autotune.errors import UserError
+
+        raise UserError(f"unrecognised arguments: {' '.join(raw)} (put script arguments after `--`)")
+    return []
+
+
 def zero_stage(text: str) -> int:
     if text not in {"0", "1", "2", "3"}:
         raise argparse.ArgumentTypeError(f"ZeRO stage must be 0, 1, 2 or 3, got {text!r}")

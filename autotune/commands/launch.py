@@ -63,23 +63,14 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _script_args(raw: list[str]) -> list[str]:
-    if raw and raw[0] == "--":
-        return raw[1:]
-    if raw:
-        from autotune.errors import UserError
-
-        raise UserError(f"unrecognised arguments: {' '.join(raw)} (put script arguments after `--`)")
-    return []
-
-
 def run(args: argparse.Namespace) -> int:
-    from autotune.commands.common import overrides_from_args
+    from autotune.commands.common import overrides_from_args, script_args_of
     from autotune.config import load_config
     from autotune.errors import UserError
-    from autotune.prepare import could_time_here, prepare
+    from autotune.launch import checked_setup
+    from autotune.prepare import prepare
 
-    script_args = _script_args(list(args.script_args or []))
+    script_args = script_args_of(args.script_args)
     if args.hardware and not args.dry_run:
         raise UserError(
             f"--hardware {args.hardware}: a launch runs on this machine, so it plans for the detected hardware; "
@@ -103,14 +94,8 @@ def run(args: argparse.Namespace) -> int:
                                 resume_from=args.resume_from, script_args=script_args, environ=os.environ,
                                 python=sys.executable, force=args.force, trust_checkpoint=args.trust_checkpoint,
                                 probe_gpu=not args.dry_run)
-    setup = planned(args.hardware)
-    from autotune.rundir.lock import check_creatable, check_usable
-
-    check_creatable(setup.records_dir)
-    check_usable(setup.records_dir, resuming=bool(args.resume_from), reuse=args.force_run_dir or args.force)
-    if could_time_here(setup):  # the run directory is usable: the model's step timed on this CPU (once; cached)
-        setup = planned(setup.hardware, run_dir=str(setup.run_dir), time_cpu=True,
-                        resume_from=None if setup.resume_path is None else str(setup.resume_path))
+    setup = checked_setup(planned, args.hardware, resuming=bool(args.resume_from),
+                          reuse=args.force_run_dir or args.force)
     from autotune.launch.exchange import job_secret
 
     secret = job_secret(os.environ, args.job_secret_file)

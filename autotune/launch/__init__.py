@@ -1,6 +1,7 @@
 """The launch: ``run(setup)`` takes a prepared ``RunSetup`` (autotune.prepare) to an exit code.
 
-- ``sequence``        ``run``: preflight, the nodes' exchange, the lock, the records, the run log, execute, the end;
+- ``sequence``        ``checked_setup``: the plan, its run directory checked; ``run``: preflight, the nodes'
+                      exchange, the lock, the records, the run log, execute, the end;
 - ``ending``          how a run ended, as a pure rule: the exit code and the lines that say it;
 - ``preflight``       this node's checks before any rank starts, and the hint after a failure;
 - ``exchange``        the nodes' hardware exchange (each node's side, the job's secret); ``exchange_host`` node 0's;
@@ -13,6 +14,6 @@
 - ``announce``        what it says before it starts: the resume's changes, the plan's delivery to a script.
 """
 
-from autotune.launch.sequence import run
+from autotune.launch.sequence import checked_setup, run
 
-__all__ = ["run"]
+__all__ = ["checked_setup", "run"]

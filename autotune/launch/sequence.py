@@ -1,4 +1,5 @@
-"""The launch sequence: ``run(setup)`` takes a prepared ``RunSetup`` (autotune.prepare) to an exit code.
+"""The launch sequence: ``checked_setup`` (the plan, its run directory checked), then ``run(setup)`` takes the
+prepared ``RunSetup`` (autotune.prepare) to an exit code.
 
 Preflight (this node's checks before any rank starts), the nodes' hardware exchange and the re-plan for the smallest
 node, the run directory's lock, the records, the run log, ``execute`` (the one place that spawns:
@@ -18,6 +19,22 @@ from typing import Callable
 from autotune.launch.ending import ScriptEnd, ending
 from autotune.launch.evidence import ScriptWatch
 from autotune.plan import training_values
+
+
+def checked_setup(planned: Callable, hardware, *, resuming: bool, reuse: bool):
+    """The setup a launch runs: ``planned(hardware)`` (autotune.prepare.prepare with the launch's inputs), its run
+    directory checked (creatable; usable for a resume or a reuse) before anything is spent on it, then planned
+    again with the model's step timed on this CPU where it can be (once; cached)."""
+    from autotune.prepare import could_time_here
+    from autotune.rundir.lock import check_creatable, check_usable
+
+    setup = planned(hardware)
+    check_creatable(setup.records_dir)
+    check_usable(setup.records_dir, resuming=resuming, reuse=reuse)
+    if could_time_here(setup):
+        setup = planned(setup.hardware, run_dir=str(setup.run_dir), time_cpu=True,
+                        resume_from=None if setup.resume_path is None else str(setup.resume_path))
+    return setup
 
 
 def run(setup, replan: Callable | None = None, argv: list[str] | None = None, job_secret: bytes | None = None) -> int:

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support import ROOT
+from helpers.support import ROOT
 
 RESULTS: list[tuple[str, str, str]] = []  # (test, outcome, numbers)
 

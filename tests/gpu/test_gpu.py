@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from support import ROOT
+from helpers.support import ROOT
 
 SMALL = """
 model: {n_layer: 2, n_head: 4, n_embd: 128}
@@ -201,14 +201,15 @@ def test_fsdp2_on_one_gpu_peaks_within_the_estimate(record):
     policy's memory_headroom_fraction leaves)."""
     import torch
     import torch.distributed as dist
-    import trace_models
+    from helpers import trace_models
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from autotune.measure.fsdp_trace import wrap_units
     from autotune.measure.trace import _call, _loss, trace
     from autotune.planner.memory import STRATEGIES, fsdp_buffer_bytes, model_state_bytes
 
-    facts = trace("trace_models:gpu_gpt", "trace_models:gpu_gpt_batch", modes=("half", "fsdp", "world1"), cuda=True)
+    facts = trace("helpers.trace_models:gpu_gpt", "helpers.trace_models:gpu_gpt_batch",
+                  modes=("half", "fsdp", "world1"), cuda=True)
     micro = 8
     s = STRATEGIES["fsdp"]
     estimate = (model_state_bytes(s, facts.num_parameters, 1).gpu_bytes

@@ -5,7 +5,7 @@ import re
 import textwrap
 
 import pytest
-from support import ROOT
+from helpers.support import ROOT
 
 from autotune.config import AUTO, TrainConfig, apply_overrides, load_config, parse_config
 from autotune.errors import UserError

@@ -1,0 +1,203 @@
+"""``export_plan``: one plan in the format asked for (DeepSpeed JSON, Accelerate YAML, torchrun line, sbatch
+script, DeepSpeed hostfile, Kubernetes manifests), and the notes to say beside it. The command parses the
+flags into an ``ExportRequest`` and writes what comes back; the flags a format reads are named here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autotune.errors import UserError
+
+if TYPE_CHECKING:  # the command's parser reads FORMATS: it imports no model
+    from autotune.plan import TrainingPlan
+    from autotune.profiles import HardwareProfile
+
+FORMATS = ("deepspeed", "accelerate", "torchrun", "slurm", "sbatch", "deepspeed-hostfile", "kubeflow", "pytorchjob")
+KUBERNETES = ("kubeflow", "pytorchjob")
+ACCUMULATION_VARIABLE = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
+ROOT = Path(__file__).resolve().parent.parent.parent  # the launcher's folder
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What the flags ask for. ``plan_flags``: the user's plan flags as argv again (sbatch: every node plans
+    again with them); ``pod_plan_flags``: the same without node flags (a pod takes those from the operator);
+    ``config``: None when it is the default (a pod then uses its image's)."""
+
+    format: str
+    script: str
+    script_args: tuple[str, ...]
+    output: str | None = None
+    config: str = ""
+    config_is_default: bool = True
+    plan_flags: tuple[str, ...] = ()
+    pod_plan_flags: tuple[str, ...] = ()
+    run_dir: str | None = None
+    time: str = "24:00:00"
+    partition: str | None = None
+    account: str | None = None
+    job_name: str = "autotune"
+    image: str | None = None
+    namespace: str | None = None
+    pvc: str | None = None
+    storage: str = "100Gi"
+    storage_class: str | None = None
+    secret: str | None = None
+    job_restarts: int = 3
+    cpu_on_purpose: bool = False
+
+
+@dataclass(frozen=True)
+class Exported:
+    """The export's text, and the lines to say on stderr before it is written."""
+
+    text: str
+    messages: tuple[str, ...] = ()
+
+
+def canonical_format(fmt: str) -> str:
+    return "slurm" if fmt == "sbatch" else fmt  # the help says "an sbatch script": the name users reach for
+
+
+def check_pod_flags(fmt: str, *, given: list[str], no_auto_optimize: bool, image: str | None,
+                    job_restarts: int) -> None:
+    """Before planning: flags a pod takes from the operator (``given``: the node flags the user passed), and
+    the image, which has no default."""
+    if given:
+        raise UserError(f"{', '.join(given)}: every pod takes its rank and master from the operator's variables "
+                        "(PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT); drop the flag(s)")
+    if no_auto_optimize:
+        raise UserError("--no_auto_optimize: it takes node rank and master from the config alone, so every pod "
+                        "would train by itself; drop it (your config's values and flags still win)")
+    if not image:
+        raise UserError(f"--image: required for --format {fmt}: the container image every pod runs (with autotune "
+                        "and torch), e.g. --image registry.example.com/team/train:1.0")
+    if not 0 <= job_restarts <= 10_000:
+        raise UserError(f"--job_restarts: a number from 0 to 10000, got {job_restarts}")
+
+
+def _sbatch(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile) -> str:
+    from autotune.exports.launchers import sbatch_script
+
+    if not re.fullmatch(r"\d+(-\d+)?(:\d\d){0,2}", req.time):
+        raise UserError(f"--time: SLURM time limits look like 12:00:00, 1-00:00:00 or 90, got {req.time!r}")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", req.job_name):
+        raise UserError(f"--job_name: letters, digits, '_', '.', '-' only, got {req.job_name!r}")
+    run_dir = Path(req.run_dir or f"runs/slurm-{req.job_name}").absolute()
+
+    def here(p: Path) -> str:  # relative to the submit directory when inside it: the script stays portable
+        p = p.absolute()
+        try:
+            rel = p.relative_to(Path.cwd())
+        except ValueError:
+            return str(p)
+        return str(rel) if str(rel).startswith(".") or "/" in str(rel) else f"./{rel}"
+
+    return sbatch_script(plan, launcher=here(ROOT / "launch_distributed_training.sh"),
+                         config=here(Path(req.config)), run_dir=here(run_dir),
+                         cpus_per_task=hw.cpu.effective_cores, time_limit=req.time, partition=req.partition,
+                         account=req.account, job_name=req.job_name, script_args=list(req.script_args),
+                         plan_flags=list(req.plan_flags))
+
+
+def _accelerate(req: ExportRequest, plan: TrainingPlan) -> Exported:
+    """The Accelerate config and the line that starts it. The script is scanned as the launcher scans it: the
+    plan's accumulation is set only for a script that also gets the plan's micro-batch (a {micro_batch_size}
+    placeholder after `--`), else the script's own batch times the plan's accumulation would train another
+    effective batch; withheld, the output says so and how to pair them."""
+    import yaml
+
+    from autotune.exports.launchers import accelerate_config, accelerate_launch_env, accelerate_launch_line
+    from autotune.exports.script_args import expand, placeholder_values, used_placeholders
+    from autotune.exports.script_scan import script_facts
+    from autotune.exports.wiring import FLAGS, withhold_accumulation
+
+    cfg = accelerate_config(plan)  # refuses what Accelerate cannot run before anything is scanned
+    raw = [*plan.run.script_args, *req.script_args]
+    script_args = expand(raw, placeholder_values(plan, None, None), where="export --format accelerate")
+    facts = script_facts(req.script)
+    paired = "micro_batch_size" in used_placeholders(raw)
+    why = withhold_accumulation(facts, {"micro_batch_size": ["placeholder"] if paired else []}) \
+        if ACCUMULATION_VARIABLE in accelerate_launch_env(plan) else None
+    withhold = (ACCUMULATION_VARIABLE,) if why else ()
+    line = accelerate_launch_line(plan, req.output or "accelerate.yaml", req.script, script_args=script_args,
+                                  withhold=withhold)
+    b = plan.batch
+    accumulation = f"gradient accumulation {b.gradient_accumulation_steps}" + (" (not set: below)" if why else "")
+    notes = [f"{plan.engine.world_size} process(es), micro-batch {b.micro_batch_size} per process (your script's "
+             f"batch size), {accumulation}; start them with:", f"  {line}"]
+    carried = {"ACCELERATE_USE_CPU": "the CPU switch for several CPU processes",
+               ACCUMULATION_VARIABLE: "gradient accumulation outside DeepSpeed"}
+    kept = [carried[k] for k in accelerate_launch_env(plan) if k not in withhold]
+    if kept:
+        notes.append(f"(the variables carry what an Accelerate config file cannot: {', '.join(kept)})")
+    warned = []
+    if why and "gradient_accumulation_steps" in facts.accelerator_kwargs:  # the script's own accumulation
+        warned.append(f"{ACCUMULATION_VARIABLE} is not set for {req.script}: {why}")
+    elif why:
+        flag = next((f for f in FLAGS["micro_batch_size"] if facts is not None and f in facts.flags), None)
+        how = f"pass {flag or 'its batch-size flag'} {{micro_batch_size}} after `--` to deliver both"
+        warned.append(f"{ACCUMULATION_VARIABLE} is not set for {req.script}: {why.removesuffix(': not exported')}; "
+                      f"it trains its own batch size x {plan.engine.world_size} process(es), no accumulation ({how})")
+    elif facts is not None and facts.error and ACCUMULATION_VARIABLE in accelerate_launch_env(plan):
+        warned.append(f"{req.script} was not scanned ({facts.error}): {ACCUMULATION_VARIABLE} assumes the script "
+                      "trains the plan's micro-batch")
+    messages = (*(f"note: {note}" for note in warned), f"start with: {line}")
+    return Exported("".join(f"# {n}\n" for n in notes + warned) + yaml.safe_dump(cfg, sort_keys=False), messages)
+
+
+def _kubernetes(req: ExportRequest, plan: TrainingPlan) -> Exported:
+    """The TrainJob (kubeflow) or PyTorchJob (pytorchjob) manifests: the launcher with the plan's flags and
+    no node flags in every pod; every value checked (exports.kubernetes.problems)."""
+    from autotune.exports import kubernetes as k8s
+
+    fmt, name = req.format, req.job_name
+    config = None if req.config_is_default else req.config  # the image's default otherwise
+    run_dir = req.run_dir or f"/autotune/runs/{name}"
+    command = k8s.launcher_command(config, list(req.pod_plan_flags), run_dir, list(req.script_args))
+    job = k8s.Job(name=name, image=req.image, command=tuple(command), run_dir=run_dir,
+                  pvc=req.pvc or f"{name}-runs", storage=req.storage, secret=req.secret or f"{name}-secret",
+                  namespace=req.namespace, storage_class=req.storage_class, job_restarts=req.job_restarts)
+    docs = k8s.manifests(plan, job, fmt, cpu_on_purpose=req.cpu_on_purpose)
+    messages = ()
+    if k8s.unpinned(req.image):
+        messages = (f"warning: --image {req.image} has no tag or digest: a restarted pod may pull another image "
+                    "than the one that wrote the checkpoint; pin a tag or @sha256 digest",)
+    kind = "TrainJob" if fmt == "kubeflow" else "PyTorchJob"
+    out_name = req.output or f"{name}.yaml"
+    return Exported(k8s.render(docs, k8s.header(plan, job, kind, out_name, config)), messages)
+
+
+def export_plan(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None,
+                environ=None) -> Exported:
+    """The plan in ``req.format``; ``ds``: the DeepSpeed JSON the plan came with, if any. The hostfile's hosts
+    are the SLURM allocation's in ``environ`` (default: this process's), else the profile's."""
+    fmt = canonical_format(req.format)
+    if fmt == "deepspeed":
+        from autotune.exports.deepspeed import deepspeed_config
+
+        return Exported(json.dumps(ds if ds is not None else deepspeed_config(plan), indent=2) + "\n")
+    if fmt == "accelerate":
+        return _accelerate(req, plan)
+    if fmt == "torchrun":
+        from autotune.exports.launchers import torchrun_command
+        from autotune.exports.script_args import expand, placeholder_values
+
+        script_args = expand(list(req.script_args), placeholder_values(plan, None, None),
+                             where="export --format torchrun")
+        return Exported(shlex.join([*torchrun_command(plan, req.script), *script_args]) + "\n")
+    if fmt == "deepspeed-hostfile":
+        from autotune.exports.launchers import deepspeed_hostfile
+        from autotune.hardware.slurm import allocation
+
+        alloc = allocation(os.environ if environ is None else environ)
+        return Exported(deepspeed_hostfile(plan, alloc.hosts if alloc else (hw.slurm.hosts if hw.slurm else ())))
+    if fmt in KUBERNETES:
+        return _kubernetes(req, plan)
+    return Exported(_sbatch(req, plan, hw))

@@ -1,0 +1,90 @@
+"""Multi-node preflight, for real: each failure ends in seconds with one line naming the fix."""
+
+import os
+import socket
+import subprocess
+import time
+
+import pytest
+from helpers.support import ROOT, free_port
+
+
+def _launch(*args, timeout=120):
+    env = {**os.environ}
+    env.pop("AUTOTUNE_PLAN", None)
+    start = time.monotonic()
+    r = subprocess.run([str(ROOT / "launch_distributed_training.sh"), *map(str, args)], capture_output=True,
+                       text=True, timeout=timeout, env=env, cwd=ROOT)
+    return r, time.monotonic() - start
+
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_a_lone_node_gives_up_within_its_rendezvous_budget_and_says_why(small_config, tmp_path, node):
+    """The printed budget holds, whole launch included, within 10 s: node 1 alone once took 70 s for a 30 s
+    budget (torch's TCPStore client overshoots its own connect timeout); 20 s here, where that shows."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(small_config.read_text() + "distributed: {rendezvous_timeout_s: 20}\n")
+    r, took = _launch("--config", cfg, "--run_dir", tmp_path / "lone", "--num_nodes", 2, "--node_rank", node,
+                      "--master_addr", "127.0.0.1", "--master_port", free_port(), "--nproc_per_node", 1)
+    assert r.returncode == 2 and took <= 20 + 10, (r.returncode, took)
+    assert "meets the others at 127.0.0.1:" in r.stdout and "waits up to 20 s" in r.stdout
+    said = ("node(s) 1 of 2 did not join at 127.0.0.1:" if node == 0 else
+            "node 1 of 2 could not reach node 0 at 127.0.0.1:")
+    assert said in r.stderr and "within 20 s" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_an_unresolvable_master_is_one_line(small_config, tmp_path):
+    r, took = _launch("--config", small_config, "--run_dir", tmp_path / "nr", "--num_nodes", 2, "--node_rank", 1,
+                      "--master_addr", "no-such-host.invalid")
+    assert r.returncode == 2 and took < 30
+    assert "distributed.master_addr: 'no-such-host.invalid' does not resolve" in r.stderr
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_a_master_port_held_by_another_program_is_refused_on_every_node(small_config, tmp_path, node):
+    """Another program listens at the master's port (it accepts and never answers, as a stuck service
+    would). Node 0 finds its port taken; node 1, reaching the master, finds no rendezvous store there.
+    One line each, exit 2, nothing written, in seconds rather than after the rendezvous budget."""
+    with socket.socket() as other:
+        other.bind(("0.0.0.0", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        r, took = _launch("--config", small_config, "--run_dir", tmp_path / "busy", "--num_nodes", 2,
+                          "--node_rank", node, "--master_addr", "127.0.0.1", "--master_port", port)
+    assert r.returncode == 2 and took < 30 and "Traceback" not in r.stderr, (r.returncode, took, r.stderr)
+    expected = {0: f"distributed.master_port: port {port} on this node is already in use by another program",
+                1: f"distributed.master_port: 127.0.0.1:{port} is answered by another program, not node 0's "
+                   "rendezvous (it accepts connections but did not answer within 3 s)"}
+    assert expected[node] in r.stderr
+    assert not (tmp_path / "busy" / "plan.json").exists()  # nothing written
+
+
+def test_node_0_refuses_a_peer_with_an_impossible_profile_by_name(small_config, tmp_path):
+    """A peer that holds the job's secret and says it has -1 MiB of RAM: node 0's launcher stops with exit 2, one
+    line naming node 1 and the field, no traceback, nothing written (issue 34: a peer's profile passes the checks a
+    profile file gets)."""
+    from autotune.errors import UserError
+    from autotune.launch.exchange import meet
+    from autotune.profiles import load_profile
+
+    port = free_port()
+    env = {**os.environ, "AUTOTUNE_JOB_SECRET": "the-job-secret"}
+    env.pop("AUTOTUNE_PLAN", None)
+    node0 = subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(small_config), "--run_dir",
+                              str(tmp_path / "run"), "--num_nodes", "2", "--node_rank", "0", "--master_addr",
+                              "127.0.0.1", "--master_port", str(port), "--nproc_per_node", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    cpu = load_profile("cpu-only")
+    negative = cpu.model_copy(update={"memory": cpu.memory.model_copy(update={"effective_mib": -1})})
+    try:
+        with pytest.raises(UserError, match="node 0 refused this node's profile: node 1 sent an impossible profile"):
+            meet(2, 1, "127.0.0.1", port, negative, 60.0, secret=b"the-job-secret")
+        out, err = node0.communicate(timeout=60)
+    finally:
+        node0.kill()
+    assert node0.returncode == 2 and "Traceback" not in err, err[-3000:]
+    assert ("error: node 1 sent an impossible profile: field memory.effective_mib: must be >= 0 or null (unknown), "
+            "got -1") in err
+    assert not (tmp_path / "run" / "plan.json").exists()

@@ -1,0 +1,31 @@
+"""Where the launcher's settings take effect in the ranks: the plan's timeout reaches the real process group."""
+
+import os
+import sys
+
+
+# -- where the launcher's settings take effect ---------------------------------------------------
+def test_plan_timeout_reaches_the_process_group(tmp_path):
+    """Read back from the real gloo process group that init(plan) created (in a child process, so no
+    process group outlives the test in this one)."""
+    import subprocess
+
+    from helpers.support import ROOT
+
+    code = (
+        "import datetime, torch, torch.distributed as dist\n"
+        "from autotune.config import parse_config\n"
+        "from autotune.planner import plan\n"
+        "from autotune.profiles import load_profile\n"
+        "from autotune.runtime.dist import cleanup, init\n"
+        "p = plan(load_profile('cpu-only'), parse_config({'distributed': {'backend': 'ddp', 'nproc_per_node': 1,"
+        " 'timeout_s': 77}}))\n"
+        "ctx = init(p)\n"
+        "group = dist.distributed_c10d._get_default_group()\n"
+        "print('TIMEOUT', group._get_backend(torch.device('cpu')).options._timeout.total_seconds())\n"
+        "cleanup(ctx)\n")
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(29000 + os.getpid() % 1000), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "TIMEOUT 77.0" in r.stdout
