@@ -190,11 +190,9 @@ def _say_figures(setup) -> None:
         timing_report(setup, run_dir, sys.stdout)
     if (run_dir / TENSORBOARD).is_dir():
         print(f"TensorBoard: tensorboard --logdir {run_dir / TENSORBOARD}")
-    metrics = run_dir / METRICS
-    if metrics.exists():
-        final = json.loads(metrics.read_text()).get("final", {})
-        if "val/accuracy" in final:
-            print(f"Final validation accuracy: {final['val/accuracy']:.3f} (loss {final['val/loss']:.4f})")
+    final = _read_record(run_dir / METRICS).get("final", {})
+    if isinstance(final, dict) and "val/accuracy" in final:
+        print(f"Final validation accuracy: {final['val/accuracy']:.3f} (loss {final['val/loss']:.4f})")
 
 
 def _record_evidence(setup, run_dir):
@@ -203,14 +201,30 @@ def _record_evidence(setup, run_dir):
     from autotune.rundir.layout import DELIVERY
 
     evidence = judge(setup.plan, read_observed(run_dir), setup.delivery)
+    from autotune.errors import UserError
+    from autotune.rundir.fs import write_whole
+
     path = setup.records_dir / DELIVERY
     try:
-        record = json.loads(path.read_text()) if path.exists() else {}
+        record = _read_record(path)
         record["observed"] = evidence.to_record()
-        path.write_text(json.dumps(record, indent=2) + "\n")
-    except (OSError, ValueError):
+        write_whole(path, json.dumps(record, indent=2) + "\n")  # never through a link
+    except (OSError, UserError):
         pass  # the records stay as written at launch; the evidence is still printed
     return evidence
+
+
+def _read_record(path: Path) -> dict:
+    """A JSON record of the run directory as a dict ({} when missing, damaged, a link or not a regular file: a
+    named pipe planted there must not hang the launcher)."""
+    from autotune.errors import UserError
+    from autotune.safe_input import read_text
+
+    try:
+        data = json.loads(read_text(path, path.name, follow_links=False))
+    except (OSError, ValueError, UserError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def set_aside_abandoned(setup) -> None:

@@ -61,22 +61,25 @@ def measured_from_metrics(run_dir: Path) -> float | None:
 
 def _metrics(run_dir: Path) -> tuple[float | None, int]:
     """(samples/s after warm-up, the optimizer steps it was counted over) from metrics.json."""
+    from autotune.errors import UserError
     from autotune.rundir.layout import METRICS
+    from autotune.safe_input import read_text
 
     try:
-        data = json.loads((Path(run_dir) / METRICS).read_text())
+        data = json.loads(read_text(Path(run_dir) / METRICS, METRICS, follow_links=False))
         value, steps = data.get("measured_samples_per_s"), data.get("measured_steps")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, UserError):
         return None, 0
     rate = float(value) if isinstance(value, (int, float)) and value > 0 else None
     return rate, steps if isinstance(steps, int) else 0
 
 
 def write(run_dir: Path, record: dict) -> Path:
+    from autotune.rundir.fs import write_whole
     from autotune.rundir.layout import TIMING
 
     path = Path(run_dir) / TIMING
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    write_whole(path, json.dumps(record, indent=2) + "\n")  # never through a link
     return path
 
 

@@ -48,7 +48,9 @@ def latest_run_with_checkpoint(root: Path, own_format: bool = False) -> Path | N
     """The newest run under ``root`` holding a checkpoint (``own_format``: anything a user's script kept)."""
     from autotune.rundir.checkpoints import latest_checkpoint
 
-    runs = sorted((d for d in root.glob("*") if d.is_dir()), key=lambda d: d.stat().st_mtime, reverse=True)
+    # a link among the runs is never taken: it would resume, and write the run, outside the folder of runs
+    runs = sorted((d for d in root.glob("*") if d.is_dir() and not d.is_symlink()), key=lambda d: d.stat().st_mtime,
+                  reverse=True)
     return next((d for d in runs if (script_checkpoints(d) if own_format else latest_checkpoint(d) is not None)),
                 None)
 

@@ -65,13 +65,21 @@ def link_error(path: str | Path, what: str = "--run_dir") -> UserError:
 
 def refuse_links(root: str | Path, names, what: str = "--run_dir") -> None:
     """Each of ``names`` (relative paths autotune writes under ``root``) that is a symbolic link, itself or a folder
-    on the way to it: refused by name (exit 2), before anything is written through it."""
+    on the way to it, or that is neither a regular file nor a folder (a named pipe would hang the first read or
+    write of it): refused by name (exit 2), before anything is written through it."""
     for name in names:
         p = Path(root)
         for part in Path(name).parts:
             p = p / part
             if p.is_symlink():
                 raise link_error(p, what)
+        try:
+            mode = os.lstat(p).st_mode
+        except OSError:
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise UserError(f"{what}: {p} is not a regular file (a named pipe, socket or device); autotune writes "
+                            "it: remove it (or choose another --run_dir)")
 
 
 def open_nofollow(path: str | Path, flags: int, what: str = "--run_dir", mode: int = 0o644) -> int:

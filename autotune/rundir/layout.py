@@ -59,7 +59,7 @@ RNG_PREFIX = "rng-rank"  # rng-rank<N>.pt: each rank's random states
 # symbolic link (autotune.rundir.fs.refuse_links), so nothing is ever written out of the run directory.
 WRITTEN = (LOCK, LOGS, STDOUT_LOG, STDERR_LOG, *RUN_RECORDS, PREVIOUS, CHECKPOINTS, STATUS_DIR, TENSORBOARD,
            OBSERVED, METRICS, METRICS_LOG, METRICS_SUPERSEDED, BACKOFF, RESUMES, REPLICAS, DEEPSPEED_IN_EFFECT,
-           WANDB)
+           TIMING, WANDB)
 
 # -- kept between runs, in cache_dir() -----------------------------------------------------------------------------
 SPEEDS = "speeds.json"  # past runs' measured speeds (autotune.rundir.speeds)

@@ -39,6 +39,7 @@ from autotune.runtime.metric_sinks import Progress, make_logger
 from autotune.runtime.preempt import StopRequest
 from autotune.runtime.watchdog import Watchdog
 from autotune.runtime.workload import build_model, eval_sums, make_datasets
+from autotune.safe_input import read_text
 
 
 def evaluate(engine, val_ds, ctx: DistContext, batch_size: int) -> dict:
@@ -374,7 +375,7 @@ def _forget_after(jsonl: Path, step: int) -> None:
     if not jsonl.exists():
         return
     keep, drop = [], []
-    for line in jsonl.read_text().splitlines():
+    for line in read_text(jsonl, METRICS_LOG, limit=1 << 30, follow_links=False).splitlines():
         try:
             later = json.loads(line).get("step", 0) > step
         except (ValueError, AttributeError, TypeError):
