@@ -126,8 +126,13 @@ def _accelerate(req: ExportRequest, plan: TrainingPlan) -> Exported:
     why = withhold_accumulation(facts, {"micro_batch_size": ["placeholder"] if paired else []}) \
         if ACCUMULATION_VARIABLE in accelerate_launch_env(plan) else None
     withhold = (ACCUMULATION_VARIABLE,) if why else ()
-    line = accelerate_launch_line(plan, req.output or "accelerate.yaml", req.script, script_args=script_args,
+    from autotune.rundir.records import redact_args
+
+    shown = redact_args(script_args)  # printed and written: a secret argument's value is the user's to give again
+    line = accelerate_launch_line(plan, req.output or "accelerate.yaml", req.script, script_args=shown,
                                   withhold=withhold)
+    if shown != script_args:
+        line += "   # <redacted>: your secret values, never written here"
     b = plan.batch
     accumulation = f"gradient accumulation {b.gradient_accumulation_steps}" + (" (not set: below)" if why else "")
     notes = [f"{plan.engine.world_size} process(es), micro-batch {b.micro_batch_size} per process (your script's "
@@ -157,7 +162,19 @@ def _kubernetes(req: ExportRequest, plan: TrainingPlan) -> Exported:
     no node flags in every pod; every value checked (exports.kubernetes.problems)."""
     from autotune.exports import kubernetes as k8s
 
+    from autotune.errors import UserError
+    from autotune.rundir.records import redact_args
+
     fmt, name = req.format, req.job_name
+    args = list(req.script_args)
+    shown = redact_args(args)
+    hidden = [re.split(r"[= ]", s, maxsplit=1)[0] if s != "<redacted>" else args[i - 1]
+              for i, (a, s) in enumerate(zip(args, shown)) if a != s]
+    if hidden:  # a manifest is applied, kept and shared: a secret in its args is in clear for every reader
+        raise UserError(f"export --format {fmt}: script arguments carry a secret ({', '.join(hidden)}), which the "
+                        "manifest would hold in clear",
+                        ["give it to the script through its environment instead: a key of a Kubernetes Secret "
+                         "(as the job secret is) that the script reads, e.g. HF_TOKEN or WANDB_API_KEY"])
     config = None if req.config_is_default else req.config  # the image's default otherwise
     run_dir = req.run_dir or f"/autotune/runs/{name}"
     command = k8s.launcher_command(config, list(req.pod_plan_flags), run_dir, list(req.script_args))

@@ -36,7 +36,10 @@ def redact(env: Mapping[str, str]) -> dict[str, str]:
 
 # A script argument's name says it holds a secret when one of its words (split at - _ .) is or ends with one of
 # these: --hub_token, --api-key, --wandb_key, --apikey, --db.password; not --max_tokens or --tokenizer_name.
-_SECRET_WORD = re.compile(r".*(token|key|secret|password|passwd|credentials?|auth)", re.IGNORECASE)
+# a word of a flag's name that says its value is a secret (plural forms, and "authorization", "passphrase", ...)
+# (not "tokens": --max_tokens is a length)
+_SECRET_WORD = re.compile(r".*(token|keys?|secrets?|passwords?|passwd|passphrase|pass|pwd|credentials?|auth|"
+                          r"authorization|authentication|cookies?)", re.IGNORECASE)
 
 
 def _says_secret(name: str) -> bool:
@@ -50,13 +53,16 @@ def redact_args(argv: list[str]) -> list[str]:
     out, hide_next = [], False
     for a in argv:
         name, eq, _ = a.partition("=")
+        flag, space, _ = a.partition(" ")  # "--password  x" as one argument (a quoted flag and value)
         if hide_next and not a.startswith("--"):
             out.append("<redacted>")
         elif eq and re.fullmatch(r"-{0,2}[\w.-]+", name) and _says_secret(name):
             out.append(f"{name}=<redacted>")
+        elif space and flag.startswith("-") and re.fullmatch(r"-{1,2}[\w.-]+", flag) and _says_secret(flag):
+            out.append(f"{flag} <redacted>")
         else:
             out.append(a)
-        hide_next = a.startswith("-") and not eq and _says_secret(a)
+        hide_next = a.startswith("-") and not eq and not space and _says_secret(a)
     return out
 
 
