@@ -111,12 +111,21 @@ def load_yaml(text: str, origin: str) -> Any:
             return _load_yaml(text, origin, _FAST, _FastUniqueKeyLoader)
         except (yaml.YAMLError, RecursionError):
             pass  # not valid: the pure-Python parser says why, in its words
+        except ValueError as e:
+            raise _number_error(origin, e) from None
     try:
         return _load_yaml(text, origin, yaml.SafeLoader, _UniqueKeyLoader)
     except yaml.YAMLError as e:
         raise _yaml_error(origin, e) from None
     except RecursionError:
         raise UserError(f"{origin}: nested too deeply to read") from None
+    except ValueError as e:  # an integer of thousands of digits (Python's conversion limit), a bad date
+        raise _number_error(origin, e) from None
+
+
+def _number_error(origin: str, e: ValueError) -> UserError:
+    why = "a number of thousands of digits" if "digits" in str(e) else str(e)
+    return UserError(f"{origin}: a value autotune cannot read ({why}); give a number of a sensible size")
 
 
 def _load_yaml(text: str, origin: str, parser, loader) -> Any:
@@ -174,3 +183,5 @@ def load_json(text: str, origin: str) -> Any:
         raise UserError(f"{origin}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
     except RecursionError:
         raise UserError(f"{origin}: nested too deeply to read") from None
+    except ValueError as e:  # an integer of thousands of digits (Python's conversion limit)
+        raise _number_error(origin, e) from None

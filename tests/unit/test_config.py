@@ -348,3 +348,18 @@ def test_the_guides_own_keys_are_answered_with_autotunes_names(tmp_path):
                       ("training.num_train_epochs", "training.epochs")):
         line = next(x for x in r.stderr.splitlines() if x.strip().startswith(f"- {key}:"))
         assert f"autotune's name for it: {ours}" in line, line
+
+
+def test_an_integer_of_thousands_of_digits_is_bad_input_not_a_traceback(tmp_path):
+    """Python refuses to convert an integer of over 4,300 digits (a ValueError from the parsers): a config or a
+    profile holding one is named, exit 2."""
+    from autotune.config import load_config
+    from autotune.errors import UserError
+    from autotune.profiles import HardwareProfile
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"training:\n  global_batch_size: {'9' * 5000}\n")
+    with pytest.raises(UserError, match=r"c.yaml: a value autotune cannot read \(a number of thousands of digits\)"):
+        load_config(cfg)
+    with pytest.raises(UserError, match=r"p.json: a value autotune cannot read \(a number of thousands of digits\)"):
+        HardwareProfile.from_json('{"schema_version": 1, "num_nodes": ' + "9" * 5000 + "}", origin="p.json")
