@@ -160,9 +160,8 @@ def _accelerate(req: ExportRequest, plan: TrainingPlan) -> Exported:
 def _kubernetes(req: ExportRequest, plan: TrainingPlan) -> Exported:
     """The TrainJob (kubeflow) or PyTorchJob (pytorchjob) manifests: the launcher with the plan's flags and
     no node flags in every pod; every value checked (exports.kubernetes.problems)."""
-    from autotune.exports import kubernetes as k8s
-
     from autotune.errors import UserError
+    from autotune.exports import kubernetes as k8s
     from autotune.rundir.records import redact_args
 
     fmt, name = req.format, req.job_name
