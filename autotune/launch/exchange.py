@@ -181,20 +181,27 @@ def _join(num_nodes: int, node_rank: int, master_addr: str, port: int, mine: Har
     return profiles
 
 
+def _object(body: bytes):
+    """A frame's JSON, or None: not JSON, or nested too deeply to read (a RecursionError)."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+
+
 def _expect(sock: socket.socket, key: bytes, label: bytes, nonces: bytes, until: float, limit: int,
             where: str) -> dict:
     """The next frame from node 0, authenticated as ``label`` over both nonces (this node's, then node 0's): its
     JSON object. An error from node 0 (its own refusal, authenticated) or a refusal of this node's secret is a
     UserError saying so; anything else answering is not node 0 of this job."""
     body, tag = _recv_frame(sock, until, limit)
-    try:
-        msg = json.loads(body)
-    except ValueError:
-        msg = None
-    if hmac.compare_digest(tag, sign(key, label, nonces, body)) and isinstance(msg, dict):
+    signed = hmac.compare_digest(tag, sign(key, label, nonces, body))
+    error = not signed and hmac.compare_digest(tag, sign(key, b"error", nonces, body))
+    # the tag first: only node 0's own frames, and its short unsigned refusal, are parsed at all
+    msg = _object(body) if signed or error or len(body) <= 64 else None
+    if signed and isinstance(msg, dict):
         return msg
-    if isinstance(msg, dict) and msg.get("kind") == "error" and hmac.compare_digest(tag, sign(key, b"error", nonces,
-                                                                                             body)):
+    if error and isinstance(msg, dict) and msg.get("kind") == "error":
         raise UserError(str(msg.get("error"))[:2000])
     if isinstance(msg, dict) and msg.get("kind") == "refused":
         raise UserError(f"node 0 at {where} refused this node: the job secret differs ({JOB_SECRET_ENV} or "

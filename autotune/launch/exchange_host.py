@@ -236,7 +236,7 @@ class Host:
             return
         try:
             msg = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # (deep nesting: a RecursionError, even from a holder of the secret)
             msg = None
         if not isinstance(msg, dict):
             self._drop(peer)

@@ -114,6 +114,32 @@ def test_node_1_sends_nothing_to_a_node_0_without_the_secret():
     assert b"hello" in received[0] and not any(b"profile" in r or b"cpu" in r for r in received)
 
 
+def test_a_stranger_at_the_master_port_sending_deep_nesting_is_named_not_a_traceback():
+    """A frame of 200,000 '[' without this job's tag: node 1 checks the tag before it parses anything, and says the
+    answer is not node 0 of this job (it once died of a RecursionError in json.loads)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+
+    def fake():
+        from autotune.launch.exchange_host import GREETING, TAG_BYTES
+
+        conn, _ = srv.accept()
+        with conn:
+            conn.sendall(GREETING + os.urandom(16))
+            conn.recv(65536)
+            body = b"[" * 200_000
+            conn.sendall(len(body).to_bytes(4, "big") + body + bytes(TAG_BYTES))
+            time.sleep(2)
+
+    t = threading.Thread(target=fake, daemon=True)
+    t.start()
+    with srv, pytest.raises(UserError, match="answered without this job's secret: it is not node 0 of this job"):
+        meet(2, 1, "127.0.0.1", port, CPU, 5.0, secret=SECRET)
+    t.join(10)
+
+
 def test_a_peer_with_an_impossible_profile_is_refused_by_name():
     """Node 1 holds the secret and says it has -1 MiB of RAM: node 0 stops with one line naming node 1 and the
     field (exit 2), and tells node 1 so; a compute capability "evil" and a malformed field are named the same way."""
