@@ -1,7 +1,9 @@
 """Checkpoint discovery and compatibility checks without importing torch: the launcher
 runs them before any rank starts, so a wrong --resume_from fails fast with exit 2. A checkpoint is
 data: its torch files' pickles are read as opcodes (never unpickled), and one that would create
-anything but tensors and plain values is refused by name; so are links and odd entries in it."""
+anything but tensors and plain values is refused by name; so are links and odd entries in it. FSDP2's
+DCP metadata (fsdp/.metadata) is unpickled into stand-ins of DCP's own classes only, and each file it
+sends data to must be a plain name of a regular file in fsdp/ (``rundir.sharded``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 
 from autotune.errors import UserError
 from autotune.rundir.layout import CHECKPOINT_META, CHECKPOINT_PREFIX, CHECKSUMS, RNG_PREFIX, checkpoint_dir
+from autotune.rundir.sharded import DCP_METADATA, SHARDED_DIR, dcp_storage_files, sharded_backend
 
 
 def list_checkpoints(run_dir: str | Path, note=None) -> list[Path]:
@@ -173,7 +176,8 @@ def meta_problems(ckpt: Path) -> list[str]:
 
 
 def verify_checkpoint(ckpt: Path, trust: bool = False) -> list[str]:
-    """Every sign of damage in ``ckpt`` (empty: good): meta.json, and the size and SHA-256 of every file. What no
+    """Every sign of damage in ``ckpt`` (empty: good): meta.json, the size and SHA-256 of every file, and a file the
+    checksum list does not name (a checkpoint with no list at all passes only with ``trust``). What no
     damage explains is refused instead (``refuse_untrusted``: a UserError, exit 2): a link or odd entry, a pickled
     object that is not data, and, unless ``trust``, a checkpoint without its checksum list."""
     problems = meta_problems(ckpt)
@@ -190,7 +194,14 @@ def verify_checkpoint(ckpt: Path, trust: bool = False) -> list[str]:
         raise UserError(f"--resume_from: {ckpt / CHECKSUMS} is missing: autotune writes one into every checkpoint, "
                         "so this one was written by an older autotune or changed since; resume from it only if you "
                         "trust where it came from (--trust_checkpoint), or choose another checkpoint")
-    return check_files(ckpt, expected, sorted(expected)) or unreadable
+    return check_files(ckpt, expected, sorted(expected)) + unlisted_files(ckpt, expected) or unreadable
+
+
+def unlisted_files(ckpt: Path, expected: dict) -> list[str]:
+    """The files of ``ckpt`` its checksum list does not name: autotune lists every file it wrote (DeepSpeed's
+    engine/ and FSDP2's fsdp/ included) before the folder gets its name, so one more was added since."""
+    return [f"{ckpt / name}: not in {CHECKSUMS}: added since the checkpoint was written; remove it or resume from "
+            "another checkpoint" for name in checkpoint_files(ckpt) if name not in expected]
 
 
 def newest_good_checkpoint(run_dir: str | Path, warn=None, trust: bool = False) -> Path | None:
@@ -284,8 +295,10 @@ def refuse_untrusted(ckpt: Path) -> list[str]:
     """A checkpoint is data, and only what autotune wrote: a symbolic link or an entry that is neither a folder
     nor a regular file (a named pipe) is refused by name, and so is any torch file whose pickles would create
     anything but tensors and plain values: the function or class is named (``posix.system``) and nothing of the
-    checkpoint is loaded. UserError (exit 2), before any rank starts. Returns the torch files that cannot be
-    inspected (damage, which the checksums usually name first)."""
+    checkpoint is loaded. A DCP folder (fsdp/) is refused the same way where its metadata would build anything but
+    DCP's own classes or send an entry to anything but a regular file in it, and where meta.json does not say FSDP2
+    wrote the checkpoint. UserError (exit 2), before any rank starts. Returns the files that cannot be inspected
+    (damage, which the checksums usually name first)."""
     import os
     import stat
 
@@ -312,6 +325,12 @@ def refuse_untrusted(ckpt: Path) -> list[str]:
                                     "loads only tensors and plain values from a checkpoint and never runs what one "
                                     "holds, so this checkpoint is refused (not written by autotune, or changed "
                                     "since); resume from another checkpoint")
+    if (ckpt / SHARDED_DIR).is_dir():  # its pickle first: a payload is named whatever the meta says
+        try:
+            dcp_storage_files(ckpt / SHARDED_DIR)
+        except ValueError as e:
+            unreadable.append(f"{ckpt / SHARDED_DIR / DCP_METADATA}: not DCP's metadata ({e}): damaged")
+        sharded_backend(ckpt)
     return unreadable
 
 

@@ -39,6 +39,7 @@ from autotune.rundir.checkpoints import (
     read_checksums,
     read_meta,
     resume_changes,
+    unlisted_files,
 )
 from autotune.rundir.fs import disk_cause
 from autotune.rundir.layout import (
@@ -130,6 +131,8 @@ def load_error(rank: int, e: Exception) -> str:
     import re
 
     text = str(e)
+    if isinstance(e, UserError):  # refused by name (a DCP folder's metadata): the message says it all
+        return f"rank {rank}: {text.removeprefix('--resume_from: ')}"
     if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in text:
         found = re.search(r"GLOBAL ([\w.]+)", text)
         if found:
@@ -232,6 +235,8 @@ class CheckpointManager:
             expected, problems = None, problems + ([str(e)] if self.ctx.is_main else [])
         if expected is not None:
             problems += check_files(path, expected, sorted(expected)[self.ctx.rank::self.ctx.world_size])
+            if self.ctx.is_main:
+                problems += unlisted_files(path, expected)
         elif need_checksums and self.ctx.is_main and not problems:
             problems.append(f"{path / CHECKSUMS}: missing (every checkpoint this run writes has one)")
         rng = path / rng_file(self.ctx.rank)

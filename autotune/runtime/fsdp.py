@@ -10,8 +10,10 @@ A checkpoint (``checkpoint.CheckpointManager`` writes the rest of the folder) ho
 
 - ``fsdp/``: the sharded model and optimizer state (``get_state_dict``), written by every rank with DCP; tensors
   only, so nothing in it is unpickled as code on the way back: DCP's ``.metadata`` is read by an unpickler that
-  builds DCP's own metadata classes, torch sizes and dtypes and nothing else (DCP itself calls ``pickle.load``), and
-  a non-tensor entry (which DCP would ``torch.load(weights_only=False)``) is refused;
+  builds DCP's own metadata classes, torch sizes and dtypes and nothing else (DCP itself calls ``pickle.load``),
+  each entry's file must be a plain name of a regular file in ``fsdp/`` (never a path out of it), and a non-tensor
+  entry (which DCP would ``torch.load(weights_only=False)``) is refused; only a checkpoint whose meta says fsdp is
+  read through DCP;
 - ``trainer.json``: the optimizer's param groups and the scheduler's state (numbers and names), written by rank 0;
 - ``model.pt``: the full fp32 weights (rank 0, as every engine writes them).
 
@@ -36,39 +38,72 @@ import torch.nn as nn
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan
 from autotune.rundir.layout import FSDP_TRAINER, MODEL_WEIGHTS, TRAINER_STATE
+from autotune.rundir.sharded import (
+    DCP_METADATA,
+    MAX_METADATA_BYTES,
+    SHARDED_DIR,
+    check_storage_paths,
+    dcp_global_allowed,
+    not_data,
+    sharded_backend,
+)
 from autotune.runtime.dist import DistContext
-
-SHARDED_DIR = "fsdp"  # the DCP folder inside a checkpoint
 
 
 # -- checkpoints as data ----------------------------------------------------------------------------------------
-_DCP_METADATA = "torch.distributed.checkpoint.metadata"
-_ALLOWED = {
-    (_DCP_METADATA, name) for name in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
-                                       "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-                                       "_MEM_FORMAT_ENCODING")
-} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-     ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
-     ("collections", "OrderedDict")}
-
-
 class _MetadataUnpickler(pickle.Unpickler):
-    """DCP's ``.metadata`` as data: only its own metadata classes, torch sizes, dtypes and layouts are built."""
+    """DCP's ``.metadata`` as data: only its own metadata classes, torch sizes, dtypes and layouts are built (the
+    launcher's allowlist, ``rundir.sharded.DCP_GLOBALS``); anything else is refused by name."""
+
+    def __init__(self, data: bytes, metadata_file: Path):
+        super().__init__(io.BytesIO(data))
+        self.metadata_file = metadata_file
 
     def find_class(self, module: str, name: str):
-        if (module, name) in _ALLOWED or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+        if dcp_global_allowed(module, name):
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+        raise not_data(self.metadata_file, f"{module}.{name}")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("a persistent id in a checkpoint's metadata")
+
+
+def read_metadata(shard_dir: Path):
+    """DCP's metadata of ``shard_dir``, read as data and checked before DCP sees it: DCP's own ``Metadata``, whose
+    every entry is a ``_StorageInfo`` naming a regular file of ``shard_dir`` by a plain name (never a path out of
+    it, a link or a pipe). UserError naming the file and the cause otherwise."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    metadata_file = shard_dir / DCP_METADATA
+    try:
+        with open(metadata_file, "rb") as f:
+            data = f.read(MAX_METADATA_BYTES + 1)
+        if len(data) > MAX_METADATA_BYTES:
+            raise ValueError(f"over {MAX_METADATA_BYTES >> 20} MiB")
+        metadata = _MetadataUnpickler(data, metadata_file).load()
+    except UserError:
+        raise
+    except Exception as e:  # missing, truncated, not a pickle: damage
+        raise UserError(f"--resume_from: {metadata_file} is not DCP's metadata ({type(e).__name__}: "
+                        f"{str(e)[:100]}): damaged; resume from another checkpoint") from None
+    storage = getattr(metadata, "storage_data", None)
+    if not isinstance(metadata, Metadata) or not isinstance(storage, dict) or \
+            not all(isinstance(v, _StorageInfo) for v in storage.values()):
+        raise UserError(f"--resume_from: {metadata_file} is not DCP's metadata (no storage entries as DCP writes "
+                        "them): damaged; resume from another checkpoint")
+    check_storage_paths(shard_dir, [v.relative_path for v in storage.values()])
+    return metadata
 
 
 def _reader(path: Path):
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
+    metadata = read_metadata(path)  # before DCP starts: a refusal is one clear UserError, not DCP's wrapping
+
     class DataOnlyReader(FileSystemReader):
         def read_metadata(self, *args, **kwargs):
-            with open(Path(self.path) / ".metadata", "rb") as f:
-                metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
@@ -154,7 +189,9 @@ def load_into_local(directory: Path, module: nn.Module, optimizer, scheduler) ->
 
 
 def is_sharded(directory: Path) -> bool:
-    return (directory / SHARDED_DIR).is_dir()
+    """Whether a resume reads ``directory``'s DCP folder: only when its meta says FSDP2 wrote it (a DCP folder in
+    another backend's checkpoint is refused, UserError: autotune never reads a folder it did not write)."""
+    return sharded_backend(directory)
 
 
 # -- the engine ---------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import sys
 import pytest
 from helpers.detection import FakePsutil, run_detect, write_tree
 from helpers.fake_nvml import FakeNVML
+from pydantic import BaseModel
 
 from autotune.hardware import detect
 from autotune.hardware.cgroups import (
@@ -586,6 +587,32 @@ PROBLEM_EDGES = [
     (None, {"cpu": {"cgroup_quota_cores": 1e6}}, "cpu.cgroup_quota_cores: must be positive, got 1000000.0"),
     (None, {"memory": {"available_mib": 0, "effective_mib": 0}}, None),
     (None, {"memory": {"cgroup_limit_mib": -1}}, "memory.cgroup_limit_mib: must be >= 0 or null (unknown), got -1"),
+    # numbers no machine has: generous, finite bounds (profiles.MAX_*)
+    ({"memory_total_mib": 4 << 20, "memory_free_mib": 4 << 20}, {}, None),
+    ({"memory_total_mib": (4 << 20) + 1}, {}, "gpus.devices[0].memory_total_mib: at most 4194304 (4 TiB), got 4194305"),
+    ({"mig_slices_mib": (1, 10 ** 30)}, {},
+     f"gpus.devices[0].mig_slices_mib: at most 4194304 (4 TiB) each, got {10 ** 30}"),
+    ({"clocks_max_sm_mhz": 100_001}, {}, "gpus.devices[0].clocks_max_sm_mhz: at most 100000, got 100001"),
+    ({"pcie_link_width_max": 65}, {}, "gpus.devices[0].pcie_link_width_max: at most 64, got 65"),
+    (None, {"cpu": {"effective_cores": 8192, "physical_cores": 8192, "logical_cores": 8192}}, None),
+    (None, {"cpu": {"effective_cores": 1_000_000}}, "cpu.effective_cores: at most 8192, got 1000000"),
+    (None, {"cpu": {"logical_cores": 8193}}, "cpu.logical_cores: at most 8192, got 8193"),
+    (None, {"memory": {"total_mib": 64 << 20}}, None),
+    (None, {"memory": {"total_mib": 10 ** 30}}, f"memory.total_mib: at most 67108864 (64 TiB), got {10 ** 30}"),
+    (None, {"num_nodes": 65536}, None),
+    (None, {"num_nodes": 10 ** 9}, "num_nodes: at most 65536, got 1000000000"),
+    # text: printable and bounded, never shown raw
+    ({"name": "NVIDIA L4 (rev. 2) \u00e9"}, {}, None),
+    ({"name": "\x1b]0;pwn\x07\x1b[2J" + "x" * (1 << 20)}, {},
+     "gpus.devices[0].name: a control character ('\\x1b' at 0): text only"),
+    ({"name": "x" * 4097}, {}, "gpus.devices[0].name: 4097 characters, at most 4096"),
+    (None, {"cpu": {"model_name": "Xeon\nnode 0: ok"}}, "cpu.model_name: a control character ('\\n' at 4): text only"),
+    (None, {"memory": {"effective_reason": "cgroup v2 says:\n  max"}}, None),  # a reason may span lines
+    (None, {"memory": {"effective_reason": "\x1b[2J"}}, "memory.effective_reason: a control character ('\\x1b' at 0): "
+     "text only"),
+    (None, {"hostname": "\u202eevil"}, "hostname: a control character ('\\u202e' at 0): text only"),
+    (None, {"software": {"torch": "2.13\x07"}}, "software.torch: a control character ('\\x07' at 4): text only"),
+    (None, {"unknown": {"gpus\x1b": "x"}}, "unknown: a control character ('\\x1b' at 4) in a key: text only"),
 ]
 
 
@@ -596,8 +623,36 @@ def test_profile_problems_at_each_edge(gpu, sections, problem):
 
     base = load_profile("4xL4")
     assert profile_problems(base) == []
-    got = profile_problems(_with(base, gpu, **sections))
+    top = {k: v for k, v in sections.items() if not isinstance(getattr(base, k), BaseModel)}
+    got = profile_problems(_with(base, gpu, **{k: v for k, v in sections.items() if k not in top}).model_copy(
+        update=top))
     assert got == ([] if problem is None else [problem])
+
+
+def test_a_profile_with_absurd_numbers_or_terminal_escapes_is_refused_by_name_and_never_printed(tmp_path, cli):
+    """A profile file whose GPU name holds terminal escapes and 1 MB of text, a million cores, 1e9 nodes and 1e30
+    MiB of memory (host and GPU): `launch --dry-run --hardware F` exits 2 naming each field, prints none of the text
+    (the old code planned OMP_NUM_THREADS=1000000 and a world of 4e9, rc 0); a peer sending it is refused alike."""
+    from autotune.errors import UserError
+    from autotune.profiles import peer_profile
+
+    data = json.loads(load_profile("4xL4").to_json())
+    data["gpus"]["devices"][0]["name"] = "\x1b]0;pwn\x07\x1b[2J" + "A" * (1 << 20)
+    data["cpu"]["effective_cores"] = 1_000_000
+    data["num_nodes"] = 10 ** 9
+    data["memory"]["total_mib"] = data["gpus"]["devices"][1]["memory_total_mib"] = 10 ** 30
+    f = tmp_path / "absurd.json"
+    f.write_text(json.dumps(data))
+    r = cli("autotune", "launch", "--dry-run", "--hardware", str(f), "--run_dir", str(tmp_path / "run"))
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and "Traceback" not in out, out[-3000:]
+    for field in ("gpus.devices[0].name: a control character", "cpu.effective_cores: at most 8192",
+                  "num_nodes: at most 65536", "memory.total_mib: at most 67108864",
+                  "gpus.devices[1].memory_total_mib: at most 4194304"):
+        assert field in out, out[-3000:]
+    assert "\x1b" not in out and "\x07" not in out and "AAAA" not in out and len(out) < 10_000
+    with pytest.raises(UserError, match=r"^node 1 sent an impossible profile: field num_nodes: at most 65536"):
+        peer_profile(data, 1)
 
 
 def test_a_negative_gpu_index_is_named():

@@ -249,4 +249,4 @@ def test_fsdp_checkpoints_continue_under_single_and_back_and_refuse_code(group, 
     (saved / "checksums.json").unlink()
     with pytest.raises(UserError, match="damaged or incompatible") as e:
         CheckpointManager(tmp_path / "a", ctx).load(_engine("fsdp")[0], saved)
-    assert "os.system is not part of a checkpoint's metadata" in str(e.value.problems)
+    assert "fsdp/.metadata holds os.system, which is not data" in str(e.value.problems)

@@ -5,9 +5,12 @@ real FIFOs and links, real launches of the CLI. The nodes' exchange has its own 
 
 import json
 import os
+import pickle
+import shutil
 import subprocess
 import sys
 import threading
+import warnings
 
 import pytest
 import torch
@@ -80,6 +83,113 @@ def test_a_crafted_checkpoint_given_or_planted_is_refused_by_name_and_runs_nothi
     assert not (run / "plan.json").exists()  # refused before anything was written
     torch.load(bad / "trainer.pt", weights_only=False)  # the check is not vacuous: the old load runs it
     assert marker.exists()
+
+
+def _as_fsdp(ckpt):
+    """``ckpt`` (a single-process checkpoint) made the checkpoint FSDP2 writes for one rank: the optimizer state in
+    DCP's fsdp/ (saved without a process group), trainer.json, meta's backend fsdp, checksums recomputed."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from autotune.runtime.fsdp import _save_trainer
+
+    engine = _engine()
+    engine.load_state(ckpt)
+    model_sd, optim_sd = get_state_dict(engine.module, engine.opt.optimizer)
+    with warnings.catch_warnings():  # DCP says it saves in one process, which is the point
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"model": model_sd, "optim": {"state": optim_sd["state"]}},
+                 storage_writer=dcp.FileSystemWriter(str(ckpt / "fsdp")), no_dist=True)
+    _save_trainer(ckpt, optim_sd["param_groups"], engine.opt.scheduler)
+    (ckpt / "trainer.pt").unlink()
+    meta = json.loads((ckpt / "meta.json").read_text())
+    (ckpt / "meta.json").write_text(json.dumps({**meta, "backend": "fsdp"}))
+    _recompute_checksums(ckpt)
+    return ckpt
+
+
+def test_a_planted_fsdp_folder_is_refused_by_name_before_any_rank_starts_and_runs_nothing(tmp_path, cli, capfd):
+    """fsdp/.metadata (DCP's pickle) planted in a single-process checkpoint, checksums.json left as it was: the
+    launcher refuses it naming the file and posix.system (its pickle read by the allowlist unpickler, in the
+    launcher's process), given or for --resume_from auto, and a real launch exits 2 without a traceback. With the
+    checksums recomputed it is still refused; a file the checksum list does not name is a problem by itself; a DCP
+    folder in a checkpoint whose meta says single is refused by the ranks (never read through DCP), and a payload in
+    an FSDP2 checkpoint's .metadata stops the ranks' loader by name. The payload's file never exists."""
+    run = tmp_path / "run"
+    _saved(run, 1)
+    bad = _saved(run, 2)
+    marker = tmp_path / "payload-ran"
+    (bad / "fsdp").mkdir()
+    (bad / "fsdp" / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    (bad / "trainer.json").write_text(json.dumps({"param_groups": [], "scheduler": {}}))
+    refused = f"--resume_from: {bad / 'fsdp' / '.metadata'} holds posix.system, which is not data"
+    for how in (str(bad), "auto"):
+        with pytest.raises(UserError) as e:
+            resolve_resume(how, run)
+        assert str(e.value).startswith(refused)
+    r = cli("autotune", "launch", "--run_dir", str(run), "--resume_from", "auto", "--max_steps", "3")
+    assert r.returncode == 2 and "fsdp/.metadata holds posix.system" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and not (run / "plan.json").exists()
+    _recompute_checksums(bad)
+    with pytest.raises(UserError, match="holds posix.system, which is not data"):
+        verify_checkpoint(bad)
+    # an unlisted file is a problem, whatever it holds
+    shutil.rmtree(bad / "fsdp")
+    (bad / "trainer.json").unlink()
+    _recompute_checksums(bad)
+    assert verify_checkpoint(bad) == []
+    (bad / "notes.txt").write_text("added later")
+    assert verify_checkpoint(bad) == [f"{bad / 'notes.txt'}: not in {CHECKSUMS}: added since the checkpoint was "
+                                      "written; remove it or resume from another checkpoint"]
+    (bad / "notes.txt").unlink()
+    # a real DCP folder in a single-process checkpoint: the ranks never take the DCP path for it
+    fsdp_ckpt = _as_fsdp(_saved(tmp_path / "other", 3))
+    shutil.copytree(fsdp_ckpt / "fsdp", bad / "fsdp")
+    _recompute_checksums(bad)
+    with pytest.raises(UserError, match=r"fsdp holds FSDP2's sharded state, but meta.json says the single backend"):
+        verify_checkpoint(bad)
+    with pytest.raises(UserError) as e:
+        CheckpointManager(run, CTX).load(_engine(), bad)
+    assert "fsdp holds FSDP2's sharded state, but meta.json says the single backend" in e.value.problems[0]
+    # the ranks' loader, were the launcher's check bypassed: the payload in an FSDP2 checkpoint is named
+    CheckpointManager(run, CTX).load(_engine(), fsdp_ckpt)  # the real one loads
+    (fsdp_ckpt / "fsdp" / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    _recompute_checksums(fsdp_ckpt)
+    capfd.readouterr()
+    with pytest.raises(UserError) as e:
+        CheckpointManager(run, CTX).load(_engine(), fsdp_ckpt)
+    assert e.value.problems == [f"rank 0: {fsdp_ckpt / 'fsdp' / '.metadata'} holds posix.system, which is not "
+                                "data: autotune reads only DCP's own metadata classes from it and ran none of it; "
+                                "resume from another checkpoint"]
+    assert "Traceback" not in capfd.readouterr().err
+    assert not marker.exists()
+
+
+def test_dcp_storage_paths_outside_the_fsdp_folder_are_refused_by_name(tmp_path):
+    """A real DCP checkpoint whose .metadata sends every entry to ``../../../../outside.distcp`` (a copy of the
+    real data, outside the checkpoint), checksums recomputed: the launcher refuses it naming relative_path, and so
+    does the ranks' loader, which never opens the outside file (the old reader read the tensors from it). A name
+    with a folder, '..', or a file that is not there are refused alike."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    run = tmp_path / "run"
+    ckpt = _as_fsdp(_saved(run, 1))
+    assert verify_checkpoint(ckpt) == []
+    metadata_file = ckpt / "fsdp" / ".metadata"
+    real = pickle.loads(metadata_file.read_bytes())
+    shutil.copy(ckpt / "fsdp" / "__0_0.distcp", tmp_path / "outside.distcp")
+    for name, why in (("../../../../outside.distcp", "not a plain file name"), ("sub/__0_0.distcp",
+                      "not a plain file name"), ("..", "not a plain file name"), ("absent.distcp", "no such file")):
+        real.storage_data = {k: _StorageInfo(name, v.offset, v.length) for k, v in real.storage_data.items()}
+        metadata_file.write_bytes(pickle.dumps(real))
+        _recompute_checksums(ckpt)
+        said = f"{metadata_file} sends its data to {name!r}: {why}"
+        with pytest.raises(UserError) as e:
+            verify_checkpoint(ckpt)
+        assert str(e.value).startswith(f"--resume_from: {said}"), str(e.value)
+        with pytest.raises(UserError) as e:
+            CheckpointManager(run, CTX).load(_engine(), ckpt)
+        assert e.value.problems[0].startswith(f"rank 0: {said}"), e.value.problems
 
 
 def test_a_checkpoint_without_checksums_needs_trust_and_an_older_autotunes_files_still_load(tmp_path):
