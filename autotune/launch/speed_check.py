@@ -86,6 +86,7 @@ def write(run_dir: Path, record: dict) -> Path:
 def report(setup, run_dir: Path, out) -> None:
     """After a run of the built-in loop: compare, print, write timing.json and keep the measured figure for later
     plans of the same model on this kind of machine (``autotune.rundir.speeds``; node 0); never fails the launch."""
+    from autotune.rundir.speeds import machine_busy
     from autotune.rundir.speeds import record as keep
 
     plan = setup.plan
@@ -95,7 +96,11 @@ def report(setup, run_dir: Path, out) -> None:
         write(run_dir, record)
     except OSError as e:
         lines.append(f"warning: timing.json not written ({e})")
+    busy = machine_busy(own=plan.engine.nproc_per_node * plan.loader.omp_num_threads)
     if measured is not None and steps >= KEPT_AFTER_STEPS and plan.engine.node_rank == 0:
-        keep(*setup.speed_key, plan, measured, record["predicted_samples_per_s"], Path(run_dir).absolute())
+        if busy:
+            lines.insert(1, f"speed: not kept to calibrate later plans: {busy}")
+        else:
+            keep(*setup.speed_key, plan, measured, record["predicted_samples_per_s"], Path(run_dir).absolute())
     for line in lines:
         print(line, file=out)

@@ -134,14 +134,21 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
     except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
         print(f"autotune: warning: {e}; the plan's time is unknown", file=sys.stderr, flush=True)
         return None
+    from autotune.rundir.speeds import machine_busy
+
+    busy = machine_busy(own=ranks * n)
     points = answer["points"]
     comm = answer.get("all_reduce_s")
     steps = MeasuredSteps(points=tuple((p["micro"], p["fb_s"], p["opt_s"]) for p in points), threads=n, ranks=ranks,
                           all_reduce_s=comm,
                           basis=f"timed on this CPU ({cpu or 'model unknown'}, {who}) at micro-batch {a} and {b}: the "
                                 "model's own step, forward + backward and optimizer"
-                                + (", and DDP's gloo all-reduce of its gradients" if comm is not None else ""))
-    store(where, steps)
+                                + (", and DDP's gloo all-reduce of its gradients" if comm is not None else "")
+                                + (f" ({busy}: not kept, the next plan times it again)" if busy else ""))
+    if busy:  # other work slowed it: said, and timed again next time rather than kept
+        print(f"autotune: warning: {busy}: this timing is not kept", file=sys.stderr, flush=True)
+    else:
+        store(where, steps)
     fb = {p["micro"]: p["fb_s"] for p in points}
     print(f"autotune: timed in {time.monotonic() - start:.1f} s: {fb[b] * 1000:.1f} ms a micro-step at {b}"
           + (f", {comm * 1000:.1f} ms an all-reduce" if comm is not None else ""), file=sys.stderr, flush=True)

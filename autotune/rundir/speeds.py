@@ -8,7 +8,8 @@ the model (``model_key``: the built-in GPT's shape, or a script with its ``train
 kind of machine (``machine_kind``: the GPU's name, or the CPU's model and cores), and the settings a speed
 depends on: world size, nodes, threads per rank, engine (the planner's strategy name), micro-batch, checkpointing
 and precision. A newer
-run replaces an older one of the same key; the newest ``MAX_ENTRIES`` are kept. A damaged or unreadable file is no
+run replaces an older one of the same key; the newest ``MAX_ENTRIES`` are kept; a run that ended on a busy
+machine (``machine_busy``) is not kept. A damaged or unreadable file is no
 past run (a plan never fails on it), and a file that cannot be written only loses the figure.
 """
 
@@ -19,11 +20,29 @@ import os
 import time
 from pathlib import Path
 
-from autotune.rundir.layout import SPEEDS, cache_dir
+from autotune.rundir.layout import BUSY_LOAD_ENV, SPEEDS, cache_dir
 
 MAX_ENTRIES = 500
+BUSY_LOAD_PER_CORE = 0.5  # other work's 1-minute load average per core above which the machine is busy
 KEY = ("model", "machine", "strategy", "world_size", "num_nodes", "omp_num_threads", "micro_batch_size",
        "gradient_checkpointing", "precision")
+
+
+def machine_busy(own: float = 0.0) -> str | None:
+    """Why a speed measured just now is not this machine's own (None: it is): the 1-minute load average, less
+    ``own`` (the threads of the processes being measured), above ``BUSY_LOAD_PER_CORE`` a core
+    ($AUTOTUNE_BUSY_LOAD sets another). Other work on the cores slowed what was measured; kept, it would mislead
+    every later plan."""
+    try:
+        load = os.getloadavg()[0]
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        limit = float(os.environ.get(BUSY_LOAD_ENV, BUSY_LOAD_PER_CORE))
+    except (OSError, ValueError):
+        return None
+    if load - own <= limit * cores:
+        return None
+    return (f"the machine was busy: a load average of {load:.1f} on {cores} core(s), {max(0.0, load - own):.1f} of "
+            "it other work")
 
 
 def model_key(cfg) -> str | None:

@@ -317,3 +317,40 @@ def test_estimate_shows_each_options_predicted_samples_per_s(capsys):
     head = next(ln for ln in table if ln.startswith("option"))
     row = next(ln for ln in table if ln.startswith("ZeRO-2 "))
     assert head.split()[-2:] == ["samples/s", "fits"] and row.split()[-3] == f"{rates['ZeRO-2']:,.0f}"
+
+
+def test_a_speed_measured_on_a_busy_machine_is_said_and_never_kept(tmp_path, monkeypatch):
+    """Other work on the cores slows what is measured: a timing taken then, and a run that ended then, are said to
+    be so and not kept (a timing kept from a loaded machine once predicted a run 15x too slow, calibrated by a run
+    also measured under load)."""
+    from types import SimpleNamespace
+
+    from autotune.launch import speed_check
+    from autotune.measure.timing import measured_steps
+    from autotune.rundir.speeds import machine_busy, past_runs
+
+    monkeypatch.delenv("AUTOTUNE_BUSY_LOAD")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr("os.getloadavg", lambda: (5.2, 3.0, 2.0))
+    assert machine_busy(own=2) == "the machine was busy: a load average of 5.2 on 2 core(s), 3.2 of it other work"
+    assert machine_busy(own=4.5) is None  # what was measured is most of the load
+    answer = {"points": [{"micro": 32, "fb_s": 0.01, "opt_s": 0.001}, {"micro": 64, "fb_s": 0.018, "opt_s": 0.001}]}
+    what = dict(model="m:f", sample="m:g", micro=40, ranks=1, threads=2, precision="fp32", checkpointing=False,
+                clip=1.0, weight_decay=0.01, what="a model", model_kwargs={}, sample_kwargs={})
+    runs = []
+    steps = measured_steps(cpu="AMD EPYC", run=lambda req: runs.append(req) or answer, **what)
+    assert steps.basis.endswith("(the machine was busy: a load average of 5.2 on 2 core(s), 3.2 of it other work: "
+                                "not kept, the next plan times it again)")
+    measured_steps(cpu="AMD EPYC", run=lambda req: runs.append(req) or answer, **what)
+    assert len(runs) == 2  # timed again: nothing was kept
+    p = plan(this_cpu(), TrainConfig())  # one process of 2 threads: 3.2 of the 5.2 is other work
+    (tmp_path / "metrics.json").write_text(json.dumps({"measured_samples_per_s": 123.0, "measured_steps": 50}))
+    out = tmp_path / "out.txt"
+    with open(out, "w") as f:
+        speed_check.report(SimpleNamespace(plan=p, speed_key=("a model", "CPU AMD EPYC")), tmp_path, f)
+    assert past_runs("a model", "CPU AMD EPYC") == []
+    assert "speed: not kept to calibrate later plans: the machine was busy: a load average of 5.2" in out.read_text()
+    monkeypatch.setattr("os.getloadavg", lambda: (0.4, 0.3, 0.2))  # quiet: kept
+    measured_steps(cpu="AMD EPYC", run=lambda req: runs.append(req) or answer, **what)
+    measured_steps(cpu="AMD EPYC", run=lambda req: runs.append(req) or answer, **what)
+    assert len(runs) == 3
