@@ -234,6 +234,7 @@ class PastRun(_Frozen):
     world_size: int
     num_nodes: int  # the same world on one node or on several is not the same speed
     omp_num_threads: int  # each rank's threads (on a CPU, the speed's first cause)
+    num_workers: int  # each rank's DataLoader workers (beside a CPU rank's threads, a worker slows its step)
     micro_batch_size: int
     gradient_accumulation_steps: int
     gradient_checkpointing: bool

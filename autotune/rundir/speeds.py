@@ -6,10 +6,10 @@ The launch records an entry when it writes timing.json (``record``); ``prepare``
 its model and machine (``past_runs``); the planner matches the settings (``planner.step_time``). An entry's key:
 the model (``model_key``: the built-in GPT's shape, or a script with its ``training.model`` and sample input), the
 kind of machine (``machine_kind``: the GPU's name, or the CPU's model and cores), and the settings a speed
-depends on: world size, nodes, threads per rank, engine (the planner's strategy name), micro-batch, checkpointing
-and precision. A newer
-run replaces an older one of the same key; the newest ``MAX_ENTRIES`` are kept; a run that ended on a busy
-machine (``machine_busy``) is not kept. A damaged or unreadable file is no
+depends on: world size, nodes, threads and DataLoader workers per rank, engine (the planner's strategy name),
+micro-batch, checkpointing and precision. A newer run replaces an older one of the same key; the newest
+``MAX_ENTRIES`` are kept; a run that ended on a busy machine (``machine_busy``) is not kept. A damaged or
+unreadable file is no
 past run (a plan never fails on it), and a file that cannot be written only loses the figure.
 """
 
@@ -24,7 +24,7 @@ from autotune.rundir.layout import BUSY_LOAD_ENV, SPEEDS, cache_dir
 
 MAX_ENTRIES = 500
 BUSY_LOAD_PER_CORE = 0.5  # other work's 1-minute load average per core above which the machine is busy
-KEY = ("model", "machine", "strategy", "world_size", "num_nodes", "omp_num_threads", "micro_batch_size",
+KEY = ("model", "machine", "strategy", "world_size", "num_nodes", "omp_num_threads", "num_workers", "micro_batch_size",
        "gradient_checkpointing", "precision")
 
 
@@ -109,7 +109,7 @@ def record(model: str | None, machine: str | None, plan, measured: float, predic
     e, b = plan.engine, plan.batch
     entry = {"model": model, "machine": machine,
              "strategy": strategy_name(e), "world_size": e.world_size, "num_nodes": e.num_nodes,
-             "omp_num_threads": plan.loader.omp_num_threads,
+             "omp_num_threads": plan.loader.omp_num_threads, "num_workers": plan.loader.num_workers,
              "micro_batch_size": b.micro_batch_size, "gradient_accumulation_steps": b.gradient_accumulation_steps,
              "gradient_checkpointing": plan.memory.gradient_checkpointing, "precision": plan.numerics.precision,
              "measured_samples_per_s": round(float(measured), 3),

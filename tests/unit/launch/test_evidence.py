@@ -22,7 +22,7 @@ from autotune.profiles import load_profile
 def a_plan(**over):
     cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py", "training.global_batch_size": 64,
                                           "training.batch_size_per_gpu": 8, "distributed.nproc_per_node": 2,
-                                          "training.learning_rate": 0.002, **over})
+                                          "training.learning_rate": 0.002, "data.num_workers": 3, **over})
     return plan(load_profile("cpu-only"), cfg, deepspeed_installed=False)  # DDP, 8 x 4 x 2 = 64
 
 
@@ -434,7 +434,7 @@ def test_the_line_says_a_warm_up_and_the_scripts_own_values_and_a_deepspeed_scri
                         "learning_rate warming up toward 0.002 (at 0.0009 after 16 steps)")
     unset = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
         "training.entrypoint": "train.py", "distributed.nproc_per_node": 2, "training.global_batch_size": 64,
-        "training.batch_size_per_gpu": 8}), deepspeed_installed=False)
+        "training.batch_size_per_gpu": 8, "data.num_workers": 3}), deepspeed_installed=False)
     own = judge(unset, [trained(record(r, lr=2e-4), 32, 4) for r in (0, 1)])
     assert own.line().endswith("; the script's own: learning_rate 0.0002")
     ds = {**trained(record(0), 32, 4), "engine": "deepspeed",

@@ -177,7 +177,7 @@ def test_an_exported_omp_num_threads_is_the_plans_and_its_timings_threads(monkey
 def past(p, measured: float, **changes) -> PastRun:
     e, b = p.engine, p.batch
     fields = dict(strategy="ddp" if e.backend != "deepspeed" else f"zero{e.zero_stage}", world_size=e.world_size,
-                  num_nodes=e.num_nodes, omp_num_threads=p.loader.omp_num_threads,
+                  num_nodes=e.num_nodes, omp_num_threads=p.loader.omp_num_threads, num_workers=p.loader.num_workers,
                   micro_batch_size=b.micro_batch_size, gradient_accumulation_steps=b.gradient_accumulation_steps,
                   gradient_checkpointing=p.memory.gradient_checkpointing, precision=p.numerics.precision,
                   measured_samples_per_s=measured, date="2026-11-20", run_dir="runs/x")
@@ -211,7 +211,8 @@ def test_a_past_run_with_the_same_settings_calibrates_the_plan_and_says_so():
         "micro_step_s"] and te.basis.startswith("calibrated by your run")
     # another micro-batch, world size, node count, threads per rank or precision is another setting: the model's own
     for change in ({"micro_batch_size": first.batch.micro_batch_size + 1}, {"world_size": 1}, {"precision": "fp32"},
-                   {"num_nodes": 2}, {"omp_num_threads": first.loader.omp_num_threads + 1}):
+                   {"num_nodes": 2}, {"omp_num_threads": first.loader.omp_num_threads + 1},
+                   {"num_workers": first.loader.num_workers + 1}):
         q = plan(hw, cfg, facts=facts.model_copy(update={"past_runs": (past(first, 812.0, **change),)}),
                  deepspeed_installed=True)
         assert q.schedule.time_estimate == model

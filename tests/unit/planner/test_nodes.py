@@ -248,7 +248,7 @@ def test_two_nodes_claiming_one_rank_are_refused():
                          "own rank 0..2") == 1, results
 
 
-def _node_0_launch_beside(mine, peer, tmp_path):
+def _node_0_launch_beside(mine, peer, tmp_path, **config):
     """The launcher's step for node 0 detecting ``mine`` (autotune.launch.sequence._with_the_other_nodes) while node 1,
     detecting ``peer``, meets it through the real exchange.
     Returns (node 0's planner, its setup before, after)."""
@@ -259,7 +259,7 @@ def _node_0_launch_beside(mine, peer, tmp_path):
 
     port = free_port()
     over = {"distributed.num_nodes": 2, "distributed.node_rank": 0, "distributed.master_addr": "127.0.0.1",
-            "distributed.master_port": port, "distributed.rendezvous_timeout_s": 30}
+            "distributed.master_port": port, "distributed.rendezvous_timeout_s": 30, **config}
     planned = functools.partial(prepare, TrainConfig(), over, environ={}, runs_root=tmp_path)
     setup = planned(mine)
     other = threading.Thread(target=lambda: meet(2, 1, "127.0.0.1", port, peer, 30.0, poll_s=0.02))
@@ -271,17 +271,17 @@ def _node_0_launch_beside(mine, peer, tmp_path):
 
 def test_a_launch_on_a_bigger_node_replans_for_the_smaller_one_and_keeps_its_own_records(tmp_path):
     """The launcher's step (autotune.launch.sequence._with_the_other_nodes) against a real peer: node 0 (8 cores) meets
-    node 1 (2 cores) through the exchange; node 0's plan becomes the 2-core plan (threads per rank
-    follow the cores), says why in its warnings, keeps its run dir, and its records keep its own
-    detected hardware."""
+    node 1 (2 cores) through the exchange; with one thread per rank, the cores left give 3 DataLoader workers on
+    node 0 and 1 on node 1 (a training value), so node 0's plan becomes the 2-core plan, says why in its warnings,
+    keeps its run dir, and its records keep its own detected hardware."""
     def cores(n):
         return CPU.model_copy(update={"cpu": CPU.cpu.model_copy(update={"effective_cores": n}),
                                       "num_nodes": 1})
 
     big, small = cores(8), cores(2)
-    planned, setup, after = _node_0_launch_beside(big, small, tmp_path)
+    planned, setup, after = _node_0_launch_beside(big, small, tmp_path, **{"data.omp_num_threads": 1})
     alone_small = planned(small)
-    assert setup.plan.loader.omp_num_threads == 8 and alone_small.plan.loader.omp_num_threads == 2
+    assert setup.plan.loader.num_workers == 3 and alone_small.plan.loader.num_workers == 1
     assert after.plan.loader == alone_small.plan.loader and after.plan.batch == alone_small.plan.batch
     assert after.plan.warnings[-3:] == (
         "the nodes differ; every node plans for the smallest (no GPU, 2 effective core(s), "
@@ -289,7 +289,10 @@ def test_a_launch_on_a_bigger_node_replans_for_the_smaller_one_and_keeps_its_own
         f"  node 0: no GPU, 8 effective core(s), {CPU.memory.effective_mib / 1024:.1f} GiB RAM",
         f"  node 1: no GPU, 2 effective core(s), {CPU.memory.effective_mib / 1024:.1f} GiB RAM")
     assert after.run_dir == setup.run_dir and after.hardware == big
-    assert after.launch_spec.env["OMP_NUM_THREADS"] == "2" and setup.launch_spec.env["OMP_NUM_THREADS"] == "8"
+    assert after.launch_spec.env["OMP_NUM_THREADS"] == "1" == setup.launch_spec.env["OMP_NUM_THREADS"]
+    # nodes that differ only in the threads their ranks compute with train alike: node 0 keeps its own 8
+    _, own, kept = _node_0_launch_beside(big, small, tmp_path / "threads")
+    assert kept.plan == own.plan and kept.launch_spec.env["OMP_NUM_THREADS"] == "8"
 
 
 def test_a_node_whose_node_0_gives_up_says_so_in_one_line():

@@ -326,14 +326,20 @@ def test_loader_values_at_their_edges():
     assert (one.loader.num_workers, one.loader.prefetch_factor, one.loader.omp_num_threads) == (0, None, 1)
     assert one.reasons["prefetch_factor"] == "no DataLoader workers, nothing to prefetch"
     assert one.reasons["pin_memory"] == "no GPU: pinning host memory would only cost RAM" and not one.loader.pin_memory
-    blind = _plan(on(8, None), TrainConfig())  # 8 cores, 1 process: (8 - 1) / 1 = 7, capped at 3
+    eight = _plan(on(8, 8192), TrainConfig())  # a CPU rank computes on all 8 cores: no core left for a worker
+    assert (eight.loader.num_workers, eight.loader.omp_num_threads) == (0, 8)
+    assert eight.reasons["num_workers"] == ("0 DataLoader worker(s) per process: (8 effective cores - 1 x 8 thread(s) "
+                                            "the rank(s) compute with) / 1 process(es) = 0, capped at "
+                                            "data.max_workers_per_process=3")
+    one_thread = TrainConfig.model_validate({"data": {"omp_num_threads": 1}})  # 7 cores left: 7 workers, capped at 3
+    blind = _plan(on(8, None), one_thread)
     assert (blind.loader.num_workers, blind.loader.prefetch_factor) == (3, 2)
     assert blind.reasons["prefetch_factor"] == \
         "2 batches prefetched per worker: effective RAM unknown: PyTorch's default 2"
-    at = _plan(on(8, 3 * 4 * 1024), TrainConfig())
+    at = _plan(on(8, 3 * 4 * 1024), one_thread)
     assert at.loader.prefetch_factor == 4
     assert at.reasons["prefetch_factor"] == "4 batches prefetched per worker: 4.0 GiB RAM per worker >= 4 GiB"
-    below = _plan(on(8, 3 * 4 * 1024 - 1), TrainConfig())
+    below = _plan(on(8, 3 * 4 * 1024 - 1), one_thread)
     assert below.loader.prefetch_factor == 2
     verbatim = parse_config({"training": {"batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
                                           "mixed_precision": "fp32"},
