@@ -17,6 +17,20 @@ from autotune.errors import UserError, run_cli
 from autotune.rundir.layout import PLAN_ENV, RUN_DIR_ENV
 from autotune.rundir.records import load_plan
 
+# runtime.preempt.STOP_SIGNALS, named here without importing torch
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP")
+
+
+def block_stop_signals() -> None:
+    """Block the stop signals in this thread before any library starts a thread of its own: numpy's OpenBLAS starts
+    its pool when torch imports numpy, and a pool thread that does not block SIGTERM receives it, which kills the
+    rank without its checkpoint (the default action; seen with no DataLoader worker). ``runtime.preempt``'s
+    receiving thread takes them through ``sigwait``; one sent before it starts waits, pending, until then."""
+    import signal
+
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, [getattr(signal, s) for s in STOP_SIGNALS])
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -55,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         if plan.run.entrypoint:  # the launcher starts a user's script itself (or autotune.entry), never here
             raise UserError(f"--plan: {plan_path} is a plan for your own script ({plan.run.entrypoint}); start it with "
                             "`python -m autotune launch`, which runs the script, not the built-in workload")
+        block_stop_signals()  # before torch and numpy are imported: their thread pools start then
         from autotune.runtime.loop import train
 
         try:

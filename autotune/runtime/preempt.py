@@ -41,7 +41,8 @@ class StopRequest:
         if threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask"):
             _current = self
             _start_receiver()
-            # Before torch, gloo or DataLoader start threads of their own: they inherit the mask.
+            # Before gloo or DataLoader start threads of their own: they inherit the mask (the rank's entry,
+            # autotune.train, blocked them already, before numpy's and torch's pools started with their imports).
             signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             self._blocked = True
         return self

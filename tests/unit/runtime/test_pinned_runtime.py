@@ -29,3 +29,15 @@ def test_plan_timeout_reaches_the_process_group(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "TIMEOUT 77.0" in r.stdout
+
+
+def test_the_rank_entry_blocks_the_same_stop_signals_the_run_receives():
+    """autotune.train blocks the stop signals before torch is imported (numpy's OpenBLAS pool, started by that
+    import, would otherwise take a SIGTERM and die of it with no checkpoint): the same four runtime.preempt
+    receives, named apart so the entry imports no torch first."""
+    import signal
+
+    from autotune import train
+    from autotune.runtime.preempt import STOP_SIGNALS
+
+    assert {getattr(signal, s) for s in train.STOP_SIGNALS} == set(STOP_SIGNALS)
