@@ -639,9 +639,12 @@ def test_a_script_that_exits_non_zero_on_one_of_two_ranks_fails_the_launch_with_
                       "if os.environ['RANK'] == '1':\n    sys.exit(3)\n")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"training:\n  entrypoint: {script}\n")
-    r = _launch_rc("--config", cfg, "--nproc_per_node", 2, "--run_dir", tmp_path / "run")
+    (tmp_path / "run" / "observed").mkdir(parents=True)
+    os.mkfifo(tmp_path / "run" / "observed" / "rank-7.json")  # a named pipe among the records: skipped, never read
+    r = _launch_rc("--config", cfg, "--nproc_per_node", 2, "--run_dir", tmp_path / "run", "--force_run_dir")
     assert r.returncode == 3, r.stderr[-3000:]
     assert "Your script failed: rank 1 exited with code 3 before its end" in r.stderr and "completed" not in r.stderr
+    assert f"{tmp_path / 'run' / 'observed' / 'rank-7.json'}: " in r.stderr + r.stdout  # said, not hung on
 
 
 # -- nanoGPT's shape (issue 39): --key=value settings, no DataLoader, world-divided accumulation, hand warm-up -------
