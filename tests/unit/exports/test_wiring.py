@@ -3,6 +3,7 @@
 import textwrap
 
 import pytest
+from helpers.support import require
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.exports.script_args import placeholder_values
@@ -837,7 +838,7 @@ def test_an_fsdp2_plan_reaches_hf_trainer_accelerate_and_fully_shard_scripts(tmp
                       "state_dict_type": "SHARDED_STATE_DICT",
                       "reshard_after_forward": gpu.engine.reshard_after_forward, "cpu_ram_efficient_loading": False,
                       "activation_checkpointing": False, "cpu_offload": False}
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    transformers = require("transformers", reason="transformers is not installed (the test extra has it)")
     (args,) = transformers.HfArgumentParser(transformers.TrainingArguments).parse_args_into_dataclasses(
         ["--output_dir", str(tmp_path / "o"), *extra[i:i + 3]])
     assert args.fsdp_plugin_args["fsdp_version"] == 2 and args.fsdp_plugin_args["state_dict_type"] == \

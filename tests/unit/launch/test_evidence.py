@@ -4,6 +4,7 @@ import pytest
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.launch.evidence import (
+    FIX,
     Judgement,
     Rate,
     _engine,
@@ -63,7 +64,10 @@ def test_its_own_batch_a_base_learning_rate_and_another_engine_are_named():
     j = judge(p, [record(0, micro=32, per_step=128, lr=0.004), record(1, micro=32, per_step=128, lr=0.004)])
     assert j.values["micro_batch_size"]["observed"] == 32 and j.values["micro_batch_size"]["status"] == "different"
     assert j.values["learning_rate"] == {"status": "different", "observed": 0.004, "plan": 0.002,
-                                         "fix": j.values["learning_rate"]["fix"]}
+                                         "fix": "the script runs the plan's rate times its world size (0.004 = "
+                                                "0.002 x 2): pass 0.001 (the plan's rate / 2) to its learning-rate "
+                                                "flag; --wire auto does when it reads the multiplication in the "
+                                                "script"}
     assert j.effective_batch == 256 and j.wrong[0].startswith("the script trains an effective batch of 256")
     within = judge(p, [record(0, per_step=34), record(1, per_step=34)])  # 68: 6 % off, within the 10 %
     assert within.wrong == []
@@ -180,7 +184,7 @@ def test_one_process_under_a_ddp_wrapper_is_the_single_plan():
     assert j.values["engine"]["status"] == "equal" and j.wrong == []
     fsdp = judge(one, [{**rec, "engine": "fsdp"}])
     assert fsdp.values["engine"] == {"status": "different", "observed": "fsdp", "plan": "single",
-                                     "fix": fsdp.values["engine"]["fix"]}
+                                     "fix": FIX["engine"]}
 
 
 # What each reader takes from one rank's record, as the observer writes it (tests/unit/runtime/test_observer.py shows a
@@ -335,8 +339,8 @@ def test_where_the_world_and_the_accumulation_come_from():
     assert judge(p, [bare]).world_size == 1
     assert judge(p, [bare, {**record(1), "process_group": None}]).world_size == 2
     assert judge(p, [record(0, per_step=48), record(1, per_step=48)]).values["gradient_accumulation_steps"] == \
-        {"status": "different", "observed": 6, "plan": 4, "fix": judge(p, [record(0, per_step=48)]).values[
-            "gradient_accumulation_steps"]["fix"]}
+        {"status": "different", "observed": 6, "plan": 4, "fix": "pass {gradient_accumulation_steps} to your script's "
+         "accumulation flag, or read $AUTOTUNE_GRADIENT_ACCUMULATION_STEPS, or use --wire auto"}
     unknown = {**record(0), "samples_at_step": {}, "steps": 0}
     ds = {**unknown, "engine": "deepspeed", "deepspeed": {"gradient_accumulation_steps": 4, "lr": [0.002],
                                                          "train_micro_batch_size_per_gpu": 8, "script_optimizer": True}}
