@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.errors import UserError
+from autotune.rundir.records import redact_args, secret_flags
 
 if TYPE_CHECKING:  # the command's parser reads FORMATS: it imports no model
     from autotune.plan import TrainingPlan
@@ -82,9 +83,21 @@ def check_pod_flags(fmt: str, *, given: list[str], no_auto_optimize: bool, image
         raise UserError(f"--job_restarts: a number from 0 to 10000, got {job_restarts}")
 
 
+def _refuse_secrets(req: ExportRequest, where: str, instead: str) -> None:
+    """A file applied, kept and shared (a manifest, a batch script) never carries a secret script argument: refused
+    by its flag (exit 2), never printed."""
+    flags = secret_flags(list(req.script_args))
+    if flags:
+        raise UserError(f"export --format {req.format}: script arguments carry a secret ({', '.join(flags)}), which "
+                        f"{where} would hold in clear", [f"give it to the script through its environment instead: "
+                                                         f"{instead}, e.g. HF_TOKEN or WANDB_API_KEY"])
+
+
 def _sbatch(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile) -> str:
     from autotune.exports.launchers import sbatch_script
 
+    _refuse_secrets(req, "the batch script", "a variable exported where you submit it (sbatch passes your "
+                    "environment on)")
     if not re.fullmatch(r"\d+(-\d+)?(:\d\d){0,2}", req.time):
         raise UserError(f"--time: SLURM time limits look like 12:00:00, 1-00:00:00 or 90, got {req.time!r}")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", req.job_name):
@@ -126,8 +139,6 @@ def _accelerate(req: ExportRequest, plan: TrainingPlan) -> Exported:
     why = withhold_accumulation(facts, {"micro_batch_size": ["placeholder"] if paired else []}) \
         if ACCUMULATION_VARIABLE in accelerate_launch_env(plan) else None
     withhold = (ACCUMULATION_VARIABLE,) if why else ()
-    from autotune.rundir.records import redact_args
-
     shown = redact_args(script_args)  # printed and written: a secret argument's value is the user's to give again
     line = accelerate_launch_line(plan, req.output or "accelerate.yaml", req.script, script_args=shown,
                                   withhold=withhold)
@@ -160,20 +171,10 @@ def _accelerate(req: ExportRequest, plan: TrainingPlan) -> Exported:
 def _kubernetes(req: ExportRequest, plan: TrainingPlan) -> Exported:
     """The TrainJob (kubeflow) or PyTorchJob (pytorchjob) manifests: the launcher with the plan's flags and
     no node flags in every pod; every value checked (exports.kubernetes.problems)."""
-    from autotune.errors import UserError
     from autotune.exports import kubernetes as k8s
-    from autotune.rundir.records import redact_args
 
     fmt, name = req.format, req.job_name
-    args = list(req.script_args)
-    shown = redact_args(args)
-    hidden = [re.split(r"[= ]", s, maxsplit=1)[0] if s != "<redacted>" else args[i - 1]
-              for i, (a, s) in enumerate(zip(args, shown)) if a != s]
-    if hidden:  # a manifest is applied, kept and shared: a secret in its args is in clear for every reader
-        raise UserError(f"export --format {fmt}: script arguments carry a secret ({', '.join(hidden)}), which the "
-                        "manifest would hold in clear",
-                        ["give it to the script through its environment instead: a key of a Kubernetes Secret "
-                         "(as the job secret is) that the script reads, e.g. HF_TOKEN or WANDB_API_KEY"])
+    _refuse_secrets(req, "the manifest", "a key of a Kubernetes Secret (as the job secret is) that the script reads")
     config = None if req.config_is_default else req.config  # the image's default otherwise
     run_dir = req.run_dir or f"/autotune/runs/{name}"
     command = k8s.launcher_command(config, list(req.pod_plan_flags), run_dir, list(req.script_args))
@@ -207,7 +208,9 @@ def export_plan(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile, ds:
 
         script_args = expand(list(req.script_args), placeholder_values(plan, None, None),
                              where="export --format torchrun")
-        return Exported(shlex.join([*torchrun_command(plan, req.script), *script_args]) + "\n")
+        shown = redact_args(script_args)  # printed: a secret argument's value is the user's to give again
+        return Exported(shlex.join([*torchrun_command(plan, req.script), *shown]) + "\n"
+                        + ("# <redacted>: your secret values, never written here\n" if shown != script_args else ""))
     if fmt == "deepspeed-hostfile":
         from autotune.exports.launchers import deepspeed_hostfile
         from autotune.hardware.slurm import allocation

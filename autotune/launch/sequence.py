@@ -168,8 +168,14 @@ def _written_after(run_dir: Path, since: float | None) -> Path | None:
     from autotune.rundir.layout import checkpoint_dir
 
     where = checkpoint_dir(run_dir)
-    written = [p for p in where.rglob("*") if p.lstat().st_mtime >= (since or 0.0)] if where.is_dir() else []
-    return max(written, key=lambda p: p.lstat().st_mtime) if written else None
+    times = {}
+    for p in where.rglob("*") if where.is_dir() else ():
+        try:
+            times[p] = p.lstat().st_mtime
+        except OSError:  # gone since the listing (the script still rotating its checkpoints)
+            continue
+    written = {p: t for p, t in times.items() if t >= (since or 0.0)}
+    return max(written, key=written.get) if written else None
 
 
 def _has_checkpoint(run_dir: Path) -> bool:

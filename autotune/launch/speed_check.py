@@ -54,12 +54,7 @@ def _fmt(v) -> str:
     return "unknown" if v is None else f"{v:,.1f}"
 
 
-def measured_from_metrics(run_dir: Path) -> float | None:
-    """The built-in loop's samples/s after warm-up (metrics.json), or None."""
-    return _metrics(run_dir)[0]
-
-
-def _metrics(run_dir: Path) -> tuple[float | None, int]:
+def _metrics(run_dir: Path) -> tuple[float | None, int | None]:
     """(samples/s after warm-up, the optimizer steps it was counted over) from metrics.json."""
     from autotune.errors import UserError
     from autotune.rundir.layout import METRICS
@@ -69,9 +64,9 @@ def _metrics(run_dir: Path) -> tuple[float | None, int]:
         data = json.loads(read_text(Path(run_dir) / METRICS, METRICS, follow_links=False))
         value, steps = data.get("measured_samples_per_s"), data.get("measured_steps")
     except (OSError, ValueError, AttributeError, UserError):
-        return None, 0
+        return None, None
     rate = float(value) if isinstance(value, (int, float)) and value > 0 else None
-    return rate, steps if isinstance(steps, int) else 0
+    return rate, steps if isinstance(steps, int) else None  # None: an older metrics.json that does not say
 
 
 def write(run_dir: Path, record: dict) -> Path:
@@ -92,12 +87,14 @@ def report(setup, run_dir: Path, out) -> None:
     plan = setup.plan
     measured, steps = _metrics(run_dir)
     record, lines = compare(plan, measured, "the built-in loop, after its first logged window", steps)
+    from autotune.errors import UserError
+
     try:
         write(run_dir, record)
-    except OSError as e:
+    except (OSError, UserError) as e:  # a full disk, or a link planted after the launch's check: one line
         lines.append(f"warning: timing.json not written ({e})")
-    busy = machine_busy(own=plan.engine.nproc_per_node * plan.loader.omp_num_threads)
-    if measured is not None and steps >= KEPT_AFTER_STEPS and plan.engine.node_rank == 0:
+    if measured is not None and (steps or 0) >= KEPT_AFTER_STEPS and plan.engine.node_rank == 0:
+        busy = machine_busy(own=plan.engine.nproc_per_node * plan.loader.omp_num_threads)
         if busy:
             lines.insert(1, f"speed: not kept to calibrate later plans: {busy}")
         else:

@@ -156,8 +156,8 @@ def decide_rendezvous(inputs: Inputs, resolver: Resolver, num_nodes: int) -> tup
         raise UserError(f"distributed.master_addr: node {rank} of {num_nodes} needs the address of node 0; pass "
                         "--master_addr HOST (127.0.0.1 only when every node runs on this machine)")
     if num_nodes > 1 and loopback and inputs.hw.source != "detected" and not (master or from_slurm or op_master):
-        resolver.reasons["master_addr"] = (f"no --master_addr: {addr} in this plan for another machine; where it runs, "
-                                           "give node 0's address with --master_addr (SLURM: its first host)")
+        resolver.explain("master_addr", f"no --master_addr: {addr} in this plan for another machine; where it runs, "
+                                        "give node 0's address with --master_addr (SLURM: its first host)")
     elif num_nodes > 1 and loopback:
         resolver.warnings.append(f"master address {addr} is this machine: every one of the {num_nodes} nodes must run "
                                  "here (a test setup); on a cluster give node 0's address")

@@ -209,7 +209,7 @@ class WorkModel(_Frozen):
 
 
 class MeasuredSteps(_Frozen):
-    """The model's own training step timed for real (``autotune.measure.timing`` on this CPU, ``measure.probe`` on
+    """The model's own training step timed for real (``autotune.measure.timing`` on this CPU, ``measure.gpu_probe`` on
     GPU 0): (micro-batch, forward+backward seconds, optimizer seconds) at two micro-batches; linear between and
     beyond them. On the CPU ``ranks`` processes of ``threads`` each ran at once, and with several the gloo
     all-reduce of the fp32 gradients took ``all_reduce_s``."""

@@ -163,7 +163,8 @@ def time_estimate(timing: Timing | None, untimed: str, strategy, checkpointing: 
              "communication_s": t.communication_s}
     for name, v in split.items():
         if math.isnan(v):
-            unknown[name] = f"not predicted ({untimed}): only the run's samples/s is known"
+            why = untimed or (timing.why_untimed(strategy) if timing is not None else "unknown")
+            unknown[name] = f"not predicted ({why}): only the run's samples/s is known"
     tokens = None if tokens_per_sample is None else t.samples_per_s * tokens_per_sample
     if tokens is None:
         unknown["tokens_per_s"] = "no sequence length known (a sample input of token ids, int[N], gives one)"

@@ -34,12 +34,11 @@ def redact(env: Mapping[str, str]) -> dict[str, str]:
     return {k: ("<redacted>" if SECRET_NAME.search(k) else v) for k, v in env.items()}
 
 
-# A script argument's name says it holds a secret when one of its words (split at - _ .) is or ends with one of
-# these: --hub_token, --api-key, --wandb_key, --apikey, --db.password; not --max_tokens or --tokenizer_name.
-# a word of a flag's name that says its value is a secret (plural forms, and "authorization", "passphrase", ...)
-# (not "tokens": --max_tokens is a length)
-_SECRET_WORD = re.compile(r".*(token|keys?|secrets?|passwords?|passwd|passphrase|pass|pwd|credentials?|auth|"
-                          r"authorization|authentication|cookies?)", re.IGNORECASE)
+# A script argument's name says it holds a secret when one of its words (split at - _ .) ends with one of these:
+# --hub_token, --api-key, --api_keys, --wandb_key, --apikey, --db.password, --authorization, --session_cookie; or is
+# pass or pwd (--db-pass; not --bypass_cache). Not "tokens" (--max_tokens is a length) nor --tokenizer_name.
+_SECRET_WORD = re.compile(r".*(token|keys?|secrets?|passwords?|passwd|passphrase|credentials?|auth|authorization|"
+                          r"authentication|cookies?)|pass|pwd", re.IGNORECASE)
 
 
 def _says_secret(name: str) -> bool:
@@ -64,6 +63,15 @@ def redact_args(argv: list[str]) -> list[str]:
             out.append(a)
         hide_next = a.startswith("-") and not eq and not space and _says_secret(a)
     return out
+
+
+def secret_flags(argv: list[str]) -> list[str]:
+    """The flags in ``argv`` whose values ``redact_args`` hides, by name (what a refusal may print)."""
+    flags = []
+    for i, (a, shown) in enumerate(zip(argv, redact_args(argv))):
+        if a != shown:
+            flags.append(argv[i - 1] if shown == "<redacted>" else re.split(r"[= ]", shown, maxsplit=1)[0])
+    return flags
 
 
 def load_plan(path: str | os.PathLike | None = None) -> TrainingPlan:

@@ -73,6 +73,8 @@ def strategy_name(engine) -> str:
     if engine.backend != "deepspeed":
         return "ddp"
     z = engine.zero_stage
+    if z == 3 and engine.offload_optimizer != engine.offload_param:  # no planner strategy: it calibrates none
+        return "zero3_optimizer_offload" if engine.offload_optimizer else "zero3_param_offload"
     return f"zero{z}" + ("_offload" if engine.offload_optimizer and z in (2, 3) else "")
 
 
@@ -117,11 +119,12 @@ def record(model: str | None, machine: str | None, plan, measured: float, predic
              "date": time.strftime("%Y-%m-%d"), "run_dir": str(run_dir)}
     runs = [r for r in _entries() if any(r.get(k) != entry[k] for k in KEY)] + [entry]
     path = _path()
+    from autotune.errors import UserError
+    from autotune.rundir.fs import write_whole
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"runs": runs[-MAX_ENTRIES:]}, indent=1) + "\n")
-        tmp.replace(path)
-    except OSError:
+        write_whole(path, json.dumps({"runs": runs[-MAX_ENTRIES:]}, indent=1) + "\n")
+    except (OSError, UserError):
         return None
     return path

@@ -9,11 +9,12 @@ from autotune.rundir.records import redact_args
 
 def test_the_names_that_say_a_secret_are_redacted_and_lengths_are_not():
     argv = ["--authorization", "X6", "--api_keys", "X7", "--passphrase", "X8", "--password  X9", "--db-pwd=X10",
-            "--session_cookie", "X11", "--lr", "0.1", "--max_tokens", "512", "--num_passes", "3", "--tokenizer", "gpt2"]
+            "--session_cookie", "X11", "--lr", "0.1", "--max_tokens", "512", "--num_passes", "3", "--tokenizer", "gpt2",
+            "--bypass_cache", "1"]
     assert redact_args(argv) == [
         "--authorization", "<redacted>", "--api_keys", "<redacted>", "--passphrase", "<redacted>",
         "--password <redacted>", "--db-pwd=<redacted>", "--session_cookie", "<redacted>", "--lr", "0.1",
-        "--max_tokens", "512", "--num_passes", "3", "--tokenizer", "gpt2"]
+        "--max_tokens", "512", "--num_passes", "3", "--tokenizer", "gpt2", "--bypass_cache", "1"]
 
 
 def test_an_accelerate_export_never_prints_or_writes_a_secret_argument(tmp_path, capsys):
@@ -27,13 +28,25 @@ def test_an_accelerate_export_never_prints_or_writes_a_secret_argument(tmp_path,
     assert "--hf_token '<redacted>' --batch_size" in printed.out + printed.err
 
 
-@pytest.mark.parametrize("fmt", ["kubeflow", "pytorchjob"])
-def test_a_kubernetes_manifest_refuses_a_secret_argument_and_names_its_flag(tmp_path, capsys, fmt):
+def test_a_torchrun_export_prints_its_line_redacted(capsys):
+    from autotune.__main__ import main
+
+    assert main(["export", "--format", "torchrun", "--", "--hf_token", "S4cret", "--lr", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "S4cret" not in out and out.splitlines() == [
+        "torchrun --nproc_per_node=1 --standalone train.py --hf_token '<redacted>' --lr 0.1",
+        "# <redacted>: your secret values, never written here"]
+
+
+@pytest.mark.parametrize("fmt", ["kubeflow", "pytorchjob", "slurm"])
+def test_a_kubernetes_manifest_or_a_batch_script_refuses_a_secret_argument_and_names_its_flag(tmp_path, capsys, fmt):
     from autotune.__main__ import main
 
     out = tmp_path / "job.yaml"
-    assert main(["export", "--format", fmt, "--image", "reg/img:1", "-o", str(out), "--", "--hf_token", "S4cret",
+    image = ["--image", "reg/img:1"] if fmt != "slurm" else []
+    assert main(["export", "--format", fmt, *image, "-o", str(out), "--", "--hf_token", "S4cret",
                  "--api-key=S5cret", "--epochs", "2"]) == 2
     err = capsys.readouterr().err
-    assert f"export --format {fmt}: script arguments carry a secret (--hf_token, --api-key)" in err
+    where = "the batch script" if fmt == "slurm" else "the manifest"
+    assert f"export --format {fmt}: script arguments carry a secret (--hf_token, --api-key), which {where}" in err
     assert "S4cret" not in err and "S5cret" not in err and not out.exists()

@@ -53,7 +53,7 @@ def test_timing_and_delivery_replace_a_link_and_a_pipe_never_hangs_the_end_of_a_
     t.start()
     t.join(20)
     assert not t.is_alive(), "reading a named pipe in the run directory hung the launcher"
-    assert done == [((None, 0), {})]
+    assert done == [((None, None), {})]
     (run / "delivery.json").unlink()
     (run / "delivery.json").symlink_to(outside)
     plan = SimpleNamespace(engine=SimpleNamespace(world_size=1), batch=None)
