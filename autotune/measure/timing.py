@@ -165,22 +165,32 @@ def _children(req: dict) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(req["threads"])}
     with tempfile.TemporaryDirectory(prefix="autotune-timing-") as tmp:
         (Path(tmp) / TIMING_REQUEST).write_text(json.dumps(req))
+        # each child's output to files, not pipes: a rank waited on later could fill its pipe and stop, while the
+        # rank read first waits for it at the all-reduce (both stuck until TIMEOUT_S)
+        logs = [(open(Path(tmp) / f"out-{rank}", "w+"), open(Path(tmp) / f"err-{rank}", "w+"))
+                for rank in range(req["ranks"])]
         procs = [subprocess.Popen([sys.executable, "-m", "autotune.measure.timing", tmp, str(rank)], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for rank in range(req["ranks"])]
+                                  stdout=out, stderr=err, text=True) for rank, (out, err) in enumerate(logs)]
         answers = []
         try:
-            for p in procs:
-                out, err = p.communicate(timeout=TIMEOUT_S)
+            deadline = time.monotonic() + TIMEOUT_S
+            for p, (out, err) in zip(procs, logs):
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+                out.seek(0)
+                err.seek(0)
                 try:
-                    answers.append(json.loads(out.strip().splitlines()[-1]))
+                    answers.append(json.loads(out.read().strip().splitlines()[-1]))
                 except (ValueError, IndexError):
-                    raise RuntimeError(f"timing the step failed (exit {p.returncode}): {err.strip()[-500:]}") from None
+                    raise RuntimeError(f"timing the step failed (exit {p.returncode}): "
+                                       f"{err.read().strip()[-500:]}") from None
         finally:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
+            for out, err in logs:
+                out.close()
+                err.close()
     failed = next((a["error"] for a in answers if "error" in a), None)
     if failed:
         raise RuntimeError(failed)

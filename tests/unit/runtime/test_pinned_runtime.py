@@ -41,3 +41,38 @@ def test_the_rank_entry_blocks_the_same_stop_signals_the_run_receives():
     from autotune.runtime.preempt import STOP_SIGNALS
 
     assert {getattr(signal, s) for s in train.STOP_SIGNALS} == set(STOP_SIGNALS)
+
+
+def test_the_stop_signals_are_blocked_before_torch_is_first_imported_in_a_rank(tmp_path):
+    """The rank's entry run for real on a plan, in a child: at the moment `torch` is first imported (its import
+    starts numpy's thread pool), every stop signal is already blocked."""
+    import json
+    import subprocess
+
+    from helpers.support import ROOT
+
+    from autotune.config import TrainConfig
+    from autotune.planner import plan
+    from autotune.profiles import load_profile
+
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(plan(load_profile("cpu-only"), TrainConfig()).model_dump_json())
+    code = (
+        "import json, signal, sys\n"
+        "class AtTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch':\n"
+        "            mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])\n"
+        "            print(json.dumps(sorted(int(s) for s in mask)), flush=True)\n"
+        "            raise SystemExit(0)\n"
+        "sys.meta_path.insert(0, AtTorch())\n"
+        "from autotune import train\n"
+        "train.main(['--plan', sys.argv[1], '--run_dir', sys.argv[2]])\n")
+    r = subprocess.run([sys.executable, "-c", code, str(plan_file), str(tmp_path / "run")], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    blocked = set(json.loads(r.stdout.strip().splitlines()[-1]))
+    import signal
+
+    from autotune.train import STOP_SIGNALS
+
+    assert {int(getattr(signal, s)) for s in STOP_SIGNALS} <= blocked, r.stderr[-2000:]
