@@ -3,6 +3,8 @@
 import os
 import sys
 
+from helpers.support import free_port
+
 
 # -- where the launcher's settings take effect ---------------------------------------------------
 def test_plan_timeout_reaches_the_process_group(tmp_path):
@@ -25,7 +27,7 @@ def test_plan_timeout_reaches_the_process_group(tmp_path):
         "print('TIMEOUT', group._get_backend(torch.device('cpu')).options._timeout.total_seconds())\n"
         "cleanup(ctx)\n")
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(29000 + os.getpid() % 1000), "PYTHONPATH": str(ROOT)}
+           "MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "TIMEOUT 77.0" in r.stdout
