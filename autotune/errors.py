@@ -5,9 +5,14 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-# Every exit code autotune gives (DESIGN.md): 0 done, 2 bad input, 3 no plan fits, 75 preempted, 128+N signal N.
+# Every exit code autotune gives (DESIGN.md): 0 done, 2 bad input, 3 no plan fits, 69 a peer or a lock holder
+# not there in time (retryable), 75 preempted, 128+N signal N.
 EXIT_USAGE = 2
 EXIT_REFUSED = 3  # the request is valid but no plan fits by autotune's own estimate
+# EX_UNAVAILABLE: another node never joined within distributed.rendezvous_timeout_s, could not be reached, or the
+# run's lock is held by a process that is gone. Nothing of the user's input is wrong: every export restarts it
+# (counted against the job's restarts), unlike 2 and 3.
+EXIT_UNAVAILABLE = 69
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; --resume_from auto continues
 # where the training config's keys are listed: autotune's own defaults, whatever the user's file is called
 CONFIG_KEYS = "`python -m autotune check`'s output (every key, with its default)"
