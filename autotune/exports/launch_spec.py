@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
+from autotune.rundir.installation import torch_build
 from autotune.rundir.layout import (
     BACKEND_ENV,
     CHECKPOINT_DIR_ENV,
@@ -70,41 +71,6 @@ class LaunchSpec:
 def default_cache_dir(environ: Mapping[str, str]) -> str:
     base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME", "/tmp")) / ".cache")
     return str(Path(base) / "autotune")
-
-
-def build_key(python: tuple[int, int], torch_version: str | None, requires: list[str] | tuple[str, ...] = ()) -> str:
-    """What a JIT-built extension (DeepSpeed's ops) is bound to, as a folder name: the Python version, torch's
-    version and its CUDA build, e.g. ``py3.11-torch2.13.0+cpu``. PyPI's default Linux wheel has no local tag
-    (``2.5.1``): its CUDA runtime is named by its requirement on ``nvidia-cuda-runtime-cuNN==X.Y.Z``."""
-    import re
-
-    key = f"py{python[0]}.{python[1]}"
-    if torch_version is None:
-        return key
-    version = torch_version
-    if "+" not in version:
-        cuda = next((m for r in requires if (m := re.match(r"nvidia-cuda-runtime-cu\d+\s*==\s*(\d+)\.(\d+)", r))),
-                    None)
-        version += f"+cu{cuda[1]}{cuda[2]}" if cuda else ""
-    return f"{key}-torch{re.sub(r'[^0-9A-Za-z.+_-]', '_', version)}"
-
-
-_BUILD_KEY: list[str] = []
-
-
-def torch_build() -> str:
-    """``build_key`` of this interpreter (the ranks' too: the launch runs them with it), from torch's installed
-    metadata (never importing torch); read once."""
-    if not _BUILD_KEY:
-        from importlib import metadata
-
-        try:
-            dist = metadata.distribution("torch")
-            version, requires = dist.version, tuple(dist.requires or ())
-        except metadata.PackageNotFoundError:
-            version, requires = None, ()
-        _BUILD_KEY.append(build_key(sys.version_info[:2], version, requires))
-    return _BUILD_KEY[0]
 
 
 def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from autotune.config import TrainConfig, apply_overrides
-from autotune.exports.launch_spec import LaunchSpec, build_key, launch_spec, torch_build
+from autotune.exports.launch_spec import LaunchSpec, launch_spec
 from autotune.launch.process import execute
 from autotune.planner import plan
 from autotune.profiles import load_profile, preset_names
+from autotune.rundir.installation import build_key, installation_key, torch_build
 
 
 def spec_for(preset, environ=None, **over):
@@ -82,6 +83,16 @@ def test_the_extension_cache_is_keyed_by_python_and_the_torch_build():
     assert build_key((3, 10), "2.5.1", ["filelock"]) == "py3.10-torch2.5.1"  # a CPU build from elsewhere
     assert build_key((3, 10), None) == "py3.10"
     assert build_key((3, 10), "2.5/../1") == "py3.10-torch2.5_.._1"  # a folder name, never a path
+
+
+def test_the_installation_key_tells_two_virtualenvs_with_one_torch_apart():
+    """Issue 43: two virtualenvs with the same torch shared one key and rebuilt each other's DeepSpeed ops; the
+    installation key adds the interpreter's real prefix and DeepSpeed's version."""
+    a = installation_key("/venvs/a", "0.19.8")
+    assert a.startswith(torch_build() + "-") and a == installation_key("/venvs/a", "0.19.8")
+    assert a != installation_key("/venvs/b", "0.19.8")  # another virtualenv
+    assert a != installation_key("/venvs/a", "0.19.9")  # another DeepSpeed in the same one
+    assert "/" not in a and installation_key() == installation_key(sys.prefix)
 
 
 def test_the_launcher_says_while_an_op_builds_and_nothing_when_none_does(tmp_path):
