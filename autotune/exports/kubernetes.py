@@ -111,8 +111,6 @@ def image_problem(image: str) -> str | None:
     if not m or len(m["name"]) > 255:
         return (f"not an image reference such as registry.example.com/team/train:1.0 or name@sha256:<digest> "
                 f"(lower-case path, optional tag and digest); got {(image or '')[:80]!r}")
-    if len(image) > MAX_IMAGE:
-        return f"{len(image)} characters; the TrainJob CRD's trainer.image allows at most {MAX_IMAGE} (maxLength)"
     return None
 
 
@@ -160,8 +158,17 @@ def problems(job: Job) -> list[str]:
     return out
 
 
-def args_problem(job: Job) -> str | None:
-    """The TrainJob CRD allows ``trainer.args`` at most 128 items: past it the API server refuses the job."""
+def trainjob_problems(job: Job) -> list[str]:
+    """The TrainJob CRD's limits the other checks leave: ``trainer.args`` at most 128 items, ``trainer.image`` at
+    most 500 characters (past them the API server refuses the job; the v1 PyTorchJob has neither)."""
+    out = [why for why in (_args_problem(job),) if why]
+    if image_problem(job.image) is None and len(job.image) > MAX_IMAGE:
+        out.append(f"--image: {len(job.image)} characters, but the TrainJob CRD allows at most {MAX_IMAGE} "
+                   "(trainer.image's maxLength); push it under a shorter name")
+    return out
+
+
+def _args_problem(job: Job) -> str | None:
     args = job.args
     if len(args) <= MAX_ITEMS:
         return None
@@ -272,7 +279,8 @@ def common_header(plan: TrainingPlan, job: Job, what: str) -> list[str]:
     eng = plan.engine
     gpus = f"{eng.num_gpus} GPU(s) each (nvidia.com/gpu)" if eng.num_gpus else "CPUs only (--num_gpus 0)"
     ns = f" -n {job.namespace}" if job.namespace else ""
-    config = next((job.command[i + 1] for i, a in enumerate(job.command[:-1]) if a == "--config"), None)
+    own = job.command[:job.command.index("--")] if "--" in job.command else job.command  # not the script's
+    config = next((own[i + 1] for i, a in enumerate(own[:-1]) if a == "--config"), None)
     where = (f"and, relative to its working directory, {config}" if config and not config.startswith("/")
              else f"and {config}" if config else "and its default config, configs/default_config.yaml")
     return [
@@ -328,6 +336,6 @@ def check(job: Job, fmt: str) -> None:
     """Every value that cannot go into the manifest, named; exit 2."""
     bad = problems(job)
     if fmt == "kubeflow":
-        bad += [why for why in (args_problem(job),) if why]
+        bad += trainjob_problems(job)
     if bad:
         raise UserError(f"export --format {fmt}: {len(bad)} value(s) cannot go into the manifest", bad)

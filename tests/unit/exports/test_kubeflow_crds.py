@@ -206,3 +206,23 @@ def test_the_cluster_runtime_an_admin_installs_validates_and_needs_no_plan_of_th
     _, docs = _export(cli, "kubeflow", "--hardware", "2x4xL4", "--runtime", "team-torch")
     _valid(docs)
     assert docs[-1]["spec"]["runtimeRef"]["name"] == "team-torch"
+
+
+def test_an_image_past_the_trainjobs_500_characters_is_refused_by_name_and_the_pytorchjob_takes_it(cli):
+    """A valid reference (a sha512 digest) of 520 characters: the TrainJob CRD's trainer.image maxLength 500."""
+    image = "registry.example.com/" + "a" * 234 + ":" + "t" * 128 + "@sha512:" + "0" * 128
+    assert len(image) == 520 and k8s.image_problem(image) is None
+    r = cli("autotune", "export", "--format", "kubeflow", "--image", image, "--hardware", "2x4xL4")
+    assert r.returncode == 2 and "--image: 520 characters, but the TrainJob CRD allows at most 500" in r.stderr
+    p = plan(load_profile("2x4xL4"), TrainConfig(), deepspeed_installed=True)
+    job = k8s.Job(name="llm", image=image, command=tuple(k8s.launcher_command(None, [], "/a/r/llm", [])),
+                  run_dir="/a/r/llm", pvc="r", storage="1Ti", secret="s")
+    assert [e.split(":")[0] for e in crd_errors(trainjob.trainjob(p, job)[-1])] == ["spec.trainer.image"]
+    r = cli("autotune", "export", "--format", "pytorchjob", "--image", image, "--hardware", "2x4xL4")
+    assert r.returncode == 0, r.stderr
+    _valid(list(yaml.safe_load_all(r.stdout)))
+
+
+def test_the_header_names_autotunes_config_not_the_scripts(cli):
+    text, _ = _export(cli, "kubeflow", "--hardware", "2x4xL4", "--", "--config", "script.yaml")
+    assert "and its default config, configs/default_config.yaml;" in text and "script.yaml;" not in text
