@@ -10,7 +10,7 @@ import re
 import pytest
 import yaml
 from helpers.crd_schema import crd_errors, is_crd_kind
-from helpers.support import in_process_cli
+from helpers.support import in_process_cli, require
 
 from autotune.config import TrainConfig
 from autotune.exports import kubernetes as k8s
@@ -44,6 +44,15 @@ def _valid(docs):
     for doc in docs:
         if is_crd_kind(doc):
             assert crd_errors(doc) == [], (doc["kind"], crd_errors(doc))
+
+
+def _round_trips(doc):
+    """The Trainer's own models (kubeflow-trainer-api 2.3.0) hold every key too (their from_dict drops unknown ones)."""
+    require("kubeflow_trainer_api", "kubeflow-trainer-api (test extra) models the Trainer's kinds")
+    from kubeflow_trainer_api import models
+
+    model = getattr(models, f"TrainerV1alpha1{doc['kind']}")
+    assert model.from_dict(doc).to_dict() == doc
 
 
 def pod_specs(doc):
@@ -159,6 +168,7 @@ def test_runtime_writes_one_trainjob_on_that_cluster_runtime_with_its_pod_as_pat
                          "--namespace", "team-a", "--job_name", "llm")
     assert [d["kind"] for d in docs] == ["PersistentVolumeClaim", "TrainJob"]
     _valid(docs)
+    _round_trips(docs[1])
     job = docs[1]
     assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
                                          "name": "torch-distributed"}
@@ -199,6 +209,7 @@ def test_the_cluster_runtime_an_admin_installs_validates_and_needs_no_plan_of_th
     (doc,) = list(yaml.safe_load_all(r.stdout))
     assert (doc["kind"], doc["metadata"]["name"]) == ("ClusterTrainingRuntime", "team-torch")
     assert "namespace" not in doc["metadata"] and crd_errors(doc) == []
+    _round_trips(doc)
     assert doc["spec"]["template"]["spec"]["failurePolicy"]["maxRestarts"] == 5
     ((pod, container),) = list(pod_specs(doc))
     _mounts_memory_shm(pod, container, trainjob.CLUSTER_SHM_PROCS)
