@@ -22,10 +22,12 @@ and to slurm-<name>-<id>.out in the submit directory); SIGUSR1 120 s before the 
 limit, requeue, resume auto.
 
 --format kubeflow writes a Kubeflow Trainer v2 TrainJob (with its TrainingRuntime and a ReadWriteMany
-PersistentVolumeClaim for the run directory), --format pytorchjob a v1 PyTorchJob: every pod runs the
-launcher, reads its node rank and master from the operator's PET_* variables and plans for its own node;
-exit 75 (preempted, checkpoint saved) restarts the job, which resumes; exit 2 and 3 stop it. The header
-says how to apply it (docs/kubernetes.md)."""
+PersistentVolumeClaim for the run directory; with --runtime NAME the TrainJob runs on that installed
+ClusterTrainingRuntime instead), --format pytorchjob a v1 PyTorchJob: every pod runs the launcher, reads
+its node rank and master from the operator's PET_* variables and plans for its own node; exit 75
+(preempted, checkpoint saved) and 69 (a peer not there in time) restart the job, which resumes; exit 2 and
+3 stop it. --format kubeflow-runtime writes the ClusterTrainingRuntime with that failure policy, for an
+admin to install once. The header says how to apply it (docs/kubernetes.md)."""
 
 
 def _write_output(out, text: str, overwrite: bool) -> None:
@@ -88,8 +90,12 @@ def add_parser(sub) -> None:
     k.add_argument("--storage", default="100Gi", metavar="SIZE", help="its size (default 100Gi)")
     k.add_argument("--storage_class", metavar="NAME", help="its storage class (one that offers ReadWriteMany)")
     k.add_argument("--secret", metavar="NAME", help=f"Secret holding {JOB_SECRET_ENV} (default <job name>-secret)")
-    k.add_argument("--job_restarts", type=int, default=3, metavar="N", help="kubeflow: restarts of the whole job "
-                   "after a failure other than preemption (default 3; preemptions do not count)")
+    k.add_argument("--job_restarts", type=int, default=3, metavar="N", help="kubeflow, kubeflow-runtime, slurm: "
+                   "restarts of the whole job after a failure other than preemption (default 3; preemptions do not "
+                   "count)")
+    k.add_argument("--runtime", metavar="NAME", help="kubeflow: run on this installed ClusterTrainingRuntime (e.g. "
+                   "torch-distributed, or the one kubeflow-runtime writes) instead of writing a TrainingRuntime; "
+                   "kubeflow-runtime: the name of the one written (default autotune-torch)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="after `--`: the training script's arguments "
                    "({placeholders} expanded for torchrun, kept for slurm where each node expands them)")
     add_plan_args(p)
@@ -100,15 +106,22 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from autotune.commands.common import DEFAULT_CONFIG, plan_flags_argv, plan_from_args, script_args_of
-    from autotune.exports.formats import KUBERNETES, ExportRequest, canonical_format, check_pod_flags, export_plan
+    from autotune.exports.formats import (
+        KUBERNETES,
+        ExportRequest,
+        canonical_format,
+        check_job_flags,
+        check_pod_flags,
+        export_plan,
+    )
 
     fmt = canonical_format(args.format)
+    check_job_flags(fmt, args.runtime, args.job_restarts)
     if fmt in KUBERNETES:
         given = [f"--{f}" for f in ("node_rank", "master_addr") if getattr(args, f) is not None]
         if fmt == "kubeflow" and args.master_port is not None:
             given.append("--master_port")
-        check_pod_flags(fmt, given=given, no_auto_optimize=args.no_auto_optimize, image=args.image,
-                        job_restarts=args.job_restarts)
+        check_pod_flags(fmt, given=given, no_auto_optimize=args.no_auto_optimize, image=args.image)
     plan, hw, ds = plan_from_args(args)
     request = ExportRequest(
         format=fmt, script=args.script, script_args=tuple(script_args_of(args.script_args)), output=args.output,
@@ -119,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         run_dir=args.run_dir, time=args.time, partition=args.partition, account=args.account,
         job_name=args.job_name, image=args.image, namespace=args.namespace, pvc=args.pvc, storage=args.storage,
         storage_class=args.storage_class, secret=args.secret, job_restarts=args.job_restarts,
-        cpu_on_purpose=args.num_gpus == 0)
+        cpu_on_purpose=args.num_gpus == 0, runtime=args.runtime)
     exported = export_plan(request, plan, hw, ds)
     for line in exported.messages:
         print(line, file=sys.stderr)

@@ -1,6 +1,7 @@
 """``export_plan``: one plan in the format asked for (DeepSpeed JSON, Accelerate YAML, torchrun line, sbatch
-script, DeepSpeed hostfile, Kubernetes manifests), and the notes to say beside it. The command parses the
-flags into an ``ExportRequest`` and writes what comes back; the flags a format reads are named here."""
+script, DeepSpeed hostfile, Kubernetes manifests, the Trainer's cluster runtime), and the notes to say beside
+it. The command parses the flags into an ``ExportRequest`` and writes what comes back; the flags a format
+reads are named here."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ if TYPE_CHECKING:  # the command's parser reads FORMATS: it imports no model
     from autotune.plan import TrainingPlan
     from autotune.profiles import HardwareProfile
 
-FORMATS = ("deepspeed", "accelerate", "torchrun", "slurm", "sbatch", "deepspeed-hostfile", "kubeflow", "pytorchjob")
-KUBERNETES = ("kubeflow", "pytorchjob")
+FORMATS = ("deepspeed", "accelerate", "torchrun", "slurm", "sbatch", "deepspeed-hostfile", "kubeflow", "pytorchjob",
+           "kubeflow-runtime")
+KUBERNETES = ("kubeflow", "pytorchjob")  # pod manifests; kubeflow-runtime is the admin's runtime, no pod of a plan
 ACCUMULATION_VARIABLE = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
 ROOT = Path(__file__).resolve().parent.parent.parent  # the launcher's folder
 
@@ -52,6 +54,7 @@ class ExportRequest:
     secret: str | None = None
     job_restarts: int = 3
     cpu_on_purpose: bool = False
+    runtime: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,17 @@ def canonical_format(fmt: str) -> str:
     return "slurm" if fmt == "sbatch" else fmt  # the help says "an sbatch script": the name users reach for
 
 
-def check_pod_flags(fmt: str, *, given: list[str], no_auto_optimize: bool, image: str | None,
-                    job_restarts: int) -> None:
+def check_job_flags(fmt: str, runtime: str | None, job_restarts: int) -> None:
+    """``--runtime`` names a ClusterTrainingRuntime: the one a TrainJob runs on, or the one written;
+    ``--job_restarts`` bounds the restarts that count (TrainJob, the cluster runtime, the sbatch requeues)."""
+    if not 0 <= job_restarts <= 10_000:
+        raise UserError(f"--job_restarts: a number from 0 to 10000, got {job_restarts}")
+    if runtime is not None and fmt not in ("kubeflow", "kubeflow-runtime"):
+        raise UserError(f"--runtime: only for --format kubeflow (the installed ClusterTrainingRuntime the TrainJob "
+                        f"runs on) or kubeflow-runtime (the name of the one written); drop it for --format {fmt}")
+
+
+def check_pod_flags(fmt: str, *, given: list[str], no_auto_optimize: bool, image: str | None) -> None:
     """Before planning: flags a pod takes from the operator (``given``: the node flags the user passed), and
     the image, which has no default."""
     if given:
@@ -79,8 +91,6 @@ def check_pod_flags(fmt: str, *, given: list[str], no_auto_optimize: bool, image
     if not image:
         raise UserError(f"--image: required for --format {fmt}: the container image every pod runs (with autotune "
                         "and torch), e.g. --image registry.example.com/team/train:1.0")
-    if not 0 <= job_restarts <= 10_000:
-        raise UserError(f"--job_restarts: a number from 0 to 10000, got {job_restarts}")
 
 
 def _refuse_secrets(req: ExportRequest, where: str, instead: str) -> None:
@@ -116,7 +126,7 @@ def _sbatch(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile) -> str:
                          config=here(Path(req.config)), run_dir=here(run_dir),
                          cpus_per_task=hw.cpu.effective_cores, time_limit=req.time, partition=req.partition,
                          account=req.account, job_name=req.job_name, script_args=list(req.script_args),
-                         plan_flags=list(req.plan_flags))
+                         plan_flags=list(req.plan_flags), requeues=req.job_restarts)
 
 
 def _accelerate(req: ExportRequest, plan: TrainingPlan) -> Exported:
@@ -170,8 +180,9 @@ def _accelerate(req: ExportRequest, plan: TrainingPlan) -> Exported:
 
 def _kubernetes(req: ExportRequest, plan: TrainingPlan) -> Exported:
     """The TrainJob (kubeflow) or PyTorchJob (pytorchjob) manifests: the launcher with the plan's flags and
-    no node flags in every pod; every value checked (exports.kubernetes.problems)."""
+    no node flags in every pod; every value checked (exports.kubernetes.problems, the CRDs' limits)."""
     from autotune.exports import kubernetes as k8s
+    from autotune.exports import trainjob
 
     fmt, name = req.format, req.job_name
     _refuse_secrets(req, "the manifest", "a key of a Kubernetes Secret (as the job secret is) that the script reads")
@@ -180,15 +191,34 @@ def _kubernetes(req: ExportRequest, plan: TrainingPlan) -> Exported:
     command = k8s.launcher_command(config, list(req.pod_plan_flags), run_dir, list(req.script_args))
     job = k8s.Job(name=name, image=req.image, command=tuple(command), run_dir=run_dir,
                   pvc=req.pvc or f"{name}-runs", storage=req.storage, secret=req.secret or f"{name}-secret",
-                  namespace=req.namespace, storage_class=req.storage_class, job_restarts=req.job_restarts)
-    docs = k8s.manifests(plan, job, fmt, cpu_on_purpose=req.cpu_on_purpose)
+                  namespace=req.namespace, storage_class=req.storage_class, job_restarts=req.job_restarts,
+                  runtime=req.runtime)
+    k8s.check(job, fmt)
+    docs = trainjob.trainjob(plan, job) if fmt == "kubeflow" else k8s.pytorchjob(plan, job)
+    k8s.check_gpus(plan, docs, req.cpu_on_purpose)
     messages = ()
     if k8s.unpinned(req.image):
         messages = (f"warning: --image {req.image} has no tag or digest: a restarted pod may pull another image "
                     "than the one that wrote the checkpoint; pin a tag or @sha256 digest",)
-    kind = "TrainJob" if fmt == "kubeflow" else "PyTorchJob"
     out_name = req.output or f"{name}.yaml"
-    return Exported(k8s.render(docs, k8s.header(plan, job, kind, out_name, config)), messages)
+    head = trainjob.header(plan, job, out_name) if fmt == "kubeflow" else k8s.pytorchjob_header(plan, job, out_name)
+    return Exported(k8s.render(docs, head), messages)
+
+
+def _cluster_runtime(req: ExportRequest, plan: TrainingPlan) -> Exported:
+    """The ClusterTrainingRuntime with autotune's failure policy, for an admin to install once."""
+    from autotune.exports import kubernetes as k8s
+    from autotune.exports import trainjob
+
+    name = req.runtime or trainjob.CLUSTER_RUNTIME
+    bad = [f"{flag}: {why}" for flag, why in (("--runtime", k8s.runtime_name_problem(name)),
+                                              ("--image", req.image and k8s.image_problem(req.image))) if why]
+    if bad:
+        raise UserError(f"export --format kubeflow-runtime: {len(bad)} value(s) cannot go into the manifest", bad)
+    grace = k8s.grace_s(plan)
+    doc = trainjob.cluster_runtime(name, req.job_restarts, grace, req.image)
+    head = trainjob.cluster_runtime_header(name, req.job_restarts, grace, req.output or f"{name}.yaml")
+    return Exported(k8s.render([doc], head))
 
 
 def export_plan(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None,
@@ -219,4 +249,6 @@ def export_plan(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile, ds:
         return Exported(deepspeed_hostfile(plan, alloc.hosts if alloc else (hw.slurm.hosts if hw.slurm else ())))
     if fmt in KUBERNETES:
         return _kubernetes(req, plan)
+    if fmt == "kubeflow-runtime":
+        return _cluster_runtime(req, plan)
     return Exported(_sbatch(req, plan, hw))

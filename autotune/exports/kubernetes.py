@@ -1,21 +1,17 @@
-"""The plan as Kubernetes manifests (pure): a Kubeflow Trainer v2 ``TrainJob`` (``kubeflow``) or a v1
-``PyTorchJob`` (``pytorchjob``), each with a ReadWriteMany ``PersistentVolumeClaim`` for the run directory.
+"""The plan as Kubernetes manifests (pure), the parts every operator shares: the job's values and their checks
+(``problems``, the CRDs' limits), the claim, the pod's volumes (the run directory's claim, a memory-backed
+``/dev/shm``), the header's common lines, and the v1 ``PyTorchJob`` (``pytorchjob``). The Kubeflow Trainer v2
+documents (``kubeflow``, ``kubeflow-runtime``) are ``exports.trainjob``'s.
 
 Every pod runs autotune's launcher with the plan's flags and no node flags: it reads its node count, rank
 and master from the operator's variables (``autotune.hardware.pod``), plans for its own node, meets
 the others and trains, resuming from the newest checkpoint (``--resume_from auto``) after any restart.
 
-Exit codes and the operators (facts from kubeflow/trainer v2.3.0 and training-operator v1.9.4):
-- TrainJob: its JobSet restarts only as the runtime's ``failurePolicy`` says, and a TrainJob cannot carry one
-  (``runtimePatches`` reach the pod template only), so the export brings its own ``TrainingRuntime``: the
-  Torch policy of ``torch-distributed`` (PET_* injected into the container ``node``), ``backoffLimit: 0``, a
-  ``podFailurePolicy`` that fails the Job on 2, 3 or 75 (the Job's message then names the exit code), and
-  JobSet rules on that message: 2 and 3 fail the job set, 75 restarts it without counting against
-  ``maxRestarts``; any other failure restarts it, counted.
-- PyTorchJob: under ``restartPolicy: ExitCode`` codes 1-127 are permanent and 128+ restart the pod, so 75
-  would end the job. A small ``sh`` wrapper (PID 1: it forwards SIGTERM to the launcher) turns 75 into
-  143 (128 + SIGTERM, what preemption is); 2 and 3 stay permanent. A launcher flag would have changed the
-  launcher's exit contract everywhere for one operator.
+Exit codes and the v1 operator (training-operator v1.9): under ``restartPolicy: ExitCode`` codes 1-127 are
+permanent and 128+ restart the pod, so 75 (preempted) and 69 (a peer or lock holder not there in time) would end
+the job. A small ``sh`` wrapper (PID 1: it forwards SIGTERM to the launcher) turns 75 into 143 (128 + SIGTERM,
+what preemption is) and 69 into 197 (128 + 69); 2 and 3 stay permanent. A launcher flag would have changed the
+launcher's exit contract everywhere for one operator.
 The job secret (``AUTOTUNE_JOB_SECRET``) comes from a Secret by ``secretKeyRef``, never a value here; the
 grace period covers ``checkpoint.preemption_grace_s`` plus the launcher's own 10 s and a margin.
 """
@@ -26,22 +22,24 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from autotune.errors import UserError
+from autotune.errors import EXIT_PREEMPTED, EXIT_UNAVAILABLE, UserError
 from autotune.plan import TrainingPlan
 from autotune.rundir.layout import JOB_SECRET_ENV
 
 SECRET_KEY = JOB_SECRET_ENV
-NODE_CONTAINER = "node"  # the Torch runtime's trainer container: the one the Trainer injects PET_* into
 V1_CONTAINER, V1_PORT_NAME = "pytorch", "pytorchjob-port"  # the v1 operator requires both names
-TRAINER_PORT = 29500  # the Trainer's PET_MASTER_PORT
 GRACE_MARGIN_S = 30  # the launcher stops the tree at grace + 10 s; 20 s more to write its records and exit
-STOP_CODES, PREEMPTED = (2, 3), 75
-V1_RESTART_CODE = 128 + 15
+STOP_CODES, PREEMPTED, UNAVAILABLE = (2, 3), EXIT_PREEMPTED, EXIT_UNAVAILABLE
+V1_RESTART = {PREEMPTED: 128 + 15, UNAVAILABLE: 128 + UNAVAILABLE}  # retryable under restartPolicy ExitCode
 MAX_NAME = 40  # pods are <name>-node-0-<i> / <name>-worker-<i>: host names stay within DNS's 63
-# exit 75 -> 143 for the v1 operator; SIGTERM (the kubelet's, to PID 1) reaches the launcher
+LAUNCHER = ("python", "-m", "autotune", "launch")  # the container's command; the rest of the argv is its args
+MAX_ITEMS, MAX_IMAGE = 128, 500  # the TrainJob CRD (v2.3.0): trainer.command/args/env maxItems, image maxLength
+SHM_VOLUME = "dshm"
+# the pod's exits, 75 and 69 as the v1 operator retries them; SIGTERM (the kubelet's, to PID 1) reaches the launcher
 V1_WRAPPER = ('trap \'kill -TERM "$pid" 2>/dev/null\' TERM INT HUP; "$@" & pid=$!; '
               'while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || break; done; '
-              f'[ "$rc" -eq {PREEMPTED} ] && rc={V1_RESTART_CODE}; exit "$rc"')
+              f'case "$rc" in {PREEMPTED}) rc={V1_RESTART[PREEMPTED]};; '
+              f'{UNAVAILABLE}) rc={V1_RESTART[UNAVAILABLE]};; esac; exit "$rc"')
 
 _LABEL_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _LABEL_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -70,15 +68,25 @@ class Job:
     namespace: str | None = None
     storage_class: str | None = None
     job_restarts: int = 3
+    runtime: str | None = None  # an installed ClusterTrainingRuntime (``--runtime``), else the export's own
 
     @property
     def mount_path(self) -> str:
         return str(PurePosixPath(self.run_dir).parent)
 
+    @property
+    def entry(self) -> list[str]:
+        """The container's command: the launcher; ``args`` holds the rest (flags, run directory, script's)."""
+        return list(self.command[:len(LAUNCHER)])
+
+    @property
+    def args(self) -> list[str]:
+        return list(self.command[len(LAUNCHER):])
+
 
 def launcher_command(config: str | None, plan_flags: list[str], run_dir: str, script_args: list[str]) -> list[str]:
     """The same command in every pod: no node flags (the operator's variables give them)."""
-    return ["python", "-m", "autotune", "launch", *(["--config", config] if config else []), *plan_flags,
+    return [*LAUNCHER, *(["--config", config] if config else []), *plan_flags,
             "--run_dir", run_dir, "--resume_from", "auto", *(["--", *script_args] if script_args else [])]
 
 
@@ -106,6 +114,10 @@ def image_problem(image: str) -> str | None:
     return None
 
 
+def runtime_name_problem(name: str | None) -> str | None:
+    return _name(name, _SUBDOMAIN, 253, "a ClusterTrainingRuntime's name, a DNS-1123 name: a-z, 0-9, '-' and '.'")
+
+
 def unpinned(image: str) -> bool:
     """A valid reference with neither tag nor digest (``:latest`` by default: it may change under a restart)."""
     m = _IMAGE.fullmatch(image)
@@ -115,14 +127,16 @@ def unpinned(image: str) -> bool:
 def problems(job: Job) -> list[str]:
     """Every field that cannot go into a manifest, named by its flag."""
     out = []
+    dns = "a DNS-1123 name: a-z, 0-9, '-' and '.'"
     checks = [
         ("--image", image_problem(job.image)),
         ("--job_name", _name(job.name, _LABEL_1035, MAX_NAME, "a DNS-1035 label: a-z, 0-9 and '-', starting with "
                                                               "a letter, ending with a letter or digit")),
         ("--namespace", _name(job.namespace, _LABEL_1123, 63, "a DNS-1123 label: a-z, 0-9 and '-'")),
-        ("--pvc", _name(job.pvc, _SUBDOMAIN, 253, "a DNS-1123 name: a-z, 0-9, '-' and '.'")),
-        ("--secret", _name(job.secret, _SUBDOMAIN, 253, "a DNS-1123 name: a-z, 0-9, '-' and '.'")),
-        ("--storage_class", _name(job.storage_class, _SUBDOMAIN, 253, "a DNS-1123 name: a-z, 0-9, '-' and '.'")),
+        ("--pvc", _name(job.pvc, _SUBDOMAIN, 253, dns)),
+        ("--secret", _name(job.secret, _SUBDOMAIN, 253, dns)),
+        ("--storage_class", _name(job.storage_class, _SUBDOMAIN, 253, dns)),
+        ("--runtime", runtime_name_problem(job.runtime)),
         ("--storage", None if _QUANTITY.fullmatch(job.storage or "") else
          f"a Kubernetes quantity such as 100Gi or 2Ti; got {(job.storage or '')[:40]!r}"),
     ]
@@ -144,7 +158,27 @@ def problems(job: Job) -> list[str]:
     return out
 
 
-def _gpu_limits(plan: TrainingPlan) -> dict:
+def trainjob_problems(job: Job) -> list[str]:
+    """The TrainJob CRD's limits the other checks leave: ``trainer.args`` at most 128 items, ``trainer.image`` at
+    most 500 characters (past them the API server refuses the job; the v1 PyTorchJob has neither)."""
+    out = [why for why in (_args_problem(job),) if why]
+    if image_problem(job.image) is None and len(job.image) > MAX_IMAGE:
+        out.append(f"--image: {len(job.image)} characters, but the TrainJob CRD allows at most {MAX_IMAGE} "
+                   "(trainer.image's maxLength); push it under a shorter name")
+    return out
+
+
+def _args_problem(job: Job) -> str | None:
+    args = job.args
+    if len(args) <= MAX_ITEMS:
+        return None
+    script = len(args) - args.index("--") - 1 if "--" in args else 0
+    return (f"trainer.args: {len(args)} items ({script} of them your script's arguments after `--`), but the TrainJob "
+            f"CRD allows at most {MAX_ITEMS} (maxItems) and the API server would refuse the job; pass the script's "
+            f"settings in a file it reads (one flag, e.g. --config its.yaml) and the plan's in --config")
+
+
+def gpu_limits(plan: TrainingPlan) -> dict:
     return {"limits": {"nvidia.com/gpu": str(plan.engine.num_gpus)}} if plan.engine.num_gpus else {}
 
 
@@ -174,67 +208,48 @@ def _trainer_resources(doc: dict):
                 yield f"{role} container {c['name']}", c.get("resources", {})
 
 
-def _meta(job: Job, name: str, **labels: str) -> dict:
-    meta: dict = {"name": name}
-    if job.namespace:
-        meta["namespace"] = job.namespace
-    meta["labels"] = {"app.kubernetes.io/managed-by": "autotune", **labels}
-    return meta
+def meta(job: Job, name: str, namespaced: bool = True, **labels: str) -> dict:
+    out: dict = {"name": name}
+    if job.namespace and namespaced:
+        out["namespace"] = job.namespace
+    out["labels"] = {"app.kubernetes.io/managed-by": "autotune", **labels}
+    return out
 
 
 def claim(job: Job) -> dict:
     spec: dict = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": job.storage}}}
     if job.storage_class:
         spec["storageClassName"] = job.storage_class
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _meta(job, job.pvc), "spec": spec}
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta(job, job.pvc), "spec": spec}
 
 
 def grace_s(plan: TrainingPlan) -> int:
     return plan.run.preemption_grace_s + GRACE_MARGIN_S
 
 
-def _secret_env(job: Job) -> list[dict]:
+def secret_env(job: Job) -> list[dict]:
     return [{"name": SECRET_KEY, "valueFrom": {"secretKeyRef": {"name": job.secret, "key": SECRET_KEY}}}]
 
 
-def _volumes(job: Job) -> tuple[list[dict], list[dict]]:
-    return ([{"name": "runs", "persistentVolumeClaim": {"claimName": job.pvc}}],
-            [{"name": "runs", "mountPath": job.mount_path}])
+def shm_limit(procs: int) -> str:
+    """The ``/dev/shm`` cap for ``procs`` processes on a node: 1 GiB each and 1 GiB more (docs/kubernetes.md:
+    NCCL's shared-memory buffers and the DataLoader workers' batches in flight). Memory-backed: the pages used
+    count against the pod's memory, the cap is no reservation; past it the kubelet evicts the pod."""
+    return f"{max(1, procs) + 1}Gi"
 
 
-def trainjob(plan: TrainingPlan, job: Job) -> list[dict]:
-    """PersistentVolumeClaim, TrainingRuntime (failure policy, volume, grace), TrainJob."""
-    eng = plan.engine
-    volumes, mounts = _volumes(job)
-    runtime_name = f"{job.name}-runtime"
-    pod = {"restartPolicy": "Never", "terminationGracePeriodSeconds": grace_s(plan), "volumes": volumes,
-           "containers": [{"name": NODE_CONTAINER, "image": job.image, "volumeMounts": mounts}]}
-    codes = {"containerName": NODE_CONTAINER, "operator": "In", "values": sorted((*STOP_CODES, PREEMPTED))}
-    node_job = {"name": "node", "template": {
-        "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-        "spec": {"backoffLimit": 0, "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": codes}]},
-                 "template": {"spec": pod}}}}
+def shm(procs: int) -> tuple[dict, dict]:
+    """A memory-backed ``/dev/shm`` (a container's own is 64 MiB: DataLoader workers and NCCL's SHM transport
+    fail with "Bus error" in it): the volume and its mount."""
+    return ({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_limit(procs)}},
+            {"name": SHM_VOLUME, "mountPath": "/dev/shm"})
 
-    def message(codes_re: str) -> list[str]:  # the Job controller's: "... failed with exit code N matching FailJob"
-        return [f"failed with exit code {codes_re} matching FailJob rule"]
 
-    failure = {"maxRestarts": job.job_restarts, "rules": [
-        {"name": "stopOnBadInputOrNoPlan", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"],
-         "onJobFailureMessagePatterns": message("(" + "|".join(map(str, STOP_CODES)) + ")")},
-        {"name": "resumeAfterPreemption", "action": "RestartJobSetAndIgnoreMaxRestarts",
-         "onJobFailureReasons": ["PodFailurePolicy"], "onJobFailureMessagePatterns": message(str(PREEMPTED))}]}
-    runtime = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainingRuntime",
-               "metadata": _meta(job, runtime_name, **{"trainer.kubeflow.org/framework": "torch"}),
-               "spec": {"mlPolicy": {"numNodes": eng.num_nodes, "torch": {}},
-                        "template": {"spec": {"failurePolicy": failure, "replicatedJobs": [node_job]}}}}
-    trainer: dict = {"image": job.image, "command": list(job.command), "numNodes": eng.num_nodes,
-                     "numProcPerNode": eng.nproc_per_node, "env": _secret_env(job)}
-    if eng.num_gpus:
-        trainer["resourcesPerNode"] = _gpu_limits(plan)
-    train = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": _meta(job, job.name),
-             "spec": {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
-                                     "name": runtime_name}, "trainer": trainer}}
-    return [claim(job), runtime, train]
+def volumes(job: Job, procs: int) -> tuple[list[dict], list[dict]]:
+    """The run directory's claim and ``/dev/shm``: the pod's volumes and the trainer container's mounts."""
+    vol, mount = shm(procs)
+    return ([{"name": "runs", "persistentVolumeClaim": {"claimName": job.pvc}}, vol],
+            [{"name": "runs", "mountPath": job.mount_path}, mount])
 
 
 def pytorchjob(plan: TrainingPlan, job: Job) -> list[dict]:
@@ -242,34 +257,33 @@ def pytorchjob(plan: TrainingPlan, job: Job) -> list[dict]:
     eng = plan.engine
 
     def template() -> dict:  # one per role: a shared object would be written as a YAML alias
-        volumes, mounts = _volumes(job)
+        vols, mounts = volumes(job, eng.nproc_per_node)
         container = {"name": V1_CONTAINER, "image": job.image,
-                     "command": ["/bin/sh", "-c", V1_WRAPPER, "autotune", *job.command],
+                     "command": ["/bin/sh", "-c", V1_WRAPPER, "autotune"], "args": list(job.command),
                      "ports": [{"name": V1_PORT_NAME, "containerPort": eng.master_port}],
-                     "env": _secret_env(job), "volumeMounts": mounts, **({"resources": _gpu_limits(plan)}
-                                                                         if eng.num_gpus else {})}
-        return {"spec": {"terminationGracePeriodSeconds": grace_s(plan), "volumes": volumes,
-                         "containers": [container]}}
+                     "env": secret_env(job), "volumeMounts": mounts, **({"resources": gpu_limits(plan)}
+                                                                        if eng.num_gpus else {})}
+        return {"spec": {"terminationGracePeriodSeconds": grace_s(plan), "volumes": vols, "containers": [container]}}
 
     roles = {"Master": 1, "Worker": eng.num_nodes - 1}
     specs = {role: {"replicas": n, "restartPolicy": "ExitCode", "template": template()}
              for role, n in roles.items() if n}
-    job_doc = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(job, job.name),
+    job_doc = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": meta(job, job.name),
                "spec": {"nprocPerNode": str(eng.nproc_per_node), "runPolicy": {"cleanPodPolicy": "Running"},
                         "pytorchReplicaSpecs": specs}}
     return [claim(job), job_doc]
 
 
-def header(plan: TrainingPlan, job: Job, kind: str, out_name: str, config: str | None) -> list[str]:
-    """How to apply it and what to edit (every value in it was checked by ``problems``)."""
+def common_header(plan: TrainingPlan, job: Job, what: str) -> list[str]:
+    """The lines every pod manifest's header starts with: what runs, the image, the secret."""
     eng = plan.engine
-    what = "Kubeflow Trainer v2 TrainJob" if kind == "TrainJob" else "Kubeflow training-operator v1 PyTorchJob"
     gpus = f"{eng.num_gpus} GPU(s) each (nvidia.com/gpu)" if eng.num_gpus else "CPUs only (--num_gpus 0)"
     ns = f" -n {job.namespace}" if job.namespace else ""
-    out_name = out_name if _text(out_name) is None else "<this file>"
+    own = job.command[:job.command.index("--")] if "--" in job.command else job.command  # not the script's
+    config = next((own[i + 1] for i, a in enumerate(own[:-1]) if a == "--config"), None)
     where = (f"and, relative to its working directory, {config}" if config and not config.startswith("/")
              else f"and {config}" if config else "and its default config, configs/default_config.yaml")
-    lines = [
+    return [
         f"{what} written by `python -m autotune export` (docs/kubernetes.md):",
         f"{eng.num_nodes} node(s) x {eng.nproc_per_node} process(es), {gpus}. Every pod runs the same launcher",
         "command, takes its node count, rank and master from the operator (PET_*), plans for its own node, meets",
@@ -279,24 +293,36 @@ def header(plan: TrainingPlan, job: Job, kind: str, out_name: str, config: str |
         f"     {where};",
         "  2. create the job secret once (its value never appears in this file):",
         f"     kubectl create secret generic {job.secret}{ns} --from-literal={SECRET_KEY}=\"$(openssl rand -hex 32)\"",
-        f"Apply: kubectl apply{ns} -f {out_name}",
-        f"Watch: kubectl get {kind.lower()}{ns} {job.name}",
+    ]
+
+
+def volume_header(plan: TrainingPlan, job: Job) -> list[str]:
+    return [
         f"The claim {job.pvc} ({job.storage}, ReadWriteMany: every node writes the run directory {job.run_dir})",
         f"is mounted at {job.mount_path}, hiding what the image has there. Delete it only when the run is done.",
+        f"/dev/shm is memory-backed, at most {shm_limit(plan.engine.nproc_per_node)} (1 GiB per process and 1 more: "
+        "NCCL's shared memory, DataLoader",
+        "workers' batches); its pages count against the pod's memory.",
         f"Preemption: SIGTERM -> a checkpoint within {plan.run.preemption_grace_s} s (checkpoint.preemption_grace_s; "
-        f"the pods' grace is {grace_s(plan)} s) -> exit 75,",
+        f"pods' grace {grace_s(plan)} s) -> exit 75,",
     ]
-    if kind == "TrainJob":
-        lines += ["which restarts the whole job, not counted in maxRestarts; exit 2 (bad input) and 3 (no plan fits)",
-                  f"stop it; any other failure restarts it, at most {job.job_restarts} times (the TrainingRuntime's "
-                  "failurePolicy)."]
-    else:
-        lines += [f"which the wrapper turns into {V1_RESTART_CODE}: under restartPolicy ExitCode 128+ restarts the pod "
-                  "and 1-127 end", "the job (exit 2: bad input, 3: no plan fits). The operator sets no bound on "
-                  "restarts."]
-    lines.append("Edit: the claim's size and storageClassName; memory/cpu requests beside the GPU limits"
-                 + ("; maxRestarts." if kind == "TrainJob" else "."))
+
+
+def pytorchjob_header(plan: TrainingPlan, job: Job, out_name: str) -> list[str]:
+    ns = f" -n {job.namespace}" if job.namespace else ""
+    lines = [*common_header(plan, job, "Kubeflow training-operator v1 PyTorchJob"),
+             f"Apply: kubectl apply{ns} -f {out_name}", f"Watch: kubectl get pytorchjob{ns} {job.name}",
+             *volume_header(plan, job),
+             f"which the wrapper turns into {V1_RESTART[PREEMPTED]}, and exit {UNAVAILABLE} (a peer or a lock holder "
+             f"not there in time) into {V1_RESTART[UNAVAILABLE]}: under",
+             "restartPolicy ExitCode 128+ restarts the pod and 1-127 end the job (exit 2: bad input, 3: no plan "
+             "fits).", "The operator sets no bound on these restarts.",
+             "Edit: the claim's size and storageClassName; memory/cpu requests beside the GPU limits."]
     return [f"# {line}" for line in lines]
+
+
+def out_name_shown(out_name: str) -> str:
+    return out_name if _text(out_name) is None else "<this file>"
 
 
 def render(docs: list[dict], header_lines: list[str]) -> str:
@@ -306,11 +332,10 @@ def render(docs: list[dict], header_lines: list[str]) -> str:
     return "\n".join(header_lines) + "\n" + body
 
 
-def manifests(plan: TrainingPlan, job: Job, kind: str, *, cpu_on_purpose: bool) -> list[dict]:
-    """The documents for ``kind`` ("kubeflow" or "pytorchjob"), after every check: each bad field named."""
+def check(job: Job, fmt: str) -> None:
+    """Every value that cannot go into the manifest, named; exit 2."""
     bad = problems(job)
+    if fmt == "kubeflow":
+        bad += trainjob_problems(job)
     if bad:
-        raise UserError(f"export --format {kind}: {len(bad)} value(s) cannot go into the manifest", bad)
-    docs = trainjob(plan, job) if kind == "kubeflow" else pytorchjob(plan, job)
-    check_gpus(plan, docs, cpu_on_purpose)
-    return docs
+        raise UserError(f"export --format {fmt}: {len(bad)} value(s) cannot go into the manifest", bad)

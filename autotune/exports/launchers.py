@@ -136,11 +136,13 @@ def deepspeed_hostfile(plan: TrainingPlan, hosts: tuple[str, ...] | list[str]) -
 
 def sbatch_script(plan: TrainingPlan, *, launcher: str, config: str, run_dir: str, cpus_per_task: int,
                   time_limit: str, partition: str | None, account: str | None, job_name: str,
-                  script_args: list[str] | tuple[str, ...] = (), plan_flags: list[str] | tuple[str, ...] = ()) -> str:
+                  script_args: list[str] | tuple[str, ...] = (), plan_flags: list[str] | tuple[str, ...] = (),
+                  requeues: int = 3) -> str:
     """An sbatch script for the plan: one launcher task per node (srun), torchrun's c10d rendezvous
     across nodes (autotune reads the allocation on each node), logs inside the run directory,
     SIGUSR1 two minutes before the time limit; the ranks save a checkpoint and exit 75, and the
-    script requeues the job, which resumes from that checkpoint."""
+    script requeues the job, which resumes from that checkpoint. Exit 69 (a peer or a lock holder not there in
+    time) requeues it too while SLURM_RESTART_COUNT (every requeue of the job) is below ``requeues``."""
     import shlex
 
     from autotune.rundir.layout import JOB_SECRET_ENV
@@ -183,6 +185,15 @@ def sbatch_script(plan: TrainingPlan, *, launcher: str, config: str, run_dir: st
                             *(["--", *script_args] if script_args else [])]) + " || rc=$?",
               'if [ "$rc" -eq 75 ] && [ -n "${SLURM_JOB_ID:-}" ]; then',
               '  echo "autotune: checkpoint saved on preemption; requeueing job $SLURM_JOB_ID"',
+              '  scontrol requeue "$SLURM_JOB_ID"',
+              "  exit 0",
+              "fi",
+              f"# Exit 69: a node or the run's lock holder was not there in time: requeue, at most {requeues} times "
+              "(SLURM", "# counts every requeue of the job, the preemptions' too, in SLURM_RESTART_COUNT).",
+              'if [ "$rc" -eq 69 ] && [ -n "${SLURM_JOB_ID:-}" ] && '
+              f'[ "${{SLURM_RESTART_COUNT:-0}}" -lt {requeues} ]; then',
+              '  echo "autotune: a peer was not there in time; requeueing job $SLURM_JOB_ID '
+              '(restart ${SLURM_RESTART_COUNT:-0})"',
               '  scontrol requeue "$SLURM_JOB_ID"',
               "  exit 0",
               "fi",

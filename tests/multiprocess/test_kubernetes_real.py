@@ -38,7 +38,8 @@ def test_two_pods_run_the_exported_trainjob_preempted_then_resumed_to_the_end(cl
             "--num_gpus", "0", "--nproc_per_node", "1")
     assert r.returncode == 0, r.stderr
     job = list(yaml.safe_load_all(r.stdout))[2]
-    command, secret = job["spec"]["trainer"]["command"], "s3cr3t-for-this-test-only"
+    command = job["spec"]["trainer"]["command"] + job["spec"]["trainer"]["args"]  # the container's entry and args
+    secret = "s3cr3t-for-this-test-only"
     assert (job["spec"]["trainer"]["numNodes"], job["spec"]["trainer"]["numProcPerNode"]) == (2, 1)
     assert "--num_nodes" not in command and "--num_gpus" in command  # node facts come from PET_*, in each pod
     port = free_port()

@@ -17,6 +17,7 @@ from helpers.support import in_process_cli, require
 from autotune.config import TrainConfig
 from autotune.errors import UserError
 from autotune.exports import kubernetes as k8s
+from autotune.exports import trainjob
 from autotune.planner import plan
 from autotune.profiles import load_profile
 
@@ -59,9 +60,9 @@ def test_the_exported_trainjob_validates_against_the_trainers_models_and_kuberne
     t = job["spec"]["trainer"]
     assert (t["numNodes"], t["numProcPerNode"], t["resourcesPerNode"], t["image"]) == \
         (2, 4, {"limits": {"nvidia.com/gpu": "4"}}, IMAGE)
-    assert t["command"] == ["python", "-m", "autotune", "launch", "--config", "configs/default_config.yaml",
-                            "--max_steps", "50", "--run_dir", "/autotune/runs/llm", "--resume_from", "auto", "--",
-                            "--x", "{seed}"]  # no node flags: each pod reads PET_*
+    assert t["command"] == ["python", "-m", "autotune", "launch"]  # the script's arguments go in args
+    assert t["args"] == ["--config", "configs/default_config.yaml", "--max_steps", "50", "--run_dir",
+                         "/autotune/runs/llm", "--resume_from", "auto", "--", "--x", "{seed}"]  # no node flags
     assert t["env"] == [{"name": "AUTOTUNE_JOB_SECRET", "valueFrom": {"secretKeyRef": {"name": "llm-secret",
                                                                                         "key": "AUTOTUNE_JOB_SECRET"}}}]
     assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
@@ -72,12 +73,15 @@ def test_the_exported_trainjob_validates_against_the_trainers_models_and_kuberne
         "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
     made = copy.deepcopy(rj["template"]["spec"])
     c = made["template"]["spec"]["containers"][0]
-    c.update(command=t["command"], env=t["env"], resources=t["resourcesPerNode"])
+    c.update(command=t["command"], args=t["args"], env=t["env"], resources=t["resourcesPerNode"])
     _k8s_valid({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "llm-node-0"}, "spec": made})
     pod = made["template"]["spec"]
     assert (pod["restartPolicy"], pod["terminationGracePeriodSeconds"], made["backoffLimit"]) == ("Never", 90, 0)
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "llm-runs" == pvc["metadata"]["name"]
     assert c["volumeMounts"][0]["mountPath"] == "/autotune/runs"
+    assert (pod["volumes"][1], c["volumeMounts"][1]) == ({"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                                                       "sizeLimit": "5Gi"}},
+                                                         {"name": "dshm", "mountPath": "/dev/shm"})
     # the Secret the header's command makes holds the key the pods read
     secret = re.search(r"kubectl create secret generic (\S+) -n team-a --from-literal=(\w+)=", text)
     _k8s_valid({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret[1], "namespace": "team-a"},
@@ -87,12 +91,13 @@ def test_the_exported_trainjob_validates_against_the_trainers_models_and_kuberne
 
 
 def _exit_codes_decide(runtime, made):
-    """Exit 75 restarts the job set (not counted), 2 and 3 fail it, anything else restarts it (counted): the Job
-    fails on 2/3/75 with the Job controller's message (pkg/controller/job/pod_failure_policy.go), which the
-    JobSet's rules match (RE2; these patterns mean the same in Python's re)."""
+    """Exit 75 restarts the job set (not counted), 2 and 3 fail it, 69 (a peer not there in time) and anything else
+    restart it (counted): the Job fails on 2/3/69/75 with the Job controller's message
+    (pkg/controller/job/pod_failure_policy.go), which the JobSet's rules match (RE2; these patterns mean the same
+    in Python's re)."""
     rules = made["podFailurePolicy"]["rules"]
     assert rules == [{"action": "FailJob", "onExitCodes": {"containerName": "node", "operator": "In",
-                                                           "values": [2, 3, 75]}}]
+                                                           "values": [2, 3, 69, 75]}}]
     policy = runtime["spec"]["template"]["spec"]["failurePolicy"]
     assert policy["maxRestarts"] == 3
 
@@ -103,9 +108,9 @@ def _exit_codes_decide(runtime, made):
         return next(r["action"] for r in policy["rules"] if "PodFailurePolicy" in r["onJobFailureReasons"] and
                     any(re.search(p, msg) for p in r["onJobFailureMessagePatterns"]))
 
-    assert {code: action(code) for code in (2, 3, 75, 1, 137)} == {
-        2: "FailJobSet", 3: "FailJobSet", 75: "RestartJobSetAndIgnoreMaxRestarts", 1: "RestartJobSet",
-        137: "RestartJobSet"}
+    assert {code: action(code) for code in (2, 3, 75, 69, 1, 137)} == {
+        2: "FailJobSet", 3: "FailJobSet", 75: "RestartJobSetAndIgnoreMaxRestarts", 69: "RestartJobSet",
+        1: "RestartJobSet", 137: "RestartJobSet"}
 
 
 def test_the_exported_pytorchjob_validates_against_the_v1_models_and_kubernetes(cli):
@@ -130,13 +135,14 @@ def test_the_exported_pytorchjob_validates_against_the_v1_models_and_kubernetes(
         assert (c["name"], c["ports"], c["resources"]) == ("pytorch", [{"name": "pytorchjob-port",
                                                                         "containerPort": 23456}],
                                                            {"limits": {"nvidia.com/gpu": "4"}})
-        assert c["command"][:2] == ["/bin/sh", "-c"] and c["command"][4:8] == ["python", "-m", "autotune", "launch"]
-        assert "--master_port" not in c["command"] and "--num_nodes" not in c["command"]
+        assert c["command"] == ["/bin/sh", "-c", k8s.V1_WRAPPER, "autotune"]
+        assert c["args"][:4] == ["python", "-m", "autotune", "launch"]
+        assert "--master_port" not in c["args"] and "--num_nodes" not in c["args"]
 
 
-def test_the_v1_wrapper_restarts_a_preempted_launcher_and_keeps_2_and_3_permanent(tmp_path):
-    """PID 1 of the v1 pod: SIGTERM reaches the launcher, whose exit 75 leaves as 143 (retryable under
-    restartPolicy ExitCode); other codes pass unchanged."""
+def test_the_v1_wrapper_restarts_a_preempted_or_unavailable_launcher_and_keeps_2_and_3_permanent(tmp_path):
+    """PID 1 of the v1 pod: SIGTERM reaches the launcher, whose exit 75 leaves as 143 and 69 (a peer not there in
+    time) as 197 (both retryable under restartPolicy ExitCode: 128+); other codes pass unchanged."""
     child = tmp_path / "launcher.py"
     child.write_text("import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(75))\n"
                      "print('up', flush=True)\nif len(sys.argv) > 1: sys.exit(int(sys.argv[1]))\ntime.sleep(60)\n")
@@ -149,7 +155,7 @@ def test_the_v1_wrapper_restarts_a_preempted_launcher_and_keeps_2_and_3_permanen
     p.send_signal(signal.SIGTERM)  # the kubelet signals the container's PID 1: the shell
     assert p.wait(timeout=20) == 143
     assert [subprocess.run(wrapped(code), capture_output=True, timeout=20).returncode
-            for code in ("0", "2", "3", "1")] == [0, 2, 3, 1]
+            for code in ("0", "2", "3", "1", "69")] == [0, 2, 3, 1, 197]
 
 
 @pytest.mark.parametrize("flag, value, why", [
@@ -188,7 +194,7 @@ def test_a_manifest_without_gpu_limits_or_with_a_bad_image_is_refused_at_export(
     p = plan(load_profile("2x4xL4"), TrainConfig(), deepspeed_installed=True)
     job = k8s.Job(name="llm", image=IMAGE, command=("python",), run_dir="/a/runs/llm", pvc="r", storage="1Ti",
                   secret="s")
-    docs = k8s.trainjob(p, job)
+    docs = trainjob.trainjob(p, job)
     del docs[2]["spec"]["trainer"]["resourcesPerNode"]
     with pytest.raises(UserError, match=r"TrainJob spec.trainer.resourcesPerNode asks for no GPU, but the plan runs "
                                         r"4 process\(es\) on 4 GPU\(s\) per node"):
