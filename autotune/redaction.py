@@ -186,6 +186,8 @@ def secret_flags(argv: list[str] | tuple[str, ...]) -> list[str]:
     return [s.name + (f" ({s.why})" if s.why else "") for s in secret_arguments(argv)]
 
 
-WHERE_SECRETS_BELONG = ("a secret reaches a script through its environment (e.g. HF_TOKEN, WANDB_API_KEY: a variable "
-                        "you export, or a key of a Kubernetes Secret), never an argument; autotune's own job secret "
-                        "likewise comes from $AUTOTUNE_JOB_SECRET or --job_secret_file")
+def where_secrets_belong(job_secret_variable: str) -> str:
+    """What a refusal says instead of the secret: where secrets belong (``job_secret_variable``: the launcher's
+    variable for the nodes' secret, rundir.layout.JOB_SECRET_ENV)."""
+    return ("secrets belong in a Kubernetes Secret or an environment variable the script reads, never in an argument "
+            f"(autotune's own job secret: ${job_secret_variable} or --job_secret_file)")
