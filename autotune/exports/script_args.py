@@ -72,11 +72,12 @@ def expand(args: list[str], values: dict[str, str], where: str = "script argumen
             name = m.group(1).strip()
             if name in values:
                 return values[name]
+            what = f"{{{name}}}" if seen == arg else "(not shown: a secret)"  # the braces may hold the secret
             if name in _CONTEXT_NAMES:
-                raise UserError(f"{where}: {{{name}}} in {seen!r} needs {_CONTEXT_NAMES[name]}, which this command "
+                raise UserError(f"{where}: {what} in {seen!r} needs {_CONTEXT_NAMES[name]}, which this command "
                                 "has not")
             known = ", ".join("{" + k + "}" for k in sorted(values))
-            raise UserError(f"{where}: unknown placeholder {{{name}}} in {seen!r}; known: {known}")
+            raise UserError(f"{where}: unknown placeholder {what} in {seen!r}; known: {known}")
 
         out.append(_TOKEN.sub(sub, arg))
     return out
