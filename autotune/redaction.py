@@ -23,6 +23,7 @@ _ENDS = re.compile(r".*(token|secrets?|passwords?|passwd|passphrase|credentials?
                    r"|signing|sign|ssh|gpg|pgp|license|encryption|hmac|shared|service|storage))?keys?", re.IGNORECASE)
 _WORDS = {"pass", "pwd", "sas", "sig", "signature", "dsn", "jwt", "bearer", "otp"}
 _INSIDE = re.compile(r"password|passwd|passphrase|secret|credential|apikey|bearer|jwt", re.IGNORECASE)
+MAX_NAME = 200  # characters of a flag's name; a longer one is judged as a value
 _WHOLE = {"hf", "pat"}  # only as the whole name: --hf (a Hugging Face token), never --hf_model
 _SPECIAL_TOKENS = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", "start", "end", "stop", "image",
                    "audio", "video", "placeholder", "additional"}
@@ -38,6 +39,8 @@ def says_secret(name: str) -> bool:
     bare = name.lstrip("-+~").rstrip(":")
     if bare.lower() in _WHOLE:
         return True
+    if len(bare) > MAX_NAME:  # no flag is this long (and the words rule stays linear in what it reads)
+        return False
     words = [w for w in re.split(r"[-_.@/]", bare) if w]
     if not words or words[-1].lower() in _COUNTS:
         return False
@@ -69,7 +72,7 @@ _PREFIXED = re.compile(
     r"|AIza[A-Za-z0-9_-]{35}|ya29\.[A-Za-z0-9_-]{20,}|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,}|dapi[0-9a-f]{32})")
 _JWT = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")
 # scheme://user:password@host (a password may be empty only when the user name is itself a secret's shape)
-_URL_CREDENTIALS = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:[^\s/?#@]+@")
+_URL_CREDENTIALS = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:[^\s/?#@]+@")
 _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 _BEARER = re.compile(r"\bbearer\s+[A-Za-z0-9._~+/=-]{16,}", re.IGNORECASE)
 # name=value or name: value inside a value (a URL's query, a connection string, JSON, a header), the name a secret's
