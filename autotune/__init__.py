@@ -32,6 +32,7 @@ def current_plan(path=None, *, config=None):
 
         from autotune.config import apply_overrides
 
-        cfg = apply_overrides(cfg, {"training.entrypoint": sys.argv[0] or "<python>"})
+        script = sys.argv[0] if sys.argv[0].endswith(".py") else "__main__:main"  # python -c, a REPL, a notebook
+        cfg = apply_overrides(cfg, {"training.entrypoint": script})
     plan, _hw, _ds = plan_for(cfg, with_deepspeed=False)
     return ScriptPlan.of(plan)

@@ -9,6 +9,7 @@ from autotune import __version__
 from autotune.commands import check, estimate, export, launch, plan, report
 from autotune.commands.common import Parser, did_you_mean
 from autotune.errors import run_cli
+from autotune.redaction import redact_args
 
 DESCRIPTION = """autotune: detect the hardware, plan batch sizes / accumulation / precision /
 engine for it, and launch training with the right engine (single, DDP, FSDP2, DeepSpeed).
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         flags = [s for a in sub._actions for s in a.option_strings]
         guesses = "".join(did_you_mean(u, flags) for u in unknown if u.startswith("-"))
         hint = " (arguments for your training script go after `--`)" if args.command == "launch" else ""
-        sub.error(f"unrecognized arguments: {' '.join(unknown)}{guesses}{hint}")
+        sub.error(f"unrecognized arguments: {' '.join(redact_args(unknown))}{guesses}{hint}")
     return run_cli(lambda: args.func(args))
 
 

@@ -82,7 +82,9 @@ ZeroStage = Annotated[Union[int, str], PlainValidator(_zero_stage), _ser]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    # strict: a value is of its type as written (true is no count, '4' no number, 'yes' no boolean); an integer is
+    # still a float
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
 
 
 class ModelConfig(_Section):
@@ -243,7 +245,42 @@ def _cross_checks(cfg: TrainConfig) -> list[str]:
         problems.append("training.sample_input: needs training.model (the factory of the model it feeds)")
     if cfg.training.epochs is None and cfg.training.max_steps is None:
         problems.append("training.epochs: set training.epochs or training.max_steps (both are empty)")
-    return problems
+    return problems + _meaning_problems(cfg)
+
+
+def _meaning_problems(cfg: TrainConfig) -> list[str]:
+    """Values of the right type that still mean nothing: an entrypoint that is neither a script path nor
+    package.module:function, a path the system cannot hold, a master address that is no host, a NUL byte anywhere
+    (no process argument, variable or path can carry one)."""
+    from autotune.safe_input import MAX_ARG_BYTES, MODULE_FUNCTION, host_problem, path_problem
+
+    t, out = cfg.training, []
+    entry = t.entrypoint
+    if entry is not None and entry.endswith(".py") and path_problem(entry):
+        out.append(f"training.entrypoint: the script's path {path_problem(entry)}; give the path of your script")
+    elif entry is not None and not entry.endswith(".py") and not MODULE_FUNCTION.fullmatch(entry):
+        shown = f"{entry[:80]!r}{'...' if len(entry) > 80 else ''}"
+        out.append(f"training.entrypoint: must be a script path ending in .py (train.py) or package.module:function "
+                   f"(my_pkg.train:main), got {shown}; remove the key to train the built-in workload")
+    if t.workdir is not None and path_problem(t.workdir):
+        out.append(f"training.workdir: {path_problem(t.workdir)}; give the directory your script starts in, or "
+                   "remove the key (it then starts where you launch)")
+    for i, arg in enumerate(t.script_args):  # never shown: an argument may be a secret
+        if "\0" in arg:
+            out.append(f"training.script_args[{i}]: holds a NUL byte, which no process argument can; remove it")
+        elif len(arg.encode("utf-8", "surrogatepass")) > MAX_ARG_BYTES:
+            out.append(f"training.script_args[{i}]: longer than a process argument may be ({MAX_ARG_BYTES} bytes); "
+                       "pass a file's path instead")
+    addr = cfg.distributed.master_addr
+    if addr != AUTO and host_problem(addr):
+        out.append(f"distributed.master_addr: {addr[:80]!r} {host_problem(addr)}; give node 0's host name or IP "
+                   "address (--master_addr), or auto")
+    named = {"training.entrypoint", "training.workdir"}
+    for section, values in config_to_dict(cfg).items():
+        for key, value in values.items():
+            if isinstance(value, str) and "\0" in value and f"{section}.{key}" not in named:
+                out.append(f"{section}.{key}: holds a NUL byte; text only")
+    return out
 
 
 def _keys_at(section: str) -> list[str]:

@@ -102,6 +102,15 @@ def _loc(loc: tuple) -> str:
     return out or "<root>"
 
 
+# pydantic's words for a value of the wrong type, and what to write instead (configs and profiles are validated
+# strictly: true is no count, '4' no number, 'yes' no boolean)
+_TYPE_FIXES = {"Input should be a valid boolean": "must be true or false (unquoted)",
+               "Input should be a valid integer": "must be a whole number (unquoted)",
+               "Input should be a valid number": "must be a number (unquoted)",
+               "Input should be a valid string": "must be text (quoted)",
+               "Input should be a valid list": "must be a list ([a, b], or one '- item' per line)"}
+
+
 def _short_repr(value) -> str:
     """A bounded repr: a value echoed back in a message is never large (or slow to write)."""
     import reprlib
@@ -138,7 +147,10 @@ def validation_problems(err, prefix: str = "", keys_in: str = CONFIG_KEYS,
         if e.get("type") == "missing":
             problems.append(f"{path}: required field is missing")
             continue
-        problems.append(f"{path}: {msg}, got {_short_repr(e.get('input'))}")
+        msg = _TYPE_FIXES.get(msg, msg).removeprefix("Value error, ")
+        shown = "a value not shown (script arguments may hold secrets)" if "script_args" in path else \
+            _short_repr(e.get("input"))
+        problems.append(f"{path}: {msg}, got {shown}")
     # de-duplicate while keeping order (union members report the same field several times)
     seen, out = set(), []
     for p in problems:

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autotune.errors import UserError, format_validation_error
 
@@ -86,9 +86,16 @@ class CPUInfo(_Frozen):
     logical_cores: int | None = None
     affinity_cores: int | None = None  # len(sched_getaffinity)
     cgroup_quota_cores: float | None = None  # cpu.max / cfs_quota_us, None if unlimited/unknown
-    cgroup_version: int | None = None
+    cgroup_version: Literal[1, 2] | None = None  # None: unknown (a profile says null)
     effective_cores: int = 1
     effective_cores_reason: str = ""
+
+    @field_validator("cgroup_version", mode="before")
+    @classmethod
+    def _no_boolean(cls, v):
+        if isinstance(v, bool):  # Literal[1, 2] would take true as 1
+            raise ValueError("must be 1, 2 or null (unknown), not true or false")
+        return v
 
 
 class MemoryInfo(_Frozen):
@@ -163,7 +170,7 @@ class HardwareProfile(_Frozen):
                             f"reads ({SCHEMA_VERSION}); write the profile again with "
                             "`python -m autotune.hardware report --json`")
         try:
-            profile = cls.model_validate(data)
+            profile = cls.model_validate(_tuples(data), strict=True)
         except ValidationError as e:
             raise UserError(format_validation_error(
                 e, f"{origin}: not a valid hardware profile; fix the fields below or write the profile again with "
@@ -174,6 +181,16 @@ class HardwareProfile(_Frozen):
             raise UserError(f"{origin}: not a possible machine ({len(problems)} problem(s)); fix the numbers or "
                             "write the profile again with `python -m autotune.hardware report --json`", problems)
         return profile
+
+
+def _tuples(value):
+    """JSON's lists as the profile's tuples: a profile from a file or a peer is validated strictly (true is no count,
+    '4' no number), and strict validation takes a tuple only as a tuple."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    return value
 
 
 def peer_profile(data, node: int) -> HardwareProfile:
@@ -188,7 +205,7 @@ def peer_profile(data, node: int) -> HardwareProfile:
         raise UserError(f"{head}: field schema_version: {data.get('schema_version')!r}, this autotune reads "
                         f"{SCHEMA_VERSION}; run the same autotune on every node")
     try:
-        profile = HardwareProfile.model_validate(data)
+        profile = HardwareProfile.model_validate(_tuples(data), strict=True)
     except ValidationError as e:
         problems = validation_problems(e, keys_in="`python -m autotune.hardware report --json`")
     else:
@@ -328,6 +345,11 @@ def profile_problems(p: HardwareProfile) -> list[str]:
         v = getattr(m, name)
         if v is not None and v < 0:
             out.append(f"memory.{name}: must be >= 0 or null (unknown), got {v}")
+    from autotune.safe_input import host_problem
+
+    hosts = [("kubernetes.master_addr", p.kubernetes.master_addr if p.kubernetes else None),
+             *((f"slurm.hosts[{i}]", h) for i, h in enumerate(p.slurm.hosts[:MAX_ENTRIES] if p.slurm else ()))]
+    out += [f"{where}: {host_problem(h)}" for where, h in hosts if h is not None and host_problem(h)]
     return out + _text_problems("", p.model_dump(mode="json"))
 
 

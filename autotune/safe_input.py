@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,11 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 _FastUniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# YAML 1.2's floats: PyYAML (YAML 1.1) reads 3e-3 and 1E5 as text, which a strict config would then refuse; they are
+# numbers as users write them
+_EXPONENT_FLOAT = re.compile(r"[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+for _loader in (_UniqueKeyLoader, _FastUniqueKeyLoader):
+    _loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
 
 
 def _yaml_error(origin: str, e: yaml.YAMLError) -> UserError:
@@ -185,3 +191,69 @@ def load_json(text: str, origin: str) -> Any:
         raise UserError(f"{origin}: nested too deeply to read") from None
     except ValueError as e:  # an integer of thousands of digits (Python's conversion limit)
         raise _number_error(origin, e) from None
+
+
+# -- what a value means --------------------------------------------------------------------------------------------
+NAME_MAX = 255  # bytes in one path component (Linux's NAME_MAX: ext4, xfs, btrfs, tmpfs)
+PATH_MAX = 4096  # bytes in a whole path with its closing NUL (Linux's PATH_MAX)
+MAX_ARG_BYTES = 128 << 10  # one argument of a process (Linux's MAX_ARG_STRLEN): more and exec fails
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+MODULE_FUNCTION = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", re.ASCII)
+
+
+def path_problem(value: str) -> str | None:
+    """Why ``value`` cannot name a file on this system, or None: empty, a NUL byte, a component longer than NAME_MAX
+    bytes, or longer than PATH_MAX - 1 bytes in all (the system would answer "File name too long")."""
+    if not value:
+        return "must not be empty"
+    if "\0" in value:
+        return "holds a NUL byte, which no path can"
+    try:
+        raw = os.fsencode(value)
+    except UnicodeEncodeError:
+        return "holds characters no file name can (a lone surrogate)"
+    if len(raw) >= PATH_MAX:
+        return f"{len(raw)} bytes long, more than a path may be ({PATH_MAX - 1})"
+    long = next((p for p in raw.split(b"/") if len(p) > NAME_MAX), None)
+    if long is not None:
+        return f"has a name of {len(long)} bytes, more than a file name may be ({NAME_MAX})"
+    return None
+
+
+def host_problem(value: str) -> str | None:
+    """Why ``value`` is not a host name (letters, digits, '-' and '_' in dot-separated labels of at most 63
+    characters, at most 253 in all) nor an IPv4 or IPv6 address, or None."""
+    import ipaddress
+
+    if not value:
+        return "must not be empty"
+    try:
+        ipaddress.ip_address(value)
+        return None
+    except ValueError:
+        pass
+    name = value.removesuffix(".")
+    if len(name) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in name.split(".")):
+        return ("is not a host name or an IP address (letters, digits, '-' and '.'; no spaces, newlines or other "
+                "characters)")
+    if name.replace(".", "").isdigit():
+        return "is not a host name or an IP address (all digits, yet not an IPv4 address)"
+    return None
+
+
+def regular_file_problem(path: str | Path) -> str | None:
+    """Why ``path`` is not a regular file this process can read, or None; opened without blocking (a named pipe
+    never hangs the check), never read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    try:
+        mode = os.fstat(fd).st_mode
+    finally:
+        os.close(fd)
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    return None if stat.S_ISREG(mode) else "is not a regular file (a device, pipe or socket)"

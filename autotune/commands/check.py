@@ -27,6 +27,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     check_entrypoint(cfg)
     data = config_to_dict(cfg)
+    if data["training"]["script_args"]:  # printed: a secret among them is shown <redacted> (autotune.redaction)
+        from autotune.redaction import redact_args
+
+        data["training"]["script_args"] = redact_args(data["training"]["script_args"])
     if args.json:
         print(json.dumps(data, indent=2))
         return 0

@@ -44,6 +44,20 @@ positive_int = _int_at_least(1, "a positive integer")
 non_negative_int = _int_at_least(0, "an integer >= 0")
 
 
+def path_of(what: str):
+    """An argparse type: a path the system can hold (``what`` says what it names, for the message); an empty one,
+    a NUL byte or a name too long is the flag's error, exit 2, never "File name too long" later."""
+    def parse(text: str) -> str:
+        from autotune.safe_input import path_problem
+
+        why = path_problem(text)
+        if why:
+            raise argparse.ArgumentTypeError(f"{why}; give {what}")
+        return text
+
+    return parse
+
+
 def script_args_of(raw: list[str] | None) -> list[str]:
     """The training script's arguments: what follows `--` (argparse's REMAINDER keeps the `--` itself); anything
     else left over is a mistake."""
@@ -52,8 +66,9 @@ def script_args_of(raw: list[str] | None) -> list[str]:
         return raw[1:]
     if raw:
         from autotune.errors import UserError
+        from autotune.redaction import redact_args
 
-        raise UserError(f"unrecognised arguments: {' '.join(raw)} (put script arguments after `--`)")
+        raise UserError(f"unrecognised arguments: {' '.join(redact_args(raw))} (put script arguments after `--`)")
     return []
 
 
@@ -64,15 +79,16 @@ def zero_stage(text: str) -> int:
 
 
 def add_config_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), metavar="FILE",
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), metavar="FILE", type=path_of("a config YAML's path"),
                    help="training config YAML (default: configs/default_config.yaml)")
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     add_config_arg(p)
-    p.add_argument("--hardware", metavar="PRESET|PATH",
+    p.add_argument("--hardware", metavar="PRESET|PATH", type=path_of("a preset (e.g. 4xL4) or a profile JSON's path"),
                    help="plan for a preset (e.g. 4xL4, 8xH100-80GB) or a profile JSON instead of this machine")
-    p.add_argument("--policy", metavar="FILE", help="planning policy YAML (default: configs/policy.yaml)")
+    p.add_argument("--policy", metavar="FILE", type=path_of("a policy YAML's path"),
+                   help="planning policy YAML (default: configs/policy.yaml)")
     p.add_argument("--no_probe", action="store_true", help="plan without measuring on this machine first: no "
                    "training.model on GPU 0, no timing of the model's step on this CPU (training.probe: false)")
     g = p.add_argument_group("overrides (each beats the planner and is listed as 'auto would choose X')")
@@ -158,5 +174,11 @@ def plan_from_args(args: argparse.Namespace, timed: bool = False):
     cfg = load_config(args.config)
     if args.hardware is None:  # a plan for this machine: its script must be here (another machine's need not be)
         check_entrypoint(cfg)
+    elif cfg.training.entrypoint:
+        import sys
+
+        print(f"note: training.entrypoint {cfg.training.entrypoint!r} is not checked: this plan is for another "
+              "machine (--hardware), whose files this one cannot see; `autotune check` it where it runs",
+              file=sys.stderr)
     return plan_for(cfg, overrides_from_args(args), args.hardware, auto_optimize=not args.no_auto_optimize,
                     debug=args.debug, policy=args.policy, force=args.force, time_cpu=timed)

@@ -62,7 +62,7 @@ def _write_output(out, text: str, overwrite: bool) -> None:
 
 
 def add_parser(sub) -> None:
-    from autotune.commands.common import add_plan_args
+    from autotune.commands.common import add_plan_args, path_of
     from autotune.exports.formats import FORMATS
     from autotune.rundir.layout import JOB_SECRET_ENV
 
@@ -70,12 +70,14 @@ def add_parser(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--format", required=True, choices=list(FORMATS),
                    help="sbatch is another name of slurm (an sbatch script)")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (refuses to overwrite)")
+    p.add_argument("-o", "--output", metavar="FILE", type=path_of("a file's path"),
+                   help="write here instead of stdout (refuses to overwrite)")
     p.add_argument("--overwrite", action="store_true", help="allow --output to overwrite an existing file")
-    p.add_argument("--script", default="train.py",
+    p.add_argument("--script", default="train.py", type=path_of("your script's path"),
                    help="training script for the torchrun and accelerate launch lines (default: train.py)")
     s = p.add_argument_group("--format slurm")
-    s.add_argument("--run_dir", metavar="DIR", help="run directory of the job (default: runs/slurm-<job name>; "
+    s.add_argument("--run_dir", metavar="DIR", type=path_of("a directory"),
+                   help="run directory of the job (default: runs/slurm-<job name>; "
                    "kubeflow/pytorchjob: /autotune/runs/<job name>, the claim mounted at its parent)")
     s.add_argument("--time", default="24:00:00", metavar="HH:MM:SS", help="time limit (default 24:00:00)")
     s.add_argument("--partition", metavar="NAME", help="SLURM partition")

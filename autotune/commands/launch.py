@@ -23,7 +23,7 @@ deepspeed_config.json for DeepSpeed, metrics, TensorBoard events and checkpoints
 
 
 def add_parser(sub) -> None:
-    from autotune.commands.common import add_plan_args
+    from autotune.commands.common import add_plan_args, path_of
     from autotune.rundir.layout import JOB_SECRET_ENV
 
     p = sub.add_parser("launch", help=HELP, description=HELP, epilog=EPILOG,
@@ -31,8 +31,9 @@ def add_parser(sub) -> None:
     add_plan_args(p)
     p.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
                    help="print the plan and the launch command and environment; start nothing, write nothing")
-    p.add_argument("--run_dir", metavar="DIR", help="run directory (default: runs/<timestamp>-<id>)")
-    p.add_argument("--resume_from", metavar="PATH|auto",
+    p.add_argument("--run_dir", metavar="DIR", type=path_of("a directory, e.g. runs/exp1"),
+                   help="run directory (default: runs/<timestamp>-<id>)")
+    p.add_argument("--resume_from", metavar="PATH|auto", type=path_of("a checkpoint's path, or auto"),
                    help="checkpoint directory, or 'auto' for the newest checkpoint in --run_dir "
                         "(or in the newest run under runs/)")
     p.add_argument("--wandb", action="store_true", help="log to Weights & Biases (offline unless WANDB_API_KEY is set)")
@@ -50,12 +51,13 @@ def add_parser(sub) -> None:
                    "(training.observe: false)")
     p.add_argument("--strict", action="store_true", help="stop when your script observably trains another effective "
                    "batch (> 10 %% off the plan) or engine than the plan, naming the fix (training.strict)")
-    p.add_argument("--workdir", metavar="DIR", help="start your script in DIR (training.workdir); its path, the "
+    p.add_argument("--workdir", metavar="DIR", type=path_of("the directory your script starts in"),
+                   help="start your script in DIR (training.workdir); its path, the "
                    "config and --run_dir stay relative to where you launch")
     p.add_argument("--trust_checkpoint", action="store_true",
                    help="resume from a checkpoint that has no checksums.json (an older autotune's, or one you copied "
                         "without it); it is still loaded as data only, never as code")
-    p.add_argument("--job_secret_file", metavar="FILE",
+    p.add_argument("--job_secret_file", metavar="FILE", type=path_of("the path of the file holding the secret"),
                    help=f"the nodes' shared secret, the same on every node (default: ${JOB_SECRET_ENV}); the "
                         "multi-node hardware exchange admits only nodes that hold it")
     p.add_argument("script_args", nargs=argparse.REMAINDER,

@@ -12,12 +12,13 @@ HELP = "show the detected hardware (or a preset/profile) and the training settin
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    from autotune.commands.common import DEFAULT_CONFIG
+    from autotune.commands.common import DEFAULT_CONFIG, path_of
 
     p.add_argument("--json", action="store_true", help="print the hardware profile as JSON (stable field names)")
     p.add_argument("--profile", "--hardware", dest="profile", metavar="PRESET|PATH",
+                   type=path_of("a preset (e.g. 4xL4) or a profile JSON's path"),
                    help="report a preset (cpu-only, 4xL4, 8xH100-80GB, ...) or a saved profile instead of this machine")
-    p.add_argument("--config", default=str(DEFAULT_CONFIG), metavar="FILE",
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), metavar="FILE", type=path_of("a config YAML's path"),
                    help="config used for the OPTIMAL TRAINING SETTINGS section (default: configs/default_config.yaml)")
     p.add_argument("--no-plan", dest="with_plan", action="store_false",
                    help="omit the OPTIMAL TRAINING SETTINGS section")

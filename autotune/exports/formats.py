@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune.errors import UserError
-from autotune.rundir.records import redact_args, secret_flags
+from autotune.redaction import redact_args, secret_flags, where_secrets_belong
+from autotune.rundir.layout import JOB_SECRET_ENV
 
 if TYPE_CHECKING:  # the command's parser reads FORMATS: it imports no model
     from autotune.plan import TrainingPlan
@@ -95,12 +96,13 @@ def check_pod_flags(fmt: str, *, given: list[str], no_auto_optimize: bool, image
 
 def _refuse_secrets(req: ExportRequest, where: str, instead: str) -> None:
     """A file applied, kept and shared (a manifest, a batch script) never carries a secret script argument: refused
-    by its flag (exit 2), never printed."""
+    by its flag (exit 2), never printed (autotune.redaction: by name and by value)."""
     flags = secret_flags(list(req.script_args))
     if flags:
         raise UserError(f"export --format {req.format}: script arguments carry a secret ({', '.join(flags)}), which "
                         f"{where} would hold in clear", [f"give it to the script through its environment instead: "
-                                                         f"{instead}, e.g. HF_TOKEN or WANDB_API_KEY"])
+                                                         f"{instead}, e.g. HF_TOKEN or WANDB_API_KEY",
+                                                         where_secrets_belong(JOB_SECRET_ENV)])
 
 
 def _sbatch(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan, public_dict
+from autotune.redaction import redact_args
 from autotune.rundir.layout import checkpoint_dir
 
 _TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
@@ -58,7 +59,8 @@ _CONTEXT_NAMES = {"run_dir": "a run directory", "checkpoint_dir": "a run directo
 def expand(args: list[str], values: dict[str, str], where: str = "script arguments") -> list[str]:
     """Replace every {name} in every argument; UserError for unknown names or stray braces."""
     out = []
-    for arg in args:
+    shown = redact_args(list(args))  # what an error may quote: never a secret (autotune.redaction)
+    for arg, seen in zip(args, shown):
         def sub(m: re.Match) -> str:
             tok = m.group(0)
             if tok == "{{":
@@ -66,15 +68,16 @@ def expand(args: list[str], values: dict[str, str], where: str = "script argumen
             if tok == "}}":
                 return "}"
             if m.group(1) is None:
-                raise UserError(f"{where}: a lone {tok!r} in {arg!r}; write {tok * 2} for a literal brace")
+                raise UserError(f"{where}: a lone {tok!r} in {seen!r}; write {tok * 2} for a literal brace")
             name = m.group(1).strip()
             if name in values:
                 return values[name]
+            what = f"{{{name}}}" if seen == arg else "(not shown: a secret)"  # the braces may hold the secret
             if name in _CONTEXT_NAMES:
-                raise UserError(f"{where}: {{{name}}} in {arg!r} needs {_CONTEXT_NAMES[name]}, which this command "
+                raise UserError(f"{where}: {what} in {seen!r} needs {_CONTEXT_NAMES[name]}, which this command "
                                 "has not")
             known = ", ".join("{" + k + "}" for k in sorted(values))
-            raise UserError(f"{where}: unknown placeholder {{{name}}} in {arg!r}; known: {known}")
+            raise UserError(f"{where}: unknown placeholder {what} in {seen!r}; known: {known}")
 
         out.append(_TOKEN.sub(sub, arg))
     return out

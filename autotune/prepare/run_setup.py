@@ -18,6 +18,7 @@ from typing import Any, Mapping
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan
+from autotune.prepare.entrypoint import check_entrypoint
 from autotune.prepare.planning import plan_for, speed_key
 from autotune.prepare.resume import choose_run_dir, resolve_resume
 from autotune.profiles import HardwareProfile
@@ -39,15 +40,6 @@ class RunSetup:
         from autotune.rundir.layout import records_dir
 
         return records_dir(self.plan, self.run_dir)
-
-
-def check_entrypoint(cfg: TrainConfig) -> None:
-    """A script entrypoint (``*.py``) must exist where the launch starts (relative to the current directory);
-    a ``module:function`` is found when it runs."""
-    entry = cfg.training.entrypoint
-    if entry and entry.endswith(".py") and not Path(entry).is_file():
-        raise UserError(f"training.entrypoint: no such script {entry!r} (paths are relative to {Path.cwd()})",
-                        ["fix the path in the config, or run from the directory it is relative to"])
 
 
 def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,

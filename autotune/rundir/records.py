@@ -15,6 +15,7 @@ from typing import Mapping
 
 from autotune.plan import TrainingPlan
 from autotune.profiles import HardwareProfile
+from autotune.redaction import redact_args, secret_flags, secret_value  # noqa: F401 (the one rule; re-exported)
 from autotune.rundir.layout import (
     COMMAND,
     DELIVERY,
@@ -31,47 +32,9 @@ SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", 
 
 
 def redact(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: ("<redacted>" if SECRET_NAME.search(k) else v) for k, v in env.items()}
-
-
-# A script argument's name says it holds a secret when one of its words (split at - _ .) ends with one of these:
-# --hub_token, --api-key, --api_keys, --wandb_key, --apikey, --db.password, --authorization, --session_cookie; or is
-# pass or pwd (--db-pass; not --bypass_cache). Not "tokens" (--max_tokens is a length) nor --tokenizer_name.
-_SECRET_WORD = re.compile(r".*(token|keys?|secrets?|passwords?|passwd|passphrase|credentials?|auth|authorization|"
-                          r"authentication|cookies?)|pass|pwd", re.IGNORECASE)
-
-
-def _says_secret(name: str) -> bool:
-    return any(_SECRET_WORD.fullmatch(w) for w in re.split(r"[-_.]", name.lstrip("-")) if w)
-
-
-def redact_args(argv: list[str]) -> list[str]:
-    """``argv`` with the value of every argument whose name says it is a secret replaced by ``<redacted>``, given
-    as ``--flag value``, ``--flag=value`` or ``name=value`` (an override): what records, printed commands and
-    logs show. The process itself still receives ``argv`` as it was."""
-    out, hide_next = [], False
-    for a in argv:
-        name, eq, _ = a.partition("=")
-        flag, space, _ = a.partition(" ")  # "--password  x" as one argument (a quoted flag and value)
-        if hide_next and not a.startswith("--"):
-            out.append("<redacted>")
-        elif eq and re.fullmatch(r"-{0,2}[\w.-]+", name) and _says_secret(name):
-            out.append(f"{name}=<redacted>")
-        elif space and flag.startswith("-") and re.fullmatch(r"-{1,2}[\w.-]+", flag) and _says_secret(flag):
-            out.append(f"{flag} <redacted>")
-        else:
-            out.append(a)
-        hide_next = a.startswith("-") and not eq and not space and _says_secret(a)
-    return out
-
-
-def secret_flags(argv: list[str]) -> list[str]:
-    """The flags in ``argv`` whose values ``redact_args`` hides, by name (what a refusal may print)."""
-    flags = []
-    for i, (a, shown) in enumerate(zip(argv, redact_args(argv))):
-        if a != shown:
-            flags.append(argv[i - 1] if shown == "<redacted>" else re.split(r"[= ]", shown, maxsplit=1)[0])
-    return flags
+    """The variables as records show them: a value is <redacted> when its name says a secret or the value looks like
+    one (autotune.redaction's value rule)."""
+    return {k: ("<redacted>" if SECRET_NAME.search(k) or secret_value(v) else v) for k, v in env.items()}
 
 
 def load_plan(path: str | os.PathLike | None = None) -> TrainingPlan:

@@ -1,0 +1,196 @@
+"""What a secret looks like, by its name and by its value: the one rule every record, export, log and printed line of
+script arguments uses (``redact_args``: what is shown; ``secret_arguments``: what a kept file refuses, by name)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+REDACTED = "<redacted>"
+
+# -- by name -------------------------------------------------------------------------------------------------------
+# A name says it holds a secret when one of its words (split at - _ . @ /) ends with token, secret(s), password(s),
+# passwd, passphrase, credential(s), auth, authorization, authentication or cookie(s) (--hub_token, --db.password,
+# --authorization, --session_cookie), is key(s) or ends with a kind of key (--api-key, --api_keys, --wandb_key,
+# --apikey, --access_key; not --monkey); or is one of _WORDS (--db-pass, --sas_url, --url_sig; not --bypass_cache);
+# or holds one of _INSIDE anywhere (--passwordfile, --clientsecret, --jwtfile). Not "tokens" (--max_tokens is a
+# length) nor --tokenizer_name; not a tokenizer's special tokens (--pad_token, --eos_token) nor a name that ends
+# with a count or an id (--pad_token_id, --password_length, --token_limit): their values are not secrets.
+_ENDS = re.compile(r".*(token|secrets?|passwords?|passwd|passphrase|credentials?|auth|authorization|authentication"
+                   r"|cookies?)|(.*(api|access|secret|private|priv|auth|hub|wandb|hf|client|account|master|session"
+                   r"|signing|sign|ssh|gpg|pgp|license|encryption|hmac|shared|service|storage))?keys?", re.IGNORECASE)
+_WORDS = {"pass", "pwd", "sas", "sig", "signature", "dsn", "jwt", "bearer", "otp"}
+_INSIDE = re.compile(r"password|passwd|passphrase|secret|credential|apikey|bearer|jwt", re.IGNORECASE)
+MAX_NAME = 200  # characters of a flag's name; a longer one is judged as a value
+_WHOLE = {"hf", "pat"}  # only as the whole name: --hf (a Hugging Face token), never --hf_model
+_SPECIAL_TOKENS = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", "start", "end", "stop", "image",
+                   "audio", "video", "placeholder", "additional"}
+_COUNTS = {"id", "ids", "idx", "index", "count", "num", "len", "length", "limit", "budget", "size", "type", "dim",
+           "max", "min"}
+
+
+def says_secret(name: str) -> bool:
+    """The name rule: ``name`` (a flag such as ``--hub_token`` or ``-p``, a Hydra key such as ``++db.password``)
+    names a secret."""
+    if name == "-p":  # -p PASSWORD (mysql, sshpass); --p stays a probability
+        return True
+    bare = name.lstrip("-+~").rstrip(":")
+    if bare.lower() in _WHOLE:
+        return True
+    if len(bare) > MAX_NAME:  # no flag is this long (and the words rule stays linear in what it reads)
+        return False
+    words = [w for w in re.split(r"[-_.@/]", bare) if w]
+    if not words or words[-1].lower() in _COUNTS:
+        return False
+    for before, w in zip([""] + words, words):
+        if w.lower() == "token" and before.lower() in _SPECIAL_TOKENS:
+            continue
+        if _ENDS.fullmatch(w) or w.lower() in _WORDS or _INSIDE.search(w):
+            return True
+    return False
+
+
+_NAME = r"[A-Za-z_][\w.@/-]*"
+_FLAG = re.compile(rf"(-{{1,2}}{_NAME})(:?)")  # --token, -p, --token: (then its value is the next argument)
+_FLAG_VALUE = re.compile(rf"(-{{1,2}}{_NAME})(=|:\s*|\s+)(.*)", re.DOTALL)  # --k=v, --k: v, --k:v, "--k v"
+_OVERRIDE = re.compile(rf"([+~]{{0,2}}{_NAME})=(.*)", re.DOTALL)  # Hydra: k=v, +k=v, ++k=v, ~k=v
+
+
+# -- by value ------------------------------------------------------------------------------------------------------
+# Well-known token prefixes, each with the length its issuer gives (so a word such as "sk-learn" is no token):
+# Hugging Face (hf_, api_org_), GitHub (ghp_ gho_ ghu_ ghs_ ghr_: github.blog changelog 2021-03-31; github_pat_: its
+# fine-grained tokens), GitLab (glpat- and its other token kinds: gitlab-org/gitlab issue 342327), OpenAI and
+# Anthropic (sk-, sk-proj-, sk-ant-), Stripe (sk_live_, rk_live_), AWS access key ids (AKIA, ASIA), Slack (xoxb- xoxp-
+# xoxa- xoxr- xoxs- xoxe-, xapp-), Google (AIza, ya29.), npm (npm_), PyPI (pypi-), Databricks (dapi).
+_PREFIXED = re.compile(
+    r"(?<![A-Za-z0-9])(?:hf_[A-Za-z0-9]{30,}|api_org_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9_]{30,}"
+    r"|github_pat_[A-Za-z0-9_]{22,}|gl(?:pat|dt|rt|rtr|cbt|ptt|ft|imt|oas|soat|agent)-[A-Za-z0-9_-]{20,}"
+    r"|sk-(?=[A-Za-z0-9_-]*[0-9])(?=[A-Za-z0-9_-]*[A-Z])[A-Za-z0-9_-]{20,}|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"
+    r"|(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])|xox[abposre]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}"
+    r"|AIza[A-Za-z0-9_-]{35}|ya29\.[A-Za-z0-9_-]{20,}|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,}|dapi[0-9a-f]{32})")
+_JWT = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")
+# scheme://user:password@host (a password may be empty only when the user name is itself a secret's shape)
+_URL_CREDENTIALS = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:[^\s/?#@]+@")
+_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+_BEARER = re.compile(r"\bbearer\s+[A-Za-z0-9._~+/=-]{16,}", re.IGNORECASE)
+# name=value or name: value inside a value (a URL's query, a connection string, JSON, a header), the name a secret's
+_PAIR = re.compile(r"""(?:^|[?&;,\s{(])["']?([A-Za-z_][\w.-]*)["']?(?:=|:(?=[\s"']))\s*["']?[^\s"',;&})]""")
+# Long random strings: a run of at least 32 characters of the base64 / base64url alphabets that looks drawn at
+# random rather than written: letters of both cases and digits, at most 1 separator (- _ / +) in 10 characters,
+# more than 4.0 bits of entropy per character (no string of hex digits has more than 4: hashes, run ids and UUIDs
+# pass), and the character class (upper, lower, digit) changing at 40 % or more of its steps (words, CamelCase names
+# and model names change far less often). Random base62 strings of 32 characters are caught 98.7 % of the time, of 40
+# 99.6 %; random base64 of 32 97 %, of 40 99 % (20,000 each). Shorter secrets, hex secrets and ones that read like
+# words go by: the name and prefix rules are what catch those.
+_RUN = re.compile(r"[A-Za-z0-9+/_-]{32,}")
+MIN_RANDOM_CHARS = 32
+MIN_ENTROPY_BITS = 4.0
+MIN_CLASS_CHANGES = 0.4
+MAX_SEPARATORS = 0.1
+
+
+def _entropy(s: str) -> float:
+    n = len(s)
+    return -sum(c / n * math.log2(c / n) for c in Counter(s).values())
+
+
+def _kind(ch: str) -> int:
+    return 0 if ch.isupper() else 1 if ch.islower() else 2
+
+
+def looks_random(run: str) -> bool:
+    """The entropy rule on one run of the base64 alphabets (see above)."""
+    alnum = re.sub(r"[^A-Za-z0-9]", "", run)
+    if len(run) < MIN_RANDOM_CHARS or (len(run) - len(alnum)) > MAX_SEPARATORS * len(run):
+        return False
+    if not (any(c.isupper() for c in alnum) and any(c.islower() for c in alnum) and any(c.isdigit() for c in alnum)):
+        return False
+    if _entropy(run) <= MIN_ENTROPY_BITS:
+        return False
+    changes = sum(_kind(a) != _kind(b) for a, b in zip(alnum, alnum[1:]))
+    return changes >= MIN_CLASS_CHANGES * (len(alnum) - 1)
+
+
+def secret_value(text: str) -> str | None:
+    """The value rule: why ``text`` (one argument, or the value part of one) holds a secret whatever its name, or
+    None."""
+    if _PEM.search(text):
+        return "a private key"
+    if _URL_CREDENTIALS.search(text):
+        return "URL credentials"
+    if _JWT.search(text):
+        return "a JWT"
+    if _PREFIXED.search(text):
+        return "a token by its prefix"
+    if _BEARER.search(text):
+        return "a bearer token"
+    for m in _PAIR.finditer(text):
+        if says_secret(m.group(1)):
+            return f"{m.group(1)}=... inside it"
+    if any(looks_random(m.group()) for m in _RUN.finditer(text)):
+        return "a long random string"
+    return None
+
+
+# -- arguments -----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Secret:
+    """One argument that holds a secret: its place, how a refusal names it (never its value) and how it is shown."""
+
+    index: int
+    name: str  # the flag or key ("--hub_token", "db.password"), else "argument N"
+    why: str  # "" when the name says it; else what the value looks like
+    shown: str
+
+
+def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
+    """Every argument of ``argv`` that holds a secret, by the name rule or the value rule, in any syntax: ``--k v``,
+    ``--k=v``, ``--k: v``, ``--k:v``, ``-k v``, ``"--k v"`` as one argument, Hydra's ``k=v``, ``+k=v``, ``++k=v``."""
+    found: list[Secret] = []
+    flag = None  # the flag alone just before this argument (``--hub_token``, ``-p``, ``--token:``), if any
+    for i, a in enumerate(str(a) for a in argv):
+        before, flag = flag, None
+        if before is not None and says_secret(before) and not a.startswith("--"):  # its value (which may start with -)
+            found.append(Secret(i, before, "", REDACTED))
+            continue
+        alone, named = _FLAG.fullmatch(a), _FLAG_VALUE.fullmatch(a) or _OVERRIDE.fullmatch(a)
+        if alone:
+            flag = alone.group(1) + alone.group(2)
+            why = None if says_secret(flag) else secret_value(a)
+        elif named:
+            name, sep, value = named.group(1), named.group(2) if named.re is _FLAG_VALUE else "=", named.groups()[-1]
+            sep = " " if sep.isspace() else sep
+            why = "" if says_secret(name) else secret_value(value)
+            if why is not None:
+                found.append(Secret(i, name, why, f"{name}{sep}{REDACTED}"))
+            continue
+        else:
+            why = secret_value(a)
+        if why is not None:  # a positional value, or a flag that is itself a token (--ghp_...)
+            found.append(Secret(i, before if before and not alone else f"argument {i + 1}", why, REDACTED))
+            flag = None
+    return found
+
+
+def redact_args(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """``argv`` with every secret (``secret_arguments``) shown as ``<redacted>`` and its flag or key kept: what records,
+    printed commands and logs show. The process itself still receives ``argv`` as it was."""
+    out = [str(a) for a in argv]
+    for s in secret_arguments(argv):
+        out[s.index] = s.shown
+    return out
+
+
+def secret_flags(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """How a refusal names each secret argument: its flag or key (``--hub_token``), with what its value looks like
+    when the name alone does not say it (``--url (URL credentials)``); never the value."""
+    return [s.name + (f" ({s.why})" if s.why else "") for s in secret_arguments(argv)]
+
+
+def where_secrets_belong(job_secret_variable: str) -> str:
+    """What a refusal says instead of the secret: where secrets belong (``job_secret_variable``: the launcher's
+    variable for the nodes' secret, rundir.layout.JOB_SECRET_ENV)."""
+    return ("secrets belong in a Kubernetes Secret or an environment variable the script reads, never in an argument "
+            f"(autotune's own job secret: ${job_secret_variable} or --job_secret_file)")

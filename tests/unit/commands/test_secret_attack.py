@@ -1,0 +1,143 @@
+"""Issue 44 item 1, the attack list through the real CLI (in-process, `python -m autotune` as typed): secrets in
+script arguments, by flag name in every syntax and by value under innocent names, never reach a written file or a
+printed line: the TrainJob, PyTorchJob and sbatch exports refuse them by name, the Accelerate and torchrun exports
+and `launch --dry-run` (text and --json) show them <redacted>, and a real launch keeps them out of command.json,
+plan.json (the config's script_args), the run log, the lock and every other file of the run, and out of what it
+prints, while the script receives every argument as given. Ordinary values pass through unchanged."""
+
+import json
+
+import pytest
+
+from autotune.__main__ import main
+
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhdHRhY2sifQ.c2lnbmF0dXJlLW9mLXRoZS1qd3Q"
+RANDOM = "q8ZrT2vLx9WmB4nKc7YpD3sHf6JgN1aQe5RtU0iO"
+# (arguments, the secret value they carry): every flag syntax, the issue's names, token shapes, URL credentials
+ATTACK = [
+    (["-p", "S3CR3T-p"], "S3CR3T-p"),
+    (["--hf", "S3CR3T-hf"], "S3CR3T-hf"),
+    (["--bearer", "S3CR3T-bearer"], "S3CR3T-bearer"),
+    (["--jwt", JWT], JWT),
+    (["--sas_url", "https://acct.blob.core.windows.net/c?sv=2022&sig=S3CR3T-sas"], "S3CR3T-sas"),
+    (["--passwordfile", "S3CR3T-pwfile"], "S3CR3T-pwfile"),
+    (["--token:", "S3CR3T-colon"], "S3CR3T-colon"),
+    (["--token: S3CR3T-colon-one"], "S3CR3T-colon-one"),
+    (["--api_key=S3CR3T-eq"], "S3CR3T-eq"),
+    (["--hub_token S3CR3T-space"], "S3CR3T-space"),
+    (["db.password=S3CR3T-hydra"], "S3CR3T-hydra"),
+    (["+db.password=S3CR3T-plus"], "S3CR3T-plus"),
+    (["++db.password=S3CR3T-plusplus"], "S3CR3T-plusplus"),
+    (["--verbose", "-p", "S3CR3T-after-switch"], "S3CR3T-after-switch"),
+    (["--data", "https://alice:S3CR3T-url@example.com/d"], "S3CR3T-url"),
+    (["+remote.url=s3://bob:S3CR3T-url2@minio:9000/b"], "S3CR3T-url2"),
+    (["--model_src", "hf_AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh"], "hf_AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh"),
+    (["--repo=ghp_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"], "ghp_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"),
+    (["--gl", "glpat-xYz12AbC34dEf56GhI78"], "glpat-xYz12AbC34dEf56GhI78"),
+    (["--llm", "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv"], "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv"),
+    (["--aws", "AKIAIOSFODNN7EXAMPLE"], "AKIAIOSFODNN7EXAMPLE"),
+    (["--slack", "xoxb-123456789012-S3CR3Tslack"], "S3CR3Tslack"),
+    (["--blob", RANDOM], RANDOM),
+    (["--header", "Authorization: Bearer S3CR3T-bearer-header-0123"], "S3CR3T-bearer-header-0123"),
+    (['--cfg={{"api_key": "S3CR3T-json"}}'], "S3CR3T-json"),  # braces doubled: {name} is a placeholder
+]
+ORDINARY = ["--lr", "0.1", "--seed=1234", "gpt2", "--model", "meta-llama/Llama-3-8B", "--output_dir",
+            "runs/exp1/out", "--run_id", "20261125-103000-9f8e7d6c", "--commit",
+            "5ae54a1b3c9e0f2d4a6b8c0e1f3a5b7c9d1e3f5a", "--max_tokens", "512", "--pad_token", "<pad>",
+            "trainer.max_epochs=3"]
+ARGS = [a for args, _ in ATTACK for a in args]
+SECRETS = [s for _, s in ATTACK]
+NAMES = ["-p", "--hf", "--bearer", "--jwt", "--sas_url", "--passwordfile", "--token:", "--token", "--api_key",
+         "--hub_token", "db.password", "+db.password", "++db.password", "-p", "--data (URL credentials)",
+         "+remote.url (URL credentials)", "--model_src (a token by its prefix)", "--repo (a token by its prefix)",
+         "--gl (a token by its prefix)", "--llm (a token by its prefix)", "--aws (a token by its prefix)",
+         "--slack (a token by its prefix)", "--blob (a long random string)", "--header (a bearer token)",
+         "--cfg (api_key=... inside it)"]
+
+
+def _run(capfd, *argv) -> tuple[int, str]:
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:
+        rc = e.code
+    out = capfd.readouterr()
+    return rc, out.out + out.err
+
+
+def _no_secret_in(text: str, where: str) -> None:
+    leaked = [s for s in SECRETS if s in text]
+    assert not leaked and "S3CR3T" not in text, (where, leaked)
+
+
+def _files_under(folder) -> dict:
+    return {str(f): f.read_bytes().decode(errors="replace") for f in folder.rglob("*") if f.is_file()}
+
+
+@pytest.mark.parametrize("fmt", ["kubeflow", "pytorchjob", "slurm"])
+def test_a_manifest_or_batch_script_refuses_every_secret_by_name_and_says_where_secrets_belong(tmp_path, capfd, fmt):
+    out = tmp_path / "job.out"
+    image = ["--image", "reg.example.com/t:1"] if fmt != "slurm" else []
+    rc, text = _run(capfd, "export", "--format", fmt, "--hardware", "2x4xL4", *image, "-o", str(out), "--", *ARGS,
+                    *ORDINARY)
+    assert rc == 2 and not out.exists()
+    _no_secret_in(text, fmt)
+    assert f"script arguments carry a secret ({', '.join(NAMES)})" in text  # each one named, nothing else
+    assert "Kubernetes Secret or an environment variable" in text and "--job_secret_file" in text
+    rc, text = _run(capfd, "export", "--format", fmt, "--hardware", "2x4xL4", *image, "-o", str(out), "--", *ORDINARY)
+    assert rc == 0 and all(a in out.read_text() for a in ORDINARY[:6])  # ordinary arguments are kept as given
+
+
+def test_printed_lines_and_written_exports_show_every_secret_redacted(tmp_path, capfd):
+    """The torchrun and Accelerate exports, `launch --dry-run` and its --json: no secret, every ordinary value."""
+    acc = tmp_path / "accelerate.yaml"
+    shown = {}
+    for name, argv in {
+        "torchrun": ["export", "--format", "torchrun", "--hardware", "4xL4"],
+        "accelerate": ["export", "--format", "accelerate", "--hardware", "4xL4", "-o", str(acc)],
+        "dry-run": ["launch", "--dry-run", "--hardware", "4xL4", "--run_dir", str(tmp_path / "r")],
+        "dry-run --json": ["launch", "--dry-run", "--json", "--hardware", "4xL4", "--run_dir", str(tmp_path / "r")],
+    }.items():
+        rc, text = _run(capfd, *argv, "--", *ARGS, *ORDINARY)
+        assert rc == 0, text
+        shown[name] = text + (acc.read_text() if name == "accelerate" else "")
+        _no_secret_in(shown[name], name)
+        assert text.count("<redacted>") >= len(ATTACK), name
+    assert all(a in shown["torchrun"] for a in ORDINARY)
+    rc, text = _run(capfd, "launch", "--dry-run", "--hardware", "4xL4", "--", '--cfg={"api_key": "S3CR3T-json"}')
+    assert rc == 2 and "unknown placeholder (not shown: a secret) in '--cfg=<redacted>'" in text  # its braces hold it
+    _no_secret_in(text, "a placeholder's error")
+    argv = json.loads(shown["dry-run --json"])["launch"]["argv"]
+    assert argv[-len(ORDINARY):] == ORDINARY and argv.count("<redacted>") + sum(
+        a.endswith("<redacted>") and a != "<redacted>" for a in argv) == len(ATTACK)
+
+
+def test_a_real_launch_keeps_every_secret_out_of_its_files_and_lines_and_the_script_gets_them(tmp_path, capfd,
+                                                                                              monkeypatch):
+    """command.json, plan.json (the config's script_args, secrets among them), the run log, the lock, every file of
+    the run, the `check` of the config and what the launch prints: no secret; the script's argv: all of them."""
+    script = tmp_path / "train.py"
+    script.write_text("import json, pathlib, sys\n"
+                      "pathlib.Path(__file__).with_name('received.json').write_text(json.dumps(sys.argv[1:]))\n")
+    cfg = tmp_path / "cfg.yaml"
+    in_config = ["--hub_token", "S3CR3T-in-config", "--url=https://u:S3CR3T-cfg-url@h/x"]
+    SECRETS.extend(["S3CR3T-in-config", "S3CR3T-cfg-url"])
+    cfg.write_text(json.dumps({"training": {"entrypoint": str(script), "script_args": in_config}}))
+    monkeypatch.chdir(tmp_path)
+    rc, text = _run(capfd, "check", "--config", str(cfg))
+    assert rc == 0 and "--hub_token" in text
+    _no_secret_in(text, "check")
+    run = tmp_path / "run"
+    rc, text = _run(capfd, "launch", "--config", str(cfg), "--run_dir", str(run), "--no_probe", "--single", "--",
+                    *ARGS, *ORDINARY)
+    assert rc == 0, text
+    given = [a.replace("{{", "{").replace("}}", "}") for a in [*in_config, *ARGS, *ORDINARY]]
+    assert json.loads((tmp_path / "received.json").read_text()) == given
+    _no_secret_in(text, "the launch's printed lines")
+    files = _files_under(run)
+    assert {"command.json", "plan.json", "stdout.log"} <= {f.rsplit("/", 1)[-1] for f in files}, sorted(files)
+    for path, content in files.items():
+        _no_secret_in(content, path)
+    argv = json.loads((run / "command.json").read_text())["argv"]
+    assert argv[-len(ORDINARY):] == ORDINARY
+    assert json.loads((run / "plan.json").read_text())["run"]["script_args"] == ["--hub_token", "<redacted>",
+                                                                                 "--url=<redacted>"]
