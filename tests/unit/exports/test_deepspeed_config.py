@@ -296,9 +296,9 @@ def test_a_scripts_json_carries_only_what_the_plan_owns_and_the_plan_says_what_i
         "training.gradient_clipping is not set: the DeepSpeed JSON sets gradient_clipping 0.0, so DeepSpeed does not "
         "clip (its own default would clip at 1); your script's own clipping, if any, is all there is")
     assert said["optimizer"] == (
-        "the DeepSpeed JSON's AdamW: no parameter set; left out: lr, betas, eps, weight_decay: a script that passes its "
-        "own optimizer to deepspeed.initialize keeps its own, otherwise DeepSpeed builds AdamW at torch's defaults (lr "
-        "0.001, betas (0.9, 0.999), eps 1e-08, weight_decay 0.01)")
+        "the DeepSpeed JSON's AdamW: no parameter set; left out: lr, betas, eps, weight_decay: a script that passes "
+        "its own optimizer to deepspeed.initialize keeps its own, otherwise DeepSpeed builds AdamW at torch's "
+        "defaults (lr 0.001, betas (0.9, 0.999), eps 1e-08, weight_decay 0.01)")
     # set in the config: carried, and clipping said wherever the JSON sets it
     p = _script_plan(**{"training.learning_rate": 0.002, "training.gradient_clipping": 0.5})
     ds = deepspeed_config(p)
