@@ -18,6 +18,21 @@ RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTE
 # Values a script acts on (the launch reports each one's routes)
 DELIVERED = ("micro_batch_size", "gradient_accumulation_steps", "learning_rate", "precision", "num_workers",
              "world_size")
+# ... and the schedule's, where the plan sets them for the script (max_steps wins over epochs)
+SCHEDULE = ("max_steps", "epochs", "warmup_steps")
+WORDS = {"micro_batch_size": "batch size", "gradient_accumulation_steps": "accumulation steps",
+         "learning_rate": "learning rate", "precision": "precision", "num_workers": "DataLoader workers",
+         "max_steps": "step limit", "epochs": "epoch count", "warmup_steps": "warm-up steps"}
+
+
+def delivered_keys(plan: TrainingPlan) -> tuple[str, ...]:
+    """Every plan value the launch hands to a script and reports a route for: DELIVERED, and the schedule's values
+    the plan sets (not a script's own default): the step limit, else the epochs; the warm-up."""
+    sc, yours = plan.schedule, plan.run.script_defaults
+    schedule = ["max_steps"] if sc.max_steps else (["epochs"] if sc.epochs and "epochs" not in yours else [])
+    if "warmup_steps" not in yours and sc.warmup_steps:
+        schedule.append("warmup_steps")
+    return (*DELIVERED, *schedule)
 
 
 @dataclass(frozen=True)
@@ -35,8 +50,7 @@ class Delivery:
                 "wired": self.wired, "divides_accumulation": self.divides_accumulation}
 
     def summary(self) -> list[str]:
-        words = {"micro_batch_size": "batch size", "gradient_accumulation_steps": "accumulation steps",
-                 "learning_rate": "learning rate", "precision": "precision", "num_workers": "DataLoader workers"}
+        words = WORDS
         out = []
         for k in self.advisory:
             if k == "engine" and self.engine == "fsdp":
@@ -61,12 +75,13 @@ class Delivery:
 def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[str], wired: dict[str, str],
              user_args: list[str], deepspeed_json: bool) -> Delivery:
     """Every route by which each plan value reached the script."""
-    routes: dict[str, list[str]] = {k: [] for k in DELIVERED}
+    keys = delivered_keys(plan)
+    routes: dict[str, list[str]] = {k: [] for k in keys}
     if facts is None:  # autotune's own runtime or a module:function entrypoint that reads the plan
-        return Delivery({k: ["Python API (autotune runtime)"] for k in DELIVERED}, [])
+        return Delivery({k: ["Python API (autotune runtime)"] for k in keys}, [])
     world = plan.engine.world_size
     notes = []
-    for k in DELIVERED:
+    for k in keys:
         if k in placeholders:
             routes[k].append(f"placeholder {{{k}}}")
         if k in wired:
@@ -100,10 +115,18 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
     for k, name in VALUE_ENV.items():
         if name in facts.env_reads and k not in plan.run.script_defaults:  # not exported then
             routes[k].append(f"environment ({name}, read by the script)")
-    if PLAN_ENV in facts.env_reads:  # the whole plan, read from the file the variable names
-        for k in DELIVERED:
-            if k not in plan.run.script_defaults and k != "world_size":
-                routes[k].append(f"environment ({PLAN_ENV}, the plan's file, read by the script)")
+    if PLAN_ENV in facts.env_reads:  # the plan's file: a route for the values the script names in its source only
+        unnamed = []
+        for k in keys:
+            if k in plan.run.script_defaults or k == "world_size":
+                continue
+            if k in facts.names_in_source:
+                routes[k].append(f"environment ({PLAN_ENV}, the plan's file, read by the script: it names {k})")
+            else:
+                unnamed.append(k)
+        if unnamed:
+            notes.append(f"the script reads the plan's file (${PLAN_ENV}) but names no {', '.join(unnamed)} in its "
+                         "source: not counted as handed over (its first steps show what it runs)")
     if facts.uses_accelerate:  # an explicit Accelerator(mixed_precision=...) beats the environment
         if "mixed_precision" not in facts.accelerator_kwargs:
             routes["precision"].append("environment (ACCELERATE_MIXED_PRECISION, read by Accelerator())")
@@ -120,10 +143,8 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
             keys.append("micro_batch_size")
         for k in keys:
             routes[k].append(_behind("DeepSpeed JSON", facts))
-    if plan.numerics.precision == "fp32" and not routes["precision"] and not facts.uses_deepspeed_initialize \
-            and "mixed_precision" not in facts.accelerator_kwargs \
-            and not any(f in facts.flags for f in ("--bf16", "--fp16", *FLAGS["precision"])):
-        routes["precision"].append("fp32 is PyTorch's default and the script sets no precision")
+    if not routes["precision"]:
+        _precision_claim(plan, facts, routes, notes)
     if deepspeed_json:  # the engine itself: does the script run DeepSpeed with the plan's ZeRO settings?
         routes["engine"] = _engine_routes(plan, facts, ds_path_given)
     elif plan.engine.backend == "fsdp":  # ... or FSDP2 with the plan's sharding?
@@ -138,6 +159,32 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
     advisory = [k for k in routes if not routes[k]]
     return Delivery(routes, advisory, notes=tuple(notes), engine=plan.engine.backend,
                     divides_accumulation=facts.divided_by_world.get("gradient_accumulation_steps"))
+
+
+def _precision_claim(plan: TrainingPlan, facts: ScriptFacts, routes: dict[str, list[str]], notes: list[str]) -> None:
+    """What can be said of the precision of a script no route reaches: read from the script and the modules of its
+    own project (minGPT autocasts in its trainer.py). A precision it sets itself is named (the plan's does not reach
+    it); fp32 is PyTorch's default only when nothing read sets another, and everything could be read; otherwise it
+    is not known before the launch."""
+    own = facts.precision_set
+    if own:
+        first = own[0]
+        what = first.precision or "a dtype read at run time"
+        notes.append(f"the script sets its own precision ({first.where}: {what}"
+                     + (", behind its own switch" if first.conditional else "")
+                     + (f"; {len(own) - 1} more place(s)" if len(own) > 1 else "")
+                     + f"): the plan's {plan.numerics.precision} does not reach it; its first steps show what it runs")
+        return
+    if plan.numerics.precision != "fp32" or facts.uses_deepspeed_initialize or \
+            "mixed_precision" in facts.accelerator_kwargs or \
+            any(f in facts.flags for f in ("--bf16", "--fp16", *FLAGS["precision"])):
+        return
+    if facts.project_unread:
+        notes.append(f"whether the script sets its own precision is not known before launch: "
+                     f"{'; '.join(facts.project_unread)} could not be read; its first steps show what it runs")
+        return
+    read = f" (read with {len(facts.project)} module(s) of its own project)" if facts.project else ""
+    routes["precision"].append(f"fp32 is PyTorch's default and the script sets no precision{read}")
 
 
 def _behind(route: str, facts: ScriptFacts) -> str:

@@ -28,11 +28,11 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "num_workers": ("--num_workers", "--dataloader_num_workers", "--num-workers", "--workers"),
     "deepspeed_config": ("--deepspeed_config", "--deepspeed-config"),
     "epochs": ("--num_train_epochs", "--epochs", "--num_epochs", "--num-epochs"),
-    "max_steps": ("--max_steps", "--max-steps"),
+    "max_steps": ("--max_steps", "--max_train_steps", "--max-steps", "--max-train-steps"),
     "resume_from": ("--resume_from", "--resume", "--resume_from_checkpoint", "--resume-from",
                     "--resume-from-checkpoint"),
     "precision": ("--mixed_precision", "--mixed-precision", "--precision"),
-    "warmup_steps": ("--warmup_steps", "--warmup-steps", "--warmup_iters"),
+    "warmup_steps": ("--warmup_steps", "--num_warmup_steps", "--warmup-steps", "--warmup_iters"),
     "checkpoint_dir": ("--checkpoint_dir", "--checkpoint-dir", "--ckpt_dir", "--ckpt-dir", "--save_dir", "--save-dir"),
 }
 # plan value -> module-level settings a --key=value configurator script may have for it (first found is used),
@@ -47,11 +47,15 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     "num_workers": ("num_workers",),
     "precision": ("dtype",),
 }
+# the plan's value names as its file (plan.json) spells them: a script reading the file names the ones it uses
+PLAN_NAMES = frozenset({"micro_batch_size", "gradient_accumulation_steps", "learning_rate", "precision",
+                        "num_workers", "max_steps", "epochs", "warmup_steps"})
 HF_FLAGS = {"--per_device_train_batch_size": False, "--gradient_accumulation_steps": False,
             "--learning_rate": False, "--dataloader_num_workers": False, "--num_train_epochs": False,
             "--max_steps": False, "--deepspeed": False, "--bf16": True, "--fp16": True, "--output_dir": False,
             "--seed": False, "--weight_decay": False, "--adam_beta1": False, "--adam_beta2": False,
-            "--adam_epsilon": False, "--max_grad_norm": False, "--fsdp": True, "--fsdp_config": False}
+            "--adam_epsilon": False, "--max_grad_norm": False, "--fsdp": True, "--fsdp_config": False,
+            "--use_cpu": True}
 
 
 @dataclass
@@ -76,6 +80,10 @@ class ScriptFacts:
     scaled_by_world: dict[str, str] = field(default_factory=dict)  # plan key -> the expression multiplying it
     deepspeed_condition: str | None = None  # the `if` test that deepspeed.initialize sits behind
     decides_ddp_by: str | None = None  # the test of RANK by which the script decides on DDP
+    names_in_source: set[str] = field(default_factory=set)  # plan value names as strings or attributes (plan["lr"])
+    project: tuple[str, ...] = ()  # the modules of its own project it imports, read with it
+    project_unread: tuple[str, ...] = ()  # those that could not be read, and why
+    precision_set: list = field(default_factory=list)  # script_project.PrecisionSet: where it sets its own
     error: str | None = None
 
     def names_for(self, key: str) -> set[str]:
@@ -85,12 +93,31 @@ class ScriptFacts:
 
 
 def scan_script(path: str | Path) -> ScriptFacts:
+    """What the script declares and does: its own file, and the modules it imports from its own project
+    (``autotune.exports.script_project``: a Trainer, an Accelerator, autocast made in ``trainer.py``)."""
+    from autotune.exports.script_project import precision_sets, project_modules
+
     facts = ScriptFacts(str(path))
     try:
         tree = ast.parse(Path(path).read_text(), filename=str(path))
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as e:
         facts.error = f"could not read {path}: {e}"
         return facts
+    project = project_modules(Path(path), tree)
+    facts.project = tuple(str(p) for p, _ in project.modules)
+    facts.project_unread = tuple(project.unread)
+    facts.precision_set = precision_sets([(Path(path), tree), *project.modules])
+    for module in (tree, *(t for _, t in project.modules)):
+        _walk(module, facts)
+    if facts.uses_hf_trainer and "--deepspeed" in facts.flags and not facts.deepspeed_launcher_args:
+        facts.flags["--deepspeed"] = False  # HF's --deepspeed takes the JSON's path
+    _scan_settings(tree, facts)
+    _scan_uses(tree, facts)
+    return facts
+
+
+def _walk(tree: ast.Module, facts: ScriptFacts) -> None:
+    """The flags, the libraries' entry points and the variables one module of the script declares and uses."""
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
@@ -98,6 +125,10 @@ def scan_script(path: str | Path) -> ScriptFacts:
                 facts.uses_autotune = True
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(ENV_PREFIX):
             facts.env_reads.add(node.value)
+        elif isinstance(node, ast.Constant) and node.value in PLAN_NAMES:
+            facts.names_in_source.add(node.value)
+        elif isinstance(node, ast.Attribute) and node.attr in PLAN_NAMES:
+            facts.names_in_source.add(node.attr)
         elif isinstance(node, ast.Call):
             name = _call_name(node.func)
             if name.endswith("add_argument"):
@@ -136,11 +167,6 @@ def scan_script(path: str | Path) -> ScriptFacts:
                     facts.reads_deepspeed_micro_batch = True
         elif isinstance(node, ast.Attribute) and node.attr == "train_micro_batch_size_per_gpu":
             facts.reads_deepspeed_micro_batch = True
-    if facts.uses_hf_trainer and "--deepspeed" in facts.flags and not facts.deepspeed_launcher_args:
-        facts.flags["--deepspeed"] = False  # HF's --deepspeed takes the JSON's path
-    _scan_settings(tree, facts)
-    _scan_uses(tree, facts)
-    return facts
 
 
 def _dest(call: ast.Call, names: tuple[str, ...]) -> str | None:

@@ -109,9 +109,20 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
             if flag in facts.flags and not _passed(user_args, flag) and key not in plan.run.script_defaults:
                 extra += [flag, f"{value:g}"]  # Trainer's own betas and eps stay: autotune only defaults them
                 used.setdefault("optimizer", flag)
+    _wire_precision(facts, plan, user_args, extra, used)
+    # HF Trainer on a CPU plan: TrainingArguments refuses --bf16 without a GPU unless --use_cpu says it is meant
+    if facts.uses_hf_trainer and plan.engine.device == "cpu" and "--use_cpu" in facts.flags and \
+            _passed([*user_args, *extra], "--bf16") and not _passed(user_args, "--use_cpu"):
+        extra.append("--use_cpu")
+    return extra, used
+
+
+def _wire_precision(facts: ScriptFacts, plan: TrainingPlan, user_args: list[str], extra: list[str],
+                    used: dict[str, str]) -> None:
+    """The plan's precision as the script's value flag or its --bf16/--fp16 switch, unless the user chose one."""
     precision, switches = plan.numerics.precision, {"bf16": "--bf16", "fp16": "--fp16"}
     if any(_passed(user_args, f, facts) for f in (*switches.values(), *FLAGS["precision"])):
-        return extra, used  # the user chose the precision
+        return  # the user chose the precision
     value_flag = next((n for n in FLAGS["precision"] if n in facts.flags and not facts.flags[n]), None)
     word = None if value_flag is None else precision_word(value_flag, precision, facts.choices.get(value_flag, ()))
     if value_flag is not None and word is not None:
@@ -122,7 +133,6 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
         used["precision"] = switches[precision]
     elif precision == "fp32" and any(f in facts.flags for f in switches.values()):
         used["precision"] = "(no --bf16/--fp16: fp32)"
-    return extra, used
 
 
 def _for_the_script(key: str, facts: ScriptFacts, plan: TrainingPlan):

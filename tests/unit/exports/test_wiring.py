@@ -804,15 +804,21 @@ def test_a_learning_rate_the_config_does_not_set_is_shown_and_exported_as_the_sc
         assert s.launch_spec.env.get("AUTOTUNE_LEARNING_RATE") == exported
 
 
-def test_a_script_that_reads_the_plans_file_is_handed_every_value_it_holds(tmp_path):
-    """A script that reads $AUTOTUNE_PLAN reads the whole plan: every value the plan sets is handed over that way
-    (it was once called advisory on all of them, and the final line said they "never reached the script"); a rate
-    the config does not set stays the script's own."""
-    f = script(tmp_path, "import json, os\nplan = json.load(open(os.environ['AUTOTUNE_PLAN']))\n")
+def test_a_script_that_reads_the_plans_file_is_credited_only_with_the_values_it_names(tmp_path):
+    """Issue 42 item 11: a script that opens $AUTOTUNE_PLAN was credited with every value before the launch
+    (num_workers claimed delivered, then observed 0 against 1 with no warning). The plan's file is a route only for
+    the values the script names in its source; the rest are advisory, said before the launch; a rate the config
+    does not set stays the script's own."""
+    f = script(tmp_path, "import json, os\nplan = json.load(open(os.environ['AUTOTUNE_PLAN']))\n"
+                         "batch = plan['batch']['micro_batch_size']\n")
     d = delivery(a_plan(), f, [], {}, [], deepspeed_json=False)
-    via = "environment (AUTOTUNE_PLAN, the plan's file, read by the script)"
-    assert d.advisory == [] and d.routes["micro_batch_size"] == [via] and d.routes["num_workers"] == [via]
+    assert d.routes["micro_batch_size"] == [
+        "environment (AUTOTUNE_PLAN, the plan's file, read by the script: it names micro_batch_size)"]
+    assert d.advisory == ["gradient_accumulation_steps", "precision", "num_workers"]
     assert d.routes["learning_rate"][0].startswith("yours: training.learning_rate is not set")
+    assert "the script was given no DataLoader workers: the plan's num_workers is advisory" in d.summary()
+    assert ("the script reads the plan's file ($AUTOTUNE_PLAN) but names no gradient_accumulation_steps, precision, "
+            "num_workers in its source: not counted as handed over (its first steps show what it runs)") in d.summary()
 
 
 FSDP_HF = """
@@ -855,3 +861,94 @@ def test_an_fsdp2_plan_reaches_hf_trainer_accelerate_and_fully_shard_scripts(tmp
         "training.entrypoint": "hf.py", "distributed.backend": "fsdp", "distributed.nproc_per_node": 2}))
     assert wire_flags(hf, cpu, placeholder_values(cpu, tmp_path, None), [])[1].get("engine") is None
     assert "engine" in delivery(cpu, acc, [], {}, [], False).advisory
+
+
+NO_TRAINER = """
+    import argparse
+    from accelerate import Accelerator
+    p = argparse.ArgumentParser()
+    p.add_argument("--per_device_train_batch_size", type=int, default=8)
+    p.add_argument("--learning_rate", type=float, default=5e-5)
+    p.add_argument("--num_train_epochs", type=int, default=3)
+    p.add_argument("--max_train_steps", type=int, default=None)
+    p.add_argument("--num_warmup_steps", type=int, default=0)
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    args = p.parse_args()
+    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps)
+"""
+
+
+def test_hf_no_trainer_names_carry_the_step_limit_and_the_micro_batch(tmp_path):
+    """Issue 42 item 5: run_clm_no_trainer.py takes --max_train_steps; --wire auto passed nothing for the plan's
+    max_steps and the delivery table neither routed it nor called it advisory (28 steps trained against 5)."""
+    facts = script(tmp_path, NO_TRAINER)
+    p = a_plan(**{"training.max_steps": 5, "training.learning_rate": 0.001, "training.warmup_steps": 2})
+    extra, used = wire_flags(facts, p, placeholder_values(p, tmp_path, None), [])
+    assert used["max_steps"] == "--max_train_steps" and extra[extra.index("--max_train_steps") + 1] == "5"
+    assert used["micro_batch_size"] == "--per_device_train_batch_size"
+    assert used["warmup_steps"] == "--num_warmup_steps"
+    d = delivery(p, facts, [], used, extra, deepspeed_json=False)
+    assert d.routes["max_steps"] == ["recognised flag --max_train_steps"] and "epochs" not in d.routes
+    assert d.routes["warmup_steps"] == ["recognised flag --num_warmup_steps"]
+    # without a flag for it, the step limit is advisory by name, and said before the launch
+    bare = script(tmp_path, "import torch\n", "bare.py")
+    d = delivery(p, bare, [], {}, [], deepspeed_json=False)
+    assert "max_steps" in d.advisory
+    assert "the script was given no step limit: the plan's max_steps is advisory" in d.summary()
+    # epochs the config does not set are the script's own: not in the table
+    assert "epochs" not in delivery(a_plan(), bare, [], {}, [], deepspeed_json=False).routes
+
+
+def test_a_cpu_bf16_plan_gives_hf_trainer_use_cpu_with_bf16(tmp_path):
+    """Issue 42 item 6: --wire auto passed --bf16 without --use_cpu on a CPU plan, and TrainingArguments raised on
+    both ranks."""
+    from autotune.profiles import load_profile
+
+    facts = script(tmp_path, FSDP_HF)
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py", "training.mixed_precision": "bf16",
+                                          "distributed.nproc_per_node": 2})
+    p = plan(load_profile("cpu-only"), cfg)
+    assert (p.engine.device, p.numerics.precision) == ("cpu", "bf16")
+    extra, _ = wire_flags(facts, p, placeholder_values(p, tmp_path, None), [])
+    assert "--bf16" in extra and "--use_cpu" in extra
+    extra, _ = wire_flags(facts, p, placeholder_values(p, tmp_path, None), ["--bf16"])  # the user's own --bf16 too
+    assert extra[-1] == "--use_cpu"
+    gpu = a_plan(**{"training.mixed_precision": "bf16"})
+    assert "--use_cpu" not in wire_flags(facts, gpu, placeholder_values(gpu, tmp_path, None), [])[0]
+
+
+def test_precision_claims_read_the_modules_the_script_imports_from_its_own_project(tmp_path):
+    """Issue 42 item 8: for minGPT (main.py imports trainer.py, which autocasts to fp16) the launch said "fp32 is
+    PyTorch's default and the script sets no precision"; at run time it reported fp16 with no fix. The project's
+    modules are read too: the script's own precision is named, and what could not be read is "not known"."""
+    (tmp_path / "mingpt").mkdir()
+    (tmp_path / "mingpt" / "__init__.py").write_text("")
+    (tmp_path / "mingpt" / "model.py").write_text("import torch\nclass GPT(torch.nn.Module):\n    pass\n")
+    (tmp_path / "trainer.py").write_text(textwrap.dedent("""
+        import torch
+        from mingpt.model import GPT
+        class Trainer:
+            def step(self, x):
+                with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=(self.config.use_amp)):
+                    return self.model(x)
+    """))
+    main = script(tmp_path, "import torch\nfrom trainer import Trainer\nfrom mingpt.model import GPT\n", "main.py")
+    assert sorted(main.project) == [str(tmp_path / "mingpt" / "model.py"), str(tmp_path / "trainer.py")]
+    p = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {"training.entrypoint": "main.py"}))
+    assert p.numerics.precision == "fp32"
+    d = delivery(p, main, [], {}, [], deepspeed_json=False)
+    assert "precision" in d.advisory
+    assert ("the script sets its own precision (trainer.py:6: torch.autocast(device_type='cuda', dtype=torch.float16, "
+            "enabled=self.config.use_amp): fp16, behind its own switch): the plan's fp32 does not reach it; its first "
+            "steps show what it runs") in d.summary()
+    # a project module that cannot be read: not known before launch
+    (tmp_path / "trainer.py").write_text("def broken(:\n")
+    d = delivery(p, script(tmp_path, "from trainer import Trainer\n", "main.py"), [], {}, [], deepspeed_json=False)
+    assert "precision" in d.advisory and any(
+        n.startswith("whether the script sets its own precision is not known before launch: ") and "trainer.py" in n
+        for n in d.summary())
+    # nothing sets one, everything read: PyTorch's default, said with what was read
+    (tmp_path / "trainer.py").write_text("class Trainer:\n    pass\n")
+    d = delivery(p, script(tmp_path, "from trainer import Trainer\n", "main.py"), [], {}, [], deepspeed_json=False)
+    assert d.routes["precision"] == ["fp32 is PyTorch's default and the script sets no precision (read with 1 "
+                                     "module(s) of its own project)"]
