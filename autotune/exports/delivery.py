@@ -44,10 +44,11 @@ class Delivery:
     wired: bool = False  # --wire auto filled the script's own settings
     divides_accumulation: str | None = None  # the script's statement dividing its accumulation by its world size
     engine: str = "deepspeed"  # the plan's backend, for the advisory engine's words
+    resume: str | None = None  # how the resume point reaches the script (--resume_from), said before the launch
 
     def to_record(self) -> dict:
         return {"routes": self.routes, "advisory": self.advisory, "withheld": self.withheld, "notes": list(self.notes),
-                "wired": self.wired, "divides_accumulation": self.divides_accumulation}
+                "wired": self.wired, "divides_accumulation": self.divides_accumulation, "resume": self.resume}
 
     def summary(self) -> list[str]:
         words = WORDS

@@ -86,6 +86,16 @@ class ScriptFacts:
     precision_set: list = field(default_factory=list)  # script_project.PrecisionSet: where it sets its own
     error: str | None = None
 
+    def resume_hint(self, env: str) -> str:
+        """How this script could receive a resume point, naming only what it has (refusal's fix)."""
+        declared = [f for f in FLAGS["resume_from"] if f in self.flags]
+        if declared:
+            return (f"your script declares {declared[0]}: add --wire auto, or pass {declared[0]} {{resume_from}} after "
+                    "`--`")
+        return ("pass the checkpoint to your script after `--` as {resume_from} (with whatever it resumes from), or "
+                "a path inside the run directory that it saves to and resumes from ({checkpoint_dir}/...), or have "
+                f"it read ${env}")
+
     def names_for(self, key: str) -> set[str]:
         """The names the script's code uses for a plan value: the attributes its flags set, its settings."""
         flags = {self.dests.get(f, f.lstrip("-").replace("-", "_")) for f in FLAGS.get(key, ()) if f in self.flags}

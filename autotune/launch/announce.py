@@ -29,6 +29,8 @@ def print_delivery(setup, out=None) -> None:
                                                       else " (not observed: --no_observe):"), file=out)
     for k, routes in d.routes.items():
         print(f"  {k}: {'; '.join(routes) if routes else 'NO ROUTE (advisory)'}", file=out)
+    if d.resume:
+        print(f"  resume_from: {d.resume}", file=out)
     for line in d.summary():
         print(f"warning: {line}", file=out)
     if d.advisory:

@@ -283,8 +283,13 @@ def test_a_resume_point_must_reach_the_script_or_is_refused(tmp_path):
     saved.write_text("weights")
     (tmp_path / "deaf.py").write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--lr')\n")
     cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "deaf.py")})
-    with pytest.raises(UserError, match="no way to receive the resume point.*--resume \\{resume_from\\}"):
+    with pytest.raises(UserError) as refused:
         prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={}, resume_from=str(saved))
+    assert str(refused.value) == (  # naming no flag the script lacks (it once suggested --resume)
+        "--resume_from: your script has no way to receive the resume point, and would start from scratch; pass the "
+        "checkpoint to your script after `--` as {resume_from} (with whatever it resumes from), or a path inside the "
+        "run directory that it saves to and resumes from ({checkpoint_dir}/...), or have it read "
+        "$AUTOTUNE_RESUME_FROM")
     ok = prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={}, resume_from=str(saved),
                  script_args=["--lr", "1", "--resume", "{resume_from}"])  # the user's own way in
     assert ok.launch_spec.cmd[-2:] == ["--resume", str(saved.resolve())]
@@ -952,3 +957,35 @@ def test_precision_claims_read_the_modules_the_script_imports_from_its_own_proje
     d = delivery(p, script(tmp_path, "from trainer import Trainer\n", "main.py"), [], {}, [], deepspeed_json=False)
     assert d.routes["precision"] == ["fp32 is PyTorch's default and the script sets no precision (read with 1 "
                                      "module(s) of its own project)"]
+
+
+def test_a_script_resuming_from_its_own_path_in_the_run_directory_is_not_refused(tmp_path):
+    """Issue 42 items 4 and 13: minGPT resumes from the snapshot path it is given
+    (snapshot_path={checkpoint_dir}/gpt_snapshot.pt); --resume_from auto refused it ("no way to receive the resume
+    point"). And a script with no way in was refused only once a checkpoint existed, so a requeued job failed where
+    its first submission passed: now refused alike, and one that can resume starts fresh and says so."""
+    import pytest
+
+    from autotune.errors import UserError
+    from autotune.prepare import prepare
+
+    (tmp_path / "snap.py").write_text("import argparse\np = argparse.ArgumentParser()\n"
+                                      "p.add_argument('--snapshot_path')\n")
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "snap.py")})
+    run = tmp_path / "run"
+    args = ["--snapshot_path", "{checkpoint_dir}/snap.pt"]
+    first = prepare(cfg, hardware="cpu-only", run_dir=run, environ={}, resume_from="auto", script_args=args)
+    where = str(run.absolute() / "checkpoints" / "snap.pt")
+    assert first.resume_path is None and first.delivery.resume == (
+        f"the script's own path inside the run directory (--snapshot_path {where}): it saves there and resumes from "
+        "what it finds (nothing there yet: it starts fresh)")
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "snap.pt").write_text("weights")
+    again = prepare(cfg, hardware="cpu-only", run_dir=run, environ={}, resume_from="auto", script_args=args)
+    assert again.resume_path == (run / "checkpoints" / "snap.pt").resolve()
+    assert again.delivery.resume.endswith("(it holds a checkpoint)")
+    assert again.delivery.to_record()["resume"] == again.delivery.resume
+    # no way in: refused with nothing to resume yet too, as it would be at the requeue
+    fresh = tmp_path / "fresh"
+    with pytest.raises(UserError, match="no way to receive the resume point"):
+        prepare(cfg, hardware="cpu-only", run_dir=fresh, environ={}, resume_from="auto")
