@@ -45,6 +45,33 @@ class Delivery:
     divides_accumulation: str | None = None  # the script's statement dividing its accumulation by its world size
     engine: str = "deepspeed"  # the plan's backend, for the advisory engine's words
     resume: str | None = None  # how the resume point reaches the script (--resume_from), said before the launch
+    would_wire: dict[str, str] = field(default_factory=dict)  # plan value -> what --wire auto passes it as
+    shape: str = "argparse"  # the script's shape: argparse, configurator, hydra, lightning (for its hints' forms)
+
+    def wire_hint(self, key: str) -> str:
+        """", or use --wire auto (it passes ...)" where --wire auto would deliver ``key`` and did not run; else ""."""
+        if self.wired or key not in self.would_wire:
+            return ""
+        return f", or use --wire auto (it passes {spelled(self.would_wire[key], key)})"
+
+    def placeholder_hint(self) -> str:
+        """How to pass a value this script has no recognised setting for, in its own shape's form (never a flag it
+        lacks)."""
+        return {"hydra": "as a Hydra override of the key it trains with: <key>={micro_batch_size}",
+                "lightning": "as LightningCLI flags of its model or data: --data.<its batch argument> "
+                             "{micro_batch_size}",
+                "configurator": "as its --key=value settings: --<its setting>={micro_batch_size}"}.get(
+            self.shape, "to its own flags: --<its batch-size flag> {micro_batch_size}")
+
+    def advisory_hint(self) -> str:
+        """The line under the routes when values are advisory: what --wire auto would pass (only where it finds the
+        script's own setting), else the placeholder form that fits the script's shape."""
+        can = [k for k in self.advisory if k in self.would_wire]
+        if can and not self.wired:
+            return ("(use --wire auto: it passes " + ", ".join(spelled(self.would_wire[k], k) for k in can)
+                    + f"; or pass them after `--` {self.placeholder_hint()})")
+        found = "--wire auto found no setting for them in your script: " if self.wired else ""
+        return f"({found}pass them after `--` {self.placeholder_hint()})"
 
     def to_record(self) -> dict:
         return {"routes": self.routes, "advisory": self.advisory, "withheld": self.withheld, "notes": list(self.notes),
@@ -71,6 +98,23 @@ class Delivery:
             reasons.setdefault(why, []).append(name)
         out += [f"{', '.join(names)} not exported: {why}" for why, names in reasons.items()]
         return out + list(self.notes)
+
+
+def spelled(flag: str, key: str) -> str:
+    """A wired flag or setting with the value's placeholder, as the user would pass it after `--`."""
+    if flag.startswith("hydra:"):
+        return f"{flag[6:]}={{{key}}}"
+    return f"{flag}{{{key}}}" if flag.endswith("=") else f"{flag} {{{key}}}"
+
+
+def shape_of(facts: ScriptFacts | None) -> str:
+    if facts is None:
+        return "argparse"
+    if facts.hydra is not None:
+        return "hydra"
+    if facts.lightning is not None:
+        return "lightning"
+    return "configurator" if facts.configurator else "argparse"
 
 
 def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[str], wired: dict[str, str],
@@ -147,7 +191,7 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
     if not routes["precision"]:
         _precision_claim(plan, facts, routes, notes)
     if deepspeed_json:  # the engine itself: does the script run DeepSpeed with the plan's ZeRO settings?
-        routes["engine"] = _engine_routes(plan, facts, ds_path_given)
+        routes["engine"] = _engine_routes(plan, facts, ds_path_given, wired)
     elif plan.engine.backend == "fsdp":  # ... or FSDP2 with the plan's sharding?
         routes["engine"] = _fsdp_routes(plan, facts, wired)
     if facts.uses_autotune:
@@ -158,7 +202,7 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
             routes[k].append(f"yours: training.{k} is not set, so the script keeps its own (set it to have autotune "
                              "pass it)")
     advisory = [k for k in routes if not routes[k]]
-    return Delivery(routes, advisory, notes=tuple(notes), engine=plan.engine.backend,
+    return Delivery(routes, advisory, notes=tuple(notes), engine=plan.engine.backend, shape=shape_of(facts),
                     divides_accumulation=facts.divided_by_world.get("gradient_accumulation_steps"))
 
 
@@ -197,8 +241,13 @@ def _behind(route: str, facts: ScriptFacts) -> str:
 
 
 def _wired_route(key: str, flag: str, facts: ScriptFacts, plan: TrainingPlan) -> str:
-    how = (f"recognised setting {flag[2:-1]} ({flag}..., read by the script's --key=value configurator)"
-           if flag.endswith("=") else f"recognised flag {flag}")
+    if flag.startswith("hydra:"):
+        how = f"Hydra override {flag[6:]}=... (a key of {facts.hydra.config}, read by @hydra.main)"
+    elif facts.lightning is not None:
+        how = f"LightningCLI flag {flag}"
+    else:
+        how = (f"recognised setting {flag[2:-1]} ({flag}..., read by the script's --key=value configurator)"
+               if flag.endswith("=") else f"recognised flag {flag}")
     world = plan.engine.world_size
     if key == "gradient_accumulation_steps" and key in facts.divided_by_world:
         how += (f", given the total over the {world} process(es), {plan.batch.gradient_accumulation_steps * world}: "
@@ -234,8 +283,12 @@ def withhold_rank_env(plan: TrainingPlan, facts: ScriptFacts | None) -> str | No
             f"as `python {Path(facts.path).name}` would")
 
 
-def _engine_routes(plan: TrainingPlan, facts: ScriptFacts, ds_path_given: bool) -> list[str]:
+def _engine_routes(plan: TrainingPlan, facts: ScriptFacts, ds_path_given: bool, wired: dict[str, str]
+                   ) -> list[str]:
     out = []
+    if "engine" in wired and facts.lightning is not None:
+        out.append(f"LightningCLI flag --trainer.strategy (Lightning's own DeepSpeed settings for ZeRO stage "
+                   f"{plan.engine.zero_stage}, not autotune's JSON)")
     if facts.uses_deepspeed_initialize and ds_path_given:
         out.append(_behind("DeepSpeed JSON (deepspeed.initialize)", facts))
     if plan.engine.device == "cuda":  # on CPU their CPU switch turns DeepSpeed off
@@ -249,6 +302,8 @@ def _engine_routes(plan: TrainingPlan, facts: ScriptFacts, ds_path_given: bool) 
 
 def _fsdp_routes(plan: TrainingPlan, facts: ScriptFacts, wired: dict[str, str]) -> list[str]:
     out = []
+    if wired.get("engine") == "--trainer.strategy":
+        out.append("LightningCLI flag --trainer.strategy fsdp (Lightning's own FSDP settings)")
     if facts.uses_fully_shard:
         out.append("the script wraps its model with FSDP itself")
     if BACKEND_ENV in facts.env_reads:

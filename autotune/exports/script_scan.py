@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from autotune.rundir.layout import ENV_PREFIX
 
@@ -84,10 +85,19 @@ class ScriptFacts:
     project: tuple[str, ...] = ()  # the modules of its own project it imports, read with it
     project_unread: tuple[str, ...] = ()  # those that could not be read, and why
     precision_set: list = field(default_factory=list)  # script_project.PrecisionSet: where it sets its own
+    hydra: Any = None  # script_hydra.HydraApp: an @hydra.main app's config, read
+    lightning: Any = None  # script_lightning.LightningApp: a LightningCLI app's arguments, read
     error: str | None = None
 
     def resume_hint(self, env: str) -> str:
         """How this script could receive a resume point, naming only what it has (refusal's fix)."""
+        if self.hydra is not None:
+            keys = self.hydra.path_keys()
+            example = f"{keys[0]}={{checkpoint_dir}}/<its file name>" if keys else "your_key={checkpoint_dir}/..."
+            return (f"pass the path it saves to and resumes from as a Hydra override after `--`, inside the run "
+                    f"directory: {example} (or {{resume_from}} to the key it resumes from)")
+        if self.lightning is not None:
+            return "LightningCLI's fit takes the checkpoint as --ckpt_path: pass --ckpt_path {resume_from} after `--`"
         declared = [f for f in FLAGS["resume_from"] if f in self.flags]
         if declared:
             return (f"your script declares {declared[0]}: add --wire auto, or pass {declared[0]} {{resume_from}} after "
@@ -99,12 +109,15 @@ class ScriptFacts:
     def names_for(self, key: str) -> set[str]:
         """The names the script's code uses for a plan value: the attributes its flags set, its settings."""
         flags = {self.dests.get(f, f.lstrip("-").replace("-", "_")) for f in FLAGS.get(key, ()) if f in self.flags}
-        return flags | {n for n in SETTINGS.get(key, ()) if n in self.settings}
+        hydra = {self.hydra.routes()[0][key].split(".")[-1]} if self.hydra and key in self.hydra.routes()[0] else set()
+        return flags | hydra | {n for n in SETTINGS.get(key, ()) if n in self.settings}
 
 
 def scan_script(path: str | Path) -> ScriptFacts:
     """What the script declares and does: its own file, and the modules it imports from its own project
     (``autotune.exports.script_project``: a Trainer, an Accelerator, autocast made in ``trainer.py``)."""
+    from autotune.exports.script_hydra import scan_hydra
+    from autotune.exports.script_lightning import scan_lightning
     from autotune.exports.script_project import precision_sets, project_modules
 
     facts = ScriptFacts(str(path))
@@ -119,6 +132,8 @@ def scan_script(path: str | Path) -> ScriptFacts:
     facts.precision_set = precision_sets([(Path(path), tree), *project.modules])
     for module in (tree, *(t for _, t in project.modules)):
         _walk(module, facts)
+    facts.hydra = scan_hydra(tree, Path(path), project.modules)
+    facts.lightning = scan_lightning(tree, project.modules)
     if facts.uses_hf_trainer and "--deepspeed" in facts.flags and not facts.deepspeed_launcher_args:
         facts.flags["--deepspeed"] = False  # HF's --deepspeed takes the JSON's path
     _scan_settings(tree, facts)

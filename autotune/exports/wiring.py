@@ -22,9 +22,9 @@ from autotune.exports.script_scan import (  # noqa: F401 - the scan's names, whe
     ScriptFacts,
     scan_script,
 )
+from autotune.exports.script_values import for_the_script, setting_value
 from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
 
-DTYPE_WORDS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 def _passed(args: list[str], flag: str, facts: ScriptFacts | None = None) -> bool:
     """Whether ``args`` give ``flag`` under any of its names (``--lr`` and ``--learning_rate`` of one
@@ -52,7 +52,12 @@ def precision_word(flag: str, precision: str, choices: tuple[str, ...] = ()) -> 
 
 def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], user_args: list[str]
                ) -> tuple[list[str], dict[str, str]]:
-    """(extra arguments, plan value -> flag used) for the flags the script declares and the user left out."""
+    """(extra arguments, plan value -> flag used) for the flags the script declares and the user left out; a Hydra
+    or LightningCLI app gets its own forms (``autotune.exports.wire_shapes``)."""
+    if facts.hydra is not None or facts.lightning is not None:
+        from autotune.exports.wire_shapes import wire_hydra, wire_lightning
+
+        return (wire_hydra if facts.hydra is not None else wire_lightning)(facts, plan, values, user_args)
     extra: list[str] = []
     used: dict[str, str] = {}
     for key, names in FLAGS.items():
@@ -67,7 +72,7 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
             continue
         if key in plan.run.script_defaults:  # the built-in workload's default, not the user's: the script's stays
             continue
-        value = _for_the_script(key, facts, plan)
+        value = for_the_script(key, facts, plan)
         extra += [flag, values[key] if value is None else _text(value)]
         used[key] = flag
     if facts.configurator:  # module settings in the one-token form its configurator reads
@@ -77,7 +82,7 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
                 continue
             if key == "precision" and any(_passed(user_args, f, facts) for f in ("--bf16", "--fp16", *FLAGS[key])):
                 continue
-            text = _as_setting(_setting_value(key, facts, plan), facts.settings[name])
+            text = _as_setting(setting_value(key, facts, plan), facts.settings[name])
             if text is not None:
                 extra.append(f"--{name}={text}")
                 used[key] = f"--{name}="
@@ -117,6 +122,16 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
     return extra, used
 
 
+def with_wired(args: list[str], extra: list[str]) -> list[str]:
+    """The script's arguments with what --wire auto adds: after the user's, except a LightningCLI subcommand the
+    wiring adds, which comes first (its flags belong to it)."""
+    from autotune.exports.script_lightning import SUBCOMMANDS
+
+    if extra and extra[0] in SUBCOMMANDS:
+        return [extra[0], *args, *extra[1:]]
+    return [*args, *extra]
+
+
 def _wire_precision(facts: ScriptFacts, plan: TrainingPlan, user_args: list[str], extra: list[str],
                     used: dict[str, str]) -> None:
     """The plan's precision as the script's value flag or its --bf16/--fp16 switch, unless the user chose one."""
@@ -135,31 +150,8 @@ def _wire_precision(facts: ScriptFacts, plan: TrainingPlan, user_args: list[str]
         used["precision"] = "(no --bf16/--fp16: fp32)"
 
 
-def _for_the_script(key: str, facts: ScriptFacts, plan: TrainingPlan):
-    """The value that makes the script run the plan's, where the script transforms what it gets: the total
-    accumulation over the processes to a script that divides it by its world size, the rate / world size to one that
-    multiplies it (None: the plan's value as it is)."""
-    world = plan.engine.world_size
-    if key == "gradient_accumulation_steps" and key in facts.divided_by_world:
-        return plan.batch.gradient_accumulation_steps * world
-    if key == "learning_rate" and key in facts.scaled_by_world and world > 1:
-        return plan.schedule.learning_rate / world
-    return None
-
-
 def _text(value) -> str:
     return repr(value) if isinstance(value, float) else str(value)
-
-
-def _setting_value(key: str, facts: ScriptFacts, plan: TrainingPlan):
-    value = _for_the_script(key, facts, plan)
-    if value is not None:
-        return value
-    return {"micro_batch_size": plan.batch.micro_batch_size,
-            "gradient_accumulation_steps": plan.batch.gradient_accumulation_steps,
-            "learning_rate": plan.schedule.learning_rate, "warmup_steps": plan.schedule.warmup_steps,
-            "max_steps": plan.schedule.max_steps, "num_workers": plan.loader.num_workers,
-            "precision": DTYPE_WORDS[plan.numerics.precision]}[key]
 
 
 def _as_setting(value, kind: str) -> str | None:

@@ -91,6 +91,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
         RANK_VARIABLES,
         delivery,
         wire_flags,
+        with_wired,
         withhold_accumulation,
         withhold_rank_env,
     )
@@ -105,9 +106,11 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     values = placeholder_values(plan, rd, ds_path)
     args = expand(raw, values)
     wired: dict[str, str] = {}
-    if cfg.training.wire == "auto" and facts is not None:
-        extra, wired = wire_flags(facts, plan, values, args)
-        args += extra
+    would: dict[str, str] = {}  # what --wire auto passes (or would): its hints name only what it finds
+    if facts is not None and entry:
+        extra, would = wire_flags(facts, plan, values, args)
+        if cfg.training.wire == "auto":
+            args, wired = with_wired(args, extra), would
     resume_route = None
     if entry and resume_from is not None:  # refused alike with or without a checkpoint yet: a requeue then passes too
         resume_route = resume_reaches(facts, used_placeholders(raw), wired, args, rd, resume_path)
@@ -119,7 +122,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     if why:
         withheld.update(dict.fromkeys(RANK_VARIABLES, why))
     route = dataclasses.replace(route, withheld=withheld, wired=bool(wired) or cfg.training.wire == "auto",
-                                resume=resume_route)
+                                resume=resume_route, would_wire=would)
     spec = launch_spec(plan, str(rd), os.environ if environ is None else environ, python=python,
                        has_infiniband=bool(hw.infiniband), script_args=args, cwd=workdir,
                        withhold=tuple(route.withheld))

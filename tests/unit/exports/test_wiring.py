@@ -769,23 +769,36 @@ def test_a_deepspeed_path_behind_the_scripts_own_switch_is_handed_over_not_claim
     assert under_main.uses_deepspeed_initialize and under_main.deepspeed_condition is None
 
 
-def test_the_hint_after_the_routes_does_not_suggest_wire_auto_to_a_wired_launch(tmp_path):
+def test_the_hint_after_the_routes_names_only_what_exists(tmp_path):
+    """Issue 42 item 12: the line under the routes said "use --wire auto" where --wire auto finds nothing, and named
+    --batch_size for scripts without it. It suggests --wire auto only with what it would pass (the script's own
+    flag), and otherwise the placeholder form of the script's shape, naming no flag it lacks."""
     import io
 
     from autotune.launch.announce import print_delivery
     from autotune.prepare import prepare
 
     (tmp_path / "bare.py").write_text("print('no flags')\n")
-    for wire, hint in (("auto", "  (--wire auto found no setting for them in your script: pass them after `--` as "
-                                "placeholders, e.g. --batch_size {micro_batch_size}, or "
-                                "--batch_size={micro_batch_size} for a --key=value configurator)\n"),
-                       ("none", "  (pass them after `--` as placeholders, e.g. --batch_size {micro_batch_size}, or "
-                                "--batch_size={micro_batch_size} for a --key=value configurator; or use --wire "
-                                "auto)\n")):
-        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "bare.py"), "training.wire": wire})
+    (tmp_path / "hf.py").write_text("import argparse\np = argparse.ArgumentParser()\n"
+                                    "p.add_argument('--per_device_train_batch_size', type=int)\n")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "c.yaml").write_text("model:\n  width: 8\n")
+    (tmp_path / "hy.py").write_text("import hydra\n@hydra.main(version_base=None, config_path='conf', "
+                                    "config_name='c')\ndef main(cfg):\n    pass\n")
+    for name, wire, hint in (
+            ("bare", "auto", "  (--wire auto found no setting for them in your script: pass them after `--` to its "
+                             "own flags: --<its batch-size flag> {micro_batch_size})\n"),
+            ("bare", "none", "  (pass them after `--` to its own flags: --<its batch-size flag> {micro_batch_size})\n"),
+            ("hf", "none", "  (use --wire auto: it passes --per_device_train_batch_size {micro_batch_size}; or pass "
+                           "them after `--` to its own flags: --<its batch-size flag> {micro_batch_size})\n"),
+            ("hy", "auto", "  (--wire auto found no setting for them in your script: pass them after `--` as a Hydra "
+                           "override of the key it trains with: <key>={micro_batch_size})\n")):
+        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / f"{name}.py"),
+                                              "training.wire": wire})
         out = io.StringIO()
         print_delivery(prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={}), out)
         assert out.getvalue().endswith(hint), out.getvalue()
+        assert "--batch_size" not in out.getvalue()
 
 
 def test_a_learning_rate_the_config_does_not_set_is_shown_and_exported_as_the_scripts_own(tmp_path):
@@ -989,3 +1002,109 @@ def test_a_script_resuming_from_its_own_path_in_the_run_directory_is_not_refused
     fresh = tmp_path / "fresh"
     with pytest.raises(UserError, match="no way to receive the resume point"):
         prepare(cfg, hardware="cpu-only", run_dir=fresh, environ={}, resume_from="auto")
+
+
+def test_the_batch_fix_suggests_wire_auto_only_with_what_it_would_pass():
+    """The observed batch's fix said ", or use --wire auto" to every unwired launch, also where --wire auto finds no
+    setting; now only where it would pass one, naming it (issue 42 item 12)."""
+    from autotune.exports.delivery import Delivery
+    from autotune.launch.evidence import judge
+
+    p = a_plan(**{"training.global_batch_size": 8, "training.batch_size_per_gpu": 8, "distributed.nproc_per_node": 1})
+    rec = {"rank": 0, "steps": 16, "process_group": None, "dataloaders": [], "optimizers": [],
+           "step_samples": {str(s): 64 for s in range(2, 17)}, "step_forwards": {str(s): 1 for s in range(2, 17)},
+           "step_backwards": {str(s): 1 for s in range(2, 17)}}
+    finds = Delivery({}, ["micro_batch_size"], would_wire={"micro_batch_size": "--per_device_train_batch_size"})
+    fix = judge(p, [rec], finds).values["micro_batch_size"]["fix"]
+    assert fix.endswith(", or use --wire auto (it passes --per_device_train_batch_size {micro_batch_size})")
+    assert "--wire auto" not in judge(p, [rec], Delivery({}, ["micro_batch_size"])).values["micro_batch_size"]["fix"]
+    assert Delivery({}, [], wired=True, would_wire=finds.would_wire).wire_hint("micro_batch_size") == ""
+
+
+def test_a_hydra_apps_keys_are_read_from_its_yaml_groups_and_structured_config(tmp_path):
+    """Issue 42 item 7: Hydra overrides from the @hydra.main config, read never run: the YAML with its config
+    groups, or dataclasses stored in ConfigStore (in the script or its project); a training key wins over its
+    evaluation twin; two training candidates are said, not guessed; an override the user passed wins."""
+    (tmp_path / "conf" / "trainer").mkdir(parents=True)
+    (tmp_path / "conf" / "train.yaml").write_text("defaults:\n  - trainer: ddp\n  - _self_\noptim:\n  lr: 0.1\n"
+                                                  "eval:\n  batch_size: 64\n")
+    (tmp_path / "conf" / "trainer" / "ddp.yaml").write_text("batch_size: 16\ngrad_accum_steps: 1\nmax_iters: 100\n"
+                                                            "dtype: float32\nsnapshot_path: snap.pt\n")
+    facts = script(tmp_path, """
+        import hydra
+        @hydra.main(version_base=None, config_path="conf", config_name="train")
+        def main(cfg):
+            pass
+    """)
+    assert facts.hydra.keys == {"trainer.batch_size": "int", "trainer.grad_accum_steps": "int",
+                                "trainer.max_iters": "int", "trainer.dtype": "str", "trainer.snapshot_path": "str",
+                                "optim.lr": "float", "eval.batch_size": "int"}
+    p = a_plan(**{"training.learning_rate": 0.002, "training.max_steps": 7})
+    extra, used = wire_flags(facts, p, placeholder_values(p, tmp_path, None), ["optim.lr=0.5"])
+    assert extra == [f"trainer.batch_size={p.batch.micro_batch_size}",
+                     f"trainer.grad_accum_steps={p.batch.gradient_accumulation_steps}", "trainer.max_iters=7",
+                     "trainer.dtype=bfloat16"]
+    assert "learning_rate" not in used and used["max_steps"] == "hydra:trainer.max_iters"
+    assert "trainer.snapshot_path={checkpoint_dir}/<its file name>" in facts.resume_hint("AUTOTUNE_RESUME_FROM")
+    (tmp_path / "cfgs.py").write_text(textwrap.dedent("""
+        from dataclasses import dataclass, field
+        @dataclass
+        class Train:
+            batch_size: int = 8
+            lr: float = 1e-3
+        @dataclass
+        class Eval:
+            batch_size: int = 64
+        @dataclass
+        class Config:
+            train: Train = field(default_factory=Train)
+            other: Eval = field(default_factory=Eval)
+    """))
+    structured = script(tmp_path, """
+        import hydra
+        from hydra.core.config_store import ConfigStore
+        from cfgs import Config
+        ConfigStore.instance().store(name="config", node=Config)
+        @hydra.main(version_base=None, config_name="config")
+        def main(cfg):
+            pass
+    """, "st.py")
+    assert structured.hydra.keys == {"train.batch_size": "int", "train.lr": "float", "other.batch_size": "int"}
+    routes, notes = structured.hydra.routes()
+    assert routes["learning_rate"] == "train.lr" and "micro_batch_size" not in routes
+    assert notes == ["micro_batch_size: the Hydra config has train.batch_size, other.batch_size; --wire auto sets "
+                     "none of them (pass the one your script trains with, e.g. train.batch_size={micro_batch_size})"]
+    extra, _ = wire_flags(structured, p, placeholder_values(p, tmp_path, None), [])
+    assert extra == [f"train.lr={p.schedule.learning_rate!r}"]
+
+
+def test_a_lightningcli_apps_flags_come_from_its_classes_in_lightnings_spellings(tmp_path):
+    """Issue 42 item 7: LightningCLI's --model.* / --data.* from the classes' __init__ (here in a module of its own
+    project), --trainer.* in Lightning's words; `fit` first when the user gave no subcommand."""
+    from autotune.exports.wiring import with_wired
+
+    (tmp_path / "parts.py").write_text(textwrap.dedent("""
+        from lightning.pytorch import LightningDataModule, LightningModule
+        class Net(LightningModule):
+            def __init__(self, hidden: int = 8, learning_rate: float = 0.1):
+                super().__init__()
+        class Data(LightningDataModule):
+            def __init__(self, batch_size: int = 4):
+                super().__init__()
+    """))
+    facts = script(tmp_path, "from lightning.pytorch.cli import LightningCLI\nfrom parts import Net, Data\n"
+                             "LightningCLI(Net, Data)\n", "cli.py")
+    assert facts.lightning.model_args == {"hidden": "int", "learning_rate": "float"}
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "cli.py", "training.mixed_precision": "bf16",
+                                          "distributed.nproc_per_node": 2, "training.learning_rate": 0.01,
+                                          "training.max_steps": 3})
+    p = plan(load_profile("cpu-only"), cfg)
+    extra, used = wire_flags(facts, p, placeholder_values(p, tmp_path, None), ["--trainer.max_steps", "9"])
+    assert with_wired(["--trainer.max_steps", "9"], extra) == [
+        "fit", "--trainer.max_steps", "9", "--trainer.devices", "2", "--trainer.accumulate_grad_batches",
+        str(p.batch.gradient_accumulation_steps), "--trainer.precision", "bf16-mixed", "--trainer.strategy", "ddp",
+        "--model.learning_rate", repr(p.schedule.learning_rate), "--data.batch_size", str(p.batch.micro_batch_size),
+        "--trainer.accelerator", "cpu"]
+    assert "max_steps" not in used and "num_workers" not in used  # the user's wins; no workers argument
+    assert facts.resume_hint("X") == ("LightningCLI's fit takes the checkpoint as --ckpt_path: pass --ckpt_path "
+                                      "{resume_from} after `--`")
