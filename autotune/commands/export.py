@@ -70,8 +70,8 @@ def add_parser(sub) -> None:
                    help="sbatch is another name of slurm (an sbatch script)")
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout (refuses to overwrite)")
     p.add_argument("--overwrite", action="store_true", help="allow --output to overwrite an existing file")
-    p.add_argument("--script", default="train.py",
-                   help="training script for the torchrun and accelerate launch lines (default: train.py)")
+    p.add_argument("--script", help="training script for the torchrun and accelerate launch lines (default: the "
+                   "config's training.entrypoint, else train.py)")
     s = p.add_argument_group("--format slurm")
     s.add_argument("--run_dir", metavar="DIR", help="run directory of the job (default: runs/slurm-<job name>; "
                    "kubeflow/pytorchjob: /autotune/runs/<job name>, the claim mounted at its parent)")
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                         job_restarts=args.job_restarts)
     plan, hw, ds = plan_from_args(args)
     request = ExportRequest(
-        format=fmt, script=args.script, script_args=tuple(script_args_of(args.script_args)), output=args.output,
+        format=fmt, script=args.script or _entry_script(plan), script_args=tuple(script_args_of(args.script_args)), output=args.output,
         config=args.config, config_is_default=args.config == str(DEFAULT_CONFIG),
         plan_flags=tuple(plan_flags_argv(args, skip=("hardware", "config"))),
         pod_plan_flags=tuple(plan_flags_argv(args, skip=("hardware", "config", "num_nodes", "node_rank",
@@ -128,3 +128,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(exported.text)
     return 0
+
+
+def _entry_script(plan) -> str:
+    """The script the launch lines start: the config's entrypoint when it is a script (issue 42: they printed
+    train.py whatever the config said), else train.py."""
+    entry = plan.run.entrypoint
+    return entry if entry and entry.endswith(".py") else "train.py"
