@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
                         job_restarts=args.job_restarts)
     plan, hw, ds = plan_from_args(args)
     request = ExportRequest(
-        format=fmt, script=args.script or _entry_script(plan), script_args=tuple(script_args_of(args.script_args)), output=args.output,
+        format=fmt, script=args.script or _entry_script(plan), script_args=tuple(script_args_of(args.script_args)),
+        output=args.output,
         config=args.config, config_is_default=args.config == str(DEFAULT_CONFIG),
         plan_flags=tuple(plan_flags_argv(args, skip=("hardware", "config"))),
         pod_plan_flags=tuple(plan_flags_argv(args, skip=("hardware", "config", "num_nodes", "node_rank",
