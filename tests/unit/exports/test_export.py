@@ -241,8 +241,9 @@ def test_an_fsdp2_plan_exports_for_accelerate_as_accelerates_own_launcher_reads_
 def test_the_launch_lines_start_the_configs_entrypoint(fmt, capsys):
     """Issue 42 item 13: `export --format accelerate|torchrun` printed a start line for train.py whatever the
     config's training.entrypoint said."""
-    from autotune.__main__ import main
     from helpers.support import ROOT
+
+    from autotune.__main__ import main
 
     assert main(["export", "--format", fmt, "--hardware", "4xL4", "--ddp", "--config",
                  str(ROOT / "examples" / "torchrun_config.yaml")]) == 0
