@@ -6,7 +6,6 @@ it: in what it printed and in what the observer recorded in its processes.
 
 import json
 
-import pytest
 from helpers.multiprocess import launch, observed_as_planned
 from helpers.support import require
 
@@ -242,11 +241,11 @@ if accelerator.is_main_process:
 """
 
 
-@pytest.mark.parametrize("steps", [5])
-def test_an_hf_no_trainer_script_gets_max_steps_through_max_train_steps(tmp_path, steps):
+def test_an_hf_no_trainer_script_gets_max_steps_through_max_train_steps(tmp_path):
     """Issue 42 item 5: run_clm_no_trainer.py trained its 28 steps against a plan of 5, "as planned". --wire auto
     passes the plan's max_steps as --max_train_steps (and the micro-batch as --per_device_train_batch_size); the
     script stops there, and the observer counts the steps it took."""
+    steps = 5
     (tmp_path / "nt.py").write_text(NO_TRAINER)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"training:\n  entrypoint: {tmp_path / 'nt.py'}\n  global_batch_size: 32\n"
