@@ -37,6 +37,7 @@ Knob = Literal[
     "reshard_after_forward",
     "num_workers", "pin_memory", "prefetch_factor", "omp_num_threads",
     "learning_rate", "warmup_steps", "steps_per_epoch", "total_steps",
+    "gradient_clipping", "optimizer",  # what the DeepSpeed JSON applies (exports.deepspeed.deepspeed_reasons)
 ]
 
 

@@ -73,8 +73,9 @@ def add_parser(sub) -> None:
     p.add_argument("-o", "--output", metavar="FILE", type=path_of("a file's path"),
                    help="write here instead of stdout (refuses to overwrite)")
     p.add_argument("--overwrite", action="store_true", help="allow --output to overwrite an existing file")
-    p.add_argument("--script", default="train.py", type=path_of("your script's path"),
-                   help="training script for the torchrun and accelerate launch lines (default: train.py)")
+    p.add_argument("--script", type=path_of("your script's path"),
+                   help="training script for the torchrun and accelerate launch lines (default: the "
+                   "config's training.entrypoint, else train.py)")
     s = p.add_argument_group("--format slurm")
     s.add_argument("--run_dir", metavar="DIR", type=path_of("a directory"),
                    help="run directory of the job (default: runs/slurm-<job name>; "
@@ -126,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         check_pod_flags(fmt, given=given, no_auto_optimize=args.no_auto_optimize, image=args.image)
     plan, hw, ds = plan_from_args(args)
     request = ExportRequest(
-        format=fmt, script=args.script, script_args=tuple(script_args_of(args.script_args)), output=args.output,
+        format=fmt, script=args.script or _entry_script(plan), script_args=tuple(script_args_of(args.script_args)),
+        output=args.output,
         config=args.config, config_is_default=args.config == str(DEFAULT_CONFIG),
         plan_flags=tuple(plan_flags_argv(args, skip=("hardware", "config"))),
         pod_plan_flags=tuple(plan_flags_argv(args, skip=("hardware", "config", "num_nodes", "node_rank",
@@ -143,3 +145,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(exported.text)
     return 0
+
+
+def _entry_script(plan) -> str:
+    """The script the launch lines start: the config's entrypoint when it is a script (issue 42: they printed
+    train.py whatever the config said), else train.py."""
+    entry = plan.run.entrypoint
+    return entry if entry and entry.endswith(".py") else "train.py"

@@ -17,8 +17,30 @@ KNOWN_TOP_LEVEL_KEYS = frozenset({
     "zero_force_ds_cpu_optimizer",
 })
 
+# torch.optim.AdamW's own defaults: what DeepSpeed builds the JSON's AdamW with for a parameter the JSON leaves out
+TORCH_ADAMW_DEFAULTS = {"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+# DeepSpeed's own default when the JSON has no gradient_clipping key (deepspeed.runtime.constants)
+DEEPSPEED_DEFAULT_CLIPPING = 1.0
+
+
+def optimizer_params(plan: TrainingPlan) -> dict:
+    """The JSON's AdamW parameters: only what the plan owns. A user's script keeps its own rate, weight decay, betas
+    and eps unless the config sets them (``plan.run.script_defaults``); left out, DeepSpeed builds AdamW with torch's
+    defaults (``TORCH_ADAMW_DEFAULTS``), and a script that passes its own optimizer keeps all of its own."""
+    opt, yours = plan.optimizer, plan.run.script_defaults
+    out: dict = {}
+    if "learning_rate" not in yours:
+        out["lr"] = plan.schedule.learning_rate
+    if not plan.run.entrypoint:  # the built-in workload's AdamW; no config key sets them for a script
+        out.update(betas=list(opt.betas), eps=opt.eps)
+    if "weight_decay" not in yours:
+        out["weight_decay"] = opt.weight_decay
+    return out
+
+
 def deepspeed_config(plan: TrainingPlan) -> dict:
-    """The engine flavour: batch sizes, ZeRO, precision, and the optimizer from ``plan.optimizer``."""
+    """The engine flavour: batch sizes, ZeRO, precision, and the optimizer from ``plan.optimizer`` (only what the
+    plan owns: ``optimizer_params``)."""
     eng, opt = plan.engine, plan.optimizer
     stage = eng.zero_stage if eng.zero_stage is not None else 0
     bucket = plan.memory.bucket_elements
@@ -40,18 +62,17 @@ def deepspeed_config(plan: TrainingPlan) -> dict:
         "train_batch_size": plan.batch.global_batch_size,
         "train_micro_batch_size_per_gpu": plan.batch.micro_batch_size,
         "gradient_accumulation_steps": plan.batch.gradient_accumulation_steps,
-        # DeepSpeed clips at 1.0 when the key is absent: 0.0 is its word for "no clipping".
-        "gradient_clipping": float(opt.gradient_clipping or 0.0),
+        # DeepSpeed clips at 1.0 when the key is absent: 0.0 is its word for "no clipping" (a script's own clipping,
+        # when the config sets none, is the script's: DeepSpeed adds none)
+        "gradient_clipping": float(opt.gradient_clipping or 0.0) if "gradient_clipping" not in
+        plan.run.script_defaults else 0.0,
         "steps_per_print": max(1, plan.run.log_every_steps) * 100,
         "wall_clock_breakdown": False,
         "zero_optimization": zero,
         "optimizer": {
             "type": "AdamW",
             "params": {
-                "lr": plan.schedule.learning_rate,
-                "betas": list(opt.betas),
-                "eps": opt.eps,
-                "weight_decay": opt.weight_decay,
+                **optimizer_params(plan),
                 # torch's AdamW needs no JIT build. ZeRO-Offload on GPUs uses DeepSpeed's CPU Adam
                 # (vectorised, built once per machine); on a CPU-only plan the states live in host
                 # memory anyway, so torch's AdamW runs there without a ~50 s first-use build.
@@ -98,6 +119,36 @@ def framework_flavour(ds: dict) -> dict:
     out["zero_allow_untested_optimizer"] = True  # the script's own optimizer under ZeRO
     check_keys(out)
     return out
+
+
+def deepspeed_reasons(plan: TrainingPlan, ds: dict) -> dict[str, str]:
+    """What the engine flavour ``ds`` sets for the optimizer and clipping, in the plan's words (its reasons
+    ``gradient_clipping`` and ``optimizer``): the plan says whatever the JSON applies, and which values it leaves to
+    the script or to DeepSpeed's and torch's defaults."""
+    yours = plan.run.script_defaults
+    clip = ds.get("gradient_clipping", DEEPSPEED_DEFAULT_CLIPPING)
+    if "gradient_clipping" in yours:
+        clipping = (f"training.gradient_clipping is not set: the DeepSpeed JSON sets gradient_clipping 0.0, so "
+                    f"DeepSpeed does not clip (its own default would clip at {DEEPSPEED_DEFAULT_CLIPPING:g}); your "
+                    "script's own clipping, if any, is all there is")
+    elif clip:
+        clipping = f"the DeepSpeed JSON's gradient_clipping {clip:g}: DeepSpeed clips the gradient norm at {clip:g}"
+    else:
+        clipping = (f"the DeepSpeed JSON sets gradient_clipping 0.0: DeepSpeed does not clip (training.gradient_"
+                    f"clipping is null; DeepSpeed's own default would clip at {DEEPSPEED_DEFAULT_CLIPPING:g})")
+    params = (ds.get("optimizer") or {}).get("params") or {}
+    set_ = ", ".join(f"{k} {_words(params[k])}" for k in ("lr", "betas", "eps", "weight_decay") if k in params)
+    left = [k for k in ("lr", "betas", "eps", "weight_decay") if k not in params]
+    optimizer = f"the DeepSpeed JSON's AdamW: {set_ or 'no parameter set'}"
+    if left:
+        optimizer += (f"; left out: {', '.join(left)}: a script that passes its own optimizer to deepspeed.initialize "
+                      "keeps its own, otherwise DeepSpeed builds AdamW at torch's defaults ("
+                      + ", ".join(f"{k} {_words(TORCH_ADAMW_DEFAULTS[k])}" for k in left) + ")")
+    return {"gradient_clipping": clipping, "optimizer": optimizer}
+
+
+def _words(v) -> str:
+    return f"({', '.join(f'{x:g}' for x in v)})" if isinstance(v, (list, tuple)) else f"{v:g}"
 
 
 def check_keys(ds: dict) -> None:

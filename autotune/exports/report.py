@@ -155,6 +155,9 @@ def render_plan(plan, out: TextIO) -> None:
         if key in plan.run.script_defaults:  # a user's script keeps its own (issue 33): the plan sets none
             value, reason = "yours", f"training.{key} is not set: your script keeps its own (the launch shows it)"
         w(f"{label + ':':<26}{str(value):<10} {reason}\n")
+    for label, key in (("Gradient clipping", "gradient_clipping"), ("Optimizer", "optimizer")):
+        if key in plan.reasons:  # what the DeepSpeed JSON applies, and what it leaves to the script
+            w(f"{label + ':':<26}{plan.reasons[key]}\n")
     e = plan.memory.estimate
     if e:
         unit = "GPU" if plan.engine.device == "cuda" else "process"

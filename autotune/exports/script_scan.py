@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from autotune.rundir.layout import ENV_PREFIX
 
@@ -28,11 +29,11 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "num_workers": ("--num_workers", "--dataloader_num_workers", "--num-workers", "--workers"),
     "deepspeed_config": ("--deepspeed_config", "--deepspeed-config"),
     "epochs": ("--num_train_epochs", "--epochs", "--num_epochs", "--num-epochs"),
-    "max_steps": ("--max_steps", "--max-steps"),
+    "max_steps": ("--max_steps", "--max_train_steps", "--max-steps", "--max-train-steps"),
     "resume_from": ("--resume_from", "--resume", "--resume_from_checkpoint", "--resume-from",
                     "--resume-from-checkpoint"),
     "precision": ("--mixed_precision", "--mixed-precision", "--precision"),
-    "warmup_steps": ("--warmup_steps", "--warmup-steps", "--warmup_iters"),
+    "warmup_steps": ("--warmup_steps", "--num_warmup_steps", "--warmup-steps", "--warmup_iters"),
     "checkpoint_dir": ("--checkpoint_dir", "--checkpoint-dir", "--ckpt_dir", "--ckpt-dir", "--save_dir", "--save-dir"),
 }
 # plan value -> module-level settings a --key=value configurator script may have for it (first found is used),
@@ -47,11 +48,15 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     "num_workers": ("num_workers",),
     "precision": ("dtype",),
 }
+# the plan's value names as its file (plan.json) spells them: a script reading the file names the ones it uses
+PLAN_NAMES = frozenset({"micro_batch_size", "gradient_accumulation_steps", "learning_rate", "precision",
+                        "num_workers", "max_steps", "epochs", "warmup_steps"})
 HF_FLAGS = {"--per_device_train_batch_size": False, "--gradient_accumulation_steps": False,
             "--learning_rate": False, "--dataloader_num_workers": False, "--num_train_epochs": False,
             "--max_steps": False, "--deepspeed": False, "--bf16": True, "--fp16": True, "--output_dir": False,
             "--seed": False, "--weight_decay": False, "--adam_beta1": False, "--adam_beta2": False,
-            "--adam_epsilon": False, "--max_grad_norm": False, "--fsdp": True, "--fsdp_config": False}
+            "--adam_epsilon": False, "--max_grad_norm": False, "--fsdp": True, "--fsdp_config": False,
+            "--use_cpu": True}
 
 
 @dataclass
@@ -76,21 +81,68 @@ class ScriptFacts:
     scaled_by_world: dict[str, str] = field(default_factory=dict)  # plan key -> the expression multiplying it
     deepspeed_condition: str | None = None  # the `if` test that deepspeed.initialize sits behind
     decides_ddp_by: str | None = None  # the test of RANK by which the script decides on DDP
+    names_in_source: set[str] = field(default_factory=set)  # plan value names as strings or attributes (plan["lr"])
+    project: tuple[str, ...] = ()  # the modules of its own project it imports, read with it
+    project_unread: tuple[str, ...] = ()  # those that could not be read, and why
+    precision_set: list = field(default_factory=list)  # script_project.PrecisionSet: where it sets its own
+    hydra: Any = None  # script_hydra.HydraApp: an @hydra.main app's config, read
+    lightning: Any = None  # script_lightning.LightningApp: a LightningCLI app's arguments, read
     error: str | None = None
+
+    def resume_hint(self, env: str) -> str:
+        """How this script could receive a resume point, naming only what it has (refusal's fix)."""
+        if self.hydra is not None:
+            keys = self.hydra.path_keys()
+            example = f"{keys[0]}={{checkpoint_dir}}/<its file name>" if keys else "your_key={checkpoint_dir}/..."
+            return (f"pass the path it saves to and resumes from as a Hydra override after `--`, inside the run "
+                    f"directory: {example} (or {{resume_from}} to the key it resumes from)")
+        if self.lightning is not None:
+            return "LightningCLI's fit takes the checkpoint as --ckpt_path: pass --ckpt_path {resume_from} after `--`"
+        declared = [f for f in FLAGS["resume_from"] if f in self.flags]
+        if declared:
+            return (f"your script declares {declared[0]}: add --wire auto, or pass {declared[0]} {{resume_from}} after "
+                    "`--`")
+        return ("pass the checkpoint to your script after `--` as {resume_from} (with whatever it resumes from), or "
+                "a path inside the run directory that it saves to and resumes from ({checkpoint_dir}/...), or have "
+                f"it read ${env}")
 
     def names_for(self, key: str) -> set[str]:
         """The names the script's code uses for a plan value: the attributes its flags set, its settings."""
         flags = {self.dests.get(f, f.lstrip("-").replace("-", "_")) for f in FLAGS.get(key, ()) if f in self.flags}
-        return flags | {n for n in SETTINGS.get(key, ()) if n in self.settings}
+        hydra = {self.hydra.routes()[0][key].split(".")[-1]} if self.hydra and key in self.hydra.routes()[0] else set()
+        return flags | hydra | {n for n in SETTINGS.get(key, ()) if n in self.settings}
 
 
 def scan_script(path: str | Path) -> ScriptFacts:
+    """What the script declares and does: its own file, and the modules it imports from its own project
+    (``autotune.exports.script_project``: a Trainer, an Accelerator, autocast made in ``trainer.py``)."""
+    from autotune.exports.script_hydra import scan_hydra
+    from autotune.exports.script_lightning import scan_lightning
+    from autotune.exports.script_project import precision_sets, project_modules
+
     facts = ScriptFacts(str(path))
     try:
         tree = ast.parse(Path(path).read_text(), filename=str(path))
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError) as e:
         facts.error = f"could not read {path}: {e}"
         return facts
+    project = project_modules(Path(path), tree)
+    facts.project = tuple(str(p) for p, _ in project.modules)
+    facts.project_unread = tuple(project.unread)
+    facts.precision_set = precision_sets([(Path(path), tree), *project.modules])
+    for module in (tree, *(t for _, t in project.modules)):
+        _walk(module, facts)
+    facts.hydra = scan_hydra(tree, Path(path), project.modules)
+    facts.lightning = scan_lightning(tree, project.modules)
+    if facts.uses_hf_trainer and "--deepspeed" in facts.flags and not facts.deepspeed_launcher_args:
+        facts.flags["--deepspeed"] = False  # HF's --deepspeed takes the JSON's path
+    _scan_settings(tree, facts)
+    _scan_uses(tree, facts)
+    return facts
+
+
+def _walk(tree: ast.Module, facts: ScriptFacts) -> None:
+    """The flags, the libraries' entry points and the variables one module of the script declares and uses."""
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
@@ -98,6 +150,10 @@ def scan_script(path: str | Path) -> ScriptFacts:
                 facts.uses_autotune = True
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(ENV_PREFIX):
             facts.env_reads.add(node.value)
+        elif isinstance(node, ast.Constant) and node.value in PLAN_NAMES:
+            facts.names_in_source.add(node.value)
+        elif isinstance(node, ast.Attribute) and node.attr in PLAN_NAMES:
+            facts.names_in_source.add(node.attr)
         elif isinstance(node, ast.Call):
             name = _call_name(node.func)
             if name.endswith("add_argument"):
@@ -136,11 +192,6 @@ def scan_script(path: str | Path) -> ScriptFacts:
                     facts.reads_deepspeed_micro_batch = True
         elif isinstance(node, ast.Attribute) and node.attr == "train_micro_batch_size_per_gpu":
             facts.reads_deepspeed_micro_batch = True
-    if facts.uses_hf_trainer and "--deepspeed" in facts.flags and not facts.deepspeed_launcher_args:
-        facts.flags["--deepspeed"] = False  # HF's --deepspeed takes the JSON's path
-    _scan_settings(tree, facts)
-    _scan_uses(tree, facts)
-    return facts
 
 
 def _dest(call: ast.Call, names: tuple[str, ...]) -> str | None:

@@ -29,10 +29,9 @@ def print_delivery(setup, out=None) -> None:
                                                       else " (not observed: --no_observe):"), file=out)
     for k, routes in d.routes.items():
         print(f"  {k}: {'; '.join(routes) if routes else 'NO ROUTE (advisory)'}", file=out)
+    if d.resume:
+        print(f"  resume_from: {d.resume}", file=out)
     for line in d.summary():
         print(f"warning: {line}", file=out)
     if d.advisory:
-        print("  (--wire auto found no setting for them in your script: pass them after `--` as placeholders, e.g. "
-              "--batch_size {micro_batch_size}, or --batch_size={micro_batch_size} for a --key=value configurator)"
-              if d.wired else "  (pass them after `--` as placeholders, e.g. --batch_size {micro_batch_size}, or "
-              "--batch_size={micro_batch_size} for a --key=value configurator; or use --wire auto)", file=out)
+        print(f"  {d.advisory_hint()}", file=out)

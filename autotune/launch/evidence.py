@@ -289,8 +289,9 @@ def judge(plan, observed: list[dict], delivery=None) -> Judgement:
         same = abs(seen - want) <= 1e-9 * max(1.0, abs(want)) if isinstance(want, float) else seen == want
         j.values[key] = {"status": "equal" if same else "different", "observed": seen, "plan": want}
         if not same:
-            j.values[key]["fix"] = FIX.get(key, "") + (hint if key in ("micro_batch_size",
-                                                                         "gradient_accumulation_steps") else "")
+            j.values[key]["fix"] = FIX.get(key, "") + (
+                (delivery.wire_hint(key) if delivery is not None else hint)  # only where --wire auto finds one
+                if key in ("micro_batch_size", "gradient_accumulation_steps") else "")
     accumulation = j.values["gradient_accumulation_steps"]
     if accumulation["status"] == "different" and divides and accumulation["observed"] * world == accumulation["plan"]:
         accumulation["fix"] = (f"the script divides its accumulation by its world size (`{divides}`: "

@@ -141,16 +141,24 @@ def weigh(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, 
     # a user's script: its data is its own; the figures are known only when the config describes it
     described = t.entrypoint is None or "num_samples" in cfg.data.model_fields_set
     num_samples = cfg.data.num_samples if described else None
-    spe, total, per_epoch = dec.steps(num_samples, micro, acc, world, t.epochs, max_steps)
-    dropped = " (a partial one dropped)" if num_samples and (num_samples // world) % micro else ""
-    resolver.explain("steps_per_epoch", (f"{num_samples} samples / {world} process(es) = {num_samples // world} "
-                                         f"each, in {per_epoch} whole micro-batches of {micro}{dropped} "
-                                         f"/ accumulation {acc} = {per_epoch / acc:g}" if per_epoch else
+    # a user's script runs PyTorch's defaults: the last partial micro-batch kept (the built-in stream drops it)
+    keep = bool(t.entrypoint)
+    spe, total, per_epoch = dec.steps(num_samples, micro, acc, world, t.epochs, max_steps, keep_last=keep)
+    each = -(-num_samples // world) if keep and num_samples else (num_samples or 0) // world
+    partial = bool(num_samples) and each % micro
+    dropped = "" if not partial else (" (the last partial one kept, as PyTorch's DataLoader does without drop_last)"
+                                      if keep else " (a partial one dropped)")
+    resolver.explain("steps_per_epoch", (f"{num_samples} samples / {world} process(es) = {each} "
+                                         f"each, in {per_epoch} {'' if keep else 'whole '}micro-batches of {micro}"
+                                         f"{dropped} / accumulation {acc} = {per_epoch / acc:g}"
+                                         + (f", a step at each epoch's end: {spe}" if keep and per_epoch % acc else "")
+                                         if per_epoch else
                                          f"{num_samples} samples give no whole micro-batch of {micro} per process")
                      if num_samples else "data.num_samples unknown" if described else
                      "unknown: your script's data is not described (set data.num_samples to have them counted)")
     resolver.explain("total_steps", f"max_steps {max_steps}" if max_steps else
-                     (f"{t.epochs} epoch(s) x {per_epoch} micro-batches // accumulation {acc} = {total}" if total
+                     (f"{t.epochs} epoch(s) x {spe} steps = {total}" if total and keep else
+                      f"{t.epochs} epoch(s) x {per_epoch} micro-batches // accumulation {acc} = {total}" if total
                       else "unknown"))
     resolver.explain("warmup_steps", f"training.warmup_steps {t.warmup_steps} carried over")
     if total and t.warmup_steps >= total and not debug and (t.entrypoint is None or

@@ -385,13 +385,15 @@ def learning_rate(inputs: Inputs, resolver: Resolver, global_batch: int) -> floa
     return lr
 
 
-def steps(num_samples: int | None, micro: int, acc: int, world: int, epochs: int | None, max_steps: int | None):
-    """(steps per epoch, total optimizer steps, micro-batches per process per epoch); None where unknown.
-
-    Counted as the data stream runs (runtime/data.py): each process gets num_samples // world samples, in whole
-    micro-batches (the last partial one dropped), and the stream goes on across epochs, so a step may straddle
-    two. Steps per epoch is rounded down; the total is epochs x micro-batches per epoch // accumulation."""
-    per_epoch = (num_samples // world) // micro if num_samples else None
-    spe = per_epoch // acc if per_epoch else None
-    total = max_steps or (max(1, epochs * per_epoch // acc) if epochs and per_epoch else None)
+def steps(num_samples: int | None, micro: int, acc: int, world: int, epochs: int | None, max_steps: int | None,
+          keep_last: bool = False):
+    """(steps per epoch, total optimizer steps, micro-batches per process per epoch); None where unknown. As the
+    built-in stream runs (runtime/data.py): num_samples // world a process in whole micro-batches, across epochs (a
+    step may straddle two; steps per epoch rounded down). ``keep_last``, a user's script under PyTorch's defaults:
+    ceil(num_samples / world) a process, the partial micro-batch kept, a step at each epoch's end (rounded up)."""
+    per_epoch = (-(-(-(-num_samples // world)) // micro) if keep_last else (num_samples // world) // micro) \
+        if num_samples else None
+    spe = (-(-per_epoch // acc) if keep_last else per_epoch // acc) if per_epoch else None
+    total = max_steps or (max(1, epochs * spe if keep_last else epochs * per_epoch // acc) if epochs and per_epoch
+                          else None)
     return spe, total, per_epoch

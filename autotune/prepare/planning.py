@@ -44,9 +44,10 @@ def plan_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     p, _, hw = weigh_for(cfg, overrides, hardware, times=False, **options)
     if not (with_deepspeed and p.is_deepspeed):
         return p, hw, None
-    from autotune.exports.deepspeed import deepspeed_config
+    from autotune.exports.deepspeed import deepspeed_config, deepspeed_reasons
 
-    return p, hw, deepspeed_config(p)
+    ds = deepspeed_config(p)  # the plan says what its JSON applies: clipping, and the optimizer's parameters
+    return p.model_copy(update={"reasons": {**p.reasons, **deepspeed_reasons(p, ds)}}), hw, ds
 
 
 def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,

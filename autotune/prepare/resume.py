@@ -116,3 +116,43 @@ def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_for
                         "which skips damaged ones)", problems)
     return path.resolve()
 
+
+
+def resume_reaches(facts, placeholders: list[str], wired: dict[str, str], args: list[str], run_dir: Path,
+                   resume_path: Path | None) -> str:
+    """How a resume point reaches a user's script (said before the launch), or UserError: as {resume_from}, through
+    $AUTOTUNE_RESUME_FROM, its own resume flag (--wire auto, or given after `--`), the Python API, or its own path
+    inside the run directory, where it saves and finds what to resume from (minGPT's
+    ``snapshot_path={checkpoint_dir}/gpt_snapshot.pt``). Otherwise the script would start from scratch without a
+    word: refused, whether or not there is a checkpoint yet (a requeued job then passes where its first did)."""
+    from autotune.exports.script_scan import FLAGS
+    from autotune.rundir.layout import CHECKPOINT_DIR_ENV, RESUME_FROM_ENV, RUN_DIR_ENV
+
+    point = str(resume_path) if resume_path is not None else "nothing to resume yet: it starts fresh"
+    if "resume_from" in placeholders:
+        return f"placeholder {{resume_from}} ({point})"
+    if "resume_from" in wired:
+        return f"recognised {wired['resume_from']} ({point})"
+    given = next((a for a in args if a.split("=")[0] in FLAGS["resume_from"]), None)
+    if given is not None:
+        return f"your flag {given.split('=')[0]} ({point})"
+    if facts is None or facts.uses_autotune:
+        return f"Python API ({point})"
+    if RESUME_FROM_ENV in facts.env_reads:
+        return f"environment ({RESUME_FROM_ENV}, read by the script; {point})"
+    inside = str(Path(run_dir).absolute())
+    at = next((i for i, a in enumerate(args) if inside in str(a)), None)
+    own = None if at is None else \
+        f"{args[at - 1]} {args[at]}" if at and args[at - 1].startswith("-") and "=" not in args[at] else args[at]
+    if own is None and "checkpoint_dir" in wired:
+        own = f"{wired['checkpoint_dir']} {{checkpoint_dir}}"
+    if own is None and ({"checkpoint_dir", "run_dir"} & set(placeholders) or
+                        {CHECKPOINT_DIR_ENV, RUN_DIR_ENV} & facts.env_reads):
+        own = next(f"${v}" for v in (CHECKPOINT_DIR_ENV, RUN_DIR_ENV) if v in facts.env_reads) \
+            if not {"checkpoint_dir", "run_dir"} & set(placeholders) else "{checkpoint_dir}"
+    if own is not None:
+        found = "it holds a checkpoint" if resume_path is not None else "nothing there yet: it starts fresh"
+        return (f"the script's own path inside the run directory ({own}): it saves there and resumes from what it "
+                f"finds ({found})")
+    raise UserError(f"--resume_from: your script has no way to receive the resume point, and would start from "
+                    f"scratch; {facts.resume_hint(RESUME_FROM_ENV)}")

@@ -20,7 +20,7 @@ from autotune.errors import UserError
 from autotune.plan import TrainingPlan
 from autotune.prepare.entrypoint import check_entrypoint
 from autotune.prepare.planning import plan_for, speed_key
-from autotune.prepare.resume import choose_run_dir, resolve_resume
+from autotune.prepare.resume import choose_run_dir, resolve_resume, resume_reaches
 from autotune.profiles import HardwareProfile
 
 
@@ -83,6 +83,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
         RANK_VARIABLES,
         delivery,
         wire_flags,
+        with_wired,
         withhold_accumulation,
         withhold_rank_env,
     )
@@ -97,11 +98,14 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     values = placeholder_values(plan, rd, ds_path)
     args = expand(raw, values)
     wired: dict[str, str] = {}
-    if cfg.training.wire == "auto" and facts is not None:
-        extra, wired = wire_flags(facts, plan, values, args)
-        args += extra
-    if entry and resume_path is not None:
-        _check_resume_reaches(facts, used_placeholders(raw), wired, args)
+    would: dict[str, str] = {}  # what --wire auto passes (or would): its hints name only what it finds
+    if facts is not None and entry:
+        extra, would = wire_flags(facts, plan, values, args)
+        if cfg.training.wire == "auto":
+            args, wired = with_wired(args, extra), would
+    resume_route = None
+    if entry and resume_from is not None:  # refused alike with or without a checkpoint yet: a requeue then passes too
+        resume_route = resume_reaches(facts, used_placeholders(raw), wired, args, rd, resume_path)
     route = delivery(plan, facts, used_placeholders(raw), wired, args, ds is not None) if entry else \
         delivery(plan, None, [], {}, args, ds is not None)
     why = withhold_accumulation(facts, route.routes) if entry else None
@@ -109,31 +113,13 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     why = withhold_rank_env(plan, facts) if entry else None
     if why:
         withheld.update(dict.fromkeys(RANK_VARIABLES, why))
-    route = dataclasses.replace(route, withheld=withheld, wired=bool(wired) or cfg.training.wire == "auto")
+    route = dataclasses.replace(route, withheld=withheld, wired=bool(wired) or cfg.training.wire == "auto",
+                                resume=resume_route, would_wire=would)
     spec = launch_spec(plan, str(rd), os.environ if environ is None else environ, python=python,
                        has_infiniband=bool(hw.infiniband), script_args=args, cwd=workdir,
                        withhold=tuple(route.withheld))
     return RunSetup(plan=plan, hardware=hw, deepspeed_config=ds, run_dir=rd, resume_path=resume_path,
                     launch_spec=spec, delivery=route, speed_key=speed_key(cfg, hw))
-
-
-def _check_resume_reaches(facts, placeholders: list[str], wired: dict[str, str], args: list[str]) -> None:
-    """A resume point for a user's script must reach it: as {resume_from}, through $AUTOTUNE_RESUME_FROM (read
-    by the script), or its own resume flag (--wire auto, or given after `--`). Otherwise the script would start
-    from scratch without a word: refused."""
-    from autotune.exports.wiring import FLAGS
-    from autotune.rundir.layout import RESUME_FROM_ENV
-
-    if "resume_from" in placeholders or "resume_from" in wired or facts is None or facts.uses_autotune:
-        return
-    if RESUME_FROM_ENV in facts.env_reads or any(a.split("=")[0] in FLAGS["resume_from"] for a in args):
-        return
-    declared = [f for f in FLAGS["resume_from"] if f in facts.flags]
-    how = (f"your script declares {declared[0]}: add --wire auto, or pass {declared[0]} {{resume_from}} after `--`"
-           if declared else "pass it to your script after `--` (e.g. --resume {resume_from}) or have the script "
-           f"read ${RESUME_FROM_ENV}")
-    raise UserError(f"--resume_from: your script has no way to receive the resume point, and would start from "
-                    f"scratch; {how}")
 
 
 def _workdir(value: str | None) -> str | None:

@@ -265,24 +265,27 @@ def test_a_torchrun_script_scaling_its_rate_by_the_world_trains_the_plan_and_str
 
 def test_unmodified_hf_trainer_script_follows_the_plan(tmp_path):
     """examples/hf_trainer_train.py (HfArgumentParser(TrainingArguments), Trainer, no autotune import) under
-    --wire auto: Trainer's own flags carry the plan; the script reports what its forward passes saw."""
+    --wire auto: Trainer's own flags carry the plan; the script reports what its forward passes saw. The plan is
+    bf16 on CPU processes: --wire auto passes --use_cpu with --bf16 (issue 42 item 6: TrainingArguments raised on
+    both ranks without it; the fp32 route, no switch, is unit-tested)."""
     from autotune.plan import load_plan
 
     r = launch("--config", ROOT / "examples" / "hf_trainer_config.yaml", "--nproc_per_node", 2, "--wire", "auto",
-               "--run_dir", tmp_path / "hf")
+               "--precision", "bf16", "--run_dir", tmp_path / "hf")
     plan = load_plan(tmp_path / "hf" / "plan.json")
     b = plan.batch
     assert (b.micro_batch_size, b.gradient_accumulation_steps, b.global_batch_size, plan.engine.world_size) \
         == (4, 4, 32, 2)  # not Trainer's defaults (8, 1)
     used = [line for line in r.stdout.splitlines() if line.startswith("USED ")]
     assert len(used) == 1, r.stdout[-3000:]
-    assert used[0].startswith(f"USED world=2 micro=4 accumulation=4 effective=32 precision=fp32 engine=ddp "
+    assert used[0].startswith(f"USED world=2 micro=4 accumulation=4 effective=32 precision=bf16 engine=ddp "
                               f"lr={plan.schedule.learning_rate:g} steps=6 "), used
+    assert json.loads((tmp_path / "hf" / "command.json").read_text())["argv"][-2:] == ["--bf16", "--use_cpu"]
     record = json.loads((tmp_path / "hf" / "delivery.json").read_text())
     assert record["advisory"] == [] and record["routes"]["micro_batch_size"] == [
         "recognised flag --per_device_train_batch_size"]
     seen = observed_as_planned(tmp_path / "hf")
-    assert seen["micro_batch_size"] == seen["learning_rate"] == seen["engine"] == "equal"
+    assert seen["micro_batch_size"] == seen["learning_rate"] == seen["engine"] == seen["precision"] == "equal"
     # the launcher's and the script's output, also in the run directory
     logged = (tmp_path / "hf" / "logs" / "stdout.log").read_text()
     assert logged.startswith("==== ") and " autotune launch --config " in logged.splitlines()[0]

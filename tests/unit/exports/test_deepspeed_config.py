@@ -116,7 +116,7 @@ def test_fields_that_change_training_hand_derived():
     cpu_ds = deepspeed_config(cpu)
     assert cpu_ds["zero_optimization"]["overlap_comm"] is False
     assert cpu_ds["zero_optimization"]["reduce_bucket_size"] == 50_000_000  # no GPU memory: the floor
-    assert cpu_ds["gradient_clipping"] == 1.0
+    assert cpu_ds["gradient_clipping"] == 0.0  # a script's config sets no clipping: DeepSpeed adds none (issue 42)
     off = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"training.gradient_clipping": None}),
                deepspeed_installed=True)
     assert deepspeed_config(off)["gradient_clipping"] == 0.0
@@ -270,3 +270,64 @@ def test_the_run_records_name_both_deepspeed_files():
     from autotune.rundir.layout import ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE, RUN_RECORDS
 
     assert {ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE} <= set(RUN_RECORDS)
+
+
+def _script_plan(**over):
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py", "distributed.backend": "deepspeed",
+                                          "distributed.zero_stage": 2, **over})
+    return plan(load_profile("4xL4"), cfg, deepspeed_installed=True)
+
+
+def test_a_scripts_json_carries_only_what_the_plan_owns_and_the_plan_says_what_it_applies(monkeypatch):
+    """Issue 42 item 9: a config without a learning rate, weight decay or clipping gave the script's DeepSpeed
+    lr 0.003, weight decay, betas and gradient clipping 1.0 it never asked for. The JSON now leaves them out (clipping
+    is 0.0: DeepSpeed's own default would clip at 1.0), and the plan's reasons say what the JSON applies."""
+    from autotune.exports.deepspeed import deepspeed_reasons
+
+    p = _script_plan()
+    assert {"learning_rate", "weight_decay", "gradient_clipping"} <= set(p.run.script_defaults)
+    ds = deepspeed_config(p)
+    assert ds["optimizer"]["params"] == {"torch_adam": True}  # no lr, betas, eps, weight decay
+    assert ds["gradient_clipping"] == 0.0
+    parsed = validate_with_deepspeed(ds, p.engine.world_size, monkeypatch)
+    assert parsed.gradient_clipping == 0.0 and "lr" not in parsed.optimizer_params
+    said = deepspeed_reasons(p, ds)
+    assert said["gradient_clipping"] == (
+        "training.gradient_clipping is not set: the DeepSpeed JSON sets gradient_clipping 0.0, so DeepSpeed does not "
+        "clip (its own default would clip at 1); your script's own clipping, if any, is all there is")
+    assert said["optimizer"] == (
+        "the DeepSpeed JSON's AdamW: no parameter set; left out: lr, betas, eps, weight_decay: a script that passes "
+        "its own optimizer to deepspeed.initialize keeps its own, otherwise DeepSpeed builds AdamW at torch's "
+        "defaults (lr 0.001, betas (0.9, 0.999), eps 1e-08, weight_decay 0.01)")
+    # set in the config: carried, and clipping said wherever the JSON sets it
+    p = _script_plan(**{"training.learning_rate": 0.002, "training.gradient_clipping": 0.5})
+    ds = deepspeed_config(p)
+    assert ds["optimizer"]["params"]["lr"] == p.schedule.learning_rate and ds["gradient_clipping"] == 0.5
+    assert "betas" not in ds["optimizer"]["params"]  # no config key sets them for a script: torch's own
+    assert deepspeed_reasons(p, ds)["gradient_clipping"] == (
+        "the DeepSpeed JSON's gradient_clipping 0.5: DeepSpeed clips the gradient norm at 0.5")
+
+
+@pytest.mark.parametrize("args", [["--deepspeed"], ["--deepspeed", "--config", "SCRIPT"]])
+def test_clipping_is_said_in_every_deepspeed_plan_wherever_its_json_sets_it(args, tmp_path, capsys):
+    """`plan` (text and --json) of a DeepSpeed plan names the JSON's clipping: the built-in workload's 1.0, a script's
+    none."""
+    import json
+
+    from autotune.__main__ import main
+
+    if "SCRIPT" in args:
+        (tmp_path / "t.py").write_text("")
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"training: {{entrypoint: {tmp_path / 't.py'}, max_steps: 5}}\n")
+        args = [a if a != "SCRIPT" else str(cfg) for a in args]
+    assert main(["plan", "--hardware", "4xL4", *args, "--json"]) == 0
+    flat = json.loads(capsys.readouterr().out)
+    assert main(["plan", "--hardware", "4xL4", *args]) == 0
+    text = capsys.readouterr().out
+    ds = deepspeed_config(plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {
+        "distributed.backend": "deepspeed", **({"training.entrypoint": "t.py"} if len(args) > 1 else {})}),
+        deepspeed_installed=True))
+    clip = flat["reasons"]["gradient_clipping"]
+    assert (f"gradient_clipping {ds['gradient_clipping']:g}" in clip) and f"Gradient clipping:        {clip}" in text
+    assert ("DeepSpeed clips the gradient norm at 1" in clip) == (len(args) == 1)

@@ -235,3 +235,18 @@ def test_an_fsdp2_plan_exports_for_accelerate_as_accelerates_own_launcher_reads_
     with pytest.raises(UserError, match="Accelerate runs FSDP on GPUs only"):
         accelerate_config(cpu)
     assert "ACCELERATE_USE_FSDP" not in plan_values_env(cpu, str(tmp_path))
+
+
+@pytest.mark.parametrize("fmt", ["torchrun", "accelerate"])
+def test_the_launch_lines_start_the_configs_entrypoint(fmt, capsys):
+    """Issue 42 item 13: `export --format accelerate|torchrun` printed a start line for train.py whatever the
+    config's training.entrypoint said."""
+    from helpers.support import ROOT
+
+    from autotune.__main__ import main
+
+    assert main(["export", "--format", fmt, "--hardware", "4xL4", "--ddp", "--config",
+                 str(ROOT / "examples" / "torchrun_config.yaml")]) == 0
+    out, err = capsys.readouterr()
+    line = out if fmt == "torchrun" else err
+    assert " examples/torchrun_train.py" in line and "train.py " not in line.replace("torchrun_train.py", "")

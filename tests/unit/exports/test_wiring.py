@@ -283,8 +283,13 @@ def test_a_resume_point_must_reach_the_script_or_is_refused(tmp_path):
     saved.write_text("weights")
     (tmp_path / "deaf.py").write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--lr')\n")
     cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "deaf.py")})
-    with pytest.raises(UserError, match="no way to receive the resume point.*--resume \\{resume_from\\}"):
+    with pytest.raises(UserError) as refused:
         prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={}, resume_from=str(saved))
+    assert str(refused.value) == (  # naming no flag the script lacks (it once suggested --resume)
+        "--resume_from: your script has no way to receive the resume point, and would start from scratch; pass the "
+        "checkpoint to your script after `--` as {resume_from} (with whatever it resumes from), or a path inside the "
+        "run directory that it saves to and resumes from ({checkpoint_dir}/...), or have it read "
+        "$AUTOTUNE_RESUME_FROM")
     ok = prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={}, resume_from=str(saved),
                  script_args=["--lr", "1", "--resume", "{resume_from}"])  # the user's own way in
     assert ok.launch_spec.cmd[-2:] == ["--resume", str(saved.resolve())]
@@ -764,23 +769,36 @@ def test_a_deepspeed_path_behind_the_scripts_own_switch_is_handed_over_not_claim
     assert under_main.uses_deepspeed_initialize and under_main.deepspeed_condition is None
 
 
-def test_the_hint_after_the_routes_does_not_suggest_wire_auto_to_a_wired_launch(tmp_path):
+def test_the_hint_after_the_routes_names_only_what_exists(tmp_path):
+    """Issue 42 item 12: the line under the routes said "use --wire auto" where --wire auto finds nothing, and named
+    --batch_size for scripts without it. It suggests --wire auto only with what it would pass (the script's own
+    flag), and otherwise the placeholder form of the script's shape, naming no flag it lacks."""
     import io
 
     from autotune.launch.announce import print_delivery
     from autotune.prepare import prepare
 
     (tmp_path / "bare.py").write_text("print('no flags')\n")
-    for wire, hint in (("auto", "  (--wire auto found no setting for them in your script: pass them after `--` as "
-                                "placeholders, e.g. --batch_size {micro_batch_size}, or "
-                                "--batch_size={micro_batch_size} for a --key=value configurator)\n"),
-                       ("none", "  (pass them after `--` as placeholders, e.g. --batch_size {micro_batch_size}, or "
-                                "--batch_size={micro_batch_size} for a --key=value configurator; or use --wire "
-                                "auto)\n")):
-        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "bare.py"), "training.wire": wire})
+    (tmp_path / "hf.py").write_text("import argparse\np = argparse.ArgumentParser()\n"
+                                    "p.add_argument('--per_device_train_batch_size', type=int)\n")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "c.yaml").write_text("model:\n  width: 8\n")
+    (tmp_path / "hy.py").write_text("import hydra\n@hydra.main(version_base=None, config_path='conf', "
+                                    "config_name='c')\ndef main(cfg):\n    pass\n")
+    for name, wire, hint in (
+            ("bare", "auto", "  (--wire auto found no setting for them in your script: pass them after `--` to its "
+                             "own flags: --<its batch-size flag> {micro_batch_size})\n"),
+            ("bare", "none", "  (pass them after `--` to its own flags: --<its batch-size flag> {micro_batch_size})\n"),
+            ("hf", "none", "  (use --wire auto: it passes --per_device_train_batch_size {micro_batch_size}; or pass "
+                           "them after `--` to its own flags: --<its batch-size flag> {micro_batch_size})\n"),
+            ("hy", "auto", "  (--wire auto found no setting for them in your script: pass them after `--` as a Hydra "
+                           "override of the key it trains with: <key>={micro_batch_size})\n")):
+        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / f"{name}.py"),
+                                              "training.wire": wire})
         out = io.StringIO()
         print_delivery(prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={}), out)
         assert out.getvalue().endswith(hint), out.getvalue()
+        assert "--batch_size" not in out.getvalue()
 
 
 def test_a_learning_rate_the_config_does_not_set_is_shown_and_exported_as_the_scripts_own(tmp_path):
@@ -804,15 +822,21 @@ def test_a_learning_rate_the_config_does_not_set_is_shown_and_exported_as_the_sc
         assert s.launch_spec.env.get("AUTOTUNE_LEARNING_RATE") == exported
 
 
-def test_a_script_that_reads_the_plans_file_is_handed_every_value_it_holds(tmp_path):
-    """A script that reads $AUTOTUNE_PLAN reads the whole plan: every value the plan sets is handed over that way
-    (it was once called advisory on all of them, and the final line said they "never reached the script"); a rate
-    the config does not set stays the script's own."""
-    f = script(tmp_path, "import json, os\nplan = json.load(open(os.environ['AUTOTUNE_PLAN']))\n")
+def test_a_script_that_reads_the_plans_file_is_credited_only_with_the_values_it_names(tmp_path):
+    """Issue 42 item 11: a script that opens $AUTOTUNE_PLAN was credited with every value before the launch
+    (num_workers claimed delivered, then observed 0 against 1 with no warning). The plan's file is a route only for
+    the values the script names in its source; the rest are advisory, said before the launch; a rate the config
+    does not set stays the script's own."""
+    f = script(tmp_path, "import json, os\nplan = json.load(open(os.environ['AUTOTUNE_PLAN']))\n"
+                         "batch = plan['batch']['micro_batch_size']\n")
     d = delivery(a_plan(), f, [], {}, [], deepspeed_json=False)
-    via = "environment (AUTOTUNE_PLAN, the plan's file, read by the script)"
-    assert d.advisory == [] and d.routes["micro_batch_size"] == [via] and d.routes["num_workers"] == [via]
+    assert d.routes["micro_batch_size"] == [
+        "environment (AUTOTUNE_PLAN, the plan's file, read by the script: it names micro_batch_size)"]
+    assert d.advisory == ["gradient_accumulation_steps", "precision", "num_workers"]
     assert d.routes["learning_rate"][0].startswith("yours: training.learning_rate is not set")
+    assert "the script was given no DataLoader workers: the plan's num_workers is advisory" in d.summary()
+    assert ("the script reads the plan's file ($AUTOTUNE_PLAN) but names no gradient_accumulation_steps, precision, "
+            "num_workers in its source: not counted as handed over (its first steps show what it runs)") in d.summary()
 
 
 FSDP_HF = """
@@ -855,3 +879,232 @@ def test_an_fsdp2_plan_reaches_hf_trainer_accelerate_and_fully_shard_scripts(tmp
         "training.entrypoint": "hf.py", "distributed.backend": "fsdp", "distributed.nproc_per_node": 2}))
     assert wire_flags(hf, cpu, placeholder_values(cpu, tmp_path, None), [])[1].get("engine") is None
     assert "engine" in delivery(cpu, acc, [], {}, [], False).advisory
+
+
+NO_TRAINER = """
+    import argparse
+    from accelerate import Accelerator
+    p = argparse.ArgumentParser()
+    p.add_argument("--per_device_train_batch_size", type=int, default=8)
+    p.add_argument("--learning_rate", type=float, default=5e-5)
+    p.add_argument("--num_train_epochs", type=int, default=3)
+    p.add_argument("--max_train_steps", type=int, default=None)
+    p.add_argument("--num_warmup_steps", type=int, default=0)
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    args = p.parse_args()
+    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps)
+"""
+
+
+def test_hf_no_trainer_names_carry_the_step_limit_and_the_micro_batch(tmp_path):
+    """Issue 42 item 5: run_clm_no_trainer.py takes --max_train_steps; --wire auto passed nothing for the plan's
+    max_steps and the delivery table neither routed it nor called it advisory (28 steps trained against 5)."""
+    facts = script(tmp_path, NO_TRAINER)
+    p = a_plan(**{"training.max_steps": 5, "training.learning_rate": 0.001, "training.warmup_steps": 2})
+    extra, used = wire_flags(facts, p, placeholder_values(p, tmp_path, None), [])
+    assert used["max_steps"] == "--max_train_steps" and extra[extra.index("--max_train_steps") + 1] == "5"
+    assert used["micro_batch_size"] == "--per_device_train_batch_size"
+    assert used["warmup_steps"] == "--num_warmup_steps"
+    d = delivery(p, facts, [], used, extra, deepspeed_json=False)
+    assert d.routes["max_steps"] == ["recognised flag --max_train_steps"] and "epochs" not in d.routes
+    assert d.routes["warmup_steps"] == ["recognised flag --num_warmup_steps"]
+    # without a flag for it, the step limit is advisory by name, and said before the launch
+    bare = script(tmp_path, "import torch\n", "bare.py")
+    d = delivery(p, bare, [], {}, [], deepspeed_json=False)
+    assert "max_steps" in d.advisory
+    assert "the script was given no step limit: the plan's max_steps is advisory" in d.summary()
+    # epochs the config does not set are the script's own: not in the table
+    assert "epochs" not in delivery(a_plan(), bare, [], {}, [], deepspeed_json=False).routes
+
+
+def test_a_cpu_bf16_plan_gives_hf_trainer_use_cpu_with_bf16(tmp_path):
+    """Issue 42 item 6: --wire auto passed --bf16 without --use_cpu on a CPU plan, and TrainingArguments raised on
+    both ranks."""
+    from autotune.profiles import load_profile
+
+    facts = script(tmp_path, FSDP_HF)
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py", "training.mixed_precision": "bf16",
+                                          "distributed.nproc_per_node": 2})
+    p = plan(load_profile("cpu-only"), cfg)
+    assert (p.engine.device, p.numerics.precision) == ("cpu", "bf16")
+    extra, _ = wire_flags(facts, p, placeholder_values(p, tmp_path, None), [])
+    assert "--bf16" in extra and "--use_cpu" in extra
+    extra, _ = wire_flags(facts, p, placeholder_values(p, tmp_path, None), ["--bf16"])  # the user's own --bf16 too
+    assert extra[-1] == "--use_cpu"
+    gpu = a_plan(**{"training.mixed_precision": "bf16"})
+    assert "--use_cpu" not in wire_flags(facts, gpu, placeholder_values(gpu, tmp_path, None), [])[0]
+
+
+def test_precision_claims_read_the_modules_the_script_imports_from_its_own_project(tmp_path):
+    """Issue 42 item 8: for minGPT (main.py imports trainer.py, which autocasts to fp16) the launch said "fp32 is
+    PyTorch's default and the script sets no precision"; at run time it reported fp16 with no fix. The project's
+    modules are read too: the script's own precision is named, and what could not be read is "not known"."""
+    (tmp_path / "mingpt").mkdir()
+    (tmp_path / "mingpt" / "__init__.py").write_text("")
+    (tmp_path / "mingpt" / "model.py").write_text("import torch\nclass GPT(torch.nn.Module):\n    pass\n")
+    (tmp_path / "trainer.py").write_text(textwrap.dedent("""
+        import torch
+        from mingpt.model import GPT
+        class Trainer:
+            def step(self, x):
+                with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=(self.config.use_amp)):
+                    return self.model(x)
+    """))
+    main = script(tmp_path, "import torch\nfrom trainer import Trainer\nfrom mingpt.model import GPT\n", "main.py")
+    assert sorted(main.project) == [str(tmp_path / "mingpt" / "model.py"), str(tmp_path / "trainer.py")]
+    p = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {"training.entrypoint": "main.py"}))
+    assert p.numerics.precision == "fp32"
+    d = delivery(p, main, [], {}, [], deepspeed_json=False)
+    assert "precision" in d.advisory
+    assert ("the script sets its own precision (trainer.py:6: torch.autocast(device_type='cuda', dtype=torch.float16, "
+            "enabled=self.config.use_amp): fp16, behind its own switch): the plan's fp32 does not reach it; its first "
+            "steps show what it runs") in d.summary()
+    # a project module that cannot be read: not known before launch
+    (tmp_path / "trainer.py").write_text("def broken(:\n")
+    d = delivery(p, script(tmp_path, "from trainer import Trainer\n", "main.py"), [], {}, [], deepspeed_json=False)
+    assert "precision" in d.advisory and any(
+        n.startswith("whether the script sets its own precision is not known before launch: ") and "trainer.py" in n
+        for n in d.summary())
+    # nothing sets one, everything read: PyTorch's default, said with what was read
+    (tmp_path / "trainer.py").write_text("class Trainer:\n    pass\n")
+    d = delivery(p, script(tmp_path, "from trainer import Trainer\n", "main.py"), [], {}, [], deepspeed_json=False)
+    assert d.routes["precision"] == ["fp32 is PyTorch's default and the script sets no precision (read with 1 "
+                                     "module(s) of its own project)"]
+
+
+def test_a_script_resuming_from_its_own_path_in_the_run_directory_is_not_refused(tmp_path):
+    """Issue 42 items 4 and 13: minGPT resumes from the snapshot path it is given
+    (snapshot_path={checkpoint_dir}/gpt_snapshot.pt); --resume_from auto refused it ("no way to receive the resume
+    point"). And a script with no way in was refused only once a checkpoint existed, so a requeued job failed where
+    its first submission passed: now refused alike, and one that can resume starts fresh and says so."""
+    import pytest
+
+    from autotune.errors import UserError
+    from autotune.prepare import prepare
+
+    (tmp_path / "snap.py").write_text("import argparse\np = argparse.ArgumentParser()\n"
+                                      "p.add_argument('--snapshot_path')\n")
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "snap.py")})
+    run = tmp_path / "run"
+    args = ["--snapshot_path", "{checkpoint_dir}/snap.pt"]
+    first = prepare(cfg, hardware="cpu-only", run_dir=run, environ={}, resume_from="auto", script_args=args)
+    where = str(run.absolute() / "checkpoints" / "snap.pt")
+    assert first.resume_path is None and first.delivery.resume == (
+        f"the script's own path inside the run directory (--snapshot_path {where}): it saves there and resumes from "
+        "what it finds (nothing there yet: it starts fresh)")
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "snap.pt").write_text("weights")
+    again = prepare(cfg, hardware="cpu-only", run_dir=run, environ={}, resume_from="auto", script_args=args)
+    assert again.resume_path == (run / "checkpoints" / "snap.pt").resolve()
+    assert again.delivery.resume.endswith("(it holds a checkpoint)")
+    assert again.delivery.to_record()["resume"] == again.delivery.resume
+    # no way in: refused with nothing to resume yet too, as it would be at the requeue
+    fresh = tmp_path / "fresh"
+    with pytest.raises(UserError, match="no way to receive the resume point"):
+        prepare(cfg, hardware="cpu-only", run_dir=fresh, environ={}, resume_from="auto")
+
+
+def test_the_batch_fix_suggests_wire_auto_only_with_what_it_would_pass():
+    """The observed batch's fix said ", or use --wire auto" to every unwired launch, also where --wire auto finds no
+    setting; now only where it would pass one, naming it (issue 42 item 12)."""
+    from autotune.exports.delivery import Delivery
+    from autotune.launch.evidence import judge
+
+    p = a_plan(**{"training.global_batch_size": 8, "training.batch_size_per_gpu": 8, "distributed.nproc_per_node": 1})
+    rec = {"rank": 0, "steps": 16, "process_group": None, "dataloaders": [], "optimizers": [],
+           "step_samples": {str(s): 64 for s in range(2, 17)}, "step_forwards": {str(s): 1 for s in range(2, 17)},
+           "step_backwards": {str(s): 1 for s in range(2, 17)}}
+    finds = Delivery({}, ["micro_batch_size"], would_wire={"micro_batch_size": "--per_device_train_batch_size"})
+    fix = judge(p, [rec], finds).values["micro_batch_size"]["fix"]
+    assert fix.endswith(", or use --wire auto (it passes --per_device_train_batch_size {micro_batch_size})")
+    assert "--wire auto" not in judge(p, [rec], Delivery({}, ["micro_batch_size"])).values["micro_batch_size"]["fix"]
+    assert Delivery({}, [], wired=True, would_wire=finds.would_wire).wire_hint("micro_batch_size") == ""
+
+
+def test_a_hydra_apps_keys_are_read_from_its_yaml_groups_and_structured_config(tmp_path):
+    """Issue 42 item 7: Hydra overrides from the @hydra.main config, read never run: the YAML with its config
+    groups, or dataclasses stored in ConfigStore (in the script or its project); a training key wins over its
+    evaluation twin; two training candidates are said, not guessed; an override the user passed wins."""
+    (tmp_path / "conf" / "trainer").mkdir(parents=True)
+    (tmp_path / "conf" / "train.yaml").write_text("defaults:\n  - trainer: ddp\n  - _self_\noptim:\n  lr: 0.1\n"
+                                                  "eval:\n  batch_size: 64\n")
+    (tmp_path / "conf" / "trainer" / "ddp.yaml").write_text("batch_size: 16\ngrad_accum_steps: 1\nmax_iters: 100\n"
+                                                            "dtype: float32\nsnapshot_path: snap.pt\n")
+    facts = script(tmp_path, """
+        import hydra
+        @hydra.main(version_base=None, config_path="conf", config_name="train")
+        def main(cfg):
+            pass
+    """)
+    assert facts.hydra.keys == {"trainer.batch_size": "int", "trainer.grad_accum_steps": "int",
+                                "trainer.max_iters": "int", "trainer.dtype": "str", "trainer.snapshot_path": "str",
+                                "optim.lr": "float", "eval.batch_size": "int"}
+    p = a_plan(**{"training.learning_rate": 0.002, "training.max_steps": 7})
+    extra, used = wire_flags(facts, p, placeholder_values(p, tmp_path, None), ["optim.lr=0.5"])
+    assert extra == [f"trainer.batch_size={p.batch.micro_batch_size}",
+                     f"trainer.grad_accum_steps={p.batch.gradient_accumulation_steps}", "trainer.max_iters=7",
+                     "trainer.dtype=bfloat16"]
+    assert "learning_rate" not in used and used["max_steps"] == "hydra:trainer.max_iters"
+    assert "trainer.snapshot_path={checkpoint_dir}/<its file name>" in facts.resume_hint("AUTOTUNE_RESUME_FROM")
+    (tmp_path / "cfgs.py").write_text(textwrap.dedent("""
+        from dataclasses import dataclass, field
+        @dataclass
+        class Train:
+            batch_size: int = 8
+            lr: float = 1e-3
+        @dataclass
+        class Eval:
+            batch_size: int = 64
+        @dataclass
+        class Config:
+            train: Train = field(default_factory=Train)
+            other: Eval = field(default_factory=Eval)
+    """))
+    structured = script(tmp_path, """
+        import hydra
+        from hydra.core.config_store import ConfigStore
+        from cfgs import Config
+        ConfigStore.instance().store(name="config", node=Config)
+        @hydra.main(version_base=None, config_name="config")
+        def main(cfg):
+            pass
+    """, "st.py")
+    assert structured.hydra.keys == {"train.batch_size": "int", "train.lr": "float", "other.batch_size": "int"}
+    routes, notes = structured.hydra.routes()
+    assert routes["learning_rate"] == "train.lr" and "micro_batch_size" not in routes
+    assert notes == ["micro_batch_size: the Hydra config has train.batch_size, other.batch_size; --wire auto sets "
+                     "none of them (pass the one your script trains with, e.g. train.batch_size={micro_batch_size})"]
+    extra, _ = wire_flags(structured, p, placeholder_values(p, tmp_path, None), [])
+    assert extra == [f"train.lr={p.schedule.learning_rate!r}"]
+
+
+def test_a_lightningcli_apps_flags_come_from_its_classes_in_lightnings_spellings(tmp_path):
+    """Issue 42 item 7: LightningCLI's --model.* / --data.* from the classes' __init__ (here in a module of its own
+    project), --trainer.* in Lightning's words; `fit` first when the user gave no subcommand."""
+    from autotune.exports.wiring import with_wired
+
+    (tmp_path / "parts.py").write_text(textwrap.dedent("""
+        from lightning.pytorch import LightningDataModule, LightningModule
+        class Net(LightningModule):
+            def __init__(self, hidden: int = 8, learning_rate: float = 0.1):
+                super().__init__()
+        class Data(LightningDataModule):
+            def __init__(self, batch_size: int = 4):
+                super().__init__()
+    """))
+    facts = script(tmp_path, "from lightning.pytorch.cli import LightningCLI\nfrom parts import Net, Data\n"
+                             "LightningCLI(Net, Data)\n", "cli.py")
+    assert facts.lightning.model_args == {"hidden": "int", "learning_rate": "float"}
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "cli.py", "training.mixed_precision": "bf16",
+                                          "distributed.nproc_per_node": 2, "training.learning_rate": 0.01,
+                                          "training.max_steps": 3})
+    p = plan(load_profile("cpu-only"), cfg)
+    extra, used = wire_flags(facts, p, placeholder_values(p, tmp_path, None), ["--trainer.max_steps", "9"])
+    assert with_wired(["--trainer.max_steps", "9"], extra) == [
+        "fit", "--trainer.max_steps", "9", "--trainer.devices", "2", "--trainer.accumulate_grad_batches",
+        str(p.batch.gradient_accumulation_steps), "--trainer.precision", "bf16-mixed", "--trainer.strategy", "ddp",
+        "--model.learning_rate", repr(p.schedule.learning_rate), "--data.batch_size", str(p.batch.micro_batch_size),
+        "--trainer.accelerator", "cpu"]
+    assert "max_steps" not in used and "num_workers" not in used  # the user's wins; no workers argument
+    assert facts.resume_hint("X") == ("LightningCLI's fit takes the checkpoint as --ckpt_path: pass --ckpt_path "
+                                      "{resume_from} after `--`")

@@ -865,3 +865,24 @@ def test_a_warm_up_as_long_as_the_run_is_warned_unless_the_script_keeps_its_own_
     assert warned(**{"training.max_steps": 21}) == []
     assert warned(**{"training.max_steps": 10, "training.entrypoint": "train.py"}) == []  # the script's own warm-up
     assert len(warned(**{"training.max_steps": 10, "training.entrypoint": "train.py", "training.warmup_steps": 12}))
+
+
+def test_a_scripts_steps_per_epoch_keep_the_last_partial_micro_batch():
+    """Issue 42 item 13: steps per epoch assumed the last partial micro-batch dropped, as the built-in stream does,
+    while none of four public scripts drops it (27/312/171 planned, 28/313/172 run). A user's script is counted as
+    PyTorch's defaults run it: DistributedSampler pads each process to ceil(n / world), the DataLoader keeps the
+    partial micro-batch, and each epoch ends with a step; the built-in workload's count stays."""
+    from autotune.config import TrainConfig, apply_overrides
+    from autotune.planner import plan
+    from autotune.profiles import load_profile
+
+    over = {"data.num_samples": 1001, "training.global_batch_size": 32, "training.batch_size_per_gpu": 8,
+            "training.epochs": 2, "distributed.nproc_per_node": 2}
+    built_in = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), over))
+    script = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {**over, "training.entrypoint": "t.py"}))
+    assert (built_in.schedule.steps_per_epoch, built_in.schedule.total_steps) == (31, 62)  # 500 // 8 = 62 // 2
+    assert (script.schedule.steps_per_epoch, script.schedule.total_steps) == (32, 64)  # ceil(501 / 8) = 63, ceil / 2
+    assert script.reasons["steps_per_epoch"] == (
+        "1001 samples / 2 process(es) = 501 each, in 63 micro-batches of 8 (the last partial one kept, as PyTorch's "
+        "DataLoader does without drop_last) / accumulation 2 = 31.5, a step at each epoch's end: 32")
+    assert script.reasons["total_steps"] == "2 epoch(s) x 32 steps = 64"

@@ -1,0 +1,317 @@
+"""The delivery record: every route by which each plan value reached a user's script (placeholder, recognised flag
+or setting, environment read by Accelerate or the script, DeepSpeed JSON, Python API); a value with no route is
+*advisory*, and the launch says so. Before the launch these are the routes handed over; what the script ran is
+observed in its first steps (autotune.launch.evidence). Pure; no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.exports.script_scan import FLAGS, ScriptFacts
+from autotune.plan import TrainingPlan
+from autotune.rundir.layout import BACKEND_ENV, ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE, PLAN_ENV, VALUE_ENV
+
+# torchrun's variables for one process: withheld from a script that decides on DDP by testing them
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# Values a script acts on (the launch reports each one's routes)
+DELIVERED = ("micro_batch_size", "gradient_accumulation_steps", "learning_rate", "precision", "num_workers",
+             "world_size")
+# ... and the schedule's, where the plan sets them for the script (max_steps wins over epochs)
+SCHEDULE = ("max_steps", "epochs", "warmup_steps")
+WORDS = {"micro_batch_size": "batch size", "gradient_accumulation_steps": "accumulation steps",
+         "learning_rate": "learning rate", "precision": "precision", "num_workers": "DataLoader workers",
+         "max_steps": "step limit", "epochs": "epoch count", "warmup_steps": "warm-up steps"}
+
+
+def delivered_keys(plan: TrainingPlan) -> tuple[str, ...]:
+    """Every plan value the launch hands to a script and reports a route for: DELIVERED, and the schedule's values
+    the plan sets (not a script's own default): the step limit, else the epochs; the warm-up."""
+    sc, yours = plan.schedule, plan.run.script_defaults
+    schedule = ["max_steps"] if sc.max_steps else (["epochs"] if sc.epochs and "epochs" not in yours else [])
+    if "warmup_steps" not in yours and sc.warmup_steps:
+        schedule.append("warmup_steps")
+    return (*DELIVERED, *schedule)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    routes: dict[str, list[str]]  # plan value -> how it reached the script
+    advisory: list[str]  # plan values that reached the script by no route
+    withheld: dict[str, str] = field(default_factory=dict)  # variable -> why it is not exported to this script
+    notes: tuple[str, ...] = ()  # what the script does with what it is handed (said before the launch)
+    wired: bool = False  # --wire auto filled the script's own settings
+    divides_accumulation: str | None = None  # the script's statement dividing its accumulation by its world size
+    engine: str = "deepspeed"  # the plan's backend, for the advisory engine's words
+    resume: str | None = None  # how the resume point reaches the script (--resume_from), said before the launch
+    would_wire: dict[str, str] = field(default_factory=dict)  # plan value -> what --wire auto passes it as
+    shape: str = "argparse"  # the script's shape: argparse, configurator, hydra, lightning (for its hints' forms)
+
+    def wire_hint(self, key: str) -> str:
+        """", or use --wire auto (it passes ...)" where --wire auto would deliver ``key`` and did not run; else ""."""
+        if self.wired or key not in self.would_wire:
+            return ""
+        return f", or use --wire auto (it passes {spelled(self.would_wire[key], key)})"
+
+    def placeholder_hint(self) -> str:
+        """How to pass a value this script has no recognised setting for, in its own shape's form (never a flag it
+        lacks)."""
+        return {"hydra": "as a Hydra override of the key it trains with: <key>={micro_batch_size}",
+                "lightning": "as LightningCLI flags of its model or data: --data.<its batch argument> "
+                             "{micro_batch_size}",
+                "configurator": "as its --key=value settings: --<its setting>={micro_batch_size}"}.get(
+            self.shape, "to its own flags: --<its batch-size flag> {micro_batch_size}")
+
+    def advisory_hint(self) -> str:
+        """The line under the routes when values are advisory: what --wire auto would pass (only where it finds the
+        script's own setting), else the placeholder form that fits the script's shape."""
+        can = [k for k in self.advisory if k in self.would_wire]
+        if can and not self.wired:
+            return ("(use --wire auto: it passes " + ", ".join(spelled(self.would_wire[k], k) for k in can)
+                    + f"; or pass them after `--` {self.placeholder_hint()})")
+        found = "--wire auto found no setting for them in your script: " if self.wired else ""
+        return f"({found}pass them after `--` {self.placeholder_hint()})"
+
+    def to_record(self) -> dict:
+        return {"routes": self.routes, "advisory": self.advisory, "withheld": self.withheld, "notes": list(self.notes),
+                "wired": self.wired, "divides_accumulation": self.divides_accumulation, "resume": self.resume}
+
+    def summary(self) -> list[str]:
+        words = WORDS
+        out = []
+        for k in self.advisory:
+            if k == "engine" and self.engine == "fsdp":
+                out.append("the script was given no way to run FSDP2: the plan's engine (FSDP2) is advisory and the "
+                           "script trains with whatever it sets up itself (Accelerate and HF Trainer run FSDP on GPUs "
+                           f"only; a torchrun script wraps its model with fully_shard itself, reading "
+                           f"${BACKEND_ENV})")
+            elif k == "engine":
+                out.append("the script was given no way to run DeepSpeed: the plan's engine (DeepSpeed ZeRO) is "
+                           "advisory and the script trains with whatever it sets up itself (Accelerate and HF "
+                           "Trainer run DeepSpeed on GPUs only; a deepspeed.initialize script needs "
+                           "--deepspeed_config {deepspeed_config} or --wire auto)")
+            else:
+                out.append(f"the script was given no {words.get(k, k)}: the plan's {k} is advisory")
+        reasons: dict[str, list[str]] = {}
+        for name, why in self.withheld.items():  # one line per reason (torchrun's six variables share one)
+            reasons.setdefault(why, []).append(name)
+        out += [f"{', '.join(names)} not exported: {why}" for why, names in reasons.items()]
+        return out + list(self.notes)
+
+
+def spelled(flag: str, key: str) -> str:
+    """A wired flag or setting with the value's placeholder, as the user would pass it after `--`."""
+    if flag.startswith("hydra:"):
+        return f"{flag[6:]}={{{key}}}"
+    return f"{flag}{{{key}}}" if flag.endswith("=") else f"{flag} {{{key}}}"
+
+
+def shape_of(facts: ScriptFacts | None) -> str:
+    if facts is None:
+        return "argparse"
+    if facts.hydra is not None:
+        return "hydra"
+    if facts.lightning is not None:
+        return "lightning"
+    return "configurator" if facts.configurator else "argparse"
+
+
+def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[str], wired: dict[str, str],
+             user_args: list[str], deepspeed_json: bool) -> Delivery:
+    """Every route by which each plan value reached the script."""
+    keys = delivered_keys(plan)
+    routes: dict[str, list[str]] = {k: [] for k in keys}
+    if facts is None:  # autotune's own runtime or a module:function entrypoint that reads the plan
+        return Delivery({k: ["Python API (autotune runtime)"] for k in keys}, [])
+    world = plan.engine.world_size
+    notes = []
+    for k in keys:
+        if k in placeholders:
+            routes[k].append(f"placeholder {{{k}}}")
+        if k in wired:
+            routes[k].append(_wired_route(k, wired[k], facts, plan))
+    if world > 1 and "gradient_accumulation_steps" in placeholders and \
+            "gradient_accumulation_steps" in facts.divided_by_world:
+        divides, accumulation = facts.divided_by_world["gradient_accumulation_steps"], \
+            plan.batch.gradient_accumulation_steps
+        notes.append(f"the script divides its accumulation by its world size (`{divides}`): "
+                     f"{{gradient_accumulation_steps}} makes it accumulate {accumulation // world or 'less than 1'} a "
+                     f"process, not the plan's {accumulation}; pass {{gradient_accumulation_steps_total}} (the total "
+                     "over the processes) instead")
+    if "gradient_accumulation_steps_total" in placeholders:  # the total over the processes, for a dividing script
+        if world == 1 or "gradient_accumulation_steps" in facts.divided_by_world:
+            routes["gradient_accumulation_steps"].append(
+                "placeholder {gradient_accumulation_steps_total}" + (
+                    f" (the total over the {world} processes; the script divides it by its world size: "
+                    f"`{facts.divided_by_world['gradient_accumulation_steps']}`)" if world > 1 else ""))
+        else:
+            total = plan.batch.gradient_accumulation_steps * world
+            notes.append(f"{{gradient_accumulation_steps_total}} is the accumulation over all {world} processes "
+                         f"({total}), for a script that divides it by its world size; this script is not read "
+                         f"dividing it, so it would accumulate {total} a process, {world} times the plan's "
+                         f"{plan.batch.gradient_accumulation_steps}: pass {{gradient_accumulation_steps}} instead")
+    if world > 1 and "learning_rate" in placeholders and "learning_rate" in facts.scaled_by_world:
+        notes.append(f"the script multiplies its learning rate by its world size "
+                     f"(`{facts.scaled_by_world['learning_rate']}`): {{learning_rate}} makes it train at "
+                     f"{plan.schedule.learning_rate * world:g}, not the plan's {plan.schedule.learning_rate:g}; "
+                     f"pass {plan.schedule.learning_rate / world:g} instead (--wire auto does)")
+    routes["world_size"].append("environment (WORLD_SIZE, RANK, LOCAL_RANK from the launcher)")
+    for k, name in VALUE_ENV.items():
+        if name in facts.env_reads and k not in plan.run.script_defaults:  # not exported then
+            routes[k].append(f"environment ({name}, read by the script)")
+    if PLAN_ENV in facts.env_reads:  # the plan's file: a route for the values the script names in its source only
+        unnamed = []
+        for k in keys:
+            if k in plan.run.script_defaults or k == "world_size":
+                continue
+            if k in facts.names_in_source:
+                routes[k].append(f"environment ({PLAN_ENV}, the plan's file, read by the script: it names {k})")
+            else:
+                unnamed.append(k)
+        if unnamed:
+            notes.append(f"the script reads the plan's file (${PLAN_ENV}) but names no {', '.join(unnamed)} in its "
+                         "source: not counted as handed over (its first steps show what it runs)")
+    if facts.uses_accelerate:  # an explicit Accelerator(mixed_precision=...) beats the environment
+        if "mixed_precision" not in facts.accelerator_kwargs:
+            routes["precision"].append("environment (ACCELERATE_MIXED_PRECISION, read by Accelerator())")
+        if not withhold_accumulation(facts, routes):
+            routes["gradient_accumulation_steps"].append(
+                "environment (ACCELERATE_GRADIENT_ACCUMULATION_STEPS, read by Accelerator())")
+    ds_path_given = "deepspeed_config" in placeholders or "deepspeed_config" in wired or \
+        any(a.endswith((ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE)) for a in user_args)
+    if deepspeed_json and ds_path_given and facts.uses_deepspeed_initialize:
+        # the engine takes accumulation, precision and the optimizer from the JSON; the micro-batch
+        # reaches the data only when the script's loader asks the engine for it
+        keys = ["gradient_accumulation_steps", "precision", "learning_rate"]
+        if facts.reads_deepspeed_micro_batch:
+            keys.append("micro_batch_size")
+        for k in keys:
+            routes[k].append(_behind("DeepSpeed JSON", facts))
+    if not routes["precision"]:
+        _precision_claim(plan, facts, routes, notes)
+    if deepspeed_json:  # the engine itself: does the script run DeepSpeed with the plan's ZeRO settings?
+        routes["engine"] = _engine_routes(plan, facts, ds_path_given, wired)
+    elif plan.engine.backend == "fsdp":  # ... or FSDP2 with the plan's sharding?
+        routes["engine"] = _fsdp_routes(plan, facts, wired)
+    if facts.uses_autotune:
+        for k in routes:
+            routes[k].append("Python API (the script imports autotune)")
+    for k in plan.run.script_defaults:
+        if k in routes and not routes[k]:
+            routes[k].append(f"yours: training.{k} is not set, so the script keeps its own (set it to have autotune "
+                             "pass it)")
+    advisory = [k for k in routes if not routes[k]]
+    return Delivery(routes, advisory, notes=tuple(notes), engine=plan.engine.backend, shape=shape_of(facts),
+                    divides_accumulation=facts.divided_by_world.get("gradient_accumulation_steps"))
+
+
+def _precision_claim(plan: TrainingPlan, facts: ScriptFacts, routes: dict[str, list[str]], notes: list[str]) -> None:
+    """What can be said of the precision of a script no route reaches: read from the script and the modules of its
+    own project (minGPT autocasts in its trainer.py). A precision it sets itself is named (the plan's does not reach
+    it); fp32 is PyTorch's default only when nothing read sets another, and everything could be read; otherwise it
+    is not known before the launch."""
+    own = facts.precision_set
+    if own:
+        first = own[0]
+        what = first.precision or "a dtype read at run time"
+        notes.append(f"the script sets its own precision ({first.where}: {what}"
+                     + (", behind its own switch" if first.conditional else "")
+                     + (f"; {len(own) - 1} more place(s)" if len(own) > 1 else "")
+                     + f"): the plan's {plan.numerics.precision} does not reach it; its first steps show what it runs")
+        return
+    if plan.numerics.precision != "fp32" or facts.uses_deepspeed_initialize or \
+            "mixed_precision" in facts.accelerator_kwargs or \
+            any(f in facts.flags for f in ("--bf16", "--fp16", *FLAGS["precision"])):
+        return
+    if facts.project_unread:
+        notes.append(f"whether the script sets its own precision is not known before launch: "
+                     f"{'; '.join(facts.project_unread)} could not be read; its first steps show what it runs")
+        return
+    read = f" (read with {len(facts.project)} module(s) of its own project)" if facts.project else ""
+    routes["precision"].append(f"fp32 is PyTorch's default and the script sets no precision{read}")
+
+
+def _behind(route: str, facts: ScriptFacts) -> str:
+    """A route the script takes only on its own condition is handed over, not a fact until observed."""
+    if facts.deepspeed_condition is None:
+        return route
+    return (f"{route}, only if the script takes its deepspeed.initialize path (behind `if "
+            f"{facts.deepspeed_condition}`; the first steps show which it took)")
+
+
+def _wired_route(key: str, flag: str, facts: ScriptFacts, plan: TrainingPlan) -> str:
+    if flag.startswith("hydra:"):
+        how = f"Hydra override {flag[6:]}=... (a key of {facts.hydra.config}, read by @hydra.main)"
+    elif facts.lightning is not None:
+        how = f"LightningCLI flag {flag}"
+    else:
+        how = (f"recognised setting {flag[2:-1]} ({flag}..., read by the script's --key=value configurator)"
+               if flag.endswith("=") else f"recognised flag {flag}")
+    world = plan.engine.world_size
+    if key == "gradient_accumulation_steps" and key in facts.divided_by_world:
+        how += (f", given the total over the {world} process(es), {plan.batch.gradient_accumulation_steps * world}: "
+                f"the script divides it by its world size (`{facts.divided_by_world[key]}`)")
+    if key == "learning_rate" and key in facts.scaled_by_world and world > 1:
+        how += (f", given the plan's rate / {world}, {plan.schedule.learning_rate / world:g}: the script multiplies "
+                f"it by its world size (`{facts.scaled_by_world[key]}`)")
+    return how
+
+
+def withhold_accumulation(facts: ScriptFacts | None, routes: dict[str, list[str]] | None = None) -> str | None:
+    """Why ACCELERATE_GRADIENT_ACCUMULATION_STEPS must not be exported to this script, or None. Accelerate lets the
+    variable beat an explicit ``Accelerator(gradient_accumulation_steps=...)``, so exporting it would silently
+    override the script; and accumulation without the plan's micro-batch trains another effective batch."""
+    if facts is None or not facts.uses_accelerate:
+        return None
+    if "gradient_accumulation_steps" in facts.accelerator_kwargs:
+        return ("the script passes gradient_accumulation_steps to Accelerator() itself: autotune does not override "
+                "it (pass {gradient_accumulation_steps} there to deliver the plan's)")
+    if routes is not None and not routes.get("micro_batch_size"):
+        return ("the plan's micro-batch has no route to the script, so its accumulation alone would train another "
+                "effective batch: not exported")
+    return None
+
+
+def withhold_rank_env(plan: TrainingPlan, facts: ScriptFacts | None) -> str | None:
+    """Why torchrun's variables must not be exported to this one-process script, or None: a script that tests RANK
+    to decide on DDP would take its DDP path where plain `python train.py` does not (issue 39). A script that reads
+    them without testing them needs them, and gets them."""
+    if facts is None or facts.decides_ddp_by is None or plan.engine.backend != "single" or plan.engine.max_restarts:
+        return None
+    return (f"the script decides on DDP by testing RANK (`{facts.decides_ddp_by}`): one process runs as plain Python, "
+            f"as `python {Path(facts.path).name}` would")
+
+
+def _engine_routes(plan: TrainingPlan, facts: ScriptFacts, ds_path_given: bool, wired: dict[str, str]
+                   ) -> list[str]:
+    out = []
+    if "engine" in wired and facts.lightning is not None:
+        out.append(f"LightningCLI flag --trainer.strategy (Lightning's own DeepSpeed settings for ZeRO stage "
+                   f"{plan.engine.zero_stage}, not autotune's JSON)")
+    if facts.uses_deepspeed_initialize and ds_path_given:
+        out.append(_behind("DeepSpeed JSON (deepspeed.initialize)", facts))
+    if plan.engine.device == "cuda":  # on CPU their CPU switch turns DeepSpeed off
+        if facts.uses_accelerate:
+            out.append("environment (ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_CONFIG_FILE, read by "
+                       "Accelerator())")
+        if facts.uses_hf_trainer and ds_path_given:
+            out.append("Trainer's --deepspeed (its DeepSpeed integration)")
+    return out
+
+
+def _fsdp_routes(plan: TrainingPlan, facts: ScriptFacts, wired: dict[str, str]) -> list[str]:
+    out = []
+    if wired.get("engine") == "--trainer.strategy":
+        out.append("LightningCLI flag --trainer.strategy fsdp (Lightning's own FSDP settings)")
+    if facts.uses_fully_shard:
+        out.append("the script wraps its model with FSDP itself")
+    if BACKEND_ENV in facts.env_reads:
+        out.append(f"environment ({BACKEND_ENV}=fsdp, read by the script)")
+    if plan.engine.device == "cuda":  # on CPU Accelerate's CPU mode trains with DDP
+        if facts.uses_accelerate:
+            out.append("environment (ACCELERATE_USE_FSDP, FSDP_VERSION=2 and the FSDP_* settings, read by "
+                       "Accelerator())")
+        if wired.get("engine") == "--fsdp":
+            out.append("Trainer's --fsdp and --fsdp_config (FSDP2)")
+    return out

@@ -1,0 +1,35 @@
+"""The plan's values as a script takes them (pure): the total accumulation to a script that divides it by its
+world size, the rate / world size to one that multiplies it, the precision as torch's dtype name. Shared by the
+argparse and configurator wiring (``wiring``) and the Hydra and LightningCLI wiring (``wire_shapes``).
+"""
+
+from __future__ import annotations
+
+from autotune.exports.script_scan import ScriptFacts
+from autotune.plan import TrainingPlan
+
+DTYPE_WORDS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def for_the_script(key: str, facts: ScriptFacts, plan: TrainingPlan):
+    """The value that makes the script run the plan's, where the script transforms what it gets: the total
+    accumulation over the processes to a script that divides it by its world size, the rate / world size to one that
+    multiplies it (None: the plan's value as it is)."""
+    world = plan.engine.world_size
+    if key == "gradient_accumulation_steps" and key in facts.divided_by_world:
+        return plan.batch.gradient_accumulation_steps * world
+    if key == "learning_rate" and key in facts.scaled_by_world and world > 1:
+        return plan.schedule.learning_rate / world
+    return None
+
+
+def setting_value(key: str, facts: ScriptFacts, plan: TrainingPlan):
+    value = for_the_script(key, facts, plan)
+    if value is not None:
+        return value
+    return {"micro_batch_size": plan.batch.micro_batch_size,
+            "gradient_accumulation_steps": plan.batch.gradient_accumulation_steps,
+            "learning_rate": plan.schedule.learning_rate, "warmup_steps": plan.schedule.warmup_steps,
+            "max_steps": plan.schedule.max_steps, "epochs": plan.schedule.epochs,
+            "num_workers": plan.loader.num_workers,
+            "precision": DTYPE_WORDS[plan.numerics.precision]}[key]
