@@ -179,6 +179,8 @@ class Delivery:
     wired: bool = False  # --wire auto filled the script's own settings
     divides_accumulation: str | None = None  # the script's statement dividing its accumulation by its world size
     engine: str = "deepspeed"  # the plan's backend, for the advisory engine's words
+    # plan value -> the flag or setting the script declares for it (what --wire auto passes): the fixes name these
+    declared: dict[str, str] = field(default_factory=dict)
 
     def to_record(self) -> dict:
         return {"routes": self.routes, "advisory": self.advisory, "withheld": self.withheld, "notes": list(self.notes),

@@ -14,6 +14,7 @@
 - ``observed``        the observer's records read back: what one rank trained;
 - ``verdicts``        each plan value against what was observed, with the fix;
 - ``rate_rule``       the learning rate judged as a schedule;
+- ``script_ends``     when a user's script's ranks ended, decided by their processes (not by a file);
 - ``speed_check``     the run's measured speed against the plan's prediction (timing.json);
 - ``announce``        what it says before it starts: the resume's changes, the plan's delivery to a script.
 """

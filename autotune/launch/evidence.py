@@ -34,43 +34,55 @@ EARLY_STEPS = 4  # the judgement after the first steps waits for this many optim
 
 class ScriptWatch:
     """Asked every second while a user's script runs (with the rank watch): the early judgement, --strict, and
-    ending the processes that linger after every rank's script has ended."""
+    ending the processes that linger after every rank's own process said its script ended (``script_ends``).
+    ``launch``: this launch's id (only its records are read); ``status_dir``: the launcher's private folder, where
+    each rank's process notes how its script ended; ``observing``: False under --no_observe (only the ends)."""
 
-    def __init__(self, plan, run_dir: str | Path, out, clock=time.monotonic, delivery=None):
+    def __init__(self, plan, run_dir: str | Path, out, clock=time.monotonic, delivery=None, launch: str | None = None,
+                 status_dir: str | Path | None = None, observing: bool = True, processes=None):
+        from autotune.launch.script_ends import RankEnds, launcher_processes
+
         self.plan, self.run_dir, self.out, self.clock, self.delivery = plan, Path(run_dir), out, clock, delivery
+        self.launch, self.observing = launch, observing
+        eng = plan.engine
+        first = eng.node_rank * eng.nproc_per_node
+        self.local_ranks = set(range(first, first + eng.nproc_per_node))
+        self.ends = RankEnds(status_dir, self.local_ranks, launch, processes or launcher_processes)
         self.early: Judgement | None = None
         self._ended_since: tuple[frozenset, float] | None = None  # the local ranks' (rank, pid) and when all ended
         self.cut_teardown = False
         self.stopped_strict = False  # --strict stopped the run
 
-    def _local(self, observed: list[dict]) -> list[dict]:
-        eng = self.plan.engine
-        first = eng.node_rank * eng.nproc_per_node
-        return [r for r in observed if first <= r["rank"] < first + eng.nproc_per_node]
-
-    def _all_local(self, observed: list[dict], what: str) -> bool:
-        local = self._local(observed)
-        return len(local) == self.plan.engine.nproc_per_node and all(r.get(what) for r in local)
+    def observed(self) -> list[dict]:
+        """This launch's records (all nodes' that this node can read)."""
+        return read_observed(self.run_dir, self.launch)
 
     def all_returned(self) -> bool:
-        """Every local rank's script returned normally (no exception, no non-zero exit): only then is a failure
-        after it a teardown's."""
-        return self._all_local(read_observed(self.run_dir), "returned")
+        """Every local rank's own process said its script returned normally (no exception, no non-zero exit): only
+        then is a failure after it a teardown's."""
+        notes = self.ends.notes()
+        return len(notes) == len(self.local_ranks) and all(n.get("returned") for n in notes.values())
 
     def script_failure(self) -> tuple[int, str] | None:
         """The exit code the script itself chose and which rank, when one ended otherwise than by returning:
         (code, how), or None. Under torchrun every failure is exit 1; this is the script's own."""
-        for r in sorted(self._local(read_observed(self.run_dir)), key=lambda r: r["rank"]):
-            if r.get("raised"):
-                return 1, f"rank {r['rank']} raised {r['raised']}"
-            if r.get("exit_code"):
-                return r["exit_code"], f"rank {r['rank']} exited with code {r['exit_code']} before its end"
+        notes = self.ends.notes()
+        for rank in sorted(notes):
+            n = notes[rank]
+            if n.get("raised"):
+                return 1, f"rank {rank} raised {n['raised']}"
+            if n.get("exit_code"):
+                return n["exit_code"], f"rank {rank} exited with code {n['exit_code']} before its end"
         return None
+
+    def settle(self) -> None:
+        """The processes have ended: what their notes say is kept (the private folder goes with the launch)."""
+        self.ends.settle()
 
     def check(self) -> str | None:
         """A reason to stop the run, or None."""
-        observed = read_observed(self.run_dir)
-        if self.early is None and len(observed) >= self.plan.engine.nproc_per_node and \
+        observed = self.observed() if self.observing else []
+        if self.observing and self.early is None and len(observed) >= self.plan.engine.nproc_per_node and \
                 min(r.get("steps") or 0 for r in observed) >= EARLY_STEPS:
             self.early = judge(self.plan, observed, self.delivery)
             print(f"autotune: {self.early.line()}", file=self.out, flush=True)
@@ -85,16 +97,19 @@ class ScriptWatch:
             if self.plan.run.strict:
                 for what in self.early.unjudged:
                     print(f"autotune: --strict cannot judge {what}; the run goes on", file=self.out, flush=True)
-        local = self._local(observed)
-        if self._all_local(observed, "ended"):
-            key = frozenset((r["rank"], r.get("pid")) for r in local)
-            if self._ended_since is None or self._ended_since[0] != key:  # once, from these processes' records
-                self._ended_since = (key, self.clock())
-            elif self.clock() - self._ended_since[1] >= self.plan.engine.exit_barrier_s:
-                self.cut_teardown = True
-                how = "returned" if self._all_local(observed, "returned") else "ended"
-                return (f"every rank's script {how} and its processes still linger "
-                        f"{self.plan.engine.exit_barrier_s} s later (distributed.exit_barrier_s)")
-        else:
+        from autotune.rundir.layout import OBSERVED
+
+        for line in self.ends.not_the_ranks(observed, self.run_dir / OBSERVED):
+            print(f"autotune: warning: {line}", file=self.out, flush=True)
+        key = self.ends.lingering()
+        if key is None:
             self._ended_since = None
+            return None
+        if self._ended_since is None or self._ended_since[0] != key:  # once, from these processes' own notes
+            self._ended_since = (key, self.clock())
+        elif self.clock() - self._ended_since[1] >= self.plan.engine.exit_barrier_s:
+            self.cut_teardown = True
+            how = "returned" if self.all_returned() else "ended"
+            return (f"every rank's script {how} (each rank's own process said so) and its processes still linger "
+                    f"{self.plan.engine.exit_barrier_s} s later (distributed.exit_barrier_s)")
         return None

@@ -12,20 +12,82 @@ from collections import Counter
 from pathlib import Path
 
 
-def read_observed(run_dir: str | Path) -> list[dict]:
+def read_observed(run_dir: str | Path, launch: str | None = None) -> list[dict]:
+    """Every rank's record; with ``launch``, only the records of that launch (an earlier launch's, or one that
+    carries no launch id, is not this launch's evidence)."""
     from autotune.rundir.layout import OBSERVED
     from autotune.rundir.status import read_rank_files
 
-    return read_rank_files(Path(run_dir) / OBSERVED, "rank", 1_000_000)
+    records = read_rank_files(Path(run_dir) / OBSERVED, "rank", 1_000_000)
+    return records if launch is None else [r for r in records if r.get("launch") == launch]
 
 
-def _trained(rec: dict) -> tuple[int, int, int] | None:
+def set_aside_observed(run_dir: str | Path, ranks) -> list[str]:
+    """Move the records of ``ranks`` (this node's) that an earlier launch left in observed/ into observed/previous/,
+    before this launch's ranks start: a launch judges only its own records (a resume included). Returns the names
+    moved; links and other odd entries are left for the reader, which skips them."""
+    import os
+
+    from autotune.rundir.layout import OBSERVED, PREVIOUS, rank_file
+
+    folder = Path(run_dir) / OBSERVED
+    moved: list[str] = []
+    if folder.is_symlink() or (folder / PREVIOUS).is_symlink():  # never followed out of the run directory
+        return moved
+    for rank in ranks:
+        p = folder / rank_file(rank)
+        if p.is_symlink() or not p.is_file():
+            continue
+        try:
+            (folder / PREVIOUS).mkdir(exist_ok=True)
+            os.replace(p, folder / PREVIOUS / p.name)
+            moved.append(p.name)
+        except OSError:
+            continue
+    return moved
+
+
+def trainings(observed: list[dict]) -> tuple[int, int]:
+    """(the world of one training, how many trainings) as the process groups show them. Ranks in one process group
+    (its world size, each with a group rank of its own) are one data-parallel job; a rank with no process group is a
+    training of its own (world 1), and ranks whose group ranks repeat joined separate groups."""
+    if not observed:
+        return 1, 0
+    groups = [r.get("process_group") or {} for r in observed]
+    worlds = [g.get("world_size") or 0 for g in groups]
+    if len(observed) == 1:
+        return max(1, worlds[0]), 1
+    if all(worlds) and len(set(worlds)) == 1:
+        ranks = [g.get("rank") for g in groups]
+        known = [x for x in ranks if x is not None]
+        if len(known) == len(set(known)):  # one group (older records carry no group rank: read as one)
+            return worlds[0], 1
+        return worlds[0], max(2, -(-len(observed) // worlds[0]))
+    world = worlds[min(range(len(observed)), key=lambda i: observed[i]["rank"])] or 1
+    alone = sum(1 for w in worlds if not w)
+    grouped = sum(1 for w in worlds if w)
+    return world, alone + (-(-grouped // max(1, max(worlds))) if grouped else 0)
+
+
+def _trained(rec: dict) -> tuple[int, int, int, int] | None:
     """What reached the model the script trains in one step, as most of its first steps after the first had it:
-    (samples, forwards, backward passes), or None when the observer counted no training forward. An epoch's last,
-    shorter step and a step carrying an epoch's leftover micro-batches are the exceptions the most common leaves."""
-    samples, forwards, backwards = (rec.get(k) or {} for k in ("step_samples", "step_forwards", "step_backwards"))
-    steps = [(n, forwards.get(s, 0), backwards.get(s, 0)) for s, n in samples.items() if n]
+    (samples, forwards, backward passes, repeated forwards), or None when the observer counted no training forward.
+    A repeated forward went over an input already counted in that step (SAM's second pass): its samples are not
+    counted again. An epoch's last, shorter step and a step carrying an epoch's leftover micro-batches are the
+    exceptions the most common leaves."""
+    samples, forwards, backwards, repeats = (rec.get(k) or {} for k in ("step_samples", "step_forwards",
+                                                                        "step_backwards", "step_repeats"))
+    steps = [(n, forwards.get(s, 0), backwards.get(s, 0), repeats.get(s, 0)) for s, n in samples.items() if n]
     return Counter(steps).most_common(1)[0][0] if steps else None
+
+
+def _accumulation(trained: tuple[int, int, int, int]) -> int | None:
+    """Micro-batches per optimizer step: the backward passes, or, where the script passes a micro-batch through the
+    model more than once (repeated forwards), the forwards that brought new samples."""
+    samples, forwards, backwards, repeats = trained
+    if repeats:
+        return forwards or None
+    return backwards or forwards or None
 
 
 def _per_step_samples(rec: dict) -> float | None:

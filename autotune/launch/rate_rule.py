@@ -44,7 +44,7 @@ def _close(a: float | None, b: float) -> bool:
     return a is not None and abs(a - b) <= RATE_TOLERANCE * max(abs(b), 1e-12)
 
 
-def _rate_verdict(rate: Rate, plan_lr: float, world: int, delivered: bool = True) -> dict:
+def _rate_verdict(rate: Rate, plan_lr: float, world: int, delivered: bool = True, fix: str | None = None) -> dict:
     """The learning rate judged as a schedule: equal when it reaches the plan's rate or was built at it; warming up
     when built at the plan's rate and still rising toward it; different otherwise (the higher of its target and its
     peak shown), with the fix for a script that multiplies the rate it was handed by its world size (only when the
@@ -56,7 +56,7 @@ def _rate_verdict(rate: Rate, plan_lr: float, world: int, delivered: bool = True
         return {"status": "equal", "observed": rate.peak if _close(rate.peak, plan_lr) else rate.built,
                 "plan": plan_lr}
     seen = max(v for v in (rate.built, rate.peak) if v is not None)
-    out = {"status": "different", "observed": seen, "plan": plan_lr, "fix": FIX["learning_rate"]}
+    out = {"status": "different", "observed": seen, "plan": plan_lr, "fix": fix or FIX["learning_rate"]}
     if world > 1 and delivered and _close(seen, plan_lr * world):
         out["fix"] = (f"the script runs the plan's rate times its world size ({_fmt(seen)} = {_fmt(plan_lr)} x "
                       f"{world}): pass {_fmt(plan_lr / world)} (the plan's rate / {world}) to its learning-rate flag; "

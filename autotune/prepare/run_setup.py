@@ -117,7 +117,10 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     why = withhold_rank_env(plan, facts) if entry else None
     if why:
         withheld.update(dict.fromkeys(RANK_VARIABLES, why))
-    route = dataclasses.replace(route, withheld=withheld, wired=bool(wired) or cfg.training.wire == "auto")
+    declared = {} if facts is None else {k: f for k, f in wire_flags(facts, plan, values, [])[1].items()
+                                         if f.startswith("-")}  # what the script declares, for the fixes
+    route = dataclasses.replace(route, withheld=withheld, wired=bool(wired) or cfg.training.wire == "auto",
+                                declared=declared)
     spec = launch_spec(plan, str(rd), os.environ if environ is None else environ, python=python,
                        has_infiniband=bool(hw.infiniband), script_args=args, cwd=workdir,
                        withhold=tuple(route.withheld))
