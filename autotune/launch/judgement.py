@@ -164,6 +164,9 @@ def _said(j: Judgement, plan, first: dict, delivery, engine, planned_engine) -> 
         ran = j.values["learning_rate"].get("observed")
         j.notes.append(note + (f" (the script's optimizer runs at {_fmt(ran)})" if ran is not None else ""))
     eff = None if j.effective_batch is None else _fmt(j.effective_batch)
+    if not j.stepped:  # nothing trained: nothing to be wrong, and nothing to count
+        j.unjudged.append("the effective batch (the script took no optimizer step)")
+        return
     if j.trainings > 1 and eng.world_size > 1:  # no process group joins the ranks: each trains alone
         fix = trainings_fix(eng.world_size)
         for key in ("world_size", "engine"):

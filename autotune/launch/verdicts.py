@@ -72,16 +72,20 @@ def fix_for(key: str, seen, plan, delivery, world: int) -> str:
 
 def _no_accumulation(seen, plan, delivery, world: int) -> str:
     """A script with no accumulation setting at all (no flag, no variable, no framework's): the plan changes to the
-    accumulation it runs, with the micro-batch raised to hold the global batch where memory allows."""
+    accumulation it runs, with the micro-batch raised to hold the global batch where memory allows and where the
+    micro-batch reaches the script (its flag); a micro-batch that reaches it by no route is planned as it runs."""
     b = plan.batch
     acc = int(seen) if isinstance(seen, (int, float)) and seen >= 1 else 1
-    need, left = divmod(b.global_batch_size, acc * world)
-    raise_micro = f" --batch_size {need}" if need and not left else ""
-    micro_flag = (delivery.declared or {}).get("micro_batch_size")
     how = (f"the script has no accumulation (it declares no accumulation flag and reads no "
            f"${VALUE_ENV['gradient_accumulation_steps']})" if acc == 1 else
            f"the script accumulates {acc} of its own (no accumulation flag autotune knows, no "
            f"${VALUE_ENV['gradient_accumulation_steps']} read)")
+    micro_flag = (delivery.declared or {}).get("micro_batch_size")
+    if not micro_flag and not delivery.routes.get("micro_batch_size"):
+        return f"{how}, nor a batch-size setting autotune can reach: plan for what it trains (--grad_accum {acc} " \
+               "with --batch_size set to the micro-batch it trains)"
+    need, left = divmod(b.global_batch_size, acc * world)
+    raise_micro = f" --batch_size {need}" if need and not left else ""
     return (f"{how}: plan accumulation {acc} with the micro-batch holding the global batch of {b.global_batch_size}, "
             f"--grad_accum {acc}{raise_micro} (where memory allows: the plan says so when it does not fit)"
             + (f", and pass {{micro_batch_size}} to its {micro_flag.rstrip('=')}" if micro_flag else ""))
