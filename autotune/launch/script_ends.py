@@ -2,9 +2,9 @@
 
 Each rank's own process notes how its script ended in the launcher's private folder (``autotune.runtime.observe_end``:
 ``$AUTOTUNE_STATUS_DIR/script/rank-N.json``, made by the launcher outside the run directory, mode 0700), and the note
-counts only when the process it names is one the launcher started (a descendant of the launcher, read from /proc
-through psutil) and only for this launch. A rank has ended when that process has ended; the note says how (returned,
-an exit code, an exception). A record in ``observed/`` that says "ended" while the rank's process runs and has not
+counts only for this launch. A rank has ended when its process has ended; the note says how (returned, an exit code,
+an exception). Processes that linger after their script ended are ended only while each is one the launcher started
+(a live descendant of the launcher, read from /proc through psutil). A record in ``observed/`` that says "ended" while the rank's process runs and has not
 said so is not the rank's: it is ignored, and named once.
 """
 
@@ -41,12 +41,12 @@ class RankEnds:
     def __init__(self, folder: str | Path | None, ranks: set[int], launch: str | None,
                  processes: Callable[[], dict[int, bool]] = launcher_processes) -> None:
         self.folder, self.ranks, self.launch, self.processes = folder, ranks, launch, processes
-        self.seen: set[int] = set()  # pids seen under the launcher so far: only their notes count
         self.named: set[str] = set()  # records already named as not the rank's
         self.kept: dict[int, dict] | None = None  # the notes as they stood when the processes ended (``settle``)
 
     def notes(self) -> dict[int, dict]:
-        """rank -> its note, for this launch's ranks of this node whose process the launcher has seen."""
+        """rank -> its note, for this launch's ranks of this node: how each one's script ended (a process too quick
+        for the launcher to see it run still says how it ended; whether it still runs is asked of the processes)."""
         if self.kept is not None:
             return self.kept
         if not self.folder:
@@ -54,10 +54,8 @@ class RankEnds:
         from autotune.rundir.layout import SCRIPT_ENDS
         from autotune.rundir.status import read_rank_files
 
-        running = self.processes()
-        self.seen |= set(running)
         return {n["rank"]: n for n in read_rank_files(Path(self.folder) / SCRIPT_ENDS, "rank", 10_000)
-                if n["rank"] in self.ranks and n.get("launch") == self.launch and n.get("pid") in self.seen}
+                if n["rank"] in self.ranks and n.get("launch") == self.launch and isinstance(n.get("pid"), int)}
 
     def settle(self) -> None:
         """The processes have ended: keep the notes as they are (the private folder goes with the launch)."""

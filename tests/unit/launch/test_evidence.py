@@ -174,8 +174,8 @@ def test_a_teardown_that_lingers_after_every_script_returned_is_ended_after_the_
 def test_a_record_that_says_ended_while_its_process_runs_is_ignored_and_named(tmp_path):
     """Issue 44: another writer rewrote observed/rank-0.json with "ended" and "returned" (this launch's id kept).
     The rank's process still runs and its own note says nothing of an end: no clock starts, however long it goes,
-    and the record is named once. A note from a process the launcher never started, or of another launch, is
-    nobody's."""
+    and the record is named once. A note naming a process the launcher never started ends nothing; one of another
+    launch is nobody's."""
     import io
 
     from autotune.launch.evidence import ScriptWatch
@@ -195,8 +195,8 @@ def test_a_record_that_says_ended_while_its_process_runs_is_ignored_and_named(tm
              "(pid 1000) still runs and has not said so: the record is not the rank's (another writer of the run "
              "directory?), and is ignored\n")
     assert out.getvalue().count(named) == 1, out.getvalue()
-    _note(status, 0, 4242, ended=1.0, returned=True)  # a pid the launcher never started
-    assert watch.check() is None and not watch.all_returned()
+    _note(status, 0, 4242, ended=1.0, returned=True)  # a pid the launcher never started: nothing of its runs
+    assert watch.check() is None and watch._ended_since is None
     _note(status, 0, 1000, launch="L0", ended=1.0, returned=True)  # an earlier launch's
     assert watch.check() is None and not watch.all_returned()
     _note(status, 0, 1000, ended=1.0, returned=True)  # the rank's own: now it has returned
