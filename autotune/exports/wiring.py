@@ -205,6 +205,8 @@ class Delivery:
                 out.append(f"the script was given no {words.get(k, k)}: the plan's {k} is advisory")
         reasons: dict[str, list[str]] = {}
         for name, why in self.withheld.items():  # one line per reason (torchrun's six variables share one)
+            if name == "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" and self.routes.get("gradient_accumulation_steps"):
+                continue  # the script's own flag (or a placeholder) carries the plan's accumulation: nothing to warn
             reasons.setdefault(why, []).append(name)
         out += [f"{', '.join(names)} not exported: {why}" for why, names in reasons.items()]
         return out + list(self.notes)

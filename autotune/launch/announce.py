@@ -31,8 +31,14 @@ def print_delivery(setup, out=None) -> None:
         print(f"  {k}: {'; '.join(routes) if routes else 'NO ROUTE (advisory)'}", file=out)
     for line in d.summary():
         print(f"warning: {line}", file=out)
-    if d.advisory:
-        print("  (--wire auto found no setting for them in your script: pass them after `--` as placeholders, e.g. "
-              "--batch_size {micro_batch_size}, or --batch_size={micro_batch_size} for a --key=value configurator)"
-              if d.wired else "  (pass them after `--` as placeholders, e.g. --batch_size {micro_batch_size}, or "
-              "--batch_size={micro_batch_size} for a --key=value configurator; or use --wire auto)", file=out)
+    if d.advisory:  # --wire auto is named only where it would find the script's own setting for a value
+        reachable = [f"{d.declared[k].rstrip('=')} for {k}" for k in d.advisory if k in (d.declared or {})]
+        how = ("pass them after `--` as placeholders in your script's own settings, e.g. <its batch-size flag> "
+               "{micro_batch_size}, or <its setting>={micro_batch_size} for a --key=value configurator")
+        if d.wired:
+            print(f"  (--wire auto found no setting for them in your script: {how})", file=out)
+        elif reachable:
+            print(f"  ({how}; or use --wire auto, which passes {', '.join(reachable)})", file=out)
+        else:
+            print(f"  (your script declares no setting autotune knows for them, so --wire auto would find none: "
+                  f"{how})", file=out)

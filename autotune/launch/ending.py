@@ -159,13 +159,13 @@ def _script_signalled(run_dir: Path, signals: Sequence[int], written: Path | Non
 
 def unreached(plan, delivery, evidence) -> str:
     """The "Done" line's word on the plan values no route reached, after the observation: a value observed (equal,
-    different, the script's own) is in the observed line below it; only what no route reached and nothing observed
-    stays advisory."""
+    different, the script's own) is in the observed line below it; only what no route reached (or only a route the
+    script was seen not to take) and nothing observed stays advisory."""
     d = delivery
-    if d is None or not plan.run.entrypoint or not d.advisory:
+    if d is None or not plan.run.entrypoint:
         return ""
     if evidence is not None and evidence.steps:
-        unseen = [k for k in d.advisory
-                  if evidence.values.get(k, {}).get("status", "not observable") == "not observable"]
+        none = [*d.advisory, *(k for k in getattr(evidence, "untaken", ()) if k not in d.advisory)]
+        unseen = [k for k in none if evidence.values.get(k, {}).get("status", "not observable") == "not observable"]
         return f" (advisory: no route to the script, and not observed: {', '.join(unseen)})" if unseen else ""
-    return f" (advisory: no route to the script: {', '.join(d.advisory)})"
+    return f" (advisory: no route to the script: {', '.join(d.advisory)})" if d.advisory else ""

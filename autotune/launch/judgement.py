@@ -41,11 +41,13 @@ class Judgement:
     wrong: list[str] = field(default_factory=list)  # why the training is not the plan's (batch, engine, rate)
     notes: list[str] = field(default_factory=list)  # what the user should know and no status says
     unjudged: list[str] = field(default_factory=list)  # what --strict cannot judge: not observable
+    untaken: list[str] = field(default_factory=list)  # values handed over only by routes the script did not take
 
     def to_record(self) -> dict:
         return {"values": self.values, "effective_batch": self.effective_batch, "batch_source": self.batch_source,
                 "world_size": self.world_size, "trainings": self.trainings, "steps_observed": self.steps,
-                "steps_most": self.stepped, "wrong": self.wrong, "notes": self.notes, "unjudged": self.unjudged}
+                "steps_most": self.stepped, "wrong": self.wrong, "notes": self.notes, "unjudged": self.unjudged,
+                "untaken": self.untaken}
 
     def line(self) -> str:
         def of(status):
@@ -142,8 +144,10 @@ def judge(plan, observed: list[dict], delivery=None, final: bool = False) -> Jud
                 j.values[key] = _rate_verdict(seen, want, world, handed,
                                               fix_for(key, seen_value, plan, delivery, world))
             continue
-        j.values[key] = verdict(plan, key, seen, want, delivery, world)
+        j.values[key] = verdict(plan, key, seen, want, delivery, world, micro)
     divided_accumulation_fix(j.values["gradient_accumulation_steps"], divides, world, wired)
+    if delivery is not None:
+        j.untaken = [k for k, routes in delivery.routes.items() if routes and not taken_routes(delivery, k, first)]
     _said(j, plan, first, delivery, engine, planned_engine)
     return j
 

@@ -1,11 +1,11 @@
 """When a user's script's ranks have ended, decided by their processes, not by a file of the run directory.
 
 Each rank's own process notes how its script ended in the launcher's private folder (``autotune.runtime.observe_end``:
-``$AUTOTUNE_STATUS_DIR/script/rank-N.json``, made by the launcher outside the run directory, mode 0700), and the note
-counts only for this launch. A rank has ended when its process has ended; the note says how (returned, an exit code,
-an exception). Processes that linger after their script ended are ended only while each is one the launcher started
-(a live descendant of the launcher, read from /proc through psutil). A record in ``observed/`` that says "ended" while the rank's process runs and has not
-said so is not the rank's: it is ignored, and named once.
+``$AUTOTUNE_STATUS_DIR/script/rank-N.json``, made by the launcher outside the run directory, mode 0700); a note counts
+only for this launch. A rank has ended when its process has ended; the note says how (returned, an exit code, an
+exception). Processes that linger after their script ended are ended only while each is one the launcher started (a
+live descendant of the launcher, read from /proc through psutil). A record in ``observed/`` that says "ended" while
+the rank's process runs and has not said so is not the rank's: it is ignored, and named once.
 """
 
 from __future__ import annotations

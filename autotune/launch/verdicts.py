@@ -50,15 +50,16 @@ def _plan_change(key: str, seen) -> str:
     return f"{PLAN_SETTING.get(key, key)}: {_fmt(seen)}"
 
 
-def fix_for(key: str, seen, plan, delivery, world: int) -> str:
-    """What would deliver the plan's ``key`` to this script, which runs ``seen``."""
+def fix_for(key: str, seen, plan, delivery, world: int, micro=None) -> str:
+    """What would deliver the plan's ``key`` to this script, which runs ``seen`` (``micro``: the micro-batch it
+    was seen training)."""
     if delivery is None:
         return FIX.get(key, "")
     flag = (delivery.declared or {}).get(key)
     variable = VALUE_ENV.get(key)
     reads = variable is not None and any(variable in r for r in delivery.routes.get(key, ()))
     if key == "gradient_accumulation_steps" and not flag and not reads and not delivery.routes.get(key):
-        return _no_accumulation(seen, plan, delivery, world)
+        return _no_accumulation(seen, plan, delivery, world, micro)
     if flag:
         return (f"pass {{{key}}} to the script's {flag.rstrip('=')} after `--` ({_argument(flag, key)})"
                 + ("" if delivery.wired else WIRE_HINT))
@@ -70,7 +71,7 @@ def fix_for(key: str, seen, plan, delivery, world: int) -> str:
             + f": pass its own setting after `--` as {{{key}}}, or plan for what it runs ({_plan_change(key, seen)})")
 
 
-def _no_accumulation(seen, plan, delivery, world: int) -> str:
+def _no_accumulation(seen, plan, delivery, world: int, micro=None) -> str:
     """A script with no accumulation setting at all (no flag, no variable, no framework's): the plan changes to the
     accumulation it runs, with the micro-batch raised to hold the global batch where memory allows and where the
     micro-batch reaches the script (its flag); a micro-batch that reaches it by no route is planned as it runs."""
@@ -82,8 +83,9 @@ def _no_accumulation(seen, plan, delivery, world: int) -> str:
            f"${VALUE_ENV['gradient_accumulation_steps']} read)")
     micro_flag = (delivery.declared or {}).get("micro_batch_size")
     if not micro_flag and not delivery.routes.get("micro_batch_size"):
+        batch = f"--batch_size {micro}" if micro else "--batch_size set to the micro-batch it trains"
         return f"{how}, nor a batch-size setting autotune can reach: plan for what it trains (--grad_accum {acc} " \
-               "with --batch_size set to the micro-batch it trains)"
+               f"{batch})"
     need, left = divmod(b.global_batch_size, acc * world)
     raise_micro = f" --batch_size {need}" if need and not left else ""
     return (f"{how}: plan accumulation {acc} with the micro-batch holding the global batch of {b.global_batch_size}, "
@@ -109,7 +111,7 @@ def trainings_fix(world: int) -> str:
             f"not {world})")
 
 
-def verdict(plan, key: str, seen, want, delivery, world: int) -> dict:
+def verdict(plan, key: str, seen, want, delivery, world: int, micro=None) -> dict:
     """One plan value (not the learning rate: ``rate_rule``): the script's own when the plan only defaults it,
     not observable when nothing shows it, else equal or different (with the fix)."""
     if key in plan.run.script_defaults:  # not planned: the script's own value, observed for the record
@@ -119,7 +121,7 @@ def verdict(plan, key: str, seen, want, delivery, world: int) -> dict:
     same = abs(seen - want) <= 1e-9 * max(1.0, abs(want)) if isinstance(want, float) else seen == want
     out = {"status": "equal" if same else "different", "observed": seen, "plan": want}
     if not same and key in FIX:
-        out["fix"] = fix_for(key, seen, plan, delivery, world)
+        out["fix"] = fix_for(key, seen, plan, delivery, world, micro)
     return out
 
 

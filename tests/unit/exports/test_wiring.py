@@ -764,23 +764,46 @@ def test_a_deepspeed_path_behind_the_scripts_own_switch_is_handed_over_not_claim
     assert under_main.uses_deepspeed_initialize and under_main.deepspeed_condition is None
 
 
-def test_the_hint_after_the_routes_does_not_suggest_wire_auto_to_a_wired_launch(tmp_path):
+def test_the_hint_after_the_routes_suggests_wire_auto_only_where_it_would_find_a_setting(tmp_path):
+    """Issue 42 item 12: a wired launch is not told to wire; a script with no flag autotune knows is not told to use
+    --wire auto (it would find nothing), and no flag it lacks is named; one that declares its batch flag is told
+    which flag --wire auto would pass."""
     import io
 
     from autotune.launch.announce import print_delivery
     from autotune.prepare import prepare
 
     (tmp_path / "bare.py").write_text("print('no flags')\n")
-    for wire, hint in (("auto", "  (--wire auto found no setting for them in your script: pass them after `--` as "
-                                "placeholders, e.g. --batch_size {micro_batch_size}, or "
-                                "--batch_size={micro_batch_size} for a --key=value configurator)\n"),
-                       ("none", "  (pass them after `--` as placeholders, e.g. --batch_size {micro_batch_size}, or "
-                                "--batch_size={micro_batch_size} for a --key=value configurator; or use --wire "
-                                "auto)\n")):
-        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "bare.py"), "training.wire": wire})
+    (tmp_path / "hf.py").write_text("import argparse\np = argparse.ArgumentParser()\n"
+                                    "p.add_argument('--per_device_train_batch_size', type=int)\np.parse_args()\n")
+    how = ("pass them after `--` as placeholders in your script's own settings, e.g. <its batch-size flag> "
+           "{micro_batch_size}, or <its setting>={micro_batch_size} for a --key=value configurator")
+    for script, wire, hint in (
+            ("bare.py", "auto", f"  (--wire auto found no setting for them in your script: {how})\n"),
+            ("bare.py", "none", "  (your script declares no setting autotune knows for them, so --wire auto would "
+                                f"find none: {how})\n"),
+            ("hf.py", "none", f"  ({how}; or use --wire auto, which passes --per_device_train_batch_size for "
+                              "micro_batch_size)\n")):
+        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / script), "training.wire": wire})
         out = io.StringIO()
         print_delivery(prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={}), out)
         assert out.getvalue().endswith(hint), out.getvalue()
+        assert "--batch_size {micro_batch_size}" not in out.getvalue()
+
+
+def test_the_withheld_accumulation_variable_is_not_warned_of_where_the_scripts_flag_carries_it():
+    """Issue 42 item 12: an Accelerate script passing its own --gradient_accumulation_steps to Accelerator() gets the
+    plan's through that flag: ACCELERATE_GRADIENT_ACCUMULATION_STEPS stays unexported (recorded), with no warning;
+    without the flag's route the warning stays."""
+    from autotune.exports.wiring import Delivery
+
+    why = "the script passes gradient_accumulation_steps to Accelerator() itself: autotune does not override it"
+    carried = Delivery({"gradient_accumulation_steps": ["recognised flag --gradient_accumulation_steps"]}, [],
+                       withheld={"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": why})
+    assert carried.summary() == [] and carried.to_record()["withheld"]
+    alone = Delivery({"gradient_accumulation_steps": []}, ["gradient_accumulation_steps"],
+                     withheld={"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": why})
+    assert f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS not exported: {why}" in alone.summary()
 
 
 def test_a_learning_rate_the_config_does_not_set_is_shown_and_exported_as_the_scripts_own(tmp_path):
