@@ -102,3 +102,16 @@ def test_a_forged_ended_record_neither_ends_the_training_nor_decides_it(tmp_path
             "process (pid ") in r.stderr
     assert "still runs and has not said so: the record is not the rank's" in r.stderr
     assert json.loads((tmp_path / "r" / "observed" / "rank-0.json").read_text())["steps"] == 160
+
+
+def test_without_the_observer_a_scripts_own_exit_code_is_still_the_launchs(tmp_path):
+    """--no_observe, two ranks, rank 1 ends with sys.exit(3): torchrun says 1, the launch says 3 (the docs' promise),
+    from rank 1's own note; nothing of the training is recorded in the run directory."""
+    script = tmp_path / "exits.py"
+    script.write_text("import os, sys\nif os.environ['RANK'] == '1':\n    sys.exit(3)\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"training:\n  entrypoint: {script}\n")
+    r = _launch(cfg, "--nproc_per_node", 2, "--no_observe", "--run_dir", tmp_path / "r", "--force_run_dir")
+    assert r.returncode == 3, r.stderr[-3000:]
+    assert "Your script failed: rank 1 exited with code 3 before its end" in r.stderr
+    assert not (tmp_path / "r" / "observed").exists()
