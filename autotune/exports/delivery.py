@@ -48,6 +48,11 @@ class Delivery:
     would_wire: dict[str, str] = field(default_factory=dict)  # plan value -> what --wire auto passes it as
     shape: str = "argparse"  # the script's shape: argparse, configurator, hydra, lightning (for its hints' forms)
 
+    @property
+    def declared(self) -> dict[str, str]:
+        """Plan value -> the flag the script declares for it (what --wire auto passes): the fixes name these."""
+        return {k: f for k, f in self.would_wire.items() if f.startswith("-")}
+
     def wire_hint(self, key: str) -> str:
         """", or use --wire auto (it passes ...)" where --wire auto would deliver ``key`` and did not run; else ""."""
         if self.wired or key not in self.would_wire:
@@ -95,6 +100,8 @@ class Delivery:
                 out.append(f"the script was given no {words.get(k, k)}: the plan's {k} is advisory")
         reasons: dict[str, list[str]] = {}
         for name, why in self.withheld.items():  # one line per reason (torchrun's six variables share one)
+            if name == "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" and self.routes.get("gradient_accumulation_steps"):
+                continue  # the script's own flag (or a placeholder) carries the plan's accumulation: nothing to warn
             reasons.setdefault(why, []).append(name)
         out += [f"{', '.join(names)} not exported: {why}" for why, names in reasons.items()]
         return out + list(self.notes)

@@ -110,10 +110,11 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
             env[k], sources[k] = environ[k], "user"
         else:
             env[k], sources[k] = v, "autotune"
-    if plan.run.entrypoint and plan.run.observe:  # the observer starts in every process of the user's script
+    if plan.run.entrypoint:  # the observer starts in every process of the user's script (--no_observe: only the
+        # note of how its script ended, for the launch's exit code: nothing of what it trains)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(OBSERVE_SITE), environ.get("PYTHONPATH")]))
         sources["PYTHONPATH"] = "autotune"
-        env[OBSERVE_ENV], sources[OBSERVE_ENV] = "1", "autotune"
+        env[OBSERVE_ENV], sources[OBSERVE_ENV] = ("1" if plan.run.observe else "end"), "autotune"
     # This launch's facts: always ours, never inherited from an outer run.
     for k, v in {**plan_values_env(plan, run_dir), **single_process_rank_env(plan)}.items():
         env[k], sources[k] = v, "autotune"

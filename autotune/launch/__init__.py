@@ -9,7 +9,12 @@
 - ``rank_watch``      how each rank ended, from the statuses the ranks leave;
 - ``runlog``          the launch's output, copied into the run directory;
 - ``builds``          what it says while a rank builds DeepSpeed's ops;
-- ``evidence``        what a user's script observably ran, against the plan;
+- ``evidence``        the watch on a user's script while it runs: its first steps judged, --strict, the end;
+- ``judgement``       what a user's script observably ran, against the plan, and its wording;
+- ``observed``        the observer's records read back: what one rank trained;
+- ``verdicts``        each plan value against what was observed, with the fix;
+- ``rate_rule``       the learning rate judged as a schedule;
+- ``script_ends``     when a user's script's ranks ended, decided by their processes (not by a file);
 - ``speed_check``     the run's measured speed against the plan's prediction (timing.json);
 - ``announce``        what it says before it starts: the resume's changes, the plan's delivery to a script.
 """

@@ -12,6 +12,7 @@ The rules, first match wins (RELIABILITY.md 1-4, docs/scripts.md "The exit code 
 6. a user's script was signalled: 75 when it wrote into {checkpoint_dir} after the signal, else 128+N.
 7. any other run that was signalled and failed: 128+N (the shell's convention, whatever torchrun made of it).
 8. a user's script raised or exited non-zero: its own code.
+9. a user's script ended without an optimizer step on any rank: said in the last line; 2 under ``--strict``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class ScriptEnd:
     failure: tuple[int, str] | None = None  # its own code and how, when a rank raised or exited non-zero
     all_returned: bool = False  # every local rank's script returned normally
     cut_teardown: bool = False  # the launch ended processes that lingered after every script had ended
+    judged_early: bool = False  # its first steps were judged while it ran (and --strict said what it cannot judge)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ def ending(plan, run_dir: Path, outcome, signals: Sequence[int], script: ScriptE
         err(f"\n--strict: {'; '.join(evidence.wrong)}; the script ended before its first steps were judged, so the "
             f"launch fails now (exit 2)\nRun directory: {run_dir}")
         return end(EXIT_USAGE)
+    if evidence is not None and plan.run.strict and not (script is not None and script.judged_early):
+        for what in evidence.unjudged:  # the early judgement never came: said at the end
+            err(f"autotune: --strict cannot judge {what}")
     failure = script.failure if script is not None and rc != 0 and not signals else None
     if script is not None and rc != 0 and not signals and failure is None and script.all_returned:
         # every rank's script returned normally: what failed was the processes' teardown, not the training
@@ -99,6 +104,8 @@ def ending(plan, run_dir: Path, outcome, signals: Sequence[int], script: ScriptE
     if failure is not None and outcome.ranks_code is None:  # the script's own code, where torchrun says 1
         rc = failure[0]
         err(f"\nYour script failed: {failure[1]}; the training did not complete.")
+    if rc == 0 and evidence is not None and evidence.world_size is not None and not evidence.stepped:
+        return _trained_nothing(plan, run_dir, said)
     if rc == 0:
         out(f"\nDone. Run directory: {run_dir}" + unreached(plan, delivery, evidence))
         if evidence is not None and evidence.steps:
@@ -122,6 +129,17 @@ def ending(plan, run_dir: Path, outcome, signals: Sequence[int], script: ScriptE
     return end(rc)
 
 
+def _trained_nothing(plan, run_dir: Path, said: list[tuple[str, str]]) -> Ending:
+    """Every rank's script ended without an optimizer step (a guard that exits 0 before training, say): never a
+    bare "Done"; under --strict the launch fails."""
+    what = "your script ended without training: no rank took an optimizer step, so nothing of the plan was trained"
+    if plan.run.strict:
+        said.append(("err", f"\nRun directory: {run_dir}\n--strict: {what}; the launch fails (exit 2)"))
+        return Ending(EXIT_USAGE, tuple(said))
+    said.append(("out", f"\nRun directory: {run_dir}\nNot trained: {what} (exit 0)"))
+    return Ending(0, tuple(said))
+
+
 def _script_signalled(run_dir: Path, signals: Sequence[int], written: Path | None,
                       said: list[tuple[str, str]]) -> Ending:
     """A user's script after SIGTERM/SIGUSR1/Ctrl-C: 75 (requeue, resume auto) only when it observably wrote a
@@ -141,13 +159,13 @@ def _script_signalled(run_dir: Path, signals: Sequence[int], written: Path | Non
 
 def unreached(plan, delivery, evidence) -> str:
     """The "Done" line's word on the plan values no route reached, after the observation: a value observed (equal,
-    different, the script's own) is in the observed line below it; only what no route reached and nothing observed
-    stays advisory."""
+    different, the script's own) is in the observed line below it; only what no route reached (or only a route the
+    script was seen not to take) and nothing observed stays advisory."""
     d = delivery
-    if d is None or not plan.run.entrypoint or not d.advisory:
+    if d is None or not plan.run.entrypoint:
         return ""
     if evidence is not None and evidence.steps:
-        unseen = [k for k in d.advisory
-                  if evidence.values.get(k, {}).get("status", "not observable") == "not observable"]
+        none = [*d.advisory, *(k for k in getattr(evidence, "untaken", ()) if k not in d.advisory)]
+        unseen = [k for k in none if evidence.values.get(k, {}).get("status", "not observable") == "not observable"]
         return f" (advisory: no route to the script, and not observed: {', '.join(unseen)})" if unseen else ""
-    return f" (advisory: no route to the script: {', '.join(d.advisory)})"
+    return f" (advisory: no route to the script: {', '.join(d.advisory)})" if d.advisory else ""

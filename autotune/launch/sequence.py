@@ -86,7 +86,7 @@ def _execute(setup, lock=None, log=None) -> int:
     started = time.monotonic()
     outcome, signals, script, stop_reason = _run(setup, lock, log)
     run_dir, plan = setup.run_dir, setup.plan
-    evidence = _record_evidence(setup, run_dir) if script is not None else None
+    evidence = _record_evidence(setup, script) if script is not None and script.observing else None
     # what the rule needs from disk, read here so that it stays a rule (nothing read, nothing spawned)
     end = ending(plan, run_dir, outcome, signals, _script_end(script, stop_reason), evidence,
                  delivery=setup.delivery, elapsed_s=time.monotonic() - started,
@@ -119,19 +119,25 @@ def _announce(setup) -> None:
 def _run(setup, lock, log):
     """Execute the spec while watching the ranks (and a user's script): (the ranks' outcome, the signals
     forwarded, the script's watch or None, why the launch stopped what ran)."""
+    import secrets
     import shutil
     import tempfile
 
     from autotune.launch.builds import BuildWatch
+    from autotune.launch.observed import set_aside_observed
     from autotune.launch.process import execute
     from autotune.launch.rank_watch import RankWatch
-    from autotune.rundir.layout import JOB_SECRET_ENV, STATUS_DIR_ENV
+    from autotune.rundir.layout import JOB_SECRET_ENV, LAUNCH_ID_ENV, STATUS_DIR_ENV
 
     plan, signals, stop_reason = setup.plan, _Signals(), []
     statuses = tempfile.mkdtemp(prefix="autotune-status-")  # how each rank ended, outside the run dir
     watch = RankWatch(plan.engine, statuses)
-    observing = bool(plan.run.entrypoint and plan.run.observe)
-    script = ScriptWatch(plan, setup.run_dir, sys.stderr, delivery=setup.delivery) if observing else None
+    launch_id = secrets.token_hex(8)  # on every record this launch's ranks write: it reads only its own
+    script = None
+    if plan.run.entrypoint:  # a user's script: its ranks' ends (and, observed, what it trains) are watched
+        script = ScriptWatch(plan, setup.run_dir, sys.stderr, delivery=setup.delivery, launch=launch_id,
+                             status_dir=statuses, observing=plan.run.observe)
+        set_aside_observed(setup.run_dir, sorted(script.local_ranks))  # an earlier launch's records: not evidence
     builds = BuildWatch(setup.launch_spec.env.get("TORCH_EXTENSIONS_DIR"), deepspeed=plan.is_deepspeed)
 
     def should_kill() -> str | None:
@@ -143,11 +149,13 @@ def _run(setup, lock, log):
 
     try:
         environ = {k: v for k, v in os.environ.items() if k != JOB_SECRET_ENV}  # the ranks never need it
-        rc = execute(setup.launch_spec, environ={**environ, STATUS_DIR_ENV: statuses},
+        rc = execute(setup.launch_spec, environ={**environ, STATUS_DIR_ENV: statuses, LAUNCH_ID_ENV: launch_id},
                      forwarded=signals, keep_fds=lock.fds() if lock is not None else (),
                      kill_after_s=plan.run.preemption_grace_s + 10,
                      signal_ranks=plan.run.entrypoint is None and plan.engine.backend != "single",
                      should_kill=should_kill, output=log)
+        if script is not None:
+            script.settle()  # the ranks' own notes on how they ended, read before their folder goes
         return watch.outcome(rc, interrupted=bool(signals)), signals, script, stop_reason
     finally:
         shutil.rmtree(statuses, ignore_errors=True)
@@ -159,7 +167,7 @@ def _script_end(script: ScriptWatch | None, stop_reason: list[str]) -> ScriptEnd
         return None
     return ScriptEnd(stopped_strict=script.stopped_strict, stop_reason=stop_reason[-1] if stop_reason else None,
                      failure=script.script_failure(), all_returned=script.all_returned(),
-                     cut_teardown=script.cut_teardown)
+                     cut_teardown=script.cut_teardown, judged_early=script.early is not None)
 
 
 def _written_after(run_dir: Path, since: float | None) -> Path | None:
@@ -201,12 +209,13 @@ def _say_figures(setup) -> None:
         print(f"Final validation accuracy: {final['val/accuracy']:.3f} (loss {final['val/loss']:.4f})")
 
 
-def _record_evidence(setup, run_dir):
-    """The final judgement of what the script ran, added to delivery.json (beside what was handed over)."""
-    from autotune.launch.evidence import judge, read_observed
+def _record_evidence(setup, script: ScriptWatch):
+    """The final judgement of what the script ran (this launch's records only; the steps it trained too when every
+    rank's own process said its script returned), added to delivery.json (beside what was handed over)."""
+    from autotune.launch.evidence import judge
     from autotune.rundir.layout import DELIVERY
 
-    evidence = judge(setup.plan, read_observed(run_dir), setup.delivery)
+    evidence = judge(setup.plan, script.observed(), setup.delivery, final=script.all_returned())
     from autotune.errors import UserError
     from autotune.rundir.fs import write_whole
 

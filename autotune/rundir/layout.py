@@ -81,7 +81,12 @@ VALUE_ENV = {"micro_batch_size": "AUTOTUNE_MICRO_BATCH_SIZE",
              "learning_rate": "AUTOTUNE_LEARNING_RATE", "precision": "AUTOTUNE_PRECISION",
              "num_workers": "AUTOTUNE_NUM_WORKERS"}
 STATUS_DIR_ENV = "AUTOTUNE_STATUS_DIR"  # the launcher's private folder for the ranks' statuses
-OBSERVE_ENV = "AUTOTUNE_OBSERVE"  # "0": no observer in this process
+# in that private folder: how each rank's script ended (script/rank-N.json), noted by the rank's own process
+# (autotune.runtime.observe_end); nothing that writes into the run directory reaches it
+SCRIPT_ENDS = "script"
+# this launch's id: on every record the observer writes, so that a launch reads only its own ranks' records
+LAUNCH_ID_ENV = "AUTOTUNE_LAUNCH_ID"
+OBSERVE_ENV = "AUTOTUNE_OBSERVE"  # "0": no observer in this process; "end": only how its script ended
 # "<pid> <run dir>" of the process that observes a rank: set by it, inherited by every process it starts, which is
 # then not the rank's own and is left alone (a nested launch has another run dir and observes its own ranks)
 OBSERVED_BY_ENV = "AUTOTUNE_OBSERVED_BY"

@@ -31,22 +31,19 @@ the file is written at the first steps (1, 2, 4, 8, 16), at the end, and on a pr
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
 import sys
-import threading
 import weakref
 
 from autotune.rundir.layout import OBSERVE_ENV, OBSERVED_BY_ENV, RUN_DIR_ENV
+from autotune.runtime.observe_end import install_end_hooks, training_goes_on
 from autotune.runtime.observe_record import (  # noqa: F401 - also where tests and tools find them
     WINDOW,
     WRITE_AT,
     AfterImport,
     _after,
     _batch_size,
-    _ended,
-    _exit_code,
     _guarded,
     _rank,
     _record,
@@ -81,7 +78,8 @@ def _data(mod) -> None:
 
 def _distributed(mod) -> None:
     def group_made(_r, *a, **k):
-        _record()["process_group"] = {"backend": str(mod.get_backend()), "world_size": mod.get_world_size()}
+        _record()["process_group"] = {"backend": str(mod.get_backend()), "world_size": mod.get_world_size(),
+                                      "rank": mod.get_rank()}  # ranks of separate groups repeat a group rank
 
     _after(mod, "init_process_group", group_made)
 
@@ -180,13 +178,15 @@ def _optim(mod) -> None:
         rec["steps"] += 1
         n = rec["steps"]
         rec["exit_code"] = None  # training goes on: an exit asked for earlier was caught (argparse in a try, ...)
+        training_goes_on()
         if n == 1:
             _guarded("choosing the model")(_choose_model)(optimizer)
         elif n <= WINDOW and st.get("counted") is not None:  # what reached the model in this step (from step 2)
             key = str(n)
             rec["step_samples"][key], rec["step_forwards"][key] = st["fwd_samples"], st["fwd_calls"]
-            rec["step_backwards"][key] = st["bwd_calls"]
-        st["fwd_samples"] = st["fwd_calls"] = st["bwd_calls"] = 0
+            rec["step_backwards"][key], rec["step_repeats"][key] = st["bwd_calls"], st["fwd_repeats"]
+        st["fwd_samples"] = st["fwd_calls"] = st["fwd_repeats"] = st["bwd_calls"] = 0
+        st["step_inputs"] = []
         if n <= WINDOW:
             rec["samples_at_step"][str(n)] = rec["samples"]
         entry = by_optimizer.get(id(optimizer))
@@ -244,7 +244,8 @@ def _choose_model(optimizer) -> None:
 def _count_forwards(model) -> None:
     """Count what reaches ``model`` in training: the samples of each forward (the leading dimension of its first
     tensor input) in training mode with gradients on; evaluation (eval mode or no_grad) and a loader's look-ahead
-    batches never reach it."""
+    batches never reach it. A forward on an input already counted in this step (the same tensor, or one sharing its
+    memory and shape: SAM's second pass over its micro-batch) is a repeat, counted apart: its samples once."""
     import torch
 
     counted = _state.setdefault("counted", weakref.WeakSet())
@@ -253,6 +254,10 @@ def _count_forwards(model) -> None:
 
     def pre(mod, args, kwargs):
         if mod.training and torch.is_grad_enabled():
+            if _repeated(args[0] if args and isinstance(args[0], torch.Tensor) else
+                         next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)):
+                _state["fwd_repeats"] += 1
+                return
             _state["fwd_calls"] += 1
             shape = getattr(args[0], "shape", None) if args else None  # the common case first: model(x)
             _state["fwd_samples"] += int(shape[0]) if shape else _batch_size((args, kwargs)) or 0
@@ -260,6 +265,21 @@ def _count_forwards(model) -> None:
     model.register_forward_pre_hook(_guarded("model forward")(pre), with_kwargs=True)
     counted.add(model)
     _record()["model"] = type(model).__name__
+
+
+def _repeated(x) -> bool:
+    """Whether the tensor ``x`` went into the model already in this optimizer step (weak references: a micro-batch
+    freed since, whose memory a new one reuses, is no longer there to match)."""
+    if x is None:
+        return False
+    seen = _state.setdefault("step_inputs", [])
+    for ref in seen:
+        y = ref()
+        if y is not None and (y is x or (y.data_ptr() == x.data_ptr() and y.shape == x.shape)):
+            return True
+    if len(seen) < 256:
+        seen.append(weakref.ref(x))
+    return False
 
 
 def _autograd(mod) -> None:
@@ -344,8 +364,10 @@ HOOKS = {"torch.utils.data": _data, "torch.distributed": _distributed, "torch.nn
 
 
 def install() -> None:
-    """Start observing this process (the script's own code runs after). Off with AUTOTUNE_OBSERVE=0."""
-    if os.environ.get(OBSERVE_ENV, "1") == "0" or _state.get("installed"):
+    """Start observing this process (the script's own code runs after). Off with AUTOTUNE_OBSERVE=0; with
+    AUTOTUNE_OBSERVE=end (--no_observe) only how the script ends is noted (``observe_end``), nothing it trains."""
+    mode = os.environ.get(OBSERVE_ENV, "1")
+    if mode == "0" or _state.get("installed"):
         return
     # Only the script's own ranks: torchrun's agent (no rank) and multiprocessing's spawned children (DataLoader
     # workers) inherit the PYTHONPATH too, and must not write a rank's record.
@@ -358,33 +380,13 @@ def install() -> None:
         return  # started by the rank's process (a helper, a compile worker): not the rank, left untouched
     os.environ[OBSERVED_BY_ENV] = f"{os.getpid()} {run_dir}"
     _state.update(installed=True, pid=os.getpid())
+    if mode == "end":
+        install_end_hooks(int(_rank() or "0"))
+        return
     _record()
     for name, hook in HOOKS.items():  # already imported (rare: sitecustomize runs first)
         if name in sys.modules:
             _guarded(f"hook {name}")(hook)(sys.modules[name])
     sys.meta_path.insert(0, AfterImport(HOOKS))
-    # "returned" the moment the script's main module has finished: threading's exit hook runs before Python
-    # joins the non-daemon threads a script may leave behind (a teardown that lingers); atexit only after them
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        register(_ended, "returned")
-    atexit.register(_ended, "returned")
-    previous = sys.excepthook
-
-    def excepthook(kind, value, tb):
-        _record()["raised"] = f"{kind.__name__}: {value}"[:500]
-        _ended("raised")
-        previous(kind, value, tb)
-
-    sys.excepthook = excepthook
-    # sys.exit(3), argparse's error exit, `sys.exit(main())`: the code the script asked for (SystemExit never
-    # reaches excepthook, and the exit hooks above run for it as for a return)
-    original_exit = sys.exit
-
-    @functools.wraps(original_exit)
-    def exit(status=None):
-        _guarded("sys.exit")(lambda: _record().update(exit_code=_exit_code(status)))()
-        return original_exit(status)
-
-    sys.exit = exit
+    install_end_hooks(int(_rank() or "0"), on_end=write, record=_record)
     write()

@@ -14,12 +14,12 @@ import os
 import threading
 import time
 
-from autotune.rundir.layout import OBSERVE_RANK_ENV, OBSERVED, RUN_DIR_ENV, rank_file
+from autotune.rundir.layout import LAUNCH_ID_ENV, OBSERVE_RANK_ENV, OBSERVED, RUN_DIR_ENV, rank_file
 
 WRITE_AT = (1, 2, 4, 8, 16)  # optimizer steps after which the record is written (and at exit)
 WINDOW = WRITE_AT[-1]  # the first steps, each kept one by one (samples, forwards, backwards, learning rate)
 _lock = threading.Lock()
-_state: dict = {"fwd_samples": 0, "fwd_calls": 0, "bwd_calls": 0, "bwd_depth": 0}
+_state: dict = {"fwd_samples": 0, "fwd_calls": 0, "fwd_repeats": 0, "bwd_calls": 0, "bwd_depth": 0}
 
 
 def _rank() -> str | None:
@@ -28,10 +28,11 @@ def _rank() -> str | None:
 
 def _record() -> dict:
     return _state.setdefault("record", {
-        "rank": int(_rank() or "0"), "pid": os.getpid(), "started": time.time(),
+        "rank": int(_rank() or "0"), "pid": os.getpid(), "launch": os.environ.get(LAUNCH_ID_ENV),
+        "started": time.time(),
         "dataloaders": [], "process_group": None, "engine": None, "optimizers": [], "autocast": None,
         "grad_scaler": False, "num_parameters": None, "steps": 0, "samples": 0, "samples_at_step": {},
-        "model": None, "step_samples": {}, "step_forwards": {}, "step_backwards": {},
+        "model": None, "step_samples": {}, "step_forwards": {}, "step_backwards": {}, "step_repeats": {},
         "deepspeed": None, "accelerate": None, "returned": None, "exit_code": None, "raised": None, "ended": None,
         "hook_errors": []})
 
@@ -59,19 +60,6 @@ def write() -> None:
         os.replace(tmp, path)
     except Exception:  # noqa: BLE001 - observing must never break the user's run
         pass
-
-
-def _ended(how: str) -> None:
-    rec = _record()
-    rec["ended"] = time.time()
-    if how == "returned" and rec["raised"] is None and not rec["exit_code"]:
-        rec["returned"] = True  # returned normally: only then may a teardown failure after it be forgiven
-    write()
-
-
-def _exit_code(status) -> int:
-    """The code ``sys.exit(status)`` ends the process with: None is 0, any other non-integer (a message) is 1."""
-    return 0 if status is None else status if isinstance(status, int) else 1
 
 
 def _guarded(where: str):

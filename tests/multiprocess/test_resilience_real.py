@@ -95,8 +95,9 @@ if os.environ["RANK"] == "1":  # a teardown that never ends: a thread left behin
 
 
 def test_a_rank_lingering_after_its_script_returned_is_ended_and_the_run_reported_done(tmp_path):
-    """Every rank's script returned (observed); rank 1's process lingers. After distributed.exit_barrier_s the
-    launch ends it and reports success with a warning, not "Training exited with code ..."."""
+    """Every rank's script returned (each rank's own process said so, in the launcher's private folder); rank 1's
+    process lingers. After distributed.exit_barrier_s the launch ends it and reports success with a warning, not
+    "Training exited with code ..."."""
     import time
 
     from helpers.multiprocess import launch
@@ -113,7 +114,8 @@ def test_a_rank_lingering_after_its_script_returned_is_ended_and_the_run_reporte
     assert "SUMMARY rank 0\n" in r.stdout and "SUMMARY rank 1\n" in r.stdout and "Done. Run directory" in r.stdout
     rank1 = json.loads((tmp_path / "run" / "observed" / "rank-1.json").read_text())
     assert rank1["returned"] is True and rank1["steps"] > 0  # its script had returned when it was ended
-    assert "every rank's script returned and its processes still linger 3 s later" in r.stderr
+    assert ("every rank's script returned (each rank's own process said so) and its processes still linger 3 s "
+            "later") in r.stderr
     assert "the training completed" in r.stderr and "Training exited with code" not in r.stderr
     assert took < 120, took  # ended by the launch, not the 600 s thread
 

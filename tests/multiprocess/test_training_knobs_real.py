@@ -675,7 +675,8 @@ def test_a_nanogpt_shaped_script_trains_the_plan_unedited_under_wire_auto_and_st
     statuses = {k: v["status"] for k, v in seen["values"].items()}
     assert statuses == {"micro_batch_size": "equal", "gradient_accumulation_steps": "equal",
                         "learning_rate": "warming up", "precision": "equal", "num_workers": "not observable",
-                        "world_size": "equal", "engine": "equal"}  # no DataLoader: no workers to see
+                        "world_size": "equal", "engine": "equal",  # no DataLoader: no workers to see
+                        "max_steps": "equal"}  # its 12 iterations, counted at the end
     assert ("learning_rate warming up toward 0.002 (at 0.00114286 after 12 steps)" in
             r.stdout.split("Done.")[-1].split("Your script, ")[1])
     rank_env = json.loads((tmp_path / "r" / "command.json").read_text())["env"]

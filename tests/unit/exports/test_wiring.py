@@ -801,6 +801,21 @@ def test_the_hint_after_the_routes_names_only_what_exists(tmp_path):
         assert "--batch_size" not in out.getvalue()
 
 
+def test_the_withheld_accumulation_variable_is_not_warned_of_where_the_scripts_flag_carries_it():
+    """Issue 42 item 12: an Accelerate script passing its own --gradient_accumulation_steps to Accelerator() gets the
+    plan's through that flag: ACCELERATE_GRADIENT_ACCUMULATION_STEPS stays unexported (recorded), with no warning;
+    without the flag's route the warning stays."""
+    from autotune.exports.delivery import Delivery
+
+    why = "the script passes gradient_accumulation_steps to Accelerator() itself: autotune does not override it"
+    carried = Delivery({"gradient_accumulation_steps": ["recognised flag --gradient_accumulation_steps"]}, [],
+                       withheld={"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": why})
+    assert carried.summary() == [] and carried.to_record()["withheld"]
+    alone = Delivery({"gradient_accumulation_steps": []}, ["gradient_accumulation_steps"],
+                     withheld={"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": why})
+    assert f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS not exported: {why}" in alone.summary()
+
+
 def test_a_learning_rate_the_config_does_not_set_is_shown_and_exported_as_the_scripts_own(tmp_path):
     """No training.learning_rate: the plan table says the script keeps its own (not "0.003 ... as given"), and
     AUTOTUNE_LEARNING_RATE is not exported; set, both carry the value."""

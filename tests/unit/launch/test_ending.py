@@ -25,7 +25,8 @@ def outcome(rc=0, ranks_code=None, decider=None, silent=(), barrier_note=None):
 
 
 def judged(wrong=(), steps=4, line="trained micro-batch 16 x accumulation 4", notes=()):
-    return SimpleNamespace(wrong=list(wrong), steps=steps, line=lambda: line, notes=list(notes), values={})
+    return SimpleNamespace(wrong=list(wrong), steps=steps, stepped=steps, line=lambda: line, notes=list(notes),
+                           values={}, unjudged=[], world_size=2)
 
 
 def said(end, stream=None):

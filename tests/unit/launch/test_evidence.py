@@ -4,7 +4,6 @@ import pytest
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.launch.evidence import (
-    FIX,
     Judgement,
     Rate,
     _engine,
@@ -123,7 +122,8 @@ def test_the_first_steps_name_another_engine_and_strict_stops_on_it(tmp_path):
     assert watch.check() is None and watch.early is None and out.getvalue() == ""
     _write(tmp_path, record(1, engine="fsdp", steps=EARLY_STEPS))
     why = watch.check()
-    assert watch.stopped_strict and why.startswith("--strict: the script runs fsdp, the plan ddp: let the script take")
+    assert watch.stopped_strict and why.startswith("--strict: the script runs fsdp, the plan ddp: plan for the engine "
+                                                   "the script runs (--fsdp)")
     assert why.endswith("or drop --strict (training.strict) to let it train as it is")
     assert "effective batch 64 per optimizer step" in out.getvalue()
     assert "autotune: warning: the script runs fsdp, the plan ddp" in out.getvalue()
@@ -131,28 +131,78 @@ def test_the_first_steps_name_another_engine_and_strict_stops_on_it(tmp_path):
     assert lenient.check() is None and not lenient.stopped_strict and lenient.early.wrong
 
 
+def _note(status_dir, rank, pid, launch="L1", **how):
+    """A rank's own note on how its script ended, as autotune.runtime.observe_end writes it in the launcher's private
+    folder."""
+    import json
+
+    folder = status_dir / "script"
+    folder.mkdir(parents=True, exist_ok=True)
+    note = {"rank": rank, "pid": pid, "launch": launch, "ended": None, "returned": None, "exit_code": None,
+            "raised": None, **how}
+    (folder / f"rank-{rank}.json").write_text(json.dumps(note))
+
+
 def test_a_teardown_that_lingers_after_every_script_returned_is_ended_after_the_exit_barrier(tmp_path):
-    """Every rank's script returned (observed): the watch waits distributed.exit_barrier_s, then asks to end the
-    processes and says why (a teardown hang is not a failed training); one rank still running: nothing."""
+    """Every rank's own process said its script returned (its private note) and still runs: the watch waits
+    distributed.exit_barrier_s, then asks to end the processes and says why (a teardown hang is not a failed
+    training); one rank still running its script: nothing. The run directory's records decide none of it."""
     import io
 
     from autotune.launch.evidence import ScriptWatch
 
     p = a_plan()
-    clock = _Clock()
-    _write(tmp_path, {**record(0), "returned": True, "ended": 1.0}, {**record(1), "returned": None})
-    watch = ScriptWatch(p, tmp_path, io.StringIO(), clock=clock)
+    clock, status = _Clock(), tmp_path / "status"
+    running = {1000: True, 1001: True}  # the launcher's own processes, as /proc shows them
+    _note(status, 0, 1000, ended=1.0, returned=True)
+    _note(status, 1, 1001)
+    watch = ScriptWatch(p, tmp_path, io.StringIO(), clock=clock, launch="L1", status_dir=status,
+                        processes=lambda: dict(running))
     watch.check()
     clock.now += 10 * p.engine.exit_barrier_s
     assert watch.check() is None and not watch.all_returned()
-    _write(tmp_path, {**record(1), "returned": True, "ended": 2.0})
+    _note(status, 1, 1001, ended=2.0, returned=True)
     assert watch.check() is None and watch.all_returned()  # the wait starts now
     clock.now += p.engine.exit_barrier_s - 1
     assert watch.check() is None
     clock.now += 1
-    assert watch.check() == (f"every rank's script returned and its processes still linger "
-                             f"{p.engine.exit_barrier_s} s later (distributed.exit_barrier_s)")
+    assert watch.check() == (f"every rank's script returned (each rank's own process said so) and its processes "
+                             f"still linger {p.engine.exit_barrier_s} s later (distributed.exit_barrier_s)")
     assert watch.cut_teardown and not watch.stopped_strict
+
+
+def test_a_record_that_says_ended_while_its_process_runs_is_ignored_and_named(tmp_path):
+    """Issue 44: another writer rewrote observed/rank-0.json with "ended" and "returned" (this launch's id kept).
+    The rank's process still runs and its own note says nothing of an end: no clock starts, however long it goes,
+    and the record is named once. A note naming a process the launcher never started ends nothing; one of another
+    launch is nobody's."""
+    import io
+
+    from autotune.launch.evidence import ScriptWatch
+
+    p = a_plan(**{"distributed.nproc_per_node": 1, "training.global_batch_size": 32})
+    clock, status, out = _Clock(), tmp_path / "status", io.StringIO()
+    running = {1000: True}
+    _note(status, 0, 1000)
+    _write(tmp_path, {**record(0), "launch": "L1", "ended": 5.0, "returned": True})
+    watch = ScriptWatch(p, tmp_path, out, clock=clock, launch="L1", status_dir=status,
+                        processes=lambda: dict(running))
+    for _ in range(3):
+        assert watch.check() is None
+        clock.now += 10 * p.engine.exit_barrier_s
+    assert not watch.all_returned() and watch._ended_since is None
+    named = (f"autotune: warning: {tmp_path / 'observed' / 'rank-0.json'} says rank 0's script ended, but its process "
+             "(pid 1000) still runs and has not said so: the record is not the rank's (another writer of the run "
+             "directory?), and is ignored\n")
+    assert out.getvalue().count(named) == 1, out.getvalue()
+    _note(status, 0, 4242, ended=1.0, returned=True)  # a pid the launcher never started: nothing of its runs
+    assert watch.check() is None and watch._ended_since is None
+    _note(status, 0, 1000, launch="L0", ended=1.0, returned=True)  # an earlier launch's
+    assert watch.check() is None and not watch.all_returned()
+    _note(status, 0, 1000, ended=1.0, returned=True)  # the rank's own: now it has returned
+    assert watch.all_returned()
+    running[1000] = False  # its process ended (a zombie until torchrun reaps it): nothing lingers
+    assert watch.check() is None and watch._ended_since is None
 
 
 def test_a_learning_rate_other_than_the_plans_is_a_wrong_training_and_strict_stops_it(tmp_path):
@@ -184,7 +234,7 @@ def test_one_process_under_a_ddp_wrapper_is_the_single_plan():
     assert j.values["engine"]["status"] == "equal" and j.wrong == []
     fsdp = judge(one, [{**rec, "engine": "fsdp"}])
     assert fsdp.values["engine"] == {"status": "different", "observed": "fsdp", "plan": "single",
-                                     "fix": FIX["engine"]}
+                                     "fix": "plan for the engine the script runs (--fsdp)"}
 
 
 # What each reader takes from one rank's record, as the observer writes it (tests/unit/runtime/test_observer.py shows a
@@ -295,7 +345,9 @@ def test_a_script_never_handed_the_rate_is_not_told_it_multiplies_it():
     handed = Delivery({"learning_rate": ["--lr {learning_rate}"]}, [])
     assert judge(p, ranks, handed).values["learning_rate"]["fix"].startswith("the script runs the plan's rate times")
     never = Delivery({"learning_rate": []}, ["learning_rate"])
-    assert judge(p, ranks, never).values["learning_rate"]["fix"].startswith("pass {learning_rate} to your script's")
+    assert judge(p, ranks, never).values["learning_rate"]["fix"] == (
+        "the script declares no learning-rate flag autotune knows and reads no $AUTOTUNE_LEARNING_RATE: pass its own "
+        "setting after `--` as {learning_rate}, or plan for what it runs (training.learning_rate: 0.004)")
 
 
 @pytest.mark.parametrize("rec, per_step", [
@@ -331,16 +383,17 @@ def test_the_judgement_line_names_each_status_and_a_figure_as_a_person_writes_it
 
 
 def test_where_the_world_and_the_accumulation_come_from():
-    """The world is the process group's, else the number of ranks observed (one: 1). The accumulation is
+    """The world is the process group's; ranks of no group are trainings of one each (one rank: 1). The accumulation is
     measured (samples per step / micro-batch) where the samples are known, else the engine's own word
     (DeepSpeed's, then Accelerate's). A script handing DeepSpeed its own optimizer gets a note on the rate."""
     p = a_plan()
     bare = {**record(0), "process_group": None}
     assert judge(p, [bare]).world_size == 1
-    assert judge(p, [bare, {**record(1), "process_group": None}]).world_size == 2
+    alone = judge(p, [bare, {**record(1), "process_group": None}])
+    assert (alone.world_size, alone.trainings) == (1, 2)
     assert judge(p, [record(0, per_step=48), record(1, per_step=48)]).values["gradient_accumulation_steps"] == \
         {"status": "different", "observed": 6, "plan": 4, "fix": "pass {gradient_accumulation_steps} to your script's "
-         "accumulation flag, or read $AUTOTUNE_GRADIENT_ACCUMULATION_STEPS, or use --wire auto"}
+         "accumulation setting after `--`"}
     unknown = {**record(0), "samples_at_step": {}, "steps": 0}
     ds = {**unknown, "engine": "deepspeed", "deepspeed": {"gradient_accumulation_steps": 4, "lr": [0.002],
                                                          "train_micro_batch_size_per_gpu": 8, "script_optimizer": True}}
@@ -395,8 +448,7 @@ def test_an_accumulation_the_script_divides_by_its_world_size_is_named_with_the_
     assert j.wrong[0] == ("the script trains an effective batch of 32 samples per optimizer step, the plan 64 (8 x 4 x "
                           f"2): {j.values['gradient_accumulation_steps']['fix']}")  # the fix, where --strict prints it
     assert judge(p, ranks).values["gradient_accumulation_steps"]["fix"] == (
-        "pass {gradient_accumulation_steps} to your script's accumulation flag, or read "
-        "$AUTOTUNE_GRADIENT_ACCUMULATION_STEPS, or use --wire auto")
+        "pass {gradient_accumulation_steps} to your script's accumulation setting after `--`")
 
 
 def test_nothing_counted_is_not_observable_and_strict_says_it_cannot_judge_it(tmp_path):
@@ -454,8 +506,8 @@ def test_the_line_says_a_warm_up_and_the_scripts_own_values_and_a_deepspeed_scri
             "optimizer and learning rate (the script's optimizer runs at 0.002)\n") in out.getvalue()
 
 
-def test_the_linger_clock_starts_once_from_the_ranks_own_records_and_a_script_failure_is_its_own_code(tmp_path):
-    """The wait before ending lingering processes starts when every local rank's own record says its script ended,
+def test_the_linger_clock_starts_once_from_the_ranks_own_notes_and_a_script_failure_is_its_own_code(tmp_path):
+    """The wait before ending lingering processes starts when every local rank's own process said its script ended,
     restarts when those processes change (a restarted rank), and resets when one runs again. A script that exited
     non-zero or raised is no teardown: all_returned is False and script_failure names its code and rank."""
     import io
@@ -463,28 +515,35 @@ def test_the_linger_clock_starts_once_from_the_ranks_own_records_and_a_script_fa
     from autotune.launch.evidence import ScriptWatch
 
     p = a_plan()
-    clock = _Clock()
-    watch = ScriptWatch(p, tmp_path, io.StringIO(), clock=clock)
-    done = [{**record(r), "returned": True, "ended": 1.0} for r in (0, 1)]
-    _write(tmp_path, *done)
+    clock, status = _Clock(), tmp_path / "status"
+    running = {1000: True, 1001: True, 2001: True}
+    watch = ScriptWatch(p, tmp_path, io.StringIO(), clock=clock, launch="L1", status_dir=status,
+                        processes=lambda: dict(running))
+    for r in (0, 1):
+        _note(status, r, 1000 + r, ended=1.0, returned=True)
     assert watch.check() is None  # the clock starts
     clock.now += p.engine.exit_barrier_s - 1
-    _write(tmp_path, {**done[1], "pid": 2001})  # rank 1's process is another now: its clock starts again
+    _note(status, 1, 2001, ended=1.0, returned=True)  # rank 1's process is another now: its clock starts again
     assert watch.check() is None
     clock.now += 2
     assert watch.check() is None
-    _write(tmp_path, {**done[1], "pid": 2001, "ended": None, "returned": None})  # running again
+    _note(status, 1, 2001)  # running again
     assert watch.check() is None and watch._ended_since is None
     assert watch.script_failure() is None
-    _write(tmp_path, {**done[1], "returned": None, "exit_code": 3})
+    _note(status, 1, 1001, ended=1.0, exit_code=3)
     assert not watch.all_returned() and watch.script_failure() == (3, "rank 1 exited with code 3 before its end")
-    _write(tmp_path, {**done[0], "returned": None, "raised": "ValueError: boom"})
+    _note(status, 0, 1000, ended=1.0, raised="ValueError: boom")
     assert watch.script_failure() == (1, "rank 0 raised ValueError: boom")
     clock.now += 1
     assert watch.check() is None
     clock.now += p.engine.exit_barrier_s
-    assert watch.check() == (f"every rank's script ended and its processes still linger {p.engine.exit_barrier_s} s "
-                             "later (distributed.exit_barrier_s)")
+    assert watch.check() == ("every rank's script ended (each rank's own process said so) and its processes still "
+                             f"linger {p.engine.exit_barrier_s} s later (distributed.exit_barrier_s)")
+    watch.settle()  # the processes ended, their folder is gone: what the notes said is kept
+    import shutil
+
+    shutil.rmtree(status)
+    assert watch.script_failure() == (1, "rank 0 raised ValueError: boom")
 
 
 def test_the_done_line_names_as_advisory_only_what_no_route_reached_and_nothing_observed():
@@ -507,6 +566,7 @@ import json, os
 # a script that trained the wrong batch and ended before the launch judged its first steps (its own record, as the
 # observer would have written it; os._exit so the observer's exit hook leaves it)
 rec = {"rank": 0, "pid": os.getpid(), "steps": 16, "ended": 1.0, "returned": True, "process_group": None,
+       "launch": os.environ["AUTOTUNE_LAUNCH_ID"],
        "dataloaders": [], "optimizers": [], "step_samples": {str(s): 64 for s in range(2, 17)},
        "step_forwards": {str(s): 1 for s in range(2, 17)}, "step_backwards": {str(s): 1 for s in range(2, 17)}}
 path = os.path.join(os.environ["AUTOTUNE_RUN_DIR"], "observed", "rank-0.json")
@@ -530,10 +590,9 @@ def test_strict_fails_a_wrong_training_that_ended_before_it_was_judged(tmp_path,
         setup = prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", run_dir=tmp_path / f"r{strict}")
         assert run(setup, argv=["test"]) == rc
         out, err = capsys.readouterr()
-        # no ", or use --wire auto": it finds no setting in this script (issue 42 item 12)
-        wrong = ("the script trains an effective batch of 64 samples per optimizer step, the plan 8 (8 x 1 x 1): pass "
-                 "it to your script's batch-size setting after `--` (--batch_size {micro_batch_size}, or "
-                 "--batch_size={micro_batch_size} for a --key=value configurator)")
+        wrong = ("the script trains an effective batch of 64 samples per optimizer step, the plan 8 (8 x 1 x 1): the "
+                 "script declares no batch-size flag autotune knows and reads no $AUTOTUNE_MICRO_BATCH_SIZE: pass its "
+                 "own setting after `--` as {micro_batch_size}, or plan for what it runs (--batch_size 64)")
         if strict:
             assert (f"\n--strict: {wrong}; the script ended before its first steps were judged, so the launch fails "
                     f"now (exit 2)\nRun directory: {tmp_path / 'rTrue'}") in err and "Done." not in out

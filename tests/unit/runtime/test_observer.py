@@ -44,7 +44,8 @@ def run_observed(tmp_path, code, **env):
     script.write_text(code)
     full = {**os.environ, "PYTHONPATH": os.pathsep.join([str(OBSERVE_SITE), str(ROOT)]), "RANK": "0",
             "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-            "AUTOTUNE_RUN_DIR": str(tmp_path / "run"), "AUTOTUNE_OBSERVE": "1", **env}
+            "AUTOTUNE_RUN_DIR": str(tmp_path / "run"), "AUTOTUNE_OBSERVE": "1",
+            "AUTOTUNE_STATUS_DIR": str(tmp_path / "status"), "AUTOTUNE_LAUNCH_ID": "L1", **env}
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=full, timeout=180,
                        cwd=tmp_path)
     record = tmp_path / "run" / "observed" / "rank-0.json"
@@ -92,9 +93,10 @@ def test_outside_a_rank_nothing_is_observed(tmp_path):
     assert not (tmp_path / "run" / "observed").exists()
 
 
-def test_no_observe_keeps_the_observer_out_of_the_launch(cli, tmp_path):
-    """`launch --no_observe` (config: training.observe false): the ranks' environment has neither the observer's
-    sitecustomize on PYTHONPATH nor AUTOTUNE_OBSERVE (the launch's own dry run shows the environment it would set)."""
+def test_no_observe_keeps_only_the_note_of_how_the_script_ended(cli, tmp_path):
+    """`launch --no_observe` (config: training.observe false): the ranks' environment asks the observer for the
+    note of how the script ended only (AUTOTUNE_OBSERVE=end: the launch's exit code is the script's own), nothing of
+    what it trains (the launch's own dry run shows the environment it would set)."""
     (tmp_path / "train.py").write_text("")
     cfg = tmp_path / "c.yaml"
     cfg.write_text("training:\n  entrypoint: train.py\n")
@@ -105,7 +107,57 @@ def test_no_observe_keeps_the_observer_out_of_the_launch(cli, tmp_path):
         assert r.returncode == 0, r.stderr
         runs[bool(flag)] = json.loads(r.stdout)["launch"]["env"]
     assert runs[False]["AUTOTUNE_OBSERVE"] == "1" and str(OBSERVE_SITE) in runs[False]["PYTHONPATH"]
-    assert "AUTOTUNE_OBSERVE" not in runs[True] and str(OBSERVE_SITE) not in runs[True].get("PYTHONPATH", "")
+    assert runs[True]["AUTOTUNE_OBSERVE"] == "end" and str(OBSERVE_SITE) in runs[True]["PYTHONPATH"]
+
+
+def _note(tmp_path):
+    path = tmp_path / "status" / "script" / "rank-0.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def test_the_end_alone_is_noted_in_the_launchers_folder_and_nothing_of_the_training(tmp_path):
+    """AUTOTUNE_OBSERVE=end (--no_observe): no record in the run directory, no hook on torch; the rank's own note in
+    the launcher's private folder says how its script ended (sys.exit(3)), with its pid and the launch's id."""
+    code = "import os, sys\nprint('PID', os.getpid(), 'HOOKED', any(type(f).__name__ == 'AfterImport' for f in " \
+           "sys.meta_path), flush=True)\nsys.exit(3)\n"
+    r, rec = run_observed(tmp_path, code, AUTOTUNE_OBSERVE="end")
+    assert r.returncode == 3 and rec is None and not (tmp_path / "run").exists(), r.stderr[-2000:]
+    pid = int(r.stdout.split("PID ")[1].split()[0])
+    assert "HOOKED False" in r.stdout
+    note = _note(tmp_path)
+    assert (note["rank"], note["pid"], note["launch"], note["exit_code"], note["returned"]) == (0, pid, "L1", 3, None)
+    assert note["ended"] is not None and oct((tmp_path / "status" / "script" / "rank-0.json").stat().st_mode)[-3:] == \
+        "600"
+
+
+SAM_STEP = """
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+dist.init_process_group("gloo")
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8)
+for i, (x,) in enumerate(data):
+    for _ in range(2):  # a micro-batch of 8, two passes (SAM's ascent, then its descent), accumulation 2
+        model(x).pow(2).mean().backward()
+    if i % 2 == 1:
+        opt.step()
+        opt.zero_grad()
+dist.destroy_process_group()
+"""
+
+
+def test_a_second_pass_over_the_same_micro_batch_is_a_repeat_and_the_group_rank_is_kept(tmp_path):
+    """SAM-style: each micro-batch goes through the model twice; the samples count once (16 a step from two
+    micro-batches of 8), the two repeats apart; the process group's own rank is recorded beside its world size."""
+    r, rec = run_observed(tmp_path, SAM_STEP)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert rec["steps"] == 4 and rec["launch"] == "L1"
+    assert rec["process_group"] == {"backend": "gloo", "world_size": 1, "rank": 0}
+    assert rec["step_samples"] == {str(s): 16 for s in range(2, 5)}
+    assert rec["step_forwards"] == rec["step_repeats"] == {str(s): 2 for s in range(2, 5)}
+    assert rec["step_backwards"] == {str(s): 4 for s in range(2, 5)}
+    assert _note(tmp_path)["returned"] is True
 
 
 def test_the_observer_starts_without_importing_torch_or_the_plan(tmp_path):

@@ -1,0 +1,204 @@
+"""The judgement of what a user's script observably ran, against the plan, and its wording (``Judgement.line``).
+
+The effective batch is counted from training steps only: the samples that reached the model the script trains in
+each of the first steps after the first (its training forwards: never an evaluation batch or a loader's
+look-ahead), the most common count per step, summed over the ranks; without such a count, the samples the
+DataLoaders yielded per step; with neither, "not observable", never 0. Each plan value is judged by
+``verdicts`` (the learning rate by ``rate_rule``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from autotune.launch.observed import (
+    _accumulation,
+    _engine,
+    _micro,
+    _optimizer_class,
+    _per_step_samples,
+    _precision,
+    _trained,
+    _training_loader,
+    _trains_as,
+    trainings,
+)
+from autotune.launch.rate_rule import _lr, _rate_verdict
+from autotune.launch.verdicts import _fmt, divided_accumulation_fix, engine_fix, fix_for, trainings_fix, verdict
+
+TOLERANCE = 0.10  # an effective batch further than this from the plan's is a wrong training
+
+
+@dataclass
+class Judgement:
+    values: dict[str, dict] = field(default_factory=dict)  # key -> {status, observed, plan, fix, note}
+    effective_batch: float | None = None  # of one training
+    batch_source: str | None = None  # where the effective batch was counted
+    world_size: int | None = None  # of one training: its process group's
+    trainings: int = 1  # independent trainings among the ranks (ranks of no common process group)
+    steps: int = 0  # the optimizer steps every rank has taken
+    stepped: int = 0  # the most optimizer steps any rank took (0: the script trained nothing)
+    wrong: list[str] = field(default_factory=list)  # why the training is not the plan's (batch, engine, rate)
+    notes: list[str] = field(default_factory=list)  # what the user should know and no status says
+    unjudged: list[str] = field(default_factory=list)  # what --strict cannot judge: not observable
+    untaken: list[str] = field(default_factory=list)  # values handed over only by routes the script did not take
+
+    def to_record(self) -> dict:
+        return {"values": self.values, "effective_batch": self.effective_batch, "batch_source": self.batch_source,
+                "world_size": self.world_size, "trainings": self.trainings, "steps_observed": self.steps,
+                "steps_most": self.stepped, "wrong": self.wrong, "notes": self.notes, "unjudged": self.unjudged,
+                "untaken": self.untaken}
+
+    def line(self) -> str:
+        def of(status):
+            return [k for k, v in self.values.items() if v["status"] == status]
+
+        diff = [f"{k} {_fmt(v['observed'])} (plan {_fmt(v['plan'])})" for k, v in self.values.items()
+                if v["status"] == "different"]
+        warming = [f"{k} {v['note']}" for k, v in self.values.items() if v["status"] == "warming up"]
+        yours = [f"{k} {_fmt(v['observed'])}" for k, v in self.values.items()
+                 if v["status"] == "yours" and v["observed"] is not None]
+        eff = "not observable" if self.effective_batch is None else _fmt(self.effective_batch)
+        batch = (f"{self.trainings} independent trainings (no process group joins their ranks), effective batch "
+                 f"{eff} each" if self.trainings > 1 else f"effective batch {eff}")
+        return (f"observed after {self.steps} step(s): {batch} per optimizer step"
+                + (f" ({self.batch_source})" if self.batch_source else "")
+                + f"; as planned: {', '.join(of('equal')) or 'nothing'}"
+                + (f"; {'; '.join(warming)}" if warming else "")
+                + (f"; the script's own: {', '.join(yours)}" if yours else "")
+                + (f"; different: {'; '.join(diff)}" if diff else "")
+                + (f"; not observable: {', '.join(of('not observable'))}" if of("not observable") else ""))
+
+
+BATCH_SOURCES = ("the model's training inputs", "the DataLoaders' batches, evaluation included")
+
+
+def taken_routes(delivery, key: str, first: dict) -> list[str]:
+    """The routes of ``key`` the script was observed to take: a DeepSpeed JSON route only if it ran
+    deepspeed.initialize, Accelerate's variables only if it made an Accelerator. A route it did not take is never
+    credited."""
+    out = []
+    for route in delivery.routes.get(key, []):
+        if route.startswith("DeepSpeed JSON") and not first.get("deepspeed"):
+            continue
+        if "read by Accelerator()" in route and not first.get("accelerate"):
+            continue
+        out.append(route)
+    return out
+
+
+def _measured_accumulation(first: dict, micro: int | None) -> int | None:
+    """Micro-batches per optimizer step: measured (backward passes, or new-input forwards where the script passes a
+    micro-batch more than once; else samples per step / micro-batch), else the engine's word."""
+    trained = _trained(first)
+    if trained is not None and _accumulation(trained):
+        return _accumulation(trained)
+    if micro and _per_step_samples(first):
+        return round(_per_step_samples(first) / micro)
+    if first.get("deepspeed"):
+        return first["deepspeed"].get("gradient_accumulation_steps")
+    return (first.get("accelerate") or {}).get("gradient_accumulation_steps") or None
+
+
+def judge(plan, observed: list[dict], delivery=None, final: bool = False) -> Judgement:
+    """Each plan value as observed in the script's processes (all ranks agree, or rank 0 speaks for them).
+    ``delivery`` (autotune.exports.wiring.Delivery): what was handed over, read from the script before the launch:
+    whether --wire auto ran (its fixes do not suggest it again), the flags the script declares (the fixes name
+    them), whether the script divides its accumulation by its world size (only then is an accumulation of plan /
+    world put down to that). ``final``: every rank's script has returned; the steps it trained are judged too."""
+    wired = bool(delivery is not None and delivery.wired)
+    divides = delivery.divides_accumulation if delivery is not None else None
+    j = Judgement()
+    if not observed:
+        return j
+    first = min(observed, key=lambda r: r["rank"])
+    world, j.trainings = trainings(observed)
+    j.world_size = world
+    j.steps = min(r.get("steps") or 0 for r in observed)
+    j.stepped = max(r.get("steps") or 0 for r in observed)
+    rates = [_per_step_samples(r) for r in observed]
+    if rates and all(x is not None for x in rates):
+        j.effective_batch = sum(rates) / len(rates) * world
+        j.batch_source = BATCH_SOURCES[0 if all(_trained(r) for r in observed) else 1]
+    b, eng, sched = plan.batch, plan.engine, plan.schedule
+    micro = _micro(first)
+    engine = _trains_as(_engine(first) or ("single" if world == 1 else None), world)
+    planned_engine = _trains_as(eng.backend, eng.world_size)
+    obs = {"micro_batch_size": (micro, b.micro_batch_size),
+           "gradient_accumulation_steps": (_measured_accumulation(first, micro), b.gradient_accumulation_steps),
+           "learning_rate": (_lr(first), sched.learning_rate),
+           "precision": (_precision(first), plan.numerics.precision),
+           "num_workers": (_training_loader(first).get("num_workers"), plan.loader.num_workers),
+           "world_size": (world, eng.world_size), "engine": (engine, planned_engine)}
+    if final and sched.max_steps and not plan.run.resume_from:  # a resumed script counts from its resume point
+        obs["max_steps"] = (j.stepped, sched.max_steps)
+    ds = first.get("deepspeed") or {}
+    json_rate = bool(ds) and not ds.get("script_optimizer")  # DeepSpeed built the optimizer from autotune's JSON
+    for key, (seen, want) in obs.items():
+        if key == "learning_rate" and seen is not None:
+            seen_value = seen.peak if seen.peak is not None else seen.built
+            if key in plan.run.script_defaults and not json_rate:
+                j.values[key] = {"status": "yours", "observed": seen_value, "plan": None}
+            else:
+                handed = delivery is None or bool(taken_routes(delivery, key, first)) or json_rate
+                j.values[key] = _rate_verdict(seen, want, world, handed,
+                                              fix_for(key, seen_value, plan, delivery, world))
+            continue
+        j.values[key] = verdict(plan, key, seen, want, delivery, world, micro)
+    divided_accumulation_fix(j.values["gradient_accumulation_steps"], divides, world, wired)
+    if delivery is not None:
+        j.untaken = [k for k, routes in delivery.routes.items() if routes and not taken_routes(delivery, k, first)]
+    _said(j, plan, first, delivery, engine, planned_engine)
+    return j
+
+
+def _said(j: Judgement, plan, first: dict, delivery, engine, planned_engine) -> None:
+    """What is wrong with the training, what --strict cannot judge, and the notes."""
+    b, eng = plan.batch, plan.engine
+    trained = _trained(first)
+    if trained is not None and trained[3] and trained[1]:
+        passes = (trained[1] + trained[3]) / trained[1]
+        j.notes.append(f"the script passes each micro-batch through its model {_fmt(passes)} times a step (SAM-style: "
+                       f"{trained[1] + trained[3]} forwards and {trained[2]} backward passes for {trained[1]} "
+                       "micro-batch(es)): each sample is counted once in the effective batch")
+    if (first.get("deepspeed") or {}).get("script_optimizer"):
+        note = ("the script passes its own optimizer to deepspeed.initialize: DeepSpeed ignores the JSON's optimizer "
+                "and learning rate")
+        j.values["learning_rate"]["note"] = note
+        ran = j.values["learning_rate"].get("observed")
+        j.notes.append(note + (f" (the script's optimizer runs at {_fmt(ran)})" if ran is not None else ""))
+    eff = None if j.effective_batch is None else _fmt(j.effective_batch)
+    if not j.stepped:  # nothing trained: nothing to be wrong, and nothing to count
+        j.unjudged.append("the effective batch (the script took no optimizer step)")
+        return
+    if j.trainings > 1 and eng.world_size > 1:  # no process group joins the ranks: each trains alone
+        fix = trainings_fix(eng.world_size)
+        for key in ("world_size", "engine"):
+            if j.values[key]["status"] == "different":
+                j.values[key]["fix"] = fix
+        j.wrong.append(f"{j.trainings} independent trainings" + (f" of {eff} each" if eff is not None else "")
+                       + f"; the plan was one job of {b.global_batch_size} ({b.micro_batch_size} x "
+                       f"{b.gradient_accumulation_steps} x {eng.world_size}): {fix}")
+    if j.effective_batch is None:
+        j.unjudged.append("the effective batch (nothing the script trained could be counted: no training forward of a "
+                          "model it wrapped or optimized, no DataLoader batch)")
+    elif j.trainings == 1 and abs(j.effective_batch - b.global_batch_size) > TOLERANCE * b.global_batch_size:
+        fixes = [j.values[k]["fix"] for k in ("micro_batch_size", "gradient_accumulation_steps")
+                 if j.values[k]["status"] == "different"]  # the fix for each part of it seen different
+        j.wrong.append(f"the script trains an effective batch of {eff} samples per optimizer step, "
+                       f"the plan {b.global_batch_size} ({b.micro_batch_size} x {b.gradient_accumulation_steps} x "
+                       f"{eng.world_size})" + (f": {'; '.join(dict.fromkeys(fixes))}" if fixes else ""))
+    if engine is not None and engine != planned_engine and j.trainings == 1:
+        fix = engine_fix(engine, planned_engine, delivery)
+        j.values["engine"]["fix"] = fix
+        j.wrong.append(f"the script runs {engine}, the plan {planned_engine}: {fix}")
+    cls = _optimizer_class(first)
+    if cls is not None and "adam" not in cls.lower():  # never handed over: the script's own, and what the plan assumed
+        j.values["optimizer"] = {"status": "yours", "observed": cls, "plan": None}
+        j.notes.append(f"the script's optimizer is {cls}, not AdamW: the plan's memory estimate and time assume "
+                       "AdamW's two fp32 states a parameter (more memory than most others keep)")
+    rate_v = j.values.get("learning_rate", {})
+    if rate_v.get("status") == "different":  # a rate the plan set (a script's own default is "yours", not this)
+        why = rate_v.get("note") or rate_v["fix"].format(learning_rate=_fmt(rate_v["plan"]))
+        j.wrong.append(f"the script trains at learning rate {_fmt(rate_v['observed'])}, the plan "
+                       f"{_fmt(rate_v['plan'])}: {why}")

@@ -1,0 +1,136 @@
+"""Each plan value against what the script was observed to run: equal; different, with the plan's value and what
+would deliver it; the script's own (a value the plan does not set); or not observable.
+
+A fix names only what exists: a flag or setting the script declares (read from its source before the launch:
+``Delivery.declared``, what ``--wire auto`` passes), a variable it reads, or a change of the plan (autotune's own
+flags). ``--wire auto`` is suggested only where it would find the script's setting. Without the script's facts (no
+delivery) the fix says what to deliver in general words, naming no flag.
+"""
+
+from __future__ import annotations
+
+from autotune.rundir.layout import VALUE_ENV
+
+# what would deliver each value, where nothing is known of the script's own flags
+FIX = {
+    "micro_batch_size": "pass {micro_batch_size} to your script's batch-size setting after `--`",
+    "gradient_accumulation_steps": "pass {gradient_accumulation_steps} to your script's accumulation setting after "
+                                   "`--`",
+    "learning_rate": "pass {learning_rate} to your script's learning-rate flag (it is the rate the optimizer should "
+                     "run with, not a base to scale)",
+    "precision": "pass {precision} to your script's precision setting after `--`",
+    "num_workers": "pass {num_workers} to your script's DataLoader (num_workers=) through its workers setting",
+    "world_size": "start the script with the launcher's ranks (it reads WORLD_SIZE/RANK)",
+    "max_steps": "pass {max_steps} to your script's step-count setting after `--`",
+}
+WIRE_HINT = ", or use --wire auto, which passes it"  # where --wire auto would find the script's setting
+WORDS = {"micro_batch_size": "batch-size", "gradient_accumulation_steps": "accumulation",
+         "learning_rate": "learning-rate", "precision": "precision", "num_workers": "DataLoader-workers",
+         "max_steps": "step-count"}
+# autotune's own flag (or config key) that plans each value: a plan change
+PLAN_FLAG = {"micro_batch_size": "--batch_size", "gradient_accumulation_steps": "--grad_accum",
+             "precision": "--precision", "max_steps": "--max_steps"}
+PLAN_SETTING = {"learning_rate": "training.learning_rate", "num_workers": "data.num_workers"}
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:g}" if v != int(v) else str(int(v))
+    return str(v)
+
+
+def _argument(flag: str, key: str) -> str:
+    """``flag`` with its placeholder, as it goes after `--` (a configurator's setting in its one-token form)."""
+    return f"{flag}{{{key}}}" if flag.endswith("=") else f"{flag} {{{key}}}"
+
+
+def _plan_change(key: str, seen) -> str:
+    if key in PLAN_FLAG:
+        return f"{PLAN_FLAG[key]} {_fmt(seen)}"
+    return f"{PLAN_SETTING.get(key, key)}: {_fmt(seen)}"
+
+
+def fix_for(key: str, seen, plan, delivery, world: int, micro=None) -> str:
+    """What would deliver the plan's ``key`` to this script, which runs ``seen`` (``micro``: the micro-batch it
+    was seen training)."""
+    if delivery is None:
+        return FIX.get(key, "")
+    flag = (delivery.declared or {}).get(key)
+    variable = VALUE_ENV.get(key)
+    reads = variable is not None and any(variable in r for r in delivery.routes.get(key, ()))
+    if key == "gradient_accumulation_steps" and not flag and not reads and not delivery.routes.get(key):
+        return _no_accumulation(seen, plan, delivery, world, micro)
+    if flag:
+        return (f"pass {{{key}}} to the script's {flag.rstrip('=')} after `--` ({_argument(flag, key)})"
+                + ("" if delivery.wired else WIRE_HINT))
+    if reads:
+        return (f"the script reads ${variable} and still runs {_fmt(seen)}: its own setting wins there; plan for "
+                f"what it runs ({_plan_change(key, seen)}), or let the variable decide")
+    return (f"the script declares no {WORDS.get(key, key)} flag autotune knows"
+            + (f" and reads no ${variable}" if variable else "")
+            + f": pass its own setting after `--` as {{{key}}}, or plan for what it runs ({_plan_change(key, seen)})")
+
+
+def _no_accumulation(seen, plan, delivery, world: int, micro=None) -> str:
+    """A script with no accumulation setting at all (no flag, no variable, no framework's): the plan changes to the
+    accumulation it runs, with the micro-batch raised to hold the global batch where memory allows and where the
+    micro-batch reaches the script (its flag); a micro-batch that reaches it by no route is planned as it runs."""
+    b = plan.batch
+    acc = int(seen) if isinstance(seen, (int, float)) and seen >= 1 else 1
+    how = (f"the script has no accumulation (it declares no accumulation flag and reads no "
+           f"${VALUE_ENV['gradient_accumulation_steps']})" if acc == 1 else
+           f"the script accumulates {acc} of its own (no accumulation flag autotune knows, no "
+           f"${VALUE_ENV['gradient_accumulation_steps']} read)")
+    micro_flag = (delivery.declared or {}).get("micro_batch_size")
+    if not micro_flag and not delivery.routes.get("micro_batch_size"):
+        batch = f"--batch_size {micro}" if micro else "--batch_size set to the micro-batch it trains"
+        return f"{how}, nor a batch-size setting autotune can reach: plan for what it trains (--grad_accum {acc} " \
+               f"{batch})"
+    need, left = divmod(b.global_batch_size, acc * world)
+    raise_micro = f" --batch_size {need}" if need and not left else ""
+    return (f"{how}: plan accumulation {acc} with the micro-batch holding the global batch of {b.global_batch_size}, "
+            f"--grad_accum {acc}{raise_micro} (where memory allows: the plan says so when it does not fit)"
+            + (f", and pass {{micro_batch_size}} to its {micro_flag.rstrip('=')}" if micro_flag else ""))
+
+
+def engine_fix(seen: str, planned: str, delivery) -> str:
+    """The script runs another engine than the plan's: plan for the one it runs, or take the plan's path where the
+    script declares a switch for it."""
+    out = f"plan for the engine the script runs (--{seen})" if seen in ("ddp", "fsdp", "deepspeed", "single") else \
+        f"plan for the engine the script runs ({seen})"
+    switch = (delivery.declared or {}).get("engine") if delivery is not None else None
+    if switch:
+        out += f", or let it take the plan's {planned} path through its {switch}"
+    return out
+
+
+def trainings_fix(world: int) -> str:
+    return ("the ranks never joined one process group, so each trains a model of its own: the script must call "
+            "torch.distributed.init_process_group (it reads WORLD_SIZE and RANK, which the launch sets), or its "
+            f"framework must be told to use the launcher's processes; or plan one process (--nproc_per_node 1, "
+            f"not {world})")
+
+
+def verdict(plan, key: str, seen, want, delivery, world: int, micro=None) -> dict:
+    """One plan value (not the learning rate: ``rate_rule``): the script's own when the plan only defaults it,
+    not observable when nothing shows it, else equal or different (with the fix)."""
+    if key in plan.run.script_defaults:  # not planned: the script's own value, observed for the record
+        return {"status": "yours", "observed": seen, "plan": None}
+    if seen is None:
+        return {"status": "not observable", "observed": None, "plan": want}
+    same = abs(seen - want) <= 1e-9 * max(1.0, abs(want)) if isinstance(want, float) else seen == want
+    out = {"status": "equal" if same else "different", "observed": seen, "plan": want}
+    if not same and key in FIX:
+        out["fix"] = fix_for(key, seen, plan, delivery, world, micro)
+    return out
+
+
+def divided_accumulation_fix(accumulation: dict, divides: str | None, world: int, wired: bool) -> None:
+    """An accumulation of plan / world from a script read dividing it by its world size: the fix names the division
+    and the total to pass (in place)."""
+    if accumulation["status"] == "different" and divides and accumulation["observed"] * world == accumulation["plan"]:
+        accumulation["fix"] = (f"the script divides its accumulation by its world size (`{divides}`: "
+                               f"{accumulation['observed']} a "
+                               f"process = {accumulation['plan']} / {world}): pass the total over the processes, "
+                               f"{{gradient_accumulation_steps_total}} ({accumulation['plan'] * world})"
+                               + (", which --wire auto passes when it reads the division" if not wired else ""))
