@@ -1031,7 +1031,8 @@ def test_the_batch_fix_suggests_wire_auto_only_with_what_it_would_pass():
            "step_backwards": {str(s): 1 for s in range(2, 17)}}
     finds = Delivery({}, ["micro_batch_size"], would_wire={"micro_batch_size": "--per_device_train_batch_size"})
     fix = judge(p, [rec], finds).values["micro_batch_size"]["fix"]
-    assert fix.endswith(", or use --wire auto (it passes --per_device_train_batch_size {micro_batch_size})")
+    assert fix.endswith("to the script's --per_device_train_batch_size after `--` (--per_device_train_batch_size "
+                        "{micro_batch_size}), or use --wire auto, which passes it")
     assert "--wire auto" not in judge(p, [rec], Delivery({}, ["micro_batch_size"])).values["micro_batch_size"]["fix"]
     assert Delivery({}, [], wired=True, would_wire=finds.would_wire).wire_hint("micro_batch_size") == ""
 

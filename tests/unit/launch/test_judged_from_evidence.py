@@ -146,7 +146,7 @@ def test_the_steps_are_judged_at_the_end_against_the_plans_max_steps():
     p = a_plan(**{"training.max_steps": 5})
     ranks = [rank(r, steps=28) for r in (0, 1)]
     assert "max_steps" not in judge(p, ranks).values
-    end = judge(p, ranks, Delivery({}, ["max_steps"], declared={"max_steps": "--max_train_steps"}), final=True)
+    end = judge(p, ranks, Delivery({}, ["max_steps"], would_wire={"max_steps": "--max_train_steps"}), final=True)
     assert end.values["max_steps"] == {"status": "different", "observed": 28, "plan": 5, "fix": (
         "pass {max_steps} to the script's --max_train_steps after `--` (--max_train_steps {max_steps}), or use --wire "
         "auto, which passes it")}
@@ -198,7 +198,7 @@ def test_a_script_with_no_accumulation_is_told_to_plan_accumulation_1_with_the_m
     micro-batch holding the global batch), and the micro-batch goes through the flag it does declare."""
     d = Delivery({"micro_batch_size": ["recognised flag --per_device_train_batch_size"],
                   "gradient_accumulation_steps": []}, ["gradient_accumulation_steps"], wired=True,
-                 declared={"micro_batch_size": "--per_device_train_batch_size"})
+                 would_wire={"micro_batch_size": "--per_device_train_batch_size"})
     j = judge(a_plan(), [rank(r, samples=8, forwards=1) for r in (0, 1)], d)
     assert _fix(j, "gradient_accumulation_steps") == (
         "the script has no accumulation (it declares no accumulation flag and reads no "
@@ -224,7 +224,7 @@ def test_grad_accum_1_is_never_suggested_with_a_flag_the_script_lacks():
 def test_the_batch_fix_names_the_flag_the_script_declares_and_wire_auto_only_where_it_finds_one():
     ranks = [rank(r, samples=64, forwards=4) for r in (0, 1)]  # micro-batch 16, the plan's 8
     hf = Delivery({"micro_batch_size": []}, ["micro_batch_size"],
-                  declared={"micro_batch_size": "--per_device_train_batch_size"})
+                  would_wire={"micro_batch_size": "--per_device_train_batch_size"})
     assert _fix(judge(a_plan(), ranks, hf), "micro_batch_size") == (
         "pass {micro_batch_size} to the script's --per_device_train_batch_size after `--` "
         "(--per_device_train_batch_size {micro_batch_size}), or use --wire auto, which passes it")
@@ -232,7 +232,7 @@ def test_the_batch_fix_names_the_flag_the_script_declares_and_wire_auto_only_whe
     assert _fix(judge(a_plan(), ranks, nothing), "micro_batch_size") == (
         "the script declares no batch-size flag autotune knows and reads no $AUTOTUNE_MICRO_BATCH_SIZE: pass its own "
         "setting after `--` as {micro_batch_size}, or plan for what it runs (--batch_size 16)")
-    configurator = Delivery({"micro_batch_size": []}, ["micro_batch_size"], declared={"micro_batch_size": "--bs="})
+    configurator = Delivery({"micro_batch_size": []}, ["micro_batch_size"], would_wire={"micro_batch_size": "--bs="})
     assert _fix(judge(a_plan(), ranks, configurator), "micro_batch_size").startswith(
         "pass {micro_batch_size} to the script's --bs after `--` (--bs={micro_batch_size})")
 
