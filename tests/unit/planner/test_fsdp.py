@@ -125,10 +125,11 @@ def _recorded_gpt2(params=None):
     # GPT-2 small is compute-bound on NVLink: every engine within 0.5 %, the policy's order settles it
     ("8xH100-80GB", None, True, "ZeRO-2"),
     ("8xH100-80GB", None, False, "DDP"),
-    # two nodes over TCP: DDP's fp32 all-reduce after the backward loses to FSDP2's bf16 gathers and reductions,
-    # which run during it; ZeRO-1's bf16 reduction once a step beats both
-    ("2x4xL4", None, False, "FSDP2 without resharding after forward"),
-    ("2x4xL4", None, True, "ZeRO-1"),
+    # two nodes over TCP: HSDP keeps FSDP2's gathers and reductions inside each node (PCIe) and sends one fp32
+    # all-reduce of each node's gradient shards between the nodes a step; it beats DDP's fp32 all-reduce after the
+    # backward, FSDP2's gathers and reductions over all 8 ranks every micro-step, and ZeRO-1's bf16 reduction
+    ("2x4xL4", None, False, "HSDP without resharding after forward"),
+    ("2x4xL4", None, True, "HSDP without resharding after forward"),
     # 1.5B parameters on 40 GB: DDP's 16 bytes a parameter leave micro-batch 4; FSDP2 keeps only the bf16 weights
     # whole (2 bytes) and ties ZeRO-3 at micro-batch 16, ahead of it in the policy's order
     ("8xA100-40GB", 1_500_000_000, True, "FSDP2 without resharding after forward"),
@@ -140,7 +141,8 @@ def test_the_engine_is_chosen_by_time_among_ddp_fsdp2_and_zero(preset, params, d
     cfg, facts = _recorded_gpt2(params)
     p, rows = _weighed(load_profile(preset), cfg, facts, deepspeed)
     assert p.memory.estimate.strategy == chosen
-    assert p.engine.backend == {"D": "ddp", "Z": "deepspeed", "F": "fsdp"}[chosen[0]]
+    assert p.engine.backend == {"D": "ddp", "Z": "deepspeed", "F": "fsdp", "H": "fsdp"}[chosen[0]]
+    assert p.engine.dp_replicate == (2 if chosen.startswith("HSDP") else 1)
     assert {"FSDP2", "FSDP2 without resharding after forward", "FSDP2 + CPU offload"} <= set(rows)
     best = max(rw.time.samples_per_s for rw in rows.values() if rw.time is not None and rw.why_not is None)
     assert rows[chosen].time.samples_per_s >= best * (1 - 0.005)  # the fastest, or tied with it
