@@ -181,6 +181,9 @@ class RunSection(_Section):
     save_every_steps: int | None = Field(100, ge=1)  # null: no checkpoint on an interval
     keep_last: int = Field(3, ge=1)  # checkpoints kept; older ones are deleted
     save_at_end: bool = True  # a checkpoint after the last step
+    # FSDP2: the whole weights (model.pt, gathered on rank 0) at the save after the last step only ("last"), or at
+    # every save ("every"); its periodic and preemption saves hold the shards (fsdp/), which any resume reads
+    full_weights: Literal["last", "every"] = "last"
     preemption_grace_s: int = 60  # after a stop signal: how long the ranks have to finish the step and save
     tensorboard: bool = True
     wandb: bool = False

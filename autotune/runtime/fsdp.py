@@ -15,12 +15,15 @@ A checkpoint (``checkpoint.CheckpointManager`` writes the rest of the folder) ho
   entry (which DCP would ``torch.load(weights_only=False)``) is refused; only a checkpoint whose meta says fsdp is
   read through DCP;
 - ``trainer.json``: the optimizer's param groups and the scheduler's state (numbers and names), written by rank 0;
-- ``model.pt``: the full fp32 weights (rank 0, as every engine writes them).
+- ``model.pt``: the full fp32 weights (rank 0, as every engine writes them), at the save after the last step only
+  (``checkpoint.full_weights: every``: at every save): gathering them is a collective of the whole model, which
+  the periodic and the preemption saves skip; nothing resumes from it.
 
 Resuming reads ``fsdp/`` into this run's shards whatever the world size was (DCP reshards), and ``set_state_dict``
 puts it in place. A DDP or single-process checkpoint (``model.pt`` + ``trainer.pt``) continues under FSDP2: its full
 weights and optimizer state are sharded on the way in (``set_state_dict`` with ``full_state_dict``); and an FSDP2
-checkpoint continues under DDP or one process (``load_into_local``: DCP gathers the shards into whole tensors).
+checkpoint continues under DDP or one process (``load_into_local``: DCP gathers the shards, weights and optimizer
+state, into whole tensors).
 """
 
 from __future__ import annotations
@@ -182,9 +185,9 @@ def _load(directory: Path, module: nn.Module, optimizer, *, model: bool) -> dict
 
 
 def load_into_local(directory: Path, module: nn.Module, optimizer, scheduler) -> None:
-    """An FSDP2 checkpoint into a run of one process or DDP (the weights came from model.pt): the optimizer state,
-    gathered whole by DCP, and the scheduler's."""
-    trainer = _load(directory, module, optimizer, model=False)
+    """An FSDP2 checkpoint into a run of one process or DDP: the weights and the optimizer state, gathered whole by
+    DCP from the shards (model.pt is written at the last save only), and the scheduler's."""
+    trainer = _load(directory, module, optimizer, model=True)
     scheduler.load_state_dict(trainer["scheduler"])
 
 
@@ -234,6 +237,8 @@ class FSDPEngine:
 
         self.plan, self.ctx, self.loss_fn = plan, ctx, loss_fn
         self._apply = apply_hyperparameters
+        # model.pt gathers the whole weights on rank 0: at the last save only, unless asked for at every save
+        self.whole_weights_every_save = plan.run.full_weights == "every"
         eng = plan.engine
         self.mesh = _mesh(ctx, eng.dp_replicate)
         half = {"bf16": torch.bfloat16}.get(plan.numerics.precision)

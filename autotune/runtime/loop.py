@@ -168,7 +168,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
         saved_now = False
         if (save_every and step % save_every == 0) or (step == total and run.save_at_end):
             with watch.phase("checkpoint", f"checkpoint at step {step}"):
-                path = ckpts.save(engine, step, stream.consumed)
+                path = ckpts.save(engine, step, stream.consumed, last=step == total)
             saved_now = True
             progress.write(f"checkpoint: {path}")
 
@@ -178,7 +178,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
         if signum and step < total:
             if not saved_now:
                 with watch.phase("checkpoint", f"checkpoint at step {step} (preempted)"):
-                    path = ckpts.save(engine, step, stream.consumed)
+                    path = ckpts.save(engine, step, stream.consumed, last=False)
             stop.finished.set()
             name = signal.Signals(signum).name
             progress.write(f"autotune: {name}: stopped after step {step}/{total}; checkpoint: {path}")

@@ -228,10 +228,15 @@ def test_fsdp_checkpoints_continue_under_single_and_back_and_refuse_code(group, 
 
     fsdp, ctx = _engine("fsdp")
     _step(fsdp)
-    saved = CheckpointManager(tmp_path / "a", ctx).save(fsdp, 1, consumed=1)
+    # a periodic (or preemption) save: the shards alone, no whole weights gathered on rank 0 (issue 43 item 10) ...
+    saved = CheckpointManager(tmp_path / "a", ctx).save(fsdp, 1, consumed=1, last=False)
     files = {p.name for p in saved.rglob("*")}
-    assert {"model.pt", "trainer.json", "fsdp", ".metadata"} <= files and "trainer.pt" not in files
+    assert {"trainer.json", "fsdp", ".metadata"} <= files and not {"trainer.pt", "model.pt"} & files
     assert json.loads((saved / "meta.json").read_text())["backend"] == "fsdp"
+    # ... the save after the last step, or every save with checkpoint.full_weights: every, adds model.pt
+    assert (CheckpointManager(tmp_path / "z", ctx).save(fsdp, 1, consumed=1, last=True) / "model.pt").is_file()
+    every, _ = _engine("fsdp", **{"checkpoint.full_weights": "every"})
+    assert (CheckpointManager(tmp_path / "e", ctx).save(every, 1, consumed=1, last=False) / "model.pt").is_file()
     one, ctx1 = _engine("single")  # an FSDP2 checkpoint continues in one process: DCP gathers the shards
     CheckpointManager(tmp_path / "a", ctx1).load(one, saved)
     _step(fsdp)
