@@ -88,6 +88,12 @@ def test_plan_2x4xl4_fsdp_weighs_hsdp_with_its_reasons():
     mine, _, theirs = big["reasons"]["dp_replicate"].partition("; against FSDP2 without resharding after forward")
     assert "all-gather in each node" in mine and "all-reduce across nodes" in mine
     assert "all-gather " in theirs and "in each node" not in theirs
+    from autotune.__main__ import main
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        assert main(["plan", "--hardware", "2x4xL4", "--fsdp"]) == 0
+    assert "FSDP2 mesh:               2 x 4      HSDP, a 2-D mesh" in text.getvalue()  # the report says it too
     from autotune.prepare import plan_for
 
     plan, _, _ = plan_for(TrainConfig(), {"distributed.backend": "fsdp"}, "2x4xL4")
