@@ -271,7 +271,8 @@ def training_values(plan: TrainingPlan) -> dict:
             "gradient_checkpointing": plan.memory.gradient_checkpointing, "num_workers": plan.loader.num_workers,
             "learning_rate": s.learning_rate, "warmup_steps": s.warmup_steps, "min_lr_ratio": s.min_lr_ratio,
             "total_steps": s.total_steps, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
-            "gradient_clipping": o.gradient_clipping, "seed": plan.run.seed}
+            "gradient_clipping": o.gradient_clipping, "seed": plan.run.seed,
+            "dp_replicate": e.dp_replicate}  # FSDP2's mesh: ranks of a job that disagree would wait on each other
 
 
 # (flat key, section, attribute) in the order `plan --json` prints them.
