@@ -120,8 +120,8 @@ ENGINES: dict[str, EngineLine] = {
     # HSDP (FSDP2 on a 2-D mesh: sharded in each node, replicated across nodes): the gathers and the reduce-scatter
     # among a node's ranks; each node's gradient shards all-reduced across the nodes once a step (the runtime skips
     # the all-reduce on the other micro-steps: FSDPModule.set_requires_all_reduce), during the last backward
-    "hsdp": EngineLine((C("all_gather", "weights", "micro", True, "node"), C("all_gather", "weights", "micro", True,
-                                                                             "node"),
+    "hsdp": EngineLine((C("all_gather", "weights", "micro", True, "node"),
+                        C("all_gather", "weights", "micro", True, "node"),
                         C("reduce_scatter", "grads", "micro", True, "node"),
                         C("all_reduce", "grads", "step", True, "nodes")), grad_bytes=4),
     "hsdp_no_reshard": EngineLine((C("all_gather", "weights", "micro", True, "node"),
