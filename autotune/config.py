@@ -203,6 +203,9 @@ class CheckpointConfig(_Section):
     save_every_steps: int | None = Field(100, ge=1, le=10**9)
     keep_last: int = Field(3, ge=1, le=10**6)
     save_at_end: bool = True
+    full_weights: Literal["last", "every"] = Field("last", description="FSDP2: the whole fp32 weights (model.pt, "
+                                                  "gathered on rank 0) at the save after the last step only, or at "
+                                                  "every save; the sharded state (fsdp/) is in every checkpoint")
     preemption_grace_s: int = Field(60, ge=5, le=3600, description="on SIGTERM/SIGUSR1/SIGINT: how long the ranks "
                                     "may take to finish the step and save a checkpoint before they are stopped")
 

@@ -34,7 +34,7 @@ Knob = Literal[
     "backend", "zero_stage", "num_nodes", "num_gpus", "node_rank", "master_addr", "nproc_per_node", "world_size",
     "micro_batch_size", "gradient_accumulation_steps", "global_batch_size",
     "precision", "tf32", "gradient_checkpointing", "offload_optimizer", "offload_param", "strategy",
-    "reshard_after_forward",
+    "reshard_after_forward", "dp_replicate",
     "num_workers", "pin_memory", "prefetch_factor", "omp_num_threads",
     "learning_rate", "warmup_steps", "steps_per_epoch", "total_steps",
     "gradient_clipping", "optimizer",  # what the DeepSpeed JSON applies (exports.deepspeed.deepspeed_reasons)
@@ -64,6 +64,9 @@ class EngineSection(_Section):
     # FSDP2 (backend fsdp): free each unit's gathered weights after its forward (all-gather again for the backward)
     reshard_after_forward: bool = True
     fsdp_unit: str | None = None  # FSDP2: the module class each fully_shard unit is (None: not FSDP2, or unknown)
+    # FSDP2: copies of the sharded model (torchtitan's dp_replicate); above 1, HSDP: a 2-D mesh (dp_replicate,
+    # dp_shard) that shards inside each node and replicates across the nodes; 1: one shard group of every rank
+    dp_replicate: int = Field(1, ge=1)
     timeout_s: int = Field(1800, ge=1)  # the process group's (NCCL / gloo) timeout
     rendezvous_timeout_s: int = Field(60, ge=1)  # nodes waiting for each other (multi-node)
     max_restarts: int = Field(0, ge=0)  # torchrun restarts of the group; ranks resume from the newest good checkpoint
@@ -101,6 +104,9 @@ class MemoryEstimate(_Section):
     activations_gib: float | None  # traced (or probed) at the planned micro-batch
     overhead_gib: float = 0.0  # DeepSpeed's communication buckets as configured; 0 for other engines and on CPU
     total_gib: float | None  # the allocated peak: states + activations + overhead
+    # FSDP2 with a model built whole before sharding (your script's; the built-in workload builds on the meta device):
+    # the set-up's peak, its fp32 weights whole beside the shards being made; the plan fits the larger of the two
+    init_gib: float | None = None
     budget_gib: float | None  # usable memory: free x the policy's headroom, less what the allocator never counts
     host_gib_per_node: float | None = None  # offloaded state in host RAM, with the policy's margin
     unknown: str | None = None  # what the estimate cannot know, and why
@@ -176,6 +182,9 @@ class RunSection(_Section):
     save_every_steps: int | None = Field(100, ge=1)  # null: no checkpoint on an interval
     keep_last: int = Field(3, ge=1)  # checkpoints kept; older ones are deleted
     save_at_end: bool = True  # a checkpoint after the last step
+    # FSDP2: the whole weights (model.pt, gathered on rank 0) at the save after the last step only ("last"), or at
+    # every save ("every"); its periodic and preemption saves hold the shards (fsdp/), which any resume reads
+    full_weights: Literal["last", "every"] = "last"
     preemption_grace_s: int = 60  # after a stop signal: how long the ranks have to finish the step and save
     tensorboard: bool = True
     wandb: bool = False
@@ -263,7 +272,8 @@ def training_values(plan: TrainingPlan) -> dict:
             "gradient_checkpointing": plan.memory.gradient_checkpointing, "num_workers": plan.loader.num_workers,
             "learning_rate": s.learning_rate, "warmup_steps": s.warmup_steps, "min_lr_ratio": s.min_lr_ratio,
             "total_steps": s.total_steps, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay,
-            "gradient_clipping": o.gradient_clipping, "seed": plan.run.seed}
+            "gradient_clipping": o.gradient_clipping, "seed": plan.run.seed,
+            "dp_replicate": e.dp_replicate}  # FSDP2's mesh: ranks of a job that disagree would wait on each other
 
 
 # (flat key, section, attribute) in the order `plan --json` prints them.

@@ -158,6 +158,10 @@ def render_plan(plan, out: TextIO) -> None:
     for label, key in (("Gradient clipping", "gradient_clipping"), ("Optimizer", "optimizer")):
         if key in plan.reasons:  # what the DeepSpeed JSON applies, and what it leaves to the script
             w(f"{label + ':':<26}{plan.reasons[key]}\n")
+    if plan.engine.backend == "fsdp" and "dp_replicate" in plan.reasons:  # one shard group, or HSDP's 2-D mesh
+        r = plan.engine.dp_replicate
+        mesh = f"{r} x {plan.engine.world_size // r}" if r > 1 else "1-D"
+        w(f"{'FSDP2 mesh:':<26}{mesh:<10} {plan.reasons['dp_replicate']}\n")
     e = plan.memory.estimate
     if e:
         unit = "GPU" if plan.engine.device == "cuda" else "process"
@@ -170,6 +174,8 @@ def render_plan(plan, out: TextIO) -> None:
             w(f"{'Memory estimate:':<26}{_size(e.total_gib)} per {unit}{budget} with "
               f"{engine_label(e.strategy, plan.engine.backend)}: model states "
               f"{_size(e.model_states_gib)} + activations {acts} + overhead {_size(e.overhead_gib)} ({params})\n")
+            if e.init_gib:
+                w(f"{'':<26}FSDP2's set-up: {_size(e.init_gib)} per {unit} (your model built whole before sharding)\n")
             if e.host_gib_per_node:
                 w(f"{'':<26}host RAM for offloaded state: {_size(e.host_gib_per_node)} per node\n")
             w(f"{'':<26}model: {e.model_source}\n")

@@ -115,12 +115,11 @@ def traced_peaks(rebuild, make_batch, call, loss_of, *, half: bool, checkpointin
     try:
         with _disable_current_modes():  # the mesh's rank map is real data, not a fake tensor
             mesh = init_device_mesh("cpu", (world,))
-        policy = dict(mesh=mesh, reshard_after_forward=reshard_after_forward,
-                      mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if half
-                      else MixedPrecisionPolicy())
+        policy = dict(mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                      if half else MixedPrecisionPolicy())
         for u in units:
-            fully_shard(u, **policy)
-        fully_shard(model, **policy)
+            fully_shard(u, reshard_after_forward=reshard_after_forward, **policy)
+        fully_shard(model, **policy)  # as the runtime: torch's root rule keeps the root gathered for the backward
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
         out = []
         with cuda_kernels():

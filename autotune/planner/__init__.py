@@ -7,6 +7,7 @@ No torch, no environment reads, no subprocesses: the same inputs always give the
 - ``resolve``        the user's values over auto's, each with its reason ("auto would choose X, you set Y");
 - ``memory_fit``     the memory ladder: strategy, micro-batch and checkpointing that fit; ``weighing`` its data;
 - ``choice``         the options and the pick by predicted time, the one engine decision;
+- ``fsdp_reasons``   FSDP2's and HSDP's settings in words (the mesh, and what each sends between nodes);
 - ``memory``         memory arithmetic per strategy (DeepSpeed's accounting, FSDP2's shards and gathers);
 - ``micro``          the micro-batch of a model traced as CUDA runs it;
 - ``step_time``      the time of a step; ``time_estimate`` each option's time and the plan's figures;

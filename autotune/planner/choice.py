@@ -16,7 +16,7 @@ from autotune.planner.weighing import Row, Timer
 
 
 def candidates(inputs: Inputs, *, default_backend: str, world: int, on_gpu: bool, ckpt_choices: tuple[bool, ...],
-               fp16: bool = False) -> list[tuple[Strategy, bool]]:
+               fp16: bool = False, num_nodes: int = 1) -> list[tuple[Strategy, bool]]:
     """The policy's options that the user's settings and the machine allow, in preference order."""
     d = inputs.cfg.distributed
     user_backend = d.backend if is_set(d.backend) else None
@@ -42,6 +42,8 @@ def candidates(inputs: Inputs, *, default_backend: str, world: int, on_gpu: bool
             continue
         if is_fsdp and world == 1 and not s.offload_optimizer and not fsdp_asked:
             continue  # FSDP2 on one process shards nothing: only worth it for CPUOffloadPolicy
+        if s.hsdp and not hsdp_fits(world, num_nodes):
+            continue
         if stage is not None and (is_fsdp or is_ds and s.zero_stage != stage):
             continue  # a ZeRO stage you set picks DeepSpeed
         if stage is not None and not is_ds and default_backend == "deepspeed":
@@ -53,6 +55,12 @@ def candidates(inputs: Inputs, *, default_backend: str, world: int, on_gpu: bool
         if (s, ckpt) not in out:
             out.append((s, ckpt))
     return out
+
+
+def hsdp_fits(world: int, num_nodes: int) -> bool:
+    """HSDP (shard inside a node, replicate across nodes) is an option on several nodes of several ranks each: on one
+    node it is FSDP2, and with one rank a node it is DDP."""
+    return num_nodes > 1 and world > num_nodes and world % num_nodes == 0
 
 
 TIE = 0.005  # predicted samples/s within 0.5 % of the best: a tie, settled by the policy's preference order

@@ -29,6 +29,7 @@ from autotune.plan import (
 from autotune.planner import deciders as dec
 from autotune.planner import memory, pods
 from autotune.planner.choice import settle_engine, shown_with_times
+from autotune.planner.fsdp_reasons import explain_mesh
 from autotune.planner.memory_fit import fit
 from autotune.planner.micro import GLOBAL_TOLERANCE, plans_largest
 from autotune.planner.model_facts import ModelFacts, facts_for
@@ -127,6 +128,9 @@ def weigh(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, 
                            path="training.gradient_accumulation_steps")
     global_batch = micro * acc * world
     deviation = global_batch - target
+    if backend == "fsdp":  # one shard group, or HSDP's 2-D mesh: its numbers beside the other's
+        explain_mesh(resolver, mf.weighing.rows, mf.strategy, mf.gradient_checkpointing, micro=micro, accumulation=acc,
+                     timer=timing, num_parameters=facts.num_parameters, world=world, num_nodes=num_nodes)
     if auto_optimize:
         _check_global_batch(resolver, t, target, micro, acc, world, global_batch, deviation, debug)
     else:
@@ -179,6 +183,7 @@ def weigh(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, 
                              offload_param=mf.strategy.offload_param,
                              reshard_after_forward=mf.strategy.reshard_after_forward,
                              fsdp_unit=facts.fsdp_unit if backend == "fsdp" else None, timeout_s=d.timeout_s,
+                             dp_replicate=num_nodes if backend == "fsdp" and mf.strategy.hsdp else 1,
                              rendezvous_timeout_s=d.rendezvous_timeout_s, max_restarts=d.max_restarts,
                              setup_timeout_s=d.setup_timeout_s, step_timeout_s=d.step_timeout_s,
                              checkpoint_timeout_s=d.checkpoint_timeout_s, exit_barrier_s=d.exit_barrier_s),
@@ -369,7 +374,8 @@ def _run_section(cfg: TrainConfig, auto_optimize: bool, debug: bool) -> RunSecti
         eval_every_steps=10 if debug else t.eval_every_steps,
         log_every_steps=2 if debug else t.log_every_steps,
         save_every_steps=10 if debug else c.save_every_steps,
-        keep_last=c.keep_last, save_at_end=c.save_at_end, preemption_grace_s=c.preemption_grace_s,
+        keep_last=c.keep_last, save_at_end=c.save_at_end, full_weights=c.full_weights,
+        preemption_grace_s=c.preemption_grace_s,
         tensorboard=lg.tensorboard, wandb=lg.wandb, wandb_project=lg.wandb_project, wandb_entity=lg.wandb_entity,
         progress_bar=lg.progress_bar, entrypoint=t.entrypoint, observe=t.observe, strict=t.strict,
         script_args=tuple(t.script_args), auto_optimize=auto_optimize, debug=debug,

@@ -41,6 +41,14 @@ mixed precision, m + v = 8 in fp32; SGD with momentum 8 / 4; plain SGD 4 / 0):
   ``fsdp_offload`` (``CPUOffloadPolicy``): the sharded state lives in host RAM (host per node
   ``(4 + 4 + o_fp32) Psi G / N``), the GPU holds only what is gathered. A model traced under a
   fake process group (``autotune.measure.fsdp_trace``) brings FSDP2's own line of the rest.
+- ``hsdp`` and ``hsdp_no_reshard`` (FSDP2 on a 2-D mesh across nodes: shard inside each node of G ranks,
+  replicate across the nodes): the sharded state over a node's ranks, ``(4 + 4 + o_fp32) Psi / G``, and the
+  same gathers as FSDP2 (they happen inside the node). More memory than sharding over every rank, for traffic
+  between nodes that is one all-reduce of the gradient shards a step (``step_time``).
+- The FSDP2 init peak: the built-in workload builds its model on the meta device and materialises only the shards;
+  a model built whole before sharding (your script's) holds its fp32 weights whole on every GPU while
+  ``fully_shard`` makes the shards, ``4 Psi + 4 Psi / N`` (``fsdp_init_bytes``), and under CPUOffloadPolicy on the
+  host, ``4 Psi G`` per node.
 
 Activations for the built-in GPT follow Korthikanti et al., 2022 ("Reducing Activation
 Recomputation in Large Transformer Models"), eq. 1: per layer ``s*b*h*(34 + 5*a*s/h)``
@@ -70,6 +78,7 @@ class Strategy:
     offload_optimizer: bool = False
     offload_param: bool = False
     reshard_after_forward: bool = True  # FSDP2 only
+    hsdp: bool = False  # FSDP2 on a 2-D mesh: shard inside each node, replicate across nodes
 
     @property
     def label(self) -> str:
@@ -87,11 +96,15 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("fsdp", "fsdp", None),
     Strategy("fsdp_no_reshard", "fsdp", None, reshard_after_forward=False),
     Strategy("fsdp_offload", "fsdp", None, offload_optimizer=True, offload_param=True),
+    Strategy("hsdp", "fsdp", None, hsdp=True),
+    Strategy("hsdp_no_reshard", "fsdp", None, reshard_after_forward=False, hsdp=True),
 )}
 LABELS = {"ddp": "DDP", "zero0": "DeepSpeed ZeRO-0", "zero1": "ZeRO-1", "zero2": "ZeRO-2",
           "zero2_offload": "ZeRO-2 + optimizer offload", "zero3": "ZeRO-3",
           "zero3_offload": "ZeRO-3 + optimizer and parameter offload", "fsdp": "FSDP2",
-          "fsdp_no_reshard": "FSDP2 without resharding after forward", "fsdp_offload": "FSDP2 + CPU offload"}
+          "fsdp_no_reshard": "FSDP2 without resharding after forward", "fsdp_offload": "FSDP2 + CPU offload",
+          "hsdp": "HSDP",
+          "hsdp_no_reshard": "HSDP without resharding after forward"}
 
 
 def gpt_num_parameters(n_layer: int, n_embd: int, vocab_size: int, block_size: int) -> int:
@@ -133,7 +146,7 @@ def model_state_bytes(strategy: Strategy | str, num_params: int, world_size: int
     p, big = float(num_params), float(largest_layer)
     o_half, o_full = OPTIMIZER_BYTES[optimizer]
     if s.backend == "fsdp":  # the sharded fp32 state; what a step gathers is fsdp_buffer_bytes
-        sharded = (4 + 4 + o_full) * p / n
+        sharded = (4 + 4 + o_full) * p / (g_node if s.hsdp else n)  # HSDP shards over a node's ranks
         return ModelStates(0.0, sharded * g_node) if s.offload_optimizer else ModelStates(sharded, 0.0)
     if s.backend != "deepspeed":
         return ModelStates((4 + 4 + o_full) * p, 0.0)
@@ -196,6 +209,20 @@ def fsdp_buffer_bytes(strategy: Strategy, num_params: int, unit: int, root: int 
         u, r = 0.0, p
     gathered = w * (p + u) if not strategy.reshard_after_forward else w * (r + 2 * u)
     return gathered + (w + 4) * (u or p)
+
+
+def fsdp_init_bytes(strategy: Strategy, num_params: int, world_size: int, *, on_meta: bool,
+                    ranks_per_node: int = 1) -> tuple[float, float]:
+    """(per GPU, host per node) bytes FSDP2's set-up holds (module doc): nothing beyond the shards for a model built on
+    the meta device (the built-in workload); a model built whole holds its fp32 weights whole while ``fully_shard``
+    makes the shards, on the GPU, or under CPUOffloadPolicy in host RAM on every rank of the node."""
+    if strategy.backend != "fsdp" or on_meta:
+        return 0.0, 0.0
+    whole = 4.0 * num_params
+    if strategy.offload_param:
+        return 0.0, whole * max(1, ranks_per_node)
+    shard_over = ranks_per_node if strategy.hsdp else world_size
+    return whole + whole / max(1, shard_over), 0.0
 
 
 def activation_bytes(micro_batch: int, seq_len: int, n_embd: int, n_head: int, n_layer: int,

@@ -22,6 +22,7 @@ from autotune.plan import MemoryEstimate
 from autotune.planner import memory
 from autotune.planner.choice import candidates, pick_by_time, time_reason, timed
 from autotune.planner.deciders import BandChoice, Inputs
+from autotune.planner.fsdp_reasons import explain_fsdp
 from autotune.planner.memory import STRATEGIES, Strategy
 from autotune.planner.micro import (
     FAST_MICRO,
@@ -44,6 +45,8 @@ class Sizer:
                  bucket_elements: int, on_gpu: bool):
         self.inputs, self.facts, self.world, self.nproc, self.num_nodes = inputs, facts, world, nproc, num_nodes
         self.half, self.bucket_elements, self.on_gpu = half, bucket_elements, on_gpu
+        # the built-in workload builds its model on the meta device under FSDP2 (runtime.fsdp): no whole-model peak
+        self.builds_on_meta = facts.builtin_gpt and inputs.cfg.training.entrypoint is None
 
     def need(self, s: Strategy, micro: int, ckpt: bool) -> Need:
         f, policy = self.facts, self.inputs.policy
@@ -60,8 +63,10 @@ class Sizer:
         # FSDP2's gathered units and reduce-scatter buffers (on the CPU too: they are the same tensors in RAM)
         overhead += memory.fsdp_buffer_bytes(s, f.num_parameters, f.fsdp_unit_parameters, f.fsdp_root_parameters,
                                              self.half)
-        host = st.host_bytes_per_node * policy.offload_host_ram_margin
-        return Need(states / GIB, None if acts is None else acts / GIB, overhead / GIB, host / GIB)
+        init, init_host = memory.fsdp_init_bytes(s, f.num_parameters, self.world, on_meta=self.builds_on_meta,
+                                                 ranks_per_node=self.nproc)
+        host = max(st.host_bytes_per_node, init_host) * policy.offload_host_ram_margin
+        return Need(states / GIB, None if acts is None else acts / GIB, overhead / GIB, host / GIB, init / GIB)
 
 
 def _over(need: float, usable: float) -> tuple[str, str]:
@@ -85,7 +90,7 @@ HOST_RAM = "host RAM"  # how a reason about offloaded state starts (_fits writes
 
 def _fits(need: Need, b: Budget) -> str | None:
     """None if it fits, else why not (with the numbers)."""
-    total = need.total_gib
+    total = need.peak_gib
     if b.device_gib is not None and total is not None and b.device_gib <= 0:
         return (f"{total:.2f} GiB needed, and no GPU memory is usable: the {b.outside_gib:.2f} GiB outside the "
                 "allocator (CUDA context, NCCL buffers) take all the headroom leaves")
@@ -164,7 +169,8 @@ def fit(inputs: Inputs, resolver: Resolver, band: BandChoice, facts: ModelFacts,
     fixed_micro = is_set(micro_user)
     top = micro_user if fixed_micro else band.micro_batch_size
     opts = candidates(inputs, default_backend=default_backend, world=world, on_gpu=budget.on_gpu,
-                      ckpt_choices=ckpt_choices, fp16=precision == "fp16") or [(default, ckpt_choices[0])]
+                      ckpt_choices=ckpt_choices, fp16=precision == "fp16", num_nodes=num_nodes) \
+        or [(default, ckpt_choices[0])]
 
     def weigh(top: int, search: bool, fixed: bool) -> tuple[Row, ...]:  # one row per option
         return tuple(_largest(sz, budget, s, c, top) if search else _row(sz, budget, s, c, top, fixed)
@@ -273,6 +279,7 @@ def _estimate(row: Row, facts: ModelFacts, budget: Budget, ckpt: bool) -> Memory
         model_states_gib=None if n.states_gib is None else round(n.states_gib, 4),
         activations_gib=None if n.activations_gib is None else round(n.activations_gib, 4),
         overhead_gib=round(n.overhead_gib, 4), total_gib=None if n.total_gib is None else round(n.total_gib, 4),
+        init_gib=round(n.init_gib, 4) if n.init_gib else None,
         budget_gib=None if budget.device_gib is None else round(budget.device_gib, 4),
         host_gib_per_node=round(n.host_gib, 2) if n.host_gib else None, unknown=unknown)
 
@@ -318,17 +325,10 @@ def _explain(resolver: Resolver, inputs: Inputs, chosen: Row, rows: tuple[Row, .
     elif chosen.need.total_gib is None:
         weighed = facts.unknown_reason or "the model's size is unknown: not checked"
     else:
-        weighed = f"{chosen.need.total_gib:.2f} GiB of {budget.device_gib:.1f} GiB usable ({budget.basis})"
+        weighed = f"{chosen.need.peak_gib:.2f} GiB of {budget.device_gib:.1f} GiB usable ({budget.basis})"
     resolver.explain("strategy", f"{chosen.label}: {weighed}")
     if s.backend == "fsdp":
-        resolver.explain("offload_optimizer", "needed for memory: CPUOffloadPolicy keeps the sharded weights, "
-                  "gradients and optimizer state in host RAM and steps on the CPU" if s.offload_optimizer else
-                  "the sharded state fits in GPU memory without CPUOffloadPolicy (offload costs throughput)"
-                  if budget.on_gpu else "FSDP2 on CPU processes: nothing to offload to")
-        resolver.explain("offload_param", "with the optimizer (CPUOffloadPolicy)" if s.offload_param else "not needed")
-        resolver.explain("reshard_after_forward", "each unit's weights are gathered again for the backward (one unit "
-                  "held at a time)" if s.reshard_after_forward else "every unit's bf16 weights stay gathered from "
-                  "forward to backward (one all-gather a micro-step instead of two)")
+        explain_fsdp(resolver, chosen, budget)
     elif s.backend == "deepspeed":
         resolver.explain("offload_optimizer", "needed for memory" if s.offload_optimizer else
                   f"the model states fit in {'GPU memory' if budget.on_gpu else 'RAM'} without it (offload costs "

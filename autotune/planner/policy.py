@@ -36,7 +36,7 @@ class PrecisionRule(_Strict):
 
 
 STRATEGY_NAMES = ("ddp", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", "fsdp", "fsdp_no_reshard",
-                  "fsdp_offload")
+                  "fsdp_offload", "hsdp", "hsdp_no_reshard")
 
 
 class StrategyOption(_Strict):

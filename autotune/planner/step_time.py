@@ -13,7 +13,9 @@ the three shared models (GPT-2 small, BERT-base, ResNet-50: ../shared/gpu-truth)
 collectives move gradients or weights, per micro-step or per optimizer step, overlapped with backward or not,
 and what offload moves over PCIe and runs on the host's cores. A ring collective moves ``2 (n-1)/n`` (all-reduce)
 or ``(n-1)/n`` (reduce-scatter, all-gather) of its bytes per rank over the slowest link of the job
-(``link_for``): NVLink or PCIe inside a node, InfiniBand or TCP between nodes. An overlapped collective costs
+(``link_for``): NVLink or PCIe inside a node, InfiniBand or TCP between nodes; HSDP's collectives run in groups
+(``ring_s``): its gathers and reductions among a node's ranks over the link inside it, and one all-reduce of the
+gradient shards across the nodes over the link between them. An overlapped collective costs
 what the backward cannot hide, and at least its last bucket. These lines are not calibrated (no multi-GPU
 recording exists yet): their constants carry their sources below.
 """
@@ -64,6 +66,9 @@ class Collective:
     what: str  # "grads" | "weights": the full model's gradients or weights, in the engine's bytes
     when: str  # "micro" (every micro-step) | "step" (once per optimizer step)
     overlapped: bool  # hidden behind the backward as far as it lasts
+    # which ranks take part: "all" (every rank, over the job's slowest link), "node" (a node's ranks, over the link
+    # inside it: HSDP's shard group), "nodes" (one rank a node, each on its node's share: HSDP's replicas)
+    group: str = "all"
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,16 @@ ENGINES: dict[str, EngineLine] = {
                                 C("all_gather", "weights", "micro", True), C("reduce_scatter", "grads", "micro", True),
                                 C("to_host", "grads", "micro", True)), grad_bytes=4, weight_bytes=2,
                                cpu_optimizer=True),
+    # HSDP (FSDP2 on a 2-D mesh: sharded in each node, replicated across nodes): the gathers and the reduce-scatter
+    # among a node's ranks; each node's gradient shards all-reduced across the nodes once a step (the runtime skips
+    # the all-reduce on the other micro-steps: FSDPModule.set_requires_all_reduce), during the last backward
+    "hsdp": EngineLine((C("all_gather", "weights", "micro", True, "node"),
+                        C("all_gather", "weights", "micro", True, "node"),
+                        C("reduce_scatter", "grads", "micro", True, "node"),
+                        C("all_reduce", "grads", "step", True, "nodes")), grad_bytes=4),
+    "hsdp_no_reshard": EngineLine((C("all_gather", "weights", "micro", True, "node"),
+                                   C("reduce_scatter", "grads", "micro", True, "node"),
+                                   C("all_reduce", "grads", "step", True, "nodes")), grad_bytes=4),
 }
 RING = {"all_reduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
         "all_gather": lambda n: (n - 1) / n}
@@ -124,6 +139,9 @@ class Link:
     collective_bytes_s: float | None  # None: one process, nothing to exchange
     pcie_bytes_s: float
     basis: str
+    inside_bytes_s: float | None = None  # the link among a node's GPUs (HSDP's shard group)
+    between_bytes_s: float | None = None  # the link between nodes (HSDP's replicas); None on one node
+    num_nodes: int = 1
 
 
 def link_for(hw: HardwareProfile, gpu: GPUSpec, nproc: int, num_nodes: int) -> Link:
@@ -137,7 +155,7 @@ def link_for(hw: HardwareProfile, gpu: GPUSpec, nproc: int, num_nodes: int) -> L
     else:
         inside, how = pcie, f"PCIe {gpu.pcie_gbps:.0f} GB/s"
     if num_nodes == 1:
-        return Link(inside, pcie, f"{how} x {LINK_EFFICIENCY} between the {nproc} GPUs")
+        return Link(inside, pcie, f"{how} x {LINK_EFFICIENCY} between the {nproc} GPUs", inside_bytes_s=inside)
     ib = len(hw.infiniband or ())
     if ib:
         between = min(ib, nproc) * IB_ADAPTER_BYTES_S * LINK_EFFICIENCY
@@ -145,7 +163,49 @@ def link_for(hw: HardwareProfile, gpu: GPUSpec, nproc: int, num_nodes: int) -> L
     else:
         between = TCP_BYTES_S * LINK_EFFICIENCY
         why = "no InfiniBand: TCP sockets, 10 GbE assumed (the profile does not say the Ethernet speed)"
-    return Link(min(inside, between), pcie, f"{why} between {num_nodes} nodes ({how} inside each) x {LINK_EFFICIENCY}")
+    return Link(min(inside, between), pcie, f"{why} between {num_nodes} nodes ({how} inside each) x {LINK_EFFICIENCY}",
+                inside_bytes_s=inside, between_bytes_s=between, num_nodes=num_nodes)
+
+
+def _group(c: Collective, world: int, num_nodes: int) -> int:
+    """The ranks in ``c``'s ring: every rank; a node's ranks; or one rank a node (HSDP's replicas: each of a node's
+    ranks all-reduces its own shard with its peers, so the node's link carries the node's whole gradient, the
+    ``size`` counted)."""
+    nodes = max(1, num_nodes)
+    return {"node": max(1, world // nodes), "nodes": nodes}.get(c.group, world)
+
+
+def ring_s(c: Collective, size: float, world: int, link: Link) -> tuple[float, str] | None:
+    """(seconds, name) of ring collective ``c`` of ``size`` bytes among its group's ranks (``Collective.group``),
+    over the link its group crosses; None where it moves nothing (one rank in its group, or no link)."""
+    ranks = _group(c, world, link.num_nodes)
+    if c.group == "node":
+        bandwidth = link.inside_bytes_s or link.collective_bytes_s
+    elif c.group == "nodes":
+        bandwidth = link.between_bytes_s or link.collective_bytes_s
+    else:
+        bandwidth = link.collective_bytes_s
+    if bandwidth is None or ranks <= 1:
+        return None
+    name = c.op.replace("_", "-") + {"node": " in each node", "nodes": " across nodes"}.get(c.group, "")
+    return size * RING[c.op](ranks) / bandwidth, name
+
+
+def bytes_between_nodes(strategy: str, num_parameters: int, world: int, num_nodes: int) -> tuple[float, float]:
+    """(every micro-step, once an optimizer step) bytes each node sends over the link between nodes under
+    ``strategy``'s ring collectives: a ring over every rank of several nodes crosses between them, its per-rank
+    share (``RING``) on each crossing; a node's own group never does; HSDP's all-reduce across nodes carries the
+    node's whole gradient (each rank its shard)."""
+    if num_nodes <= 1:
+        return 0.0, 0.0
+    line = ENGINES.get(strategy, ENGINES["ddp"])
+    out = {"micro": 0.0, "step": 0.0}
+    for c in line.collectives:
+        if c.op not in RING or c.group == "node":
+            continue
+        size = num_parameters * (line.grad_bytes if c.what == "grads" else line.weight_bytes)
+        out[c.when] += size * RING[c.op](_group(c, world, num_nodes))
+    return out["micro"], out["step"]
 
 
 @dataclass(frozen=True)
@@ -199,9 +259,10 @@ def step_time(step: StepWork, *, strategy: str, micro: int, accumulation: int, w
     for c in line.collectives:
         size = num_parameters * (line.grad_bytes if c.what == "grads" else line.weight_bytes)
         if c.op in RING:
-            if link.collective_bytes_s is None or n == 1:
+            ring = ring_s(c, size, n, link)
+            if ring is None:
                 continue
-            secs, name = size * RING[c.op](n) / link.collective_bytes_s, c.op.replace("_", "-")
+            secs, name = ring
         else:  # offload: the rank's partition over PCIe (gradients go to the host in fp32)
             size = num_parameters * share * (4 if c.what == "grads" else line.weight_bytes)
             secs, name = size / link.pcie_bytes_s, "PCIe"

@@ -32,12 +32,19 @@ class Need:
     activations_gib: float | None
     overhead_gib: float
     host_gib: float  # per node, with margin
+    init_gib: float = 0.0  # FSDP2's set-up with a model built whole: its fp32 weights beside the shards being made
 
     @property
     def total_gib(self) -> float | None:
         if self.states_gib is None:
             return None
         return self.states_gib + (self.activations_gib or 0.0) + self.overhead_gib
+
+    @property
+    def peak_gib(self) -> float | None:
+        """What must fit: a step's peak, or the set-up's where it is larger."""
+        total = self.total_gib
+        return None if total is None else max(total, self.init_gib)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Atomic, rotating checkpoints that any world size can read back.
 
 Layout of ``<run_dir>/checkpoints/step-00000100/``:
-- ``model.pt``    unwrapped weights (no ``module.`` prefix), fp32, written by rank 0;
+- ``model.pt``    unwrapped weights (no ``module.`` prefix), fp32, written by rank 0 (FSDP2: at the save after the
+                  last step only, unless ``checkpoint.full_weights: every``: gathering them is a collective);
 - ``trainer.pt``  optimizer, scheduler and grad-scaler state (single/DDP; DDP
                   state is identical on every rank, so one copy serves any world size);
 - ``engine/``     DeepSpeed's own checkpoint (deepspeed backend only);
@@ -163,13 +164,14 @@ class CheckpointManager:
         self.dir = checkpoint_dir(run_dir)
         self.ctx, self.keep_last = ctx, keep_last
 
-    def save(self, engine, step: int, consumed: int) -> Path:
-        """Write the checkpoint for ``step`` (a collective: every rank calls it). A full disk or a
-        read-only file system is a UserError naming the path and the cause; the partial
-        ``.tmp`` folder is removed and every earlier checkpoint is left as it was."""
+    def save(self, engine, step: int, consumed: int, last: bool = True) -> Path:
+        """Write the checkpoint for ``step`` (a collective: every rank calls it); ``last``: the save after the last
+        step, which writes the whole weights whatever the engine (FSDP2 gathers them then only, unless
+        ``checkpoint.full_weights: every``). A full disk or a read-only file system is a UserError naming the path
+        and the cause; the partial ``.tmp`` folder is removed and every earlier checkpoint is left as it was."""
         final = self.dir / f"{CHECKPOINT_PREFIX}{step:08d}"
         try:
-            return self._save(engine, step, consumed, final)
+            return self._save(engine, step, consumed, final, last or getattr(engine, "whole_weights_every_save", True))
         except (OSError, RuntimeError) as e:
             cause = disk_cause(e, self.dir)
             if cause is None:
@@ -178,7 +180,7 @@ class CheckpointManager:
             raise UserError(f"checkpoint: cannot write {final}: {cause}; the earlier checkpoints are intact "
                             f"(--resume_from auto continues from the newest)") from None
 
-    def _save(self, engine, step: int, consumed: int, final: Path) -> Path:
+    def _save(self, engine, step: int, consumed: int, final: Path, whole: bool) -> Path:
         tmp = final.with_name(final.name + ".tmp")
         if self.ctx.is_main:
             _remove(tmp)
@@ -187,9 +189,10 @@ class CheckpointManager:
         tmp.mkdir(parents=True, exist_ok=True)  # other nodes, when the run dir is not shared
         engine.save_state(tmp, self.ctx.is_main)
         torch.save(_rng_state(), tmp / rng_file(self.ctx.rank))
-        state = engine.full_state_dict()  # a collective under ZeRO-3: every rank calls it
-        if self.ctx.is_main:
+        state = engine.full_state_dict() if whole else None  # a collective under ZeRO-3 and FSDP2: every rank calls it
+        if self.ctx.is_main and whole:
             torch.save({k: v.detach().float().cpu() for k, v in state.items()}, tmp / MODEL_WEIGHTS)
+        if self.ctx.is_main:
             b = engine.plan.batch
             meta = {"step": step, "micro_batches_consumed": consumed, "backend": engine.name,
                     "world_size": self.ctx.world_size, "micro_batch_size": b.micro_batch_size,

@@ -33,8 +33,22 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def process_group_backend(eng) -> str:
+    """The process group's backend for the plan's ``engine`` section: gloo on CPU processes, NCCL on GPUs, and under
+    FSDP2's ``CPUOffloadPolicy`` both (``cpu:gloo,cuda:nccl``, as torchtitan and torchtune set it): the offloaded
+    gradients are CPU DTensors, and the gradient norm's all-reduce (clipping, or the norm logged without it) runs on
+    them, which NCCL alone refuses ("No backend type associated with device type cpu"). DeepSpeed's offload needs no
+    CPU backend: it moves its norms to the GPU before reducing them (ZeRO-1/2/3's ``total_norm_cuda``)."""
+    if eng.device != "cuda":
+        return "gloo"
+    if eng.backend == "fsdp" and (eng.offload_param or eng.offload_optimizer):
+        return "cpu:gloo,cuda:nccl"
+    return "nccl"
+
+
 def init(plan: TrainingPlan) -> DistContext:
-    """Join the process group (nccl on GPU, gloo on CPU) when launched by torchrun.
+    """Join the process group (``process_group_backend``: nccl on GPU, gloo on CPU, both for FSDP2's offload) when
+    launched by torchrun.
 
     The device, TF32, threads, process-group timeout and seed all come from the plan."""
     rank = int(os.environ.get("RANK", "0"))
@@ -63,7 +77,7 @@ def init(plan: TrainingPlan) -> DistContext:
     distributed = world > 1 or eng.backend in ("ddp", "deepspeed", "fsdp")
     if distributed and not dist.is_initialized():
         timeout = timedelta(seconds=eng.timeout_s)
-        backend = "nccl" if eng.device == "cuda" else "gloo"
+        backend = process_group_backend(eng)
         if eng.backend == "deepspeed":
             import deepspeed
 

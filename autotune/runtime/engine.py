@@ -247,13 +247,13 @@ class LocalEngine:
             torch.save(self.opt.state_dict(), directory / TRAINER_STATE)
 
     def load_state(self, directory: Path) -> None:
-        weights = torch.load(directory / MODEL_WEIGHTS, map_location=self.ctx.device, weights_only=True)
-        self.module.load_state_dict(weights)
         from autotune.runtime import fsdp
 
-        if fsdp.is_sharded(directory):  # an FSDP2 checkpoint: its optimizer shards, gathered whole by DCP
+        if fsdp.is_sharded(directory):  # an FSDP2 checkpoint: its weights and optimizer shards, whole through DCP
             fsdp.load_into_local(directory, self.module, self.opt.optimizer, self.opt.scheduler)
             return
+        weights = torch.load(directory / MODEL_WEIGHTS, map_location=self.ctx.device, weights_only=True)
+        self.module.load_state_dict(weights)
         self.opt.load_state_dict(torch.load(directory / TRAINER_STATE, map_location=self.ctx.device,
                                             weights_only=True))
 

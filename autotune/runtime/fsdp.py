@@ -15,12 +15,15 @@ A checkpoint (``checkpoint.CheckpointManager`` writes the rest of the folder) ho
   entry (which DCP would ``torch.load(weights_only=False)``) is refused; only a checkpoint whose meta says fsdp is
   read through DCP;
 - ``trainer.json``: the optimizer's param groups and the scheduler's state (numbers and names), written by rank 0;
-- ``model.pt``: the full fp32 weights (rank 0, as every engine writes them).
+- ``model.pt``: the full fp32 weights (rank 0, as every engine writes them), at the save after the last step only
+  (``checkpoint.full_weights: every``: at every save): gathering them is a collective of the whole model, which
+  the periodic and the preemption saves skip; nothing resumes from it.
 
 Resuming reads ``fsdp/`` into this run's shards whatever the world size was (DCP reshards), and ``set_state_dict``
 puts it in place. A DDP or single-process checkpoint (``model.pt`` + ``trainer.pt``) continues under FSDP2: its full
 weights and optimizer state are sharded on the way in (``set_state_dict`` with ``full_state_dict``); and an FSDP2
-checkpoint continues under DDP or one process (``load_into_local``: DCP gathers the shards into whole tensors).
+checkpoint continues under DDP or one process (``load_into_local``: DCP gathers the shards, weights and optimizer
+state, into whole tensors).
 """
 
 from __future__ import annotations
@@ -182,9 +185,9 @@ def _load(directory: Path, module: nn.Module, optimizer, *, model: bool) -> dict
 
 
 def load_into_local(directory: Path, module: nn.Module, optimizer, scheduler) -> None:
-    """An FSDP2 checkpoint into a run of one process or DDP (the weights came from model.pt): the optimizer state,
-    gathered whole by DCP, and the scheduler's."""
-    trainer = _load(directory, module, optimizer, model=False)
+    """An FSDP2 checkpoint into a run of one process or DDP: the weights and the optimizer state, gathered whole by
+    DCP from the shards (model.pt is written at the last save only), and the scheduler's."""
+    trainer = _load(directory, module, optimizer, model=True)
     scheduler.load_state_dict(trainer["scheduler"])
 
 
@@ -195,36 +198,78 @@ def is_sharded(directory: Path) -> bool:
 
 
 # -- the engine ---------------------------------------------------------------------------------------------------
+def _mesh(ctx: DistContext, dp_replicate: int):
+    """The plan's device mesh: every rank in one shard group, or HSDP's ``dp_replicate`` x ``dp_shard`` (torchtitan's
+    names; consecutive ranks, a node's under torchrun, share a shard group)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dp_replicate <= 1:
+        return init_device_mesh(ctx.device.type, (ctx.world_size,), mesh_dim_names=("dp_shard",))
+    if ctx.world_size % dp_replicate or ctx.world_size == dp_replicate:
+        raise UserError(f"plan: engine.dp_replicate {dp_replicate} does not split world size {ctx.world_size} into "
+                        "shard groups of several ranks; re-plan for this launch (python -m autotune launch)")
+    return init_device_mesh(ctx.device.type, (dp_replicate, ctx.world_size // dp_replicate),
+                            mesh_dim_names=("dp_replicate", "dp_shard"))
+
+
+def _materialise(model: nn.Module, device: torch.device) -> None:
+    """A model built on the meta device, sharded: its shards made on ``device`` and filled by its ``init_weights()``."""
+    init = getattr(model, "init_weights", None)
+    if not callable(init):
+        raise UserError(f"{type(model).__name__} was built on the meta device but has no init_weights() to fill its "
+                        "shards; build it on a real device, or give it init_weights() (torchtitan's convention)")
+    model.to_empty(device=device)
+    init()
+
+
 class FSDPEngine:
-    """FSDP2 over the plan's mesh (all ranks, one dimension): the engine module's ``LocalOptimizer`` (AdamW,
-    schedule, clipping) on the sharded parameters; ``make_engine`` hands it in with ``apply_hyperparameters``."""
+    """FSDP2 over the plan's mesh: one dimension of every rank, or HSDP's two (``engine.dp_replicate`` replicas, one
+    a node, x the ranks of a node: torchtitan's ``dp_replicate`` x ``dp_shard``); the engine module's
+    ``LocalOptimizer`` (AdamW, schedule, clipping) on the sharded parameters; ``make_engine`` hands it in with
+    ``apply_hyperparameters``. A model built on the meta device (the built-in workload) is sharded there, and only its
+    shards are made and filled, by its ``init_weights()`` (torchtitan's convention): it is never whole in a rank."""
 
     name = "fsdp"
 
     def __init__(self, plan: TrainingPlan, model: nn.Module, ctx: DistContext, loss_fn: Callable | None,
                  local_optimizer: Callable, apply_hyperparameters: Callable):
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
         self.plan, self.ctx, self.loss_fn = plan, ctx, loss_fn
         self._apply = apply_hyperparameters
+        # model.pt gathers the whole weights on rank 0: at the last save only, unless asked for at every save
+        self.whole_weights_every_save = plan.run.full_weights == "every"
         eng = plan.engine
-        mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        self.mesh = _mesh(ctx, eng.dp_replicate)
         half = {"bf16": torch.bfloat16}.get(plan.numerics.precision)
-        policy = dict(mesh=mesh, reshard_after_forward=eng.reshard_after_forward,
-                      mp_policy=MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32) if half
-                      else MixedPrecisionPolicy())
+        policy = dict(mesh=self.mesh, mp_policy=MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)
+                      if half else MixedPrecisionPolicy())
         if eng.offload_param:
             policy["offload_policy"] = CPUOffloadPolicy()
-        else:
+        self.on_meta = any(p.is_meta for p in model.parameters())
+        if not self.on_meta and not eng.offload_param:
             model = model.to(ctx.device)
         units = [m for m in model.modules() if eng.fsdp_unit and type(m).__name__ == eng.fsdp_unit and m is not model]
         for unit in units:
-            fully_shard(unit, **policy)
+            fully_shard(unit, reshard_after_forward=eng.reshard_after_forward, **policy)
+        # the root without reshard_after_forward: torch keeps its weights (embeddings, final norm, a tied head)
+        # gathered from forward to backward, which needs them first (passing True would gather them again then)
         fully_shard(model, **policy)
+        if self.on_meta:
+            _materialise(model, torch.device("cpu") if eng.offload_param else ctx.device)
         self.module = self.model = model
         self.num_units = len(units)
         self.opt = local_optimizer(plan, model, ctx.device)
+        if ctx.is_main:
+            shape = " x ".join(f"{n} {s}" for n, s in zip(self.mesh.mesh_dim_names, self.mesh.shape))
+            print(f"autotune: FSDP2 over a {self.mesh.ndim}-D mesh ({shape}), {self.num_units} unit(s) + the root"
+                  + (", built on the meta device: only the shards were made" if self.on_meta else ""), flush=True)
+
+    def _sync(self, boundary: bool) -> None:
+        """HSDP: each node's gradient shards are all-reduced across the nodes at the accumulation's last micro-step
+        only (reduce-scattered inside the node at every one, as FSDP2 does)."""
+        if self.mesh.ndim == 2:
+            self.model.set_requires_all_reduce(boundary)
 
     def autocast(self):
         return contextlib.nullcontext()  # MixedPrecisionPolicy casts the gathered weights and the inputs
@@ -233,6 +278,7 @@ class FSDPEngine:
         return self.model(x, y) if self.loss_fn is None else self.loss_fn(self.model(x), y)
 
     def forward_backward(self, batch, boundary: bool) -> torch.Tensor:
+        self._sync(boundary)
         x, y = (t.to(self.ctx.device, non_blocking=True) for t in batch)
         loss = self._loss(x, y)
         self.opt.backward(loss)
@@ -245,6 +291,7 @@ class FSDPEngine:
         (no collective of the step has begun) and after the backward. Ranks hold equal shards and equal
         micro-batches, so they run out together, in the same unit, and meet at the second agreement; a rank that
         ran out alone leaves the others inside a collective, where the step watchdog ends the run naming it."""
+        self._sync(boundary)
         x, y = (t.to(self.ctx.device, non_blocking=True) for t in batch)
         ran_out = False
         try:

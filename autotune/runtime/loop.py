@@ -91,8 +91,8 @@ def train(plan: TrainingPlan, run_dir: str | Path, ds_config: dict | None = None
 def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict | None,
            plan_path: str | Path | None, stop: StopRequest, watch: Watchdog) -> dict:
     b, run, total = plan.batch, plan.run, plan.schedule.total_steps
-    # -- build: the same seed gives every rank the same initial weights
-    model = build_model(plan.workload, plan.memory.gradient_checkpointing)
+    # -- build: the same seed gives every rank the same initial weights (FSDP2: on the meta device, shards made)
+    model = build_model(plan.workload, plan.memory.gradient_checkpointing, on_meta=plan.engine.backend == "fsdp")
     train_ds, val_ds = make_datasets(plan.workload.data)
     run_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(plan, model, ctx, ds_config=ds_config, plan_path=plan_path)
@@ -168,7 +168,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
         saved_now = False
         if (save_every and step % save_every == 0) or (step == total and run.save_at_end):
             with watch.phase("checkpoint", f"checkpoint at step {step}"):
-                path = ckpts.save(engine, step, stream.consumed)
+                path = ckpts.save(engine, step, stream.consumed, last=step == total)
             saved_now = True
             progress.write(f"checkpoint: {path}")
 
@@ -178,7 +178,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
         if signum and step < total:
             if not saved_now:
                 with watch.phase("checkpoint", f"checkpoint at step {step} (preempted)"):
-                    path = ckpts.save(engine, step, stream.consumed)
+                    path = ckpts.save(engine, step, stream.consumed, last=False)
             stop.finished.set()
             name = signal.Signals(signum).name
             progress.write(f"autotune: {name}: stopped after step {step}/{total}; checkpoint: {path}")

@@ -10,6 +10,7 @@ parameters) to hundreds of millions (``n_layer: 24, n_embd: 1024``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -77,22 +78,31 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd)
         self.gradient_checkpointing = gradient_checkpointing
-        self.apply(self._init)
-        for name, p in self.named_parameters():  # GPT-2 scaled init of residual projections
-            if name.endswith(("proj.weight", "fc_out.weight")):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+        if not self.tok.weight.is_meta:  # on the meta device (FSDP2): init_weights fills the shards once made
+            self.init_weights()
 
     def gradient_checkpointing_enable(self) -> None:
         """The switch Hugging Face models offer (``autotune.measure.timing`` turns it on by that name)."""
         self.gradient_checkpointing = True
 
-    @staticmethod
-    def _init(m):
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=0.02)
-            nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.Embedding):
-            nn.init.normal_(m.weight, std=0.02)
+    @torch.no_grad()
+    def init_weights(self, seed: int | None = None) -> None:
+        """GPT-2's initialisation (normal 0.02, residual projections scaled by 1 / sqrt(2 n_layer), zero biases, unit
+        norms), each parameter drawn whole on the CPU from one generator seeded by ``seed`` (torch's initial seed by
+        default) and copied into the part this process holds: the same weights whether the parameters are whole or
+        FSDP2's shards of a model built on the meta device, with one parameter whole at a time."""
+        g = torch.Generator().manual_seed(torch.initial_seed() if seed is None else seed)
+        scaled = 0.02 / math.sqrt(2 * len(self.blocks))
+        for module_name, m in self.named_modules():
+            for name, p in m.named_parameters(recurse=False):
+                full = torch.empty(tuple(p.shape), dtype=torch.float32)
+                if isinstance(m, nn.LayerNorm):
+                    full.fill_(1.0 if name == "weight" else 0.0)
+                elif name == "bias":
+                    full.zero_()
+                else:
+                    full.normal_(0.0, scaled if module_name.endswith(("proj", "fc_out")) else 0.02, generator=g)
+                _copy_part(p, full)
 
     def logits(self, idx):
         t = idx.shape[1]
@@ -113,10 +123,28 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1), ignore_index=IGNORE)
 
 
-def build_model(workload, gradient_checkpointing: bool = False) -> GPT:
-    """The GPT of the plan's ``workload`` section."""
+def _copy_part(p: torch.Tensor, full: torch.Tensor) -> None:
+    """``full`` into parameter ``p``: whole, or, for a DTensor (FSDP2's sharded parameter), the chunk of each mesh
+    dimension it is sharded over that this rank holds (``torch.chunk``'s split, as FSDP2 shards)."""
+    placements = getattr(p, "placements", None)
+    if placements is None:
+        p.copy_(full)
+        return
+    mesh, part = p.device_mesh, full
+    for mesh_dim, placement in enumerate(placements):
+        if placement.is_shard():
+            chunks = torch.chunk(part, mesh.size(mesh_dim), dim=placement.dim)
+            rank = mesh.get_local_rank(mesh_dim)
+            part = chunks[rank] if rank < len(chunks) else part.narrow(placement.dim, 0, 0)
+    p.to_local().copy_(part)
+
+
+def build_model(workload, gradient_checkpointing: bool = False, on_meta: bool = False) -> GPT:
+    """The GPT of the plan's ``workload`` section; ``on_meta``: on the meta device, no storage (FSDP2 shards it and
+    ``init_weights`` fills the shards: the whole model never exists in a rank)."""
     m, d = workload.model, workload.data
-    return GPT(d.vocab_size, 2 * d.seq_len - 1, m.n_layer, m.n_head, m.n_embd, m.dropout, gradient_checkpointing)
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
+        return GPT(d.vocab_size, 2 * d.seq_len - 1, m.n_layer, m.n_head, m.n_embd, m.dropout, gradient_checkpointing)
 
 
 def timed_model(workload: dict) -> GPT:
