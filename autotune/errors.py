@@ -64,6 +64,10 @@ class Unavailable(UserError):
     user's input is wrong and the same command may succeed later, so every export restarts it. The message names
     who was waited for, how long, and what to do; no traceback."""
 
+    def render(self) -> str:
+        return (super().render() + f"\n(exit {EXIT_UNAVAILABLE}: nothing in the input is wrong and the same command "
+                "may succeed later; a job's restart retries it)")
+
 
 # Keys of the tools our users come from (Hugging Face TrainingArguments, DeepSpeed's JSON, Accelerate's config),
 # by their last name, with autotune's key for the same thing (what a config error suggests).

@@ -170,6 +170,9 @@ class Host:
                     f"{timeout_s:g} s (distributed.rendezvous_timeout_s): start the same command on every node "
                     f"(node ranks 0..{self.n - 1}), check that {self.where} is reachable from them, or raise the "
                     "budget")
+            if self.num_ignored:  # a node given another secret, or a program taking a node's place
+                text += (f"; {self.num_ignored} connection(s) without this job's secret tried to join and were "
+                         "ignored (a node given another secret, or no node of this job)")
         else:
             text = (f"a flood of {self._flooded()} connection(s) without this job's secret was still open at "
                     f"{self.where} when every node had joined, and did not stop within {timeout_s:g} s "
