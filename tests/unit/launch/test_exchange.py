@@ -55,7 +55,7 @@ def _wait_until_listening(port, timeout_s=10.0):
 
 
 def test_a_stranger_is_ignored_named_and_the_real_node_joins_past_a_flood_of_idle_connections():
-    """Node 0 holds the job's secret and listens on 127.0.0.1 only (127.0.0.2, the same machine, is refused). Thirty
+    """Node 0 holds the job's secret and listens on 127.0.0.1 only (127.0.0.2, the same machine, is refused). Sixty
     idle connections (fewer than a flood node 0 waits out: exchange_host.FLOOD), node 1's preflight probe, and a
     stranger without the secret who says it is node 1 with made-up facts: the stranger is refused and named, reads
     no profile and takes no rank; the probe is not named; the real node 1 then joins and both nodes get each other's
@@ -67,7 +67,7 @@ def test_a_stranger_is_ignored_named_and_the_real_node_joins_past_a_flood_of_idl
     assert _listening(port) == ["127.0.0.1"]
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.2", port), timeout=2).close()
-    idle = [socket.create_connection(("127.0.0.1", port), timeout=2) for _ in range(30)]
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=2) for _ in range(60)]
     try:
         assert probe_store("127.0.0.1", port) == "exchange"
         tiny = CPU.model_copy(update={"cpu": CPU.cpu.model_copy(update={"effective_cores": 1}), "hostname": "evil"})
