@@ -172,16 +172,16 @@ def _cause(e: OSError) -> str:
 class _Waiting:
     """What a node waiting for node 0 says: a line at the first miss, then one every PROGRESS_S, with the cause."""
 
-    def __init__(self, who: str, where: str, timeout_s: float, deadline: float, say) -> None:
-        self.who, self.where, self.timeout_s, self.deadline, self.say = who, where, timeout_s, deadline, say
+    def __init__(self, who: str, where: str, deadline: float, say) -> None:
+        self.who, self.where, self.deadline, self.say = who, where, deadline, say
         self.cause: str | None = None
         self.started, self.said = time.monotonic(), None
 
     def missed(self, cause: str) -> None:
         self.cause, now = cause, time.monotonic()
         if self.said is None:
-            self.say(f"{self.who}: node 0 at {self.where} is not up yet ({cause}); waiting up to {self.timeout_s:g} s "
-                     "(distributed.rendezvous_timeout_s)")
+            self.say(f"{self.who}: node 0 at {self.where} is not up yet ({cause}); waiting up to "
+                     f"{max(0.0, self.deadline - now):.0f} s (distributed.rendezvous_timeout_s)")
         elif now - self.said < PROGRESS_S:
             return
         else:
@@ -215,7 +215,7 @@ def _join(num_nodes: int, node_rank: int, master_addr: str, port: int, mine: Har
           deadline: float, timeout_s: float, say=None) -> dict[int, HardwareProfile]:
     where = f"{master_addr}:{port}"
     who = f"node {node_rank} of {num_nodes}"
-    waiting = _Waiting(who, where, timeout_s, deadline, say or _say)
+    waiting = _Waiting(who, where, deadline, say or _say)
     while True:
         try:
             sock = _wait_for_port(master_addr, port, deadline, waiting)
