@@ -73,6 +73,7 @@ def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarde
     """
     import time
 
+    spec = with_free_ports(spec)  # the launch took them before writing its records; a caller that did not, here
     full_env = {**(os.environ if environ is None else environ), **spec.env}
     streams = output.child_fds() if output is not None else (None, None)
     proc = subprocess.Popen(spec.cmd, env=full_env, cwd=spec.cwd, start_new_session=True,
