@@ -177,8 +177,9 @@ class DistributedConfig(_Section):
                              "else 127.0.0.1 on one node")
     master_port: int = Field(29500, ge=1, le=65535)
     timeout_s: int = Field(1800, ge=10, le=7 * 24 * 3600, description="process-group (NCCL/gloo) timeout")
-    rendezvous_timeout_s: int = Field(60, ge=5, le=24 * 3600, description="how long the nodes of a multi-node "
-                                      "job wait for each other before giving up")
+    rendezvous_timeout_s: int = Field(600, ge=5, le=24 * 3600, description="how long the nodes of a multi-node "
+                                      "job wait for each other before giving up (exit 69, retryable; torchrun's own "
+                                      "default)")
     setup_timeout_s: int = Field(1200, ge=1, le=7 * 24 * 3600, description="per rank: joining, building, "
                                  "loading a checkpoint (DeepSpeed may compile ops first)")
     step_timeout_s: int = Field(600, ge=1, le=7 * 24 * 3600, description="per rank: one optimizer step (or one "

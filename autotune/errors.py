@@ -59,6 +59,16 @@ class UserError(Exception):
         return "\n".join(lines)
 
 
+class Unavailable(UserError):
+    """A peer or the run directory's lock holder was not there in time (EXIT_UNAVAILABLE, 69): nothing of the
+    user's input is wrong and the same command may succeed later, so every export restarts it. The message names
+    who was waited for, how long, and what to do; no traceback."""
+
+    def render(self) -> str:
+        return (super().render() + f"\n(exit {EXIT_UNAVAILABLE}: nothing in the input is wrong and the same command "
+                "may succeed later; a job's restart retries it)")
+
+
 # Keys of the tools our users come from (Hugging Face TrainingArguments, DeepSpeed's JSON, Accelerate's config),
 # by their last name, with autotune's key for the same thing (what a config error suggests).
 FOREIGN_KEYS = {
@@ -167,13 +177,17 @@ def format_validation_error(err, header: str, keys_in: str = CONFIG_KEYS) -> str
 
 
 def run_cli(fn: Callable[[], int], on_exit: Callable[[int, str], None] | None = None) -> int:
-    """Run a CLI body: UserError -> message on stderr, exit 2, no traceback.
+    """Run a CLI body: UserError -> message on stderr, exit 2, no traceback (Unavailable: exit 69).
 
     ``on_exit(code, message)`` is told how it ended (a rank tells the launcher through it); an
     unexpected exception is reported as code 1 and then raised with its traceback."""
     report = on_exit or (lambda code, message: None)
     try:
         rc = fn()
+    except Unavailable as e:
+        print(e.render(), file=sys.stderr)
+        report(EXIT_UNAVAILABLE, e.render())
+        return EXIT_UNAVAILABLE
     except UserError as e:
         print(e.render(), file=sys.stderr)
         report(EXIT_USAGE, e.render())

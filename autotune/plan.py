@@ -68,7 +68,7 @@ class EngineSection(_Section):
     # dp_shard) that shards inside each node and replicates across the nodes; 1: one shard group of every rank
     dp_replicate: int = Field(1, ge=1)
     timeout_s: int = Field(1800, ge=1)  # the process group's (NCCL / gloo) timeout
-    rendezvous_timeout_s: int = Field(60, ge=1)  # nodes waiting for each other (multi-node)
+    rendezvous_timeout_s: int = Field(600, ge=1)  # nodes waiting for each other (multi-node): torchrun's own default
     max_restarts: int = Field(0, ge=0)  # torchrun restarts of the group; ranks resume from the newest good checkpoint
     # per-phase hang budgets, watched in every rank: a rank past one ends the job, named
     setup_timeout_s: int = Field(1200, ge=1)  # joining the group, building the engine, the first step

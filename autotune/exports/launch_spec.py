@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
-from autotune.rundir.installation import torch_build
+from autotune.rundir.installation import installation_key
 from autotune.rundir.layout import (
     BACKEND_ENV,
     CHECKPOINT_DIR_ENV,
@@ -45,22 +45,34 @@ from autotune.rundir.records import redact, redact_args
 OBSERVE_SITE = Path(__file__).resolve().parents[1] / "runtime" / "observe_site"
 
 
+# what a variable the launch fills just before it spawns says until then (``LaunchSpec.at_launch``)
+FREE_PORT = "<a free port, chosen at launch>"
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     cmd: list[str]
     env: dict[str, str]  # the variables autotune sets (final values; the user's exported ones win)
     env_sources: dict[str, str] = field(default_factory=dict)  # name -> "autotune" | "user"
     cwd: str | None = None
+    # variables that hold FREE_PORT here and a free port once the launch takes one, just before it spawns
+    # (autotune.launch.process.with_free_ports): a one-process run's MASTER_PORT, as torchrun --standalone takes
+    # one, so that two launches on one machine never meet at 29500. Building the spec probes nothing.
+    at_launch: tuple[str, ...] = ()
 
     def to_record(self) -> dict:
         """What command.json holds: argv and the variables set, never a secret (a script argument whose name says
-        it is one, such as --hub_token, is shown as <redacted>; the script still receives it)."""
-        return {
+        it is one, such as --hub_token, is shown as <redacted>; the script still receives it). A spec not yet
+        launched (--dry-run) names the variables the launch fills (``at_launch``)."""
+        out = {
             "argv": redact_args(self.cmd),
             "env": redact(self.env),
             "env_sources": {k: v for k, v in self.env_sources.items() if k in self.env},
             "cwd": self.cwd,
         }
+        if self.at_launch:
+            out["at_launch"] = list(self.at_launch)
+        return out
 
     def shell(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact(self.env).items()))
@@ -81,8 +93,9 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         # Elastic restarts are flaky with the shared rendezvous TCP store (PyTorch issue 135712).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        # keyed by the torch build: virtualenvs with another torch (or Python) never rebuild each other's ops
-        "TORCH_EXTENSIONS_DIR": str(Path(default_cache_dir(environ)) / "torch_extensions" / torch_build()),
+        # keyed by the installation (interpreter prefix, torch build, DeepSpeed version): two virtualenvs or
+        # checkouts never rebuild, nor load, each other's ops
+        "TORCH_EXTENSIONS_DIR": str(Path(default_cache_dir(environ)) / "torch_extensions" / installation_key()),
         "PYTHONUNBUFFERED": "1",
     }
     if plan.engine.backend != "single":
@@ -161,12 +174,12 @@ def single_process_rank_env(plan: TrainingPlan) -> dict[str, str]:
     """torchrun's variables for a one-process launch too, so a script that reads RANK works unchanged
     (under torchrun, --max_restarts included, torchrun sets them per rank, and its agent must not look like a rank).
     A script that decides on DDP by testing RANK gets them withheld (``launch_spec(withhold=...)``, the delivery
-    record says why): the observer then knows the process as rank 0 by AUTOTUNE_OBSERVE_RANK."""
+    record says why): the observer then knows the process as rank 0 by AUTOTUNE_OBSERVE_RANK. MASTER_PORT is
+    FREE_PORT: the launch takes a free one (a process group of one still opens a store there)."""
     if plan.engine.backend != "single" or plan.engine.max_restarts:
         return {}
     return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": plan.engine.master_addr, "MASTER_PORT": str(plan.engine.master_port),
-            OBSERVE_RANK_ENV: "0"}
+            "MASTER_ADDR": plan.engine.master_addr, "MASTER_PORT": FREE_PORT, OBSERVE_RANK_ENV: "0"}
 
 
 def fsdp_settings(plan: TrainingPlan) -> dict:
@@ -282,8 +295,8 @@ LAUNCHERS: dict[str, Callable[[TrainingPlan, str, list[str]], list[str]]] = {
 def launch_spec(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str], *, python: str | None = None,
                 has_infiniband: bool | None = None, script_args: list[str] | None = None,
                 cwd: str | None = None, withhold: tuple[str, ...] = ()) -> LaunchSpec:
-    """Build the command and environment for ``plan``. Pure: reads only its arguments (and, once, the installed
-    torch's version for the extension cache's folder: ``torch_build``). ``withhold``: variables
+    """Build the command and environment for ``plan``. Pure: reads only its arguments (and the installation's key
+    for the extension cache's folder: ``installation_key``, from metadata). ``withhold``: variables
     of the plan not to export to this script (the delivery record says why)."""
     python = python or sys.executable
     program = _program(plan, list(script_args or []))
@@ -293,6 +306,7 @@ def launch_spec(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str], *,
         if sources.get(name) == "autotune":
             env.pop(name, None)
             sources.pop(name, None)
-    return LaunchSpec(cmd=cmd, env=env, env_sources=sources, cwd=cwd)
+    return LaunchSpec(cmd=cmd, env=env, env_sources=sources, cwd=cwd,
+                      at_launch=tuple(k for k, v in env.items() if v == FREE_PORT))
 
 

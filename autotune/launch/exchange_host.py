@@ -5,7 +5,8 @@ and the wire both sides share: the greeting, length-prefixed JSON frames, HMAC-S
 What a stranger can do here is bounded: it gets a greeting that says nothing of the machine; a hello that does not
 verify is named and dropped (no rank, nothing read); a connection that says nothing is closed after HELLO_S; past
 MAX_PENDING unjoined connections the oldest is closed; a frame over MAX_FRAME ends its connection. Only a node
-that holds the secret can end the exchange early (a wrong node count or rank, an impossible profile: exit 2)."""
+that holds the secret can end the exchange early (a wrong node count or rank, an impossible profile: exit 2).
+Node 0 gives up only at the deadline (Unavailable, exit 69), and says so first to the nodes that joined."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import selectors
 import socket
 import time
 
-from autotune.errors import UserError
+from autotune.errors import Unavailable, UserError
 from autotune.profiles import HardwareProfile, peer_profile
 from autotune.rundir.layout import JOB_SECRET_ENV
 
@@ -28,6 +29,12 @@ MAX_FRAME = 1 << 20  # a hello or a profile: a few KiB; more is not a node of th
 HELLO_S = 10.0  # how long a connection may stay silent
 MAX_PENDING = 128  # connections not yet joined; past it the oldest is closed
 MAX_NAMED = 10  # strangers named one by one; past it they are counted
+PROGRESS_S = 30.0  # a waiting node says so this often
+# Connections without the secret still open when every node has joined: a flood (a scan holds a few). torch's
+# TCPStore, which takes the port next, has no secret: measured here (a 20 s store timeout), idle connections held
+# open delay a client 2 s at 64, 7 s at 100, 18 s at 200, and at 300 make it fail (DistStoreError on node 0,
+# DistNetworkError on the others). Node 0 waits for such a flood to stop.
+FLOOD = 64
 
 def sign(key: bytes, label: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, b"".join((label, *parts)), hashlib.sha256).digest()
@@ -94,8 +101,9 @@ class _Peer:
 class Host:
     """Node 0's side: a single-threaded selector loop over the listening sockets and the connections."""
 
-    def __init__(self, num_nodes: int, master_addr: str, port: int, mine: HardwareProfile, key: bytes, note):
-        self.n, self.key, self.note = num_nodes, key, note
+    def __init__(self, num_nodes: int, master_addr: str, port: int, mine: HardwareProfile, key: bytes, note,
+                 say=None):
+        self.n, self.key, self.note, self.say = num_nodes, key, note, say or note
         self.where = f"{master_addr}:{port}"
         self.master_addr, self.port = master_addr, port
         self.profiles = {0: mine}
@@ -108,15 +116,16 @@ class Host:
         self.sel = selectors.DefaultSelector()
         for s in self.listeners:
             self.sel.register(s, selectors.EVENT_READ)
+        started, said = time.monotonic(), time.monotonic()
         try:
-            while not self._everyone_joined():
-                if time.monotonic() > deadline:
-                    missing = [r for r in range(1, self.n) if r not in self.profiles]
-                    raise UserError(
-                        f"node(s) {', '.join(map(str, missing))} of {self.n} did not join at {self.where} within "
-                        f"{timeout_s:g} s (distributed.rendezvous_timeout_s): start the same command on every node "
-                        f"(node ranks 0..{self.n - 1}), check that {self.where} is reachable from them, or raise the "
-                        "budget")
+            while not self._everyone_joined() or self._flooded():
+                now = time.monotonic()
+                if now > deadline:
+                    self._give_up(timeout_s)
+                if now - said >= PROGRESS_S:
+                    said = now
+                    self.say(f"node 0: {self._waiting_for()} at {self.where}: {now - started:.0f} s so far, "
+                             f"{max(0.0, deadline - now):.0f} s left (distributed.rendezvous_timeout_s)")
                 self._serve(min(poll_s, max(0.0, deadline - time.monotonic())) or 0.01)
             every = {r: hw.model_dump(mode="json") for r, hw in self.profiles.items()}
             for peer in list(self.claimed.values()):
@@ -138,6 +147,43 @@ class Host:
             if self.num_ignored > MAX_NAMED:
                 self.note(f"the nodes' exchange ignored {self.num_ignored - MAX_NAMED} more connection(s) without "
                           "this job's secret")
+
+    def _missing(self) -> list[int]:
+        return [r for r in range(1, self.n) if r not in self.profiles]
+
+    def _flooded(self) -> int:
+        """How many connections without the secret are open, when that many make a flood (else 0)."""
+        pending = sum(1 for p in self.peers.values() if p.rank is None)
+        return pending if pending >= FLOOD else 0
+
+    def _waiting_for(self) -> str:
+        missing = self._missing()
+        if missing:
+            return f"waiting for node(s) {', '.join(map(str, missing))} of {self.n} to join"
+        return f"every node joined; waiting for a flood of {self._flooded()} connection(s) to stop"
+
+    def _give_up(self, timeout_s: float):
+        """Unavailable naming what did not come in time, said first to the nodes that joined (they stop at once, with
+        the same words, instead of waiting out their own budget)."""
+        missing = self._missing()
+        if missing:
+            text = (f"node(s) {', '.join(map(str, missing))} of {self.n} did not join at {self.where} within "
+                    f"{timeout_s:g} s (distributed.rendezvous_timeout_s): start the same command on every node "
+                    f"(node ranks 0..{self.n - 1}), check that {self.where} is reachable from them, or raise the "
+                    "budget")
+            if self.num_ignored:  # a node given another secret, or a program taking a node's place
+                text += (f"; {self.num_ignored} connection(s) without this job's secret tried to join and were "
+                         "ignored (a node given another secret, or no node of this job)")
+        else:
+            text = (f"a flood of {self._flooded()} connection(s) without this job's secret was still open at "
+                    f"{self.where} when every node had joined, and did not stop within {timeout_s:g} s "
+                    "(distributed.rendezvous_timeout_s): torchrun's store takes this port next and has no secret, so "
+                    "it would fail under the flood; find what connects to the port (on node 0: ss -tn "
+                    f"'sport = :{self.port}'), or choose another --master_port, the same on every node")
+        for peer in list(self.claimed.values()):
+            self._send(peer, frame({"kind": "error", "error": f"gave up: {text}", "retry": True}, self.key,
+                                   b"error", peer.theirs, peer.nonce))
+        raise Unavailable(text)
 
     def _everyone_joined(self) -> bool:
         return len(self.profiles) == self.n and all(p.state == "joined" for p in self.claimed.values())

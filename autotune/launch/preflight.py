@@ -22,15 +22,18 @@ import sys
 import time
 from typing import Mapping
 
-from autotune.errors import UserError
+from autotune.errors import Unavailable, UserError
 from autotune.plan import TrainingPlan
 
 
-def check(plan: TrainingPlan, environ: Mapping[str, str] | None = None, poll_s: float = 1.0) -> None:
+def check(plan: TrainingPlan, environ: Mapping[str, str] | None = None, poll_s: float = 1.0,
+          deadline: float | None = None) -> None:
+    """This node's checks (multi-node); a wait for node 0's name ends by ``deadline`` (default: the rendezvous
+    budget from now), the one the launcher printed and the hardware exchange keeps."""
     eng = plan.engine
     if eng.num_nodes == 1:
         return
-    _resolves(plan, os.environ if environ is None else environ, poll_s)
+    _resolves(plan, os.environ if environ is None else environ, poll_s, deadline)
     # Node 0 hosts the store (under SLURM node 0 is the allocation's first host, the master): its port
     # must be free. The other nodes find it taken once node 0 is up (on one test host, by node 0 itself):
     # they check what answers there.
@@ -46,9 +49,12 @@ def check(plan: TrainingPlan, environ: Mapping[str, str] | None = None, poll_s: 
                         "--master_port, the same on every node")
 
 
-def _resolves(plan: TrainingPlan, environ: Mapping[str, str], poll_s: float) -> None:
+def _resolves(plan: TrainingPlan, environ: Mapping[str, str], poll_s: float, deadline: float | None = None) -> None:
     """The master resolves now; or, when a training operator named it in a pod, within the rendezvous
-    budget (pods of one job start in any order, and node 0's DNS record follows its pod's address)."""
+    budget (pods of one job start in any order, and node 0's DNS record follows its pod's address: a headless
+    Service without endpoints has no record yet), saying so every PROGRESS_S; Unavailable (exit 69) after it."""
+    from autotune.launch.exchange_host import PROGRESS_S
+
     eng = plan.engine
     try:
         socket.getaddrinfo(eng.master_addr, eng.master_port, type=socket.SOCK_STREAM)
@@ -59,9 +65,12 @@ def _resolves(plan: TrainingPlan, environ: Mapping[str, str], poll_s: float) -> 
     if not (environ.get("KUBERNETES_SERVICE_HOST") and eng.master_addr in operators):
         raise UserError(f"distributed.master_addr: {eng.master_addr!r} does not resolve on this node ({first}); give "
                         "node 0's address or host name, the same on every node") from None
-    print(f"waiting up to {eng.rendezvous_timeout_s} s for node 0's name {eng.master_addr} to resolve (its pod may "
-          "not have an address yet)", file=sys.stderr, flush=True)
-    deadline = time.monotonic() + eng.rendezvous_timeout_s
+    started = time.monotonic()
+    deadline = started + eng.rendezvous_timeout_s if deadline is None else deadline
+    print(f"autotune: waiting up to {max(0.0, deadline - started):.0f} s for node 0's name {eng.master_addr} to "
+          "resolve (its pod may not have an address yet; distributed.rendezvous_timeout_s)", file=sys.stderr,
+          flush=True)
+    said = started
     while time.monotonic() < deadline:
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
         try:
@@ -69,9 +78,14 @@ def _resolves(plan: TrainingPlan, environ: Mapping[str, str], poll_s: float) -> 
             return
         except (socket.gaierror, UnicodeError) as e:
             first = e
-    raise UserError(f"distributed.master_addr: node 0's name {eng.master_addr!r} did not resolve within "
-                    f"{eng.rendezvous_timeout_s} s (distributed.rendezvous_timeout_s; {first}): node 0's pod has not "
-                    "started, or the job's headless service is missing (kubectl get pods,services)") from None
+        if time.monotonic() - said >= PROGRESS_S:
+            said = time.monotonic()
+            print(f"autotune: still waiting for node 0's name {eng.master_addr} to resolve: {said - started:.0f} s "
+                  f"so far, {max(0.0, deadline - said):.0f} s left", file=sys.stderr, flush=True)
+    raise Unavailable(f"distributed.master_addr: node 0's name {eng.master_addr!r} did not resolve within "
+                      f"{eng.rendezvous_timeout_s} s (distributed.rendezvous_timeout_s; {first}): node 0's pod has "
+                      "not started, or the job's headless service is missing (kubectl get pods,services); the job's "
+                      "restart tries again") from None
 
 
 # torch's TCPStore protocol (torch/csrc/distributed/c10d/TCPStoreBackend.hpp, the same in the libuv and

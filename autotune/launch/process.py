@@ -1,15 +1,34 @@
 """The one place that spawns: ``execute(spec)`` runs a ``LaunchSpec``, forwards signals, returns the
-exit code (128+N when killed by signal N), and ``kill_tree`` ends a child and everything under it."""
+exit code (128+N when killed by signal N), and ``kill_tree`` ends a child and everything under it;
+``with_free_ports`` fills the variables a spec leaves to the launch (a one-process run's MASTER_PORT)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 from typing import Callable, Mapping
 
 from autotune.exports.launch_spec import LaunchSpec
+
+
+def free_port() -> int:
+    """A port nothing on this machine listens on now (the kernel's pick, as torchrun --standalone takes one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def with_free_ports(spec: LaunchSpec) -> LaunchSpec:
+    """``spec`` with each variable of its ``at_launch`` set to a free port of this machine, taken now, just before
+    the records are written and the child spawns (the records hold the port the ranks got)."""
+    if not spec.at_launch:
+        return spec
+    env = {**spec.env, **{name: str(free_port()) for name in spec.at_launch}}
+    return dataclasses.replace(spec, env=env, at_launch=())
 
 
 def _die_with_parent(parent_pid: int):
@@ -54,6 +73,7 @@ def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarde
     """
     import time
 
+    spec = with_free_ports(spec)  # the launch took them before writing its records; a caller that did not, here
     full_env = {**(os.environ if environ is None else environ), **spec.env}
     streams = output.child_fds() if output is not None else (None, None)
     proc = subprocess.Popen(spec.cmd, env=full_env, cwd=spec.cwd, start_new_session=True,

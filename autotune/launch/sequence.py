@@ -48,11 +48,14 @@ def run(setup, replan: Callable | None = None, argv: list[str] | None = None, jo
     from autotune.rundir.records import write_records
 
     argv = list(sys.argv if argv is None else argv)
-    preflight(setup.plan)
+    # one budget for meeting the other nodes: node 0's name resolving, then the hardware exchange
+    meet_by = time.monotonic() + setup.plan.engine.rendezvous_timeout_s
+    preflight(setup.plan, deadline=meet_by)
     if replan is not None:
-        setup = _with_the_other_nodes(setup, replan, job_secret)
+        setup = _with_the_other_nodes(setup, replan, job_secret, deadline=meet_by)
     lock = RunLock(setup.records_dir).acquire(argv)
     try:
+        setup = _with_free_ports(setup)
         set_aside_abandoned(setup)
         if setup.plan.run.entrypoint and setup.plan.engine.node_rank == 0:  # {checkpoint_dir} exists for the script
             from autotune.rundir.layout import checkpoint_dir
@@ -82,10 +85,17 @@ class _Signals(list):
 
 def _execute(setup, lock=None, log=None) -> int:
     """Say what runs, run it, say how it ended: the exit code (``ending``)."""
+    from autotune.errors import EXIT_UNAVAILABLE
+    from autotune.launch.rendezvous import rendezvous_failure
+
     _announce(setup)
     started = time.monotonic()
-    outcome, signals, script, stop_reason = _run(setup, lock, log)
+    outcome, signals, script, stop_reason, agent_error = _run(setup, lock, log)
     run_dir, plan = setup.run_dir, setup.plan
+    gave_up = rendezvous_failure(plan.engine, agent_error, outcome.rc, outcome.ranks_code, bool(signals))
+    if gave_up:  # torchrun's own store, after autotune's exchange: named, and retryable
+        print(f"\nerror: {gave_up}\nRun directory: {run_dir}", file=sys.stderr, flush=True)
+        return EXIT_UNAVAILABLE
     evidence = _record_evidence(setup, script) if script is not None and script.observing else None
     # what the rule needs from disk, read here so that it stays a rule (nothing read, nothing spawned)
     end = ending(plan, run_dir, outcome, signals, _script_end(script, stop_reason), evidence,
@@ -118,7 +128,8 @@ def _announce(setup) -> None:
 
 def _run(setup, lock, log):
     """Execute the spec while watching the ranks (and a user's script): (the ranks' outcome, the signals
-    forwarded, the script's watch or None, why the launch stopped what ran)."""
+    forwarded, the script's watch or None, why the launch stopped what ran, the exception that ended torchrun's
+    agent: ``rendezvous.agent_error``)."""
     import secrets
     import shutil
     import tempfile
@@ -127,7 +138,8 @@ def _run(setup, lock, log):
     from autotune.launch.observed import set_aside_observed
     from autotune.launch.process import execute
     from autotune.launch.rank_watch import RankWatch
-    from autotune.rundir.layout import JOB_SECRET_ENV, LAUNCH_ID_ENV, STATUS_DIR_ENV
+    from autotune.launch.rendezvous import ERROR_FILE_ENV, agent_error
+    from autotune.rundir.layout import AGENT_ERROR, JOB_SECRET_ENV, LAUNCH_ID_ENV, STATUS_DIR_ENV
 
     plan, signals, stop_reason = setup.plan, _Signals(), []
     statuses = tempfile.mkdtemp(prefix="autotune-status-")  # how each rank ended, outside the run dir
@@ -149,14 +161,16 @@ def _run(setup, lock, log):
 
     try:
         environ = {k: v for k, v in os.environ.items() if k != JOB_SECRET_ENV}  # the ranks never need it
-        rc = execute(setup.launch_spec, environ={**environ, STATUS_DIR_ENV: statuses, LAUNCH_ID_ENV: launch_id},
+        agent_file = str(Path(statuses) / AGENT_ERROR)  # torchrun's own; each rank gets one of its own
+        rc = execute(setup.launch_spec, environ={**environ, STATUS_DIR_ENV: statuses, LAUNCH_ID_ENV: launch_id,
+                                                 ERROR_FILE_ENV: agent_file},
                      forwarded=signals, keep_fds=lock.fds() if lock is not None else (),
                      kill_after_s=plan.run.preemption_grace_s + 10,
                      signal_ranks=plan.run.entrypoint is None and plan.engine.backend != "single",
                      should_kill=should_kill, output=log)
         if script is not None:
             script.settle()  # the ranks' own notes on how they ended, read before their folder goes
-        return watch.outcome(rc, interrupted=bool(signals)), signals, script, stop_reason
+        return watch.outcome(rc, interrupted=bool(signals)), signals, script, stop_reason, agent_error(agent_file)
     finally:
         shutil.rmtree(statuses, ignore_errors=True)
 
@@ -261,7 +275,18 @@ def set_aside_abandoned(setup) -> None:
               "--resume_from auto continues this run", file=sys.stderr, flush=True)
 
 
-def _with_the_other_nodes(setup, replan, secret: bytes | None = None):
+def _with_free_ports(setup):
+    """The setup whose launch spec has its free ports taken (a one-process run's MASTER_PORT), before the records
+    say what runs."""
+    import dataclasses
+
+    from autotune.launch.process import with_free_ports
+
+    spec = with_free_ports(setup.launch_spec)
+    return setup if spec is setup.launch_spec else dataclasses.replace(setup, launch_spec=spec)
+
+
+def _with_the_other_nodes(setup, replan, secret: bytes | None = None, deadline: float | None = None):
     """Several nodes: exchange what each detected and plan every node for the smallest (autotune.planner.nodes).
     The node's own detected profile stays what its records call its hardware."""
     eng = setup.plan.engine
@@ -272,11 +297,12 @@ def _with_the_other_nodes(setup, replan, secret: bytes | None = None):
     from autotune.launch.exchange import exchange, job_secret
     from autotune.planner.nodes import smallest
 
+    left = eng.rendezvous_timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
     print(f"Multi-node: node {eng.node_rank} of {eng.num_nodes} meets the others at {eng.master_addr}:"
-          f"{eng.master_port} to compare hardware; waits up to {eng.rendezvous_timeout_s} s "
+          f"{eng.master_port} to compare hardware; waits up to {left:.0f} s for them "
           "(distributed.rendezvous_timeout_s)", flush=True)
     profiles = exchange(eng.num_nodes, eng.node_rank, eng.master_addr, eng.master_port, setup.hardware,
-                        eng.rendezvous_timeout_s, secret=secret or job_secret(os.environ))
+                        eng.rendezvous_timeout_s, secret=secret or job_secret(os.environ), deadline=deadline)
     combined, lines = smallest(profiles, eng.node_rank)
     if not lines:
         return setup

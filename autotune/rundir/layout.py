@@ -45,6 +45,7 @@ TENSORBOARD = "tensorboard"
 WANDB = "wandb"
 OBSERVED = "observed"  # what a user's script ran, per rank (autotune.runtime.observe)
 RANK_FILES = "rank-*.json"  # observed/ and the status folder: one file a rank
+AGENT_ERROR = "torchrun-error.json"  # the status folder: what ended torchrun's agent (its TORCHELASTIC_ERROR_FILE)
 
 # -- inside a checkpoint (autotune.runtime.checkpoint_manager writes, autotune.rundir.checkpoints verifies) --------
 CHECKPOINT_META = "meta.json"  # step, micro-batches consumed, backend, world size, batch sizes, training values

@@ -3,7 +3,10 @@ else's folder, and file-system failures named for what they are. No torch here.
 
 - ``RunLock``: ``<run_dir>/.autotune.lock`` held with ``flock`` by the launcher while its ranks
   run. The kernel drops the lock when the holder dies (SIGKILL included), so a lock left by a
-  dead process is never mistaken for a live one; the file's text names the holder for the message.
+  dead process is never mistaken for a live one; the file's text names the holder (host, pid, when) for the
+  message. A lock held by a live launch on this host is exit 2; one whose holder is gone (a process it started
+  still holds it), or that a launch on another host holds (a lost node's lock lasts on NFS until the server's lease
+  expires), is ``Unavailable``, exit 69: the same command succeeds later.
   Taking it is the launch's first write: before it, any link among the names autotune writes in the
   directory (``layout.WRITTEN``) is refused by name, and the lock itself is opened with O_NOFOLLOW.
 - ``check_usable``: a fresh launch goes only into a missing or empty directory, or one it is told
@@ -143,12 +146,11 @@ class RunLock:
             os.close(fd)
             if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise fs_error(e, self.path) from None
-            raise UserError(f"--run_dir: {self.path.parent} is in use by {describe_holder(self.path)}; wait for "
-                            "it to finish or stop it, or choose another --run_dir") from None
+            raise held_error(self.path) from None
         from autotune.rundir.records import redact_args
 
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                  "argv": redact_args(list(argv or [])[:8])}
+                  "at": round(time.time(), 3), "argv": redact_args(list(argv or [])[:8])}
         try:
             os.ftruncate(fd, 0)
             os.write(fd, (json.dumps(holder) + "\n").encode())
@@ -175,11 +177,71 @@ class RunLock:
         self.release()
 
 
-def describe_holder(lock_path: Path) -> str:
+def _holder(lock_path: Path) -> dict:
+    """The holder's line (pid, host, since, at), {} when unreadable; its age from ``at``, else the file's time."""
     try:
         fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as f:  # the holder's line is short; never read a huge file whole
+            written = os.fstat(f.fileno()).st_mtime
             h = json.loads(f.read(4096))
-        return f"process {h['pid']} on {h['host']} since {h['since']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another process"
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(h, dict) or not isinstance(h.get("pid"), int) or not isinstance(h.get("host"), str):
+        return {}
+    at = h.get("at") if isinstance(h.get("at"), (int, float)) else written
+    return {"pid": h["pid"], "host": h["host"][:255], "since": str(h.get("since", "?"))[:40],
+            "age_s": max(0.0, time.time() - at)}
+
+
+def _alive_here(pid: int, age_s: float) -> bool:
+    """Whether ``pid`` on this host may be the holder: it runs, and started no later than the lock was taken (a pid
+    reused since, or this very process in a restarted container, is not it)."""
+    if pid == os.getpid() or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process: it runs
+        pass
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time() <= time.time() - age_s + 2
+    except Exception:  # psutil missing, or the process ended meanwhile
+        return True
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def held_error(lock_path: Path) -> UserError:
+    """Why the lock is not ours, named with its holder (host, pid) and age: a live launch on this host is exit 2
+    (two launches into one directory); a holder that is gone, or on another host (a node that may be lost), is
+    Unavailable (exit 69): the lock ends with its last process here, and over NFS when the server's lease
+    expires (about 90 s), so the same command later succeeds."""
+    from autotune.errors import Unavailable
+
+    where, h = lock_path.parent, _holder(lock_path)
+    if not h:
+        return Unavailable(f"--run_dir: {where} is locked by another process (its holder's line is unreadable); "
+                           "wait for it to finish or stop it, or choose another --run_dir")
+    who = f"process {h['pid']} on {h['host']} (since {h['since']}, {_age(h['age_s'])} ago)"
+    if h["host"] == socket.gethostname():
+        if _alive_here(h["pid"], h["age_s"]):
+            return UserError(f"--run_dir: {where} is in use by {who}; wait for it to finish or stop it, or choose "
+                             "another --run_dir")
+        return Unavailable(f"--run_dir: {where} is locked, but its holder, {who}, is gone: a process it started "
+                           "still holds the lock (its ranks stopping), or the file server keeps a lost client's lock "
+                           "until its lease expires (about 90 s on NFS); run the same command again shortly, or "
+                           "choose another --run_dir")
+    return Unavailable(f"--run_dir: {where} is locked by {who}, another host: if that launch still runs, wait for it "
+                       "or choose another --run_dir; if that node is gone, the file server keeps its lock until the "
+                       "lease expires (about 90 s on NFS), and the same command then succeeds (a job's restart "
+                       "retries it)")
+

@@ -115,17 +115,26 @@ def test_report_and_plan_name_kubernetes_only_in_a_pod(cli):
     assert "Kubernetes" not in outside.stdout
 
 
-def test_a_pods_master_name_may_resolve_late_only_when_the_operator_gave_it():
+def test_a_pods_master_name_may_resolve_late_only_when_the_operator_gave_it(monkeypatch, capsys):
     """Node 0's name is a headless service's record, there once node 0's pod has an address: a pod waits for it
-    within the rendezvous budget; a name the user typed fails at once."""
+    within the rendezvous budget, then gives up with exit 69 (Unavailable: retryable, issue 43); a name the user
+    typed fails at once, exit 2 (bad input)."""
+    from autotune.errors import Unavailable
     from autotune.launch.preflight import check
 
     p = plan(_in_pod(POD), TrainConfig())
     late = p.model_copy(update={"engine": p.engine.model_copy(update={"master_addr": "node-0.invalid",
                                                                       "rendezvous_timeout_s": 1})})
+    monkeypatch.setattr("autotune.launch.exchange_host.PROGRESS_S", 0.5)  # a line every 30 s, sooner here
     t0 = time.monotonic()
-    with pytest.raises(UserError, match=r"node 0's name 'node-0.invalid' did not resolve within 1 s"):
+    with pytest.raises(Unavailable, match=r"node 0's name 'node-0.invalid' did not resolve within 1 s"):
         check(late, {**POD, "PET_MASTER_ADDR": "node-0.invalid"}, poll_s=0.3)
     assert time.monotonic() - t0 >= 0.9
-    with pytest.raises(UserError, match="'node-0.invalid' does not resolve on this node"):
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == ("autotune: waiting up to 1 s for node 0's name node-0.invalid to resolve (its pod may not have "
+                       "an address yet; distributed.rendezvous_timeout_s)")
+    assert any(line.startswith("autotune: still waiting for node 0's name node-0.invalid to resolve: ")
+               for line in said[1:]), said
+    with pytest.raises(UserError, match="'node-0.invalid' does not resolve on this node") as typed:
         check(late, {"PET_MASTER_ADDR": "node-0.invalid"})  # not a pod
+    assert not isinstance(typed.value, Unavailable)

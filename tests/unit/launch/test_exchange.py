@@ -6,6 +6,7 @@ Real sockets on this machine, the nodes as threads of this process."""
 
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -13,7 +14,7 @@ import time
 import pytest
 from helpers.support import free_port
 
-from autotune.errors import UserError
+from autotune.errors import EXIT_UNAVAILABLE, Unavailable, UserError
 from autotune.launch.exchange import exchange, job_secret, meet
 from autotune.launch.preflight import probe_store
 from autotune.profiles import load_profile, peer_profile
@@ -55,9 +56,10 @@ def _wait_until_listening(port, timeout_s=10.0):
 
 def test_a_stranger_is_ignored_named_and_the_real_node_joins_past_a_flood_of_idle_connections():
     """Node 0 holds the job's secret and listens on 127.0.0.1 only (127.0.0.2, the same machine, is refused). Sixty
-    idle connections, node 1's preflight probe, and a stranger without the secret who says it is node 1 with made-up
-    facts: the stranger is refused and named, reads no profile and takes no rank; the probe is not named; the real
-    node 1 then joins and both nodes get each other's real profiles."""
+    idle connections (fewer than a flood node 0 waits out: exchange_host.FLOOD), node 1's preflight probe, and a
+    stranger without the secret who says it is node 1 with made-up facts: the stranger is refused and named, reads
+    no profile and takes no rank; the probe is not named; the real node 1 then joins and both nodes get each other's
+    real profiles."""
     port = free_port()
     notes, results = [], {}
     host = _node(results, 0, 2, 0, "127.0.0.1", port, CPU, 20.0, poll_s=0.02, secret=SECRET, note=notes.append)
@@ -215,3 +217,84 @@ def test_the_job_secret_comes_from_its_file_or_the_environment_and_an_open_excha
     with pytest.raises(UserError, match="could not reach node 0"):
         exchange(2, 1, "10.0.0.7", free_port(), CPU, 0.3, secret=SECRET, note=notes.append)
     assert len(notes) == 1
+
+
+def _cli_end(capsys, fn):
+    """What a command running ``fn`` ends in (autotune.errors.run_cli): its exit code and its stderr."""
+    from autotune.errors import run_cli
+
+    capsys.readouterr()
+    rc = run_cli(fn)
+    return rc, capsys.readouterr().err
+
+
+def test_a_stranger_in_node_1s_place_ends_in_named_errors_on_both_sides(capsys):
+    """Issue 43: a program without this job's secret takes node 1's place (here a node given another secret). It is
+    refused by name, exit 2: no wait mends a wrong secret. Node 0 waits out its budget for the real node 1 and gives
+    up naming node 1 and the stranger it ignored, exit 69 (Unavailable): the real node 1 may yet come. No
+    traceback on either side."""
+    port = free_port()
+    ends = {}
+
+    def node_0():
+        ends[0] = _cli_end(capsys, lambda: meet(2, 0, "127.0.0.1", port, CPU, 3.0, poll_s=0.02, secret=SECRET,
+                                                note=lambda _: None))
+
+    host = threading.Thread(target=node_0)
+    host.start()
+    _wait_until_listening(port)
+    with pytest.raises(UserError) as stranger:
+        meet(2, 1, "127.0.0.1", port, CPU, 5.0, secret=b"another job's secret")
+    host.join(30)
+    assert not isinstance(stranger.value, Unavailable)
+    assert str(stranger.value) == (f"node 0 at 127.0.0.1:{port} refused this node: the job secret differs "
+                                   "(AUTOTUNE_JOB_SECRET or --job_secret_file must be the same on every node)")
+    rc, err = ends[0]
+    assert rc == EXIT_UNAVAILABLE == 69 and "Traceback" not in err
+    assert err.startswith(f"error: node(s) 1 of 2 did not join at 127.0.0.1:{port} within 3 s "
+                          "(distributed.rendezvous_timeout_s): start the same command on every node")
+    assert "; 1 connection(s) without this job's secret tried to join and were ignored" in err
+    assert err.rstrip().endswith("(exit 69: nothing in the input is wrong and the same command may succeed later; a "
+                                 "job's restart retries it)")
+
+
+def test_a_flood_of_300_connections_is_waited_out_or_ends_in_named_errors_on_both_nodes(capsys):
+    """Issue 43: 300 idle connections at the master port (measured here: torch's TCPStore, which takes the port after
+    the exchange and has no secret, fails under them with DistStoreError on node 0 and DistNetworkError on node 1,
+    tracebacks and exit 1). Node 0 lets the real node 1 join past them, then waits for the flood to stop before it
+    hands out the profiles. Held for the whole budget: node 0 gives up and tells node 1, both named, exit 69, no
+    traceback. Closed after a second: the nodes go on with each other's profiles (waiting is not failing)."""
+    for stops in (False, True):
+        port = free_port()
+        ends = {}
+
+        def node_0():
+            ends[0] = _cli_end(capsys, lambda: meet(2, 0, "127.0.0.1", port, CPU, 4.0, poll_s=0.02, secret=SECRET,
+                                                    note=lambda _: None))
+
+        host = threading.Thread(target=node_0)
+        host.start()
+        _wait_until_listening(port)
+        flood = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(300)]
+        closer = threading.Timer(1.0, lambda: [s.close() for s in flood]) if stops else None
+        if closer:
+            closer.start()
+        try:
+            if stops:
+                got = meet(2, 1, "127.0.0.1", port, CPU, 20.0, secret=SECRET)
+            else:
+                with pytest.raises(Unavailable) as e:
+                    meet(2, 1, "127.0.0.1", port, CPU, 20.0, secret=SECRET)
+        finally:
+            host.join(30)
+            for s in flood:
+                s.close()
+        if stops:
+            assert got == {0: CPU, 1: CPU} == ends[0][0]  # run_cli hands back what meet returned
+            continue
+        rc, err = ends[0]
+        flood_text = (rf"a flood of 12\d connection\(s\) without this job's secret was still open at 127.0.0.1:{port} "
+                      r"when every node had joined, and did not stop within 4 s \(distributed.rendezvous_timeout_s\): "
+                      "torchrun's store takes this port next and has no secret, so it would fail under the flood")
+        assert rc == 69 and re.match(f"error: {flood_text}", err) and "Traceback" not in err
+        assert re.match(rf"node 0 at 127.0.0.1:{port} gave up: {flood_text}", str(e.value))

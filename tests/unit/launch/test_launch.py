@@ -62,7 +62,7 @@ def test_user_exported_values_win_and_are_recorded_as_theirs():
     assert s.env["OMP_NUM_THREADS"] == "3" and s.env_sources["OMP_NUM_THREADS"] == "user"
     assert s.env["AUTOTUNE_PLAN"] == "runs/x/plan.json"  # the run's own file always
     assert s.env_sources["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "autotune"
-    assert s.env["TORCH_EXTENSIONS_DIR"] == f"/h/.cache/autotune/torch_extensions/{torch_build()}"
+    assert s.env["TORCH_EXTENSIONS_DIR"] == f"/h/.cache/autotune/torch_extensions/{installation_key()}"
 
 
 def test_the_extension_cache_is_keyed_by_python_and_the_torch_build():
@@ -95,6 +95,18 @@ def test_the_installation_key_tells_two_virtualenvs_with_one_torch_apart():
     assert "/" not in a and installation_key() == installation_key(sys.prefix)
 
 
+def test_the_launch_builds_deepspeeds_ops_in_a_folder_of_its_own_installation(monkeypatch):
+    """Issue 43: TORCH_EXTENSIONS_DIR was keyed by Python and torch only, so two virtualenvs (or checkouts) with one
+    torch rebuilt each other's op (76-108 s each time). The launch spec's folder is the installation's key: another
+    interpreter prefix, another folder; the same prefix, the same folder."""
+    _, here = spec_for("cpu-only")
+    monkeypatch.setattr(sys, "prefix", "/venvs/elsewhere")
+    _, there = spec_for("cpu-only")
+    _, again = spec_for("cpu-only")
+    assert here.env["TORCH_EXTENSIONS_DIR"] != there.env["TORCH_EXTENSIONS_DIR"] == again.env["TORCH_EXTENSIONS_DIR"]
+    assert there.env["TORCH_EXTENSIONS_DIR"].endswith("/torch_extensions/" + installation_key("/venvs/elsewhere"))
+
+
 def test_the_launcher_says_while_an_op_builds_and_nothing_when_none_does(tmp_path):
     """torch holds <dir>/<op>/lock while it builds an op and for a moment when it only loads one: a lock held
     5 s is a build, said at once, then every 15 s, and once when it is gone; a stale one names the fix."""
@@ -104,7 +116,7 @@ def test_the_launcher_says_while_an_op_builds_and_nothing_when_none_does(tmp_pat
 
     now = [1000.0]
     out = io.StringIO()
-    watch = BuildWatch(tmp_path, out=out, clock=lambda: now[0])
+    watch = BuildWatch(tmp_path, out=out, clock=lambda: now[0], ours=lambda lock: True)
     lock = tmp_path / "deepspeed_shm_comm" / "lock"
     lock.parent.mkdir()
     lock.write_text("")
@@ -122,16 +134,56 @@ def test_the_launcher_says_while_an_op_builds_and_nothing_when_none_does(tmp_pat
     assert out.getvalue().splitlines() == [
         "autotune: building DeepSpeed's deepspeed_shm_comm (first time only, ~1-2 min): 5 s so far",
         "autotune: building DeepSpeed's deepspeed_shm_comm (first time only, ~1-2 min): 20 s so far",
-        f"autotune: built DeepSpeed's deepspeed_shm_comm in 51 s (kept in {tmp_path}; later launches with this "
-        "torch load it)"]
+        f"autotune: built DeepSpeed's deepspeed_shm_comm in 51 s (kept in {tmp_path}; later launches from this "
+        "installation load it)"]
     lock.write_text("")
     os.utime(lock, (now[0] - 900, now[0] - 900))
     stale = io.StringIO()
-    BuildWatch(tmp_path, deepspeed=False, out=stale, clock=lambda: now[0]).check()
+    BuildWatch(tmp_path, deepspeed=False, out=stale, clock=lambda: now[0], ours=lambda lock: True).check()
     assert stale.getvalue() == (f"autotune: the torch extension deepspeed_shm_comm has been building for 15 min: if "
                                 "no build is running (a killed build leaves its lock behind and every later one "
                                 f"waits on it), delete {lock}\n")
     BuildWatch(None).check()  # no folder given: nothing to watch
+
+
+def test_only_a_build_this_launch_holds_is_said_as_its_own(tmp_path):
+    """Issue 43: a run that never used DeepSpeed printed another launch's "building deepspeed_shm_comm" lines as its
+    own. torch's FileBaton keeps the lock open while its process builds: a lock held by a process this launcher
+    started is this launch's build; one held by another launch's process (here a process outside this one's tree)
+    is never said by a launch without DeepSpeed, and said once as another's by a DeepSpeed launch."""
+    import io
+
+    from autotune.launch.builds import BuildWatch
+
+    def hold(lock, outside):
+        lock.parent.mkdir()
+        lock.write_text("")
+        os.utime(lock, (time.time() - 30, time.time() - 30))  # held 30 s: a build, not a load
+        inner = f'exec 3<"{lock}"; exec sleep 60'
+        if not outside:
+            return subprocess.Popen(["sh", "-c", inner]).pid
+        # a process of another launch: started through a shell that exits, so it is no descendant of this one
+        return int(subprocess.run(["sh", "-c", f"sh -c '{inner}' >/dev/null 2>&1 & echo $!"], capture_output=True,
+                                  text=True, check=True).stdout)
+
+    pids = [hold(tmp_path / "deepspeed_shm_comm" / "lock", outside=True),
+            hold(tmp_path / "fused_adam" / "lock", outside=False)]
+    try:
+        time.sleep(0.3)  # each shell has opened its lock
+        plain, ds = io.StringIO(), io.StringIO()
+        BuildWatch(tmp_path, deepspeed=False, out=plain).check()
+        watch = BuildWatch(tmp_path, out=ds)
+        watch.check()
+        watch.check()
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+    assert plain.getvalue().splitlines() == [
+        "autotune: building the torch extension fused_adam (first time only, ~1-2 min): 30 s so far"]
+    assert ds.getvalue().splitlines() == [
+        f"autotune: another launch is building DeepSpeed's deepspeed_shm_comm in {tmp_path} (30 s so far); a rank of "
+        "this launch that needs it waits for that build",
+        "autotune: building DeepSpeed's fused_adam (first time only, ~1-2 min): 30 s so far"]
 
 
 def test_spec_is_pure_and_never_leaks_secrets():
@@ -403,7 +455,17 @@ def test_environment_route_for_scripts_that_read_it():
     assert {k: s.env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                                   "MASTER_PORT")} == {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                                                       "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                                                      "MASTER_PORT": "29500"}
+                                                      "MASTER_PORT": "<a free port, chosen at launch>"}
+    # issue 43: the port is the launch's to take (as torchrun --standalone takes one), never 29500 for every run;
+    # the spec (and --dry-run) says so, and the launch fills it just before it writes the records and spawns
+    assert s.at_launch == ("MASTER_PORT",) and s.to_record()["at_launch"] == ["MASTER_PORT"]
+    assert "MASTER_PORT='<a free port, chosen at launch>'" in s.shell()
+    from autotune.launch.process import with_free_ports
+
+    taken = with_free_ports(s)
+    assert taken.at_launch == () and "at_launch" not in taken.to_record()
+    assert 0 < int(taken.env["MASTER_PORT"]) < 65536 and {k: v for k, v in taken.env.items() if k != "MASTER_PORT"} \
+        == {k: v for k, v in s.env.items() if k != "MASTER_PORT"}
     assert (s.env["AUTOTUNE_MICRO_BATCH_SIZE"], s.env["AUTOTUNE_GRADIENT_ACCUMULATION_STEPS"],
             s.env["AUTOTUNE_GLOBAL_BATCH_SIZE"], s.env["AUTOTUNE_PRECISION"]) == ("64", "4", "256", "fp32")
     assert (s.env["ACCELERATE_MIXED_PRECISION"], s.env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"],

@@ -10,7 +10,7 @@ import pytest
 from helpers.support import free_port
 
 from autotune.config import TrainConfig, apply_overrides
-from autotune.errors import UserError
+from autotune.errors import Unavailable, UserError
 from autotune.launch.exchange import exchange, meet
 from autotune.planner import plan
 from autotune.planner.nodes import smallest
@@ -181,18 +181,18 @@ def test_a_lone_node_0_names_the_missing_nodes_and_a_lone_node_1_names_node_0():
     """Each message whole. A node 1 pointed at this machine is told node 0 must run here too; pointed at an address
     that is not a loopback one (0.0.0.0 reaches this machine on Linux, where nothing listens), it is not."""
     port = free_port()
-    with pytest.raises(UserError) as e:
+    with pytest.raises(Unavailable) as e:  # exit 69: the same command may succeed later
         meet(3, 0, "127.0.0.1", port, CPU, 1.0, poll_s=0.02)
     assert str(e.value) == (
         f"node(s) 1, 2 of 3 did not join at 127.0.0.1:{port} within 1 s (distributed.rendezvous_timeout_s): start "
         f"the same command on every node (node ranks 0..2), check that 127.0.0.1:{port} is reachable from them, or "
         "raise the budget")
-    reach = ("within 1 s (distributed.rendezvous_timeout_s): start the same command on node 0, check that the port "
-             "is reachable from here, or raise the budget")
+    reach = ("within 1 s (distributed.rendezvous_timeout_s; last: nothing listens there yet): start the same command "
+             "on node 0, check that the port is reachable from here, or raise the budget")
     for addr, hint in (("127.0.0.1", "; 127.0.0.1 is this machine, so node 0 must run here too: give node 0's "
                                      "address with --master_addr"), ("0.0.0.0", "")):
         port = free_port()
-        with pytest.raises(UserError) as e:
+        with pytest.raises(Unavailable) as e:
             meet(2, 1, addr, port, CPU, 1.0)
         assert str(e.value) == f"node 1 of 2 could not reach node 0 at {addr}:{port} {reach}{hint}"
 
@@ -296,17 +296,21 @@ def test_a_launch_on_a_bigger_node_replans_for_the_smaller_one_and_keeps_its_own
 
 
 def test_a_node_whose_node_0_gives_up_says_so_in_one_line():
-    """3 nodes expected, node 2 never comes: node 0 gives up after 3 s naming node 2; node 1 then loses
-    node 0 and says so in one line. Both through the launcher's entry (``exchange``)."""
+    """3 nodes expected, node 2 never comes: node 0 gives up after 3 s naming node 2, and tells node 1, which stops at
+    once (not at the end of its own 40 s) with node 0's words in one line. Both exit 69 (Unavailable): node 2 may yet
+    come. Both through the launcher's entry (``exchange``)."""
     port = free_port()
     gave_up = []
-    host = threading.Thread(target=lambda: gave_up.append(pytest.raises(UserError, exchange, 3, 0, "127.0.0.1",
+    host = threading.Thread(target=lambda: gave_up.append(pytest.raises(Unavailable, exchange, 3, 0, "127.0.0.1",
                                                                         port, CPU, 3.0)))
     host.start()
-    with pytest.raises(UserError) as e:
+    t0 = time.monotonic()
+    with pytest.raises(Unavailable) as e:
         exchange(3, 1, "127.0.0.1", port, CPU, 40.0)
     host.join(40)
-    assert str(e.value).startswith(f"node 1 of 3 lost node 0 at 127.0.0.1:{port} while the nodes compared hardware")
+    assert time.monotonic() - t0 < 15
+    assert str(e.value).startswith(f"node 0 at 127.0.0.1:{port} gave up: node(s) 2 of 3 did not join at "
+                                   f"127.0.0.1:{port} within 3 s")
     assert "\n" not in str(e.value)
     assert str(gave_up[0].value).startswith(f"node(s) 2 of 3 did not join at 127.0.0.1:{port} within 3 s")
 

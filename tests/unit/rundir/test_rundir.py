@@ -7,10 +7,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
-from autotune.errors import EXIT_PREEMPTED, UserError
+from autotune.errors import EXIT_PREEMPTED, Unavailable, UserError
 from autotune.rundir.fs import fs_error
 from autotune.rundir.lock import LOCK_NAME, RunLock, check_creatable, check_usable
 from autotune.rundir.status import combined_exit, read_statuses, write_status
@@ -76,8 +77,9 @@ def test_the_lock_names_its_holder_and_dies_with_it(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "held"
-        with pytest.raises(UserError, match=f"in use by process {p.pid} on .* since"):
+        with pytest.raises(UserError, match=rf"in use by process {p.pid} on .* \(since .*, \d+ s ago\)") as e:
             RunLock(tmp_path).acquire()
+        assert not isinstance(e.value, Unavailable)  # a live launch into the same directory: exit 2
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=10)
@@ -85,6 +87,46 @@ def test_the_lock_names_its_holder_and_dies_with_it(tmp_path):
     with RunLock(tmp_path):  # ...but its lock went with it
         assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
     RunLock(tmp_path).acquire().release()
+
+
+# a launcher that took the lock, started a child that inherits it (torchrun does), then died: the child holds on
+ORPHANING = textwrap.dedent("""
+    import subprocess, sys
+    from autotune.rundir.lock import RunLock
+    lock = RunLock(sys.argv[1]).acquire(["autotune", "launch"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=lock.fds(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print(child.pid, flush=True)
+""")
+
+
+def test_a_lock_whose_holder_is_gone_names_it_with_its_age_and_is_retryable(tmp_path):
+    """Issue 43: a lock held after its holder is gone (here its launcher died and a child it started still holds
+    the flock; over NFS a lost node's lock lasts until the server's lease expires) is named with its holder (host,
+    pid) and age, exit 69 (Unavailable): the same command later succeeds. A lock another host's launch holds is
+    said the same way, since this host cannot tell whether that node is gone."""
+    import socket
+
+    out = subprocess.run([sys.executable, "-c", ORPHANING, str(tmp_path)], capture_output=True, text=True, check=True)
+    child = int(out.stdout)
+    holder = json.loads((tmp_path / LOCK_NAME).read_text())
+    try:
+        with pytest.raises(Unavailable) as e:
+            RunLock(tmp_path).acquire()
+        assert str(e.value).startswith(
+            f"--run_dir: {tmp_path} is locked, but its holder, process {holder['pid']} on {socket.gethostname()} "
+            f"(since {holder['since']}, ")
+        assert "s ago), is gone" in str(e.value) and "run the same command again shortly" in str(e.value)
+        # the same lock, its line now naming a launch on another host, taken 95 s ago
+        holder.update(host="node-7.cluster", pid=4242, at=time.time() - 95)
+        (tmp_path / LOCK_NAME).write_text(json.dumps(holder) + "\n")
+        with pytest.raises(Unavailable, match=rf"is locked by process 4242 on node-7.cluster \(since "
+                           rf"{holder['since']}, 9[56] s ago\), another host: .* until the lease expires"):
+            RunLock(tmp_path).acquire()
+    finally:
+        os.kill(child, signal.SIGKILL)
+    time.sleep(0.2)
+    RunLock(tmp_path).acquire().release()  # the lock went with its last process
 
 
 def test_the_launcher_refuses_a_locked_run_dir(cli, tmp_path):
