@@ -106,7 +106,7 @@ def test_node_1_of_a_slurm_job_plans_its_rank_and_the_first_host_as_master():
     from autotune.exports.launch_spec import torchrun_flags
 
     assert torchrun_flags(p) == ["--nproc_per_node=4", "--nnodes=2", "--rdzv_backend=c10d",
-                                 "--rdzv_endpoint=node01:29500", "--rdzv_id=77", "--rdzv_conf=join_timeout=60"]
+                                 "--rdzv_endpoint=node01:29500", "--rdzv_id=77", "--rdzv_conf=join_timeout=600"]
     assert p.batch.global_batch_size == 256  # held across the whole world
 
 
