@@ -143,15 +143,20 @@ def _cpus() -> set[int]:
     return set(range(os.cpu_count() or 1))
 
 
-def others_now(window_s: float = NOW_WINDOW_S, stat: Path = Path("/proc/stat")) -> tuple[float, int, str] | None:
+def _proc_stat() -> str:
+    return Path("/proc/stat").read_text()
+
+
+def others_now(window_s: float = NOW_WINDOW_S, read=_proc_stat) -> tuple[float, int, str] | None:
     """(cores other work held, the cores this process may run on, how it was seen) over ``window_s``: the cores'
-    own counters, less this process's own CPU time; where there are none, the 1-minute load average (it lags)."""
+    own counters (``read``: /proc/stat's text), less this process's own CPU time; where there are none, the 1-minute
+    load average (it lags a minute: only a fallback)."""
     cpus = _cpus()
     try:
-        first, own = _cpu_counters(stat.read_text(), cpus), time.process_time()
+        first, own = _cpu_counters(read(), cpus), time.process_time()
         if first is not None:
             time.sleep(window_s)
-            second, own = _cpu_counters(stat.read_text(), cpus), time.process_time() - own
+            second, own = _cpu_counters(read(), cpus), time.process_time() - own
             if second is not None and second[1] > first[1]:
                 share = (second[0] - first[0]) / (second[1] - first[1])
                 return max(0.0, share * len(cpus) - own / window_s), len(cpus), f"over {window_s:g} s"
@@ -163,13 +168,13 @@ def others_now(window_s: float = NOW_WINDOW_S, stat: Path = Path("/proc/stat")) 
         return None
 
 
-def busy_now(window_s: float = NOW_WINDOW_S) -> str | None:
+def busy_now(window_s: float = NOW_WINDOW_S, read=_proc_stat) -> str | None:
     """Why this machine is busy now (None: quiet, or nothing judged): other work held more than ``limit()`` of its
     cores, e.g. "other work held 1.7 of its 2 cores (over 0.25 s)"."""
     most = limit()
     if most >= 1:
         return None
-    seen = others_now(window_s)
+    seen = others_now(window_s, read)
     if seen is None:
         return None
     held, cores, how = seen
