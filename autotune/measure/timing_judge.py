@@ -53,7 +53,7 @@ def judge(rounds: list[dict], ranks: int, had_cores, judging: bool = True) -> Ve
     micros = sorted({r["micro"] for r in rounds})
     why: list[str] = []
     best: dict[int, dict] = {}
-    counted = []
+    counted, short, bad = [], [], []
     for b in micros:
         mine = [r for r in rounds if r["micro"] == b]
         loaded = [(r, had_cores(r)) for r in mine]
@@ -62,13 +62,15 @@ def judge(rounds: list[dict], ranks: int, had_cores, judging: bool = True) -> Ve
         pool = quiet if len(quiet) >= MIN_QUIET_ROUNDS else sorted(mine, key=lambda r: r["fb_s"])
         best[b] = pool[0]
         if len(quiet) < MIN_QUIET_ROUNDS:
-            bad = [r for r, w in loaded if w]
-            worst = max(bad, key=lambda r: (r.get("wait_share") or 0.0, -r["cpu_share"])) if bad else None
-            why.append(f"at micro-batch {b}, {len(bad)} of {len(mine)} rounds did not have their cores"
-                       + (f" (the worst: {had_cores(worst)})" if worst else ""))
+            short.append(f"{len(mine) - len(quiet)} of {len(mine)} at micro-batch {b}")
+            bad += [r for r, w in loaded if w]
         elif quiet[1]["fb_s"] > quiet[0]["fb_s"] * (1 + SPREAD):
             why.append(f"at micro-batch {b}, its two best rounds disagree ({quiet[0]['fb_s'] * 1000:.1f} and "
                        f"{quiet[1]['fb_s'] * 1000:.1f} ms a micro-step: more than {SPREAD * 100:.0f} % apart)")
+    if short:
+        worst = max(bad, key=lambda r: (r.get("wait_share") or 0.0, -r["cpu_share"])) if bad else None
+        why.insert(0, f"rounds that did not have their cores: {' and '.join(short)}"
+                   + (f"; the worst: {had_cores(worst)}" if worst else ""))
     for small, large in zip(micros, micros[1:]):
         if best[large]["fb_s"] < best[small]["fb_s"] * (1 - NOISE):
             why.append(f"a micro-step at micro-batch {large} ({best[large]['fb_s'] * 1000:.1f} ms) was faster than at "

@@ -104,8 +104,9 @@ def test_a_timing_is_the_best_of_its_rounds_and_quiet_only_when_its_rounds_had_t
     assert ok.all_reduce_s == pytest.approx(0.003)
     assert ok.rounds == "rounds that had their cores: 5 of 5 at 32, 5 of 5 at 64"
     burned = judge(answer({32: 0.010, 64: 0.018}, wait=0.5, cpu=0.5, threads=2)["rounds"], 1, had_cores)
-    assert burned.under_load.startswith("at micro-batch 32, 5 of 5 rounds did not have their cores (the worst: its "
-                                        "process had 50 % of 2 thread(s)' time and waited for a core 50 %")
+    assert burned.under_load == ("rounds that did not have their cores: 5 of 5 at micro-batch 32 and 5 of 5 at "
+                                 "micro-batch 64; the worst: its process had 50 % of 2 thread(s)' time and waited "
+                                 "for a core 50 % of the time it wanted one")
     assert burned.points == ((32, 0.010, 0.002), (64, 0.018, 0.002))  # the best it got, kept flagged
     # issue 47's cached figures: micro-batch 64 faster than 32, which only other work explains
     odd = judge(answer({32: 0.218, 64: 0.158})["rounds"], 1, had_cores)
@@ -131,9 +132,10 @@ def test_a_timing_under_load_is_kept_flagged_taken_only_while_busy_and_replaced_
 
     monkeypatch.setattr(contention, "busy_now", lambda *a: busy[0])
     first = measured_steps(cpu="AMD EPYC", run=timed(0.5), **WHAT)
-    assert first.under_load.startswith("at micro-batch 32, 5 of 5 rounds did not have their cores")
+    assert first.under_load.startswith("rounds that did not have their cores: 5 of 5 at micro-batch 32")
     assert f"at micro-batch 32 and 64 on {now[:10]}" in first.basis
-    assert "; measured under load (at micro-batch 32" in first.basis and first.basis.endswith(
+    assert "; measured under load (rounds that did not have their cores: 5 of 5" in first.basis
+    assert first.basis.endswith(
         "kept flagged, not as this machine's figure (a plan while the machine is busy takes it; one on a quiet machine "
         "times the step again)")
     assert "the step was timed under load" in capsys.readouterr().err
@@ -183,7 +185,7 @@ def test_a_planted_timing_20x_too_slow_under_load_is_taken_only_while_busy_and_a
     from autotune.prepare import plan_for
 
     cfg, hw = TrainConfig(), this_cpu()
-    where = _planted(cfg, hw, 20.0, "at micro-batch 32, 5 of 5 rounds did not have their cores")
+    where = _planted(cfg, hw, 20.0, "rounds that did not have their cores: 5 of 5 at micro-batch 32")
     runs: list[dict] = []
     monkeypatch.setattr("autotune.measure.timing._children", lambda req: runs.append(req) or answer(
         {32: 0.010, 64: 0.018}, threads=2))
