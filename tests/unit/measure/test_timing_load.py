@@ -154,16 +154,22 @@ def test_a_timing_under_load_is_kept_flagged_taken_only_while_busy_and_replaced_
     assert measured_steps(cpu="AMD EPYC", run=timed(0.5), **WHAT) == quiet and len(runs) == 2  # kept: its own
 
 
-def test_a_timing_is_kept_per_installation(monkeypatch):
+def test_a_figure_of_time_is_kept_per_installation(monkeypatch):
+    """Issue 47: the cache is shared by every checkout and virtualenv of the user; a figure of time is bound to the
+    installation that measured it (a trace's counts are not)."""
+    from autotune.measure.cache import cache_key
     from autotune.measure.timing import measured_steps
 
     runs: list[dict] = []
     run = lambda req: runs.append(req) or answer({32: 0.010, 64: 0.018})  # noqa: E731
     measured_steps(cpu="AMD EPYC", run=run, **WHAT)
     measured_steps(cpu="AMD EPYC", run=run, **WHAT)
+    probe, trace = (cache_key("m:f", "[4]", 1.0, modes, False) for modes in (("probe", "fp32"), ("fp32",)))
     monkeypatch.setattr("autotune.rundir.installation.installation_key", lambda: "py3.11-torch2.5.1+cpu-00000000")
     measured_steps(cpu="AMD EPYC", run=run, **WHAT)
     assert len(runs) == 2  # another virtualenv: its own timing
+    assert cache_key("m:f", "[4]", 1.0, ("probe", "fp32"), False) != probe  # and its own GPU probe
+    assert cache_key("m:f", "[4]", 1.0, ("fp32",), False) == trace
 
 
 def _planted(cfg, hw, factor: float, under_load: str | None):
