@@ -42,7 +42,6 @@ from autotune.rundir.layout import TIMING_REQUEST
 
 MIN_REPEATS, MIN_SECONDS, MAX_REPEATS = 10, 1.0, 60  # per micro-batch: enough steps for a steady median
 ROUNDS = 5  # the steps of each micro-batch in this many rounds, taken in turn; the best that had its cores counts
-MIN_PER_ROUND = 3  # steps a round, at least (its median)
 TIMEOUT_S = 600
 
 
@@ -312,7 +311,7 @@ def _measure(req: dict, store: str, rank: int) -> dict:
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         repeats = int(agreed)
     rounds = []
-    per_round = max(MIN_PER_ROUND, -(-repeats // ROUNDS))
+    per_round = -(-repeats // ROUNDS)  # at least 2 (MIN_REPEATS); more where a step is quick
     for _ in range(ROUNDS):  # in rounds, the micro-batches in turn: a burst of other work hits both alike
         for b in micros:
             before = snapshot()  # what this process gets meanwhile: did it have its cores?
