@@ -13,6 +13,9 @@ def test_a_timed_cpu_run_predicts_records_its_speed_and_a_later_plan_takes_it(ru
     assert rec["prediction_basis"].startswith("timed on this CPU") and "2 processes x 1 thread(s)" in rec[
         "prediction_basis"]
     assert rec["predicted_samples_per_s"] > 0 and rec["measured_samples_per_s"] > 0
+    got = json.loads((run / "metrics.json").read_text())["measured_process"]  # what rank 0's process had meanwhile
+    assert got["wall_s"] > 0 and 0 < got["cpu_share"] and got["threads"] == 1 and 0 <= got["wait_share"] <= 1
+    assert rec["measured_under_load"] is None  # the suite judges nothing under load (tests/README.md)
     assert list(cache.glob("steps-*.json"))  # the step's timing, kept like the trace
     r = cli("autotune", "plan", "--config", str(runs / "timed.yaml"), "--nproc_per_node", "2", "--batch_size",
                 "16", "--grad_accum", "1", "--json", env={"AUTOTUNE_CACHE_DIR": str(cache)})
