@@ -20,8 +20,8 @@ atexit.register(shutil.rmtree, _SUITE_CACHE, ignore_errors=True)
 # A plan for this machine takes an exported OMP_NUM_THREADS as its threads per rank: the suite's plans are the
 # planner's own wherever it runs (a test that wants one exports it itself).
 os.environ.pop("OMP_NUM_THREADS", None)
-# The suite runs two workers and their launches on two cores: the machine is always busy by autotune's own measure
-# (rundir.speeds.machine_busy), which would keep no timing and no run's speed. Its own unit test sets it back.
+# The suite runs two workers and their launches on two cores: every timing and run would be judged measured under load
+# (rundir.contention), and whether a plan times again would depend on the moment. The load rule's own tests set it back.
 os.environ["AUTOTUNE_BUSY_LOAD"] = "1000"
 
 if os.environ.get("MUTANT_UNDER_TEST"):

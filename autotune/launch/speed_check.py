@@ -4,6 +4,10 @@ prints ("predicted X samples/s, measured Y (+-Z %)").
 The built-in loop records samples/s after warm-up (the first logged window, which holds the first step's set-up,
 is left out: ``measured_samples_per_s`` in metrics.json); a user's script's figure can come from its observer
 later through ``compare`` with the figure it counted. Off by more than ``WARN_FRACTION`` is a warning naming both.
+
+A run's speed is kept for later plans (``rundir.speeds``) only when rank 0's process had its cores while it was
+measured (``under_load``); such a quiet run replaces the CPU step timing its plan used when that was measured under
+load or is contradicted by more than 2x (``replace_timing``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from pathlib import Path
 
 WARN_FRACTION = 0.25
 KEPT_AFTER_STEPS = 10  # a speed counted over fewer optimizer steps calibrates no later plan (too few to be steady)
+CONTRADICTED = 2.0  # a quiet run this many times faster or slower than its timed prediction replaces the timing
 
 
 def settings(plan) -> dict:
@@ -56,17 +61,63 @@ def _fmt(v) -> str:
 
 def _metrics(run_dir: Path) -> tuple[float | None, int | None]:
     """(samples/s after warm-up, the optimizer steps it was counted over) from metrics.json."""
+    data = _metrics_record(run_dir)
+    value, steps = data.get("measured_samples_per_s"), data.get("measured_steps")
+    rate = float(value) if isinstance(value, (int, float)) and value > 0 else None
+    return rate, steps if isinstance(steps, int) else None  # None: an older metrics.json that does not say
+
+
+def _metrics_record(run_dir: Path) -> dict:
     from autotune.errors import UserError
     from autotune.rundir.layout import METRICS
     from autotune.safe_input import read_text
 
     try:
         data = json.loads(read_text(Path(run_dir) / METRICS, METRICS, follow_links=False))
-        value, steps = data.get("measured_samples_per_s"), data.get("measured_steps")
-    except (OSError, ValueError, AttributeError, UserError):
-        return None, None
-    rate = float(value) if isinstance(value, (int, float)) and value > 0 else None
-    return rate, steps if isinstance(steps, int) else None  # None: an older metrics.json that does not say
+    except (OSError, ValueError, UserError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def under_load(run_dir: Path) -> str | None:
+    """Why the run's speed is not this machine's own (None: it is): rank 0's process did not have its cores while
+    it was measured (metrics.json's ``measured_process``); where it does not say, the machine is busy now."""
+    from autotune.rundir import contention
+
+    got = contention.from_record(_metrics_record(run_dir).get("measured_process"))
+    if got is not None:
+        why = got.under_load()
+        return f"measured under load: {why}" if why else None
+    return contention.busy_now()
+
+
+def replace_timing(setup, record: dict) -> list[str]:
+    """A quiet run's speed replaces the step timing its plan was timed by (``measure.timing``) where that timing
+    was measured under load, or where this run contradicts it by more than ``CONTRADICTED``x: the lines that say
+    so (the next plan times the step again; this run's figure calibrates a plan with its settings)."""
+    plan = setup.plan
+    if plan.engine.device != "cpu" or plan.run.entrypoint:
+        return []
+    from autotune.measure.timing import builtin_entry, forget, read_kept, times_here
+
+    if not times_here(setup.hardware, plan):
+        return []
+    where = builtin_entry(plan, setup.hardware)
+    kept = read_kept(where)
+    predicted, measured = record.get("predicted_samples_per_s"), record.get("measured_samples_per_s")
+    if kept is None or not measured:
+        return []
+    timed = (record.get("prediction_basis") or "").startswith("timed on this CPU")
+    if kept.under_load:
+        why = "it was measured under load"
+    elif timed and predicted and not 1 / CONTRADICTED <= measured / predicted <= CONTRADICTED:
+        why = f"this run measured {measured / predicted:.2g}x what it predicted"
+    else:
+        return []
+    if not forget(where):
+        return []
+    return [f"speed: the step timing of {kept.measured_at or 'an earlier plan'} is replaced by this run's measured "
+            f"speed ({why}); the next plan times the step again"]
 
 
 def write(run_dir: Path, record: dict) -> Path:
@@ -81,12 +132,12 @@ def write(run_dir: Path, record: dict) -> Path:
 def report(setup, run_dir: Path, out) -> None:
     """After a run of the built-in loop: compare, print, write timing.json and keep the measured figure for later
     plans of the same model on this kind of machine (``autotune.rundir.speeds``; node 0); never fails the launch."""
-    from autotune.rundir.speeds import machine_busy
     from autotune.rundir.speeds import record as keep
 
     plan = setup.plan
     measured, steps = _metrics(run_dir)
     record, lines = compare(plan, measured, "the built-in loop, after its first logged window", steps)
+    busy = record["measured_under_load"] = under_load(run_dir) if measured is not None else None
     from autotune.errors import UserError
 
     try:
@@ -94,10 +145,10 @@ def report(setup, run_dir: Path, out) -> None:
     except (OSError, UserError) as e:  # a full disk, or a link planted after the launch's check: one line
         lines.append(f"warning: timing.json not written ({e})")
     if measured is not None and (steps or 0) >= KEPT_AFTER_STEPS and plan.engine.node_rank == 0:
-        busy = machine_busy(own=plan.engine.nproc_per_node * plan.loader.omp_num_threads)
         if busy:
             lines.insert(1, f"speed: not kept to calibrate later plans: {busy}")
         else:
             keep(*setup.speed_key, plan, measured, record["predicted_samples_per_s"], Path(run_dir).absolute())
+            lines += replace_timing(setup, record)
     for line in lines:
         print(line, file=out)

@@ -1,6 +1,7 @@
 """What autotune keeps between runs of the same model (the traces, the GPU probes, the CPU step timings): in
 memory for this process (``TRACE_CACHE``) and on disk (``rundir.layout.cache_dir``), keyed by everything a
-measurement depends on (``cache_key``). A damaged or unwritable entry only means measuring again."""
+measurement depends on (``cache_key``; a figure of time also by the installation that measured it). A damaged or
+unwritable entry only means measuring again."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def source_of(spec: str | None) -> str:
 
 def cache_key(model: str, sample: str | None, margin: float, modes: tuple[str, ...], cuda: bool) -> str:
     """What a trace depends on: the specs, the model's and sample's source files, the numerics, torch's and
-    transformers' versions, and autotune's own tracing code."""
+    transformers' versions, and autotune's own tracing code; a GPU probe's timed steps (``modes`` with "probe")
+    also on the installation that ran them (``rundir.installation.installation_key``: a figure of time, unlike a
+    trace's counts, is bound to the virtualenv and its torch build)."""
     import hashlib
     from importlib import metadata
 
@@ -44,6 +47,10 @@ def cache_key(model: str, sample: str | None, margin: float, modes: tuple[str, .
             return ""
 
     here = Path(__file__).resolve().parent
+    if "probe" in modes:
+        from autotune.rundir.installation import installation_key
+
+        modes = (*modes, installation_key())
     h = hashlib.sha256()
     code = ("gpu_probe.py",) if "probe" in modes else ("trace.py", "cuda_trace.py", "fsdp_trace.py")  # what measured it
     for part in (model, sample or "", repr(margin), ",".join(modes), str(cuda), source_of(model), source_of(sample),

@@ -11,12 +11,19 @@ each micro-batch, after two warm-up steps, runs the same number of steps on ever
 ``MIN_SECONDS``, in ``ROUNDS`` rounds that take the micro-batches in turn, so that a burst of other work on the
 machine falls on both alike), each an accumulation of two as the loop runs it: a micro-step without the all-reduce
 (forward + backward), one with it, and the optimizer step (gradient clipping, ``AdamW.step()``, ``zero_grad``). The
-figures are the slowest rank's medians: forward + backward, the optimizer step, and what the synchronising micro-step
-adds (the all-reduce and the wait for the slowest rank, once per optimizer step): ``MeasuredSteps``, from which the
-planner draws ``a + b x micro``.
+figures are the slowest rank's medians of a round: forward + backward, the optimizer step, and what the synchronising
+micro-step adds (the all-reduce and the wait for the slowest rank, once per optimizer step): ``MeasuredSteps``, from
+which the planner draws ``a + b x micro``.
 
-It runs once: the answer is kept beside the traces, keyed by everything it depends on (the request, the model's
-and sample's source, torch's version, the CPU model, the ranks and threads, this file), so a second plan reads it.
+Each round's process is judged by what it got (``rundir.contention``: how long its threads waited for a core against
+how long they ran), and the figures are the best round's (``measure.timing_judge``). A timing whose processes had
+their cores, whose rounds agree and whose larger micro-batch is not the faster is this machine's own: kept beside the
+traces, keyed by everything it depends on (the request, the model's and sample's source, the installation: its
+virtualenv, torch build and DeepSpeed, the CPU model, the ranks and threads, this code), and a second plan reads it.
+One that did not have its cores is kept only flagged "measured under load", with when: a plan while the machine is
+busy now (``contention.busy_now``) takes it and says so, one on a quiet machine times the step again, and a quiet
+timing replaces it. A run's quiet measured speed replaces a flagged timing, or one it contradicts by more than 2x
+(``launch.speed_check``, through ``forget``).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from autotune.profiles import HardwareProfile
 from autotune.rundir.layout import TIMING_REQUEST
 
 MIN_REPEATS, MIN_SECONDS, MAX_REPEATS = 10, 1.0, 60  # per micro-batch: enough steps for a steady median
-ROUNDS = 5  # the steps of each micro-batch in this many rounds, taken in turn
+ROUNDS = 5  # the steps of each micro-batch in this many rounds, taken in turn; the best that had its cores counts
 TIMEOUT_S = 600
 
 
@@ -54,23 +61,33 @@ def steps_for(cfg: TrainConfig, hw: HardwareProfile, plan: TrainingPlan, facts) 
     """The model's step timed on this machine's CPU for ``plan`` (its ranks, threads per rank, micro-batch,
     precision, checkpointing and clipping), or None: not ``times_here``, ``training.probe`` off (--no_probe), or a
     model that cannot be built here (a script without training.model and sample_input)."""
-    t, e = cfg.training, plan.engine
+    t = cfg.training
     if not times_here(hw, plan) or not t.probe:
         return None
-    if t.entrypoint is None:  # its shape only: the data set's size and seed change no step
-        d = plan.workload.data
-        workload = {"model": plan.workload.model.model_dump(),
-                    "data": {"seq_len": d.seq_len, "vocab_size": d.vocab_size}}
-        model, sample, kw, what = BUILTIN_MODEL, BUILTIN_BATCH, {"workload": workload}, "the built-in GPT"
+    if t.entrypoint is None:
+        what = _builtin_what(plan)
     elif t.model and t.sample_input and facts.num_parameters:
-        model, sample, kw, what = t.model, t.sample_input, {}, t.model
+        what = _plan_what(plan, model=t.model, sample=t.sample_input, what=t.model)
     else:
         return None
-    return measured_steps(model=model, sample=sample, micro=plan.batch.micro_batch_size, ranks=e.nproc_per_node,
-                          threads=plan.loader.omp_num_threads, precision=plan.numerics.precision,
-                          checkpointing=plan.memory.gradient_checkpointing, clip=plan.optimizer.gradient_clipping,
-                          weight_decay=plan.optimizer.weight_decay, what=what, model_kwargs=kw, sample_kwargs=kw,
-                          cpu=hw.cpu.model_name)
+    return measured_steps(cpu=hw.cpu.model_name, **what)
+
+
+def _plan_what(plan: TrainingPlan, **model) -> dict:
+    """``request``'s arguments for ``plan``'s ranks, threads, micro-batch, precision, checkpointing and clipping."""
+    return dict(micro=plan.batch.micro_batch_size, ranks=plan.engine.nproc_per_node,
+                threads=plan.loader.omp_num_threads, precision=plan.numerics.precision,
+                checkpointing=plan.memory.gradient_checkpointing, clip=plan.optimizer.gradient_clipping,
+                weight_decay=plan.optimizer.weight_decay, **model)
+
+
+def _builtin_what(plan: TrainingPlan) -> dict:
+    """The built-in GPT of ``plan``, by its shape only (the data set's size and seed change no step)."""
+    d = plan.workload.data
+    kw = {"workload": {"model": plan.workload.model.model_dump(),
+                       "data": {"seq_len": d.seq_len, "vocab_size": d.vocab_size}}}
+    return _plan_what(plan, model=BUILTIN_MODEL, sample=BUILTIN_BATCH, what="the built-in GPT", model_kwargs=kw,
+                      sample_kwargs=kw)
 
 
 def grid(micro: int) -> tuple[int, int]:
@@ -93,21 +110,45 @@ def request(*, model: str, sample: str, micro: int, ranks: int, threads: int, pr
 
 def _key(req: dict, cpu: str) -> str:
     import hashlib
-    from importlib import metadata
     from pathlib import Path
 
     from autotune.measure.cache import source_of
+    from autotune.rundir.installation import installation_key
 
-    try:
-        torch_version = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        torch_version = ""
-    h = hashlib.sha256()
-    for part in (json.dumps(req, sort_keys=True), source_of(req["model"]), source_of(req["sample"]), torch_version,
-                 cpu, Path(__file__).read_text()):
+    h = hashlib.sha256()  # the installation: another virtualenv or torch build is another figure (issue 47)
+    for part in (json.dumps(req, sort_keys=True), source_of(req["model"]), source_of(req["sample"]), installation_key(),
+                 cpu, Path(__file__).read_text(), (Path(__file__).parent / "timing_judge.py").read_text()):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
+
+
+def kept_path(req: dict, cpu: str | None):
+    """Where the timing of ``req`` on ``cpu`` is kept (``rundir.layout.cache_file``)."""
+    from autotune.rundir.layout import cache_file
+
+    return cache_file("steps", _key(req, cpu or ""))
+
+
+def builtin_entry(plan: TrainingPlan, hw: HardwareProfile):
+    """Where the timing of ``plan``'s built-in GPT on this CPU is kept (a run's speed replaces it: ``forget``)."""
+    return kept_path(request(**_builtin_what(plan)), hw.cpu.model_name)
+
+
+def read_kept(where) -> MeasuredSteps | None:
+    try:
+        return MeasuredSteps.model_validate_json(where.read_text())
+    except (OSError, ValueError):
+        return None  # not timed yet, or a damaged entry: time again
+
+
+def forget(where) -> bool:
+    """Drop a kept timing (a quiet run replaced it); whether there was one."""
+    try:
+        where.unlink()
+        return True
+    except OSError:
+        return False
 
 
 def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None, **what
@@ -116,42 +157,51 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
     process (``run``: another way to run the request); None when it cannot be timed (said on stderr: the plan
     then says its time is unknown)."""
     from autotune.measure.cache import store
-    from autotune.rundir.layout import cache_file
+    from autotune.measure.timing_judge import judge
+    from autotune.rundir import contention
 
     req = request(**what)
-    where = cache_file("steps", _key(req, cpu or ""))
-    try:
-        return MeasuredSteps.model_validate_json(where.read_text())
-    except (OSError, ValueError):
-        pass  # not timed yet, or a damaged entry: time again
+    where = kept_path(req, cpu)
+    kept = read_kept(where)
+    if kept is not None and kept.under_load is None:
+        return kept  # this machine's own figure
+    if kept is not None:  # measured under load: taken only while the machine is busy now
+        busy = contention.busy_now()
+        if busy:
+            print(f"autotune: this machine is busy now ({busy}): the plan takes the step timing of {kept.measured_at}, "
+                  f"measured under load, rather than time the step again", file=sys.stderr, flush=True)
+            return kept.model_copy(update={"basis": f"{kept.basis}; taken because this machine is busy now ({busy})"})
+        print(f"autotune: the step timing of {kept.measured_at} was measured under load and this machine is quiet "
+              "now: timing it again", file=sys.stderr, flush=True)
     (a, b), n, ranks = req["micro_batches"], req["threads"], req["ranks"]
     who = f"{ranks} processes x {n} thread(s)" if ranks > 1 else f"{n} thread{'s' if n > 1 else ''}"
     print(f"autotune: timing {req['what']}'s training step on this CPU ({who}, micro-batch {a} and {b}; once, then "
           f"cached in {where.parent}) ...", file=sys.stderr, flush=True)
-    start = time.monotonic()
+    start, at = time.monotonic(), time.strftime("%Y-%m-%d %H:%M")
     try:
         answer = (run or _children)(req)
     except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
         print(f"autotune: warning: {e}; the plan's time is unknown", file=sys.stderr, flush=True)
         return None
-    from autotune.rundir.speeds import machine_busy
-
-    busy = machine_busy(own=ranks * n)
-    points = answer["points"]
-    comm = answer.get("all_reduce_s")
-    steps = MeasuredSteps(points=tuple((p["micro"], p["fb_s"], p["opt_s"]) for p in points), threads=n, ranks=ranks,
-                          all_reduce_s=comm,
-                          basis=f"timed on this CPU ({cpu or 'model unknown'}, {who}) at micro-batch {a} and {b}: the "
-                                "model's own step, forward + backward and optimizer"
-                                + (", and DDP's gloo all-reduce of its gradients" if comm is not None else "")
-                                + (f" ({busy}: not kept, the next plan times it again)" if busy else ""))
-    if busy:  # other work slowed it: said, and timed again next time rather than kept
-        print(f"autotune: warning: {busy}: this timing is not kept", file=sys.stderr, flush=True)
-    else:
-        store(where, steps)
-    fb = {p["micro"]: p["fb_s"] for p in points}
+    verdict = judge(answer["rounds"], ranks, lambda r: contention.Share(
+        0.0, r["cpu_share"], r.get("wait_share"), r.get("threads", n)).under_load(), contention.judging())
+    comm = verdict.all_reduce_s
+    basis = (f"timed on this CPU ({cpu or 'model unknown'}, {who}) at micro-batch {a} and {b} on {at}: the model's own "
+             "step, forward + backward and optimizer" + (", and DDP's gloo all-reduce of its gradients"
+                                                         if comm is not None else "")
+             + f", the best of {ROUNDS} rounds")
+    if verdict.under_load:
+        basis += (f"; measured under load ({verdict.under_load}): kept flagged, not as this machine's figure (a plan "
+                  "while the machine is busy takes it; one on a quiet machine times the step again)")
+        print(f"autotune: warning: the step was timed under load ({verdict.under_load}): kept flagged as measured "
+              "under load, never as this machine's own figure", file=sys.stderr, flush=True)
+    steps = MeasuredSteps(points=verdict.points, threads=n, ranks=ranks, all_reduce_s=comm, basis=basis,
+                          measured_at=at, under_load=verdict.under_load)
+    store(where, steps)  # a quiet figure replaces one measured under load
+    fb = {p[0]: p[1] for p in verdict.points}
     print(f"autotune: timed in {time.monotonic() - start:.1f} s: {fb[b] * 1000:.1f} ms a micro-step at {b}"
-          + (f", {comm * 1000:.1f} ms an all-reduce" if comm is not None else ""), file=sys.stderr, flush=True)
+          + (f", {comm * 1000:.1f} ms an all-reduce" if comm is not None else "")
+          + f" ({verdict.rounds})", file=sys.stderr, flush=True)
     return steps
 
 
@@ -194,10 +244,9 @@ def _children(req: dict) -> dict:
     failed = next((a["error"] for a in answers if "error" in a), None)
     if failed:
         raise RuntimeError(failed)
-    points = [{"micro": pts[0]["micro"], "fb_s": max(p["fb_s"] for p in pts), "opt_s": max(p["opt_s"] for p in pts)}
-              for pts in zip(*(a["points"] for a in answers))]
-    comm = [a["all_reduce_s"] for a in answers if a.get("all_reduce_s") is not None]
-    return {"points": points, "all_reduce_s": max(comm) if comm else None}
+    from autotune.measure.timing_judge import combine
+
+    return {"rounds": combine([a["rounds"] for a in answers])}
 
 
 def _measure(req: dict, store: str, rank: int) -> dict:
@@ -211,6 +260,7 @@ def _measure(req: dict, store: str, rank: int) -> dict:
     import torch.distributed as dist
 
     from autotune.measure.trace import _call, _loss, load_callable, sample_maker
+    from autotune.rundir.contention import share_between, snapshot
 
     torch.set_num_threads(req["threads"])
     torch.manual_seed(0)
@@ -260,19 +310,19 @@ def _measure(req: dict, store: str, rank: int) -> dict:
         agreed = torch.tensor([repeats])
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         repeats = int(agreed)
-    times: dict[int, list] = {b: [] for b in micros}
+    rounds = []
+    per_round = -(-repeats // ROUNDS)  # at least 2 (MIN_REPEATS); more where a step is quick
     for _ in range(ROUNDS):  # in rounds, the micro-batches in turn: a burst of other work hits both alike
         for b in micros:
-            times[b] += [step(batches[b]) for _ in range(-(-repeats // ROUNDS))]
-    points, comm = [], None
-    for b in micros:
-        fb, synced, optimizer = (statistics.median(t[i] for t in times[b]) for i in range(3))
-        points.append({"micro": b, "fb_s": fb, "opt_s": optimizer})
-        if ranks > 1:  # what the synchronising micro-step adds: the all-reduce and the wait for the slowest rank
-            comm = max(0.0, synced - fb)
+            before = snapshot()  # what this process gets meanwhile: did it have its cores?
+            times = [step(batches[b]) for _ in range(per_round)]
+            got = share_between(before, snapshot(), req["threads"])
+            fb, synced, optimizer = (statistics.median(t[i] for t in times) for i in range(3))
+            rounds.append({"micro": b, "fb_s": fb, "synced_s": synced, "opt_s": optimizer, "threads": got.threads,
+                           "cpu_share": got.cpu_share, "wait_share": got.wait_share})
     if ranks > 1:
         dist.destroy_process_group()
-    return {"points": points, "all_reduce_s": comm}
+    return {"rounds": rounds}
 
 
 def _main() -> int:

@@ -219,6 +219,8 @@ class MeasuredSteps(_Frozen):
     ranks: int = Field(1, ge=1)
     all_reduce_s: float | None = None
     basis: str  # where and how: "timed on this CPU (AMD EPYC, 2 processes x 1 thread(s)) at micro-batch 32 and 64"
+    measured_at: str | None = None  # when (local time, YYYY-MM-DD HH:MM)
+    under_load: str | None = None  # why it is not this machine's own figure (None: it is): kept flagged, see timing
 
     def at(self, micro: int) -> tuple[float, float]:
         (b0, f0, o0), (b1, f1, o1) = sorted(self.points)[:2]

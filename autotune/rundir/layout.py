@@ -97,7 +97,8 @@ OBSERVE_RANK_ENV = "AUTOTUNE_OBSERVE_RANK"
 # export that starts the nodes (sbatch, Kubernetes) puts one per job in this variable, never in a file.
 JOB_SECRET_ENV = "AUTOTUNE_JOB_SECRET"
 CACHE_DIR_ENV = "AUTOTUNE_CACHE_DIR"  # where cache_dir() is
-# other work's load per core above which a speed measured now is not kept (autotune.rundir.speeds.machine_busy)
+# the share of its time a measurement may wait for a core, and of the cores other work may hold now, before it is
+# judged under load (autotune.rundir.contention; 1 or more: nothing is)
 BUSY_LOAD_ENV = "AUTOTUNE_BUSY_LOAD"
 INJECT_OOM_ENV = "AUTOTUNE_INJECT_OOM"  # rank:step:max_rows: out of memory on purpose, for the tests
 

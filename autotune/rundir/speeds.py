@@ -5,44 +5,27 @@ later plan of the same model on the same kind of machine with the same settings 
 The launch records an entry when it writes timing.json (``record``); ``prepare`` hands the planner the entries of
 its model and machine (``past_runs``); the planner matches the settings (``planner.step_time``). An entry's key:
 the model (``model_key``: the built-in GPT's shape, or a script with its ``training.model`` and sample input), the
-kind of machine (``machine_kind``: the GPU's name, or the CPU's model and cores), and the settings a speed
-depends on: world size, nodes, threads and DataLoader workers per rank, engine (the planner's strategy name),
+kind of machine (``machine_kind``: the GPU's name, or the CPU's model and cores), the installation that ran it
+(``installation.installation_key``: another virtualenv, torch build or DeepSpeed is another speed), and the settings a
+speed depends on: world size, nodes, threads and DataLoader workers per rank, engine (the planner's strategy name),
 micro-batch, checkpointing and precision. A newer run replaces an older one of the same key; the newest
-``MAX_ENTRIES`` are kept; a run that ended on a busy machine (``machine_busy``) is not kept. A damaged or
-unreadable file is no
-past run (a plan never fails on it), and a file that cannot be written only loses the figure.
+``MAX_ENTRIES`` are kept; a run whose process did not have its cores (``launch.speed_check.under_load``) is not kept.
+A damaged or unreadable file is no past run (a plan never fails on it), and a file that cannot be written only loses
+the figure.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
-from autotune.rundir.layout import BUSY_LOAD_ENV, SPEEDS, cache_dir
+from autotune.rundir.installation import installation_key
+from autotune.rundir.layout import SPEEDS, cache_dir
 
 MAX_ENTRIES = 500
-BUSY_LOAD_PER_CORE = 0.5  # other work's 1-minute load average per core above which the machine is busy
-KEY = ("model", "machine", "strategy", "world_size", "num_nodes", "omp_num_threads", "num_workers", "micro_batch_size",
-       "gradient_checkpointing", "precision")
-
-
-def machine_busy(own: float = 0.0) -> str | None:
-    """Why a speed measured just now is not this machine's own (None: it is): the 1-minute load average, less
-    ``own`` (the threads of the processes being measured), above ``BUSY_LOAD_PER_CORE`` a core
-    ($AUTOTUNE_BUSY_LOAD sets another). Other work on the cores slowed what was measured; kept, it would mislead
-    every later plan."""
-    try:
-        load = os.getloadavg()[0]
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        limit = float(os.environ.get(BUSY_LOAD_ENV, BUSY_LOAD_PER_CORE))
-    except (OSError, ValueError):
-        return None
-    if load - own <= limit * cores:
-        return None
-    return (f"the machine was busy: a load average of {load:.1f} on {cores} core(s), {max(0.0, load - own):.1f} of "
-            "it other work")
+KEY = ("model", "machine", "installation", "strategy", "world_size", "num_nodes", "omp_num_threads", "num_workers",
+       "micro_batch_size", "gradient_checkpointing", "precision")
 
 
 def model_key(cfg) -> str | None:
@@ -95,12 +78,13 @@ def _entries() -> list[dict]:
 
 
 def past_runs(model: str | None, machine: str | None) -> list[dict]:
-    """The entries of this model on this kind of machine, newest first, without those two keys (the planner's
-    ``model_facts.PastRun``)."""
+    """The entries of this model on this kind of machine run by this installation, newest first, without those keys
+    (the planner's ``model_facts.PastRun``)."""
     if not model or not machine:
         return []
-    return [{k: v for k, v in r.items() if k not in ("model", "machine")} for r in reversed(_entries())
-            if r.get("model") == model and r.get("machine") == machine]
+    here = installation_key()
+    return [{k: v for k, v in r.items() if k not in ("model", "machine", "installation")} for r in reversed(_entries())
+            if r.get("model") == model and r.get("machine") == machine and r.get("installation") == here]
 
 
 def record(model: str | None, machine: str | None, plan, measured: float, predicted: float | None,
@@ -109,7 +93,7 @@ def record(model: str | None, machine: str | None, plan, measured: float, predic
     if not model or not machine or not measured:
         return None
     e, b = plan.engine, plan.batch
-    entry = {"model": model, "machine": machine,
+    entry = {"model": model, "machine": machine, "installation": installation_key(),
              "strategy": strategy_name(e), "world_size": e.world_size, "num_nodes": e.num_nodes,
              "omp_num_threads": plan.loader.omp_num_threads, "num_workers": plan.loader.num_workers,
              "micro_batch_size": b.micro_batch_size, "gradient_accumulation_steps": b.gradient_accumulation_steps,

@@ -14,6 +14,7 @@ import torch
 
 from autotune.errors import UserError
 from autotune.plan import TrainingPlan
+from autotune.rundir.contention import as_record, share_between, snapshot
 from autotune.rundir.fs import append_text, write_whole
 from autotune.rundir.layout import (
     BACKOFF,
@@ -196,7 +197,8 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
     final = dict(history.entries[-1]) if history.entries else {}
     if ctx.is_main:
         summary = {"steps": step, "history": history.entries, "final": final,
-                   "measured_samples_per_s": window.samples_per_s(), "measured_steps": window.timed_steps}
+                   "measured_samples_per_s": window.samples_per_s(), "measured_steps": window.timed_steps,
+                   "measured_process": window.process()}  # what this rank's process got meanwhile
         write_whole(run_dir / METRICS, json.dumps(summary, indent=2, default=_nan_safe))
     return final
 
@@ -245,7 +247,7 @@ class _Window:
     def __init__(self, ctx: DistContext, global_batch: int):
         self.ctx, self.global_batch = ctx, global_batch
         self.loss, self.steps, self.t0 = torch.zeros((), dtype=torch.float64), 0, time.perf_counter()
-        self.timed_steps, self.timed_s, self.warm = 0, 0.0, False
+        self.timed_steps, self.timed_s, self.warm, self.since = 0, 0.0, False, None
 
     def add(self, step_loss: torch.Tensor, t0: float) -> float:
         """Count a step that started at ``t0``; its time, to the moment its loss reached the CPU."""
@@ -268,12 +270,17 @@ class _Window:
         if ctx.device.type == "cuda":
             metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2**30
         self.loss.zero_()
+        self.since = self.since or snapshot()  # the speed's steps start: what the process gets from here
         self.steps, self.t0, self.warm = 0, time.perf_counter(), True
         return metrics
 
     def samples_per_s(self) -> float | None:
         """Samples/s after warm-up (None: no step after the first window)."""
         return self.timed_steps * self.global_batch / self.timed_s if self.timed_steps else None
+
+    def process(self) -> dict | None:
+        """What this process got while the speed was measured (rundir.contention): did it have its cores?"""
+        return as_record(share_between(self.since, snapshot(), torch.get_num_threads())) if self.since else None
 
 
 class OomBackoff:

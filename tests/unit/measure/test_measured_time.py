@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.timing_rounds import answer
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.planner import plan
@@ -77,14 +78,14 @@ def test_the_cpu_timing_runs_once_then_comes_from_the_cache(tmp_path, monkeypatc
 
     def run(req):
         runs.append(req)
-        return {"points": [{"micro": m, "fb_s": 0.001 * m, "opt_s": 0.002} for m in req["micro_batches"]],
-                "all_reduce_s": 0.003 if req["ranks"] > 1 else None}
+        return answer({m: 0.001 * m for m in req["micro_batches"]}, comm=0.003 if req["ranks"] > 1 else None)
 
     what = dict(model="helpers.trace_models:mlp", sample="[64]", micro=48, ranks=2, threads=1, precision="fp32",
                 checkpointing=False, clip=1.0, weight_decay=0.01, what="helpers.trace_models:mlp")
     first = measured_steps(cpu="AMD EPYC", run=run, **what)
     assert runs[0]["micro_batches"] == [32, 64] and first.at(48) == (pytest.approx(0.048), pytest.approx(0.002))
-    assert first.ranks == 2 and first.all_reduce_s == 0.003 and first.basis.startswith("timed on this CPU (AMD EPYC")
+    assert first.ranks == 2 and first.all_reduce_s == pytest.approx(0.003)
+    assert first.basis.startswith("timed on this CPU (AMD EPYC") and first.under_load is None
     assert ("timing helpers.trace_models:mlp's training step on this CPU (2 processes x 1 thread(s)"
             in capsys.readouterr().err)
     assert measured_steps(cpu="AMD EPYC", run=run, **what) == first and len(runs) == 1  # from disk
@@ -101,9 +102,10 @@ def test_the_timing_child_times_the_models_own_step(monkeypatch):
     monkeypatch.setattr(timing, "MIN_SECONDS", 0.0)
     req = timing.request(model="helpers.trace_models:mlp", sample="[64]", micro=8, ranks=1, threads=1, precision="bf16",
                          checkpointing=False, clip=1.0, weight_decay=0.0, what="mlp")
-    out = timing._measure(req, "", 0)
-    assert [p["micro"] for p in out["points"]] == [4, 8] and out["all_reduce_s"] is None
-    assert all(p["fb_s"] > 0 and p["opt_s"] > 0 for p in out["points"])
+    rounds = timing._measure(req, "", 0)["rounds"]
+    assert [r["micro"] for r in rounds] == [4, 8] * timing.ROUNDS
+    assert all(r["fb_s"] > 0 and r["opt_s"] > 0 and r["threads"] == 1 and 0 < r["cpu_share"] for r in rounds)
+    assert all(r["wait_share"] is None or 0 <= r["wait_share"] <= 1 for r in rounds)  # what its process got
     workload = {"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "dropout": 0.0}, "data": {"seq_len": 4,
                                                                                               "vocab_size": 10}}
     from autotune.measure.timing import BUILTIN_BATCH, BUILTIN_MODEL
@@ -111,7 +113,7 @@ def test_the_timing_child_times_the_models_own_step(monkeypatch):
     req = timing.request(model=BUILTIN_MODEL, sample=BUILTIN_BATCH, micro=2, ranks=1, threads=1, precision="fp32",
                          checkpointing=True, clip=None, weight_decay=0.01, what="gpt",
                          model_kwargs={"workload": workload}, sample_kwargs={"workload": workload})
-    assert [p["micro"] for p in timing._measure(req, "", 0)["points"]] == [1, 2]
+    assert [r["micro"] for r in timing._measure(req, "", 0)["rounds"]][:2] == [1, 2]
 
 
 # -- the GPU probe's timed steps ---------------------------------------------------------------------------------
@@ -318,40 +320,3 @@ def test_estimate_shows_each_options_predicted_samples_per_s(capsys):
     head = next(ln for ln in table if ln.startswith("option"))
     row = next(ln for ln in table if ln.startswith("ZeRO-2 "))
     assert head.split()[-2:] == ["samples/s", "fits"] and row.split()[-3] == f"{rates['ZeRO-2']:,.0f}"
-
-
-def test_a_speed_measured_on_a_busy_machine_is_said_and_never_kept(tmp_path, monkeypatch):
-    """Other work on the cores slows what is measured: a timing taken then, and a run that ended then, are said to
-    be so and not kept (a timing kept from a loaded machine once predicted a run 15x too slow, calibrated by a run
-    also measured under load)."""
-    from types import SimpleNamespace
-
-    from autotune.launch import speed_check
-    from autotune.measure.timing import measured_steps
-    from autotune.rundir.speeds import machine_busy, past_runs
-
-    monkeypatch.delenv("AUTOTUNE_BUSY_LOAD")
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr("os.getloadavg", lambda: (5.2, 3.0, 2.0))
-    assert machine_busy(own=2) == "the machine was busy: a load average of 5.2 on 2 core(s), 3.2 of it other work"
-    assert machine_busy(own=4.5) is None  # what was measured is most of the load
-    answer = {"points": [{"micro": 32, "fb_s": 0.01, "opt_s": 0.001}, {"micro": 64, "fb_s": 0.018, "opt_s": 0.001}]}
-    what = dict(model="m:f", sample="m:g", micro=40, ranks=1, threads=2, precision="fp32", checkpointing=False,
-                clip=1.0, weight_decay=0.01, what="a model", model_kwargs={}, sample_kwargs={})
-    runs = []
-    steps = measured_steps(cpu="AMD EPYC", run=lambda req: runs.append(req) or answer, **what)
-    assert steps.basis.endswith("(the machine was busy: a load average of 5.2 on 2 core(s), 3.2 of it other work: "
-                                "not kept, the next plan times it again)")
-    measured_steps(cpu="AMD EPYC", run=lambda req: runs.append(req) or answer, **what)
-    assert len(runs) == 2  # timed again: nothing was kept
-    p = plan(this_cpu(), TrainConfig())  # one process of 2 threads: 3.2 of the 5.2 is other work
-    (tmp_path / "metrics.json").write_text(json.dumps({"measured_samples_per_s": 123.0, "measured_steps": 50}))
-    out = tmp_path / "out.txt"
-    with open(out, "w") as f:
-        speed_check.report(SimpleNamespace(plan=p, speed_key=("a model", "CPU AMD EPYC")), tmp_path, f)
-    assert past_runs("a model", "CPU AMD EPYC") == []
-    assert "speed: not kept to calibrate later plans: the machine was busy: a load average of 5.2" in out.read_text()
-    monkeypatch.setattr("os.getloadavg", lambda: (0.4, 0.3, 0.2))  # quiet: kept
-    measured_steps(cpu="AMD EPYC", run=lambda req: runs.append(req) or answer, **what)
-    measured_steps(cpu="AMD EPYC", run=lambda req: runs.append(req) or answer, **what)
-    assert len(runs) == 3
