@@ -100,7 +100,10 @@ class MemoryEstimate(_Section):
     activations_gib: float | None  # traced (or probed) at the planned micro-batch
     overhead_gib: float = 0.0  # DeepSpeed's communication buckets as configured; 0 for other engines and on CPU
     total_gib: float | None  # the allocated peak: states + activations + overhead
-    budget_gib: float | None  # usable memory: free x the policy's headroom, less what the allocator never counts
+    # usable for the estimate: free memory less what the allocator never counts (CUDA context, NCCL) and its own
+    # share above the estimate (allocator_gib)
+    budget_gib: float | None
+    allocator_gib: float | None = None  # the caching allocator above the estimate: its slack, the largest block
     host_gib_per_node: float | None = None  # offloaded state in host RAM, with the policy's margin
     unknown: str | None = None  # what the estimate cannot know, and why
 

@@ -32,12 +32,20 @@ class Need:
     activations_gib: float | None
     overhead_gib: float
     host_gib: float  # per node, with margin
+    allocator_gib: float = 0.0  # what the caching allocator takes above the estimate on a GPU (planner.headroom)
 
     @property
     def total_gib(self) -> float | None:
+        """The estimate: the allocated peak."""
         if self.states_gib is None:
             return None
         return self.states_gib + (self.activations_gib or 0.0) + self.overhead_gib
+
+    @property
+    def placed_gib(self) -> float | None:
+        """What the GPU must hold: the estimate and the allocator's share above it."""
+        total = self.total_gib
+        return None if total is None else total + self.allocator_gib
 
 
 @dataclass(frozen=True)
