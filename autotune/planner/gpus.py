@@ -41,6 +41,7 @@ class Efficiency(BaseModel):
     memory: float = Field(gt=0, le=1)  # of the memory bandwidth, for memory-bound ops
     optimizer_memory: float = Field(gt=0, le=1)  # of the memory bandwidth, for the optimizer's foreach ops
     kernel_s: float = Field(gt=0, lt=1)  # host time to dispatch one op (the floor of a step at small micro-batches)
+    time_error: float = Field(0.1, ge=0, lt=1)  # the model's median |error| on that evidence: a tie below it
     evidence: str = Field(min_length=1)  # what these were fitted on (or why they are a guess)
     measured: bool = True  # False: no evidence for this GPU, a conservative guess
 

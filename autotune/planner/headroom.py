@@ -41,10 +41,13 @@ def budget(inputs, mem_mib: float | None, nproc: int, on_gpu: bool, world: int) 
         dev = mem_mib / 1024 * policy.memory_headroom_fraction - outside / 1024
         site = (f" x memory_headroom_fraction {policy.memory_headroom_fraction}"
                 if policy.memory_headroom_fraction < 1 else "")
+        allocator = [f"its slack ({policy.allocator_slack_fraction:.1%} of the estimate)"
+                     if policy.allocator_slack_fraction else "",
+                     "the step's largest allocation placed whole" if policy.allocator_largest_block else ""]
+        allocator = [a for a in allocator if a]
         basis = (f"per GPU: free memory{site} - CUDA context {policy.cuda_context_mib:g} MiB" +
                  (f" - NCCL buffers {policy.nccl_buffers_mib:g} MiB" if world > 1 else "") +
-                 f" - the caching allocator's slack ({policy.allocator_slack_fraction:.1%} of the estimate)" +
-                 (" and the step's largest allocation placed whole" if policy.allocator_largest_block else ""))
+                 (f" - the caching allocator's share: {' and '.join(allocator)}" if allocator else ""))
         return Budget(dev, host, True, basis, outside / 1024)
     dev = None if host is None else host / nproc
     basis = (f"no GPU: {ram / 1024:.1f} GiB effective RAM x host_ram_headroom_fraction "

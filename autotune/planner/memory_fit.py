@@ -338,10 +338,12 @@ def _refuse(inputs: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: M
                                                                   policy.host_ram_headroom_fraction)
         if budget.on_gpu:
             outside = f" + {budget.outside_gib:.2f} GiB outside the allocator" if budget.outside_gib else ""
-            site = f" / headroom {policy.memory_headroom_fraction}" if policy.memory_headroom_fraction < 1 else ""
+            mine = f" + {best.need.allocator_gib:.2f} GiB the allocator takes above it" if best.need.allocator_gib \
+                else ""
+            needed = f"{best.need.total_gib:.2f} GiB estimated{mine}{outside}"
+            site = policy.memory_headroom_fraction
             would.append(f"{best.label}: GPUs with at least {_up(per_dev * GIB / 1e9, 0):.0f} GB free each "
-                         f"({best.need.total_gib:.2f} GiB estimated + {best.need.allocator_gib:.2f} GiB for the "
-                         f"allocator{outside}{site})")
+                         + (f"(({needed}) / headroom {site})" if site < 1 else f"({needed})"))
         else:
             would.append(f"{best.label}: at least {_up(per_dev * sz.nproc):.1f} GiB of RAM for {sz.nproc} "
                          "process(es)")

@@ -134,7 +134,7 @@ class Link:
 
 def infiniband_bytes_s(hw: HardwareProfile) -> tuple[float, str]:
     """One adapter's rate (bytes/s) as the profile read it from the adapter, else HDR's, and how it is known."""
-    gbps = getattr(hw, "infiniband_rate_gbps", None)
+    gbps = hw.infiniband_rate_gbps
     if gbps:
         return gbps / 8 * 1e9, f"{gbps:g} Gb/s as the adapter reports"
     return IB_DEFAULT_GBPS / 8 * 1e9, f"{IB_DEFAULT_GBPS:g} Gb/s (HDR) assumed: the profile does not give the rate"
@@ -172,6 +172,7 @@ class StepTime:
     step_s: float  # one optimizer step: accumulation x micro-step + optimizer + communication
     samples_per_s: float  # the global batch / step_s
     parts: tuple[tuple[str, float], ...] = ()  # communication by kind, seconds per optimizer step
+    tie: float = 0.005  # the model's own error here (relative): options closer than this are a tie
 
     def describe(self) -> str:
         extra = ", ".join(f"{name} {secs:.2g} s a step" for name, secs in self.parts if secs >= 0.0005)
@@ -196,12 +197,14 @@ def phase_gpu_s(work: PhaseWork, gpu: GPUSpec, precision: str, tf32: bool, cal: 
 
 def compute_s(step: StepWork, gpu: GPUSpec, precision: str, tf32: bool, cal: Efficiency | None = None
               ) -> tuple[float, float, float]:
-    """(micro-step, the whole model's optimizer step, the backward's GPU time that collectives can hide behind)."""
+    """(micro-step, the whole model's optimizer step, the backward's time that collectives can hide behind: its GPU
+    time, or its kernels' dispatch where the host is slower, as NCCL's stream runs all the while)."""
     cal = cal or gpu.efficiency
     backward = phase_gpu_s(step.backward, gpu, precision, tf32, cal)
     gpu_s = phase_gpu_s(step.forward, gpu, precision, tf32, cal) + backward
     host_s = (step.forward.kernels + step.backward.kernels) * cal.kernel_s
-    return max(gpu_s, host_s), optimizer_s(step, gpu, precision, tf32, 1.0, cal), backward
+    hide = max(backward, step.backward.kernels * cal.kernel_s)
+    return max(gpu_s, host_s), optimizer_s(step, gpu, precision, tf32, 1.0, cal), hide
 
 
 def optimizer_s(step: StepWork, gpu: GPUSpec, precision: str, tf32: bool, share: float,
@@ -289,4 +292,4 @@ def step_time(step: StepWork, *, strategy: str, micro: int, accumulation: int, w
         parts["CPU Adam" if line.host_adam == "deepspeed" else "host AdamW"] = opt_s
     step_s = accumulation * micro_s + opt_s + comm
     return StepTime(micro_s, opt_s, comm, step_s, micro * accumulation * n / step_s,
-                    tuple((k, v) for k, v in parts.items()))
+                    tuple((k, v) for k, v in parts.items()), (cal or gpu.efficiency).time_error)
