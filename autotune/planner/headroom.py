@@ -9,9 +9,10 @@ The estimate is the allocated peak (``torch.cuda.max_memory_allocated``). On top
   (the H100 recordings, ../shared/gpu-truth, at the largest step that ran: reserved over allocated 1.0 % for
   BERT-base, 1.1 % for GPT-2 small, 1.4 % for ResNet-50: the policy's ``allocator_slack_fraction``), and one block
   the size of the step's largest allocation, which it must place whole among the blocks it already cut (the same
-  recordings: the first micro-batch that ran out of memory was one largest tensor short, GPT-2's fp32
-  log-probabilities 8.8 GiB, BERT's 10.7 GiB, ResNet-50's first activation 2.8 GiB, with 9.9, 10.4-11.9 and
-  1.5-2.7 GiB of the GPU unused; ``allocator_largest_block``).
+  recordings: the first micro-batch that ran out of memory left free up to one such tensor, GPT-2's fp32
+  log-probabilities 8.8 GiB with 9.9 GiB unused, BERT's 10.7 GiB with about 10.4, ResNet-50's first activation
+  2.8 GiB with 1.5; ``allocator_largest_block``). An upper bound: ResNet-50's largest micro-batch that ran is
+  refused by it, GPT-2 small's and BERT-base's are planned and their first failures are not.
 
 Nothing else: a fixed fraction of the GPU (the old 15 %) refused settings that ran on real GPUs. The policy's
 ``memory_headroom_fraction`` stays for a site that wants a margin of its own (1.0: none).
