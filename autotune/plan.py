@@ -107,7 +107,10 @@ class MemoryEstimate(_Section):
     # FSDP2 with a model built whole before sharding (your script's; the built-in workload builds on the meta device):
     # the set-up's peak, its fp32 weights whole beside the shards being made; the plan fits the larger of the two
     init_gib: float | None = None
-    budget_gib: float | None  # usable memory: free x the policy's headroom, less what the allocator never counts
+    # usable for the estimate: free memory less what the allocator never counts (CUDA context, NCCL) and its own
+    # share above the estimate (allocator_gib)
+    budget_gib: float | None
+    allocator_gib: float | None = None  # the caching allocator above the estimate: its slack, the largest block
     host_gib_per_node: float | None = None  # offloaded state in host RAM, with the policy's margin
     unknown: str | None = None  # what the estimate cannot know, and why
 

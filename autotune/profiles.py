@@ -147,6 +147,8 @@ class HardwareProfile(_Frozen):
     cpu: CPUInfo = CPUInfo()
     memory: MemoryInfo = MemoryInfo()
     infiniband: tuple[str, ...] | None = None  # None = unknown, () = none present
+    # the slowest active InfiniBand port's rate, Gb/s, as the adapter reports it (ports/N/rate); None = unknown
+    infiniband_rate_gbps: float | None = Field(None, gt=0, le=6400)
     slurm: SlurmInfo | None = None
     kubernetes: KubernetesInfo | None = None
     software: dict[str, str | None] = {}

@@ -76,6 +76,8 @@ def render_profile(hw: HardwareProfile, out: TextIO) -> None:
     w(f"cgroup limit:    {lim}\n")
     w(f"Effective RAM:   {_v(_gib(m.effective_mib))} - {m.effective_reason}\n")
     ib = "unknown" if hw.infiniband is None else (", ".join(hw.infiniband) or "none")
+    if hw.infiniband and hw.infiniband_rate_gbps:
+        ib += f" ({hw.infiniband_rate_gbps:g} Gb/s)"
     w(f"InfiniBand:      {ib}\n")
     if hw.slurm:
         s = hw.slurm

@@ -15,6 +15,7 @@ from autotune.hardware.host import (
     parse_slurm_env,
     probe_cpu,
     probe_infiniband,
+    probe_infiniband_rate,
     probe_memory,
     software_versions,
 )
@@ -55,7 +56,8 @@ def detect(
         gpus=gpus,
         cpu=cpu,
         memory=mem,
-        infiniband=probe_infiniband(sys_class, unknown),
+        infiniband=(ib := probe_infiniband(sys_class, unknown)),
+        infiniband_rate_gbps=probe_infiniband_rate(sys_class, ib),
         slurm=slurm,
         kubernetes=pod,
         software=software_versions(),

@@ -113,6 +113,29 @@ def probe_infiniband(sys_class: str | Path, unknown: dict[str, str]) -> tuple[st
         return None
 
 
+def parse_ib_rate(text: str) -> float | None:
+    """Gb/s from a port's ``rate`` file ("400 Gb/sec (4X NDR)"); None when it says no rate."""
+    found = re.match(r"\s*(\d+(?:\.\d+)?)\s*Gb/sec", text)
+    return float(found.group(1)) if found and float(found.group(1)) > 0 else None
+
+
+def probe_infiniband_rate(sys_class: str | Path, adapters: tuple[str, ...] | None) -> float | None:
+    """The slowest active port's rate among the adapters (Gb/s); None when no port says (a down port reads
+    ``state`` other than ACTIVE and is skipped)."""
+    rates = []
+    for name in adapters or ():
+        for port in sorted((Path(sys_class) / "infiniband" / name / "ports").glob("*")):
+            try:
+                if "ACTIVE" not in (port / "state").read_text():
+                    continue
+                rate = parse_ib_rate((port / "rate").read_text())
+            except OSError:
+                continue
+            if rate:
+                rates.append(rate)
+    return min(rates) if rates else None
+
+
 def _int_or_none(v: str | None) -> int | None:
     try:
         return int(v) if v is not None else None

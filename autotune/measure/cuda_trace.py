@@ -84,6 +84,7 @@ class WorkCount:
         self.phase = "forward"
         self.rows: dict[tuple[str, str, int], list] = {}
         self.unformulated: dict[str, float] = {}
+        self.largest = 0  # the largest single allocation of the step, bytes (the allocator must place it whole)
 
     def add(self, func, args, kwargs, out) -> None:
         import math
@@ -173,6 +174,8 @@ class PeakTracker:
             self.live[st] = n
             self.current += n
             self.peak = max(self.peak, self.current)
+            if self.work is not None:
+                self.work.largest = max(self.work.largest, n)
             weakref.finalize(st, self._freed, n)
 
     def _freed(self, n: int) -> None:
@@ -339,4 +342,5 @@ def step_work(micro: int, count: WorkCount):
 
     top = sorted(count.unformulated.items(), key=lambda kv: -kv[1])[:12]
     return StepWork(micro=micro, forward=phase("forward"), backward=phase("backward"),
-                    optimizer=phase("optimizer"), memory_bound_ops=tuple(n for n, _ in top))
+                    optimizer=phase("optimizer"), memory_bound_ops=tuple(n for n, _ in top),
+                    largest_allocation_bytes=float(count.largest))

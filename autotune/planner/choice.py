@@ -63,7 +63,13 @@ def hsdp_fits(world: int, num_nodes: int) -> bool:
     return num_nodes > 1 and world > num_nodes and world % num_nodes == 0
 
 
-TIE = 0.005  # predicted samples/s within 0.5 % of the best: a tie, settled by the policy's preference order
+TIE = 0.005  # the least tie: predicted samples/s this close to the best cannot be told apart by any model
+
+
+def tie_of(rows) -> float:
+    """How close to the best a prediction is a tie: the step-time model's own error on the GPU's evidence (the
+    median over what its efficiencies were fitted on, ``gpus.Efficiency.time_error``), never below TIE."""
+    return max([TIE] + [rw.time.tie for rw in rows if rw.time is not None])
 
 
 def holding(largest: int, target: int, world: int, most: int = 6) -> list[tuple[int, int]]:
@@ -133,7 +139,7 @@ def pick_by_time(rows: tuple[Row, ...]) -> Row | None:
     if not timed:
         return None
     best = max(rw.time.samples_per_s for rw in timed)
-    return next(rw for rw in timed if rw.time.samples_per_s >= best * (1 - TIE))
+    return next(rw for rw in timed if rw.time.samples_per_s >= best * (1 - tie_of(timed)))
 
 
 def time_reason(chosen: Row, rows: tuple[Row, ...]) -> str:
@@ -158,8 +164,8 @@ def time_reason(chosen: Row, rows: tuple[Row, ...]) -> str:
     fastest = max((rw.time.samples_per_s for rw in weighed if rw.why_not is None and rw.time is not None),
                   default=chosen.time.samples_per_s)
     if chosen.time.samples_per_s < fastest:
-        return (f"within {TIE:.1%} of the most samples/s at the global batch, a tie settled by the preference order: "
-                f"{text}")
+        return (f"within {tie_of(weighed):.1%} of the most samples/s at the global batch (the model's own error), a "
+                f"tie settled by the preference order: {text}")
     return f"the most samples/s at the global batch: {text}"
 
 

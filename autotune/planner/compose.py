@@ -30,13 +30,14 @@ from autotune.planner import deciders as dec
 from autotune.planner import memory, pods
 from autotune.planner.choice import settle_engine, shown_with_times
 from autotune.planner.fsdp_reasons import explain_mesh
+from autotune.planner.headroom import budget as _budget
 from autotune.planner.memory_fit import fit
 from autotune.planner.micro import GLOBAL_TOLERANCE, plans_largest
 from autotune.planner.model_facts import ModelFacts, facts_for
 from autotune.planner.policy import Policy, load_policy
 from autotune.planner.resolve import Decision, Resolver, is_set
 from autotune.planner.time_estimate import time_estimate, timing_for
-from autotune.planner.weighing import Budget, Weighing
+from autotune.planner.weighing import Weighing
 from autotune.profiles import HardwareProfile
 
 DEBUG_MAX_STEPS = 20
@@ -231,28 +232,6 @@ def _tokens_per_sample(cfg: TrainConfig) -> int | None:
     spec = (t.sample_input or "").replace(" ", "")
     found = re.fullmatch(r"int\[(\d+)\](<\d+)?", spec)
     return int(found.group(1)) if found else None
-
-
-def _budget(inputs: dec.Inputs, mem_mib: float | None, nproc: int, on_gpu: bool, world: int) -> Budget:
-    """Usable memory per GPU (per process on CPU) and host RAM per node, from the policy's fractions. On a GPU
-    what PyTorch's allocator never counts comes off the budget, not onto the estimate (which is the allocated
-    peak, as ``torch.cuda.max_memory_allocated`` reports it): the CUDA context and, with several ranks, NCCL's
-    buffers."""
-    policy, ram = inputs.policy, inputs.hw.memory.effective_mib
-    host = None if ram is None else ram / 1024 * policy.host_ram_headroom_fraction
-    if on_gpu:
-        if mem_mib is None:
-            return Budget(None, host, True, "GPU memory unknown")
-        outside = policy.cuda_context_mib + (policy.nccl_buffers_mib if world > 1 else 0)
-        dev = mem_mib / 1024 * policy.memory_headroom_fraction - outside / 1024
-        basis = (f"per GPU: free memory x memory_headroom_fraction {policy.memory_headroom_fraction} - CUDA "
-                 f"context {policy.cuda_context_mib:g} MiB" +
-                 (f" - NCCL buffers {policy.nccl_buffers_mib:g} MiB" if world > 1 else ""))
-        return Budget(dev, host, True, basis, outside / 1024)
-    dev = None if host is None else host / nproc
-    basis = (f"no GPU: {ram / 1024:.1f} GiB effective RAM x host_ram_headroom_fraction "
-             f"{policy.host_ram_headroom_fraction} / {nproc} process(es)" if ram is not None else "RAM unknown")
-    return Budget(dev, host, False, basis)
 
 
 def _accumulation_decision(target: int, micro: int, world: int, debug: bool) -> Decision:

@@ -2,6 +2,8 @@
 each row with its source), and the lookup of a detected or preset GPU in it. Pure: no torch, no NVML.
 
 A GPU that matches no row is unknown (``spec_for`` returns None): the plan then keeps the memory rule and says so.
+Each row names its efficiencies (``efficiencies``: the fractions of its peaks each kind of op reaches, with the
+evidence they were fitted on); a row without evidence takes the table's conservative set, and says so.
 What NVML reports overrides the row where it can: the PCIe generation and width the card is linked at
 (``pcie_link_gen_max``, ``pcie_link_width_max``) and its maximum SM clock (a card capped below the clock the peaks
 are quoted at computes that much slower).
@@ -21,6 +23,32 @@ from autotune.profiles import GPUInfo
 DEFAULT_TABLE_PATH = Path(__file__).resolve().parents[2] / "configs" / "gpus.yaml"
 # PCIe bandwidth per direction and lane, GB/s, after the line code (PCI-SIG: 8b/10b for Gen1-2, 128b/130b after)
 PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+CONSERVATIVE = "conservative"  # the efficiencies of a GPU without evidence
+
+
+class Efficiency(BaseModel):
+    """What a GPU's kernels reach, per kind of op: fractions of the row's peaks, and the host's time per kernel.
+    Attention's fraction grows with its arithmetic intensity (FLOPs per byte, which grows with the sequence length
+    and head size): ``attention x I / (I + attention_half_intensity)``, as FlashAttention-2's published curves do."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    matmul: float = Field(gt=0, le=1)  # of the dense tensor-core peak, for matmuls
+    attention: float = Field(gt=0, le=1)  # fused attention at long sequences (its ceiling)
+    attention_half_intensity: float = Field(ge=0)  # FLOPs per byte where attention reaches half its ceiling
+    conv: float = Field(gt=0, le=1)  # for convolutions
+    memory: float = Field(gt=0, le=1)  # of the memory bandwidth, for memory-bound ops
+    optimizer_memory: float = Field(gt=0, le=1)  # of the memory bandwidth, for the optimizer's foreach ops
+    kernel_s: float = Field(gt=0, lt=1)  # host time to dispatch one op (the floor of a step at small micro-batches)
+    time_error: float = Field(0.1, ge=0, lt=1)  # the model's median |error| on that evidence: a tie below it
+    evidence: str = Field(min_length=1)  # what these were fitted on (or why they are a guess)
+    measured: bool = True  # False: no evidence for this GPU, a conservative guess
+
+    def attention_at(self, intensity: float) -> float:
+        """Attention's fraction of the peak at ``intensity`` FLOPs per byte."""
+        i = max(intensity, 1e-9)
+        return self.attention * i / (i + self.attention_half_intensity)
 
 
 class GPURow(BaseModel):
@@ -37,6 +65,7 @@ class GPURow(BaseModel):
     pcie_gen: int = Field(ge=1, le=6)
     pcie_width: int = Field(ge=1, le=32)
     boost_clock_mhz: float = Field(gt=0)
+    efficiency: str = CONSERVATIVE  # the name of its efficiencies in the table (no evidence: the conservative set)
 
     def matches(self, device_name: str) -> bool:
         return any(re.search(rf"(?<![A-Za-z0-9]){re.escape(n)}(?![A-Za-z0-9])", device_name, re.IGNORECASE)
@@ -46,7 +75,20 @@ class GPURow(BaseModel):
 class GPUTable(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    efficiencies: tuple[Efficiency, ...] = Field(min_length=1)
     gpus: tuple[GPURow, ...] = Field(min_length=1)
+
+    def model_post_init(self, _ctx) -> None:
+        names = {e.name for e in self.efficiencies}
+        if CONSERVATIVE not in names:
+            raise ValueError(f"efficiencies: a set named {CONSERVATIVE!r} is required (GPUs without evidence)")
+        for r in self.gpus:
+            if r.efficiency not in names:
+                raise ValueError(f"gpus: {r.name}: efficiency {r.efficiency!r} is not one of "
+                                 f"{', '.join(sorted(names))}")
+
+    def efficiency(self, name: str) -> Efficiency:
+        return next(e for e in self.efficiencies if e.name == name)
 
 
 class GPUSpec(BaseModel):
@@ -55,6 +97,7 @@ class GPUSpec(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     row: GPURow
+    efficiency: Efficiency
     clock_scale: float = 1.0  # NVML's max SM clock / the row's boost clock, at most 1
     pcie_gbps: float  # per direction, at the detected (else the row's) generation and width
     basis: str  # one phrase: which row, and what NVML changed
@@ -109,4 +152,5 @@ def spec_for(dev: GPUInfo, table: GPUTable | None = None) -> GPUSpec | None:
         notes.append(f"PCIe Gen{gen} x{width} as NVML reports")
     pcie = PCIE_LANE_GBPS.get(gen, PCIE_LANE_GBPS[4]) * width * 1e9
     basis = f"the {row.name} row of configs/gpus.yaml" + (f" ({'; '.join(notes)})" if notes else "")
-    return GPUSpec(row=row, clock_scale=scale, pcie_gbps=pcie / 1e9, basis=basis)
+    return GPUSpec(row=row, efficiency=table.efficiency(row.efficiency), clock_scale=scale, pcie_gbps=pcie / 1e9,
+                   basis=basis)

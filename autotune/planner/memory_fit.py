@@ -23,6 +23,7 @@ from autotune.planner import memory
 from autotune.planner.choice import candidates, pick_by_time, time_reason, timed
 from autotune.planner.deciders import BandChoice, Inputs
 from autotune.planner.fsdp_reasons import explain_fsdp
+from autotune.planner.headroom import HOST_RAM, _fits, _over, _up, allocator_bytes
 from autotune.planner.memory import STRATEGIES, Strategy
 from autotune.planner.micro import (
     FAST_MICRO,
@@ -66,41 +67,11 @@ class Sizer:
         init, init_host = memory.fsdp_init_bytes(s, f.num_parameters, self.world, on_meta=self.builds_on_meta,
                                                  ranks_per_node=self.nproc)
         host = max(st.host_bytes_per_node, init_host) * policy.offload_host_ram_margin
-        return Need(states / GIB, None if acts is None else acts / GIB, overhead / GIB, host / GIB, init / GIB)
-
-
-def _over(need: float, usable: float) -> tuple[str, str]:
-    """Both figures with as many decimals (1 to 4) as it takes to show the need is the larger one
-    (never "8.3 GiB needed > 8.3 GiB usable")."""
-    for digits in range(1, 5):
-        a, b = f"{need:.{digits}f}", f"{usable:.{digits}f}"
-        if a != b:
-            break
-    return a, b
-
-
-def _up(x: float, decimals: int = 1) -> float:
-    """Rounded up (a suggestion of what would fit must be enough, not 0.04 short)."""
-    scale = 10 ** decimals
-    return math.ceil(x * scale - 1e-9) / scale
-
-
-HOST_RAM = "host RAM"  # how a reason about offloaded state starts (_fits writes it, _refuse reads it)
-
-
-def _fits(need: Need, b: Budget) -> str | None:
-    """None if it fits, else why not (with the numbers)."""
-    total = need.peak_gib
-    if b.device_gib is not None and total is not None and b.device_gib <= 0:
-        return (f"{total:.2f} GiB needed, and no GPU memory is usable: the {b.outside_gib:.2f} GiB outside the "
-                "allocator (CUDA context, NCCL buffers) take all the headroom leaves")
-    if b.device_gib is not None and total is not None and total > b.device_gib:
-        return "%s GiB needed > %s GiB usable" % _over(total, b.device_gib)
-    if need.host_gib > 0 and b.host_gib is not None and need.host_gib > b.host_gib:
-        return f"{HOST_RAM} %s GiB needed per node > %s GiB usable" % _over(need.host_gib, b.host_gib)
-    if need.host_gib > 0 and b.host_gib is None:
-        return f"{HOST_RAM} unknown: offload cannot be checked"
-    return None
+        allocated = states + (acts or 0.0) + overhead
+        extra = allocator_bytes(f, policy, allocated, half=self.half, checkpointing=ckpt, micro=micro) \
+            if self.on_gpu else 0.0
+        return Need(states / GIB, None if acts is None else acts / GIB, overhead / GIB, host / GIB,
+                    init_gib=init / GIB, allocator_gib=extra / GIB)
 
 
 def _row(sz: Sizer, b: Budget, s: Strategy, ckpt: bool, top: int, fixed_micro: bool) -> Row:
@@ -280,7 +251,8 @@ def _estimate(row: Row, facts: ModelFacts, budget: Budget, ckpt: bool) -> Memory
         activations_gib=None if n.activations_gib is None else round(n.activations_gib, 4),
         overhead_gib=round(n.overhead_gib, 4), total_gib=None if n.total_gib is None else round(n.total_gib, 4),
         init_gib=round(n.init_gib, 4) if n.init_gib else None,
-        budget_gib=None if budget.device_gib is None else round(budget.device_gib, 4),
+        budget_gib=None if budget.device_gib is None else round(budget.device_gib - n.allocator_gib, 4),
+        allocator_gib=round(n.allocator_gib, 4) if budget.on_gpu else None,
         host_gib_per_node=round(n.host_gib, 2) if n.host_gib else None, unknown=unknown)
 
 
@@ -363,13 +335,16 @@ def _refuse(inputs: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: M
                                                              and rw.need.host_gib <= budget.host_gib)]
     if host_ok and budget.device_gib is not None and host_ok[0].need.total_gib is not None:
         best = min(host_ok, key=lambda rw: (rw.need.total_gib or 0.0))
-        per_dev = (best.need.total_gib + budget.outside_gib) / (policy.memory_headroom_fraction if budget.on_gpu else
-                                                                 policy.host_ram_headroom_fraction)
+        per_dev = (best.need.placed_gib + budget.outside_gib) / (policy.memory_headroom_fraction if budget.on_gpu else
+                                                                  policy.host_ram_headroom_fraction)
         if budget.on_gpu:
             outside = f" + {budget.outside_gib:.2f} GiB outside the allocator" if budget.outside_gib else ""
+            mine = f" + {best.need.allocator_gib:.2f} GiB the allocator takes above it" if best.need.allocator_gib \
+                else ""
+            needed = f"{best.need.total_gib:.2f} GiB estimated{mine}{outside}"
+            site = policy.memory_headroom_fraction
             would.append(f"{best.label}: GPUs with at least {_up(per_dev * GIB / 1e9, 0):.0f} GB free each "
-                         f"(({best.need.total_gib:.2f} GiB estimated{outside}) / headroom "
-                         f"{policy.memory_headroom_fraction})")
+                         + (f"(({needed}) / headroom {site})" if site < 1 else f"({needed})"))
         else:
             would.append(f"{best.label}: at least {_up(per_dev * sz.nproc):.1f} GiB of RAM for {sz.nproc} "
                          "process(es)")
@@ -379,7 +354,7 @@ def _refuse(inputs: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: M
         layer = memory.model_state_bytes(STRATEGIES["zero3"], 0, sz.world, largest_layer=facts.largest_layer_parameters,
                                          half=sz.half).gpu_bytes / GIB
         sharded = z3.need.states_gib - layer  # the part that shrinks as 1 / world size
-        room = budget.device_gib - (z3.need.total_gib - sharded)
+        room = budget.device_gib - (z3.need.placed_gib - sharded)
         if room > 0 and sharded > 0:
             would.append(f"ZeRO-3 across {math.ceil(sz.world * sharded / room)} GPUs of this size")
     off = [rw for rw in rows if rw.strategy.offload_optimizer]

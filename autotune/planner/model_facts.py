@@ -165,6 +165,9 @@ class StepWork(_Frozen):
     backward: PhaseWork
     optimizer: PhaseWork
     memory_bound_ops: tuple[str, ...] = ()  # ops without a FLOP formula, counted memory-bound, most bytes first
+    # the largest single allocation of the step (a language model's fp32 log-probabilities, a CNN's first
+    # activation): the caching allocator must find it one block (planner.headroom); 0: not counted
+    largest_allocation_bytes: float = 0.0
 
 
 class WorkLine(_Frozen):
@@ -182,9 +185,10 @@ class WorkLine(_Frozen):
         if lo.micro == micro or lo is hi:
             return lo if lo.micro == micro or lo is hi else hi
         w = (micro - lo.micro) / (hi.micro - lo.micro)
+        largest = lo.largest_allocation_bytes + w * (hi.largest_allocation_bytes - lo.largest_allocation_bytes)
         return StepWork(micro=micro, forward=lo.forward.scaled(hi.forward, w),
                         backward=lo.backward.scaled(hi.backward, w), optimizer=hi.optimizer,
-                        memory_bound_ops=hi.memory_bound_ops)
+                        memory_bound_ops=hi.memory_bound_ops, largest_allocation_bytes=max(0.0, largest))
 
 
 class WorkModel(_Frozen):
@@ -326,7 +330,9 @@ def builtin_work(cfg: TrainConfig, num_params: int) -> WorkModel:
                                    (8 + 4 * again) * layers + 2),
                                   ("memory", -1, 0.0, (3 + 2 * again) * acts, kb + again * kf)))
             opt = PhaseWork(rows=(("memory", -1, 0.0, 28.0 * num_params, 13),))
-            return StepWork(micro=b, forward=fwd, backward=bwd, optimizer=opt)
+            # the loss's fp32 log-probabilities, the step's largest tensor
+            return StepWork(micro=b, forward=fwd, backward=bwd, optimizer=opt,
+                            largest_allocation_bytes=4.0 * b * s * vocab)
         return WorkLine(points=(at(1), at(64)))
 
     return WorkModel(source="the built-in GPT's FLOPs and bytes by formula", fp32=line(False, False),

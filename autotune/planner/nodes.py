@@ -97,6 +97,8 @@ def smallest(profiles: Mapping[int, HardwareProfile], me: int) -> tuple[Hardware
     interconnect = min(links, key=_INTERCONNECT_ORDER.index)
     ibs = [hw.infiniband for hw in every]
     infiniband = None if any(ib is None for ib in ibs) else (base.infiniband if all(ibs) else ())
+    rates = [hw.infiniband_rate_gbps for hw in every]
+    ib_rate = None if any(r is None for r in rates) else min(rates)  # the slowest adapter of the job
     cores = min(hw.cpu.effective_cores for hw in every)
     ram = _min_known(hw.memory.effective_mib for hw in every)
     why = f"the smallest of {len(every)} nodes"
@@ -108,7 +110,8 @@ def smallest(profiles: Mapping[int, HardwareProfile], me: int) -> tuple[Hardware
             else f"{why}: {interconnect}"}),
         "cpu": base.cpu.model_copy(update={"effective_cores": cores, "effective_cores_reason": f"{why}: {cores}"}),
         "memory": base.memory.model_copy(update={"effective_mib": ram, "effective_reason": f"{why}: {ram} MiB"}),
-        "infiniband": infiniband, "slurm": own.slurm, "kubernetes": own.kubernetes, "hostname": own.hostname,
+        "infiniband": infiniband, "infiniband_rate_gbps": ib_rate, "slurm": own.slurm, "kubernetes": own.kubernetes,
+        "hostname": own.hostname,
         "num_nodes": own.num_nodes,
     })
     lines = [f"the nodes differ; every node plans for the smallest ({node_line(combined)}):"]

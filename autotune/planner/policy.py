@@ -58,6 +58,10 @@ class Policy(_Strict):
     strategy_preference: tuple[StrategyOption, ...] = Field(min_length=1)
     cuda_context_mib: float = Field(ge=0)
     nccl_buffers_mib: float = Field(ge=0)
+    # the caching allocator above the allocated peak (planner.headroom): its reserved slack, as a fraction of the
+    # estimate, and one block of the step's largest allocation
+    allocator_slack_fraction: float = Field(0.011, ge=0, le=1)
+    allocator_largest_block: bool = True
     traced_activation_margin: float = Field(ge=1)
     # a model traced as CUDA runs it: "fit" plans the largest micro-batch that fits (up to global / world);
     # "band" keeps the VRAM band table's, as for the built-in workload and models that are not traced

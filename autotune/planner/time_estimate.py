@@ -5,12 +5,13 @@ null with its reason."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.planner.gpus import GPUSpec
 from autotune.planner.model_facts import MeasuredSteps, WorkModel
-from autotune.planner.step_time import CALIBRATION_BASIS, Link, StepTime, compute_s, link_for, step_time
+from autotune.planner.step_time import Link, StepTime, compute_s, link_for, step_time
 from autotune.profiles import HardwareProfile
 
 if TYPE_CHECKING:
@@ -32,19 +33,21 @@ class Timing:
     link: Link | None = None
     cores_per_rank: float = 1.0
     measured: MeasuredSteps | None = None
+    units: int = 1  # the modules a sharded engine gathers one by one (FSDP2's units): NCCL calls per collective
 
     def time(self, strategy, checkpointing: bool, micro: int, accumulation: int) -> StepTime | None:
         if self.measured is not None and self.gpu is None:  # timed on this CPU: torch's step, as the ranks ran it
             fits = strategy.backend != "deepspeed" and self.measured.ranks == self.world
             return self._measured(micro, accumulation) if fits else None
         half = self.precision in ("bf16", "fp16")
-        line = self.work.line(half, checkpointing, strategy.backend in ("deepspeed", "fsdp")) if self.work else None
+        # every engine on the same compute line (the step as the trace ran it): engines differ by what they add
+        line = self.work.line(half, checkpointing) if self.work else None
         if line is None or self.gpu is None or self.link is None:
             return None
         return step_time(line.at(micro), strategy=strategy.name, micro=micro, accumulation=accumulation,
                          world=self.world, gpu=self.gpu, link=self.link, precision=self.precision, tf32=self.tf32,
                          num_parameters=self.num_parameters, host_cores_per_rank=self.cores_per_rank,
-                         scale=self._probed(half, micro))
+                         scale=self._probed(half, micro), units=self.units)
 
     def why_untimed(self, strategy) -> str:
         if self.measured is not None and self.gpu is None:
@@ -98,12 +101,16 @@ def timing_for(hw: HardwareProfile, devs, facts, *, precision: str, tf32: bool, 
                       "plan keeps the memory rule")
     cores = max(1.0, hw.cpu.effective_cores / max(1, nproc))
     link = link_for(hw, gpu, nproc, num_nodes)
-    basis = f"model: {facts.work.source} on {gpu.basis}; {CALIBRATION_BASIS}"
+    eff = gpu.efficiency
+    said = (f"efficiencies '{eff.name}': {eff.evidence}" if eff.measured else
+            f"no evidence for the {gpu.row.name}: the conservative efficiencies ({eff.evidence})")
+    basis = f"model: {facts.work.source} on {gpu.basis}; every engine on the same compute line; {said}"
+    units = max(1, round(facts.num_parameters / facts.fsdp_unit_parameters)) if facts.fsdp_unit_parameters else 1
     probed = facts.measured_steps
     if probed is not None:  # the compute as GPU 0 ran it; the other options' by the model, scaled alike
         basis = f"{probed.basis}; other options and communication by the {basis}"
     return Timing(basis=basis, num_parameters=facts.num_parameters, world=world, precision=precision, tf32=tf32,
-                  work=facts.work, gpu=gpu, link=link, cores_per_rank=cores, measured=probed), ""
+                  work=facts.work, gpu=gpu, link=link, cores_per_rank=cores, measured=probed, units=units), ""
 
 
 def matching_run(runs, strategy, checkpointing: bool, micro: int, world: int, precision: str):
@@ -140,11 +147,9 @@ def time_estimate(timing: Timing | None, untimed: str, strategy, checkpointing: 
                   past_runs: tuple = (), on_gpu: bool = True) -> TimeEstimate:
     """The plan's ``time_estimate``: each figure, or null with its reason; a past run with the same settings
     calibrates it (``past_runs``: the model's, on this kind of machine, newest first)."""
-    import dataclasses
     import math
 
     from autotune.plan import TimeEstimate
-    from autotune.planner.memory import STRATEGIES
 
     figures = ("micro_step_s", "optimizer_step_s", "communication_s", "step_s", "samples_per_s", "tokens_per_s",
                "total_s", "speedup_vs_1_gpu")
@@ -171,16 +176,7 @@ def time_estimate(timing: Timing | None, untimed: str, strategy, checkpointing: 
     total = None if not total_steps else total_steps * t.step_s
     if total is None:
         unknown["total_s"] = "the number of steps is unknown (set training.max_steps, or data.num_samples and epochs)"
-    speedup, speedup_basis = None, None
-    if timing is not None and timing.gpu is not None and timing.link is not None:
-        one_acc = max(1, round(accumulation * world))
-        one = dataclasses.replace(timing, world=1, link=Link(None, timing.link.pcie_bytes_s, "one process"))
-        t1 = one.time(STRATEGIES["ddp"], checkpointing, micro, one_acc)
-        model = timing.time(strategy, checkpointing, micro, accumulation)
-        if t1 is not None and model is not None:
-            speedup = model.samples_per_s / t1.samples_per_s
-            speedup_basis = (f"against one {timing.gpu.row.name} at micro-batch {micro} x accumulation {one_acc} "
-                             f"(one process), by the same model")
+    speedup, speedup_basis = _speedup(timing, strategy, checkpointing, micro, accumulation, world)
     if speedup is None:
         unknown["speedup_vs_1_gpu"] = ("no GPU: a CPU plan" if not on_gpu else untimed or "unknown" if timing is None
                                        else "no GPU: a CPU plan" if timing.gpu is None else
@@ -195,3 +191,30 @@ def time_estimate(timing: Timing | None, untimed: str, strategy, checkpointing: 
                         samples_per_s=round(t.samples_per_s, 3), tokens_per_s=r(tokens, 1), total_s=r(total, 2),
                         speedup_vs_1_gpu=r(speedup, 3), basis=basis + comm, speedup_basis=speedup_basis,
                         unknown=unknown)
+
+
+def _speedup(timing: Timing | None, strategy, checkpointing: bool, micro: int, accumulation: int,
+             world: int) -> tuple[float | None, str | None]:
+    """This plan's samples/s over the fastest one GPU reaches with the same global batch (micro-batch x the
+    accumulation times the world), by the same model on the same compute line: DDP's plain step, or this engine's
+    own line on one GPU with the host's every core. Never above the GPU count, by construction: one GPU runs the
+    same micro-steps one after another, the whole optimizer step at most N times this plan's share of it, and no
+    communication."""
+    from autotune.planner.memory import STRATEGIES
+
+    if timing is None or timing.gpu is None or timing.link is None:
+        return None, None
+    model = timing.time(strategy, checkpointing, micro, accumulation)
+    one_acc = max(1, round(accumulation * world))
+    one = dataclasses.replace(timing, world=1, link=Link(None, timing.link.pcie_bytes_s, "one process"),
+                              cores_per_rank=timing.cores_per_rank * max(1, world))
+    engines = [STRATEGIES["ddp"]] + ([strategy] if strategy.name != "ddp" else [])
+    options = [(s, one.time(s, checkpointing, micro, one_acc)) for s in engines]
+    options = [(s, t) for s, t in options if t is not None]
+    if model is None or not options:
+        return None, None
+    base, t1 = max(options, key=lambda o: o[1].samples_per_s)
+    how = "DDP's plain step" if base.name == "ddp" else f"{base.label} on one GPU with the host's cores"
+    return model.samples_per_s / t1.samples_per_s, (
+        f"against one {timing.gpu.row.name} at micro-batch {micro} x accumulation {one_acc} (one process, {how}: the "
+        f"faster of DDP and this engine there), by the same model on the same compute line")

@@ -33,9 +33,11 @@ class Need:
     overhead_gib: float
     host_gib: float  # per node, with margin
     init_gib: float = 0.0  # FSDP2's set-up with a model built whole: its fp32 weights beside the shards being made
+    allocator_gib: float = 0.0  # what the caching allocator takes above the estimate on a GPU (planner.headroom)
 
     @property
     def total_gib(self) -> float | None:
+        """The estimate: the allocated peak."""
         if self.states_gib is None:
             return None
         return self.states_gib + (self.activations_gib or 0.0) + self.overhead_gib
@@ -45,6 +47,12 @@ class Need:
         """What must fit: a step's peak, or the set-up's where it is larger."""
         total = self.total_gib
         return None if total is None else max(total, self.init_gib)
+
+    @property
+    def placed_gib(self) -> float | None:
+        """What the GPU must hold: the peak and the allocator's share above it."""
+        peak = self.peak_gib
+        return None if peak is None else peak + self.allocator_gib
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ def recorded_facts(model: str) -> tuple[TrainConfig, ModelFacts]:
     rec = json.loads((TRUTH / "h100" / f"{model}.json").read_text())
     params = rec["params"]
 
-    def line(ckpt):
+    def line(ckpt):  # None where the model was not recorded with checkpointing (ResNet-50)
         pts = tuple((p["micro"], float(p["peak"] - 16 * params)) for p in rec["points"]
                     if p["ok"] and p["ckpt"] == ckpt)
-        return LinearBytes(points=pts, interpolate=True)
+        return LinearBytes(points=pts, interpolate=True) if pts else None
 
     cfg = apply_overrides(TrainConfig(), {"training.entrypoint": "train.py", "training.global_batch_size": 256,
                                           "training.max_steps": 10})

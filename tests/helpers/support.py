@@ -49,3 +49,19 @@ def in_process_cli(capsys, monkeypatch):
         return SimpleNamespace(returncode=rc, stdout=out.out, stderr=out.err)
 
     return call
+
+
+def site_margin_policy(monkeypatch, tmp_path, fraction: float = 0.85) -> None:
+    """The default policy with a site's own margin (``memory_headroom_fraction``) and no allocator share above the
+    estimate: the budget arithmetic the strategy ladder's hand derivations were written for (free x 0.85 - CUDA
+    context - NCCL). The evidence headroom the default policy uses has its own tests (planner/test_headroom.py)."""
+    import yaml
+
+    from autotune.planner import policy
+
+    data = yaml.safe_load(policy.DEFAULT_POLICY_PATH.read_text())
+    data.update(memory_headroom_fraction=fraction, allocator_slack_fraction=0.0, allocator_largest_block=False)
+    f = tmp_path / "site-margin-policy.yaml"
+    f.write_text(yaml.safe_dump(data))
+    monkeypatch.setattr(policy, "DEFAULT_POLICY_PATH", f)
+    policy.load_policy.cache_clear()  # and again after the test: the next one reads the real default

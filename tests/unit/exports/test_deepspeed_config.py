@@ -64,12 +64,13 @@ def test_offload_debug_and_checkpointing_configs_validate(monkeypatch):
     assert "activation_checkpointing" in ds
     parsed = validate_with_deepspeed(ds, 4, monkeypatch)
     assert parsed.zero_config.offload_optimizer is not None
-    # 7B on 8 x 16 GB with 512 GiB of RAM: ZeRO-3 with optimizer and parameter offload (test_strategies)
+    # 7B on 8 x 16 GB with 512 GiB of RAM, ZeRO-3 with optimizer offload asked for: parameter offload with it
     from helpers.profiles_util import make_profile
 
     hw = make_profile([("V100", 16500, 16000, "7.0")] * 8, ram_gib=512)
     z3 = plan(hw, apply_overrides(TrainConfig(), {"training.num_parameters": 7_000_000_000,
-                                                  "training.entrypoint": "t.py"}), deepspeed_installed=True)
+                                                  "training.entrypoint": "t.py", "distributed.zero_stage": 3,
+                                                  "distributed.offload_optimizer": True}), deepspeed_installed=True)
     ds3 = deepspeed_config(z3)
     assert ds3["zero_optimization"]["stage"] == 3 and ds3["zero_optimization"]["offload_param"]["device"] == "cpu"
     parsed3 = validate_with_deepspeed(ds3, 8, monkeypatch)

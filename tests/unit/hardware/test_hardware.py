@@ -331,9 +331,23 @@ def test_infiniband_and_slurm(tmp_path):
     env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]",
            "SLURM_NTASKS": "8", "SLURM_CPUS_PER_TASK": "6", "SLURM_GPUS_ON_NODE": "4"}
     hw = run_detect(tmp_path, FakeNVML([], library_missing=True), environ=env)
-    assert hw.infiniband == ("mlx5_0", "mlx5_1")
+    assert hw.infiniband == ("mlx5_0", "mlx5_1") and hw.infiniband_rate_gbps is None  # no port says a rate
     assert hw.slurm.job_id == "42" and hw.slurm.num_nodes == 2 and hw.num_nodes == 2
     assert parse_slurm_env({}) is None
+
+
+def test_the_infiniband_rate_is_the_slowest_active_port_as_the_adapter_reports_it(tmp_path):
+    """Each adapter's ports/N/rate as mlx5 writes it; a port that is down does not count (issue 45)."""
+    ports = {"mlx5_0/ports/1": ("4: ACTIVE\n", "400 Gb/sec (4X NDR)\n"),
+             "mlx5_1/ports/1": ("4: ACTIVE\n", "200 Gb/sec (4X HDR)\n"),
+             "mlx5_2/ports/1": ("1: DOWN\n", "10 Gb/sec (4X SDR)\n")}
+    for where, (state, rate) in ports.items():
+        d = tmp_path / "sysclass" / "infiniband" / where
+        d.mkdir(parents=True)
+        (d / "state").write_text(state)
+        (d / "rate").write_text(rate)
+    hw = run_detect(tmp_path, FakeNVML([], library_missing=True))
+    assert hw.infiniband == ("mlx5_0", "mlx5_1", "mlx5_2") and hw.infiniband_rate_gbps == 200.0
 
 
 def test_real_detect_on_this_machine_never_raises():
@@ -346,7 +360,7 @@ def test_real_detect_on_this_machine_never_raises():
 # -- the report CLI --------------------------------------------------------------------------
 
 PROFILE_KEYS = {"schema_version", "source", "description", "hostname", "num_nodes", "gpus", "cpu", "memory",
-                "infiniband", "slurm", "kubernetes", "software", "unknown"}
+                "infiniband", "infiniband_rate_gbps", "slurm", "kubernetes", "software", "unknown"}
 GPU_KEYS = {"index", "nvml_index", "uuid", "name", "memory_total_mib", "memory_free_mib", "compute_capability",
             "pci_bus_id", "mig_mode", "mig_instance", "mig_slices_mib", "error", "clocks_max_sm_mhz",
             "clocks_max_memory_mhz", "pcie_link_gen_max", "pcie_link_width_max"}

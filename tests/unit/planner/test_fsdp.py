@@ -122,20 +122,20 @@ def _recorded_gpt2(params=None):
 
 
 @pytest.mark.parametrize("preset, params, deepspeed, chosen", [
-    # GPT-2 small is compute-bound on NVLink: every engine within 0.5 %, the policy's order settles it
+    # GPT-2 small is compute-bound on NVLink: every engine within the model's own error on the H100 (4.7 %), the
+    # policy's order settles it
     ("8xH100-80GB", None, True, "ZeRO-2"),
     ("8xH100-80GB", None, False, "DDP"),
-    # two nodes over TCP: HSDP keeps FSDP2's gathers and reductions inside each node (PCIe) and sends one fp32
-    # all-reduce of each node's gradient shards between the nodes a step; it beats DDP's fp32 all-reduce after the
-    # backward, FSDP2's gathers and reductions over all 8 ranks every micro-step, and ZeRO-1's bf16 reduction
-    ("2x4xL4", None, False, "HSDP without resharding after forward"),
-    ("2x4xL4", None, True, "HSDP without resharding after forward"),
-    # 1.5B parameters on 40 GB: DDP's 16 bytes a parameter leave micro-batch 4; FSDP2 keeps only the bf16 weights
-    # whole (2 bytes) and ties ZeRO-3 at micro-batch 16, ahead of it in the policy's order
-    ("8xA100-40GB", 1_500_000_000, True, "FSDP2 without resharding after forward"),
-    ("8xA100-40GB", 1_500_000_000, False, "FSDP2 without resharding after forward"),
-    # on 80 GB DDP fits micro-batch 16 and hides its all-reduce: fastest
-    ("8xH100-80GB", 1_500_000_000, True, "DDP"),
+    # two nodes over TCP, accumulation 4: DDP all-reduces once a step behind the last backward; FSDP2 gathers and
+    # reduce-scatters its one unit (GPT-2's units are not counted here) every micro-step, none of it hidden
+    ("2x4xL4", None, False, "DDP"),
+    # ZeRO-1's one reduction a step and ZeRO-2's per micro-step within the L4's conservative error: ZeRO-2 first
+    ("2x4xL4", None, True, "ZeRO-2"),
+    # 1.5B parameters on 40 GB: DDP's 16 bytes a parameter leave micro-batch 8, FSDP2 and ZeRO reach 16; all within
+    # the model's error of each other: the policy's order
+    ("8xA100-40GB", 1_500_000_000, True, "ZeRO-2"),
+    ("8xA100-40GB", 1_500_000_000, False, "DDP"),
+    ("8xH100-80GB", 1_500_000_000, True, "ZeRO-2"),
 ])
 def test_the_engine_is_chosen_by_time_among_ddp_fsdp2_and_zero(preset, params, deepspeed, chosen):
     cfg, facts = _recorded_gpt2(params)
@@ -144,16 +144,18 @@ def test_the_engine_is_chosen_by_time_among_ddp_fsdp2_and_zero(preset, params, d
     assert p.engine.backend == {"D": "ddp", "Z": "deepspeed", "F": "fsdp", "H": "fsdp"}[chosen[0]]
     assert p.engine.dp_replicate == (2 if chosen.startswith("HSDP") else 1)
     assert {"FSDP2", "FSDP2 without resharding after forward", "FSDP2 + CPU offload"} <= set(rows)
-    best = max(rw.time.samples_per_s for rw in rows.values() if rw.time is not None and rw.why_not is None)
-    assert rows[chosen].time.samples_per_s >= best * (1 - 0.005)  # the fastest, or tied with it
-    from autotune.planner.choice import contenders
+    from autotune.planner.choice import contenders, tie_of
 
+    band = tie_of(tuple(rows.values()))  # the model's own error on this GPU's evidence
+    best = max(rw.time.samples_per_s for rw in rows.values() if rw.time is not None and rw.why_not is None)
+    assert rows[chosen].time.samples_per_s >= best * (1 - band)  # the fastest, or tied with it
     weighed = max(rw.time.samples_per_s for rw in contenders(tuple(rows.values()))
                   if rw.time is not None and rw.why_not is None)
-    tie = rows[chosen].time.samples_per_s < weighed  # within 0.5 % of the fastest weighed: said as a tie
-    assert p.reasons["backend"].startswith(("within 0.5% of the most samples/s at the global batch, a tie settled by "
-                                            "the preference order: " if tie else "the most samples/s at the global "
-                                            "batch: ") + f"{chosen} at micro-batch {p.batch.micro_batch_size}: ")
+    tie = rows[chosen].time.samples_per_s < weighed  # within the model's error of the fastest weighed: a tie
+    assert p.reasons["backend"].startswith((f"within {band:.1%} of the most samples/s at the global batch (the "
+                                            "model's own error), a tie settled by the preference order: " if tie else
+                                            "the most samples/s at the global batch: ")
+                                           + f"{chosen} at micro-batch {p.batch.micro_batch_size}: ")
     if p.engine.backend == "fsdp":
         assert p.engine.fsdp_unit == facts.fsdp_unit and p.engine.reshard_after_forward is False
         assert p.reasons["reshard_after_forward"].startswith("every unit's bf16 weights stay gathered")
@@ -180,8 +182,8 @@ def test_offload_is_the_seed_rules_last_resort():
     fits without it."""
     from helpers.profiles_util import make_profile
 
-    hw = make_profile(gpus=[("GPU", 20500, 20000, "8.0")], ram_gib=256, deepspeed=None)
-    p = plan(hw, BIG, deepspeed_installed=False)  # 1.3B: DDP's 16 bytes a parameter (19.3 GiB) fit no 20 GB GPU
+    hw = make_profile(gpus=[("GPU", 18500, 18000, "8.0")], ram_gib=256, deepspeed=None)
+    p = plan(hw, BIG, deepspeed_installed=False)  # 1.2B: DDP's 16 bytes a parameter (18.1 GiB) fit no 18 GB GPU
     assert (p.engine.backend, p.engine.offload_param) == ("fsdp", True)
     assert "FSDP2 + CPU offload" in p.memory.estimate.strategy
     assert p.reasons["offload_optimizer"].startswith("needed for memory: CPUOffloadPolicy")

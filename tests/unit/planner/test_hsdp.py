@@ -53,12 +53,13 @@ def test_hsdps_time_line_puts_each_collective_on_its_own_link():
                       precision="bf16", tf32=False, num_parameters=P, host_cores_per_rank=4)
         return dict(t.parts)
 
+    near = {"rel": 1e-3}  # the bytes over the link's rate, and NCCL's latency per call and ring step (under 0.1 % here)
     hsdp = parts("hsdp_no_reshard", 3)
-    assert hsdp["all-gather in each node"] == pytest.approx(3 * 2 * P * RING["all_gather"](4) / inside)
-    assert hsdp["reduce-scatter in each node"] == pytest.approx(3 * 4 * P * RING["reduce_scatter"](4) / inside)
-    assert hsdp["all-reduce across nodes"] == pytest.approx(4 * P * RING["all_reduce"](2) / between)  # once a step
+    assert hsdp["all-gather in each node"] == pytest.approx(3 * 2 * P * RING["all_gather"](4) / inside, **near)
+    assert hsdp["reduce-scatter in each node"] == pytest.approx(3 * 4 * P * RING["reduce_scatter"](4) / inside, **near)
+    assert hsdp["all-reduce across nodes"] == pytest.approx(4 * P * RING["all_reduce"](2) / between, **near)  # a step
     fsdp = parts("fsdp_no_reshard", 3)  # over all 8 ranks, on the slowest link, every micro-step
-    assert fsdp["reduce-scatter"] == pytest.approx(3 * 4 * P * RING["reduce_scatter"](8) / between)
+    assert fsdp["reduce-scatter"] == pytest.approx(3 * 4 * P * RING["reduce_scatter"](8) / between, **near)
     assert {c.group for c in ENGINES["hsdp"].collectives} == {"node", "nodes"}
 
 

@@ -4,6 +4,7 @@ lacks. The planner's own refusals reach it through `plan` (test_micro_choice, te
 edge is pinned."""
 
 import pytest
+from helpers.support import site_margin_policy
 
 from autotune.config import TrainConfig
 from autotune.errors import PlanRefused
@@ -14,6 +15,18 @@ from autotune.planner.model_facts import ModelFacts
 from autotune.planner.policy import load_policy
 from autotune.planner.weighing import Budget, Need, Row
 from autotune.profiles import load_profile
+
+
+@pytest.fixture(autouse=True)
+def _site_margin(monkeypatch, tmp_path):
+    """Derived by hand for a budget of free x 0.85 less the CUDA context and NCCL, no allocator share: a site's margin
+    the policy still takes (the default's evidence headroom: test_headroom.py)."""
+    from autotune.planner.policy import load_policy
+
+    site_margin_policy(monkeypatch, tmp_path)
+    yield
+    load_policy.cache_clear()
+
 
 GIB = 1024 ** 3
 FACTS = ModelFacts(source="a test model", num_parameters=10**9, largest_layer_parameters=10**7)

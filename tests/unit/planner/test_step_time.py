@@ -232,8 +232,8 @@ def test_offload_competes_only_when_nothing_fits_without_it():
     tied = (row("zero2", 57_700.0), row("ddp", 57_809.0))
     assert pick_by_time(tied).strategy.name == "zero2"
     assert time_reason(pick_by_time(tied), tied).startswith(
-        "within 0.5% of the most samples/s at the global batch, a tie settled by the preference order: ZeRO-2 at "
-        "micro-batch 16: 57,700 samples/s predicted; DDP at micro-batch 16: 57,809")
+        "within 0.5% of the most samples/s at the global batch (the model's own error), a tie settled by the "
+        "preference order: ZeRO-2 at micro-batch 16: 57,700 samples/s predicted; DDP at micro-batch 16: 57,809")
     cramped = (row("zero2", 0.0, fits=False), row("ddp", 0.0, fits=False), *offload,
                row("zero3_offload", 90_000.0))
     assert pick_by_time(cramped).strategy.name == "zero2_offload"
