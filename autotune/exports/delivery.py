@@ -47,6 +47,7 @@ class Delivery:
     resume: str | None = None  # how the resume point reaches the script (--resume_from), said before the launch
     would_wire: dict[str, str] = field(default_factory=dict)  # plan value -> what --wire auto passes it as
     shape: str = "argparse"  # the script's shape: argparse, configurator, hydra, lightning (for its hints' forms)
+    deepspeed_condition: str | None = None  # the condition its deepspeed.initialize path is behind, as read
 
     @property
     def declared(self) -> dict[str, str]:
@@ -190,7 +191,9 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
     if deepspeed_json and ds_path_given and facts.uses_deepspeed_initialize:
         # the engine takes accumulation, precision and the optimizer from the JSON; the micro-batch
         # reaches the data only when the script's loader asks the engine for it
-        keys = ["gradient_accumulation_steps", "precision", "learning_rate"]
+        keys = ["gradient_accumulation_steps", "precision"]
+        if "learning_rate" not in plan.run.script_defaults:  # a rate the JSON leaves out is not delivered by it
+            keys.append("learning_rate")
         if facts.reads_deepspeed_micro_batch:
             keys.append("micro_batch_size")
         for k in keys:
@@ -210,7 +213,8 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
                              "pass it)")
     advisory = [k for k in routes if not routes[k]]
     return Delivery(routes, advisory, notes=tuple(notes), engine=plan.engine.backend, shape=shape_of(facts),
-                    divides_accumulation=facts.divided_by_world.get("gradient_accumulation_steps"))
+                    divides_accumulation=facts.divided_by_world.get("gradient_accumulation_steps"),
+                    deepspeed_condition=facts.deepspeed_condition)
 
 
 def _precision_claim(plan: TrainingPlan, facts: ScriptFacts, routes: dict[str, list[str]], notes: list[str]) -> None:

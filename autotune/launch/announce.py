@@ -30,7 +30,7 @@ def print_delivery(setup, out=None) -> None:
     for k, routes in d.routes.items():
         print(f"  {k}: {'; '.join(routes) if routes else 'NO ROUTE (advisory)'}", file=out)
     if d.resume:
-        print(f"  resume_from: {d.resume}", file=out)
+        print(("warning: " if d.resume.startswith("none:") else "  ") + f"resume_from: {d.resume}", file=out)
     for line in d.summary():
         print(f"warning: {line}", file=out)
     if d.advisory:

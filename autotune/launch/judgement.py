@@ -133,7 +133,8 @@ def judge(plan, observed: list[dict], delivery=None, final: bool = False) -> Jud
     if final and sched.max_steps and not plan.run.resume_from:  # a resumed script counts from its resume point
         obs["max_steps"] = (j.stepped, sched.max_steps)
     ds = first.get("deepspeed") or {}
-    json_rate = bool(ds) and not ds.get("script_optimizer")  # DeepSpeed built the optimizer from autotune's JSON
+    # DeepSpeed built the optimizer from autotune's JSON, which carries the rate only where the plan owns it
+    json_rate = bool(ds) and not ds.get("script_optimizer") and "learning_rate" not in plan.run.script_defaults
     for key, (seen, want) in obs.items():
         if key == "learning_rate" and seen is not None:
             seen_value = seen.peak if seen.peak is not None else seen.built

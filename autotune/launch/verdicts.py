@@ -101,6 +101,9 @@ def engine_fix(seen: str, planned: str, delivery) -> str:
     switch = (delivery.declared or {}).get("engine") if delivery is not None else None
     if switch:
         out += f", or let it take the plan's {planned} path through its {switch}"
+    elif planned == "deepspeed" and delivery is not None and delivery.deepspeed_condition:
+        out += f", or let the script take its DeepSpeed path (it runs deepspeed.initialize only `if " \
+               f"{delivery.deepspeed_condition}`)"
     return out
 
 

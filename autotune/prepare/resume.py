@@ -123,8 +123,9 @@ def resume_reaches(facts, placeholders: list[str], wired: dict[str, str], args: 
     """How a resume point reaches a user's script (said before the launch), or UserError: as {resume_from}, through
     $AUTOTUNE_RESUME_FROM, its own resume flag (--wire auto, or given after `--`), the Python API, or its own path
     inside the run directory, where it saves and finds what to resume from (minGPT's
-    ``snapshot_path={checkpoint_dir}/gpt_snapshot.pt``). Otherwise the script would start from scratch without a
-    word: refused, whether or not there is a checkpoint yet (a requeued job then passes where its first did)."""
+    ``snapshot_path={checkpoint_dir}/gpt_snapshot.pt``). A script with none of these starts when there is nothing
+    to resume yet, and says that a later resume would be refused (a job requeued before its first checkpoint starts
+    as its first submission did); with a checkpoint to resume it would start from scratch without a word: refused."""
     from autotune.exports.script_scan import FLAGS
     from autotune.rundir.layout import CHECKPOINT_DIR_ENV, RESUME_FROM_ENV, RUN_DIR_ENV
 
@@ -154,5 +155,9 @@ def resume_reaches(facts, placeholders: list[str], wired: dict[str, str], args: 
         found = "it holds a checkpoint" if resume_path is not None else "nothing there yet: it starts fresh"
         return (f"the script's own path inside the run directory ({own}): it saves there and resumes from what it "
                 f"finds ({found})")
+    if resume_path is None:
+        return (f"none: nothing to resume yet, so the script starts fresh; it has no way to receive a resume point, "
+                f"so once this run directory holds a checkpoint --resume_from is refused: "
+                f"{facts.resume_hint(RESUME_FROM_ENV)}")
     raise UserError(f"--resume_from: your script has no way to receive the resume point, and would start from "
                     f"scratch; {facts.resume_hint(RESUME_FROM_ENV)}")

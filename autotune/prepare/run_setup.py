@@ -104,7 +104,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
         if cfg.training.wire == "auto":
             args, wired = with_wired(args, extra), would
     resume_route = None
-    if entry and resume_from is not None:  # refused alike with or without a checkpoint yet: a requeue then passes too
+    if entry and resume_from is not None:  # a checkpoint the script cannot receive is refused
         resume_route = resume_reaches(facts, used_placeholders(raw), wired, args, rd, resume_path)
     route = delivery(plan, facts, used_placeholders(raw), wired, args, ds is not None) if entry else \
         delivery(plan, None, [], {}, args, ds is not None)

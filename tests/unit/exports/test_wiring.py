@@ -390,10 +390,14 @@ def test_an_accelerate_script_gets_precision_and_accumulation_from_the_environme
 def test_the_deepspeed_json_is_a_route_only_to_a_script_that_initializes_deepspeed_with_its_path():
     ds = ScriptFacts("s.py", uses_deepspeed_initialize=True)
     keys = ("gradient_accumulation_steps", "precision", "learning_rate", "micro_batch_size")
-    with_path = routes_of(ds, placeholders=["deepspeed_config"], deepspeed_json=True)
+    rate = {"training.learning_rate": 0.002}  # the JSON carries a rate only where the plan owns one (issue 42 item 9)
+    with_path = routes_of(ds, placeholders=["deepspeed_config"], deepspeed_json=True, **rate)
     assert [("DeepSpeed JSON" in with_path[k]) for k in keys] == [True, True, True, False]
+    unset = routes_of(ds, placeholders=["deepspeed_config"], deepspeed_json=True)
+    assert unset["learning_rate"] == ["yours: training.learning_rate is not set, so the script keeps its own (set it "
+                                      "to have autotune pass it)"]
     reads = routes_of(ScriptFacts("s.py", uses_deepspeed_initialize=True, reads_deepspeed_micro_batch=True),
-                      wired={"deepspeed_config": "--deepspeed_config"}, deepspeed_json=True)
+                      wired={"deepspeed_config": "--deepspeed_config"}, deepspeed_json=True, **rate)
     assert all("DeepSpeed JSON" in reads[k] for k in keys)
     by_hand = routes_of(ds, user_args=["--cfg", "/runs/x/deepspeed_config_hf.json"], deepspeed_json=True)
     assert "DeepSpeed JSON" in by_hand["precision"]
@@ -758,7 +762,7 @@ def test_a_deepspeed_path_behind_the_scripts_own_switch_is_handed_over_not_claim
             model = ddp(m)
     """)
     assert f.deepspeed_condition == "args.use_deepspeed"
-    p = a_plan()
+    p = a_plan(**{"training.learning_rate": 0.002})
     d = delivery(p, f, ["deepspeed_config"], {}, ["--deepspeed_config", "/r/deepspeed_config.json"], True)
     behind = ("only if the script takes its deepspeed.initialize path (behind `if args.use_deepspeed`; the first "
               "steps show which it took)")
@@ -990,8 +994,8 @@ def test_precision_claims_read_the_modules_the_script_imports_from_its_own_proje
 def test_a_script_resuming_from_its_own_path_in_the_run_directory_is_not_refused(tmp_path):
     """Issue 42 items 4 and 13: minGPT resumes from the snapshot path it is given
     (snapshot_path={checkpoint_dir}/gpt_snapshot.pt); --resume_from auto refused it ("no way to receive the resume
-    point"). And a script with no way in was refused only once a checkpoint existed, so a requeued job failed where
-    its first submission passed: now refused alike, and one that can resume starts fresh and says so."""
+    point"). A script with no way in starts while there is nothing to resume yet and says what a later resume
+    needs; one that can resume starts fresh and says so."""
     import pytest
 
     from autotune.errors import UserError
@@ -1013,10 +1017,14 @@ def test_a_script_resuming_from_its_own_path_in_the_run_directory_is_not_refused
     assert again.resume_path == (run / "checkpoints" / "snap.pt").resolve()
     assert again.delivery.resume.endswith("(it holds a checkpoint)")
     assert again.delivery.to_record()["resume"] == again.delivery.resume
-    # no way in: refused with nothing to resume yet too, as it would be at the requeue
+    # no way in: with nothing to resume yet it starts and says so (a job requeued before its first checkpoint starts
+    # as its first submission did, issue 42 item 13); with a checkpoint there it is refused
     fresh = tmp_path / "fresh"
-    with pytest.raises(UserError, match="no way to receive the resume point"):
-        prepare(cfg, hardware="cpu-only", run_dir=fresh, environ={}, resume_from="auto")
+    started = prepare(cfg, hardware="cpu-only", run_dir=fresh, environ={}, resume_from="auto")
+    assert started.resume_path is None and started.delivery.resume.startswith(
+        "none: nothing to resume yet, so the script starts fresh; it has no way to receive a resume point, so once "
+        "this run directory holds a checkpoint --resume_from is refused: ")
+    # (refused with a checkpoint to resume: test_a_resume_point_must_reach_the_script_or_is_refused)
 
 
 def test_the_batch_fix_suggests_wire_auto_only_with_what_it_would_pass():

@@ -600,17 +600,22 @@ def test_strict_fails_a_wrong_training_that_ended_before_it_was_judged(tmp_path,
             assert f"\nwarning: {wrong}\n" in out and "Done." in out
 
 
-def test_a_rate_deepspeed_took_from_the_plans_json_is_judged_not_the_scripts_own():
-    """The config sets no rate, but DeepSpeed built the optimizer from autotune's JSON (which carries one): the rate
-    is the plan's, judged as such, not called the script's own; with the script's own optimizer it is its own."""
-    unset = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {
-        "training.entrypoint": "train.py", "training.global_batch_size": 64, "training.batch_size_per_gpu": 8,
-        "distributed.nproc_per_node": 2, "distributed.zero_stage": 1}), deepspeed_installed=True)
+def test_a_rate_the_json_leaves_out_is_not_judged_as_the_plans():
+    """The config sets no rate: the DeepSpeed JSON carries none (issue 42 item 9), so whether DeepSpeed builds the
+    optimizer (at its own default) or the script passes its own, the rate is not the plan's and is never judged
+    against it; with a rate in the config the JSON carries it and DeepSpeed's optimizer is judged."""
+    cfg = {"training.entrypoint": "train.py", "training.global_batch_size": 64, "training.batch_size_per_gpu": 8,
+           "distributed.nproc_per_node": 2, "distributed.zero_stage": 1}
+    unset = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), cfg), deepspeed_installed=True)
     assert "learning_rate" in unset.run.script_defaults
-    ds = {**record(0, lr=unset.schedule.learning_rate), "engine": "deepspeed", "deepspeed": {"script_optimizer": False}}
-    assert judge(unset, [ds, {**ds, "rank": 1}]).values["learning_rate"]["status"] == "equal"
+    ds = {**record(0, lr=0.001), "engine": "deepspeed", "deepspeed": {"script_optimizer": False}}
+    assert judge(unset, [ds, {**ds, "rank": 1}]).values["learning_rate"]["status"] == "yours"
     own = {**ds, "deepspeed": {"script_optimizer": True}}
     assert judge(unset, [own, {**own, "rank": 1}]).values["learning_rate"]["status"] == "yours"
+    set_ = plan(load_profile("cpu-only"), apply_overrides(TrainConfig(), {**cfg, "training.learning_rate": 0.002}),
+                deepspeed_installed=True)
+    wrong = {**record(0, lr=0.001), "engine": "deepspeed", "deepspeed": {"script_optimizer": False}}
+    assert judge(set_, [wrong, {**wrong, "rank": 1}]).values["learning_rate"]["status"] == "different"
 
 
 def test_a_script_optimizer_other_than_adamw_is_its_own_and_said_against_the_plans_assumption():
