@@ -996,9 +996,7 @@ def test_a_script_resuming_from_its_own_path_in_the_run_directory_is_not_refused
     (snapshot_path={checkpoint_dir}/gpt_snapshot.pt); --resume_from auto refused it ("no way to receive the resume
     point"). A script with no way in starts while there is nothing to resume yet and says what a later resume
     needs; one that can resume starts fresh and says so."""
-    import pytest
 
-    from autotune.errors import UserError
     from autotune.prepare import prepare
 
     (tmp_path / "snap.py").write_text("import argparse\np = argparse.ArgumentParser()\n"
