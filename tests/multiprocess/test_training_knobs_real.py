@@ -500,8 +500,8 @@ def test_a_deepspeed_path_behind_a_switch_is_handed_over_observed_and_judged_und
                 "2): the script declares no accumulation flag autotune knows and reads no "
                 "$AUTOTUNE_GRADIENT_ACCUMULATION_STEPS: pass its own setting after `--` as "
                 "{gradient_accumulation_steps}, or plan for what it runs (--grad_accum 1); the script runs ddp, the "
-                "plan deepspeed: plan for the engine the script runs (--ddp), or let the script take its DeepSpeed path (it runs "
-                "deepspeed.initialize only `if args.use_deepspeed`)") in r.stderr
+                "plan deepspeed: plan for the engine the script runs (--ddp), or let the script take its DeepSpeed "
+                "path (it runs deepspeed.initialize only `if args.use_deepspeed`)") in r.stderr
         return
     assert r.returncode == 0, r.stderr[-3000:]
     seen = json.loads((tmp_path / "r" / "delivery.json").read_text())["observed"]
