@@ -16,7 +16,7 @@ micro-step adds (the all-reduce and the wait for the slowest rank, once per opti
 which the planner draws ``a + b x micro``.
 
 Each round's process is judged by what it got (``rundir.contention``: how long its threads waited for a core against
-how long they ran), and the figures are the best round's (``measure.timing_judge``). A timing whose processes had
+how long they ran), and the figures are the median quiet round's (``measure.timing_judge``). A timing whose processes had
 their cores, whose rounds agree and whose larger micro-batch is not the faster is this machine's own: kept beside the
 traces, keyed by everything it depends on (the request, the model's and sample's source, the installation: its
 virtualenv, torch build and DeepSpeed, the CPU model, the ranks and threads, this code), and a second plan reads it.
@@ -41,7 +41,7 @@ from autotune.profiles import HardwareProfile
 from autotune.rundir.layout import TIMING_REQUEST
 
 MIN_REPEATS, MIN_SECONDS, MAX_REPEATS = 10, 1.0, 60  # per micro-batch: enough steps for a steady median
-ROUNDS = 5  # the steps of each micro-batch in this many rounds, taken in turn; the best that had its cores counts
+ROUNDS = 5  # the steps of each micro-batch in this many rounds, taken in turn; the median that had its cores counts
 TIMEOUT_S = 600
 
 
@@ -189,7 +189,8 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
     basis = (f"timed on this CPU ({cpu or 'model unknown'}, {who}) at micro-batch {a} and {b} on {at}: the model's own "
              "step, forward + backward and optimizer" + (", and DDP's gloo all-reduce of its gradients"
                                                          if comm is not None else "")
-             + f", the best of {ROUNDS} rounds")
+             + (f", the best of {ROUNDS} rounds" if verdict.under_load else
+                f", the median of the {ROUNDS} rounds' that had their cores"))
     if verdict.under_load:
         basis += (f"; measured under load ({verdict.under_load}): kept flagged, not as this machine's figure (a plan "
                   "while the machine is busy takes it; one on a quiet machine times the step again)")
