@@ -16,8 +16,8 @@ micro-step adds (the all-reduce and the wait for the slowest rank, once per opti
 which the planner draws ``a + b x micro``.
 
 Each round's process is judged by what it got (``rundir.contention``: how long its threads waited for a core against
-how long they ran), and the figures are the median quiet round's (``measure.timing_judge``). A timing whose processes had
-their cores, whose rounds agree and whose larger micro-batch is not the faster is this machine's own: kept beside the
+how long they ran), and the figures are the median quiet round's (``measure.timing_judge``). A timing whose processes
+had their cores, whose rounds agree and whose larger micro-batch is not the faster is this machine's own: kept beside the
 traces, keyed by everything it depends on (the request, the model's and sample's source, the installation: its
 virtualenv, torch build and DeepSpeed, the CPU model, the ranks and threads, this code), and a second plan reads it.
 One that did not have its cores is kept only flagged "measured under load", with when: a plan while the machine is

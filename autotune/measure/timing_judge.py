@@ -76,8 +76,8 @@ def judge(rounds: list[dict], ranks: int, had_cores, judging: bool = True) -> Ve
                    + (f"; the worst: {had_cores(worst)}" if worst else ""))
     for small, large in zip(micros, micros[1:]):
         if chosen[large]["fb_s"] < chosen[small]["fb_s"] * (1 - NOISE):
-            why.append(f"a micro-step at micro-batch {large} ({chosen[large]['fb_s'] * 1000:.1f} ms) was faster than at "
-                       f"{small} ({chosen[small]['fb_s'] * 1000:.1f} ms), which only other work explains")
+            why.append(f"a micro-step at micro-batch {large} ({chosen[large]['fb_s'] * 1000:.1f} ms) was faster than "
+                       f"at {small} ({chosen[small]['fb_s'] * 1000:.1f} ms), which only other work explains")
     points = tuple((b, chosen[b]["fb_s"], chosen[b]["opt_s"]) for b in micros)
     comm = max(0.0, chosen[micros[-1]]["synced_s"] - chosen[micros[-1]]["fb_s"]) if ranks > 1 else None
     n = len(rounds) // max(1, len(micros))
