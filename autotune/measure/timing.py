@@ -17,8 +17,8 @@ which the planner draws ``a + b x micro``.
 
 Each round's process is judged by what it got (``rundir.contention``: how long its threads waited for a core against
 how long they ran), and the figures are the median quiet round's (``measure.timing_judge``). A timing whose processes
-had their cores, whose rounds agree and whose larger micro-batch is not the faster is this machine's own: kept beside the
-traces, keyed by everything it depends on (the request, the model's and sample's source, the installation: its
+had their cores, whose rounds agree and whose larger micro-batch is not the faster is this machine's own: kept beside
+the traces, keyed by everything it depends on (the request, the model's and sample's source, the installation: its
 virtualenv, torch build and DeepSpeed, the CPU model, the ranks and threads, this code), and a second plan reads it.
 One that did not have its cores is kept only flagged "measured under load", with when: a plan while the machine is
 busy now (``contention.busy_now``) takes it and says so, one on a quiet machine times the step again, and a quiet
