@@ -91,7 +91,7 @@ def _as_fsdp(ckpt):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from autotune.runtime.fsdp import _save_trainer
+    from autotune.runtime.fsdp_checkpoint import _save_trainer
 
     engine = _engine()
     engine.load_state(ckpt)
