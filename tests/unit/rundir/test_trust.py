@@ -229,7 +229,7 @@ def test_the_random_state_is_saved_as_tensors_and_numbers_and_comes_back_exactly
 
     import numpy as np
 
-    from autotune.rundir.checkpoints import pickled_objects
+    from autotune.rundir.checkpoint_data import pickled_objects
 
     random.seed(5), np.random.seed(6), torch.manual_seed(7)
     ckpt = _saved(tmp_path)
