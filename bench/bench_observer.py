@@ -44,7 +44,7 @@ print((time.perf_counter() - t0) / (steps - 20))
 
 DIRECT = """
 import os, sys, time, timeit, torch
-from autotune.runtime import observe
+from autotune.runtime import observe, observe_steps
 observe.install()
 import torch.utils.data
 from torch.utils.data import dataloader as dl
@@ -70,7 +70,7 @@ t_plain = min(timeit.repeat(lambda: orig(it), number=n, repeat=5)) / n
 t_step = min(timeit.repeat(lambda: [h(opt, (), {}) for h in hooks], number=n, repeat=5)) / n
 # per training forward: the pre-hook on the model the script trains (the leading dimension of its input)
 model = torch.nn.Linear(16, 4)
-observe._count_forwards(model)
+observe_steps._count_forwards(model)
 (pre,) = model._forward_pre_hooks.values()
 x = torch.zeros(64, 16)
 t_forward = min(timeit.repeat(lambda: pre(model, (x,), {}), number=n, repeat=5)) / n
@@ -78,7 +78,7 @@ t_forward = min(timeit.repeat(lambda: pre(model, (x,), {}), number=n, repeat=5))
 class Mod:
     backward = staticmethod(lambda *a, **k: None)
 plain = Mod.backward
-observe._autograd(Mod)
+observe_steps._autograd(Mod)
 t_backward = (min(timeit.repeat(lambda: Mod.backward(), number=n, repeat=5))
               - min(timeit.repeat(lambda: plain(), number=n, repeat=5))) / n
 print(t_next - t_plain, t_step, t_forward, t_backward)

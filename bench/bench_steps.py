@@ -17,8 +17,8 @@ from common import machine, med
 from autotune.config import TrainConfig, apply_overrides
 from autotune.planner import plan
 from autotune.profiles import load_profile
-from autotune.runtime.engine import lr_lambda
 from autotune.runtime.loop import train
+from autotune.runtime.optimizer import lr_lambda
 from autotune.runtime.workload import build_model, make_datasets
 
 STEPS_SHORT, STEPS_LONG = 20, 120

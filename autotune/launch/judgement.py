@@ -4,7 +4,7 @@ The effective batch is counted from training steps only: the samples that reache
 each of the first steps after the first (its training forwards: never an evaluation batch or a loader's
 look-ahead), the most common count per step, summed over the ranks; without such a count, the samples the
 DataLoaders yielded per step; with neither, "not observable", never 0. Each plan value is judged by
-``verdicts`` (the learning rate by ``rate_rule``).
+``verdicts`` (the learning rate by ``rate_rule``, its own rule: ``RULES``).
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from autotune.launch.observed import (
     _trains_as,
     trainings,
 )
-from autotune.launch.rate_rule import _lr, _rate_verdict
-from autotune.launch.verdicts import _fmt, divided_accumulation_fix, engine_fix, fix_for, trainings_fix, verdict
+from autotune.launch.rate_rule import _lr, rate_verdict
+from autotune.launch.verdicts import _fmt, divided_accumulation_fix, engine_fix, trainings_fix, verdict
 
 TOLERANCE = 0.10  # an effective batch further than this from the plan's is a wrong training
+RULES = {"learning_rate": rate_verdict}  # a value judged by a rule of its own; every other by ``verdicts.verdict``
 
 
 @dataclass
@@ -124,28 +125,20 @@ def judge(plan, observed: list[dict], delivery=None, final: bool = False) -> Jud
     micro = _micro(first)
     engine = _trains_as(_engine(first) or ("single" if world == 1 else None), world)
     planned_engine = _trains_as(eng.backend, eng.world_size)
+    ds = first.get("deepspeed") or {}
+    # DeepSpeed built the optimizer from autotune's JSON, which carries the rate only where the plan owns it
+    json_rate = bool(ds) and not ds.get("script_optimizer") and "learning_rate" not in plan.run.script_defaults
+    handed = delivery is None or bool(taken_routes(delivery, "learning_rate", first)) or json_rate
     obs = {"micro_batch_size": (micro, b.micro_batch_size),
            "gradient_accumulation_steps": (_measured_accumulation(first, micro), b.gradient_accumulation_steps),
-           "learning_rate": (_lr(first), sched.learning_rate),
+           "learning_rate": (_lr(first, handed), sched.learning_rate),
            "precision": (_precision(first), plan.numerics.precision),
            "num_workers": (_training_loader(first).get("num_workers"), plan.loader.num_workers),
            "world_size": (world, eng.world_size), "engine": (engine, planned_engine)}
     if final and sched.max_steps and not plan.run.resume_from:  # a resumed script counts from its resume point
         obs["max_steps"] = (j.stepped, sched.max_steps)
-    ds = first.get("deepspeed") or {}
-    # DeepSpeed built the optimizer from autotune's JSON, which carries the rate only where the plan owns it
-    json_rate = bool(ds) and not ds.get("script_optimizer") and "learning_rate" not in plan.run.script_defaults
     for key, (seen, want) in obs.items():
-        if key == "learning_rate" and seen is not None:
-            seen_value = seen.peak if seen.peak is not None else seen.built
-            if key in plan.run.script_defaults and not json_rate:
-                j.values[key] = {"status": "yours", "observed": seen_value, "plan": None}
-            else:
-                handed = delivery is None or bool(taken_routes(delivery, key, first)) or json_rate
-                j.values[key] = _rate_verdict(seen, want, world, handed,
-                                              fix_for(key, seen_value, plan, delivery, world))
-            continue
-        j.values[key] = verdict(plan, key, seen, want, delivery, world, micro)
+        j.values[key] = RULES.get(key, verdict)(plan, key, seen, want, delivery, world, micro)
     divided_accumulation_fix(j.values["gradient_accumulation_steps"], divides, world, wired)
     if delivery is not None:
         j.untaken = [k for k, routes in delivery.routes.items() if routes and not taken_routes(delivery, k, first)]

@@ -208,17 +208,19 @@ def _has_checkpoint(run_dir: Path) -> bool:
 
 def _say_figures(setup) -> None:
     """A finished run's own figures: the built-in loop's speed against the prediction, TensorBoard, the final
-    validation accuracy."""
-    from autotune.rundir.layout import METRICS, TENSORBOARD
+    validation accuracy (metrics.json read once for them all)."""
+    from autotune.launch.speed_check import read_metrics
+    from autotune.rundir.layout import TENSORBOARD
 
     run_dir = setup.run_dir
+    metrics = read_metrics(run_dir)
     if not setup.plan.run.entrypoint:  # the built-in loop measured its speed: against the prediction
         from autotune.launch.speed_check import report as timing_report
 
-        timing_report(setup, run_dir, sys.stdout)
+        timing_report(setup, run_dir, sys.stdout, metrics)
     if (run_dir / TENSORBOARD).is_dir():
         print(f"TensorBoard: tensorboard --logdir {run_dir / TENSORBOARD}")
-    final = _read_record(run_dir / METRICS).get("final", {})
+    final = metrics.get("final", {})
     if isinstance(final, dict) and "val/accuracy" in final:
         print(f"Final validation accuracy: {final['val/accuracy']:.3f} (loss {final['val/loss']:.4f})")
 
@@ -232,28 +234,16 @@ def _record_evidence(setup, script: ScriptWatch):
     evidence = judge(setup.plan, script.observed(), setup.delivery, final=script.all_returned())
     from autotune.errors import UserError
     from autotune.rundir.fs import write_whole
+    from autotune.rundir.records import read_record
 
     path = setup.records_dir / DELIVERY
     try:
-        record = _read_record(path)
+        record = read_record(path)
         record["observed"] = evidence.to_record()
         write_whole(path, json.dumps(record, indent=2) + "\n")  # never through a link
     except (OSError, UserError):
         pass  # the records stay as written at launch; the evidence is still printed
     return evidence
-
-
-def _read_record(path: Path) -> dict:
-    """A JSON record of the run directory as a dict ({} when missing, damaged, a link or not a regular file: a
-    named pipe planted there must not hang the launcher)."""
-    from autotune.errors import UserError
-    from autotune.safe_input import read_text
-
-    try:
-        data = json.loads(read_text(path, path.name, follow_links=False))
-    except (OSError, ValueError, UserError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def set_aside_abandoned(setup) -> None:

@@ -59,32 +59,29 @@ def _fmt(v) -> str:
     return "unknown" if v is None else f"{v:,.1f}"
 
 
-def _metrics(run_dir: Path) -> tuple[float | None, int | None]:
-    """(samples/s after warm-up, the optimizer steps it was counted over) from metrics.json."""
-    data = _metrics_record(run_dir)
-    value, steps = data.get("measured_samples_per_s"), data.get("measured_steps")
+def _measured(metrics: dict) -> tuple[float | None, int | None]:
+    """(samples/s after warm-up, the optimizer steps it was counted over) from metrics.json's record."""
+    value, steps = metrics.get("measured_samples_per_s"), metrics.get("measured_steps")
     rate = float(value) if isinstance(value, (int, float)) and value > 0 else None
     return rate, steps if isinstance(steps, int) else None  # None: an older metrics.json that does not say
 
 
-def _metrics_record(run_dir: Path) -> dict:
-    from autotune.errors import UserError
+def read_metrics(run_dir: Path) -> dict:
+    """metrics.json as a dict ({} when missing, damaged, a link or not a regular file: never followed, never a
+    hang on a named pipe)."""
     from autotune.rundir.layout import METRICS
-    from autotune.safe_input import read_text
+    from autotune.rundir.records import read_record
 
-    try:
-        data = json.loads(read_text(Path(run_dir) / METRICS, METRICS, follow_links=False))
-    except (OSError, ValueError, UserError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_record(Path(run_dir) / METRICS)
 
 
-def under_load(run_dir: Path) -> str | None:
+def under_load(metrics: dict) -> str | None:
     """Why the run's speed is not this machine's own (None: it is): rank 0's process did not have its cores while
-    it was measured (metrics.json's ``measured_process``); where it does not say, the machine is busy now."""
+    it was measured (``measured_process`` of metrics.json's record); where it does not say, the machine is busy
+    now."""
     from autotune.rundir import contention
 
-    got = contention.from_record(_metrics_record(run_dir).get("measured_process"))
+    got = contention.from_record(metrics.get("measured_process"))
     if got is not None:
         why = got.under_load()
         return f"measured under load: {why}" if why else None
@@ -129,15 +126,17 @@ def write(run_dir: Path, record: dict) -> Path:
     return path
 
 
-def report(setup, run_dir: Path, out) -> None:
+def report(setup, run_dir: Path, out, metrics: dict | None = None) -> None:
     """After a run of the built-in loop: compare, print, write timing.json and keep the measured figure for later
-    plans of the same model on this kind of machine (``autotune.rundir.speeds``; node 0); never fails the launch."""
+    plans of the same model on this kind of machine (``autotune.rundir.speeds``; node 0); never fails the launch.
+    ``metrics``: metrics.json's record as the launch read it (read here when not given)."""
     from autotune.rundir.speeds import record as keep
 
     plan = setup.plan
-    measured, steps = _metrics(run_dir)
+    metrics = read_metrics(run_dir) if metrics is None else metrics
+    measured, steps = _measured(metrics)
     record, lines = compare(plan, measured, "the built-in loop, after its first logged window", steps)
-    busy = record["measured_under_load"] = under_load(run_dir) if measured is not None else None
+    busy = record["measured_under_load"] = under_load(metrics) if measured is not None else None
     from autotune.errors import UserError
 
     try:

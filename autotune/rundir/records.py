@@ -106,3 +106,16 @@ def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: di
         staging.rmdir()
     except OSError as e:
         raise fs_error(e) from None
+
+
+def read_record(path: Path) -> dict:
+    """A JSON record of the run directory as a dict ({} when missing, damaged, a link or not a regular file: a named
+    pipe planted there must not hang the launcher)."""
+    from autotune.errors import UserError
+    from autotune.safe_input import read_text
+
+    try:
+        data = json.loads(read_text(path, path.name, follow_links=False))
+    except (OSError, ValueError, UserError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,5 +1,5 @@
 """FSDP2's DCP folder in a checkpoint (fsdp/) as data, without torch: the launcher checks it before any rank
-starts and the ranks check it again before DCP reads it (``autotune.runtime.fsdp``). DCP's ``.metadata`` is a
+starts and the ranks check it again before DCP reads it (``autotune.runtime.fsdp_checkpoint``). DCP's ``.metadata`` is a
 pickle; here it is read by an unpickler that builds stand-ins of DCP's own classes only (``DCP_GLOBALS``; the ranks
 build the real classes from the same list), so a payload is named and never runs. Each entry's file (DCP's
 ``relative_path``, which DCP joins to the folder and opens) must be a plain name of a regular file in the folder:
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from autotune.errors import UserError
 
-SHARDED_DIR = "fsdp"  # the DCP folder inside a checkpoint (autotune.runtime.fsdp writes it)
+SHARDED_DIR = "fsdp"  # the DCP folder inside a checkpoint (autotune.runtime.fsdp_checkpoint writes it)
 DCP_METADATA = ".metadata"
 # What DCP's .metadata may build (torch 2.x): DCP's own metadata classes, torch sizes, dtypes and layouts, paths.
 DCP_GLOBALS = frozenset({f"torch.distributed.checkpoint.metadata.{name}" for name in (

@@ -29,8 +29,8 @@ import torch
 
 from autotune.errors import UserError
 from autotune.plan import training_values
+from autotune.rundir.checkpoint_data import DEEPSPEED_GLOBALS
 from autotune.rundir.checkpoints import (
-    DEEPSPEED_GLOBALS,
     check_compatible,
     check_files,
     checkpoint_files,
@@ -87,7 +87,7 @@ def _set_rng_state(state: dict) -> None:
 
 def _older_rng_globals() -> list:
     """What an older autotune's rng-rank<N>.pt holds besides tensors: numpy's state array (numpy's array
-    constructors only, under both of numpy's module names; autotune.rundir.checkpoints.OLDER_RNG_GLOBALS)."""
+    constructors only, under both of numpy's module names; autotune.rundir.checkpoint_data.OLDER_RNG_GLOBALS)."""
     reconstruct = np.core.multiarray._reconstruct if not hasattr(np, "_core") else np._core.multiarray._reconstruct
     return [(reconstruct, "numpy.core.multiarray._reconstruct"), (reconstruct, "numpy._core.multiarray._reconstruct"),
             np.ndarray, np.dtype, type(np.dtype(np.uint32))]  # the key array's dtype, built in place
@@ -103,7 +103,7 @@ def weights_only_everywhere():
     """DeepSpeed's checkpoint loading under the rule autotune's own follows: every ``torch.load`` inside, DeepSpeed's
     own ``weights_only=False`` included, runs as ``weights_only=True`` (torch's TORCH_FORCE_WEIGHTS_ONLY_LOAD, read
     at each call), with exactly DeepSpeed's own plain classes allowed besides tensors
-    (autotune.rundir.checkpoints.DEEPSPEED_GLOBALS, which the launcher checks the files against)."""
+    (autotune.rundir.checkpoint_data.DEEPSPEED_GLOBALS, which the launcher checks the files against)."""
     import importlib
 
     allowed = []

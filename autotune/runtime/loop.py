@@ -6,7 +6,6 @@ import json
 import math
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -16,14 +15,7 @@ from autotune.errors import UserError
 from autotune.plan import TrainingPlan
 from autotune.rundir.contention import as_record, share_between, snapshot
 from autotune.rundir.fs import append_text, write_whole
-from autotune.rundir.layout import (
-    BACKOFF,
-    INJECT_OOM_ENV,
-    METRICS,
-    METRICS_LOG,
-    METRICS_SUPERSEDED,
-    RESUMES,
-)
+from autotune.rundir.layout import METRICS, METRICS_LOG
 from autotune.runtime.checkpoint_manager import CheckpointManager
 from autotune.runtime.data import BatchStream, eval_batches
 from autotune.runtime.deepspeed_io import write_in_effect
@@ -37,10 +29,11 @@ from autotune.runtime.dist import (
 )
 from autotune.runtime.engine import make_engine
 from autotune.runtime.metric_sinks import Progress, make_logger
+from autotune.runtime.oom_backoff import OomBackoff
 from autotune.runtime.preempt import StopRequest
+from autotune.runtime.resuming import resume_point
 from autotune.runtime.watchdog import Watchdog
 from autotune.runtime.workload import build_model, eval_sums, make_datasets
-from autotune.safe_input import read_text
 
 
 def evaluate(engine, val_ds, ctx: DistContext, batch_size: int) -> dict:
@@ -102,7 +95,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
     ckpts = CheckpointManager(run_dir, ctx, keep_last=run.keep_last)
 
     # -- resume: the weights, optimizer and position of the checkpoint the launcher (or a restart) names
-    step, consumed, saved_micro, resume_path = _resume(plan, ctx, engine, ckpts, run_dir)
+    step, consumed, saved_micro, resume_path = resume_point(plan, ctx, engine, ckpts, run_dir)
     ld = plan.loader
     stream = BatchStream(train_ds, b.micro_batch_size, ctx.rank, ctx.world_size, run.seed,
                          ld.num_workers, ld.pin_memory, ld.prefetch_factor, start_micro_batch=consumed,
@@ -203,30 +196,6 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
     return final
 
 
-def _resume(plan: TrainingPlan, ctx: DistContext, engine, ckpts: CheckpointManager, run_dir: Path):
-    """(step, micro-batches consumed, the checkpoint's micro-batch, the checkpoint or None): where training starts.
-    The launcher's ``plan.run.resume_from``; after torchrun restarted the group (--max_restarts), the newest
-    checkpoint that verifies. Rank 0 moves what was logged after that step aside and records the resume."""
-    resume_path = Path(plan.run.resume_from) if plan.run.resume_from else None
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    if restart > 0:
-        def warn(msg: str) -> None:
-            print(f"autotune: warning: {msg}", file=sys.stderr, flush=True)
-
-        resume_path = ckpts.newest_good(warn) or resume_path
-        if ctx.is_main:
-            print(f"autotune: restart {restart}: " + (f"resuming from {resume_path}" if resume_path
-                                                       else "no checkpoint yet, starting over"), flush=True)
-    if resume_path is None:
-        return 0, 0, None, None
-    meta = ckpts.load(engine, resume_path)
-    step = meta["step"]
-    if ctx.is_main:
-        _forget_after(run_dir / METRICS_LOG, step)
-        _record_resume(run_dir, resume_path, step, meta.get("changed", {}))
-    return step, meta["micro_batches_consumed"], meta.get("micro_batch_size"), resume_path
-
-
 class _History:
     """Every logged entry, kept for metrics.json; rank 0 also appends each to metrics.jsonl as it comes (a record
     that survives a crash and a resume)."""
@@ -281,117 +250,6 @@ class _Window:
     def process(self) -> dict | None:
         """What this process got while the speed was measured (rundir.contention): did it have its cores?"""
         return as_record(share_between(self.since, snapshot(), torch.get_num_threads())) if self.since else None
-
-
-class OomBackoff:
-    """Out of memory on some ranks -> every rank backs off together (single process and DDP).
-
-    On CUDA, each micro-step's forward and backward end with a collective on an "ran out" flag
-    (two small all-reduces per micro-step); when any rank ran out, every rank drops the step's
-    gradients, the step's micro-batches are split in two (micro-batch halves, accumulation
-    doubles, the global batch and its samples are unchanged) and the same step is retried. The
-    change is printed and appended to ``backoff.jsonl``; it holds for the rest of the run. At
-    micro-batch 1 there is nothing smaller to try: a clear error. Under DeepSpeed ZeRO-0/1/2 the
-    step is retried when the forward of its first micro-step ran out (the usual case: every
-    micro-step has the same shapes), with DeepSpeed's accumulation and micro-batch set to match;
-    not under ZeRO-3. Off on CPU (running out of host memory is the kernel's OOM killer, not an
-    exception); ``AUTOTUNE_INJECT_OOM=rank:step:max_rows`` turns it on and makes
-    that rank run out from that step on whenever a piece has more than max_rows samples
-    (fault injection for the tests).
-    """
-
-    def __init__(self, plan: TrainingPlan, ctx: DistContext, engine, run_dir: Path):
-        self.ctx, self.engine, self.run_dir = ctx, engine, run_dir
-        self.micro, self.accum, self.splits = plan.batch.micro_batch_size, plan.batch.gradient_accumulation_steps, 1
-        self.inject = _injection(os.environ.get(INJECT_OOM_ENV, ""), ctx.rank)
-        # ZeRO-3 gathers parameters inside the forward (a collective a rank that ran out never joins): no back-off
-        zero3 = plan.engine.backend == "deepspeed" and plan.engine.zero_stage == 3
-        self.enabled = not zero3 and (ctx.device.type == "cuda" or self.inject is not None)
-        self.step = 0
-
-    def agree(self, ran_out: bool) -> list[int]:
-        flags = torch.zeros(self.ctx.world_size, dtype=torch.int32, device=self.ctx.device)
-        flags[self.ctx.rank] = int(ran_out)
-        if self.ctx.distributed and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(flags)
-        return [i for i, f in enumerate(flags.tolist()) if f]
-
-    def _before_forward(self, rows: int) -> None:
-        if self.inject is not None and self.step >= self.inject[0] and rows > self.inject[1]:
-            raise torch.OutOfMemoryError(f"injected: {rows} rows > {self.inject[1]} ({INJECT_OOM_ENV})")
-
-    def run_step(self, batches: list, step: int) -> torch.Tensor:
-        """One optimizer step's forward/backward over ``batches``; returns the mean loss."""
-        self.step = step
-        while True:
-            pieces = [piece for b in batches for piece in zip(*(t.tensor_split(self.splits) for t in b))]
-            self.engine.set_accumulation(self.accum * self.splits)
-            total = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
-            who: list[int] = []
-            for i, piece in enumerate(pieces):
-                loss, who = self.engine.forward_backward_guarded(piece, i == len(pieces) - 1, self.agree,
-                                                                 self._before_forward)
-                if who:
-                    break
-                total += loss.double()
-            if not who:
-                return total / len(pieces)
-            self._back_off(who, step)
-
-    def _back_off(self, who: list[int], step: int) -> None:
-        micro = -(-self.micro // self.splits)
-        ranks = ", ".join(map(str, who))
-        if micro <= 1:
-            raise UserError(f"out of memory on rank {ranks} at step {step} with micro-batch 1: nothing smaller "
-                            "to try; this model does not fit this way (see `python -m autotune estimate`: "
-                            "gradient checkpointing, ZeRO-3 or offload)")
-        self.splits *= 2
-        new_micro, new_accum = -(-self.micro // self.splits), self.accum * self.splits
-        if self.ctx.is_main:
-            print(f"autotune: out of memory on rank {ranks} at step {step} with micro-batch {micro}: every rank "
-                  f"retries the step with micro-batch {new_micro} x accumulation {new_accum} (global batch "
-                  f"unchanged); recorded in {BACKOFF}", flush=True)
-            append_text(self.run_dir / BACKOFF, json.dumps({
-                "step": step, "ranks": who, "micro_batch_size": new_micro, "gradient_accumulation_steps": new_accum,
-                "was_micro_batch_size": micro}) + "\n")
-
-
-def _injection(spec: str, rank: int) -> tuple[int, int] | None:
-    try:
-        r, s, rows = (int(x) for x in spec.split(":"))
-    except ValueError:
-        return None
-    return (s, rows) if r == rank else (10**12, 0)
-
-
-def _record_resume(run_dir: Path, path: Path, step: int, changed: dict) -> None:
-    """Say and record what this resume changed against the checkpoint (applied from ``step`` on)."""
-    from autotune.rundir.checkpoints import describe_changes
-
-    if changed:
-        print(f"autotune: changed since {path.name} (applied from step {step + 1}): {describe_changes(changed)}",
-              flush=True)
-    append_text(run_dir / RESUMES, json.dumps({
-        "step": step, "checkpoint": str(path), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "changed": {k: {"checkpoint": a, "now": b} for k, (a, b) in changed.items()}}) + "\n")
-
-
-def _forget_after(jsonl: Path, step: int) -> None:
-    """Resuming at ``step`` repeats what was logged after it: move those entries to
-    metrics.superseded.jsonl, so metrics.jsonl has each step once."""
-    if not jsonl.exists():
-        return
-    keep, drop = [], []
-    for line in read_text(jsonl, METRICS_LOG, limit=1 << 30, follow_links=False).splitlines():
-        try:
-            later = json.loads(line).get("step", 0) > step
-        except (ValueError, AttributeError, TypeError):
-            later = False
-        (drop if later else keep).append(line)
-    if not drop:
-        return
-    append_text(jsonl.parent / METRICS_SUPERSEDED, "\n".join(drop) + "\n")
-    write_whole(jsonl, "".join(x + "\n" for x in keep))
 
 
 def _nan_safe(x):

@@ -124,7 +124,7 @@ def test_a_rank_that_cannot_load_stops_every_rank(runs, small_config, tmp_path):
 def test_deepspeed_resume_applies_a_changed_learning_rate_and_records_it(runs, small_config, tmp_path):
     """Promise 6: a new learning rate on resume is the one the optimizer uses, said and recorded."""
     from autotune.plan import load_plan
-    from autotune.runtime.engine import schedule_lambda
+    from autotune.runtime.optimizer import schedule_lambda
 
     _, run = _finished_run(runs, small_config, tmp_path, "ds")
     engine = ["--nproc_per_node", 2, "--deepspeed", "--zero_stage", 2, "--batch_size", 16, "--grad_accum", 1]

@@ -91,7 +91,7 @@ def _as_fsdp(ckpt):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from autotune.runtime.fsdp import _save_trainer
+    from autotune.runtime.fsdp_checkpoint import _save_trainer
 
     engine = _engine()
     engine.load_state(ckpt)
@@ -229,7 +229,7 @@ def test_the_random_state_is_saved_as_tensors_and_numbers_and_comes_back_exactly
 
     import numpy as np
 
-    from autotune.rundir.checkpoints import pickled_objects
+    from autotune.rundir.checkpoint_data import pickled_objects
 
     random.seed(5), np.random.seed(6), torch.manual_seed(7)
     ckpt = _saved(tmp_path)

@@ -134,7 +134,7 @@ def test_bad_checkpoints_are_user_errors_that_touch_nothing(tmp_path):
 
 def test_resume_applies_a_changed_learning_rate_and_says_so(tmp_path):
     """The checkpoint trained at lr 3e-3; the new plan says 1e-3: the new value runs, and it is reported."""
-    from autotune.runtime.engine import schedule_lambda
+    from autotune.runtime.optimizer import schedule_lambda
 
     a = engine_for(**{"training.learning_rate": 3e-3})
     for _ in range(3):

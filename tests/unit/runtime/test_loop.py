@@ -14,7 +14,9 @@ from autotune.config import TrainConfig, apply_overrides
 from autotune.planner import plan as make_plan
 from autotune.profiles import load_profile
 from autotune.runtime import preempt
-from autotune.runtime.loop import _forget_after, _injection, train
+from autotune.runtime.loop import train
+from autotune.runtime.oom_backoff import _injection
+from autotune.runtime.resuming import _forget_after
 
 SMALL = {"data.num_samples": 256, "data.num_val_samples": 64, "data.num_workers": 0,
          "training.global_batch_size": 32, "training.batch_size_per_gpu": 16, "training.warmup_steps": 2,
