@@ -10,6 +10,8 @@ choose X, you set Y". ``--no_auto_optimize`` is a mode of the same resolution. `
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from autotune.config import TrainConfig
 from autotune.errors import UserError
 from autotune.plan import (
@@ -17,6 +19,7 @@ from autotune.plan import (
     BuiltinData,
     BuiltinModel,
     EngineSection,
+    Knob,
     LoaderSection,
     MemorySection,
     NumericsSection,
@@ -35,7 +38,7 @@ from autotune.planner.memory_fit import fit
 from autotune.planner.micro import GLOBAL_TOLERANCE, plans_largest
 from autotune.planner.model_facts import ModelFacts, facts_for
 from autotune.planner.policy import Policy, load_policy
-from autotune.planner.resolve import Decision, Resolver, is_set
+from autotune.planner.resolve import Decision, Resolver, Source, is_set
 from autotune.planner.time_estimate import time_estimate, timing_for
 from autotune.planner.weighing import Weighing
 from autotune.profiles import HardwareProfile
@@ -54,17 +57,19 @@ def plan(hw: HardwareProfile, cfg: TrainConfig, **options) -> TrainingPlan:
 
 def weigh(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, debug: bool = False,
           policy: Policy | None = None, deepspeed_installed: bool | None = None, facts: ModelFacts | None = None,
-          force: bool = False, times: bool = True) -> tuple[TrainingPlan, Weighing]:
+          force: bool = False, times: bool = True, sources: Mapping[Knob, Source] | None = None
+          ) -> tuple[TrainingPlan, Weighing]:
     """``plan``, and what its memory decider weighed (``autotune estimate``'s table); with ``times``, each option
     that fits with its predicted samples/s at the global batch. A refusal carries its weighing
     (``PlanRefused.weighing``). ``facts`` describes the model (default: the built-in GPT, or what the config declares
-    about a user's model)."""
+    about a user's model). ``sources``: where a value the config holds came from when not the config itself
+    (``{"omp_num_threads": "environment"}``: an OMP_NUM_THREADS you exported), which its reason names."""
     policy = policy or load_policy()
     facts = facts or facts_for(cfg)
     if deepspeed_installed is None:
         deepspeed_installed = bool(hw.software.get("deepspeed"))
     debug = debug and auto_optimize
-    resolver = Resolver(auto_optimize=auto_optimize)
+    resolver = Resolver(auto_optimize=auto_optimize, sources=dict(sources or {}))
     hw = dec.mig_view(hw, policy, resolver)
     inputs = dec.Inputs(hw, cfg, policy, deepspeed_installed)
     t, d = cfg.training, cfg.distributed
