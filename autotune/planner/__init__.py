@@ -3,8 +3,10 @@
 No torch, no environment reads, no subprocesses: the same inputs always give the same plan, in milliseconds.
 
 - ``compose``        ``plan``: the decisions in order, and the plan made of them; ``weigh``: with what it weighed;
-- ``deciders``       each knob in its own short function (hardware, engine, precision, batch arithmetic);
-- ``resolve``        the user's values over auto's, each with its reason ("auto would choose X, you set Y");
+- ``deciders``       each knob in its own short function (hardware, memory band, batch arithmetic); the engine's
+                     seed (``engine_seed``), ``precision``, the global batch (``global_batch``), the ``loader``;
+- ``resolve``        the user's values over auto's, each with its reason ("auto would choose X, you set Y") naming
+                     its source (the config, or a variable you exported);
 - ``memory_fit``     the memory ladder: strategy, micro-batch and checkpointing that fit; ``weighing`` its data;
 - ``choice``         the options and the pick by predicted time, the one engine decision;
 - ``fsdp_reasons``   FSDP2's and HSDP's settings in words (the mesh, and what each sends between nodes);
