@@ -7,7 +7,8 @@ No torch, no environment reads, no subprocesses: the same inputs always give the
                      seed (``engine_seed``), ``precision``, the global batch (``global_batch``), the ``loader``;
 - ``resolve``        the user's values over auto's, each with its reason ("auto would choose X, you set Y") naming
                      its source (the config, or a variable you exported);
-- ``memory_fit``     the memory ladder: strategy, micro-batch and checkpointing that fit; ``weighing`` its data;
+- ``memory_fit``     the memory ladder: strategy, micro-batch and checkpointing that fit; ``weighing`` its data,
+                     ``sizing`` each option's need, ``refusal`` what would fit when nothing does;
 - ``choice``         the options and the pick by predicted time, the one engine decision;
 - ``fsdp_reasons``   FSDP2's and HSDP's settings in words (the mesh, and what each sends between nodes);
 - ``memory``         memory arithmetic per strategy (DeepSpeed's accounting, FSDP2's shards and gathers);
