@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 
 from autotune.planner.gpus import Efficiency, GPUSpec
-from autotune.planner.model_facts import PhaseWork, StepWork
+from autotune.planner.step_work import PhaseWork, StepWork
 from autotune.profiles import HardwareProfile
 
 # -- communication and the host: sources for the constants ------------------------------------------------------
