@@ -13,7 +13,8 @@ No torch, no environment reads, no subprocesses: the same inputs always give the
 - ``fsdp_reasons``   FSDP2's and HSDP's settings in words (the mesh, and what each sends between nodes);
 - ``memory``         memory arithmetic per strategy (DeepSpeed's accounting, FSDP2's shards and gathers);
 - ``micro``          the micro-batch of a model traced as CUDA runs it;
-- ``step_time``      the time of a step; ``time_estimate`` each option's time and the plan's figures;
+- ``step_time``      the time of a step (``communication`` what each engine sends, over which link);
+                     ``time_estimate`` each option's time and the plan's figures;
 - ``model_facts``    what the planner knows of the model (measured elsewhere: ``autotune.measure``); ``step_work``
                      the work of a traced step;
 - ``policy``, ``gpus`` the tables it plans by (configs/policy.yaml, configs/gpus.yaml);

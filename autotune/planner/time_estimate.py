@@ -9,9 +9,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from autotune.planner.communication import Link, link_for
 from autotune.planner.gpus import GPUSpec
 from autotune.planner.model_facts import MeasuredSteps, WorkModel
-from autotune.planner.step_time import Link, StepTime, compute_s, link_for, step_time
+from autotune.planner.step_time import StepTime, compute_s, step_time
 from autotune.profiles import HardwareProfile
 
 if TYPE_CHECKING:
