@@ -4,7 +4,8 @@ No torch, no environment reads, no subprocesses: the same inputs always give the
 
 - ``compose``        ``plan``: the decisions in order, and the plan made of them; ``weigh``: with what it weighed;
 - ``deciders``       each knob in its own short function (hardware, memory band, batch arithmetic); the engine's
-                     seed (``engine_seed``), ``precision``, the global batch (``global_batch``), the ``loader``;
+                     seed (``engine_seed``), ``precision``, the global batch (``global_batch``), the ``loader``,
+                     the run's steps (``schedule``);
 - ``resolve``        the user's values over auto's, each with its reason ("auto would choose X, you set Y") naming
                      its source (the config, or a variable you exported);
 - ``memory_fit``     the memory ladder: strategy, micro-batch and checkpointing that fit; ``weighing`` its data,

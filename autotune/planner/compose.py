@@ -3,7 +3,7 @@ engine and precision, the micro-batch and memory, accumulation and the global ba
 the time), and the plan composed from the decisions.
 
 Each knob is decided by a small function in ``deciders`` (hardware, memory band, batch arithmetic),
-``engine_seed``, ``precision``, ``memory_fit`` (the memory ladder), ``global_batch`` or ``loader``;
+``engine_seed``, ``precision``, ``memory_fit`` (the memory ladder), ``global_batch``, ``loader`` or ``schedule``;
 ``resolve.Resolver`` applies every explicit user value and records "auto would choose X, you set Y".
 ``--no_auto_optimize`` is a mode of the same resolution. ``--debug`` is applied here, in ``_run_section`` and the
 batch choice, and never edits the config.
@@ -42,6 +42,7 @@ from autotune.planner.model_facts import ModelFacts, facts_for
 from autotune.planner.policy import Policy, load_policy
 from autotune.planner.precision import check_fsdp_precision, decide_precision
 from autotune.planner.resolve import Resolver, Source, is_set
+from autotune.planner.schedule import count_steps
 from autotune.planner.time_estimate import time_estimate, timing_for
 from autotune.planner.weighing import Weighing
 from autotune.profiles import HardwareProfile
@@ -151,33 +152,7 @@ def weigh(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, 
     lr = dec.learning_rate(inputs, resolver, global_batch)
     run = _run_section(cfg, auto_optimize, debug)
     max_steps = min(t.max_steps or DEBUG_MAX_STEPS, DEBUG_MAX_STEPS) if debug else t.max_steps
-    # a user's script: its data is its own; the figures are known only when the config describes it
-    described = t.entrypoint is None or "num_samples" in cfg.data.model_fields_set
-    num_samples = cfg.data.num_samples if described else None
-    # a user's script runs PyTorch's defaults: the last partial micro-batch kept (the built-in stream drops it)
-    keep = bool(t.entrypoint)
-    spe, total, per_epoch = dec.steps(num_samples, micro, acc, world, t.epochs, max_steps, keep_last=keep)
-    each = -(-num_samples // world) if keep and num_samples else (num_samples or 0) // world
-    partial = bool(num_samples) and each % micro
-    dropped = "" if not partial else (" (the last partial one kept, as PyTorch's DataLoader does without drop_last)"
-                                      if keep else " (a partial one dropped)")
-    resolver.explain("steps_per_epoch", (f"{num_samples} samples / {world} process(es) = {each} "
-                                         f"each, in {per_epoch} {'' if keep else 'whole '}micro-batches of {micro}"
-                                         f"{dropped} / accumulation {acc} = {per_epoch / acc:g}"
-                                         + (f", a step at each epoch's end: {spe}" if keep and per_epoch % acc else "")
-                                         if per_epoch else
-                                         f"{num_samples} samples give no whole micro-batch of {micro} per process")
-                     if num_samples else "data.num_samples unknown" if described else
-                     "unknown: your script's data is not described (set data.num_samples to have them counted)")
-    resolver.explain("total_steps", f"max_steps {max_steps}" if max_steps else
-                     (f"{t.epochs} epoch(s) x {spe} steps = {total}" if total and keep else
-                      f"{t.epochs} epoch(s) x {per_epoch} micro-batches // accumulation {acc} = {total}" if total
-                      else "unknown"))
-    resolver.explain("warmup_steps", f"training.warmup_steps {t.warmup_steps} carried over")
-    if total and t.warmup_steps >= total and not debug and (t.entrypoint is None or
-                                                            "warmup_steps" in t.model_fields_set):
-        resolver.warnings.append(f"training.warmup_steps {t.warmup_steps} >= the run's {total} optimizer steps: the "
-                                 f"learning rate never reaches {lr:.6g} (lower warmup_steps, or train longer)")
+    num_samples, spe, total = count_steps(resolver, cfg, micro, acc, world, max_steps, lr, debug)
     past = tuple(r for r in facts.past_runs if (r.num_nodes, r.omp_num_threads, r.num_workers) ==
                  (num_nodes, loader.omp_num_threads, loader.num_workers))
     estimate = time_estimate(timing, untimed, mf.strategy, mf.gradient_checkpointing, micro, acc, total,

@@ -1,5 +1,6 @@
 """The planner's deciders: each knob in its own short function (where it runs, each GPU's memory and the policy
-band, the batch arithmetic; the engine's seed, the precision and the loader have modules of their own).
+band, the accumulation and the learning rate; the engine's seed, the precision, the loader and the run's steps have
+modules of their own).
 
 A decider reads the hardware profile, the config and the policy, and either returns the resolved value
 (through ``Resolver.resolve``, which applies the user's value and records the reason) or raises
@@ -17,6 +18,7 @@ from autotune.plan import Override
 from autotune.planner import pods
 from autotune.planner.policy import Policy
 from autotune.planner.resolve import Decision, Resolver, is_set
+from autotune.planner.schedule import steps  # noqa: F401 - where callers have found it
 from autotune.profiles import GPUInfo, HardwareProfile
 
 GB = 1e9
@@ -240,7 +242,7 @@ def fit_to_target(resolver: Resolver, band: BandChoice, target: int, world: int,
     return BandChoice(reduced, why, band.gradient_checkpointing, band.checkpointing_reason)
 
 
-# -- accumulation, learning rate, steps ---------------------------------------------
+# -- accumulation and the learning rate ---------------------------------------------
 
 def accumulation(target: int, micro: int, world: int) -> int:
     """Integer >= 1 bringing micro*accum*world closest to target; ties -> smaller."""
@@ -263,29 +265,3 @@ def learning_rate(inputs: Inputs, resolver: Resolver, global_batch: int) -> floa
     op = ("{}/{}" if t.lr_scaling == "linear" else "sqrt({}/{})").format(global_batch, t.base_batch_size)
     resolver.explain("learning_rate", f"{t.lr_scaling} scaling: {t.learning_rate:g} x {op} = {lr:.6g}")
     return lr
-
-
-def steps(num_samples: int | None, micro: int, acc: int, world: int, epochs: int | None, max_steps: int | None,
-          keep_last: bool = False):
-    """(steps per epoch, total optimizer steps, micro-batches per process per epoch); None where unknown. As the
-    built-in stream runs (runtime/data.py): num_samples // world a process in whole micro-batches, across epochs (a
-    step may straddle two; steps per epoch rounded down). ``keep_last``, a user's script under PyTorch's defaults:
-    ceil(num_samples / world) a process, the partial micro-batch kept, a step at each epoch's end (rounded up)."""
-    if not num_samples:
-        per_epoch = None
-    elif keep_last:
-        each = -(-num_samples // world)  # rounded up: the last partial share is kept
-        per_epoch = -(-each // micro)
-    else:
-        per_epoch = (num_samples // world) // micro
-    spe = None
-    if per_epoch and keep_last:
-        spe = -(-per_epoch // acc)
-    elif per_epoch:
-        spe = per_epoch // acc
-    if max_steps:
-        return spe, max_steps, per_epoch
-    if not (epochs and per_epoch):
-        return spe, None, per_epoch
-    total = epochs * spe if keep_last else epochs * per_epoch // acc
-    return spe, max(1, total), per_epoch
