@@ -133,8 +133,8 @@ LOOPBACK = ("127.", "localhost", "::1")
 def decide_rendezvous(inputs: Inputs, resolver: Resolver, num_nodes: int) -> tuple[int, str, str | None]:
     """(node rank, master address, rendezvous id): flags, SLURM's allocation, an operator's (``pods``), one node."""
     d, slurm = inputs.cfg.distributed, inputs.hw.slurm
-    in_slurm, (op_rank, op_master) = (slurm is not None and slurm.job_id is not None,
-                                      pods.rendezvous(inputs.hw, d, num_nodes))
+    in_slurm = slurm is not None and slurm.job_id is not None
+    op_rank, op_master = pods.rendezvous(inputs.hw, d, num_nodes)
     rank = resolver.resolve("node_rank", d.node_rank, lambda: Decision(
         slurm.node_id, f"SLURM_NODEID={slurm.node_id} (job {slurm.job_id})") if in_slurm and slurm.node_id is not None
         else op_rank or Decision(0, "one node" if num_nodes == 1 else "no SLURM_NODEID and no --node_rank: node 0"),

@@ -1,5 +1,7 @@
-"""The engine the weighing starts from: the backend, processes per node and ZeRO stage you set, checked, else the
-seed rule's (``choice.settle_engine`` records the engine once the weighing has chosen)."""
+"""The engine the weighing starts from: the backend, processes and ZeRO stage you set, checked, else the seed rule's.
+
+``choice.settle_engine`` records the engine once the weighing has chosen.
+"""
 
 from __future__ import annotations
 

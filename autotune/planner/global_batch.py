@@ -1,5 +1,4 @@
-"""The global batch: the accumulation that brings it to its target, a micro-batch that holds it with the accumulation
-you set, and what the plan says when it misses."""
+"""The global batch: the accumulation to its target, your accumulation held, and what the plan says of a miss."""
 
 from __future__ import annotations
 

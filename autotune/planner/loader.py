@@ -1,5 +1,4 @@
-"""The loader of each process: its threads (OMP_NUM_THREADS), DataLoader workers, pinning and prefetch, from the
-effective cores and RAM."""
+"""Each process's threads (OMP_NUM_THREADS), DataLoader workers, pinning and prefetch, from the cores and RAM."""
 
 from __future__ import annotations
 

@@ -142,7 +142,8 @@ def fit(inputs: Inputs, resolver: Resolver, band: BandChoice, facts: ModelFacts,
     if not fixed_micro:
         auto_micro = Decision(micro, _micro_reason(band, chosen, top, facts, inputs.policy.micro_batch_rule))
     elif known:  # what auto would have chosen: the weighing the user's value skipped
-        top, search = band.micro_batch_size, plans_largest(facts, inputs.policy)
+        top = band.micro_batch_size
+        search = plans_largest(facts, inputs.policy)
         if timer is not None and search and target:
             auto = pick_by_time(tuple(timed(sz, rw, timer, target, world) for rw in weigh(top, search, False)))
         else:

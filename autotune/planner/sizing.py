@@ -1,5 +1,7 @@
-"""What one option needs at one micro-batch, per GPU and on the host: model states, activations, buffers, the set-up's
-peak and what the caching allocator takes above it."""
+"""What one option needs at one micro-batch, per GPU and on the host (``Sizer``).
+
+Model states, activations, buffers, the set-up's peak and what the caching allocator takes above the estimate.
+"""
 
 from __future__ import annotations
 
@@ -18,8 +20,14 @@ class Sizer:
 
     def __init__(self, inputs: Inputs, facts: ModelFacts, *, world: int, nproc: int, num_nodes: int, half: bool,
                  bucket_elements: int, on_gpu: bool):
-        self.inputs, self.facts, self.world, self.nproc, self.num_nodes = inputs, facts, world, nproc, num_nodes
-        self.half, self.bucket_elements, self.on_gpu = half, bucket_elements, on_gpu
+        self.inputs = inputs
+        self.facts = facts
+        self.world = world
+        self.nproc = nproc
+        self.num_nodes = num_nodes
+        self.half = half
+        self.bucket_elements = bucket_elements
+        self.on_gpu = on_gpu
         # the built-in workload builds its model on the meta device under FSDP2 (runtime.fsdp): no whole-model peak
         self.builds_on_meta = facts.builtin_gpt and inputs.cfg.training.entrypoint is None
 

@@ -66,7 +66,8 @@ def phase_gpu_s(work: PhaseWork, gpu: GPUSpec, precision: str, tf32: bool, cal: 
                 memory_efficiency: float | None = None) -> float:
     """The GPU's time for one phase: the roofline of each row, at the GPU's efficiencies (``cal``: others)."""
     cal = cal or gpu.efficiency
-    peak, bw = gpu.peak_flops(precision, tf32), gpu.memory_bytes_s * (memory_efficiency or cal.memory)
+    peak = gpu.peak_flops(precision, tf32)
+    bw = gpu.memory_bytes_s * (memory_efficiency or cal.memory)
     total = 0.0
     for kind, _bin, flops, nbytes, _k in work.rows:
         mem = nbytes / bw

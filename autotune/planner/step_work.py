@@ -1,5 +1,7 @@
-"""The work of a traced training step (FLOPs, bytes and kernels per phase), per numeric mode and checkpointing, linear
-in the micro-batch between traced points: what the step-time model times (pure data; no torch)."""
+"""The work of a traced training step: FLOPs, bytes and kernels per phase, the data the step-time model times.
+
+Per numeric mode and checkpointing, linear in the micro-batch between traced points (pure data; no torch).
+"""
 
 from __future__ import annotations
 
