@@ -6,7 +6,8 @@ vendor figures, so users can plan for machines they do not have.
 
 "Unknown" is a value: a probe that fails leaves its field ``None`` and records
 why in ``unknown`` (dotted field path -> reason). Field names follow NVML /
-nvidia-smi vocabulary with units at the end (``memory_total_mib``).
+nvidia-smi vocabulary with units at the end (``memory_total_mib``). A profile
+read from a file or sent by a peer passes ``profile_checks.profile_problems``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autotune.errors import UserError, format_validation_error
+from autotune.profile_checks import profile_problems
 
 SCHEMA_VERSION = 1
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
@@ -215,144 +217,6 @@ def peer_profile(data, node: int) -> HardwareProfile:
     if problems:
         raise UserError(f"{head}: field {problems[0]}", problems[1:])
     return profile
-
-
-# Numbers no machine has: generous, finite bounds (a profile file or a peer is outside input; its numbers become
-# OMP_NUM_THREADS, world sizes and memory budgets). Linux builds for at most 8192 CPUs; 64 GPUs in one node, 64 TiB
-# of host memory and 4 TiB on one GPU are each several times what any machine has had.
-MAX_NODES = 65536
-MAX_GPUS_PER_NODE = 64
-MAX_CORES = 8192
-MAX_HOST_MEMORY_MIB = 64 << 20  # 64 TiB
-MAX_GPU_MEMORY_MIB = 4 << 20  # 4 TiB
-MAX_CLOCK_MHZ = 100_000
-MAX_PCIE = {"pcie_link_gen_max": 32, "pcie_link_width_max": 64}
-# Text is printed (reports, plans, errors): printable, and bounded. Reasons may span lines; names may not.
-MAX_TEXT_CHARS = 4096
-MAX_NODELIST_CHARS = 1 << 20  # SLURM's compressed list of a large job's scattered nodes is long
-MAX_ENTRIES = MAX_NODES  # entries of a list or mapping (slurm.hosts: one per node; software, unknown)
-_FREE_TEXT = {"reason", "error", "interconnect_reason", "effective_cores_reason", "effective_reason", "description"}
-
-
-def _text_problem(where: str, v: str, lines: bool = False, in_key: bool = False,
-                  limit: int = MAX_TEXT_CHARS) -> str | None:
-    bad = next((i for i, ch in enumerate(v) if not ch.isprintable() and not (lines and ch in "\n\t")), None)
-    if bad is not None:
-        return f"{where}: a control character ({v[bad]!r} at {bad}){' in a key' if in_key else ''}: text only"
-    if len(v) > limit:
-        return f"{where}: {len(v)} characters{' in a key' if in_key else ''}, at most {limit}"
-    return None
-
-
-def _text_problems(where: str, value, field: str = "") -> list[str]:
-    """Every string in ``value`` (a profile's data, as JSON would hold it), each named by its dotted field."""
-    if isinstance(value, str):
-        found = _text_problem(where, value, lines=field in _FREE_TEXT or where.startswith("unknown."),
-                              limit=MAX_NODELIST_CHARS if where == "slurm.nodelist" else MAX_TEXT_CHARS)
-        return [found] if found else []
-    out = []
-    if isinstance(value, (dict, list, tuple)) and len(value) > MAX_ENTRIES:
-        return [f"{where}: {len(value)} entries, at most {MAX_ENTRIES}"]
-    if isinstance(value, dict):
-        for k, v in value.items():
-            key_problem = _text_problem(where, str(k), in_key=True)
-            if key_problem:
-                out.append(key_problem)
-                continue
-            out += _text_problems(f"{where}.{k}" if where else str(k), v, str(k))
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            out += _text_problems(f"{where}[{i}]", v, field)
-    return out
-
-
-def _bound_problems(p: HardwareProfile) -> list[str]:
-    out = []
-
-    def at_most(where: str, v, limit: int, unit: str = "") -> None:
-        if v is not None and v > limit:
-            shown = v if v < 10 ** 40 else f"a number of {len(str(v))} digits"
-            out.append(f"{where}: at most {limit}{unit}, got {shown}")
-
-    at_most("num_nodes", p.num_nodes, MAX_NODES)
-    if len(p.gpus.devices) > MAX_GPUS_PER_NODE:
-        out.append(f"gpus.devices: {len(p.gpus.devices)} GPUs, at most {MAX_GPUS_PER_NODE} in one node")
-    for i, d in enumerate(p.gpus.devices[:MAX_GPUS_PER_NODE]):
-        where = f"gpus.devices[{i}]"
-        at_most(f"{where}.memory_total_mib", d.memory_total_mib, MAX_GPU_MEMORY_MIB, " (4 TiB)")
-        at_most(f"{where}.memory_free_mib", d.memory_free_mib, MAX_GPU_MEMORY_MIB, " (4 TiB)")
-        at_most(f"{where}.mig_slices_mib", max(d.mig_slices_mib, default=None), MAX_GPU_MEMORY_MIB, " (4 TiB) each")
-        for name in ("clocks_max_sm_mhz", "clocks_max_memory_mhz"):
-            at_most(f"{where}.{name}", getattr(d, name), MAX_CLOCK_MHZ)
-        for name, limit in MAX_PCIE.items():
-            at_most(f"{where}.{name}", getattr(d, name), limit)
-    for name in ("effective_cores", "physical_cores", "logical_cores", "affinity_cores"):
-        at_most(f"cpu.{name}", getattr(p.cpu, name), MAX_CORES)
-    for name in ("total_mib", "available_mib", "cgroup_limit_mib", "effective_mib"):
-        at_most(f"memory.{name}", getattr(p.memory, name), MAX_HOST_MEMORY_MIB, " (64 TiB)")
-    if p.slurm is not None:
-        at_most("slurm.num_nodes", p.slurm.num_nodes, MAX_NODES)
-        at_most("slurm.ntasks", p.slurm.ntasks, MAX_NODES * MAX_GPUS_PER_NODE)
-        at_most("slurm.cpus_per_task", p.slurm.cpus_per_task, MAX_CORES)
-        at_most("slurm.gpus_per_node", p.slurm.gpus_per_node, MAX_GPUS_PER_NODE)
-        at_most("slurm.mem_per_node_mib", p.slurm.mem_per_node_mib, MAX_HOST_MEMORY_MIB, " (64 TiB)")
-    return out
-
-
-def profile_problems(p: HardwareProfile) -> list[str]:
-    """Numbers no machine has, in a profile read from a file or sent by a peer (detection records unknowns as None
-    and is not checked here: a strange probe must never stop a report): impossible values, values past the bounds
-    above, and text that is not printable or is too long (named, never shown: it could hold terminal escapes)."""
-    out = _bound_problems(p)
-    g = p.gpus
-    if g.available and not g.devices:
-        out.append("gpus.available: true, but gpus.devices lists none")
-    if g.devices and not g.available:
-        out.append("gpus.available: false, but gpus.devices lists GPUs")
-    indexes = [d.index for d in g.devices]
-    if len(set(indexes)) != len(indexes):
-        out.append(f"gpus.devices: repeated index in {indexes}")
-    for i, d in enumerate(g.devices):
-        where = f"gpus.devices[{i}]"
-        if d.index < 0:
-            out.append(f"{where}.index: must be >= 0, got {d.index}")
-        if d.memory_total_mib is not None and d.memory_total_mib <= 0:
-            out.append(f"{where}.memory_total_mib: must be positive, got {d.memory_total_mib}")
-        if d.memory_free_mib is not None and d.memory_free_mib < 0:
-            out.append(f"{where}.memory_free_mib: must be >= 0, got {d.memory_free_mib}")
-        if (d.memory_free_mib is not None and d.memory_total_mib is not None and d.memory_total_mib > 0
-                and d.memory_free_mib > d.memory_total_mib):
-            out.append(f"{where}.memory_free_mib: {d.memory_free_mib} is more than memory_total_mib "
-                       f"{d.memory_total_mib}")
-        if d.compute_capability is not None:
-            # ASCII digits: str.isdigit() also takes "²", which int() refuses
-            if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", d.compute_capability):
-                out.append(f"{where}.compute_capability: must look like \"8.9\", got {d.compute_capability!r}")
-        if any(s <= 0 for s in d.mig_slices_mib):
-            out.append(f"{where}.mig_slices_mib: every slice must be positive, got {list(d.mig_slices_mib)}")
-    for a, b in (*g.nvlink_pairs, *g.p2p_pairs):
-        if a not in indexes or b not in indexes:
-            out.append(f"gpus: link ({a}, {b}) names a GPU that gpus.devices does not list")
-    c = p.cpu
-    if c.effective_cores < 1:
-        out.append(f"cpu.effective_cores: must be >= 1, got {c.effective_cores}")
-    for name in ("physical_cores", "logical_cores", "affinity_cores"):
-        v = getattr(c, name)
-        if v is not None and v < 1:
-            out.append(f"cpu.{name}: must be >= 1 or null (unknown), got {v}")
-    if c.cgroup_quota_cores is not None and not (0 < c.cgroup_quota_cores < 1e6):
-        out.append(f"cpu.cgroup_quota_cores: must be positive, got {c.cgroup_quota_cores}")
-    m = p.memory
-    for name in ("total_mib", "available_mib", "cgroup_limit_mib", "effective_mib"):
-        v = getattr(m, name)
-        if v is not None and v < 0:
-            out.append(f"memory.{name}: must be >= 0 or null (unknown), got {v}")
-    from autotune.safe_input import host_problem
-
-    hosts = [("kubernetes.master_addr", p.kubernetes.master_addr if p.kubernetes else None),
-             *((f"slurm.hosts[{i}]", h) for i, h in enumerate(p.slurm.hosts[:MAX_ENTRIES] if p.slurm else ()))]
-    out += [f"{where}: {host_problem(h)}" for where, h in hosts if h is not None and host_problem(h)]
-    return out + _text_problems("", p.model_dump(mode="json"))
 
 
 def preset_names() -> list[str]:

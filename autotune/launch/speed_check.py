@@ -130,6 +130,7 @@ def report(setup, run_dir: Path, out, metrics: dict | None = None) -> None:
     """After a run of the built-in loop: compare, print, write timing.json and keep the measured figure for later
     plans of the same model on this kind of machine (``autotune.rundir.speeds``; node 0); never fails the launch.
     ``metrics``: metrics.json's record as the launch read it (read here when not given)."""
+    from autotune.planner.memory import strategy_of
     from autotune.rundir.speeds import record as keep
 
     plan = setup.plan
@@ -147,7 +148,8 @@ def report(setup, run_dir: Path, out, metrics: dict | None = None) -> None:
         if busy:
             lines.insert(1, f"speed: not kept to calibrate later plans: {busy}")
         else:
-            keep(*setup.speed_key, plan, measured, record["predicted_samples_per_s"], Path(run_dir).absolute())
+            keep(*setup.speed_key, plan, strategy_of(plan.engine), measured, record["predicted_samples_per_s"],
+                 Path(run_dir).absolute())
             lines += replace_timing(setup, record)
     for line in lines:
         print(line, file=out)

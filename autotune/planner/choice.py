@@ -8,7 +8,8 @@ against the user's settings, whether time or the seed rule chose it.
 
 from __future__ import annotations
 
-from autotune.planner.deciders import ZERO2_WHY, Inputs
+from autotune.planner.deciders import Inputs
+from autotune.planner.engine_seed import ZERO2_WHY
 from autotune.planner.memory import STRATEGIES, Strategy
 from autotune.planner.micro import GLOBAL_TOLERANCE, steady_micro
 from autotune.planner.resolve import Decision, Resolver, is_set

@@ -1,4 +1,6 @@
-"""The planner's deciders: each knob in its own short function.
+"""The planner's deciders: each knob in its own short function (where it runs, each GPU's memory and the policy
+band, the accumulation and the learning rate; the engine's seed, the precision, the loader and the run's steps have
+modules of their own).
 
 A decider reads the hardware profile, the config and the policy, and either returns the resolved value
 (through ``Resolver.resolve``, which applies the user's value and records the reason) or raises
@@ -16,6 +18,7 @@ from autotune.plan import Override
 from autotune.planner import pods
 from autotune.planner.policy import Policy
 from autotune.planner.resolve import Decision, Resolver, is_set
+from autotune.planner.schedule import steps  # noqa: F401 - where callers have found it
 from autotune.profiles import GPUInfo, HardwareProfile
 
 GB = 1e9
@@ -54,10 +57,7 @@ def infiniband_note(hw: HardwareProfile) -> str:
     return "no InfiniBand (NCCL_IB_DISABLE=1: between nodes NCCL uses TCP sockets)"
 
 
-ZERO2_WHY = "ZeRO-2 partitions gradients and optimizer state, communicating about what DDP does"
-
-
-# -- GPUs and engine ----------------------------------------------------------------
+# -- GPUs, nodes and their meeting ----------------------------------------------------------------
 
 def mig_view(hw: HardwareProfile, policy: Policy, resolver: Resolver) -> HardwareProfile:
     """The GPUs as a process will see them: a GPU in MIG mode is one of its slices.
@@ -133,8 +133,8 @@ LOOPBACK = ("127.", "localhost", "::1")
 def decide_rendezvous(inputs: Inputs, resolver: Resolver, num_nodes: int) -> tuple[int, str, str | None]:
     """(node rank, master address, rendezvous id): flags, SLURM's allocation, an operator's (``pods``), one node."""
     d, slurm = inputs.cfg.distributed, inputs.hw.slurm
-    in_slurm, (op_rank, op_master) = (slurm is not None and slurm.job_id is not None,
-                                      pods.rendezvous(inputs.hw, d, num_nodes))
+    in_slurm = slurm is not None and slurm.job_id is not None
+    op_rank, op_master = pods.rendezvous(inputs.hw, d, num_nodes)
     rank = resolver.resolve("node_rank", d.node_rank, lambda: Decision(
         slurm.node_id, f"SLURM_NODEID={slurm.node_id} (job {slurm.job_id})") if in_slurm and slurm.node_id is not None
         else op_rank or Decision(0, "one node" if num_nodes == 1 else "no SLURM_NODEID and no --node_rank: node 0"),
@@ -163,124 +163,6 @@ def decide_rendezvous(inputs: Inputs, resolver: Resolver, num_nodes: int) -> tup
                                  "here (a test setup); on a cluster give node 0's address")
     rdzv = slurm.job_id if in_slurm and num_nodes > 1 and master is None and d.node_rank == AUTO else None
     return rank, addr, rdzv
-
-
-def _auto_backend(inputs: Inputs, num_gpus: int, nproc: int, num_nodes: int) -> Decision:
-    d = inputs.cfg.distributed
-    asked = ([f"distributed.zero_stage={d.zero_stage}"] if is_set(d.zero_stage) else []) + \
-        (["distributed.offload_optimizer=true"] if d.offload_optimizer is True else [])
-    if asked and inputs.deepspeed_installed:  # only DeepSpeed has them: the user has chosen it
-        return Decision("deepspeed", f"you set {' and '.join(asked)}, which only DeepSpeed has")
-    if num_gpus:
-        if num_gpus == 1 and num_nodes == 1:
-            return Decision("single", "one GPU: no process group needed")
-        if inputs.deepspeed_installed:
-            return Decision("deepspeed", f"{num_gpus * num_nodes} GPUs and DeepSpeed is installed: ZeRO-2 shards "
-                                         "gradients and optimizer state")
-        return Decision("ddp", f"{num_gpus * num_nodes} GPUs; DeepSpeed is not installed (pip install "
-                               "--no-build-isolation deepspeed), so DDP via torchrun")
-    if nproc == 1 and num_nodes == 1:
-        return Decision("single", f"no GPU: one process using {inputs.hw.cpu.effective_cores} effective core(s)")
-    return Decision("ddp", f"no GPU and {nproc} process(es) x {num_nodes} node(s): DDP over gloo")
-
-
-def decide_engine(inputs: Inputs, resolver: Resolver, num_gpus: int, num_nodes: int
-                  ) -> tuple[str, int, int | None, Decision]:
-    """(backend, processes per node, ZeRO stage, the seed rule's backend decision): what the weighing starts from
-    (the user's, else the seed rule's); recorded once after it (``choice.settle_engine``), verbatim here."""
-    d = inputs.cfg.distributed
-    on_gpu = num_gpus > 0
-    if on_gpu:
-        nproc = num_gpus
-    else:
-        nproc = 1 if d.nproc_per_node == AUTO else d.nproc_per_node
-    seed = _auto_backend(inputs, num_gpus, nproc, num_nodes)
-    if resolver.auto_optimize:
-        backend = d.backend if is_set(d.backend) else seed.value
-    else:
-        backend = resolver.resolve("backend", d.backend, lambda: seed, path="distributed.backend")
-        if backend == "single":
-            if is_set(d.nproc_per_node) and d.nproc_per_node != 1:
-                raise UserError("distributed.nproc_per_node: the single backend runs one process; use ddp or deepspeed")
-            nproc = 1
-        elif backend is not None:
-            nproc = resolver.resolve("nproc_per_node", d.nproc_per_node, lambda: Decision(None, ""),
-                                     path="distributed.nproc_per_node")
-    if backend == "deepspeed" and not inputs.deepspeed_installed:
-        raise UserError("distributed.backend: deepspeed was requested but DeepSpeed is not installed; "
-                        "install it with `pip install --no-build-isolation deepspeed` (after torch) or use --ddp")
-    if backend == "single" and nproc and nproc > 1:
-        raise UserError(f"distributed.backend: single runs one process, but {nproc} processes per node were asked for "
-                        f"({'GPUs' if on_gpu else 'nproc_per_node'}); use --ddp or --deepspeed, or --num_gpus 1")
-    if backend == "single" and num_nodes > 1:
-        raise UserError(f"distributed.backend: single cannot span {num_nodes} nodes; use ddp or deepspeed")
-    if resolver.auto_optimize:
-        resolver.explain("nproc_per_node", f"one process per GPU ({nproc})" if on_gpu else f"{nproc} CPU process(es)")
-    zero = None
-    if backend == "deepspeed":
-        zero = d.zero_stage if is_set(d.zero_stage) else 2
-        if not resolver.auto_optimize:
-            zero = resolver.resolve("zero_stage", d.zero_stage, lambda: Decision(2, ZERO2_WHY),
-                                    path="distributed.zero_stage")
-    elif not resolver.auto_optimize:
-        resolver.explain("zero_stage", f"not used by the {backend} backend")
-    return backend, nproc, zero, seed
-
-
-# -- precision ----------------------------------------------------------------------
-
-def lowest_cc(devs: tuple[GPUInfo, ...]) -> float | None:
-    ccs = [d.compute_capability_tuple() for d in devs]
-    if any(c is None for c in ccs) or not ccs:
-        return None
-    major, minor = min(ccs)
-    return major + minor / 10
-
-
-def _auto_precision(inputs: Inputs, resolver: Resolver, cc: float | None) -> Decision:
-    policy = inputs.policy
-    if cc is None:
-        rule = policy.precision_for(0.0)
-        why = f"compute capability unknown for some GPU: {rule.precision}, the safe choice"
-        resolver.warnings.append(why)
-        return Decision(rule.precision, why)
-    rule = policy.precision_for(cc)
-    better = [p for p in policy.precision_by_compute_capability if p.min_compute_capability > cc]
-    if better:
-        nxt = min(better, key=lambda p: p.min_compute_capability)
-        why = (f"lowest compute capability {cc:.1f} is below the {nxt.min_compute_capability:.1f} "
-               f"that {nxt.precision} needs: {rule.precision}")
-    else:
-        why = f"lowest compute capability {cc:.1f} >= {rule.min_compute_capability:.1f}: {rule.precision}"
-    if rule.precision == "fp16":
-        why += " with dynamic loss scaling"
-    return Decision(rule.precision, why)
-
-
-def decide_precision(inputs: Inputs, resolver: Resolver, devs: tuple[GPUInfo, ...]) -> tuple[str, bool]:
-    """(precision, TF32) from the lowest compute capability among the job's GPUs."""
-    t = inputs.cfg.training
-    if devs:
-        cc = lowest_cc(devs)
-        precision = resolver.resolve("precision", t.mixed_precision, lambda: _auto_precision(inputs, resolver, cc),
-                                     path="training.mixed_precision")
-        tf32 = bool(resolver.auto_optimize and cc is not None and inputs.policy.precision_for(cc).tf32)
-        if precision == "bf16" and (cc is None or cc < 8.0):
-            bad = [dev for dev in devs if (dev.compute_capability_tuple() or (0, 0)) < (8, 0)]
-            names = ", ".join(f"GPU {g.index} ({g.name or 'unknown'}, compute capability "
-                              f"{g.compute_capability or 'unknown'})" for g in bad)
-            raise UserError(f"training.mixed_precision: bf16 needs compute capability >= 8.0, but {names} lacks it; "
-                            "use fp16 or auto")
-    else:
-        tf32 = False
-        precision = resolver.resolve("precision", t.mixed_precision, lambda: Decision(
-            "fp32", "no GPU: fp32 (CPU autocast gains little for small models)"), path="training.mixed_precision")
-        if precision == "fp16":
-            raise UserError("training.mixed_precision: fp16 needs a GPU (loss-scaled fp16 is a CUDA feature); "
-                            "use bf16 or fp32 on CPU")
-    resolver.explain("tf32", "TF32 matmuls on compute capability >= 8.0" if tf32 else
-                     "TF32 needs compute capability >= 8.0 GPUs")
-    return precision, tf32
 
 
 # -- per-GPU memory and the policy band ---------------------------------------------
@@ -360,7 +242,7 @@ def fit_to_target(resolver: Resolver, band: BandChoice, target: int, world: int,
     return BandChoice(reduced, why, band.gradient_checkpointing, band.checkpointing_reason)
 
 
-# -- accumulation, learning rate, steps ---------------------------------------------
+# -- accumulation and the learning rate ---------------------------------------------
 
 def accumulation(target: int, micro: int, world: int) -> int:
     """Integer >= 1 bringing micro*accum*world closest to target; ties -> smaller."""
@@ -383,17 +265,3 @@ def learning_rate(inputs: Inputs, resolver: Resolver, global_batch: int) -> floa
     op = ("{}/{}" if t.lr_scaling == "linear" else "sqrt({}/{})").format(global_batch, t.base_batch_size)
     resolver.explain("learning_rate", f"{t.lr_scaling} scaling: {t.learning_rate:g} x {op} = {lr:.6g}")
     return lr
-
-
-def steps(num_samples: int | None, micro: int, acc: int, world: int, epochs: int | None, max_steps: int | None,
-          keep_last: bool = False):
-    """(steps per epoch, total optimizer steps, micro-batches per process per epoch); None where unknown. As the
-    built-in stream runs (runtime/data.py): num_samples // world a process in whole micro-batches, across epochs (a
-    step may straddle two; steps per epoch rounded down). ``keep_last``, a user's script under PyTorch's defaults:
-    ceil(num_samples / world) a process, the partial micro-batch kept, a step at each epoch's end (rounded up)."""
-    per_epoch = (-(-(-(-num_samples // world)) // micro) if keep_last else (num_samples // world) // micro) \
-        if num_samples else None
-    spe = (-(-per_epoch // acc) if keep_last else per_epoch // acc) if per_epoch else None
-    total = max_steps or (max(1, epochs * spe if keep_last else epochs * per_epoch // acc) if epochs and per_epoch
-                          else None)
-    return spe, total, per_epoch

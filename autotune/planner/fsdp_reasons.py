@@ -3,8 +3,8 @@ option holds per GPU, its predicted speed and the bytes each node sends over the
 
 from __future__ import annotations
 
+from autotune.planner.communication import bytes_between_nodes
 from autotune.planner.resolve import Resolver
-from autotune.planner.step_time import bytes_between_nodes
 from autotune.planner.weighing import Budget, Row, Timer
 
 

@@ -59,7 +59,7 @@ bytes) is kept. fp32 doubles both. A user's model is measured instead
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 GIB = 1024**3
 
@@ -105,6 +105,26 @@ LABELS = {"ddp": "DDP", "zero0": "DeepSpeed ZeRO-0", "zero1": "ZeRO-1", "zero2":
           "fsdp_no_reshard": "FSDP2 without resharding after forward", "fsdp_offload": "FSDP2 + CPU offload",
           "hsdp": "HSDP",
           "hsdp_no_reshard": "HSDP without resharding after forward"}
+
+
+def _settings(s: Strategy) -> tuple:
+    """Every setting of a strategy but its name, by field: what a plan's engine says of it."""
+    return tuple((f.name, getattr(s, f.name)) for f in fields(Strategy) if f.name != "name")
+
+
+# The table read backwards: a strategy's name from its settings (no two strategies share them).
+BY_SETTINGS: dict[tuple, str] = {_settings(s): name for name, s in STRATEGIES.items()}
+
+
+def strategy_of(engine) -> str | None:
+    """The name of the strategy a plan's engine (``plan.EngineSection``) runs: ``STRATEGIES`` read backwards, setting
+    by setting. One process runs DDP's strategy; an FSDP2 engine with more than one replica is HSDP. None: an engine
+    no strategy describes (a plan edited by hand), whose speed calibrates no plan."""
+    backend = "ddp" if engine.backend == "single" else engine.backend
+    seen = Strategy("", backend, engine.zero_stage, offload_optimizer=engine.offload_optimizer,
+                    offload_param=engine.offload_param, reshard_after_forward=engine.reshard_after_forward,
+                    hsdp=engine.dp_replicate > 1)
+    return BY_SETTINGS.get(_settings(seen))
 
 
 def gpt_num_parameters(n_layer: int, n_embd: int, vocab_size: int, block_size: int) -> int:

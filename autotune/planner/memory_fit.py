@@ -4,26 +4,23 @@ Options are (strategy, gradient checkpointing) pairs from the policy's
 ``strategy_preference``, filtered by what the user fixed (backend, ZeRO stage, offload,
 checkpointing) and what the machine can run (DeepSpeed installed; on one process plain
 ZeRO saves nothing). For each option the largest micro-batch up to the band's that fits
-the budget is computed: per GPU ``model states + activations + overhead <= usable
-memory`` (on CPU: per process, against the effective RAM), and the host side of every
-offload against the host RAM. The first option reaching the band's micro-batch wins;
+the budget is computed (its need: ``sizing.Sizer``): per GPU ``model states + activations
++ overhead <= usable memory`` (on CPU: per process, against the effective RAM), and the
+host side of every offload against the host RAM. The first option reaching the band's micro-batch wins;
 otherwise the one with the largest micro-batch (ties: preference order). Every
 rejected option is in the reasons with its numbers. When nothing fits even at
-micro-batch 1 the planner raises ``PlanRefused`` (exit 3) saying what would fit, unless
-``force``.
+micro-batch 1 the planner raises ``PlanRefused`` (exit 3) saying what would fit
+(``refusal``), unless ``force``.
 """
 
 from __future__ import annotations
 
-import math
-
-from autotune.errors import PlanRefused, UserError
+from autotune.errors import UserError
 from autotune.plan import MemoryEstimate
-from autotune.planner import memory
 from autotune.planner.choice import candidates, pick_by_time, time_reason, timed
 from autotune.planner.deciders import BandChoice, Inputs
 from autotune.planner.fsdp_reasons import explain_fsdp
-from autotune.planner.headroom import HOST_RAM, _fits, _over, _up, allocator_bytes
+from autotune.planner.headroom import _fits, _over, _up  # noqa: F401 - _over, _up: where tests have found them
 from autotune.planner.memory import STRATEGIES, Strategy
 from autotune.planner.micro import (
     FAST_MICRO,
@@ -33,45 +30,10 @@ from autotune.planner.micro import (
     traced_micro_reason,
 )
 from autotune.planner.model_facts import ModelFacts
+from autotune.planner.refusal import refuse as _refuse
 from autotune.planner.resolve import Decision, Resolver, is_set
-from autotune.planner.weighing import Budget, MemoryFit, Need, Row, Timer, Weighing
-
-GIB = memory.GIB
-
-
-class Sizer:
-    """Needs of one option at one micro-batch, from the model facts and the plan so far."""
-
-    def __init__(self, inputs: Inputs, facts: ModelFacts, *, world: int, nproc: int, num_nodes: int, half: bool,
-                 bucket_elements: int, on_gpu: bool):
-        self.inputs, self.facts, self.world, self.nproc, self.num_nodes = inputs, facts, world, nproc, num_nodes
-        self.half, self.bucket_elements, self.on_gpu = half, bucket_elements, on_gpu
-        # the built-in workload builds its model on the meta device under FSDP2 (runtime.fsdp): no whole-model peak
-        self.builds_on_meta = facts.builtin_gpt and inputs.cfg.training.entrypoint is None
-
-    def need(self, s: Strategy, micro: int, ckpt: bool) -> Need:
-        f, policy = self.facts, self.inputs.policy
-        if f.num_parameters is None:
-            return Need(None, None, 0.0, 0.0)
-        st = memory.model_state_bytes(s, f.num_parameters, self.world, largest_layer=f.largest_layer_parameters,
-                                      half=self.half, optimizer=self.inputs.cfg.training.optimizer,
-                                      ranks_per_node=self.nproc, num_nodes=self.num_nodes)
-        acts = f.activations.bytes(micro, self.half, ckpt, s.backend == "deepspeed", s.backend == "fsdp") \
-            if f.activations else None
-        # ZeRO-1/2's fp32 gradient partition is made at the optimizer step, when the activations are gone
-        states = st.gpu_bytes + max(0.0, st.step_bytes - (acts or 0.0))
-        overhead = memory.bucket_bytes(s, self.bucket_elements, self.half) if self.on_gpu else 0.0
-        # FSDP2's gathered units and reduce-scatter buffers (on the CPU too: they are the same tensors in RAM)
-        overhead += memory.fsdp_buffer_bytes(s, f.num_parameters, f.fsdp_unit_parameters, f.fsdp_root_parameters,
-                                             self.half)
-        init, init_host = memory.fsdp_init_bytes(s, f.num_parameters, self.world, on_meta=self.builds_on_meta,
-                                                 ranks_per_node=self.nproc)
-        host = max(st.host_bytes_per_node, init_host) * policy.offload_host_ram_margin
-        allocated = states + (acts or 0.0) + overhead
-        extra = allocator_bytes(f, policy, allocated, half=self.half, checkpointing=ckpt, micro=micro) \
-            if self.on_gpu else 0.0
-        return Need(states / GIB, None if acts is None else acts / GIB, overhead / GIB, host / GIB,
-                    init_gib=init / GIB, allocator_gib=extra / GIB)
+from autotune.planner.sizing import Sizer
+from autotune.planner.weighing import Budget, MemoryFit, Row, Timer, Weighing
 
 
 def _row(sz: Sizer, b: Budget, s: Strategy, ckpt: bool, top: int, fixed_micro: bool) -> Row:
@@ -180,7 +142,8 @@ def fit(inputs: Inputs, resolver: Resolver, band: BandChoice, facts: ModelFacts,
     if not fixed_micro:
         auto_micro = Decision(micro, _micro_reason(band, chosen, top, facts, inputs.policy.micro_batch_rule))
     elif known:  # what auto would have chosen: the weighing the user's value skipped
-        top, search = band.micro_batch_size, plans_largest(facts, inputs.policy)
+        top = band.micro_batch_size
+        search = plans_largest(facts, inputs.policy)
         if timer is not None and search and target:
             auto = pick_by_time(tuple(timed(sz, rw, timer, target, world) for rw in weigh(top, search, False)))
         else:
@@ -323,47 +286,3 @@ def _explain_verbatim(resolver: Resolver, s: Strategy, row: Row, force: bool) ->
     if row.why_not and force:
         resolver.warnings.append(f"--force: the config does not fit by the estimate ({row.why_not}): "
                                  "EXPECT OUT-OF-MEMORY ERRORS")
-
-
-def _refuse(inputs: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: ModelFacts, fixed: str | None) -> None:
-    # host RAM for offloaded state does not shrink with the micro-batch: "even at micro-batch 1" only for GPU memory
-    tried = [f"{rw.label}: {rw.why_not}" + ("" if fixed or rw.why_not.startswith(HOST_RAM) else
-                                            " even at micro-batch 1") for rw in rows]
-    would = []
-    policy = inputs.policy
-    host_ok = [rw for rw in rows if not rw.need.host_gib or (budget.host_gib is not None
-                                                             and rw.need.host_gib <= budget.host_gib)]
-    if host_ok and budget.device_gib is not None and host_ok[0].need.total_gib is not None:
-        best = min(host_ok, key=lambda rw: (rw.need.total_gib or 0.0))
-        per_dev = (best.need.placed_gib + budget.outside_gib) / (policy.memory_headroom_fraction if budget.on_gpu else
-                                                                  policy.host_ram_headroom_fraction)
-        if budget.on_gpu:
-            outside = f" + {budget.outside_gib:.2f} GiB outside the allocator" if budget.outside_gib else ""
-            mine = f" + {best.need.allocator_gib:.2f} GiB the allocator takes above it" if best.need.allocator_gib \
-                else ""
-            needed = f"{best.need.total_gib:.2f} GiB estimated{mine}{outside}"
-            site = policy.memory_headroom_fraction
-            would.append(f"{best.label}: GPUs with at least {_up(per_dev * GIB / 1e9, 0):.0f} GB free each "
-                         + (f"(({needed}) / headroom {site})" if site < 1 else f"({needed})"))
-        else:
-            would.append(f"{best.label}: at least {_up(per_dev * sz.nproc):.1f} GiB of RAM for {sz.nproc} "
-                         "process(es)")
-    # more GPUs for ZeRO-3 (states shrink with the world, the largest layer and activations do not)
-    z3 = next((rw for rw in rows if rw.strategy.name == "zero3"), None)
-    if z3 is not None and budget.device_gib is not None and z3.need.total_gib is not None:
-        layer = memory.model_state_bytes(STRATEGIES["zero3"], 0, sz.world, largest_layer=facts.largest_layer_parameters,
-                                         half=sz.half).gpu_bytes / GIB
-        sharded = z3.need.states_gib - layer  # the part that shrinks as 1 / world size
-        room = budget.device_gib - (z3.need.placed_gib - sharded)
-        if room > 0 and sharded > 0:
-            would.append(f"ZeRO-3 across {math.ceil(sz.world * sharded / room)} GPUs of this size")
-    off = [rw for rw in rows if rw.strategy.offload_optimizer]
-    for rw in off:
-        if budget.host_gib is not None and rw.need.host_gib > budget.host_gib:
-            gpu_ok = rw.need.total_gib is None or budget.device_gib is None or rw.need.total_gib <= budget.device_gib
-            if gpu_ok:
-                would.append(f"{rw.label}: {_up(rw.need.host_gib - budget.host_gib):.1f} GiB more host RAM per "
-                             "node (%s GiB needed, %s usable)" % _over(rw.need.host_gib, budget.host_gib))
-    raise PlanRefused(f"no plan fits: {facts.source} on {inputs.hw.num_nodes} node(s), {budget.basis}"
-                      + (f", with {fixed}" if fixed else ""), tried, would or ["a machine with more memory"],
-                      Weighing(tuple(rows), budget))

@@ -13,24 +13,22 @@
 - nothing: unknown, and the plan says why instead of showing the built-in GPT's numbers.
 
 Activations are a curve in the micro-batch (measured points, linear between them),
-recorded per numeric mode (``fp32`` or ``half``) and with/without gradient checkpointing.
+recorded per numeric mode (``fp32`` or ``half``) and with/without gradient checkpointing; the
+work of a step (what its time is reckoned from) likewise (``step_work``).
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from autotune.config import TrainConfig
 from autotune.planner import memory
+from autotune.planner.step_work import Frozen, PhaseWork, StepWork, WorkLine, WorkModel
 
 CUDA_TRACED = "traced as CUDA runs it"  # ActivationModel.source of autotune.measure.cuda_trace's lines
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class LinearBytes(_Frozen):
+class LinearBytes(Frozen):
     """Bytes as a function of the micro-batch, from measured points.
 
     At a measured micro-batch, its value; between two points, the value at the upper one
@@ -84,7 +82,7 @@ class LinearBytes(_Frozen):
         return y1 + max(0.0, (y1 - y0) / (b1 - b0)) * (micro - b1)
 
 
-class ActivationModel(_Frozen):
+class ActivationModel(Frozen):
     """Activation bytes per numeric mode ('fp32', 'half') and checkpointing (False, True)."""
 
     fp32: LinearBytes | None = None  # None: not traced (the plan's numerics did not need it)
@@ -126,93 +124,7 @@ class ActivationModel(_Frozen):
         return lin.at(micro) * self.margin
 
 
-class PhaseWork(_Frozen):
-    """One phase of a traced step (forward, backward with any recomputed forward, optimizer step): its ops summed
-    in rows ``(kind, log2 FLOPs per byte, FLOPs, bytes, kernels)``; kind is matmul, conv, attention or memory
-    (no FLOP formula: memory-bound, intensity -1)."""
-
-    rows: tuple[tuple[str, int, float, float, int], ...] = ()
-
-    @property
-    def flops(self) -> float:
-        return sum(r[2] for r in self.rows)
-
-    @property
-    def bytes(self) -> float:
-        return sum(r[3] for r in self.rows)
-
-    @property
-    def kernels(self) -> int:
-        return sum(r[4] for r in self.rows)
-
-    def scaled(self, other: "PhaseWork", w: float) -> "PhaseWork":
-        """self + w x (other - self), row by row (a row missing on one side counts 0 there)."""
-        a = {r[:2]: r[2:] for r in self.rows}
-        b = {r[:2]: r[2:] for r in other.rows}
-        out = []
-        for key in sorted(set(a) | set(b)):
-            x, y = a.get(key, (0.0, 0.0, 0)), b.get(key, (0.0, 0.0, 0))
-            vals = [max(0.0, x[i] + w * (y[i] - x[i])) for i in range(3)]
-            out.append((key[0], key[1], vals[0], vals[1], max(0, round(vals[2]))))
-        return PhaseWork(rows=tuple(out))
-
-
-class StepWork(_Frozen):
-    """The work of one traced training step at one micro-batch (``autotune.measure.cuda_trace.WorkCount``)."""
-
-    micro: int
-    forward: PhaseWork
-    backward: PhaseWork
-    optimizer: PhaseWork
-    memory_bound_ops: tuple[str, ...] = ()  # ops without a FLOP formula, counted memory-bound, most bytes first
-    # the largest single allocation of the step (a language model's fp32 log-probabilities, a CNN's first
-    # activation): the caching allocator must find it one block (planner.headroom); 0: not counted
-    largest_allocation_bytes: float = 0.0
-
-
-class WorkLine(_Frozen):
-    """Traced steps at several micro-batches; between them linear, beyond the last along the last segment (FLOPs
-    and bytes of a step are linear in the micro-batch; kernels are not, and stay where they are)."""
-
-    points: tuple[StepWork, ...] = Field(min_length=1)
-
-    def at(self, micro: int) -> StepWork:
-        pts = sorted(self.points, key=lambda p: p.micro)
-        if len(pts) == 1 or micro <= pts[0].micro:
-            lo, hi = pts[0], pts[0]
-        else:
-            lo, hi = next(((a, b) for a, b in zip(pts, pts[1:]) if micro <= b.micro), (pts[-2], pts[-1]))
-        if lo.micro == micro or lo is hi:
-            return lo if lo.micro == micro or lo is hi else hi
-        w = (micro - lo.micro) / (hi.micro - lo.micro)
-        largest = lo.largest_allocation_bytes + w * (hi.largest_allocation_bytes - lo.largest_allocation_bytes)
-        return StepWork(micro=micro, forward=lo.forward.scaled(hi.forward, w),
-                        backward=lo.backward.scaled(hi.backward, w), optimizer=hi.optimizer,
-                        memory_bound_ops=hi.memory_bound_ops, largest_allocation_bytes=max(0.0, largest))
-
-
-class WorkModel(_Frozen):
-    """The traced work per numeric mode and checkpointing, keyed like ``ActivationModel``'s lines."""
-
-    source: str = "traced FLOPs, bytes and kernels"
-
-    fp32: WorkLine | None = None
-    half: WorkLine | None = None
-    fp32_checkpointed: WorkLine | None = None
-    half_checkpointed: WorkLine | None = None
-    half_weights: WorkLine | None = None
-    half_weights_checkpointed: WorkLine | None = None
-
-    def line(self, half: bool, checkpointing: bool, deepspeed: bool = False) -> WorkLine | None:
-        own = (self.half_weights_checkpointed if checkpointing else self.half_weights) if half and deepspeed else None
-        if own is not None:
-            return own
-        if checkpointing:
-            return self.half_checkpointed if half else self.fp32_checkpointed
-        return self.half if half else self.fp32
-
-
-class MeasuredSteps(_Frozen):
+class MeasuredSteps(Frozen):
     """The model's own training step timed for real (``autotune.measure.timing`` on this CPU, ``measure.gpu_probe`` on
     GPU 0): (micro-batch, forward+backward seconds, optimizer seconds) at two micro-batches; linear between and
     beyond them. On the CPU ``ranks`` processes of ``threads`` each ran at once, and with several the gloo
@@ -232,7 +144,7 @@ class MeasuredSteps(_Frozen):
         return max(f0 * micro / b0 if micro < b0 else 0.0, f0 + slope * (micro - b0)), (o0 + o1) / 2
 
 
-class PastRun(_Frozen):
+class PastRun(Frozen):
     """What a past run of the same model on the same kind of machine measured (``autotune.rundir.speeds``), with
     the settings it ran: a plan with these settings takes its figure ("calibrated by your run of ...")."""
 
@@ -251,7 +163,7 @@ class PastRun(_Frozen):
     run_dir: str
 
 
-class ModelFacts(_Frozen):
+class ModelFacts(Frozen):
     source: str  # one line: where these facts come from
     num_parameters: int | None = None
     trainable_parameters: int | None = None

@@ -5,18 +5,25 @@ Every knob is decided by a small function returning a ``Decision(value, reason)`
 "auto would choose X, you set Y". ``--no_auto_optimize`` is a mode of the same
 resolution: the config's value is taken verbatim, a value left ``auto`` either gets
 its documented verbatim default or is a problem, and every problem is listed at once.
+A value you set comes from the config (a flag is the config's value) or from a variable
+you exported that the ranks run with (``sources``); its reason names where.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Literal, Mapping
 
 from autotune.config import AUTO
 from autotune.errors import UserError
 from autotune.plan import Knob, Override
 
 VERBATIM = "--no_auto_optimize: taken from the config verbatim"
+
+# Where a value came from: the planner's own, the config, or a variable you exported (the launch leaves it in the
+# ranks' environment, so the plan is what they run with). EXPORTED_AS: the variable of each knob one can set.
+Source = Literal["planner", "config", "environment"]
+EXPORTED_AS: dict[Knob, str] = {"omp_num_threads": "OMP_NUM_THREADS"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,8 @@ def is_set(value: Any) -> bool:
 @dataclass
 class Resolver:
     auto_optimize: bool = True
+    # the source of each value you set that the config holds for another (the environment); the rest: the config
+    sources: Mapping[Knob, Source] = field(default_factory=dict)
     reasons: dict[Knob, str] = field(default_factory=dict)
     overrides: dict[Knob, Override] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -57,7 +66,8 @@ class Resolver:
         (the config field) names a value that --no_auto_optimize requires (no ``verbatim`` default)."""
         if not self.auto_optimize:
             if is_set(user):
-                self.reasons[knob] = VERBATIM
+                mine = self.source(knob, user) == "config"
+                self.reasons[knob] = VERBATIM if mine else f"--no_auto_optimize: {self.yours(knob, user)}"
                 return user
             if verbatim is REQUIRED:
                 self.problems.append(f"{path}: required with --no_auto_optimize (it is 'auto')")
@@ -67,10 +77,22 @@ class Resolver:
         decision = auto()
         if is_set(user):
             self.overrides[knob] = Override(auto=decision.value, chosen=user)
-            self.reasons[knob] = f"you set {user} (auto would choose {decision.value}: {decision.reason})"
+            self.reasons[knob] = f"{self.yours(knob, user)} (auto would choose {decision.value}: {decision.reason})"
             return user
         self.reasons[knob] = decision.reason
         return decision.value
+
+    def source(self, knob: Knob, user: Any) -> Source:
+        """Where ``knob``'s value comes from: the planner (``user`` is auto), the config, or your environment."""
+        if not is_set(user):
+            return "planner"
+        return self.sources.get(knob, "config")
+
+    def yours(self, knob: Knob, user: Any) -> str:
+        """A value you set, named by its source: "you set 3", or "OMP_NUM_THREADS=3 in your environment"."""
+        if self.source(knob, user) == "environment":
+            return f"{EXPORTED_AS[knob]}={user} in your environment (the ranks run with it)"
+        return f"you set {user}"
 
     def raise_problems(self) -> None:
         if self.problems:

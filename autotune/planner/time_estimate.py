@@ -9,9 +9,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from autotune.planner.communication import Link, link_for
 from autotune.planner.gpus import GPUSpec
 from autotune.planner.model_facts import MeasuredSteps, WorkModel
-from autotune.planner.step_time import Link, StepTime, compute_s, link_for, step_time
+from autotune.planner.step_time import StepTime, compute_s, step_time
 from autotune.profiles import HardwareProfile
 
 if TYPE_CHECKING:
@@ -178,9 +179,7 @@ def time_estimate(timing: Timing | None, untimed: str, strategy, checkpointing: 
         unknown["total_s"] = "the number of steps is unknown (set training.max_steps, or data.num_samples and epochs)"
     speedup, speedup_basis = _speedup(timing, strategy, checkpointing, micro, accumulation, world)
     if speedup is None:
-        unknown["speedup_vs_1_gpu"] = ("no GPU: a CPU plan" if not on_gpu else untimed or "unknown" if timing is None
-                                       else "no GPU: a CPU plan" if timing.gpu is None else
-                                       "the one-GPU step could not be predicted")
+        unknown["speedup_vs_1_gpu"] = _no_speedup(timing, untimed, on_gpu)
     comm = f"; communication over {timing.link.basis}" if timing and timing.link is not None and world > 1 else ""
 
     def r(v, n):
@@ -191,6 +190,17 @@ def time_estimate(timing: Timing | None, untimed: str, strategy, checkpointing: 
                         samples_per_s=round(t.samples_per_s, 3), tokens_per_s=r(tokens, 1), total_s=r(total, 2),
                         speedup_vs_1_gpu=r(speedup, 3), basis=basis + comm, speedup_basis=speedup_basis,
                         unknown=unknown)
+
+
+def _no_speedup(timing: Timing | None, untimed: str, on_gpu: bool) -> str:
+    """Why the speedup over one GPU is unknown."""
+    if not on_gpu:
+        return "no GPU: a CPU plan"
+    if timing is None:
+        return untimed or "unknown"
+    if timing.gpu is None:
+        return "no GPU: a CPU plan"
+    return "the one-GPU step could not be predicted"
 
 
 def _speedup(timing: Timing | None, strategy, checkpointing: bool, micro: int, accumulation: int,

@@ -71,20 +71,17 @@ def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     hw = resolve_hardware(hardware)
     threads_set = "omp_num_threads" in cfg.data.model_fields_set
     cfg = exported_threads(cfg, hw, os.environ)
+    exported = not threads_set and "omp_num_threads" in cfg.data.model_fields_set  # yours, by the environment
     pol = load_policy(policy)
     # A preset says nothing about installed software: the plan will run with what is installed here.
     ds_installed = bool(hw.software["deepspeed"]) if "deepspeed" in hw.software else deepspeed_installed_locally()
     facts = _with_past_runs(cfg, hw, facts or _model_facts(cfg, pol, hw, probe_gpu))
     options = dict(auto_optimize=auto_optimize, debug=debug, policy=pol, deepspeed_installed=ds_installed,
-                   force=force, times=times)
+                   force=force, times=times, sources={"omp_num_threads": "environment"} if exported else None)
     p, weighing = weigh(hw, cfg, facts=facts, **options)
     steps = steps_for(cfg, hw, p, facts) if time_cpu else None
     if steps is not None:  # the same plan again, timed by the step measured here
         p, weighing = weigh(hw, cfg, facts=facts.model_copy(update={"measured_steps": steps}), **options)
-    if not threads_set and "omp_num_threads" in cfg.data.model_fields_set:  # yours, by the environment
-        n, said = cfg.data.omp_num_threads, p.reasons.get("omp_num_threads", "")
-        p = p.model_copy(update={"reasons": {**p.reasons, "omp_num_threads": said.replace(
-            f"you set {n}", f"OMP_NUM_THREADS={n} in your environment (the ranks run with it)", 1)}})
     return p, weighing, hw
 
 

@@ -7,11 +7,12 @@ its model and machine (``past_runs``); the planner matches the settings (``plann
 the model (``model_key``: the built-in GPT's shape, or a script with its ``training.model`` and sample input), the
 kind of machine (``machine_kind``: the GPU's name, or the CPU's model and cores), the installation that ran it
 (``installation.installation_key``: another virtualenv, torch build or DeepSpeed is another speed), and the settings a
-speed depends on: world size, nodes, threads and DataLoader workers per rank, engine (the planner's strategy name),
-micro-batch, checkpointing and precision. A newer run replaces an older one of the same key; the newest
-``MAX_ENTRIES`` are kept; a run whose process did not have its cores (``launch.speed_check.under_load``) is not kept.
-A damaged or unreadable file is no past run (a plan never fails on it), and a file that cannot be written only loses
-the figure.
+speed depends on: world size, nodes, threads and DataLoader workers per rank, engine, micro-batch, checkpointing and
+precision. The engine is the planner's strategy name, which the caller gives (``planner.memory.strategy_of``, the
+strategy table read backwards: rundir sits beside the planner and never imports it). A newer run replaces an older
+one of the same key; the newest ``MAX_ENTRIES`` are kept; a run whose process did not have its cores
+(``launch.speed_check.under_load``) is not kept. A damaged or unreadable file is no past run (a plan never fails on
+it), and a file that cannot be written only loses the figure.
 """
 
 from __future__ import annotations
@@ -48,19 +49,6 @@ def machine_kind(hw) -> str | None:
     return f"CPU {c.model_name}, {c.effective_cores} cores" if c.model_name else None
 
 
-def strategy_name(engine) -> str:
-    """The planner's strategy name of a plan's engine (``planner.memory.STRATEGIES``; one process or DDP: ddp)."""
-    if engine.backend == "fsdp":
-        return ("fsdp_offload" if engine.offload_optimizer else "fsdp" if engine.reshard_after_forward else
-                "fsdp_no_reshard")
-    if engine.backend != "deepspeed":
-        return "ddp"
-    z = engine.zero_stage
-    if z == 3 and engine.offload_optimizer != engine.offload_param:  # no planner strategy: it calibrates none
-        return "zero3_optimizer_offload" if engine.offload_optimizer else "zero3_param_offload"
-    return f"zero{z}" + ("_offload" if engine.offload_optimizer and z in (2, 3) else "")
-
-
 def _path() -> Path:
     return cache_dir() / SPEEDS
 
@@ -87,14 +75,16 @@ def past_runs(model: str | None, machine: str | None) -> list[dict]:
             if r.get("model") == model and r.get("machine") == machine and r.get("installation") == here]
 
 
-def record(model: str | None, machine: str | None, plan, measured: float, predicted: float | None,
-           run_dir: str | Path) -> Path | None:
-    """Keep what this run measured for later plans (the path written, or None: no key, or not writable)."""
-    if not model or not machine or not measured:
+def record(model: str | None, machine: str | None, plan, strategy: str | None, measured: float,
+           predicted: float | None, run_dir: str | Path) -> Path | None:
+    """Keep what this run measured for later plans (the path written, or None: no key, or not writable).
+    ``strategy``: the planner's name of the plan's engine (``planner.memory.strategy_of``); None, an engine no
+    strategy describes, calibrates no plan and is not kept."""
+    if not model or not machine or not measured or not strategy:
         return None
     e, b = plan.engine, plan.batch
     entry = {"model": model, "machine": machine, "installation": installation_key(),
-             "strategy": strategy_name(e), "world_size": e.world_size, "num_nodes": e.num_nodes,
+             "strategy": strategy, "world_size": e.world_size, "num_nodes": e.num_nodes,
              "omp_num_threads": plan.loader.omp_num_threads, "num_workers": plan.loader.num_workers,
              "micro_batch_size": b.micro_batch_size, "gradient_accumulation_steps": b.gradient_accumulation_steps,
              "gradient_checkpointing": plan.memory.gradient_checkpointing, "precision": plan.numerics.precision,

@@ -221,6 +221,7 @@ def test_a_past_run_with_the_same_settings_calibrates_the_plan_and_says_so():
 
 
 def test_past_runs_are_kept_per_model_and_machine_and_a_damaged_file_is_no_run(tmp_path, monkeypatch):
+    from autotune.planner.memory import strategy_of
     from autotune.prepare import plan_for, speed_key
     from autotune.rundir import speeds
     from autotune.rundir.layout import SPEEDS
@@ -232,8 +233,9 @@ def test_past_runs_are_kept_per_model_and_machine_and_a_damaged_file_is_no_run(t
     model, machine = speed_key(cfg, hw)
     assert machine == "CPU AMD EPYC, 2 cores" and model.startswith("the built-in GPT (2 layers x 64 wide")
     assert speed_key(cfg, load_profile("cpu-only"))[1] is None  # a CPU of unknown model: no kind to match
-    speeds.record(model, machine, p, 1234.5, p.schedule.time_estimate.samples_per_s, tmp_path / "runs" / "a")
-    speeds.record("another model", machine, p, 99.0, None, tmp_path / "runs" / "b")
+    ran = strategy_of(p.engine)  # what the launch passes
+    speeds.record(model, machine, p, ran, 1234.5, p.schedule.time_estimate.samples_per_s, tmp_path / "runs" / "a")
+    speeds.record("another model", machine, p, ran, 99.0, None, tmp_path / "runs" / "b")
     again, _, _ = plan_for(cfg, hardware=hw, time_cpu=True)
     te = again.schedule.time_estimate
     assert te.samples_per_s == 1234.5 and f"in {tmp_path / 'runs' / 'a'}: measured 1,234.5 samples/s" in te.basis
@@ -241,7 +243,7 @@ def test_past_runs_are_kept_per_model_and_machine_and_a_damaged_file_is_no_run(t
     assert untimed.samples_per_s == 1234.5 and untimed.unknown["speedup_vs_1_gpu"] == "no GPU: a CPU plan"
     kept = speeds.past_runs(model, machine)[0]
     assert (kept["num_nodes"], kept["omp_num_threads"], kept["strategy"]) == (1, p.loader.omp_num_threads, "ddp")
-    speeds.record(model, machine, p, 1000.0, None, tmp_path / "runs" / "c")  # a newer run replaces it
+    speeds.record(model, machine, p, ran, 1000.0, None, tmp_path / "runs" / "c")  # a newer run replaces it
     assert [r["run_dir"] for r in speeds.past_runs(model, machine)] == [str(tmp_path / "runs" / "c")]
     (tmp_path / SPEEDS).write_text("{not json")
     assert speeds.past_runs(model, machine) == []
@@ -250,10 +252,10 @@ def test_past_runs_are_kept_per_model_and_machine_and_a_damaged_file_is_no_run(t
 
 def test_an_fsdp2_run_is_kept_as_fsdp2_not_as_ddp():
     from autotune.plan import EngineSection
-    from autotune.rundir.speeds import strategy_name
+    from autotune.planner.memory import strategy_of
 
     e = dict(device="cpu", nproc_per_node=2, world_size=2)
-    assert [strategy_name(EngineSection(**e, **k)) for k in (
+    assert [strategy_of(EngineSection(**e, **k)) for k in (
         {"backend": "fsdp"}, {"backend": "fsdp", "reshard_after_forward": False},
         {"backend": "fsdp", "offload_optimizer": True, "offload_param": True}, {"backend": "ddp"},
         {"backend": "deepspeed", "zero_stage": 2, "offload_optimizer": True}, {"backend": "deepspeed", "zero_stage": 1})
