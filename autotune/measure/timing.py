@@ -35,6 +35,7 @@ import time
 from typing import Callable
 
 from autotune.config import TrainConfig
+from autotune.measure.child import answer, read_answer
 from autotune.plan import TrainingPlan
 from autotune.planner.model_facts import MeasuredSteps
 from autotune.profiles import HardwareProfile
@@ -179,11 +180,11 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
           f"cached in {where.parent}) ...", file=sys.stderr, flush=True)
     start, at = time.monotonic(), time.strftime("%Y-%m-%d %H:%M")
     try:
-        answer = (run or _children)(req)
+        timed = (run or _children)(req)
     except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
         print(f"autotune: warning: {e}; the plan's time is unknown", file=sys.stderr, flush=True)
         return None
-    verdict = judge(answer["rounds"], ranks, lambda r: contention.Share(
+    verdict = judge(timed["rounds"], ranks, lambda r: contention.Share(
         0.0, r["cpu_share"], r.get("wait_share"), r.get("threads", n)).under_load(), contention.judging())
     comm = verdict.all_reduce_s
     basis = (f"timed on this CPU ({cpu or 'model unknown'}, {who}) at micro-batch {a} and {b} on {at}: the model's own "
@@ -229,11 +230,7 @@ def _children(req: dict) -> dict:
                 p.wait(timeout=max(1.0, deadline - time.monotonic()))
                 out.seek(0)
                 err.seek(0)
-                try:
-                    answers.append(json.loads(out.read().strip().splitlines()[-1]))
-                except (ValueError, IndexError):
-                    raise RuntimeError(f"timing the step failed (exit {p.returncode}): "
-                                       f"{err.read().strip()[-500:]}") from None
+                answers.append(read_answer(out.read(), err.read(), p.returncode, "timing the step failed"))
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -242,9 +239,6 @@ def _children(req: dict) -> dict:
             for out, err in logs:
                 out.close()
                 err.close()
-    failed = next((a["error"] for a in answers if "error" in a), None)
-    if failed:
-        raise RuntimeError(failed)
     from autotune.measure.timing_judge import combine
 
     return {"rounds": combine([a["rounds"] for a in answers])}
@@ -331,13 +325,7 @@ def _main() -> int:
 
     tmp, rank = sys.argv[1], int(sys.argv[2])
     req = json.loads((Path(tmp) / TIMING_REQUEST).read_text())
-    try:
-        print(json.dumps(_measure(req, tmp, rank)))
-    except Exception as e:  # noqa: BLE001 - reported to the planner's side, which plans without a time
-        text = str(e).splitlines()[0][:300] if str(e) else ""
-        print(json.dumps({"error": f"timing the step failed: {type(e).__name__}: {text}"}))
-        return 1
-    return 0
+    return answer(lambda: _measure(req, tmp, rank), "timing the step failed")
 
 
 if __name__ == "__main__":
