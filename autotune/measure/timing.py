@@ -137,10 +137,10 @@ def builtin_entry(plan: TrainingPlan, hw: HardwareProfile):
 
 
 def read_kept(where) -> MeasuredSteps | None:
-    try:
-        return MeasuredSteps.model_validate_json(where.read_text())
-    except (OSError, ValueError):
-        return None  # not timed yet, or a damaged entry: time again
+    """The timing kept at ``where`` (``cache.load``), or None: not timed yet, or a damaged entry (time again)."""
+    from autotune.measure.cache import load
+
+    return load(where, MeasuredSteps)
 
 
 def forget(where) -> bool:
