@@ -63,20 +63,13 @@ def _may_run_fsdp(cfg: TrainConfig, hw: HardwareProfile) -> bool:
 def _may_run_deepspeed(cfg: TrainConfig, hw: HardwareProfile) -> bool:
     """Whether the plan can choose DeepSpeed (so its own line is worth tracing): installed, and several GPUs or
     a setting that only DeepSpeed has."""
-    from importlib import metadata
+    from autotune.rundir.installation import deepspeed_installed
 
     d = cfg.distributed
     asked = d.backend == "deepspeed" or d.zero_stage not in (None, "auto") or d.offload_optimizer is True
     if d.backend in ("ddp", "single"):
         return False
-    if "deepspeed" in hw.software:  # a detected or recorded machine says; a preset says nothing
-        installed = bool(hw.software["deepspeed"])
-    else:
-        try:
-            installed = bool(metadata.version("deepspeed"))
-        except metadata.PackageNotFoundError:
-            installed = False
-    return installed and (asked or hw.gpus.count * max(1, hw.num_nodes) > 1)
+    return deepspeed_installed(hw.software) and (asked or hw.gpus.count * max(1, hw.num_nodes) > 1)
 
 
 def _traced(model: str, sample: str | None, margin: float, cwd: str, modes: tuple[str, ...], cuda: bool = False):

@@ -9,20 +9,11 @@ own step run here (``autotune.measure.timing``).
 from __future__ import annotations
 
 import os
-from importlib import metadata
 from typing import Any, Mapping
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.plan import TrainingPlan
 from autotune.profiles import HardwareProfile, load_profile
-
-
-def deepspeed_installed_locally() -> bool:
-    try:
-        metadata.version("deepspeed")
-        return True
-    except metadata.PackageNotFoundError:
-        return False
 
 
 def resolve_hardware(spec: str | HardwareProfile | None) -> HardwareProfile:
@@ -65,6 +56,7 @@ def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     from autotune.measure.timing import steps_for
     from autotune.planner import weigh
     from autotune.planner.policy import load_policy
+    from autotune.rundir.installation import deepspeed_installed
 
     if overrides:
         cfg = apply_overrides(cfg, dict(overrides))
@@ -72,8 +64,7 @@ def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     threads_set = "omp_num_threads" in cfg.data.model_fields_set
     cfg = exported_threads(cfg, hw, os.environ)
     pol = load_policy(policy)
-    # A preset says nothing about installed software: the plan will run with what is installed here.
-    ds_installed = bool(hw.software["deepspeed"]) if "deepspeed" in hw.software else deepspeed_installed_locally()
+    ds_installed = deepspeed_installed(hw.software)
     facts = _with_past_runs(cfg, hw, facts or _model_facts(cfg, pol, hw, probe_gpu))
     options = dict(auto_optimize=auto_optimize, debug=debug, policy=pol, deepspeed_installed=ds_installed,
                    force=force, times=times)
