@@ -166,9 +166,10 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     return out
 
 
-def plan_from_args(args: argparse.Namespace, timed: bool = False):
-    """The plan/export path: (plan, profile, DeepSpeed dict or None) from the shared flags. ``timed``: a plan for
-    this machine's CPU times the model's step here (once; autotune.measure.timing)."""
+def plan_from_args(args: argparse.Namespace):
+    """The plan/export path: (plan, profile, DeepSpeed dict or None) from the shared flags. A plan for this machine's
+    CPU times the model's step here (once, then from the cache: autotune.measure.timing), so ``plan`` and ``export``
+    make one engine decision from the same timing."""
     from autotune.prepare import check_entrypoint, plan_for
 
     cfg = load_config(args.config)
@@ -181,4 +182,4 @@ def plan_from_args(args: argparse.Namespace, timed: bool = False):
               "machine (--hardware), whose files this one cannot see; `autotune check` it where it runs",
               file=sys.stderr)
     return plan_for(cfg, overrides_from_args(args), args.hardware, auto_optimize=not args.no_auto_optimize,
-                    debug=args.debug, policy=args.policy, force=args.force, time_cpu=timed)
+                    debug=args.debug, policy=args.policy, force=args.force, time_cpu=True)
