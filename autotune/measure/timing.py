@@ -58,19 +58,36 @@ def times_here(hw: HardwareProfile, plan: TrainingPlan) -> bool:
         and e.num_nodes == 1
 
 
+def why_untimed(cfg: TrainConfig, hw: HardwareProfile, plan: TrainingPlan, num_parameters: int | None) -> str | None:
+    """Why ``plan``'s step is not timed on this machine's CPU, in words; None when it is: not ``times_here``,
+    ``training.probe`` off (--no_probe), or a model that cannot be built here (a script without training.model and
+    training.sample_input; a model whose parameters the trace did not count, ``num_parameters``)."""
+    t = cfg.training
+    if not times_here(hw, plan):
+        return ("not a plan for this machine's CPU on one node without DeepSpeed (a preset, a GPU, several nodes or "
+                "DeepSpeed)")
+    if not t.probe:
+        return "--no_probe (training.probe: false)"
+    if t.entrypoint is None:
+        return None  # the built-in GPT, built by name in the children
+    if not (t.model and t.sample_input):
+        return ("your script's model cannot be built here: give training.model and training.sample_input to have "
+                "its step timed")
+    if not num_parameters:
+        return f"training.model {t.model} has no parameters the trace counted"
+    return None
+
+
 def steps_for(cfg: TrainConfig, hw: HardwareProfile, plan: TrainingPlan, facts) -> MeasuredSteps | None:
     """The model's step timed on this machine's CPU for ``plan`` (its ranks, threads per rank, micro-batch,
-    precision, checkpointing and clipping), or None: not ``times_here``, ``training.probe`` off (--no_probe), or a
-    model that cannot be built here (a script without training.model and sample_input)."""
-    t = cfg.training
-    if not times_here(hw, plan) or not t.probe:
+    precision, checkpointing and clipping), or None where ``why_untimed`` says why not."""
+    if why_untimed(cfg, hw, plan, facts.num_parameters) is not None:
         return None
+    t = cfg.training
     if t.entrypoint is None:
         what = _builtin_what(plan)
-    elif t.model and t.sample_input and facts.num_parameters:
-        what = _plan_what(plan, model=t.model, sample=t.sample_input, what=t.model)
     else:
-        return None
+        what = _plan_what(plan, model=t.model, sample=t.sample_input, what=t.model)
     return measured_steps(cpu=hw.cpu.model_name, **what)
 
 

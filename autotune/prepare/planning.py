@@ -135,8 +135,15 @@ def _with_past_runs(cfg: TrainConfig, hw: HardwareProfile, facts):
 
 
 def could_time_here(setup) -> bool:
-    """Whether preparing ``setup`` again with ``time_cpu`` could time its step (a launch checks its run directory
-    first, then pays for the timing)."""
+    """Whether preparing ``setup`` again with ``time_cpu`` would time its step (a launch checks its run directory
+    first, then pays for the timing). A plan for this machine's CPU that will not be timed (--no_probe, a model that
+    cannot be built here) says why on stderr, in one line, and is not prepared again."""
+    import sys
+
     from autotune.measure.timing import times_here
 
-    return times_here(setup.hardware, setup.plan)
+    if setup.untimed is None:
+        return True
+    if times_here(setup.hardware, setup.plan):  # a plan for this CPU: a timing was to be expected
+        print(f"autotune: the step is not timed on this CPU: {setup.untimed}", file=sys.stderr, flush=True)
+    return False

@@ -54,3 +54,36 @@ def test_plan_and_export_for_this_machine_agree_on_a_users_model_from_one_timing
         assert p.schedule.time_estimate.samples_per_s == te["samples_per_s"]
         assert p.schedule.time_estimate.basis == te["basis"]
 
+
+def test_a_launch_that_will_not_time_prepares_once_and_says_why_in_one_line(tmp_path, monkeypatch, capsys):
+    """`launch` prepares, checks the run directory, then prepares again to time the step on this CPU. With --no_probe,
+    or a script whose model cannot be built here, it will not time: it prepares once and says why, in one line;
+    the built-in GPT on this CPU is prepared again and timed; a preset is never timed and says nothing."""
+    import autotune.prepare
+    from autotune.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("autotune.hardware.detect", lambda *a, **k: this_cpu())
+    timings: list[dict] = []
+    monkeypatch.setattr("autotune.measure.timing._children", lambda req: timings.append(req) or answer(
+        {m: 0.002 + 0.0004 * m for m in req["micro_batches"]}))
+    prepared: list = []
+    prepare = autotune.prepare.prepare
+    monkeypatch.setattr(autotune.prepare, "prepare", lambda *a, **k: prepared.append(k) or prepare(*a, **k))
+    (tmp_path / "train.py").write_text("print('trains')\n")
+    script = tmp_path / "script.yaml"
+    script.write_text("training:\n  entrypoint: train.py\n")
+
+    def launch(*flags: str) -> list[str]:
+        prepared.clear()
+        assert main(["launch", "--dry-run", *flags]) == 0
+        return [line for line in capsys.readouterr().err.splitlines() if "not timed" in line]
+
+    said = "autotune: the step is not timed on this CPU: "
+    assert launch("--no_probe") == [said + "--no_probe (training.probe: false)"] and len(prepared) == 1
+    assert launch("--config", str(script)) == [said + "your script's model cannot be built here: give "
+                                               "training.model and training.sample_input to have its step timed"]
+    assert len(prepared) == 1 and not timings
+    assert launch() == [] and len(prepared) == 2 and prepared[1]["time_cpu"] and len(timings) == 1
+    assert launch("--hardware", "cpu-only") == [] and len(prepared) == 1  # another machine: nothing to say
