@@ -166,10 +166,11 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     return out
 
 
-def plan_from_args(args: argparse.Namespace):
+def plan_from_args(args: argparse.Namespace, timed: bool = True):
     """The plan/export path: (plan, profile, DeepSpeed dict or None) from the shared flags. A plan for this machine's
     CPU times the model's step here (once, then from the cache: autotune.measure.timing), so ``plan`` and ``export``
-    make one engine decision from the same timing."""
+    make one engine decision from the same timing; ``timed`` False: a job whose nodes plan again (exports.formats'
+    REPLANNED)."""
     from autotune.prepare import check_entrypoint, plan_for
 
     cfg = load_config(args.config)
@@ -182,4 +183,4 @@ def plan_from_args(args: argparse.Namespace):
               "machine (--hardware), whose files this one cannot see; `autotune check` it where it runs",
               file=sys.stderr)
     return plan_for(cfg, overrides_from_args(args), args.hardware, auto_optimize=not args.no_auto_optimize,
-                    debug=args.debug, policy=args.policy, force=args.force, time_cpu=True)
+                    debug=args.debug, policy=args.policy, force=args.force, time_cpu=timed)

@@ -23,6 +23,9 @@ if TYPE_CHECKING:  # the command's parser reads FORMATS: it imports no model
 FORMATS = ("deepspeed", "accelerate", "torchrun", "slurm", "sbatch", "deepspeed-hostfile", "kubeflow", "pytorchjob",
            "kubeflow-runtime")
 KUBERNETES = ("kubeflow", "pytorchjob")  # pod manifests; kubeflow-runtime is the admin's runtime, no pod of a plan
+# jobs whose every node plans again where it runs (the sbatch script, the pods; the admin's runtime holds no plan): the
+# plan made here decides no engine or batch of theirs, so nothing is timed for them (exports.formats; commands.export)
+REPLANNED = ("slurm", *KUBERNETES, "kubeflow-runtime")
 ACCUMULATION_VARIABLE = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
 ROOT = Path(__file__).resolve().parent.parent.parent  # the launcher's folder
 
