@@ -166,9 +166,11 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     return out
 
 
-def plan_from_args(args: argparse.Namespace, timed: bool = False):
-    """The plan/export path: (plan, profile, DeepSpeed dict or None) from the shared flags. ``timed``: a plan for
-    this machine's CPU times the model's step here (once; autotune.measure.timing)."""
+def plan_from_args(args: argparse.Namespace, timed: bool = True):
+    """The plan/export path: (plan, profile, DeepSpeed dict or None) from the shared flags. A plan for this machine's
+    CPU times the model's step here (once, then from the cache: autotune.measure.timing), so ``plan`` and ``export``
+    make one engine decision from the same timing; ``timed`` False: a job whose nodes plan again (exports.formats'
+    REPLANNED)."""
     from autotune.prepare import check_entrypoint, plan_for
 
     cfg = load_config(args.config)

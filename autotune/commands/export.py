@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.commands.common import DEFAULT_CONFIG, plan_flags_argv, plan_from_args, script_args_of
     from autotune.exports.formats import (
         KUBERNETES,
+        REPLANNED,
         ExportRequest,
         canonical_format,
         check_job_flags,
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         if fmt == "kubeflow" and args.master_port is not None:
             given.append("--master_port")
         check_pod_flags(fmt, given=given, no_auto_optimize=args.no_auto_optimize, image=args.image)
-    plan, hw, ds = plan_from_args(args)
+    plan, hw, ds = plan_from_args(args, timed=fmt not in REPLANNED)
     request = ExportRequest(
         format=fmt, script=args.script or _entry_script(plan), script_args=tuple(script_args_of(args.script_args)),
         output=args.output,

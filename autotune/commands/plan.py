@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.commands.common import plan_from_args
     from autotune.exports.report import render_plan
 
-    plan, _, _ = plan_from_args(args, timed=True)
+    plan, _, _ = plan_from_args(args)
     if args.json:
         from autotune.plan import public_dict
 

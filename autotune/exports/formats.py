@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,9 @@ if TYPE_CHECKING:  # the command's parser reads FORMATS: it imports no model
 FORMATS = ("deepspeed", "accelerate", "torchrun", "slurm", "sbatch", "deepspeed-hostfile", "kubeflow", "pytorchjob",
            "kubeflow-runtime")
 KUBERNETES = ("kubeflow", "pytorchjob")  # pod manifests; kubeflow-runtime is the admin's runtime, no pod of a plan
+# jobs whose every node plans again where it runs (the sbatch script, the pods; the admin's runtime holds no plan): the
+# plan made here decides no engine or batch of theirs, so nothing is timed for them (exports.formats; commands.export)
+REPLANNED = ("slurm", *KUBERNETES, "kubeflow-runtime")
 ACCUMULATION_VARIABLE = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
 ROOT = Path(__file__).resolve().parent.parent.parent  # the launcher's folder
 
@@ -110,10 +112,6 @@ def _sbatch(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile) -> str:
 
     _refuse_secrets(req, "the batch script", "a variable exported where you submit it (sbatch passes your "
                     "environment on)")
-    if not re.fullmatch(r"\d+(-\d+)?(:\d\d){0,2}", req.time):
-        raise UserError(f"--time: SLURM time limits look like 12:00:00, 1-00:00:00 or 90, got {req.time!r}")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", req.job_name):
-        raise UserError(f"--job_name: letters, digits, '_', '.', '-' only, got {req.job_name!r}")
     run_dir = Path(req.run_dir or f"runs/slurm-{req.job_name}").absolute()
 
     def here(p: Path) -> str:  # relative to the submit directory when inside it: the script stays portable

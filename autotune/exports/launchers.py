@@ -102,7 +102,12 @@ def torchrun_command(plan: TrainingPlan, script: str = "train.py") -> list[str]:
 # ---- values written into generated scripts: each one checked, and named when refused -----------------------
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")  # partitions, accounts (a comma list)
-_SLURM_TIME = re.compile(r"\d+(-\d+)?(:\d\d){0,2}|UNLIMITED|unlimited|INFINITE|infinite")
+_SLURM_JOB_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # also a folder's name: runs/slurm-<job name>
+# man sbatch's --time forms: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes,
+# days-hours:minutes:seconds; and no limit, as SLURM reads it (parse_time.c: INFINITE or UNLIMITED, any case)
+_SLURM_TIME = re.compile(r"\d+(:\d\d){0,2}|\d+-\d+(:\d\d){0,2}|(?i:UNLIMITED|INFINITE)")
+_SLURM_TIME_SHAPE = ("a SLURM time limit: minutes (90), minutes:seconds, hours:minutes:seconds (12:00:00), days-hours, "
+                    "days-hours:minutes, days-hours:minutes:seconds (1-00:00:00), or UNLIMITED")
 _HOST = re.compile(r"[A-Za-z0-9_.:-]+")
 
 
@@ -148,8 +153,8 @@ def sbatch_script(plan: TrainingPlan, *, launcher: str, config: str, run_dir: st
     from autotune.rundir.layout import JOB_SECRET_ENV
 
     for field, value, pattern, shape in (
-            ("--job_name", job_name, _SLURM_NAME, "a SLURM name (letters, digits, '_', '.', '-', '+')"),
-            ("--time", time_limit, _SLURM_TIME, "a SLURM time limit (12:00:00, 1-00:00:00 or 90)"),
+            ("--job_name", job_name, _SLURM_JOB_NAME, "a SLURM job name (letters, digits, '_', '.', '-')"),
+            ("--time", time_limit, _SLURM_TIME, _SLURM_TIME_SHAPE),
             ("--partition", partition or "x", _SLURM_NAME, "a SLURM partition name (or a comma list of them)"),
             ("--account", account or "x", _SLURM_NAME, "a SLURM account name"),
             ("the launcher path", launcher, None, ""), ("--config", config, None, ""), ("--run_dir", run_dir, None, ""),

@@ -14,6 +14,8 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.exports.script_syntax import call_name
+
 MAX_MODULES = 64
 MAX_BYTES = 1_000_000
 
@@ -109,7 +111,7 @@ def precision_sets(files: list[tuple[Path, ast.Module]]) -> list[PrecisionSet]:
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
-            name = _call_name(node.func)
+            name = call_name(node.func)
             last = name.split(".")[-1]
             where = f"{path.name}:{node.lineno}: {_short(ast.unparse(node))}"
             if last == "autocast":
@@ -138,13 +140,3 @@ def _autocast(node: ast.Call, name: str, where: str) -> PrecisionSet:
 
 def _short(text: str, limit: int = 100) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _call_name(func: ast.AST) -> str:
-    parts = []
-    while isinstance(func, ast.Attribute):
-        parts.append(func.attr)
-        func = func.value
-    if isinstance(func, ast.Name):
-        parts.append(func.id)
-    return ".".join(reversed(parts))

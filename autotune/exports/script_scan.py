@@ -5,9 +5,8 @@
 module-level settings a ``--key=value`` configurator overrides (nanoGPT's ``exec(open('configurator.py').read())``,
 or the same loop inline), and whether it uses Accelerate's ``Accelerator``, ``deepspeed.initialize`` (and whether
 only behind its own ``if``), ``autotune`` itself, or reads ``AUTOTUNE_*`` variables. It also reads what the script
-does with what it is given: an accumulation it divides by its world size (it takes the total over the processes), a
-learning rate it multiplies by its world size, and a test of ``RANK`` that decides on DDP (one process then runs as
-plain Python). ``autotune.exports.wiring`` turns these facts into arguments and the delivery record.
+does with what it is given (``script_uses``: an accumulation or a learning rate it changes by its world size, the test
+of ``RANK`` that decides on DDP). ``autotune.exports.wiring`` turns these facts into arguments and the delivery record.
 """
 
 from __future__ import annotations
@@ -17,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.exports.script_syntax import call_name, initializes_deepspeed
+from autotune.exports.script_uses import scan_uses
 from autotune.rundir.layout import ENV_PREFIX
 
 # plan value -> flag names a script may declare for it (first declared one is used)
@@ -137,7 +138,10 @@ def scan_script(path: str | Path) -> ScriptFacts:
     if facts.uses_hf_trainer and "--deepspeed" in facts.flags and not facts.deepspeed_launcher_args:
         facts.flags["--deepspeed"] = False  # HF's --deepspeed takes the JSON's path
     _scan_settings(tree, facts)
-    _scan_uses(tree, facts)
+    uses = scan_uses(tree, facts.names_for("gradient_accumulation_steps"), facts.names_for("learning_rate"))
+    facts.divided_by_world.update(uses.divided_by_world)
+    facts.scaled_by_world.update(uses.scaled_by_world)
+    facts.decides_ddp_by, facts.deepspeed_condition = uses.decides_ddp_by, uses.deepspeed_condition
     return facts
 
 
@@ -155,7 +159,7 @@ def _walk(tree: ast.Module, facts: ScriptFacts) -> None:
         elif isinstance(node, ast.Attribute) and node.attr in PLAN_NAMES:
             facts.names_in_source.add(node.attr)
         elif isinstance(node, ast.Call):
-            name = _call_name(node.func)
+            name = call_name(node.func)
             if name.endswith("add_argument"):
                 switch = any(k.arg == "action" and isinstance(k.value, ast.Constant)
                              and k.value.value in ("store_true", "store_false") for k in node.keywords)
@@ -186,7 +190,7 @@ def _walk(tree: ast.Module, facts: ScriptFacts) -> None:
                 facts.accelerator_kwargs.update(k.arg for k in node.keywords if k.arg)
             elif name.split(".")[-1] in ("fully_shard", "FullyShardedDataParallel"):
                 facts.uses_fully_shard = True
-            elif _initializes_deepspeed(node, tree):
+            elif initializes_deepspeed(node, tree):
                 facts.uses_deepspeed_initialize = True
                 if any(k.arg == "training_data" for k in node.keywords):
                     facts.reads_deepspeed_micro_batch = True
@@ -222,14 +226,14 @@ def _configurator(stmt: ast.stmt) -> str | None:
     """A module-level statement that overrides the module's settings from --key=value arguments: nanoGPT's
     ``exec(open('configurator.py').read())``, or a loop over sys.argv assigning ``globals()[key]``."""
     text = None
-    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and _call_name(stmt.value.func) == "exec":
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and call_name(stmt.value.func) == "exec":
         if any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "configurator" in n.value
                for n in ast.walk(stmt)):
             text = ast.unparse(stmt)
     elif isinstance(stmt, (ast.For, ast.While, ast.If, ast.With, ast.Try)):
         argv = any(isinstance(n, ast.Attribute) and n.attr == "argv" for n in ast.walk(stmt))
         to_globals = any(isinstance(n, (ast.Assign, ast.AugAssign)) and any(
-            isinstance(t, ast.Subscript) and isinstance(t.value, ast.Call) and _call_name(t.value.func) == "globals"
+            isinstance(t, ast.Subscript) and isinstance(t.value, ast.Call) and call_name(t.value.func) == "globals"
             for t in (n.targets if isinstance(n, ast.Assign) else [n.target])) for n in ast.walk(stmt))
         if argv and to_globals:
             text = "globals()[key] = value, for each --key=value in sys.argv"
@@ -250,104 +254,6 @@ def _scan_settings(tree: ast.Module, facts: ScriptFacts) -> None:
             for t in targets:
                 if isinstance(t, ast.Name) and kind is not None and not t.id.startswith("_"):
                     settings[t.id] = kind
-
-
-def _refers(node: ast.AST, names: set[str]) -> bool:
-    """``node`` is one of ``names`` (a name, or an attribute such as args.lr)."""
-    return (isinstance(node, ast.Name) and node.id in names) or (isinstance(node, ast.Attribute) and node.attr in names)
-
-
-def _world_names(tree: ast.Module) -> set[str]:
-    """Names that hold the world size: assigned from WORLD_SIZE, get_world_size(), num_processes, or named so."""
-    names: set[str] = set()
-    for _ in range(2):  # a name assigned from another world name
-        for n in ast.walk(tree):
-            if isinstance(n, ast.Assign) and _mentions_world(n.value, names):
-                names |= {t.id for t in n.targets if isinstance(t, ast.Name)}
-    return names
-
-
-def _mentions_world(node: ast.AST, names: set[str]) -> bool:
-    for n in ast.walk(node):
-        if isinstance(n, ast.Name) and (n.id in names or "world" in n.id.lower()):
-            return True
-        if isinstance(n, ast.Attribute) and ("world" in n.attr.lower() or n.attr == "num_processes"):
-            return True
-        if isinstance(n, ast.Constant) and n.value == "WORLD_SIZE":
-            return True
-    return False
-
-
-def _env_test(node: ast.Compare) -> bool:
-    """A comparison that tests whether torchrun's RANK is set: ``os.environ.get('RANK', -1) != -1``,
-    ``'RANK' in os.environ``, ``os.getenv('RANK') is None``."""
-    for n in ast.walk(node):
-        if isinstance(n, ast.Call) and _call_name(n.func).endswith(("environ.get", "getenv")) and n.args and \
-                isinstance(n.args[0], ast.Constant) and n.args[0].value == "RANK":
-            return True
-    return (isinstance(node.left, ast.Constant) and node.left.value == "RANK"
-            and any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops)
-            and any("environ" in ast.unparse(c) for c in node.comparators))
-
-
-def _scan_uses(tree: ast.Module, facts: ScriptFacts) -> None:
-    """What the script does with the values it is given (the world size, RANK, its DeepSpeed path)."""
-    world = _world_names(tree)
-    acc, lr = facts.names_for("gradient_accumulation_steps"), facts.names_for("learning_rate")
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    for n in ast.walk(tree):
-        if isinstance(n, ast.AugAssign) and _refers(n.target, acc) and isinstance(n.op, (ast.FloorDiv, ast.Div)) \
-                and _mentions_world(n.value, world):
-            facts.divided_by_world["gradient_accumulation_steps"] = ast.unparse(n)
-        elif isinstance(n, ast.Assign) and any(_refers(t, acc) for t in n.targets) and isinstance(n.value, ast.BinOp) \
-                and isinstance(n.value.op, (ast.FloorDiv, ast.Div)) and _refers(n.value.left, acc) \
-                and _mentions_world(n.value.right, world):
-            facts.divided_by_world["gradient_accumulation_steps"] = ast.unparse(n)
-        elif isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (
-                (_refers(n.left, lr) and _mentions_world(n.right, world))
-                or (_refers(n.right, lr) and _mentions_world(n.left, world))):
-            facts.scaled_by_world["learning_rate"] = ast.unparse(n)
-        elif isinstance(n, ast.AugAssign) and _refers(n.target, lr) and isinstance(n.op, ast.Mult) \
-                and _mentions_world(n.value, world):
-            facts.scaled_by_world["learning_rate"] = ast.unparse(n)
-        elif isinstance(n, ast.Compare) and facts.decides_ddp_by is None and _env_test(n):
-            facts.decides_ddp_by = ast.unparse(n)
-        elif isinstance(n, ast.Call) and facts.deepspeed_condition is None and _initializes_deepspeed(n, tree):
-            facts.deepspeed_condition = _condition(n, parents)
-
-
-def _condition(node: ast.AST, parents: dict) -> str | None:
-    """The innermost ``if`` test ``node`` sits behind (not ``if __name__ == "__main__"``), as the script writes it."""
-    child, up = node, parents.get(node)
-    while up is not None:
-        if isinstance(up, ast.If) and "__name__" not in ast.unparse(up.test):
-            test = ast.unparse(up.test)
-            return test if child in up.body else f"not ({test})"
-        child, up = up, parents.get(up)
-    return None
-
-
-def _initializes_deepspeed(call: ast.Call, tree: ast.AST) -> bool:
-    name = _call_name(call.func)
-    return name.endswith("deepspeed.initialize") or name == "initialize" and "deepspeed" in _imports(tree)
-
-
-def _imports(tree: ast.AST) -> set[str]:
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            out.add(node.module.split(".")[0])
-    return out
-
-
-def _call_name(func: ast.AST) -> str:
-    parts = []
-    while isinstance(func, ast.Attribute):
-        parts.append(func.attr)
-        func = func.value
-    if isinstance(func, ast.Name):
-        parts.append(func.id)
-    return ".".join(reversed(parts))
 
 
 def script_facts(entry: str | None):

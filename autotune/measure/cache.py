@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TypeVar
 
 TRACE_CACHE: dict = {}
+T = TypeVar("T")
 
 
 def source_of(spec: str | None) -> str:
@@ -58,6 +60,15 @@ def cache_key(model: str, sample: str | None, margin: float, modes: tuple[str, .
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
+
+
+def load(where: Path, kind: type[T]) -> T | None:
+    """The entry kept at ``where`` as a ``kind`` (a pydantic model: ``ModelFacts``, ``MeasuredSteps``), or None: not
+    measured yet, unreadable, or damaged (written by another version, cut short): each only means measuring again."""
+    try:
+        return kind.model_validate_json(where.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def store(where: Path, facts) -> None:

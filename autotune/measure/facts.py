@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from autotune.config import TrainConfig
-from autotune.measure.cache import TRACE_CACHE, cache_key, store
+from autotune.measure.cache import TRACE_CACHE, cache_key, load, store
 from autotune.planner.model_facts import CUDA_TRACED
 from autotune.profiles import HardwareProfile
 from autotune.rundir.layout import cache_file
@@ -63,20 +63,13 @@ def _may_run_fsdp(cfg: TrainConfig, hw: HardwareProfile) -> bool:
 def _may_run_deepspeed(cfg: TrainConfig, hw: HardwareProfile) -> bool:
     """Whether the plan can choose DeepSpeed (so its own line is worth tracing): installed, and several GPUs or
     a setting that only DeepSpeed has."""
-    from importlib import metadata
+    from autotune.rundir.installation import deepspeed_installed
 
     d = cfg.distributed
     asked = d.backend == "deepspeed" or d.zero_stage not in (None, "auto") or d.offload_optimizer is True
     if d.backend in ("ddp", "single"):
         return False
-    if "deepspeed" in hw.software:  # a detected or recorded machine says; a preset says nothing
-        installed = bool(hw.software["deepspeed"])
-    else:
-        try:
-            installed = bool(metadata.version("deepspeed"))
-        except metadata.PackageNotFoundError:
-            installed = False
-    return installed and (asked or hw.gpus.count * max(1, hw.num_nodes) > 1)
+    return deepspeed_installed(hw.software) and (asked or hw.gpus.count * max(1, hw.num_nodes) > 1)
 
 
 def _traced(model: str, sample: str | None, margin: float, cwd: str, modes: tuple[str, ...], cuda: bool = False):
@@ -88,12 +81,11 @@ def _traced(model: str, sample: str | None, margin: float, cwd: str, modes: tupl
     if key in TRACE_CACHE:
         return TRACE_CACHE[key]
     where = cache_file("trace", cache_key(model, sample, margin, modes, cuda))
-    try:
-        TRACE_CACHE[key] = ModelFacts.model_validate_json(where.read_text())
+    kept = load(where, ModelFacts)
+    if kept is not None:
+        TRACE_CACHE[key] = kept
         print(f"autotune: {model}: measured before (cache {where})", file=sys.stderr, flush=True)
-        return TRACE_CACHE[key]
-    except (OSError, ValueError):
-        pass  # not cached yet, or a damaged entry: measure again
+        return kept
     from autotune.measure.trace import trace
 
     start = time.monotonic()
@@ -144,12 +136,11 @@ def model_facts_probed(cfg: TrainConfig, policy=None, hw: HardwareProfile | None
     where = cache_file("trace", cache_key(t.model, t.sample_input, 1.0, ("probe", "half" if half else "fp32",
                                                                        str(gpu.name), str(gpu.memory_total_mib),
                                                                        str(micros), facts.model_dump_json()), True))
-    try:
-        TRACE_CACHE[key] = type(facts).model_validate_json(where.read_text())
+    kept = load(where, type(facts))
+    if kept is not None:
+        TRACE_CACHE[key] = kept
         print(f"autotune: {t.model}: measured on this GPU model before (cache {where})", file=sys.stderr, flush=True)
-        return TRACE_CACHE[key]
-    except (OSError, ValueError):
-        pass
+        return kept
     print(f"autotune: measuring {t.model} on GPU {gpu.index} ({gpu.name}): real steps at micro-batch "
           f"{micros[0]} and {micros[1]} ...", file=sys.stderr, flush=True)
     try:

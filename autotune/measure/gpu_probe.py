@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from autotune.measure.child import answer, read_answer
 from autotune.planner.model_facts import LinearBytes, MeasuredSteps
 
 PROBED = "probed on GPU"  # ActivationModel.source prefix of a probed line
@@ -66,13 +67,8 @@ def probe(model: str, sample: str | None, micro_batches: tuple[int, ...], *, hal
                "checkpointing": checkpointing, "device": device}
     r = subprocess.run([sys.executable, "-m", "autotune.measure.gpu_probe"], input=json.dumps(request),
                        capture_output=True, text=True, timeout=timeout_s)
-    try:
-        answer = json.loads(r.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise RuntimeError(f"the GPU probe failed (exit {r.returncode}): {r.stderr.strip()[-500:]}") from None
-    if "error" in answer:
-        raise RuntimeError(answer["error"])
-    return [ProbePoint(int(p["micro"]), int(p["peak_bytes"]), p.get("fb_s"), p.get("opt_s")) for p in answer["points"]]
+    got = read_answer(r.stdout, r.stderr, r.returncode, "the GPU probe failed")
+    return [ProbePoint(int(p["micro"]), int(p["peak_bytes"]), p.get("fb_s"), p.get("opt_s")) for p in got["points"]]
 
 
 def _measure(req: dict) -> list[dict]:
@@ -138,13 +134,7 @@ def _measure(req: dict) -> list[dict]:
 
 def _main() -> int:
     req = json.loads(sys.stdin.read())
-    try:
-        print(json.dumps({"points": _measure(req)}))
-    except Exception as e:  # noqa: BLE001 - reported to the launcher, which keeps the trace
-        text = str(e).splitlines()[0][:300] if str(e) else ""
-        print(json.dumps({"error": f"the GPU probe failed: {type(e).__name__}: {text}"}))
-        return 1
-    return 0
+    return answer(lambda: {"points": _measure(req)}, "the GPU probe failed")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import time
 from typing import Callable
 
 from autotune.config import TrainConfig
+from autotune.measure.child import answer, read_answer
 from autotune.plan import TrainingPlan
 from autotune.planner.model_facts import MeasuredSteps
 from autotune.profiles import HardwareProfile
@@ -57,19 +58,36 @@ def times_here(hw: HardwareProfile, plan: TrainingPlan) -> bool:
         and e.num_nodes == 1
 
 
+def why_untimed(cfg: TrainConfig, hw: HardwareProfile, plan: TrainingPlan, num_parameters: int | None) -> str | None:
+    """Why ``plan``'s step is not timed on this machine's CPU, in words; None when it is: not ``times_here``,
+    ``training.probe`` off (--no_probe), or a model that cannot be built here (a script without training.model and
+    training.sample_input; a model whose parameters the trace did not count, ``num_parameters``)."""
+    t = cfg.training
+    if not times_here(hw, plan):
+        return ("not a plan for this machine's CPU on one node without DeepSpeed (a preset, a GPU, several nodes or "
+                "DeepSpeed)")
+    if not t.probe:
+        return "--no_probe (training.probe: false)"
+    if t.entrypoint is None:
+        return None  # the built-in GPT, built by name in the children
+    if not (t.model and t.sample_input):
+        return ("your script's model cannot be built here: give training.model and training.sample_input to have "
+                "its step timed")
+    if not num_parameters:
+        return f"training.model {t.model} has no parameters the trace counted"
+    return None
+
+
 def steps_for(cfg: TrainConfig, hw: HardwareProfile, plan: TrainingPlan, facts) -> MeasuredSteps | None:
     """The model's step timed on this machine's CPU for ``plan`` (its ranks, threads per rank, micro-batch,
-    precision, checkpointing and clipping), or None: not ``times_here``, ``training.probe`` off (--no_probe), or a
-    model that cannot be built here (a script without training.model and sample_input)."""
-    t = cfg.training
-    if not times_here(hw, plan) or not t.probe:
+    precision, checkpointing and clipping), or None where ``why_untimed`` says why not."""
+    if why_untimed(cfg, hw, plan, facts.num_parameters) is not None:
         return None
+    t = cfg.training
     if t.entrypoint is None:
         what = _builtin_what(plan)
-    elif t.model and t.sample_input and facts.num_parameters:
-        what = _plan_what(plan, model=t.model, sample=t.sample_input, what=t.model)
     else:
-        return None
+        what = _plan_what(plan, model=t.model, sample=t.sample_input, what=t.model)
     return measured_steps(cpu=hw.cpu.model_name, **what)
 
 
@@ -136,10 +154,10 @@ def builtin_entry(plan: TrainingPlan, hw: HardwareProfile):
 
 
 def read_kept(where) -> MeasuredSteps | None:
-    try:
-        return MeasuredSteps.model_validate_json(where.read_text())
-    except (OSError, ValueError):
-        return None  # not timed yet, or a damaged entry: time again
+    """The timing kept at ``where`` (``cache.load``), or None: not timed yet, or a damaged entry (time again)."""
+    from autotune.measure.cache import load
+
+    return load(where, MeasuredSteps)
 
 
 def forget(where) -> bool:
@@ -179,11 +197,11 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
           f"cached in {where.parent}) ...", file=sys.stderr, flush=True)
     start, at = time.monotonic(), time.strftime("%Y-%m-%d %H:%M")
     try:
-        answer = (run or _children)(req)
+        timed = (run or _children)(req)
     except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
         print(f"autotune: warning: {e}; the plan's time is unknown", file=sys.stderr, flush=True)
         return None
-    verdict = judge(answer["rounds"], ranks, lambda r: contention.Share(
+    verdict = judge(timed["rounds"], ranks, lambda r: contention.Share(
         0.0, r["cpu_share"], r.get("wait_share"), r.get("threads", n)).under_load(), contention.judging())
     comm = verdict.all_reduce_s
     basis = (f"timed on this CPU ({cpu or 'model unknown'}, {who}) at micro-batch {a} and {b} on {at}: the model's own "
@@ -229,11 +247,7 @@ def _children(req: dict) -> dict:
                 p.wait(timeout=max(1.0, deadline - time.monotonic()))
                 out.seek(0)
                 err.seek(0)
-                try:
-                    answers.append(json.loads(out.read().strip().splitlines()[-1]))
-                except (ValueError, IndexError):
-                    raise RuntimeError(f"timing the step failed (exit {p.returncode}): "
-                                       f"{err.read().strip()[-500:]}") from None
+                answers.append(read_answer(out.read(), err.read(), p.returncode, "timing the step failed"))
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -242,9 +256,6 @@ def _children(req: dict) -> dict:
             for out, err in logs:
                 out.close()
                 err.close()
-    failed = next((a["error"] for a in answers if "error" in a), None)
-    if failed:
-        raise RuntimeError(failed)
     from autotune.measure.timing_judge import combine
 
     return {"rounds": combine([a["rounds"] for a in answers])}
@@ -331,13 +342,7 @@ def _main() -> int:
 
     tmp, rank = sys.argv[1], int(sys.argv[2])
     req = json.loads((Path(tmp) / TIMING_REQUEST).read_text())
-    try:
-        print(json.dumps(_measure(req, tmp, rank)))
-    except Exception as e:  # noqa: BLE001 - reported to the planner's side, which plans without a time
-        text = str(e).splitlines()[0][:300] if str(e) else ""
-        print(json.dumps({"error": f"timing the step failed: {type(e).__name__}: {text}"}))
-        return 1
-    return 0
+    return answer(lambda: _measure(req, tmp, rank), "timing the step failed")
 
 
 if __name__ == "__main__":

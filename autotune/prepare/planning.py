@@ -9,20 +9,11 @@ own step run here (``autotune.measure.timing``).
 from __future__ import annotations
 
 import os
-from importlib import metadata
 from typing import Any, Mapping
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.plan import TrainingPlan
 from autotune.profiles import HardwareProfile, load_profile
-
-
-def deepspeed_installed_locally() -> bool:
-    try:
-        metadata.version("deepspeed")
-        return True
-    except metadata.PackageNotFoundError:
-        return False
 
 
 def resolve_hardware(spec: str | HardwareProfile | None) -> HardwareProfile:
@@ -65,6 +56,7 @@ def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     from autotune.measure.timing import steps_for
     from autotune.planner import weigh
     from autotune.planner.policy import load_policy
+    from autotune.rundir.installation import deepspeed_installed
 
     if overrides:
         cfg = apply_overrides(cfg, dict(overrides))
@@ -73,8 +65,7 @@ def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     cfg = exported_threads(cfg, hw, os.environ)
     exported = not threads_set and "omp_num_threads" in cfg.data.model_fields_set  # yours, by the environment
     pol = load_policy(policy)
-    # A preset says nothing about installed software: the plan will run with what is installed here.
-    ds_installed = bool(hw.software["deepspeed"]) if "deepspeed" in hw.software else deepspeed_installed_locally()
+    ds_installed = deepspeed_installed(hw.software)
     facts = _with_past_runs(cfg, hw, facts or _model_facts(cfg, pol, hw, probe_gpu))
     options = dict(auto_optimize=auto_optimize, debug=debug, policy=pol, deepspeed_installed=ds_installed,
                    force=force, times=times, sources={"omp_num_threads": "environment"} if exported else None)
@@ -141,8 +132,15 @@ def _with_past_runs(cfg: TrainConfig, hw: HardwareProfile, facts):
 
 
 def could_time_here(setup) -> bool:
-    """Whether preparing ``setup`` again with ``time_cpu`` could time its step (a launch checks its run directory
-    first, then pays for the timing)."""
+    """Whether preparing ``setup`` again with ``time_cpu`` would time its step (a launch checks its run directory
+    first, then pays for the timing). A plan for this machine's CPU that will not be timed (--no_probe, a model that
+    cannot be built here) says why on stderr, in one line, and is not prepared again."""
+    import sys
+
     from autotune.measure.timing import times_here
 
-    return times_here(setup.hardware, setup.plan)
+    if setup.untimed is None:
+        return True
+    if times_here(setup.hardware, setup.plan):  # a plan for this CPU: a timing was to be expected
+        print(f"autotune: the step is not timed on this CPU: {setup.untimed}", file=sys.stderr, flush=True)
+    return False

@@ -34,6 +34,8 @@ class RunSetup:
     launch_spec: Any  # autotune.exports.launch_spec.LaunchSpec
     delivery: Any = None  # autotune.exports.wiring.Delivery: how each plan value reaches the script
     speed_key: tuple[str | None, str | None] = (None, None)  # (model, kind of machine): autotune.rundir.speeds
+    # why preparing again with time_cpu would not time the step on this CPU (measure.timing.why_untimed); None: it would
+    untimed: str | None = None
 
     @property
     def records_dir(self) -> Path:
@@ -118,8 +120,12 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     spec = launch_spec(plan, str(rd), os.environ if environ is None else environ, python=python,
                        has_infiniband=bool(hw.infiniband), script_args=args, cwd=workdir,
                        withhold=tuple(route.withheld))
+    from autotune.measure.timing import why_untimed
+
+    counted = plan.memory.estimate.num_parameters if plan.memory.estimate is not None else None
     return RunSetup(plan=plan, hardware=hw, deepspeed_config=ds, run_dir=rd, resume_path=resume_path,
-                    launch_spec=spec, delivery=route, speed_key=speed_key(cfg, hw))
+                    launch_spec=spec, delivery=route, speed_key=speed_key(cfg, hw),
+                    untimed=why_untimed(cfg, hw, plan, counted))
 
 
 def _workdir(value: str | None) -> str | None:

@@ -7,6 +7,7 @@ import hashlib
 import os
 import re
 import sys
+from typing import Mapping
 
 
 def build_key(python: tuple[int, int], torch_version: str | None, requires: list[str] | tuple[str, ...] = ()) -> str:
@@ -35,6 +36,14 @@ def _version(name: str) -> tuple[str | None, tuple[str, ...]]:
         return dist.version, tuple(dist.requires or ())
     except metadata.PackageNotFoundError:
         return None, ()
+
+
+def deepspeed_installed(software: Mapping[str, str | None]) -> bool:
+    """Whether a plan's machine has DeepSpeed: what its profile's ``software`` says (a detected or recorded machine),
+    else (a preset says nothing about software) whether this installation has it: the plan runs with what is here."""
+    if "deepspeed" in software:
+        return bool(software["deepspeed"])
+    return _version("deepspeed")[0] is not None
 
 
 def torch_build() -> str:

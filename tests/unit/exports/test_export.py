@@ -250,3 +250,42 @@ def test_the_launch_lines_start_the_configs_entrypoint(fmt, capsys):
     out, err = capsys.readouterr()
     line = out if fmt == "torchrun" else err
     assert " examples/torchrun_train.py" in line and "train.py " not in line.replace("torchrun_train.py", "")
+
+
+SLURM_TIMES = {"minutes": "90", "minutes:seconds": "90:30", "hours:minutes:seconds": "12:00:00", "days-hours": "2-12",
+               "days-hours:minutes": "2-12:30", "days-hours:minutes:seconds": "1-00:00:00", "no limit": "UNLIMITED",
+               "no limit, SLURM's other word": "infinite"}
+
+
+@pytest.mark.parametrize("form", SLURM_TIMES)
+def test_every_time_limit_form_sbatch_reads_is_written_into_the_script(form):
+    """man sbatch's --time forms, and UNLIMITED / INFINITE (any case, as SLURM's parse_time reads them): one check,
+    in sbatch_script (export's own stricter copy refused UNLIMITED, issue 46)."""
+    from autotune.exports.launchers import sbatch_script
+
+    p = plan(load_profile("2x4xL4"), TrainConfig(), deepspeed_installed=True)
+    text = sbatch_script(p, launcher="./l.sh", config="c.yaml", run_dir="runs/x", cpus_per_task=4,
+                         time_limit=SLURM_TIMES[form], partition=None, account=None, job_name="a")
+    assert f"\n#SBATCH --time={SLURM_TIMES[form]}\n" in text
+
+
+@pytest.mark.parametrize("bad", ["soon", "1:2:3:4", "1-2-3", "12:5", "1-", ":30", "", "UNLIMITED!"])
+def test_a_time_limit_sbatch_would_not_read_is_refused_naming_the_forms(bad):
+    from autotune.errors import UserError
+    from autotune.exports.launchers import sbatch_script
+
+    p = plan(load_profile("2x4xL4"), TrainConfig(), deepspeed_installed=True)
+    with pytest.raises(UserError, match=rf"^--time: {bad!r} is not a SLURM time limit: minutes \(90\), .* or "
+                                        r"UNLIMITED$"):
+        sbatch_script(p, launcher="./l.sh", config="c.yaml", run_dir="runs/x", cpus_per_task=4, time_limit=bad,
+                      partition=None, account=None, job_name="a")
+
+
+def test_export_slurm_with_no_time_limit_writes_it_and_a_bad_job_name_is_refused_once(capsys):
+    from autotune.__main__ import main
+
+    assert main(["export", "--format", "slurm", "--hardware", "8xA100-40GB", "--time", "UNLIMITED"]) == 0
+    assert "\n#SBATCH --time=UNLIMITED\n" in capsys.readouterr().out
+    assert main(["export", "--format", "slurm", "--hardware", "8xA100-40GB", "--job_name", "a+b"]) == 2
+    assert ("--job_name: 'a+b' is not a SLURM job name (letters, digits, '_', '.', '-')"
+            in capsys.readouterr().err)

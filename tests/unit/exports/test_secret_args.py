@@ -21,8 +21,8 @@ def test_an_accelerate_export_never_prints_or_writes_a_secret_argument(tmp_path,
     from autotune.__main__ import main
 
     out = tmp_path / "accelerate.yaml"
-    assert main(["export", "--format", "accelerate", "--ddp", "--nproc_per_node", "2", "-o", str(out), "--",
-                 "--hf_token", "S4cret", "--batch_size", "{micro_batch_size}"]) == 0
+    assert main(["export", "--format", "accelerate", "--ddp", "--nproc_per_node", "2", "--no_probe", "-o", str(out),
+                 "--", "--hf_token", "S4cret", "--batch_size", "{micro_batch_size}"]) == 0
     printed = capsys.readouterr()
     assert "S4cret" not in printed.out + printed.err + out.read_text()
     assert "--hf_token '<redacted>' --batch_size" in printed.out + printed.err
@@ -31,7 +31,7 @@ def test_an_accelerate_export_never_prints_or_writes_a_secret_argument(tmp_path,
 def test_a_torchrun_export_prints_its_line_redacted(capsys):
     from autotune.__main__ import main
 
-    assert main(["export", "--format", "torchrun", "--", "--hf_token", "S4cret", "--lr", "0.1"]) == 0
+    assert main(["export", "--format", "torchrun", "--no_probe", "--", "--hf_token", "S4cret", "--lr", "0.1"]) == 0
     out = capsys.readouterr().out
     assert "S4cret" not in out and out.splitlines() == [
         "torchrun --nproc_per_node=1 --standalone train.py --hf_token '<redacted>' --lr 0.1",
