@@ -13,16 +13,20 @@ REDACTED = "<redacted>"
 # -- by name -------------------------------------------------------------------------------------------------------
 # A name says it holds a secret when one of its words (split at - _ . @ /) ends with token, secret(s), password(s),
 # passwd, passphrase, credential(s), auth, authorization, authentication or cookie(s) (--hub_token, --db.password,
-# --authorization, --session_cookie), is key(s) or ends with a kind of key (--api-key, --api_keys, --wandb_key,
-# --apikey, --access_key; not --monkey); or is one of _WORDS (--db-pass, --pw, --creds, --sas_url, --url_sig; not
-# --bypass_cache); or holds one of _INSIDE anywhere (--passwordfile, --clientsecret, --jwtfile). Not "tokens"
-# (--max_tokens is a length) nor --tokenizer_name; not a tokenizer's special tokens (--pad_token, --eos_token) nor a
-# name that ends with a count or an id (--pad_token_id, --password_length, --token_limit): their values are not
-# secrets.
+# --authorization, --session_cookie), or ends with a kind of key (--apikey, --access_key as one word); or its last
+# word is key(s) after anything but a key into data (--api-key, --api_keys, --wandb_key, --key; not --sort_key,
+# --text_key, nor --key_column, nor --monkey); or is one of _WORDS (--db-pass, --pw, --creds, --sas_url; not
+# --bypass_cache), or sig after another word (--url_sig; --sig alone is a sigma); or holds one of _INSIDE anywhere
+# (--passwordfile, --clientsecret, --jwtfile). Not "tokens" (--max_tokens is a length) nor --tokenizer_name; not a
+# tokenizer's special tokens (--pad_token, --eos_token); not a name that ends with a count or an id
+# (--pad_token_id, --password_length, --token_limit) or starts with a quantity (--num_keys, --max_auth) or a switch
+# (--use_auth_token True): their values are not secrets, and a real token given to one is still caught by its value.
 _ENDS = re.compile(r".*(token|secrets?|passwords?|passwd|passphrase|credentials?|auth|authorization|authentication"
                    r"|cookies?)|(.*(api|access|secret|private|priv|auth|hub|wandb|hf|client|account|master|session"
                    r"|signing|sign|ssh|gpg|pgp|license|encryption|hmac|shared|service|storage))?keys?", re.IGNORECASE)
-_WORDS = {"pass", "pwd", "pw", "cred", "creds", "sas", "sig", "signature", "dsn", "jwt", "bearer", "otp"}
+_KEY = re.compile(r"keys?", re.IGNORECASE)
+_WORDS = {"pass", "pwd", "pw", "cred", "creds", "sas", "signature", "dsn", "jwt", "bearer", "otp"}
+_QUALIFIED = {"sig"}  # a secret's word only after another (--url_sig, a URL's ?sig=); alone a flag so named is a sigma
 _INSIDE = re.compile(r"password|passwd|passphrase|secret|credential|apikey|bearer|jwt", re.IGNORECASE)
 MAX_NAME = 200  # characters of a flag's name; a longer one is judged as a value
 _WHOLE = {"hf", "pat"}  # only as the whole name: --hf (a Hugging Face token), never --hf_model
@@ -30,6 +34,16 @@ _SPECIAL_TOKENS = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", 
                    "audio", "video", "placeholder", "additional"}
 _COUNTS = {"id", "ids", "idx", "index", "count", "num", "len", "length", "limit", "budget", "size", "type", "dim",
            "max", "min"}
+_QUANTITIES = {"num", "n", "number", "max", "min", "total", "count"}  # a first word: how many (--num_keys 4)
+_SWITCHES = {"use", "enable", "disable", "no", "with", "without", "skip", "require", "allow", "ignore"}
+# before key(s): a key into data, a batch, a dict or a table (--sort_key loss, --text_key, --primary_key)
+_DATA_KEYS = {"sort", "primary", "foreign", "partition", "join", "group", "shard", "cluster", "dict", "column", "col",
+              "field", "row", "index", "lookup", "cache", "map", "hash", "sample", "batch", "data", "dataset", "text",
+              "label", "input", "output", "target", "prompt", "response", "completion", "chosen", "rejected", "image",
+              "audio", "video", "caption", "question", "answer", "context", "message", "messages", "conversation",
+              "instruction", "content", "metric", "monitor", "score", "loss", "reward", "eval", "train", "split",
+              "state", "config", "attention", "query", "value", "order", "name", "feature", "tensor", "json",
+              "result", "source", "src", "tgt", "task", "rng", "prng", "node", "module", "layer", "param"}
 # a name whose value is a user:password pair (curl's -u/--user, --login); 1000:1000 (a uid:gid) is not one
 _LOGIN_NAMES = {"login", "user", "username", "userpass", "userinfo", "basic"}
 _USER_PASSWORD = re.compile(r"[^\s:/@]+:\S+")
@@ -51,13 +65,17 @@ def says_secret(name: str) -> bool:
         return True
     if len(bare) > MAX_NAME:  # no flag is this long (and the words rule stays linear in what it reads)
         return False
-    words = _words(name)
-    if not words or words[-1].lower() in _COUNTS:
+    words = [w.lower() for w in _words(name)]
+    if not words or words[-1] in _COUNTS or (len(words) > 1 and words[0] in _QUANTITIES | _SWITCHES):
         return False
-    for before, w in zip([""] + words, words):
-        if w.lower() == "token" and before.lower() in _SPECIAL_TOKENS:
+    for i, (before, w) in enumerate(zip([""] + words, words)):
+        if w == "token" and before in _SPECIAL_TOKENS:
             continue
-        if _ENDS.fullmatch(w) or w.lower() in _WORDS or _INSIDE.search(w):
+        if _KEY.fullmatch(w):  # a bare key: a secret's only as the last word, and not a key into data
+            if i == len(words) - 1 and before not in _DATA_KEYS:
+                return True
+            continue
+        if _ENDS.fullmatch(w) or w in _WORDS or (i and w in _QUALIFIED) or _INSIDE.search(w):
             return True
     return False
 
@@ -151,7 +169,7 @@ def secret_value(text: str) -> str | None:
     if _BEARER.search(text):
         return "a bearer token"
     for m in _PAIR.finditer(text):
-        if says_secret(m.group(1)):
+        if says_secret(m.group(1)) or m.group(1).lower() in _QUALIFIED:  # ?sig=: an Azure SAS URL's signature
             return f"{m.group(1)}=... inside it"
     if any(looks_random(m.group()) for m in _RUN.finditer(text)):
         return "a long random string"

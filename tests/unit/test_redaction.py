@@ -107,6 +107,23 @@ def test_a_refusal_names_each_flag_once_and_a_login_without_a_password_is_shown(
     assert redact_args(kept) == kept[:-2] + ["<redacted>", "gpt2"]
 
 
+FALSE_ALARMS = ["--key_column", "text", "--sort_key", "loss", "--num_keys", "4", "--max_auth", "3",
+                "--use_auth_token", "True", "--sig", "0.5", "--text_key=content", "++data.label_key=y"]
+
+
+def test_names_of_data_keys_counts_and_switches_are_no_secrets_but_a_token_given_to_one_is():
+    """The attacker review: these names made the exports refuse (exit 2) a script that carried no secret. A key
+    column, a key into data (sort_key), a count of keys, a switch (use_auth_token True) and a sigma pass unchanged;
+    a real token given to any of them is still caught by its value; --url_sig, --api_key and --key still name one."""
+    assert redact_args(FALSE_ALARMS) == FALSE_ALARMS and secret_flags(FALSE_ALARMS) == []
+    token = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh"
+    for name in FALSE_ALARMS[0:12:2]:
+        assert redact_args([name, token]) == [name, "<redacted>"], name
+        assert secret_flags([name, token]) == [f"{name} (a token by its prefix)"]
+    assert all(says_secret(n) for n in ("--url_sig", "--api_key", "--key", "--keys", "--wandb_key", "--openai_key"))
+    assert secret_value("https://acct.blob.core.windows.net/c?sv=2022&sig=abc") == "sig=... inside it"
+
+
 def test_the_values_users_pass_are_shown_as_they_are():
     """Numbers, paths under a run directory, model names, hashes of commits and run ids, UUIDs, Hydra overrides,
     a tokenizer's special tokens, run names dense with numbers, short base64: nothing hidden."""

@@ -55,7 +55,10 @@ HIDDEN = len(ATTACK) + 2  # arguments shown <redacted>: one an entry, and --pass
 ORDINARY = ["--lr", "0.1", "--seed=1234", "gpt2", "--model", "meta-llama/Llama-3-8B", "--output_dir",
             "runs/exp1/out", "--run_id", "20261125-103000-9f8e7d6c", "--commit",
             "5ae54a1b3c9e0f2d4a6b8c0e1f3a5b7c9d1e3f5a", "--max_tokens", "512", "--pad_token", "<pad>",
-            "trainer.max_epochs=3"]
+            "trainer.max_epochs=3",
+            # names the rule once took for secrets' (exports refused them): a column, a sort key, counts, a switch
+            "--key_column", "text", "--sort_key", "loss", "--num_keys", "4", "--max_auth", "3", "--use_auth_token",
+            "True", "--sig", "0.5"]
 ARGS = [a for args, _ in ATTACK for a in args]
 SECRETS = [s for _, s in ATTACK]
 NAMES = ["-p", "--hf", "--bearer", "--jwt", "--sas_url", "--passwordfile", "--token:", "--token", "--api_key",
