@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -117,6 +118,7 @@ def test_a_lock_whose_holder_is_gone_names_it_with_its_age_and_is_retryable(tmp_
             f"--run_dir: {tmp_path} is locked, but its holder, process {holder['pid']} on {socket.gethostname()} "
             f"(since {holder['since']}, ")
         assert "s ago), is gone" in str(e.value) and "run the same command again shortly" in str(e.value)
+        assert f"process {child} (" in str(e.value) and "which it started, still holds the lock" in str(e.value)
         # the same lock, its line now naming a launch on another host, taken 95 s ago
         holder.update(host="node-7.cluster", pid=4242, at=time.time() - 95)
         (tmp_path / LOCK_NAME).write_text(json.dumps(holder) + "\n")
@@ -127,6 +129,71 @@ def test_a_lock_whose_holder_is_gone_names_it_with_its_age_and_is_retryable(tmp_
         os.kill(child, signal.SIGKILL)
     time.sleep(0.2)
     RunLock(tmp_path).acquire().release()  # the lock went with its last process
+
+
+def test_the_lock_file_is_the_launchers_alone(tmp_path):
+    """The attacker review: flock works on a read-only descriptor, so a lock file others may open (0644) is one any
+    user of the host can hold, forcing exit 69 on every relaunch. It is created 0600, and an older launch's 0644
+    file is made so when it is taken."""
+    with RunLock(tmp_path / "new"):
+        assert (tmp_path / "new" / LOCK_NAME).stat().st_mode & 0o777 == 0o600
+    old = tmp_path / "old" / LOCK_NAME
+    old.parent.mkdir()
+    old.write_text("")
+    old.chmod(0o644)
+    with RunLock(old.parent):
+        assert old.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to act as another user (nobody)")
+def test_another_user_cannot_open_the_lock_and_one_holding_an_older_file_is_named(tmp_path):
+    """Another user (nobody) cannot open a launch's lock; one holding an older 0644 file that it opened before is
+    named by the kernel's lock table, with its command and user, exit 2 (no wait mends it), never a holder gone."""
+    import shutil
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp())  # a folder other users may enter (pytest's own is root's alone)
+    try:
+        shared.chmod(0o755)
+        RunLock(shared).acquire().release()
+        held = subprocess.run(["flock", "-n", str(shared / LOCK_NAME), "true"], user=65534, group=65534,
+                              capture_output=True, text=True)
+        assert held.returncode != 0 and "Permission denied" in held.stderr
+        (shared / LOCK_NAME).chmod(0o644)  # as an older autotune left it
+        nobody = subprocess.Popen(["flock", "-n", str(shared / LOCK_NAME), "sh", "-c", "echo held; exec sleep 60"],
+                                  user=65534, group=65534, stdout=subprocess.PIPE, text=True)
+        try:
+            assert nobody.stdout.readline().strip() == "held"
+            with pytest.raises(UserError) as e:
+                RunLock(shared).acquire()
+        finally:
+            nobody.kill()
+            nobody.wait(timeout=10)
+        assert not isinstance(e.value, Unavailable)
+        assert str(e.value).startswith(f"--run_dir: {shared} is locked by process {nobody.pid} (flock, user nobody), "
+                                       "another user's process, not an autotune launch of yours: stop it")
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_a_forged_holder_line_is_read_bounded_and_shown_escaped(tmp_path):
+    """The attacker review: a holder line of '[' * 4000 raised RecursionError (a traceback), and a host holding ESC,
+    BEL and a newline reached the terminal raw. The first is an unreadable line, the second is shown escaped."""
+    out = subprocess.run([sys.executable, "-c", ORPHANING, str(tmp_path)], capture_output=True, text=True, check=True)
+    child = int(out.stdout)
+    holder = json.loads((tmp_path / LOCK_NAME).read_text())
+    try:
+        (tmp_path / LOCK_NAME).write_text("[" * 4000)
+        with pytest.raises(Unavailable, match="its holder's line is unreadable"):
+            RunLock(tmp_path).acquire()
+        holder.update(host="\x1b]0;pwned\x07\nnode-7", since="\x1b[2J")
+        (tmp_path / LOCK_NAME).write_text(json.dumps(holder) + "\n")
+        with pytest.raises(Unavailable) as e:
+            RunLock(tmp_path).acquire()
+    finally:
+        os.kill(child, signal.SIGKILL)
+    assert f"is locked by process {holder['pid']} on \\x1b]0;pwned\\x07\\nnode-7 (since \\x1b[2J, " in str(e.value)
+    assert not any(c in str(e.value) for c in "\x1b\x07\n")
 
 
 def test_the_launcher_refuses_a_locked_run_dir(cli, tmp_path):
