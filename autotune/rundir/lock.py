@@ -57,7 +57,7 @@ def _is_plan(f: Path) -> bool:
         if not f.is_file() or f.stat().st_size > 1 << 20:
             return False
         data = json.loads(f.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # a plan.json of '[' * 5000: not a plan, never a traceback
         return False
     return isinstance(data, dict) and {"engine", "batch"} <= data.keys()
 

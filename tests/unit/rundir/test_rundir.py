@@ -232,3 +232,49 @@ def test_the_sbatch_scripts_own_log_does_not_make_a_dir_foreign(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(UserError, match="holds notes.txt"):
         check_usable(tmp_path, resuming=True)
+
+
+def test_a_rank_record_that_cannot_be_read_is_named_and_skipped(tmp_path):
+    """The attacker review: observed/rank-7.json holding '[' * 5000 raised RecursionError in the launcher's reader,
+    which killed a training mid-run (exit 1). Any record that cannot be read (nested past the parser or past 32
+    levels, larger than the limit, an integer of 5000 digits, not JSON, a list, a rank that is no integer) is named
+    once and skipped; the good one is read. A plan.json of '[' * 5000 makes no run directory."""
+    from autotune.rundir.lock import run_dir_marks
+    from autotune.rundir.status import read_rank_files
+
+    bad = {1: "[" * 5000, 2: json.dumps({"rank": 2, "x": json.loads("[" * 40 + "]" * 40)}), 3: " " * 20_000,
+           4: "1" * 5000, 5: "not json", 6: "[]", 7: json.dumps({"rank": True})}
+    for rank, text in bad.items():
+        (tmp_path / f"rank-{rank}.json").write_text(text)
+    (tmp_path / "rank-0.json").write_text(json.dumps({"rank": 0, "steps": {"1": [8]}}))
+    notes = []
+    assert read_rank_files(tmp_path, "rank", 10_000, notes.append) == [{"rank": 0, "steps": {"1": [8]}}]
+    assert [n.split(": ", 1)[0] for n in notes] == [str(tmp_path / f"rank-{r}.json") for r in bad]
+    assert [n.split("(", 1)[1].split(")")[0].split(":")[0] for n in notes] == [
+        "nested too deeply to read", "nested more than 32 levels deep", "larger than 10000 bytes", "not JSON",
+        "not JSON", "not an object with an integer 'rank'", "not an object with an integer 'rank'"]
+    assert "Exceeds the limit" in notes[3]  # 5000 digits: Python's conversion limit, not a crash
+    (tmp_path / "plan.json").write_text("[" * 5000)
+    assert run_dir_marks(tmp_path) == []
+
+
+def test_a_planted_record_never_stops_a_training(cli, tmp_path):
+    """A real launch whose run directory gains observed/rank-7.json and a status rank-3.json of '[' * 5000 while
+    the script runs: both are named and skipped, the launch ends as its script did (exit 0), no traceback."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import os, pathlib, time
+        for folder in (pathlib.Path(os.environ["AUTOTUNE_RUN_DIR"]) / "observed",
+                       pathlib.Path(os.environ["AUTOTUNE_STATUS_DIR"])):
+            folder.mkdir(exist_ok=True)
+            (folder / ("rank-7.json" if folder.name == "observed" else "rank-3.json")).write_text("[" * 5000)
+        time.sleep(1.5)
+        print("TRAINED", flush=True)
+    """))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(json.dumps({"training": {"entrypoint": str(script)}}))
+    r = cli("autotune", "launch", "--config", str(cfg), "--run_dir", str(tmp_path / "run"), "--no_probe", "--single")
+    assert r.returncode == 0 and "TRAINED" in r.stdout + r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "RecursionError" not in r.stderr
+    assert "observed/rank-7.json: not a record autotune can read (nested too deeply to read); skipped" in r.stderr
+    assert "rank-3.json: not a record autotune can read (nested too deeply to read); skipped" in r.stderr
