@@ -232,7 +232,11 @@ def _cross_checks(cfg: TrainConfig) -> list[str]:
                         "model; the built-in GPT's size follows from n_layer and n_embd)")
     for name in ("model", "sample_input"):
         value = getattr(t, name)
-        if value is None or (name == "sample_input" and re.match(SAMPLE_SHAPE_RE, value.replace(" ", ""))):
+        shape = re.match(SAMPLE_SHAPE_RE, value.replace(" ", "")) if name == "sample_input" and value else None
+        if shape and min(int(v) for v in [*shape.group(2).split(","), shape.group(3) or 1]) < 1:  # [0]: no batch
+            problems.append(f"training.sample_input: every dimension of a per-sample shape, and the bound after <, "
+                            f"is 1 or more, got {value!r} (e.g. [16] or int[512]<50257)")
+        if value is None or shape:
             continue
         if value.count(":") != 1 or not all(value.split(":")):
             shape = " or a per-sample shape such as [3,224,224] or int[512]<50257" if name == "sample_input" else ""

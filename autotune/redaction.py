@@ -13,15 +13,20 @@ REDACTED = "<redacted>"
 # -- by name -------------------------------------------------------------------------------------------------------
 # A name says it holds a secret when one of its words (split at - _ . @ /) ends with token, secret(s), password(s),
 # passwd, passphrase, credential(s), auth, authorization, authentication or cookie(s) (--hub_token, --db.password,
-# --authorization, --session_cookie), is key(s) or ends with a kind of key (--api-key, --api_keys, --wandb_key,
-# --apikey, --access_key; not --monkey); or is one of _WORDS (--db-pass, --sas_url, --url_sig; not --bypass_cache);
-# or holds one of _INSIDE anywhere (--passwordfile, --clientsecret, --jwtfile). Not "tokens" (--max_tokens is a
-# length) nor --tokenizer_name; not a tokenizer's special tokens (--pad_token, --eos_token) nor a name that ends
-# with a count or an id (--pad_token_id, --password_length, --token_limit): their values are not secrets.
+# --authorization, --session_cookie), or ends with a kind of key (--apikey, --access_key as one word); or its last
+# word is key(s) after anything but a key into data (--api-key, --api_keys, --wandb_key, --key; not --sort_key,
+# --text_key, nor --key_column, nor --monkey); or is one of _WORDS (--db-pass, --pw, --creds, --sas_url; not
+# --bypass_cache), or sig after another word (--url_sig; --sig alone is a sigma); or holds one of _INSIDE anywhere
+# (--passwordfile, --clientsecret, --jwtfile). Not "tokens" (--max_tokens is a length) nor --tokenizer_name; not a
+# tokenizer's special tokens (--pad_token, --eos_token); not a name that ends with a count or an id
+# (--pad_token_id, --password_length, --token_limit) or starts with a quantity (--num_keys, --max_auth) or a switch
+# (--use_auth_token True): their values are not secrets, and a real token given to one is still caught by its value.
 _ENDS = re.compile(r".*(token|secrets?|passwords?|passwd|passphrase|credentials?|auth|authorization|authentication"
                    r"|cookies?)|(.*(api|access|secret|private|priv|auth|hub|wandb|hf|client|account|master|session"
                    r"|signing|sign|ssh|gpg|pgp|license|encryption|hmac|shared|service|storage))?keys?", re.IGNORECASE)
-_WORDS = {"pass", "pwd", "sas", "sig", "signature", "dsn", "jwt", "bearer", "otp"}
+_KEY = re.compile(r"keys?", re.IGNORECASE)
+_WORDS = {"pass", "pwd", "pw", "cred", "creds", "sas", "signature", "dsn", "jwt", "bearer", "otp"}
+_QUALIFIED = {"sig"}  # a secret's word only after another (--url_sig, a URL's ?sig=); alone a flag so named is a sigma
 _INSIDE = re.compile(r"password|passwd|passphrase|secret|credential|apikey|bearer|jwt", re.IGNORECASE)
 MAX_NAME = 200  # characters of a flag's name; a longer one is judged as a value
 _WHOLE = {"hf", "pat"}  # only as the whole name: --hf (a Hugging Face token), never --hf_model
@@ -29,27 +34,60 @@ _SPECIAL_TOKENS = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", 
                    "audio", "video", "placeholder", "additional"}
 _COUNTS = {"id", "ids", "idx", "index", "count", "num", "len", "length", "limit", "budget", "size", "type", "dim",
            "max", "min"}
+_QUANTITIES = {"num", "n", "number", "max", "min", "total", "count"}  # a first word: how many (--num_keys 4)
+_SWITCHES = {"use", "enable", "disable", "no", "with", "without", "skip", "require", "allow", "ignore"}
+# before key(s): a key into data, a batch, a dict or a table (--sort_key loss, --text_key, --primary_key)
+_DATA_KEYS = {"sort", "primary", "foreign", "partition", "join", "group", "shard", "cluster", "dict", "column", "col",
+              "field", "row", "index", "lookup", "cache", "map", "hash", "sample", "batch", "data", "dataset", "text",
+              "label", "input", "output", "target", "prompt", "response", "completion", "chosen", "rejected", "image",
+              "audio", "video", "caption", "question", "answer", "context", "message", "messages", "conversation",
+              "instruction", "content", "metric", "monitor", "score", "loss", "reward", "eval", "train", "split",
+              "state", "config", "attention", "query", "value", "order", "name", "feature", "tensor", "json",
+              "result", "source", "src", "tgt", "task", "rng", "prng", "node", "module", "layer", "param"}
+# a name whose value is a user:password pair (curl's -u/--user, --login); 1000:1000 (a uid:gid) is not one
+_LOGIN_NAMES = {"login", "user", "username", "userpass", "userinfo", "basic"}
+_USER_PASSWORD = re.compile(r"[^\s:/@]+:\S+")
+# several values after a plural name (argparse's nargs="+": --api_keys k1 k2), each hidden up to the next flag
+_PLURAL = re.compile(r".*(keys|secrets|passwords|credentials|creds|cookies|passphrases)", re.IGNORECASE)
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in re.split(r"[-_.@/]", name.lstrip("-+~").rstrip(":")) if w]
 
 
 def says_secret(name: str) -> bool:
     """The name rule: ``name`` (a flag such as ``--hub_token`` or ``-p``, a Hydra key such as ``++db.password``)
     names a secret."""
-    if name == "-p":  # -p PASSWORD (mysql, sshpass); --p stays a probability
+    if name.rstrip(":") == "-p":  # -p PASSWORD (mysql, sshpass); --p stays a probability
         return True
     bare = name.lstrip("-+~").rstrip(":")
     if bare.lower() in _WHOLE:
         return True
     if len(bare) > MAX_NAME:  # no flag is this long (and the words rule stays linear in what it reads)
         return False
-    words = [w for w in re.split(r"[-_.@/]", bare) if w]
-    if not words or words[-1].lower() in _COUNTS:
+    words = [w.lower() for w in _words(name)]
+    if not words or words[-1] in _COUNTS or (len(words) > 1 and words[0] in _QUANTITIES | _SWITCHES):
         return False
-    for before, w in zip([""] + words, words):
-        if w.lower() == "token" and before.lower() in _SPECIAL_TOKENS:
+    for i, (before, w) in enumerate(zip([""] + words, words)):
+        if w == "token" and before in _SPECIAL_TOKENS:
             continue
-        if _ENDS.fullmatch(w) or w.lower() in _WORDS or _INSIDE.search(w):
+        if _KEY.fullmatch(w):  # a bare key: a secret's only as the last word, and not a key into data
+            if i == len(words) - 1 and before not in _DATA_KEYS:
+                return True
+            continue
+        if _ENDS.fullmatch(w) or w in _WORDS or (i and w in _QUALIFIED) or _INSIDE.search(w):
             return True
     return False
+
+
+def _user_password(name: str, value: str) -> str | None:
+    """Why ``value`` given to ``name`` is a secret as a login's user:password (``--login alice:pw``, ``-u a:b``)."""
+    words = _words(name)
+    if not words or not (name == "-u" or words[-1].lower() in _LOGIN_NAMES):
+        return None
+    if _USER_PASSWORD.fullmatch(value) and "://" not in value and not re.fullmatch(r"\d+:\d+", value):
+        return "a user:password"
+    return None
 
 
 _NAME = r"[A-Za-z_][\w.@/-]*"
@@ -72,7 +110,11 @@ _PREFIXED = re.compile(
     r"|AIza[A-Za-z0-9_-]{35}|ya29\.[A-Za-z0-9_-]{20,}|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,}|dapi[0-9a-f]{32})")
 _JWT = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")
 # scheme://user:password@host (a password may be empty only when the user name is itself a secret's shape)
-_URL_CREDENTIALS = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:[^\s/?#@]+@")
+# The password may hold / ? # (mongodb://admin:s3cr/et@db: clients split at the last @), up to MAX_URL_PASSWORD
+# characters, unless it reads as a port and a path (https://host:8080/@scope/pkg, an npm package's URL).
+MAX_URL_PASSWORD = 256
+_URL_CREDENTIALS = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:"
+                              rf"(?:[^\s/?#@]+|(?!\d*[/?#])[^\s@]{{1,{MAX_URL_PASSWORD}}})@")
 _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 _BEARER = re.compile(r"\bbearer\s+[A-Za-z0-9._~+/=-]{16,}", re.IGNORECASE)
 # name=value or name: value inside a value (a URL's query, a connection string, JSON, a header), the name a secret's
@@ -127,7 +169,7 @@ def secret_value(text: str) -> str | None:
     if _BEARER.search(text):
         return "a bearer token"
     for m in _PAIR.finditer(text):
-        if says_secret(m.group(1)):
+        if says_secret(m.group(1)) or m.group(1).lower() in _QUALIFIED:  # ?sig=: an Azure SAS URL's signature
             return f"{m.group(1)}=... inside it"
     if any(looks_random(m.group()) for m in _RUN.finditer(text)):
         return "a long random string"
@@ -143,17 +185,30 @@ class Secret:
     name: str  # the flag or key ("--hub_token", "db.password"), else "argument N"
     why: str  # "" when the name says it; else what the value looks like
     shown: str
+    more: bool = False  # a further value of the same plural flag (--api_keys k1 k2): named once with the first
+
+
+# mysql's -pPASSWORD: a value attached to -p is a secret whatever it is (so -p8080 too, as -p 8080 already was)
+_ATTACHED = re.compile(r"-p(?![=:])(.+)", re.DOTALL)
 
 
 def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
     """Every argument of ``argv`` that holds a secret, by the name rule or the value rule, in any syntax: ``--k v``,
-    ``--k=v``, ``--k: v``, ``--k:v``, ``-k v``, ``"--k v"`` as one argument, Hydra's ``k=v``, ``+k=v``, ``++k=v``."""
+    ``--k=v``, ``--k: v``, ``--k:v``, ``-k v``, ``"--k v"`` as one argument, ``"--k=" v``, ``-pv``, Hydra's
+    ``k=v``, ``+k=v``, ``++k=v``; after a plural name (``--api_keys``), every value up to the next flag."""
     found: list[Secret] = []
     flag = None  # the flag alone just before this argument (``--hub_token``, ``-p``, ``--token:``), if any
+    more = False  # this argument may be a further value of a plural secret flag (then it may not start with -)
     for i, a in enumerate(str(a) for a in argv):
-        before, flag = flag, None
-        if before is not None and says_secret(before) and not a.startswith("--"):  # its value (which may start with -)
-            found.append(Secret(i, before, "", REDACTED))
+        before, further, flag, more = flag, more, None, False
+        if before is not None and not a.startswith("-" if further else "--"):  # its value (which may start with -)
+            why = "" if says_secret(before) else _user_password(before, a)
+            if why is not None:
+                found.append(Secret(i, before, why, REDACTED, further))
+                flag, more = (before, True) if why == "" and _PLURAL.fullmatch(_words(before)[-1]) else (None, False)
+                continue
+        if _ATTACHED.fullmatch(a):
+            found.append(Secret(i, "-p", "", "-p" + REDACTED))
             continue
         alone, named = _FLAG.fullmatch(a), _FLAG_VALUE.fullmatch(a) or _OVERRIDE.fullmatch(a)
         if alone:
@@ -161,10 +216,15 @@ def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
             why = None if says_secret(flag) else secret_value(a)
         elif named:
             name, sep, value = named.group(1), named.group(2) if named.re is _FLAG_VALUE else "=", named.groups()[-1]
+            if named.re is _FLAG_VALUE and not value.strip():  # "--token=" "v": its value is the next argument
+                flag = name
+                continue
             sep = " " if sep.isspace() else sep
-            why = "" if says_secret(name) else secret_value(value)
+            why = "" if says_secret(name) else _user_password(name, value) or secret_value(value)
             if why is not None:
                 found.append(Secret(i, name, why, f"{name}{sep}{REDACTED}"))
+                if why == "" and named.re is _FLAG_VALUE and _PLURAL.fullmatch(_words(name)[-1]):
+                    flag, more = name, True  # --api_keys=k1 k2
             continue
         else:
             why = secret_value(a)
@@ -186,7 +246,7 @@ def redact_args(argv: list[str] | tuple[str, ...]) -> list[str]:
 def secret_flags(argv: list[str] | tuple[str, ...]) -> list[str]:
     """How a refusal names each secret argument: its flag or key (``--hub_token``), with what its value looks like
     when the name alone does not say it (``--url (URL credentials)``); never the value."""
-    return [s.name + (f" ({s.why})" if s.why else "") for s in secret_arguments(argv)]
+    return [s.name + (f" ({s.why})" if s.why else "") for s in secret_arguments(argv) if not s.more]
 
 
 def where_secrets_belong(job_secret_variable: str) -> str:

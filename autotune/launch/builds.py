@@ -27,14 +27,18 @@ STALE_S = 600  # a build this old is probably a lock a killed build left behind 
 
 
 def held_by_this_launch(lock: Path) -> bool:
-    """Whether a process this launcher started (torchrun, a rank, their children) holds ``lock`` open."""
+    """Whether a process this launcher started (torchrun, a rank, their children) holds ``lock`` open. The kernel
+    names an open file by its real path (psutil reads it so), so ``lock`` is compared by its real path too: a folder
+    reached through a link ($HOME behind one) is still this launch's."""
+    import os
+
     import psutil
 
     try:
         procs = psutil.Process().children(recursive=True)
     except psutil.Error:
         return False
-    target = str(lock)
+    target = os.path.realpath(lock)
     for p in procs:
         try:
             if any(f.path == target for f in p.open_files()):

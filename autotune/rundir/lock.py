@@ -8,7 +8,11 @@ else's folder, and file-system failures named for what they are. No torch here.
   still holds it), or that a launch on another host holds (a lost node's lock lasts on NFS until the server's lease
   expires), is ``Unavailable``, exit 69: the same command succeeds later.
   Taking it is the launch's first write: before it, any link among the names autotune writes in the
-  directory (``layout.WRITTEN``) is refused by name, and the lock itself is opened with O_NOFOLLOW.
+  directory (``layout.WRITTEN``) is refused by name, and the lock itself is opened with O_NOFOLLOW and is the
+  launcher's user's alone (0600: ``flock`` works on a read-only descriptor, so a file others may open is a lock
+  anyone on the host can hold). A lock held by a process that is not the one its line names (another user's, or a
+  line forged) is named by the kernel's record of it (/proc/locks): its pid, command and user, exit 2; the line
+  itself is read bounded and shown escaped.
 - ``check_usable``: a fresh launch goes only into a missing or empty directory, or one it is told
   to reuse; a resume only into an autotune run directory.
 - ``fs_error``: ENOSPC, EROFS, EACCES, ... become one line naming the path and the cause.
@@ -53,7 +57,7 @@ def _is_plan(f: Path) -> bool:
         if not f.is_file() or f.stat().st_size > 1 << 20:
             return False
         data = json.loads(f.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # a plan.json of '[' * 5000: not a plan, never a traceback
         return False
     return isinstance(data, dict) and {"engine", "batch"} <= data.keys()
 
@@ -139,8 +143,11 @@ class RunLock:
             records.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise fs_error(e, records) from None
-        fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT)
+        fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, mode=0o600)
         try:
+            st = os.fstat(fd)
+            if st.st_mode & 0o077 and st.st_uid == os.geteuid():  # an older launch's 0644 lock: made private
+                os.fchmod(fd, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             os.close(fd)
@@ -184,7 +191,7 @@ def _holder(lock_path: Path) -> dict:
         with os.fdopen(fd, "rb") as f:  # the holder's line is short; never read a huge file whole
             written = os.fstat(f.fileno()).st_mtime
             h = json.loads(f.read(4096))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # a forged line ('[' * 4000) nests past the parser's recursion
         return {}
     if not isinstance(h, dict) or not isinstance(h.get("pid"), int) or not isinstance(h.get("host"), str):
         return {}
@@ -220,22 +227,116 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def shown(text: str) -> str:
+    """``text`` as a line may show it: control characters (ESC, BEL, a newline in a forged host name) escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _process(pid: int) -> dict | None:
+    """A process of this host as /proc shows it to anyone: its command and user; None when it is gone."""
+    import pwd
+
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            command = f.read(64).decode(errors="replace").strip()
+    except OSError:
+        return None
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    return {"pid": pid, "uid": uid, "user": user, "command": command}
+
+
+def _locker(lock_path: Path) -> dict | None:
+    """The process that took the flock on ``lock_path``, from the kernel's table (/proc/locks, readable by anyone:
+    the pid that called flock, as this pid namespace sees it), if it still runs; None where that cannot be known
+    (not Linux, another host's lock over NFS, a pid outside this namespace, the taker gone)."""
+    try:
+        st = os.stat(lock_path, follow_symlinks=False)
+        with open("/proc/locks", "rb") as f:
+            table = f.read(1 << 20).decode(errors="replace")
+    except OSError:
+        return None
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK" or not fields[4].isdigit():  # "->" marks a waiter
+            continue
+        dev = fields[5].split(":")
+        try:
+            same = (int(dev[0], 16), int(dev[1], 16), int(dev[2])) == (os.major(st.st_dev), os.minor(st.st_dev),
+                                                                       st.st_ino)
+        except (ValueError, IndexError):
+            continue
+        if same and int(fields[4]) > 0:
+            return _process(int(fields[4]))
+    return None
+
+
+def _still_open_by(lock_path: Path, limit_s: float = 1.0) -> list[dict]:
+    """This user's processes that hold ``lock_path`` open (a launcher's child that inherited its lock), looked for
+    in /proc for at most ``limit_s``."""
+    try:
+        target = os.stat(lock_path, follow_symlinks=False)
+        pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return []
+    found, until = [], time.monotonic() + limit_s
+    for pid in pids:
+        if time.monotonic() > until or len(found) >= 3:
+            break
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # another user's, or gone
+            continue
+        for fd in fds:
+            try:
+                s = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if (s.st_dev, s.st_ino) == (target.st_dev, target.st_ino) and pid != os.getpid():
+                found += [p for p in [_process(pid)] if p]
+                break
+    return found
+
+
+def _named(p: dict) -> str:
+    return f"process {p['pid']} ({shown(p['command'])}, user {shown(p['user'])})"
+
+
 def held_error(lock_path: Path) -> UserError:
     """Why the lock is not ours, named with its holder (host, pid) and age: a live launch on this host is exit 2
     (two launches into one directory); a holder that is gone, or on another host (a node that may be lost), is
     Unavailable (exit 69): the lock ends with its last process here, and over NFS when the server's lease
-    expires (about 90 s), so the same command later succeeds."""
+    expires (about 90 s), so the same command later succeeds. Where the kernel says another process took it (not
+    the one its line names: another user's, or the line forged), that process is named, exit 2: no wait mends it."""
     from autotune.errors import Unavailable
 
-    where, h = lock_path.parent, _holder(lock_path)
+    where, h, locker = lock_path.parent, _holder(lock_path), _locker(lock_path)
+    here = socket.gethostname()
+    if locker and (not h or h["host"] != here or h["pid"] != locker["pid"]):
+        if locker["uid"] != os.geteuid():
+            return UserError(f"--run_dir: {where} is locked by {_named(locker)}, another user's process, not an "
+                             "autotune launch of yours: stop it (or ask its owner to), or choose another --run_dir; "
+                             "keep run directories where other users cannot open their files (chmod 700)")
+        return UserError(f"--run_dir: {where} is in use by {_named(locker)}, not the launch its lock file names (a "
+                         "launch just starting, or another program); wait for it to finish or stop it, or choose "
+                         "another --run_dir")
     if not h:
         return Unavailable(f"--run_dir: {where} is locked by another process (its holder's line is unreadable); "
                            "wait for it to finish or stop it, or choose another --run_dir")
-    who = f"process {h['pid']} on {h['host']} (since {h['since']}, {_age(h['age_s'])} ago)"
-    if h["host"] == socket.gethostname():
+    who = f"process {h['pid']} on {shown(h['host'])} (since {shown(h['since'])}, {_age(h['age_s'])} ago)"
+    if h["host"] == here:
         if _alive_here(h["pid"], h["age_s"]):
             return UserError(f"--run_dir: {where} is in use by {who}; wait for it to finish or stop it, or choose "
                              "another --run_dir")
+        still = _still_open_by(lock_path)
+        if still:
+            return Unavailable(f"--run_dir: {where} is locked, but its holder, {who}, is gone: "
+                               f"{', '.join(_named(p) for p in still)}, which it started, still holds the lock (its "
+                               "ranks stopping); run the same command again shortly, or stop it, or choose another "
+                               "--run_dir")
         return Unavailable(f"--run_dir: {where} is locked, but its holder, {who}, is gone: a process it started "
                            "still holds the lock (its ranks stopping), or the file server keeps a lost client's lock "
                            "until its lease expires (about 90 s on NFS); run the same command again shortly, or "
@@ -244,4 +345,3 @@ def held_error(lock_path: Path) -> UserError:
                        "or choose another --run_dir; if that node is gone, the file server keeps its lock until the "
                        "lease expires (about 90 s on NFS), and the same command then succeeds (a job's restart "
                        "retries it)")
-

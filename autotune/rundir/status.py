@@ -46,11 +46,27 @@ def _note_once(text: str) -> None:
         print(f"autotune: note: {text}", file=sys.stderr, flush=True)
 
 
+MAX_RECORD_DEPTH = 32  # levels of nesting in a rank's record (its own are 3 deep; the parser's recursion ends ~1000)
+
+
+def _too_deep(value, limit: int = MAX_RECORD_DEPTH) -> bool:
+    """Whether ``value`` nests deeper than ``limit`` levels, walked without recursion."""
+    level = [value]
+    for _ in range(limit):
+        level = [v for x in level if isinstance(x, (dict, list))
+                 for v in (x.values() if isinstance(x, dict) else x)]
+        if not level:
+            return False
+    return True
+
+
 def read_rank_files(directory: str | Path, key: str, limit: int, note=_note_once) -> list[dict]:
     """Every rank-*.json in ``directory`` that reads as an object with an integer ``key`` (at most ``limit``
-    bytes each; a file being replaced or damaged is skipped): what ranks leave for the launcher. Only regular
-    files are read (opened without following a link and without blocking, so a named pipe never hangs the
-    launcher); a link, a pipe or a folder under such a name is skipped and said once through ``note``."""
+    bytes each): what ranks leave for the launcher. Only regular files are read (opened without following a link
+    and without blocking, so a named pipe never hangs the launcher); a link, a pipe or a folder under such a name is
+    skipped and said once through ``note``, and so is a record that cannot be read for any reason (larger than
+    ``limit``, not JSON, nested past ``MAX_RECORD_DEPTH`` or the parser's recursion, an integer of thousands of
+    digits, not an object with an integer ``key``): never a traceback in the launcher or a rank's watch."""
     import errno
     import os
     import stat
@@ -67,17 +83,32 @@ def read_rank_files(directory: str | Path, key: str, limit: int, note=_note_once
             if e.errno != errno.ENOENT:  # gone: a rank replacing it this moment
                 note(f"{p}: not a regular file ({'a symbolic link' if p.is_symlink() else e.strerror}); skipped")
             continue
+        why = None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 note(f"{p}: not a regular file (a folder, pipe or device); skipped")
                 continue
-            s = json.loads(os.read(fd, limit))
-        except (OSError, ValueError):
+            if st.st_size > limit:
+                why = f"larger than {limit} bytes"
+            else:
+                s = json.loads(os.read(fd, limit))
+        except OSError:
             continue
+        except RecursionError:
+            why = "nested too deeply to read"
+        except (ValueError, MemoryError) as e:
+            why = f"not JSON: {str(e)[:80]}"
         finally:
             os.close(fd)
-        if isinstance(s, dict) and isinstance(s.get(key), int):
-            out.append(s)
+        if why is None and _too_deep(s):
+            why = f"nested more than {MAX_RECORD_DEPTH} levels deep"
+        elif why is None and not (isinstance(s, dict) and type(s.get(key)) is int):
+            why = f"not an object with an integer {key!r}"
+        if why is not None:
+            note(f"{p}: not a record autotune can read ({why}); skipped")
+            continue
+        out.append(s)
     return out
 
 

@@ -240,6 +240,13 @@ def test_auto_or_value_fields_at_their_bounds(key, good, bad, message):
     ({"training": {"entrypoint": "t.py", "model": "m:f", "sample_input": "float[3 x 4]"}},
      ["training.sample_input: must look like package.module:function or a per-sample shape such as [3,224,224] "
       "or int[512]<50257, got 'float[3 x 4]'"]),
+    # the attacker review: an empty dimension traced an empty batch (torch's fake-tensor traceback, then exit 0)
+    *[({"training": {"entrypoint": "t.py", "model": "m:f", "sample_input": shape}},
+       [f"training.sample_input: every dimension of a per-sample shape, and the bound after <, is 1 or more, got "
+        f"{shape!r} (e.g. [16] or int[512]<50257)"]) for shape in ("[0]", "[16, 0]", "int[8]<0")],
+    ({"training": {"entrypoint": "t.py", "model": "m:f", "sample_input": "[3,-1]"}},  # no shape: the field named
+     ["training.sample_input: must look like package.module:function or a per-sample shape such as [3,224,224] "
+      "or int[512]<50257, got '[3,-1]'"]),
     ({"training": {"entrypoint": "t.py", "sample_input": "m:f"}},
      ["training.sample_input: needs training.model (the factory of the model it feeds)"]),
     ({"training": {"entrypoint": "t.py", "sample_input": "m.f"}},  # no model, and a malformed input: both said

@@ -31,6 +31,19 @@ RANDOM_40 = "q8ZrT2vLx9WmB4nKc7YpD3sHf6JgN1aQe5RtU0iO"  # 40 characters of base6
     (["++db.password=v"], ["++db.password=<redacted>"]),
     (["--hub_token", "-starts-with-a-dash"], ["--hub_token", "<redacted>"]),
     (["--verbose", "-p", "v"], ["--verbose", "-p", "<redacted>"]),  # -p after a switch is still -p
+    # the attacker review of issue 44's fix: what went through as it was
+    (["--password", "v", "-pv"], ["--password", "<redacted>", "-p<redacted>"]),  # mysql's attached -pPASSWORD
+    (["-p8080"], ["-p<redacted>"]),  # attached to -p, a number too: as -p 8080 always was (a password may be one)
+    (["-p:", "v"], ["-p:", "<redacted>"]),
+    (["--pw", "v"], ["--pw", "<redacted>"]),
+    (["--creds", "v"], ["--creds", "<redacted>"]),
+    (["--login", "alice:pw"], ["--login", "<redacted>"]),
+    (["--login=alice:pw"], ["--login=<redacted>"]),
+    (["-u", "alice:pw"], ["-u", "<redacted>"]),
+    (["--api_keys", "k1", "k2", "--lr", "1"], ["--api_keys", "<redacted>", "<redacted>", "--lr", "1"]),
+    (["--api_keys=k1", "k2", "-v"], ["--api_keys=<redacted>", "<redacted>", "-v"]),
+    (["--token=", "v"], ["--token=", "<redacted>"]),
+    (["--token: ", "v"], ["--token: ", "<redacted>"]),
 ])
 def test_every_flag_syntax_hides_a_value_its_name_says_is_secret(argv, shown):
     assert redact_args(argv) == shown
@@ -39,6 +52,10 @@ def test_every_flag_syntax_hides_a_value_its_name_says_is_secret(argv, shown):
 @pytest.mark.parametrize("value, why", [
     ("https://alice:pa55@example.com/data", "URL credentials"),
     ("s3://bob:pa55@minio:9000/bucket", "URL credentials"),
+    ("mongodb://admin:s3cr/et@db:27017", "URL credentials"),  # a password holding / # ? (clients split at the @)
+    ("postgresql://u:pa/ss@h/db", "URL credentials"),
+    ("redis://:pa#ss@cache:6379", "URL credentials"),
+    ("amqp://u:p?w@mq", "URL credentials"),
     (JWT, "a JWT"),
     ("hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh", "a token by its prefix"),
     ("ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8", "a token by its prefix"),
@@ -80,6 +97,33 @@ ORDINARY = ["--lr", "0.1", "--epochs=3", "--seed", "1234", "--p", "0.9", "-k", "
             base64.b64encode(b"12345678").decode()]
 
 
+def test_a_refusal_names_each_flag_once_and_a_login_without_a_password_is_shown():
+    """A plural flag's further values are hidden but named once; a user name, a uid:gid, a port before a path with
+    an @ in it (an npm scope) are no secrets."""
+    assert secret_flags(["--api_keys", "k1", "k2", "k3", "--pw", "x"]) == ["--api_keys", "--pw"]
+    assert secret_flags(["--login", "alice:pw"]) == ["--login (a user:password)"]
+    kept = ["--login", "alice", "--user", "1000:1000", "--user=nobody", "https://registry.example.com:443/@scope/pkg",
+            "--hub_token", "t", "gpt2"]  # a singular name takes one value: gpt2 is shown
+    assert redact_args(kept) == kept[:-2] + ["<redacted>", "gpt2"]
+
+
+FALSE_ALARMS = ["--key_column", "text", "--sort_key", "loss", "--num_keys", "4", "--max_auth", "3",
+                "--use_auth_token", "True", "--sig", "0.5", "--text_key=content", "++data.label_key=y"]
+
+
+def test_names_of_data_keys_counts_and_switches_are_no_secrets_but_a_token_given_to_one_is():
+    """The attacker review: these names made the exports refuse (exit 2) a script that carried no secret. A key
+    column, a key into data (sort_key), a count of keys, a switch (use_auth_token True) and a sigma pass unchanged;
+    a real token given to any of them is still caught by its value; --url_sig, --api_key and --key still name one."""
+    assert redact_args(FALSE_ALARMS) == FALSE_ALARMS and secret_flags(FALSE_ALARMS) == []
+    token = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh"
+    for name in FALSE_ALARMS[0:12:2]:
+        assert redact_args([name, token]) == [name, "<redacted>"], name
+        assert secret_flags([name, token]) == [f"{name} (a token by its prefix)"]
+    assert all(says_secret(n) for n in ("--url_sig", "--api_key", "--key", "--keys", "--wandb_key", "--openai_key"))
+    assert secret_value("https://acct.blob.core.windows.net/c?sv=2022&sig=abc") == "sig=... inside it"
+
+
 def test_the_values_users_pass_are_shown_as_they_are():
     """Numbers, paths under a run directory, model names, hashes of commits and run ids, UUIDs, Hydra overrides,
     a tokenizer's special tokens, run names dense with numbers, short base64: nothing hidden."""
@@ -105,10 +149,12 @@ def test_long_random_strings_are_caught_by_entropy_and_hex_never():
 
 def test_the_rule_reads_the_longest_argument_in_bounded_time():
     """128 KiB arguments (the most one process argument may hold) of the shapes that made the first version of the
-    rule quadratic (a URL scheme tried at every letter: minutes): judged in linear time."""
+    rule quadratic (a URL scheme tried at every letter: minutes), and a scheme at every fifth character (a URL's
+    password may hold / since the attacker review; each is read at most MAX_URL_PASSWORD further): judged in linear
+    time."""
     import time
 
     start = time.monotonic()
-    for arg in ("a" * (128 << 10), "--" + "a1B2" * (32 << 10), "eyJ" + "a" * (128 << 10)):
+    for arg in ("a" * (128 << 10), "--" + "a1B2" * (32 << 10), "eyJ" + "a" * (128 << 10), "a://:" * (26 << 10)):
         assert redact_args(["--x", arg, arg]) == ["--x", arg, arg]
     assert time.monotonic() - start < 5

@@ -40,11 +40,25 @@ ATTACK = [
     (["--blob", RANDOM], RANDOM),
     (["--header", "Authorization: Bearer S3CR3T-bearer-header-0123"], "S3CR3T-bearer-header-0123"),
     (['--cfg={{"api_key": "S3CR3T-json"}}'], "S3CR3T-json"),  # braces doubled: {name} is a placeholder
+    # the attacker review of issue 44's fix: mysql's attached -pPASSWORD, a URL password holding / # ?, --pw,
+    # --creds, a login's user:password, every value of a plural flag, and a value in the argument after "--token="
+    (["--password", "S3CR3T-before-attached", "-pS3CR3T-attached"], "S3CR3T-attached"),
+    (["--db", "mongodb://admin:S3CR3T/mongo@db:27017"], "S3CR3T/mongo"),
+    (["postgresql://u:S3CR3T#pg?x@h/db"], "S3CR3T#pg"),
+    (["--pw", "S3CR3T-pw"], "S3CR3T-pw"),
+    (["--creds", "S3CR3T-creds"], "S3CR3T-creds"),
+    (["--login", "alice:S3CR3T-login"], "S3CR3T-login"),
+    (["--api_keys", "S3CR3T-k1", "S3CR3T-k2"], "S3CR3T-k2"),
+    (["--token=", "S3CR3T-next"], "S3CR3T-next"),
 ]
+HIDDEN = len(ATTACK) + 2  # arguments shown <redacted>: one an entry, and --password's and --api_keys' second
 ORDINARY = ["--lr", "0.1", "--seed=1234", "gpt2", "--model", "meta-llama/Llama-3-8B", "--output_dir",
             "runs/exp1/out", "--run_id", "20261125-103000-9f8e7d6c", "--commit",
             "5ae54a1b3c9e0f2d4a6b8c0e1f3a5b7c9d1e3f5a", "--max_tokens", "512", "--pad_token", "<pad>",
-            "trainer.max_epochs=3"]
+            "trainer.max_epochs=3",
+            # names the rule once took for secrets' (exports refused them): a column, a sort key, counts, a switch
+            "--key_column", "text", "--sort_key", "loss", "--num_keys", "4", "--max_auth", "3", "--use_auth_token",
+            "True", "--sig", "0.5"]
 ARGS = [a for args, _ in ATTACK for a in args]
 SECRETS = [s for _, s in ATTACK]
 NAMES = ["-p", "--hf", "--bearer", "--jwt", "--sas_url", "--passwordfile", "--token:", "--token", "--api_key",
@@ -52,7 +66,9 @@ NAMES = ["-p", "--hf", "--bearer", "--jwt", "--sas_url", "--passwordfile", "--to
          "+remote.url (URL credentials)", "--model_src (a token by its prefix)", "--repo (a token by its prefix)",
          "--gl (a token by its prefix)", "--llm (a token by its prefix)", "--aws (a token by its prefix)",
          "--slack (a token by its prefix)", "--blob (a long random string)", "--header (a bearer token)",
-         "--cfg (api_key=... inside it)"]
+         "--cfg (api_key=... inside it)", "--password", "-p", "--db (URL credentials)",
+         f"argument {ARGS.index('postgresql://u:S3CR3T#pg?x@h/db') + 1} (URL credentials)", "--pw", "--creds",
+         "--login (a user:password)", "--api_keys", "--token"]
 
 
 def _run(capfd, *argv) -> tuple[int, str]:
@@ -101,14 +117,14 @@ def test_printed_lines_and_written_exports_show_every_secret_redacted(tmp_path, 
         assert rc == 0, text
         shown[name] = text + (acc.read_text() if name == "accelerate" else "")
         _no_secret_in(shown[name], name)
-        assert text.count("<redacted>") >= len(ATTACK), name
+        assert text.count("<redacted>") >= HIDDEN, name
     assert all(a in shown["torchrun"] for a in ORDINARY)
     rc, text = _run(capfd, "launch", "--dry-run", "--hardware", "4xL4", "--", '--cfg={"api_key": "S3CR3T-json"}')
     assert rc == 2 and "unknown placeholder (not shown: a secret) in '--cfg=<redacted>'" in text  # its braces hold it
     _no_secret_in(text, "a placeholder's error")
     argv = json.loads(shown["dry-run --json"])["launch"]["argv"]
     assert argv[-len(ORDINARY):] == ORDINARY and argv.count("<redacted>") + sum(
-        a.endswith("<redacted>") and a != "<redacted>" for a in argv) == len(ATTACK)
+        a.endswith("<redacted>") and a != "<redacted>" for a in argv) == HIDDEN
 
 
 def test_a_real_launch_keeps_every_secret_out_of_its_files_and_lines_and_the_script_gets_them(tmp_path, capfd,

@@ -186,6 +186,31 @@ def test_only_a_build_this_launch_holds_is_said_as_its_own(tmp_path):
         "autotune: building DeepSpeed's fused_adam (first time only, ~1-2 min): 30 s so far"]
 
 
+def test_a_build_in_a_folder_reached_through_a_link_is_this_launchs(tmp_path):
+    """The attacker review: with the extensions folder behind a symbolic link ($HOME behind one), psutil names the
+    open lock by its real path, so the launch's own build was said as another launch's. Compared by real path."""
+    import io
+
+    from autotune.launch.builds import BuildWatch
+
+    real, link = tmp_path / "real", tmp_path / "link"
+    (real / "fused_adam").mkdir(parents=True)
+    link.symlink_to(real)
+    lock = link / "fused_adam" / "lock"
+    lock.write_text("")
+    os.utime(lock, (time.time() - 30, time.time() - 30))
+    child = subprocess.Popen(["sh", "-c", f'exec 3<"{lock}"; echo open; exec sleep 60'], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "open"
+        out = io.StringIO()
+        BuildWatch(link, out=out).check()
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    assert out.getvalue() == "autotune: building DeepSpeed's fused_adam (first time only, ~1-2 min): 30 s so far\n"
+
+
 def test_spec_is_pure_and_never_leaks_secrets():
     env = {"HOME": "/h", "WANDB_API_KEY": "sekrit-123", "HF_TOKEN": "hf_sekrit"}
     before = dict(env)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -117,6 +118,7 @@ def test_a_lock_whose_holder_is_gone_names_it_with_its_age_and_is_retryable(tmp_
             f"--run_dir: {tmp_path} is locked, but its holder, process {holder['pid']} on {socket.gethostname()} "
             f"(since {holder['since']}, ")
         assert "s ago), is gone" in str(e.value) and "run the same command again shortly" in str(e.value)
+        assert f"process {child} (" in str(e.value) and "which it started, still holds the lock" in str(e.value)
         # the same lock, its line now naming a launch on another host, taken 95 s ago
         holder.update(host="node-7.cluster", pid=4242, at=time.time() - 95)
         (tmp_path / LOCK_NAME).write_text(json.dumps(holder) + "\n")
@@ -127,6 +129,71 @@ def test_a_lock_whose_holder_is_gone_names_it_with_its_age_and_is_retryable(tmp_
         os.kill(child, signal.SIGKILL)
     time.sleep(0.2)
     RunLock(tmp_path).acquire().release()  # the lock went with its last process
+
+
+def test_the_lock_file_is_the_launchers_alone(tmp_path):
+    """The attacker review: flock works on a read-only descriptor, so a lock file others may open (0644) is one any
+    user of the host can hold, forcing exit 69 on every relaunch. It is created 0600, and an older launch's 0644
+    file is made so when it is taken."""
+    with RunLock(tmp_path / "new"):
+        assert (tmp_path / "new" / LOCK_NAME).stat().st_mode & 0o777 == 0o600
+    old = tmp_path / "old" / LOCK_NAME
+    old.parent.mkdir()
+    old.write_text("")
+    old.chmod(0o644)
+    with RunLock(old.parent):
+        assert old.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to act as another user (nobody)")
+def test_another_user_cannot_open_the_lock_and_one_holding_an_older_file_is_named(tmp_path):
+    """Another user (nobody) cannot open a launch's lock; one holding an older 0644 file that it opened before is
+    named by the kernel's lock table, with its command and user, exit 2 (no wait mends it), never a holder gone."""
+    import shutil
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp())  # a folder other users may enter (pytest's own is root's alone)
+    try:
+        shared.chmod(0o755)
+        RunLock(shared).acquire().release()
+        held = subprocess.run(["flock", "-n", str(shared / LOCK_NAME), "true"], user=65534, group=65534,
+                              capture_output=True, text=True)
+        assert held.returncode != 0 and "Permission denied" in held.stderr
+        (shared / LOCK_NAME).chmod(0o644)  # as an older autotune left it
+        nobody = subprocess.Popen(["flock", "-n", str(shared / LOCK_NAME), "sh", "-c", "echo held; exec sleep 60"],
+                                  user=65534, group=65534, stdout=subprocess.PIPE, text=True)
+        try:
+            assert nobody.stdout.readline().strip() == "held"
+            with pytest.raises(UserError) as e:
+                RunLock(shared).acquire()
+        finally:
+            nobody.kill()
+            nobody.wait(timeout=10)
+        assert not isinstance(e.value, Unavailable)
+        assert str(e.value).startswith(f"--run_dir: {shared} is locked by process {nobody.pid} (flock, user nobody), "
+                                       "another user's process, not an autotune launch of yours: stop it")
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_a_forged_holder_line_is_read_bounded_and_shown_escaped(tmp_path):
+    """The attacker review: a holder line of '[' * 4000 raised RecursionError (a traceback), and a host holding ESC,
+    BEL and a newline reached the terminal raw. The first is an unreadable line, the second is shown escaped."""
+    out = subprocess.run([sys.executable, "-c", ORPHANING, str(tmp_path)], capture_output=True, text=True, check=True)
+    child = int(out.stdout)
+    holder = json.loads((tmp_path / LOCK_NAME).read_text())
+    try:
+        (tmp_path / LOCK_NAME).write_text("[" * 4000)
+        with pytest.raises(Unavailable, match="its holder's line is unreadable"):
+            RunLock(tmp_path).acquire()
+        holder.update(host="\x1b]0;pwned\x07\nnode-7", since="\x1b[2J")
+        (tmp_path / LOCK_NAME).write_text(json.dumps(holder) + "\n")
+        with pytest.raises(Unavailable) as e:
+            RunLock(tmp_path).acquire()
+    finally:
+        os.kill(child, signal.SIGKILL)
+    assert f"is locked by process {holder['pid']} on \\x1b]0;pwned\\x07\\nnode-7 (since \\x1b[2J, " in str(e.value)
+    assert not any(c in str(e.value) for c in "\x1b\x07\n")
 
 
 def test_the_launcher_refuses_a_locked_run_dir(cli, tmp_path):
@@ -165,3 +232,49 @@ def test_the_sbatch_scripts_own_log_does_not_make_a_dir_foreign(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(UserError, match="holds notes.txt"):
         check_usable(tmp_path, resuming=True)
+
+
+def test_a_rank_record_that_cannot_be_read_is_named_and_skipped(tmp_path):
+    """The attacker review: observed/rank-7.json holding '[' * 5000 raised RecursionError in the launcher's reader,
+    which killed a training mid-run (exit 1). Any record that cannot be read (nested past the parser or past 32
+    levels, larger than the limit, an integer of 5000 digits, not JSON, a list, a rank that is no integer) is named
+    once and skipped; the good one is read. A plan.json of '[' * 5000 makes no run directory."""
+    from autotune.rundir.lock import run_dir_marks
+    from autotune.rundir.status import read_rank_files
+
+    bad = {1: "[" * 5000, 2: json.dumps({"rank": 2, "x": json.loads("[" * 40 + "]" * 40)}), 3: " " * 20_000,
+           4: "1" * 5000, 5: "not json", 6: "[]", 7: json.dumps({"rank": True})}
+    for rank, text in bad.items():
+        (tmp_path / f"rank-{rank}.json").write_text(text)
+    (tmp_path / "rank-0.json").write_text(json.dumps({"rank": 0, "steps": {"1": [8]}}))
+    notes = []
+    assert read_rank_files(tmp_path, "rank", 10_000, notes.append) == [{"rank": 0, "steps": {"1": [8]}}]
+    assert [n.split(": ", 1)[0] for n in notes] == [str(tmp_path / f"rank-{r}.json") for r in bad]
+    assert [n.split("(", 1)[1].split(")")[0].split(":")[0] for n in notes] == [
+        "nested too deeply to read", "nested more than 32 levels deep", "larger than 10000 bytes", "not JSON",
+        "not JSON", "not an object with an integer 'rank'", "not an object with an integer 'rank'"]
+    assert "Exceeds the limit" in notes[3]  # 5000 digits: Python's conversion limit, not a crash
+    (tmp_path / "plan.json").write_text("[" * 5000)
+    assert run_dir_marks(tmp_path) == []
+
+
+def test_a_planted_record_never_stops_a_training(cli, tmp_path):
+    """A real launch whose run directory gains observed/rank-7.json and a status rank-3.json of '[' * 5000 while
+    the script runs: both are named and skipped, the launch ends as its script did (exit 0), no traceback."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import os, pathlib, time
+        for folder in (pathlib.Path(os.environ["AUTOTUNE_RUN_DIR"]) / "observed",
+                       pathlib.Path(os.environ["AUTOTUNE_STATUS_DIR"])):
+            folder.mkdir(exist_ok=True)
+            (folder / ("rank-7.json" if folder.name == "observed" else "rank-3.json")).write_text("[" * 5000)
+        time.sleep(1.5)
+        print("TRAINED", flush=True)
+    """))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(json.dumps({"training": {"entrypoint": str(script)}}))
+    r = cli("autotune", "launch", "--config", str(cfg), "--run_dir", str(tmp_path / "run"), "--no_probe", "--single")
+    assert r.returncode == 0 and "TRAINED" in r.stdout + r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "RecursionError" not in r.stderr
+    assert "observed/rank-7.json: not a record autotune can read (nested too deeply to read); skipped" in r.stderr
+    assert "rank-3.json: not a record autotune can read (nested too deeply to read); skipped" in r.stderr
