@@ -44,6 +44,10 @@ def test_torchrun_reads_the_shutdown_grace_and_the_signals_the_launcher_sets(mon
     env = launch_spec(plan(load_profile("cpu-only"), cfg), "/r", {"HOME": "/h"}).env
     for k in ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "PET_SIGNALS_TO_HANDLE"):
         monkeypatch.setenv(k, env[k])
+    # torchrun's config_from_args exports OMP_NUM_THREADS=1 for several processes: into this test's environment
+    # only (it once leaked into every later test of the worker, and a CPU plan read it as the user's threads)
+    monkeypatch.setenv("OMP_NUM_THREADS", "")  # recorded, so that monkeypatch restores "not set" afterwards
+    monkeypatch.delenv("OMP_NUM_THREADS")
     args = get_args_parser().parse_args(["--nproc_per_node=2", "train.py"])
     assert args.signals_to_handle == "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
     config, _, _ = config_from_args(args)
