@@ -18,7 +18,8 @@ records, per rank, into ``<run_dir>/observed/rank-<RANK>.json``:
 - autocast's dtype, a GradScaler;
 - optimizer steps (a global post-step hook) and, in each of the first steps, what reached the model the script
   trains: the samples of its training forwards (the leading dimension of the inputs, in training mode with
-  gradients on: evaluation batches and a loader's look-ahead never count) and the backward passes; the samples the
+  gradients on, the mode of the module a wrapper wraps; or at each ``training_step`` of a LightningModule with no
+  wrapper: evaluation batches and a loader's look-ahead never count) and the backward passes; the samples the
   DataLoaders yielded are kept beside them as a cross-check;
 - whether the script returned (threading's exit hook), exited with a code (``sys.exit``) or raised (excepthook).
 
