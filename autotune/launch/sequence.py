@@ -85,12 +85,15 @@ class _Signals(list):
 
 def _execute(setup, lock=None, log=None) -> int:
     """Say what runs, run it, say how it ended: the exit code (``ending``)."""
+    import secrets
+
     from autotune.errors import EXIT_UNAVAILABLE
     from autotune.launch.rendezvous import rendezvous_failure
 
     _announce(setup)
-    started = time.monotonic()
-    outcome, signals, script, stop_reason, agent_error = _run(setup, lock, log)
+    started, since = time.monotonic(), time.time()
+    launch_id = secrets.token_hex(8)  # on every record this launch's ranks write: it reads only its own
+    outcome, signals, script, stop_reason, agent_error = _run(setup, lock, log, launch_id)
     run_dir, plan = setup.run_dir, setup.plan
     gave_up = rendezvous_failure(plan.engine, agent_error, outcome.rc, outcome.ranks_code, bool(signals))
     if gave_up:  # torchrun's own store, after autotune's exchange: named, and retryable
@@ -105,7 +108,7 @@ def _execute(setup, lock=None, log=None) -> int:
     for stream, text in end.lines:
         print(text, file=sys.stdout if stream == "out" else sys.stderr)
     if end.completed:
-        _say_figures(setup)
+        _say_figures(setup, launch_id, since)
     return end.code
 
 
@@ -126,11 +129,10 @@ def _announce(setup) -> None:
         print(line, flush=True)
 
 
-def _run(setup, lock, log):
+def _run(setup, lock, log, launch_id: str):
     """Execute the spec while watching the ranks (and a user's script): (the ranks' outcome, the signals
     forwarded, the script's watch or None, why the launch stopped what ran, the exception that ended torchrun's
     agent: ``rendezvous.agent_error``)."""
-    import secrets
     import shutil
     import tempfile
 
@@ -144,7 +146,6 @@ def _run(setup, lock, log):
     plan, signals, stop_reason = setup.plan, _Signals(), []
     statuses = tempfile.mkdtemp(prefix="autotune-status-")  # how each rank ended, outside the run dir
     watch = RankWatch(plan.engine, statuses)
-    launch_id = secrets.token_hex(8)  # on every record this launch's ranks write: it reads only its own
     script = None
     if plan.run.entrypoint:  # a user's script: its ranks' ends (and, observed, what it trains) are watched
         script = ScriptWatch(plan, setup.run_dir, sys.stderr, delivery=setup.delivery, launch=launch_id,
@@ -206,23 +207,42 @@ def _has_checkpoint(run_dir: Path) -> bool:
     return latest_checkpoint(run_dir) is not None
 
 
-def _say_figures(setup) -> None:
+def _say_figures(setup, launch: str | None = None, since: float | None = None) -> None:
     """A finished run's own figures: the built-in loop's speed against the prediction, TensorBoard, the final
-    validation accuracy (metrics.json read once for them all)."""
+    validation accuracy (metrics.json read once for them all). Only this launch's: a metrics.json its ranks wrote
+    (it carries ``launch``, the launch's id), TensorBoard's folder where this launch wrote into it (since ``since``);
+    never a file an earlier run left in the run directory (another script's, a resumed built-in run's)."""
     from autotune.launch.speed_check import read_metrics
     from autotune.rundir.layout import TENSORBOARD
 
     run_dir = setup.run_dir
     metrics = read_metrics(run_dir)
+    if launch is not None and metrics.get("launch") != launch:
+        metrics = {}
     if not setup.plan.run.entrypoint:  # the built-in loop measured its speed: against the prediction
         from autotune.launch.speed_check import report as timing_report
 
         timing_report(setup, run_dir, sys.stdout, metrics)
-    if (run_dir / TENSORBOARD).is_dir():
+    if _written_since(run_dir / TENSORBOARD, since):
         print(f"TensorBoard: tensorboard --logdir {run_dir / TENSORBOARD}")
     final = metrics.get("final", {})
     if isinstance(final, dict) and "val/accuracy" in final:
         print(f"Final validation accuracy: {final['val/accuracy']:.3f} (loss {final['val/loss']:.4f})")
+
+
+def _written_since(folder: Path, since: float | None) -> bool:
+    """Whether ``folder`` (a real folder, not a link) holds a file written at or after ``since`` (any, without)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    if since is None:
+        return True
+    for p in folder.rglob("*"):
+        try:
+            if p.lstat().st_mtime >= since:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _record_evidence(setup, script: ScriptWatch):
