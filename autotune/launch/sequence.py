@@ -133,6 +133,7 @@ def _run(setup, lock, log, launch_id: str):
     """Execute the spec while watching the ranks (and a user's script): (the ranks' outcome, the signals
     forwarded, the script's watch or None, why the launch stopped what ran, the exception that ended torchrun's
     agent: ``rendezvous.agent_error``)."""
+    import secrets
     import shutil
     import tempfile
 
@@ -141,15 +142,17 @@ def _run(setup, lock, log, launch_id: str):
     from autotune.launch.process import execute
     from autotune.launch.rank_watch import RankWatch
     from autotune.launch.rendezvous import ERROR_FILE_ENV, agent_error
-    from autotune.rundir.layout import AGENT_ERROR, JOB_SECRET_ENV, LAUNCH_ID_ENV, STATUS_DIR_ENV
+    from autotune.rundir.layout import AGENT_ERROR, JOB_SECRET_ENV, LAUNCH_ID_ENV, OBSERVE_KEY_ENV, STATUS_DIR_ENV
 
     plan, signals, stop_reason = setup.plan, _Signals(), []
     statuses = tempfile.mkdtemp(prefix="autotune-status-")  # how each rank ended, outside the run dir
     watch = RankWatch(plan.engine, statuses)
     script = None
+    sealing = {}  # the key of this launch's records, handed to its ranks only (never in the spec or the records)
     if plan.run.entrypoint:  # a user's script: its ranks' ends (and, observed, what it trains) are watched
+        sealing = {OBSERVE_KEY_ENV: secrets.token_hex(32)} if plan.run.observe else {}
         script = ScriptWatch(plan, setup.run_dir, sys.stderr, delivery=setup.delivery, launch=launch_id,
-                             status_dir=statuses, observing=plan.run.observe)
+                             status_dir=statuses, observing=plan.run.observe, key=sealing.get(OBSERVE_KEY_ENV))
         set_aside_observed(setup.run_dir, sorted(script.local_ranks))  # an earlier launch's records: not evidence
     builds = BuildWatch(setup.launch_spec.env.get("TORCH_EXTENSIONS_DIR"), deepspeed=plan.is_deepspeed)
 
@@ -164,7 +167,7 @@ def _run(setup, lock, log, launch_id: str):
         environ = {k: v for k, v in os.environ.items() if k != JOB_SECRET_ENV}  # the ranks never need it
         agent_file = str(Path(statuses) / AGENT_ERROR)  # torchrun's own; each rank gets one of its own
         rc = execute(setup.launch_spec, environ={**environ, STATUS_DIR_ENV: statuses, LAUNCH_ID_ENV: launch_id,
-                                                 ERROR_FILE_ENV: agent_file},
+                                                 ERROR_FILE_ENV: agent_file, **sealing},
                      forwarded=signals, keep_fds=lock.fds() if lock is not None else (),
                      kill_after_s=plan.run.preemption_grace_s + 10,
                      signal_ranks=plan.run.entrypoint is None and plan.engine.backend != "single",

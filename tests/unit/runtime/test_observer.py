@@ -317,3 +317,21 @@ def test_a_nested_launch_observes_its_own_ranks(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((inner / "observed" / "rank-0.json").read_text())["pid"] != rec["pid"]
     assert [p.name for p in (tmp_path / "run" / "observed").iterdir()] == ["rank-0.json"]
+
+
+def test_the_launchs_key_seals_the_record_and_never_reaches_the_script_or_its_children(tmp_path):
+    """The launch hands its ranks a key (AUTOTUNE_OBSERVE_KEY); the observer takes it out of the environment before
+    the script's first line, so neither the script's os.environ nor a child it starts has it, and seals the rank's
+    record with it: the record verifies with that key, and not once a value in it is changed. No torch."""
+    from autotune.rundir.record_seal import is_sealed
+
+    code = ("import os, subprocess, sys\n"
+            "print('SCRIPT', os.environ.get('AUTOTUNE_OBSERVE_KEY'), flush=True)\n"
+            "subprocess.run([sys.executable, '-c', \"import os; print('CHILD', os.environ.get('AUTOTUNE_OBSERVE_KEY'))"
+            "\"], check=True)\n")
+    key = "ab" * 32
+    r, rec = run_observed(tmp_path, code, AUTOTUNE_OBSERVE_KEY=key)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["SCRIPT", "None", "CHILD", "None"]
+    assert rec["returned"] is True and is_sealed(rec, key) and not is_sealed(rec, "cd" * 32)
+    assert not is_sealed({**rec, "steps": 5}, key)
