@@ -54,8 +54,9 @@ def run(setup, replan: Callable | None = None, argv: list[str] | None = None, jo
     if replan is not None:
         setup = _with_the_other_nodes(setup, replan, job_secret, deadline=meet_by)
     lock = RunLock(setup.records_dir).acquire(argv)
+    held: list = []  # the free ports chosen for the launch, held until it ends
     try:
-        setup = _with_free_ports(setup)
+        setup = _with_free_ports(setup, held)
         set_aside_abandoned(setup)
         if setup.plan.run.entrypoint and setup.plan.engine.node_rank == 0:  # {checkpoint_dir} exists for the script
             from autotune.rundir.layout import checkpoint_dir
@@ -67,6 +68,8 @@ def run(setup, replan: Callable | None = None, argv: list[str] | None = None, jo
         with RunLog(setup.records_dir, argv) as log:
             return _execute(setup, lock, log)
     finally:
+        for port in held:
+            port.close()
         lock.release()
 
 
@@ -104,7 +107,8 @@ def _execute(setup, lock=None, log=None) -> int:
     end = ending(plan, run_dir, outcome, signals, _script_end(script, stop_reason), evidence,
                  delivery=setup.delivery, elapsed_s=time.monotonic() - started,
                  script_checkpoint=_written_after(run_dir, signals.first_at) if signals and plan.run.entrypoint
-                 else None, has_checkpoint=bool(signals) and _has_checkpoint(run_dir))
+                 else None, has_checkpoint=bool(signals) and _has_checkpoint(run_dir),
+                 master_port=setup.launch_spec.env.get("MASTER_PORT") if plan.engine.backend == "single" else None)
     for stream, text in end.lines:
         print(text, file=sys.stdout if stream == "out" else sys.stderr)
     if end.completed:
@@ -288,14 +292,14 @@ def set_aside_abandoned(setup) -> None:
               "--resume_from auto continues this run", file=sys.stderr, flush=True)
 
 
-def _with_free_ports(setup):
+def _with_free_ports(setup, held: list | None = None):
     """The setup whose launch spec has its free ports taken (a one-process run's MASTER_PORT), before the records
-    say what runs."""
+    say what runs; with ``held``, each port stays held (its socket appended) until the caller closes it."""
     import dataclasses
 
     from autotune.launch.process import with_free_ports
 
-    spec = with_free_ports(setup.launch_spec)
+    spec = with_free_ports(setup.launch_spec, held)
     return setup if spec is setup.launch_spec else dataclasses.replace(setup, launch_spec=spec)
 
 
