@@ -346,8 +346,9 @@ def test_a_script_never_handed_the_rate_is_not_told_it_multiplies_it():
     assert judge(p, ranks, handed).values["learning_rate"]["fix"].startswith("the script runs the plan's rate times")
     never = Delivery({"learning_rate": []}, ["learning_rate"])
     assert judge(p, ranks, never).values["learning_rate"]["fix"] == (
-        "the script declares no learning-rate flag autotune knows and reads no $AUTOTUNE_LEARNING_RATE: pass its own "
-        "setting after `--` as {learning_rate}, or plan for what it runs (training.learning_rate: 0.004)")
+        "the script declares no learning-rate flag autotune knows and reads no $AUTOTUNE_LEARNING_RATE, and it "
+        "declares no flags: it sets its learning rate in its own code or a file it reads; plan for what it runs "
+        "(training.learning_rate: 0.004), or have it read $AUTOTUNE_LEARNING_RATE")
 
 
 @pytest.mark.parametrize("rec, per_step", [
@@ -593,8 +594,9 @@ def test_strict_fails_a_wrong_training_that_ended_before_it_was_judged(tmp_path,
         assert run(setup, argv=["test"]) == rc
         out, err = capsys.readouterr()
         wrong = ("the script trains an effective batch of 64 samples per optimizer step, the plan 8 (8 x 1 x 1): the "
-                 "script declares no batch-size flag autotune knows and reads no $AUTOTUNE_MICRO_BATCH_SIZE: pass its "
-                 "own setting after `--` as {micro_batch_size}, or plan for what it runs (--batch_size 64)")
+                 "script declares no batch-size flag autotune knows and reads no $AUTOTUNE_MICRO_BATCH_SIZE, and it "
+                 "declares no flags: it sets its batch size in its own code or a file it reads; plan for what it runs "
+                 "(--batch_size 64), or have it read $AUTOTUNE_MICRO_BATCH_SIZE")
         if strict:
             assert (f"\n--strict: {wrong}; the script ended before its first steps were judged, so the launch fails "
                     f"now (exit 2)\nRun directory: {tmp_path / 'rTrue'}") in err and "Done." not in out
