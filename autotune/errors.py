@@ -9,8 +9,9 @@ from typing import Callable
 # not there in time (retryable), 75 preempted, 128+N signal N.
 EXIT_USAGE = 2
 EXIT_REFUSED = 3  # the request is valid but no plan fits by autotune's own estimate
-# EX_UNAVAILABLE: another node never joined within distributed.rendezvous_timeout_s, could not be reached, or the
-# run's lock is held by a process that is gone. Nothing of the user's input is wrong: every export restarts it
+# EX_UNAVAILABLE: another node never joined within distributed.rendezvous_timeout_s, could not be reached, the
+# run's lock is held by a process that is gone, or a one-process launch's master port was taken by another process
+# before its rank bound it (autotune.launch.ending). Nothing of the user's input is wrong: every export restarts it
 # (counted against the job's restarts), unlike 2 and 3.
 EXIT_UNAVAILABLE = 69
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after saving a checkpoint; --resume_from auto continues

@@ -20,6 +20,11 @@ DELIVERED = ("micro_batch_size", "gradient_accumulation_steps", "learning_rate",
              "world_size")
 # ... and the schedule's, where the plan sets them for the script (max_steps wins over epochs)
 SCHEDULE = ("max_steps", "epochs", "warmup_steps")
+# each value's setting, as a hint names one the script must have (--<its batch-size flag>)
+HINT_WORDS = {"micro_batch_size": "batch-size", "gradient_accumulation_steps": "accumulation",
+              "learning_rate": "learning-rate", "precision": "precision", "num_workers": "DataLoader-workers",
+              "max_steps": "step-count", "epochs": "epoch-count", "warmup_steps": "warm-up-steps",
+              "world_size": "world-size"}
 WORDS = {"micro_batch_size": "batch size", "gradient_accumulation_steps": "accumulation steps",
          "learning_rate": "learning rate", "precision": "precision", "num_workers": "DataLoader workers",
          "max_steps": "step limit", "epochs": "epoch count", "warmup_steps": "warm-up steps"}
@@ -48,6 +53,7 @@ class Delivery:
     would_wire: dict[str, str] = field(default_factory=dict)  # plan value -> what --wire auto passes it as
     shape: str = "argparse"  # the script's shape: argparse, configurator, hydra, lightning (for its hints' forms)
     deepspeed_condition: str | None = None  # the condition its deepspeed.initialize path is behind, as read
+    flags: tuple[str, ...] = ()  # every flag the script declares (argparse), known to autotune or not
 
     @property
     def declared(self) -> dict[str, str]:
@@ -60,24 +66,38 @@ class Delivery:
             return ""
         return f", or use --wire auto (it passes {spelled(self.would_wire[key], key)})"
 
-    def placeholder_hint(self) -> str:
-        """How to pass a value this script has no recognised setting for, in its own shape's form (never a flag it
-        lacks)."""
-        return {"hydra": "as a Hydra override of the key it trains with: <key>={micro_batch_size}",
-                "lightning": "as LightningCLI flags of its model or data: --data.<its batch argument> "
-                             "{micro_batch_size}",
-                "configurator": "as its --key=value settings: --<its setting>={micro_batch_size}"}.get(
-            self.shape, "to its own flags: --<its batch-size flag> {micro_batch_size}")
+    def placeholder_form(self, key: str) -> str:
+        """How ``key``'s placeholder goes after `--` to a script with no recognised setting for it, in its own
+        shape's form (never a flag it lacks)."""
+        word = HINT_WORDS.get(key, key)
+        if self.shape == "hydra":
+            return f"<its {word} key>={{{key}}}"
+        if self.shape == "lightning":
+            part = "data" if key in ("micro_batch_size", "num_workers") else \
+                "model" if key in ("learning_rate", "warmup_steps") else "trainer"
+            return f"--{part}.<its {word} argument> {{{key}}}"
+        if self.shape == "configurator":
+            return f"--<its {word} setting>={{{key}}}"
+        return f"--<its {word} flag> {{{key}}}"
+
+    def placeholder_hint(self, keys=("micro_batch_size",)) -> str:
+        """How to pass ``keys`` (the values it has no recognised setting for), in the script's shape's form."""
+        forms = " ".join(self.placeholder_form(k) for k in keys)
+        return {"hydra": "as Hydra overrides of the keys it trains with: ",
+                "lightning": "as LightningCLI flags of its model, data or trainer: ",
+                "configurator": "as its --key=value settings: "}.get(self.shape, "to its own flags: ") + forms
 
     def advisory_hint(self) -> str:
         """The line under the routes when values are advisory: what --wire auto would pass (only where it finds the
-        script's own setting), else the placeholder form that fits the script's shape."""
+        script's own setting), else the placeholder form that fits the script's shape, for the advisory values
+        only."""
         can = [k for k in self.advisory if k in self.would_wire]
+        rest = [k for k in self.advisory if k not in can and k != "engine"]
         if can and not self.wired:
             return ("(use --wire auto: it passes " + ", ".join(spelled(self.would_wire[k], k) for k in can)
-                    + f"; or pass them after `--` {self.placeholder_hint()})")
+                    + (f"; pass the others after `--` {self.placeholder_hint(rest)})" if rest else ")"))
         found = "--wire auto found no setting for them in your script: " if self.wired else ""
-        return f"({found}pass them after `--` {self.placeholder_hint()})"
+        return f"({found}pass them after `--` {self.placeholder_hint(rest or self.advisory)})"
 
     def to_record(self) -> dict:
         return {"routes": self.routes, "advisory": self.advisory, "withheld": self.withheld, "notes": list(self.notes),
@@ -214,7 +234,7 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
     advisory = [k for k in routes if not routes[k]]
     return Delivery(routes, advisory, notes=tuple(notes), engine=plan.engine.backend, shape=shape_of(facts),
                     divides_accumulation=facts.divided_by_world.get("gradient_accumulation_steps"),
-                    deepspeed_condition=facts.deepspeed_condition)
+                    deepspeed_condition=facts.deepspeed_condition, flags=tuple(facts.flags))
 
 
 def _precision_claim(plan: TrainingPlan, facts: ScriptFacts, routes: dict[str, list[str]], notes: list[str]) -> None:

@@ -11,8 +11,10 @@ The rules, first match wins (RELIABILITY.md 1-4, docs/scripts.md "The exit code 
 5. a rank said how it failed (torchrun reports any rank's failure as 1): the rank's code.
 6. a user's script was signalled: 75 when it wrote into {checkpoint_dir} after the signal, else 128+N.
 7. any other run that was signalled and failed: 128+N (the shell's convention, whatever torchrun made of it).
-8. a user's script raised or exited non-zero: its own code.
-9. a user's script ended without an optimizer step on any rank: said in the last line; 2 under ``--strict``.
+8. a user's script failed to listen on the master port the launch chose for it (EADDRINUSE: another process took
+   the port between the choice and the rank's bind): 69, retryable.
+9. a user's script raised or exited non-zero: its own code.
+10. a user's script ended without an optimizer step on any rank: said in the last line; 2 under ``--strict``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from autotune.errors import EXIT_PREEMPTED, EXIT_USAGE
+from autotune.errors import EXIT_PREEMPTED, EXIT_UNAVAILABLE, EXIT_USAGE
 from autotune.launch.preflight import explain_failure
 from autotune.rundir.layout import RESUME_FROM_ENV, checkpoint_dir
 
@@ -48,12 +50,12 @@ class Ending:
 
 def ending(plan, run_dir: Path, outcome, signals: Sequence[int], script: ScriptEnd | None = None, evidence=None, *,
            delivery=None, script_checkpoint: Path | None = None, has_checkpoint: bool = False,
-           elapsed_s: float = 0.0) -> Ending:
+           elapsed_s: float = 0.0, master_port: str | None = None) -> Ending:
     """The exit code and what to say, from ``outcome`` (``rank_watch.Outcome``), the ``signals`` forwarded (the
     first first), a user's ``script`` (None: not observed) and the ``evidence`` judged of it; ``delivery`` the
     plan's routes to the script; ``script_checkpoint`` the newest entry the script wrote into {checkpoint_dir}
     after the first signal; ``has_checkpoint`` whether the run holds a checkpoint of autotune's; ``elapsed_s``
-    how long the processes ran."""
+    how long the processes ran; ``master_port`` the port the launch chose for a one-process run's store."""
     said: list[tuple[str, str]] = []
 
     def out(text: str) -> None:
@@ -101,6 +103,12 @@ def ending(plan, run_dir: Path, outcome, signals: Sequence[int], script: ScriptE
         return _script_signalled(run_dir, signals, script_checkpoint, said)
     if rc != 0 and signals:  # interrupted: the shell convention 128+N, whatever torchrun made of it
         rc = 128 + signals[0]
+    if failure is not None and outcome.ranks_code is None and port_taken(failure[1], master_port):
+        err(f"\nThe master port {master_port} that autotune chose for this launch was taken by another process "
+            f"before your script's rank could listen on it ({failure[1]}): a race on this machine, not your "
+            f"script's failure. Run the same command again (exit {EXIT_UNAVAILABLE}: retryable).\nRun directory: "
+            f"{run_dir}")
+        return end(EXIT_UNAVAILABLE)
     if failure is not None and outcome.ranks_code is None:  # the script's own code, where torchrun says 1
         rc = failure[0]
         err(f"\nYour script failed: {failure[1]}; the training did not complete.")
@@ -127,6 +135,17 @@ def ending(plan, run_dir: Path, outcome, signals: Sequence[int], script: ScriptE
     if hint:
         err(f"hint: {hint}")
     return end(rc)
+
+
+def port_taken(failure: str, port: str | None) -> bool:
+    """Whether a rank's failure (how its process said it ended) is its bind of ``port`` refused: EADDRINUSE on the
+    port the launch chose (another process took it between the choice and the rank's bind)."""
+    import re
+
+    if not port or not failure:
+        return False
+    in_use = "EADDRINUSE" in failure or "address already in use" in failure.lower()
+    return in_use and re.search(rf"(?<!\d){re.escape(port)}(?!\d)", failure) is not None
 
 
 def _trained_nothing(plan, run_dir: Path, said: list[tuple[str, str]]) -> Ending:

@@ -36,14 +36,17 @@ class ScriptWatch:
     """Asked every second while a user's script runs (with the rank watch): the early judgement, --strict, and
     ending the processes that linger after every rank's own process said its script ended (``script_ends``).
     ``launch``: this launch's id (only its records are read); ``status_dir``: the launcher's private folder, where
-    each rank's process notes how its script ended; ``observing``: False under --no_observe (only the ends)."""
+    each rank's process notes how its script ended; ``observing``: False under --no_observe (only the ends); ``key``:
+    the key this launch's ranks seal their records with (a record it does not seal is named once and ignored)."""
 
     def __init__(self, plan, run_dir: str | Path, out, clock=time.monotonic, delivery=None, launch: str | None = None,
-                 status_dir: str | Path | None = None, observing: bool = True, processes=None):
+                 status_dir: str | Path | None = None, observing: bool = True, processes=None, key: str | None = None):
         from autotune.launch.script_ends import RankEnds, launcher_processes
 
         self.plan, self.run_dir, self.out, self.clock, self.delivery = plan, Path(run_dir), out, clock, delivery
-        self.launch, self.observing = launch, observing
+        self.launch, self.observing, self.key = launch, observing, key
+        self.sealed: dict[int, dict] = {}  # each rank's newest record that carried its seal
+        self.unsealed: set[int] = set()  # ranks whose record was named as not sealed
         eng = plan.engine
         first = eng.node_rank * eng.nproc_per_node
         self.local_ranks = set(range(first, first + eng.nproc_per_node))
@@ -54,8 +57,29 @@ class ScriptWatch:
         self.stopped_strict = False  # --strict stopped the run
 
     def observed(self) -> list[dict]:
-        """This launch's records (all nodes' that this node can read)."""
-        return read_observed(self.run_dir, self.launch)
+        """This launch's records (all nodes' that this node can read). With a key, only what the ranks' own
+        observers sealed: a record that does not carry its seal (another writer of the run directory rewrote it) is
+        named once and ignored, and the rank's newest sealed record stands for it."""
+        records = read_observed(self.run_dir, self.launch)
+        if self.key is None:
+            return records
+        from autotune.rundir.layout import OBSERVED, rank_file
+        from autotune.rundir.record_seal import is_sealed
+
+        for rec in records:
+            rank = rec["rank"]
+            if is_sealed(rec, self.key):
+                kept = self.sealed.get(rank)  # its steps never go back: an older sealed record put back is no news
+                if kept is None or (rec.get("steps") or 0) >= (kept.get("steps") or 0):
+                    self.sealed[rank] = rec
+            elif rank not in self.unsealed:
+                self.unsealed.add(rank)
+                print(f"autotune: warning: {self.run_dir / OBSERVED / rank_file(rank)} is not rank {rank}'s own "
+                      "record: it does not carry the seal of this launch's observer (another writer of the run "
+                      "directory rewrote it?); it is ignored" + (", and the rank's last sealed record stands"
+                                                                 if rank in self.sealed else ""),
+                      file=self.out, flush=True)
+        return [self.sealed[r] for r in sorted(self.sealed)]
 
     def all_returned(self) -> bool:
         """Every local rank's own process said its script returned normally (no exception, no non-zero exit): only

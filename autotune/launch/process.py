@@ -22,13 +22,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def with_free_ports(spec: LaunchSpec) -> LaunchSpec:
+def held_free_port() -> socket.socket:
+    """A free port of this machine, held until the socket is closed: bound with SO_REUSEADDR and never listening,
+    so the rank's store (torch's TCPStore binds with SO_REUSEADDR) can still listen there, while a process that
+    binds it plainly is refused (EADDRINUSE) and the kernel hands it to no other bind. Not inherited by the child."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("", 0))
+    return s
+
+
+def with_free_ports(spec: LaunchSpec, held: list | None = None) -> LaunchSpec:
     """``spec`` with each variable of its ``at_launch`` set to a free port of this machine, taken now, just before
-    the records are written and the child spawns (the records hold the port the ranks got)."""
+    the records are written and the child spawns (the records hold the port the ranks got). With ``held`` (a list)
+    each port stays held by this process (``held_free_port``: the sockets are appended; the caller closes them when
+    the launch ends), so nothing binds it plainly between this choice and the rank's own bind."""
     if not spec.at_launch:
         return spec
-    env = {**spec.env, **{name: str(free_port()) for name in spec.at_launch}}
-    return dataclasses.replace(spec, env=env, at_launch=())
+    ports = {}
+    for name in spec.at_launch:
+        if held is None:
+            ports[name] = str(free_port())
+        else:
+            held.append(held_free_port())
+            ports[name] = str(held[-1].getsockname()[1])
+    return dataclasses.replace(spec, env={**spec.env, **ports}, at_launch=())
 
 
 def _die_with_parent(parent_pid: int):

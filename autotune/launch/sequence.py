@@ -54,8 +54,9 @@ def run(setup, replan: Callable | None = None, argv: list[str] | None = None, jo
     if replan is not None:
         setup = _with_the_other_nodes(setup, replan, job_secret, deadline=meet_by)
     lock = RunLock(setup.records_dir).acquire(argv)
+    held: list = []  # the free ports chosen for the launch, held until it ends
     try:
-        setup = _with_free_ports(setup)
+        setup = _with_free_ports(setup, held)
         set_aside_abandoned(setup)
         if setup.plan.run.entrypoint and setup.plan.engine.node_rank == 0:  # {checkpoint_dir} exists for the script
             from autotune.rundir.layout import checkpoint_dir
@@ -67,6 +68,8 @@ def run(setup, replan: Callable | None = None, argv: list[str] | None = None, jo
         with RunLog(setup.records_dir, argv) as log:
             return _execute(setup, lock, log)
     finally:
+        for port in held:
+            port.close()
         lock.release()
 
 
@@ -85,12 +88,15 @@ class _Signals(list):
 
 def _execute(setup, lock=None, log=None) -> int:
     """Say what runs, run it, say how it ended: the exit code (``ending``)."""
+    import secrets
+
     from autotune.errors import EXIT_UNAVAILABLE
     from autotune.launch.rendezvous import rendezvous_failure
 
     _announce(setup)
-    started = time.monotonic()
-    outcome, signals, script, stop_reason, agent_error = _run(setup, lock, log)
+    started, since = time.monotonic(), time.time()
+    launch_id = secrets.token_hex(8)  # on every record this launch's ranks write: it reads only its own
+    outcome, signals, script, stop_reason, agent_error = _run(setup, lock, log, launch_id)
     run_dir, plan = setup.run_dir, setup.plan
     gave_up = rendezvous_failure(plan.engine, agent_error, outcome.rc, outcome.ranks_code, bool(signals))
     if gave_up:  # torchrun's own store, after autotune's exchange: named, and retryable
@@ -101,11 +107,12 @@ def _execute(setup, lock=None, log=None) -> int:
     end = ending(plan, run_dir, outcome, signals, _script_end(script, stop_reason), evidence,
                  delivery=setup.delivery, elapsed_s=time.monotonic() - started,
                  script_checkpoint=_written_after(run_dir, signals.first_at) if signals and plan.run.entrypoint
-                 else None, has_checkpoint=bool(signals) and _has_checkpoint(run_dir))
+                 else None, has_checkpoint=bool(signals) and _has_checkpoint(run_dir),
+                 master_port=setup.launch_spec.env.get("MASTER_PORT") if plan.engine.backend == "single" else None)
     for stream, text in end.lines:
         print(text, file=sys.stdout if stream == "out" else sys.stderr)
     if end.completed:
-        _say_figures(setup)
+        _say_figures(setup, launch_id, since)
     return end.code
 
 
@@ -126,7 +133,7 @@ def _announce(setup) -> None:
         print(line, flush=True)
 
 
-def _run(setup, lock, log):
+def _run(setup, lock, log, launch_id: str):
     """Execute the spec while watching the ranks (and a user's script): (the ranks' outcome, the signals
     forwarded, the script's watch or None, why the launch stopped what ran, the exception that ended torchrun's
     agent: ``rendezvous.agent_error``)."""
@@ -139,16 +146,17 @@ def _run(setup, lock, log):
     from autotune.launch.process import execute
     from autotune.launch.rank_watch import RankWatch
     from autotune.launch.rendezvous import ERROR_FILE_ENV, agent_error
-    from autotune.rundir.layout import AGENT_ERROR, JOB_SECRET_ENV, LAUNCH_ID_ENV, STATUS_DIR_ENV
+    from autotune.rundir.layout import AGENT_ERROR, JOB_SECRET_ENV, LAUNCH_ID_ENV, OBSERVE_KEY_ENV, STATUS_DIR_ENV
 
     plan, signals, stop_reason = setup.plan, _Signals(), []
     statuses = tempfile.mkdtemp(prefix="autotune-status-")  # how each rank ended, outside the run dir
     watch = RankWatch(plan.engine, statuses)
-    launch_id = secrets.token_hex(8)  # on every record this launch's ranks write: it reads only its own
     script = None
+    sealing = {}  # the key of this launch's records, handed to its ranks only (never in the spec or the records)
     if plan.run.entrypoint:  # a user's script: its ranks' ends (and, observed, what it trains) are watched
+        sealing = {OBSERVE_KEY_ENV: secrets.token_hex(32)} if plan.run.observe else {}
         script = ScriptWatch(plan, setup.run_dir, sys.stderr, delivery=setup.delivery, launch=launch_id,
-                             status_dir=statuses, observing=plan.run.observe)
+                             status_dir=statuses, observing=plan.run.observe, key=sealing.get(OBSERVE_KEY_ENV))
         set_aside_observed(setup.run_dir, sorted(script.local_ranks))  # an earlier launch's records: not evidence
     builds = BuildWatch(setup.launch_spec.env.get("TORCH_EXTENSIONS_DIR"), deepspeed=plan.is_deepspeed)
 
@@ -163,7 +171,7 @@ def _run(setup, lock, log):
         environ = {k: v for k, v in os.environ.items() if k != JOB_SECRET_ENV}  # the ranks never need it
         agent_file = str(Path(statuses) / AGENT_ERROR)  # torchrun's own; each rank gets one of its own
         rc = execute(setup.launch_spec, environ={**environ, STATUS_DIR_ENV: statuses, LAUNCH_ID_ENV: launch_id,
-                                                 ERROR_FILE_ENV: agent_file},
+                                                 ERROR_FILE_ENV: agent_file, **sealing},
                      forwarded=signals, keep_fds=lock.fds() if lock is not None else (),
                      kill_after_s=plan.run.preemption_grace_s + 10,
                      signal_ranks=plan.run.entrypoint is None and plan.engine.backend != "single",
@@ -206,23 +214,42 @@ def _has_checkpoint(run_dir: Path) -> bool:
     return latest_checkpoint(run_dir) is not None
 
 
-def _say_figures(setup) -> None:
+def _say_figures(setup, launch: str | None = None, since: float | None = None) -> None:
     """A finished run's own figures: the built-in loop's speed against the prediction, TensorBoard, the final
-    validation accuracy (metrics.json read once for them all)."""
+    validation accuracy (metrics.json read once for them all). Only this launch's: a metrics.json its ranks wrote
+    (it carries ``launch``, the launch's id), TensorBoard's folder where this launch wrote into it (since ``since``);
+    never a file an earlier run left in the run directory (another script's, a resumed built-in run's)."""
     from autotune.launch.speed_check import read_metrics
     from autotune.rundir.layout import TENSORBOARD
 
     run_dir = setup.run_dir
     metrics = read_metrics(run_dir)
+    if launch is not None and metrics.get("launch") != launch:
+        metrics = {}
     if not setup.plan.run.entrypoint:  # the built-in loop measured its speed: against the prediction
         from autotune.launch.speed_check import report as timing_report
 
         timing_report(setup, run_dir, sys.stdout, metrics)
-    if (run_dir / TENSORBOARD).is_dir():
+    if _written_since(run_dir / TENSORBOARD, since):
         print(f"TensorBoard: tensorboard --logdir {run_dir / TENSORBOARD}")
     final = metrics.get("final", {})
     if isinstance(final, dict) and "val/accuracy" in final:
         print(f"Final validation accuracy: {final['val/accuracy']:.3f} (loss {final['val/loss']:.4f})")
+
+
+def _written_since(folder: Path, since: float | None) -> bool:
+    """Whether ``folder`` (a real folder, not a link) holds a file written at or after ``since`` (any, without)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    if since is None:
+        return True
+    for p in folder.rglob("*"):
+        try:
+            if p.lstat().st_mtime >= since:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _record_evidence(setup, script: ScriptWatch):
@@ -265,14 +292,14 @@ def set_aside_abandoned(setup) -> None:
               "--resume_from auto continues this run", file=sys.stderr, flush=True)
 
 
-def _with_free_ports(setup):
+def _with_free_ports(setup, held: list | None = None):
     """The setup whose launch spec has its free ports taken (a one-process run's MASTER_PORT), before the records
-    say what runs."""
+    say what runs; with ``held``, each port stays held (its socket appended) until the caller closes it."""
     import dataclasses
 
     from autotune.launch.process import with_free_ports
 
-    spec = with_free_ports(setup.launch_spec)
+    spec = with_free_ports(setup.launch_spec, held)
     return setup if spec is setup.launch_spec else dataclasses.replace(setup, launch_spec=spec)
 
 

@@ -9,6 +9,7 @@ delivery) the fix says what to deliver in general words, naming no flag.
 
 from __future__ import annotations
 
+from autotune.exports.delivery import WORDS as NOUNS
 from autotune.rundir.layout import VALUE_ENV
 
 # what would deliver each value, where nothing is known of the script's own flags
@@ -66,9 +67,39 @@ def fix_for(key: str, seen, plan, delivery, world: int, micro=None) -> str:
     if reads:
         return (f"the script reads ${variable} and still runs {_fmt(seen)}: its own setting wins there; plan for "
                 f"what it runs ({_plan_change(key, seen)}), or let the variable decide")
-    return (f"the script declares no {WORDS.get(key, key)} flag autotune knows"
-            + (f" and reads no ${variable}" if variable else "")
-            + f": pass its own setting after `--` as {{{key}}}, or plan for what it runs ({_plan_change(key, seen)})")
+    return _no_route(key, seen, delivery, variable)
+
+
+# a declared flag whose name says it may set the value (--bsz, --lr_peak): named as a candidate, never as a fact
+NAMED_LIKE = {"micro_batch_size": r"(^|_)(bs|bsz|mbs)(_|$)|batch", "gradient_accumulation_steps": r"accum|grad_?acc",
+              "learning_rate": r"(^|_)lr(_|$)|learning_?rate", "num_workers": r"worker",
+              "precision": r"precision|(^|_)(amp|bf16|fp16|dtype)(_|$)", "max_steps": r"steps|iters"}
+
+
+def _no_route(key: str, seen, delivery, variable: str | None) -> str:
+    """The fix for a value no route reaches: the script's own flag that may set it (named as such), the form of a
+    setting its shape takes for any key (Hydra, LightningCLI, a configurator), or, for a script whose flags hold
+    none, what exists: the variable it could read and the plan change."""
+    import re
+
+    word = WORDS.get(key, key)
+    plan_it = f"plan for what it runs ({_plan_change(key, seen)})"
+    if delivery.shape != "argparse":
+        kind = {"hydra": "key in its config", "lightning": "argument", "configurator": "setting"}.get(
+            delivery.shape, "setting")
+        return (f"the script has no {word} {kind} autotune knows: pass {{{key}}} after `--` as "
+                f"{delivery.placeholder_form(key)}, or {plan_it}")
+    head = f"the script declares no {word} flag autotune knows" + (f" and reads no ${variable}" if variable else "")
+    known = set((delivery.declared or {}).values())
+    like = [f for f in delivery.flags if f not in known and key in NAMED_LIKE and
+            re.search(NAMED_LIKE[key], f.lstrip("-").replace("-", "_").lower())]
+    if like:
+        return (f"{head}; if its {like[0]} sets it, pass {{{key}}} there after `--` ({like[0]} {{{key}}}), or "
+                f"{plan_it}")
+    which = f"none of its flags ({', '.join(delivery.flags[:6])}{', ...' if len(delivery.flags) > 6 else ''}) " \
+        "reads as one" if delivery.flags else "it declares no flags"
+    return (f"{head}, and {which}: it sets its {NOUNS.get(key, key)} in its own code or a file it reads; {plan_it}"
+            + (f", or have it read ${variable}" if variable else ""))
 
 
 def _no_accumulation(seen, plan, delivery, world: int, micro=None) -> str:

@@ -13,6 +13,13 @@ from pathlib import Path
 from autotune.errors import UserError
 
 
+def warning(msg: str) -> None:
+    """A line on stderr, as every warning before a launch."""
+    import sys
+
+    print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+
 def new_run_dir_name() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
@@ -44,37 +51,83 @@ def script_checkpoints(run_dir: Path, warn=None) -> list[tuple[Path, float]]:
     return out
 
 
-def latest_run_with_checkpoint(root: Path, own_format: bool = False) -> Path | None:
-    """The newest run under ``root`` holding a checkpoint (``own_format``: anything a user's script kept)."""
+def latest_run_with_checkpoint(root: Path, own_format: bool = False, entry: str | None = None,
+                               warn=None) -> Path | None:
+    """The newest run under ``root`` of the same entrypoint (``entry``: a user's script, None the built-in training)
+    holding a checkpoint (``own_format``: anything a user's script kept). A newer run of another script, or one whose
+    plan.json does not say what it ran, is never taken: named through ``warn`` with why."""
     from autotune.rundir.checkpoints import latest_checkpoint
 
     # a link among the runs is never taken: it would resume, and write the run, outside the folder of runs
     runs = sorted((d for d in root.glob("*") if d.is_dir() and not d.is_symlink()), key=lambda d: d.stat().st_mtime,
                   reverse=True)
-    return next((d for d in runs if (script_checkpoints(d) if own_format else latest_checkpoint(d) is not None)),
-                None)
+    skipped: list[str] = []
+    found = None
+    for d in runs:
+        if not (script_checkpoints(d) if own_format else latest_checkpoint(d) is not None):
+            continue
+        other = _another_script(d, entry)
+        if other is None:
+            found = d
+            break
+        skipped.append(f"{d} ({other})")
+    if skipped and warn is not None:
+        more = f", and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+        warn(f"--resume_from auto: skipped {'; '.join(skipped[:3])}{more}: a run resumes only from a checkpoint of "
+             f"its own entrypoint, {_named(entry)}")
+    return found
+
+
+def _another_script(run: Path, entry: str | None) -> str | None:
+    """None when ``run``'s plan.json names the entrypoint ``entry``; else why the run is another's."""
+    from autotune.rundir.layout import PLAN
+    from autotune.rundir.records import read_record
+
+    recorded = read_record(run / PLAN).get("run")
+    if not isinstance(recorded, dict):
+        return "no plan.json says what it ran"
+    theirs = recorded.get("entrypoint")
+    if not isinstance(theirs, (str, type(None))):
+        return "its plan.json names no entrypoint"
+    if _entry_key(theirs) == _entry_key(entry):
+        return None
+    return f"a run of {_named(theirs)}"
+
+
+def _entry_key(entry: str | None) -> str | None:
+    """An entrypoint as compared: a script file by its real path, a module:function as written, the built-in None."""
+    import os
+
+    if not entry:
+        return None
+    return os.path.realpath(os.path.expanduser(entry)) if entry.endswith(".py") else entry
+
+
+def _named(entry: str | None) -> str:
+    return entry if entry else "the built-in training"
 
 
 def choose_run_dir(run_dir: str | Path | None, resume_from: str | None, runs_root: Path,
-                   own_format: bool = False) -> Path:
+                   own_format: bool = False, entry: str | None = None, warn=None) -> Path:
     if run_dir:
         return Path(run_dir)
     if resume_from == "auto":
-        return latest_run_with_checkpoint(runs_root, own_format) or runs_root / new_run_dir_name()
+        return latest_run_with_checkpoint(runs_root, own_format, entry, warn or warning) or \
+            runs_root / new_run_dir_name()
     return runs_root / new_run_dir_name()
 
 
 def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_format: bool = False,
-                   searched: Path | None = None, trust: bool = False) -> Path | None:
+                   searched: Path | None = None, trust: bool = False, entry: str | None = None) -> Path | None:
     """'auto' -> the newest checkpoint in run_dir that verifies (None: start fresh, said in one line through
     ``warn``), each damaged newer one named through ``warn`` (default: a warning on stderr); a path must exist and
-    verify. ``searched``: the folder of runs 'auto' looked through when no --run_dir was given. What verifying
+    verify. ``searched``: the folder of runs 'auto' looked through when no --run_dir was given (for a checkpoint of
+    ``entry``, the script's entrypoint; None: the built-in training's). What verifying
     cannot excuse is refused (exit 2): a link, an object that is not data, no checksums without ``trust``.
 
     ``own_format`` (a user's script, which keeps checkpoints its own way): a path only has to exist
     (file or directory); it reaches the script as {resume_from} and AUTOTUNE_RESUME_FROM, never as
     an argument autotune adds."""
-    import sys
 
     from autotune.rundir.checkpoints import newest_good_checkpoint, verify_checkpoint
     from autotune.rundir.layout import RESUME_FROM_ENV
@@ -87,13 +140,12 @@ def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_for
             raise UserError(f"--resume_from: no such file or directory {resume_from!r}; give the checkpoint your "
                             f"script wrote (it receives it as {{resume_from}} and ${RESUME_FROM_ENV})")
         return path.resolve()
-    if warn is None:
-        def warn(msg: str) -> None:
-            print(f"warning: {msg}", file=sys.stderr, flush=True)
+    warn = warn or warning
     from autotune.rundir.layout import checkpoint_dir
 
     who = "your script" if own_format else "training"
-    fresh = (f"--resume_from auto: no run under {searched}/ holds a checkpoint: {who} starts fresh in {run_dir}"
+    of = f" of {entry}" if own_format and entry else ""
+    fresh = (f"--resume_from auto: no run under {searched}/ holds a checkpoint{of}: {who} starts fresh in {run_dir}"
              if searched is not None else
              f"--resume_from auto: {checkpoint_dir(run_dir)} holds no checkpoint yet: {who} starts fresh")
     if own_format:  # auto, for a user's script: the newest entry its checkpoint directory holds

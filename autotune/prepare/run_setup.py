@@ -63,7 +63,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     plan, hw, ds = plan_for(cfg, None, hardware, auto_optimize=auto_optimize, debug=debug, policy=policy,
                             force=force, probe_gpu=probe_gpu, time_cpu=time_cpu)
     entry = plan.run.entrypoint
-    rd = choose_run_dir(run_dir, resume_from, Path(runs_root), own_format=bool(entry))
+    rd = choose_run_dir(run_dir, resume_from, Path(runs_root), own_format=bool(entry), entry=entry)
     workdir = _workdir(cfg.training.workdir)
     if workdir is not None:  # the child starts elsewhere: every path it is given must not depend on its cwd
         rd = rd.absolute()
@@ -71,7 +71,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
             entry = str(Path(entry).absolute())
             plan = plan.model_copy(update={"run": plan.run.model_copy(update={"entrypoint": entry})})
     resume_path = resolve_resume(resume_from, rd, own_format=bool(entry), searched=None if run_dir else Path(runs_root),
-                                 trust=trust_checkpoint)
+                                 trust=trust_checkpoint, entry=entry)
     if resume_path is not None:
         if not entry:  # the built-in runtime's checkpoints: refuse an incompatible one before any rank starts
             check_compatible(read_meta(resume_path), resume_path, plan.engine.backend, plan.batch.global_batch_size)

@@ -88,6 +88,9 @@ SCRIPT_ENDS = "script"
 # this launch's id: on every record the observer writes, so that a launch reads only its own ranks' records
 LAUNCH_ID_ENV = "AUTOTUNE_LAUNCH_ID"
 OBSERVE_ENV = "AUTOTUNE_OBSERVE"  # "0": no observer in this process; "end": only how its script ended
+# this launch's key for the ranks' records (autotune.rundir.record_seal): handed to the ranks' processes only, and
+# taken out of the environment by the observer before the script's first line (the script's children never see it)
+OBSERVE_KEY_ENV = "AUTOTUNE_OBSERVE_KEY"
 # "<pid> <run dir>" of the process that observes a rank: set by it, inherited by every process it starts, which is
 # then not the rank's own and is left alone (a nested launch has another run dir and observes its own ranks)
 OBSERVED_BY_ENV = "AUTOTUNE_OBSERVED_BY"

@@ -15,7 +15,7 @@ from autotune.errors import UserError
 from autotune.plan import TrainingPlan
 from autotune.rundir.contention import as_record, share_between, snapshot
 from autotune.rundir.fs import append_text, write_whole
-from autotune.rundir.layout import METRICS, METRICS_LOG
+from autotune.rundir.layout import LAUNCH_ID_ENV, METRICS, METRICS_LOG
 from autotune.runtime.checkpoint_manager import CheckpointManager
 from autotune.runtime.data import BatchStream, eval_batches
 from autotune.runtime.deepspeed_io import write_in_effect
@@ -189,7 +189,7 @@ def _train(plan: TrainingPlan, ctx: DistContext, run_dir: Path, ds_config: dict 
                    plan.engine.backend == "deepspeed" and plan.engine.zero_stage == 3)
     final = dict(history.entries[-1]) if history.entries else {}
     if ctx.is_main:
-        summary = {"steps": step, "history": history.entries, "final": final,
+        summary = {"launch": os.environ.get(LAUNCH_ID_ENV), "steps": step, "history": history.entries, "final": final,
                    "measured_samples_per_s": window.samples_per_s(), "measured_steps": window.timed_steps,
                    "measured_process": window.process()}  # what this rank's process got meanwhile
         write_whole(run_dir / METRICS, json.dumps(summary, indent=2, default=_nan_safe))

@@ -18,9 +18,13 @@ records, per rank, into ``<run_dir>/observed/rank-<RANK>.json``:
 - autocast's dtype, a GradScaler;
 - optimizer steps (a global post-step hook) and, in each of the first steps, what reached the model the script
   trains: the samples of its training forwards (the leading dimension of the inputs, in training mode with
-  gradients on: evaluation batches and a loader's look-ahead never count) and the backward passes; the samples the
+  gradients on, the mode of the module a wrapper wraps; or at each ``training_step`` of a LightningModule with no
+  wrapper: evaluation batches and a loader's look-ahead never count) and the backward passes; the samples the
   DataLoaders yielded are kept beside them as a cross-check;
 - whether the script returned (threading's exit hook), exited with a code (``sys.exit``) or raised (excepthook).
+
+Each record is sealed with the launch's key (``autotune.rundir.record_seal``), which the observer takes out of the
+environment before the script runs: the launcher believes only a record it sealed.
 
 The record belongs to the rank's own process: the first process of a rank claims it (``AUTOTUNE_OBSERVED_BY``,
 inherited by everything it starts), so a helper run with ``subprocess``, torch.compile's workers, DataLoader workers
@@ -35,7 +39,7 @@ from __future__ import annotations
 import os
 import sys
 
-from autotune.rundir.layout import OBSERVE_ENV, OBSERVED_BY_ENV, RUN_DIR_ENV
+from autotune.rundir.layout import OBSERVE_ENV, OBSERVE_KEY_ENV, OBSERVED_BY_ENV, RUN_DIR_ENV
 from autotune.runtime.observe_end import install_end_hooks
 from autotune.runtime.observe_engines import _accelerate, _deepspeed, _fsdp, _parallel
 from autotune.runtime.observe_record import (  # noqa: F401 - also where tests and tools find them
@@ -123,7 +127,9 @@ def install() -> None:
     if owner and owner != str(os.getpid()) and owner_dir == run_dir:
         return  # started by the rank's process (a helper, a compile worker): not the rank, left untouched
     os.environ[OBSERVED_BY_ENV] = f"{os.getpid()} {run_dir}"
-    _state.update(installed=True, pid=os.getpid())
+    # the launch's key seals this rank's records; out of the environment before the script's first line, so the
+    # processes the script starts never inherit it
+    _state.update(installed=True, pid=os.getpid(), key=os.environ.pop(OBSERVE_KEY_ENV, None))
     if mode == "end":
         install_end_hooks(int(_rank() or "0"))
         return

@@ -15,6 +15,7 @@ import threading
 import time
 
 from autotune.rundir.layout import LAUNCH_ID_ENV, OBSERVE_RANK_ENV, OBSERVED, RUN_DIR_ENV, rank_file
+from autotune.rundir.record_seal import sealed
 
 WRITE_AT = (1, 2, 4, 8, 16)  # optimizer steps after which the record is written (and at exit)
 WINDOW = WRITE_AT[-1]  # the first steps, each kept one by one (samples, forwards, backwards, learning rate)
@@ -53,6 +54,8 @@ def write() -> None:
     try:
         with _lock:
             text = json.dumps(_record(), default=str)
+        if _state.get("key"):  # the launch's key: only this process can seal what the launcher believes
+            text = sealed(text, _state["key"])
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp{os.getpid()}"
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "w") as f:

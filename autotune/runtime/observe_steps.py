@@ -104,26 +104,62 @@ def _count_forwards(model) -> None:
     """Count what reaches ``model`` in training: the samples of each forward (the leading dimension of its first
     tensor input) in training mode with gradients on; evaluation (eval mode or no_grad) and a loader's look-ahead
     batches never reach it. A forward on an input already counted in this step (the same tensor, or one sharing its
-    memory and shape: SAM's second pass over its micro-batch) is a repeat, counted apart: its samples once."""
+    memory and shape: SAM's second pass over its micro-batch) is a repeat, counted apart: its samples once.
+
+    Training mode is the wrapped module's where there is a wrapper (DDP's ``module``): Lightning's evaluation sets
+    the wrapper to eval and gives the mode back to its own module only, so the wrapper stays in eval while it trains.
+    A model that trains through ``training_step`` (a LightningModule with no wrapper: Lightning calls that method,
+    and the model's own forward may never run) is counted at each call of it, with its batch."""
     import torch
 
     counted = _state.setdefault("counted", weakref.WeakSet())
     if model in counted:
         return
+    inner = getattr(model, "module", None)
+    moded = inner if isinstance(inner, torch.nn.Module) else model
+
+    def seen(x, args, kwargs) -> None:
+        if _repeated(x):
+            _state["fwd_repeats"] += 1
+            return
+        _state["fwd_calls"] += 1
+        shape = getattr(args[0], "shape", None) if args else None  # the common case first: model(x)
+        _state["fwd_samples"] += int(shape[0]) if shape else _batch_size((args, kwargs)) or 0
 
     def pre(mod, args, kwargs):
-        if mod.training and torch.is_grad_enabled():
-            if _repeated(args[0] if args and isinstance(args[0], torch.Tensor) else
-                         next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)):
-                _state["fwd_repeats"] += 1
-                return
-            _state["fwd_calls"] += 1
-            shape = getattr(args[0], "shape", None) if args else None  # the common case first: model(x)
-            _state["fwd_samples"] += int(shape[0]) if shape else _batch_size((args, kwargs)) or 0
+        if moded.training and torch.is_grad_enabled():
+            seen(args[0] if args and isinstance(args[0], torch.Tensor) else
+                 next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None), args, kwargs)
 
-    model.register_forward_pre_hook(_guarded("model forward")(pre), with_kwargs=True)
+    if inner is None and callable(getattr(type(model), "training_step", None)):
+        original = model.training_step
+        count = _guarded("training_step")(lambda batch: seen(_first_tensor(batch), (batch,), {})
+                                          if model.training and torch.is_grad_enabled() else None)
+
+        @functools.wraps(original)
+        def training_step(*args, **kwargs):
+            count(args[0] if args else next(iter(kwargs.values()), None))
+            return original(*args, **kwargs)
+
+        model.training_step = training_step
+    else:
+        model.register_forward_pre_hook(_guarded("model forward")(pre), with_kwargs=True)
     counted.add(model)
     _record()["model"] = type(model).__name__
+
+
+def _first_tensor(batch):
+    """The first tensor of a batch (a tensor, or one inside its tuples, lists and dicts), else None."""
+    seen = [batch]
+    while seen:
+        item = seen.pop(0)
+        if getattr(item, "shape", None) is not None and hasattr(item, "data_ptr"):
+            return item
+        if isinstance(item, dict):
+            seen.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            seen.extend(item)
+    return None
 
 
 def _repeated(x) -> bool:

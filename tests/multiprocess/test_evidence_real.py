@@ -91,17 +91,25 @@ def test_a_resumed_sam_style_run_is_judged_by_its_own_ranks_and_passes_strict(tm
 
 
 def test_a_forged_ended_record_neither_ends_the_training_nor_decides_it(tmp_path):
-    """Issue 44: from step 40 another writer rewrites the rank's record as "ended" and "returned". The rank's
-    process still runs and has not said so: it trains its 160 steps, the record is named, and nothing is cut (it
-    was stopped at step 40 and called complete, exit 0)."""
-    cfg = _config(tmp_path, "forged.py", extra="distributed:\n  exit_barrier_s: 2\n")
+    """Issue 44: another writer rewrites the rank's record (this launch's id kept) as "ended" and "returned", with a
+    batch of 64 in its first steps. The rank's process still runs and has not said so: it trains its 160 steps (it
+    was stopped at step 40 and called complete, exit 0), and --strict judges the batch of 4 it really trains (the
+    forged 64 stopped a healthy run, exit 2): the record does not carry the seal of the rank's own observer, so it
+    is named once and ignored, in the report and in delivery.json."""
+    cfg = _config(tmp_path, "forged.py", global_batch_size=4, batch_size_per_gpu=4, strict=True,
+                  extra="distributed:\n  exit_barrier_s: 2\n")
     r = _launch(cfg, "--run_dir", tmp_path / "r")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "TRAINED 160" in r.stdout  # it once stopped at step 40 and was called complete
-    assert (f"autotune: warning: {tmp_path / 'r' / 'observed' / 'rank-0.json'} says rank 0's script ended, but its "
-            "process (pid ") in r.stderr
-    assert "still runs and has not said so: the record is not the rank's" in r.stderr
+    named = (f"autotune: warning: {tmp_path / 'r' / 'observed' / 'rank-0.json'} is not rank 0's own record: it does "
+             "not carry the seal of this launch's observer")
+    assert r.stderr.count(named) == 1, r.stderr[-3000:]
+    assert "64" not in "".join(x for x in r.stderr.splitlines() if "observed after" in x)
+    seen = json.loads((tmp_path / "r" / "delivery.json").read_text())["observed"]
+    assert seen["effective_batch"] == 4 and seen["wrong"] == [] and seen["steps_most"] == 160
     assert json.loads((tmp_path / "r" / "observed" / "rank-0.json").read_text())["steps"] == 160
+    kept = [tmp_path / "r" / "command.json", *(tmp_path / "r" / "logs").iterdir()]
+    assert not any("AUTOTUNE_OBSERVE_KEY" in p.read_text() for p in kept)  # the ranks' own, never written
 
 
 def test_without_the_observer_a_scripts_own_exit_code_is_still_the_launchs(tmp_path):

@@ -134,9 +134,13 @@ class Regression(LightningModule):
     def forward(self, x):
         return self.net(x)
 
-    def training_step(self, batch, batch_idx):
+    def training_step(self, batch, batch_idx):  # the module's forward is never called (its layers are)
         x, y = batch
-        return F.mse_loss(self(x), y)
+        return F.mse_loss(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", F.mse_loss(self.net(x), y))
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
@@ -151,6 +155,10 @@ class Data(LightningDataModule):
         x = torch.randn(512, 16, generator=torch.Generator().manual_seed(0))
         return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=self.batch_size,
                           num_workers=self.num_workers)
+
+    def val_dataloader(self):  # a batch of 64, iterated first by Lightning's sanity check
+        x = torch.randn(256, 16, generator=torch.Generator().manual_seed(1))
+        return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=64)
 
 
 if __name__ == "__main__":
@@ -168,7 +176,9 @@ def test_a_lightningcli_app_gets_the_plan_in_lightnings_own_flags(tmp_path):
     --trainer.accelerator, --trainer.accumulate_grad_batches, --trainer.max_steps, --trainer.precision in
     Lightning's spellings, --data.batch_size and --data.num_workers from its DataModule's __init__, --model.lr from
     its LightningModule's (issue 42 item 7). The two ranks form one process group (Lightning's DDP under torchrun),
-    and the observer sees Lightning's loop: every value as planned."""
+    and the observer sees Lightning's loop: every value as planned. With a validation loader of 64 (its sanity check
+    runs before training, and leaves DDP's wrapper in eval) the samples are still those of the training steps: 8 per
+    forward, 2 forwards a step (it read 64 from the validation loader and stopped a right run under --strict)."""
     require("lightning", reason="lightning is not installed (the test extra)")
     (tmp_path / "lit.py").write_text(LIGHTNING_APP)
     cfg = tmp_path / "c.yaml"
@@ -178,7 +188,7 @@ def test_a_lightningcli_app_gets_the_plan_in_lightnings_own_flags(tmp_path):
                    "                '--trainer.enable_progress_bar', 'false', '--trainer.default_root_dir',\n"
                    "                '{run_dir}/lightning']\ndata: {num_samples: 512}\n")
     run = tmp_path / "run"
-    r = launch("--config", cfg, "--nproc_per_node", 2, "--wire", "auto", "--run_dir", run)
+    r = launch("--config", cfg, "--nproc_per_node", 2, "--wire", "auto", "--strict", "--run_dir", run)
     lit = [x for x in r.stdout.splitlines() if x.startswith("LIT ")]
     assert lit == ["LIT world=2 accumulate=2 steps=2 strategy=DDPStrategy precision=32-true batch=8 lr=0.004"], \
         r.stdout[-3000:]
@@ -193,8 +203,9 @@ def test_a_lightningcli_app_gets_the_plan_in_lightnings_own_flags(tmp_path):
     seen = observed_as_planned(run)
     assert all(seen[k] == "equal" for k in ("micro_batch_size", "gradient_accumulation_steps", "learning_rate",
                                             "world_size", "engine")), seen
-    steps = {json.loads(p.read_text())["steps"] for p in (run / "observed").glob("rank-*.json")}
-    assert steps == {2}  # the observer counted Lightning's optimizer steps on both ranks
+    records = [json.loads(p.read_text()) for p in (run / "observed").glob("rank-*.json")]
+    assert {r["steps"] for r in records} == {2}  # the observer counted Lightning's optimizer steps on both ranks
+    assert [(r["step_samples"], r["step_forwards"]) for r in records] == [({"2": 16}, {"2": 2})] * 2
 
 
 # run_clm_no_trainer.py's shape: HF's flag names, Accelerator(gradient_accumulation_steps=...), accumulate(), its

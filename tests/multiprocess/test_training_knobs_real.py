@@ -498,8 +498,10 @@ def test_a_deepspeed_path_behind_a_switch_is_handed_over_observed_and_judged_und
         # fixes that name only what the script has (issue 42 item 12): no accumulation flag, its DeepSpeed switch
         assert ("--strict: the script trains an effective batch of 16 samples per optimizer step, the plan 32 (8 x 2 x "
                 "2): the script declares no accumulation flag autotune knows and reads no "
-                "$AUTOTUNE_GRADIENT_ACCUMULATION_STEPS: pass its own setting after `--` as "
-                "{gradient_accumulation_steps}, or plan for what it runs (--grad_accum 1); the script runs ddp, the "
+                "$AUTOTUNE_GRADIENT_ACCUMULATION_STEPS, and none of its flags (--use_deepspeed, --deepspeed_config, "
+                "--batch_size, --own_optimizer_lr) reads as one: it sets its accumulation steps in its own code or a "
+                "file it reads; plan for what it runs (--grad_accum 1), or have it read "
+                "$AUTOTUNE_GRADIENT_ACCUMULATION_STEPS; the script runs ddp, the "
                 "plan deepspeed: plan for the engine the script runs (--ddp), or let the script take its DeepSpeed "
                 "path (it runs deepspeed.initialize only `if args.use_deepspeed`)") in r.stderr
         return

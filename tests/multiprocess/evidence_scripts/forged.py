@@ -1,5 +1,6 @@
-"""Trains 160 steps while another writer of the run directory rewrites this rank's observed record as "ended" (this
-launch's id kept), from step 40 until the training is over."""
+"""Trains 160 steps at a batch of 4 while another writer of the run directory rewrites this rank's observed record
+(this launch's id kept) as "ended" and "returned", with a batch of 64 in its first steps, from its first step until
+the training is over."""
 import json
 import os
 import threading
@@ -17,13 +18,16 @@ def forge():
         try:
             with open(path) as f:
                 rec = json.load(f)
-            rec.update(ended=time.time(), returned=True)
+            rec.update(ended=time.time(), returned=True, steps=max(rec.get("steps") or 0, 5))
+            for key, value in (("step_samples", 64), ("step_forwards", 1), ("step_backwards", 1),
+                               ("step_repeats", 0)):
+                rec[key] = {str(s): value for s in range(2, 8)}
             with open(path + ".forged", "w") as f:
                 f.write(json.dumps(rec))
             os.replace(path + ".forged", path)
         except (OSError, ValueError):
             pass
-        time.sleep(0.02)
+        time.sleep(0.005)
 
 
 model = nn.Linear(8, 1)
@@ -33,7 +37,7 @@ for step in range(1, 161):
     model(torch.randn(4, 8)).pow(2).mean().backward()
     opt.step()
     opt.zero_grad()
-    if step == 40:
+    if step == 1:
         forger.start()
     time.sleep(0.03)
 stop.set()

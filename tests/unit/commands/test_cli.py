@@ -243,14 +243,58 @@ def test_resume_auto_with_nothing_to_resume_says_so_in_one_line(tmp_path, capsys
     mine = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "train.py")})
     setup = prepare(mine, hardware="cpu-only", runs_root=runs, resume_from="auto", environ={},
                     script_args=["--resume", "{resume_from}"])
-    assert capsys.readouterr().err == (f"warning: --resume_from auto: no run under {runs}/ holds a checkpoint: "
-                                       f"your script starts fresh in {setup.run_dir}\n")
+    assert capsys.readouterr().err == (f"warning: --resume_from auto: no run under {runs}/ holds a checkpoint of "
+                                       f"{tmp_path / 'train.py'}: your script starts fresh in {setup.run_dir}\n")
     kept = runs / "old" / "checkpoints" / "epoch-3.pt"  # the script's own format
     kept.parent.mkdir(parents=True)
     kept.write_text("weights")
+    (runs / "old" / "plan.json").write_text(json.dumps({"run": {"entrypoint": str(tmp_path / "train.py")}}))
     setup = prepare(mine, hardware="cpu-only", runs_root=runs, resume_from="auto", environ={},
                     script_args=["--resume", "{resume_from}"])
     assert (setup.run_dir, setup.resume_path, capsys.readouterr().err) == (runs / "old", kept.resolve(), "")
+
+
+def test_resume_auto_takes_only_a_run_of_the_same_entrypoint_and_names_the_ones_it_skipped(tmp_path, capsys):
+    """Issue 44 review: after a built-in run in runs/exp1, `--resume_from auto` for an Accelerate script resumed
+    from exp1's GPT checkpoint, handed it to the script and moved exp1's records aside. A newer run of another
+    entrypoint (the built-in training, another script) or one whose plan.json does not say is skipped and named;
+    the script's own older run is taken; with none of its own it starts a new run and says so."""
+    import os
+
+    from autotune.config import TrainConfig, apply_overrides
+    from autotune.prepare import prepare
+
+    runs = tmp_path / "runs"
+    (tmp_path / "d_acc.py").write_text("print('hi')\n")
+    script = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "d_acc.py")})
+
+    def a_run(name, entry, age_s):
+        (runs / name / "checkpoints" / "step-00000005").mkdir(parents=True)
+        (runs / name / "checkpoints" / "step-00000005" / "meta.json").write_text(json.dumps({"step": 5}))
+        if entry != "none":
+            (runs / name / "plan.json").write_text(json.dumps({"run": {"entrypoint": entry}}))
+        os.utime(runs / name, (1e9 - age_s, 1e9 - age_s))
+
+    a_run("exp1", None, 0)  # the built-in training's, the newest
+    a_run("bare", "none", 10)  # no plan.json
+    args = dict(hardware="cpu-only", runs_root=runs, resume_from="auto", environ={},
+                script_args=["--resume", "{resume_from}"])
+    setup = prepare(script, **args)
+    err = capsys.readouterr().err
+    assert setup.resume_path is None and setup.run_dir.parent == runs and setup.run_dir.name not in ("exp1", "bare")
+    assert err.splitlines() == [
+        f"warning: --resume_from auto: skipped {runs / 'exp1'} (a run of the built-in training); {runs / 'bare'} (no "
+        f"plan.json says what it ran): a run resumes only from a checkpoint of its own entrypoint, "
+        f"{tmp_path / 'd_acc.py'}",
+        f"warning: --resume_from auto: no run under {runs}/ holds a checkpoint of {tmp_path / 'd_acc.py'}: your "
+        f"script starts fresh in {setup.run_dir}"]
+    a_run("mine", str(tmp_path / "d_acc.py"), 20)  # the script's own, older
+    setup = prepare(script, **args)
+    assert (setup.run_dir, setup.resume_path) == (runs / "mine", (runs / "mine" / "checkpoints" /
+                                                                   "step-00000005").resolve())
+    assert "skipped" in capsys.readouterr().err
+    builtin = prepare(TrainConfig(), hardware="cpu-only", runs_root=runs, resume_from="auto", environ={})
+    assert builtin.run_dir == runs / "exp1"  # the built-in training takes its own, never the script's
 
 
 def test_a_missing_script_fails_check_and_a_plan_for_this_machine_and_no_probe_reaches_plan(tmp_path, capsys,

@@ -789,20 +789,45 @@ def test_the_hint_after_the_routes_names_only_what_exists(tmp_path):
     (tmp_path / "conf" / "c.yaml").write_text("model:\n  width: 8\n")
     (tmp_path / "hy.py").write_text("import hydra\n@hydra.main(version_base=None, config_path='conf', "
                                     "config_name='c')\ndef main(cfg):\n    pass\n")
+    bare = ("--<its batch-size flag> {micro_batch_size} --<its accumulation flag> {gradient_accumulation_steps} "
+            "--<its DataLoader-workers flag> {num_workers}")
     for name, wire, hint in (
-            ("bare", "auto", "  (--wire auto found no setting for them in your script: pass them after `--` to its "
-                             "own flags: --<its batch-size flag> {micro_batch_size})\n"),
-            ("bare", "none", "  (pass them after `--` to its own flags: --<its batch-size flag> {micro_batch_size})\n"),
-            ("hf", "none", "  (use --wire auto: it passes --per_device_train_batch_size {micro_batch_size}; or pass "
-                           "them after `--` to its own flags: --<its batch-size flag> {micro_batch_size})\n"),
-            ("hy", "auto", "  (--wire auto found no setting for them in your script: pass them after `--` as a Hydra "
-                           "override of the key it trains with: <key>={micro_batch_size})\n")):
+            ("bare", "auto", f"  (--wire auto found no setting for them in your script: pass them after `--` to its "
+                             f"own flags: {bare})\n"),
+            ("bare", "none", f"  (pass them after `--` to its own flags: {bare})\n"),
+            ("hf", "none", "  (use --wire auto: it passes --per_device_train_batch_size {micro_batch_size}; pass the "
+                           "others after `--` to its own flags: --<its accumulation flag> "
+                           "{gradient_accumulation_steps} --<its DataLoader-workers flag> {num_workers})\n"),
+            ("hy", "auto", "  (--wire auto found no setting for them in your script: pass them after `--` as Hydra "
+                           "overrides of the keys it trains with: <its batch-size key>={micro_batch_size} <its "
+                           "accumulation key>={gradient_accumulation_steps} <its DataLoader-workers "
+                           "key>={num_workers})\n")):
         cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / f"{name}.py"),
                                               "training.wire": wire})
         out = io.StringIO()
         print_delivery(prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={}), out)
         assert out.getvalue().endswith(hint), out.getvalue()
         assert "--batch_size" not in out.getvalue()
+
+
+
+def test_the_hint_names_only_the_values_that_are_advisory(tmp_path):
+    """Issue 42 review, item 5: with only num_workers unrouted (the batch size delivered by a placeholder, the
+    accumulation by its flag) the hint under the table spoke of the batch-size flag, and of `<key>={micro_batch_size}`
+    to a Hydra app. It names the values actually advisory, in the script's shape's form."""
+    from autotune.exports.delivery import Delivery
+
+    argparse_ = Delivery({"micro_batch_size": ["placeholder {micro_batch_size}"], "num_workers": []}, ["num_workers"],
+                         wired=True)
+    assert argparse_.advisory_hint() == ("(--wire auto found no setting for them in your script: pass them after `--` "
+                                         "to its own flags: --<its DataLoader-workers flag> {num_workers})")
+    hydra = Delivery({"num_workers": []}, ["num_workers"], wired=True, shape="hydra")
+    assert hydra.advisory_hint().endswith("as Hydra overrides of the keys it trains with: <its DataLoader-workers "
+                                          "key>={num_workers})")
+    lightning = Delivery({"learning_rate": []}, ["learning_rate"], shape="lightning")
+    assert lightning.advisory_hint() == ("(pass them after `--` as LightningCLI flags of its model, data or trainer: "
+                                         "--model.<its learning-rate argument> {learning_rate})")
+    assert "micro_batch_size" not in argparse_.advisory_hint() + hydra.advisory_hint() + lightning.advisory_hint()
 
 
 def test_the_withheld_accumulation_variable_is_not_warned_of_where_the_scripts_flag_carries_it():

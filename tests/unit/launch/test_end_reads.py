@@ -72,3 +72,28 @@ def test_a_finished_scripts_records_are_read_once_and_its_end_from_the_notes_kep
     assert folders == ["script", "observed"], folders
     assert evidence.stepped == 6 and end.all_returned and end.failure is None
     assert json.loads((tmp_path / "delivery.json").read_text())["observed"]["steps_most"] == 6
+
+
+def test_the_figures_at_the_end_are_this_launchs_own(tmp_path, monkeypatch, capsys):
+    """Issue 44 review: a script's launch in runs/exp1 printed "Final validation accuracy: 0.387" from the built-in
+    run's metrics.json left there, and its TensorBoard folder. The figures are this launch's: a metrics.json that
+    carries its launch id (the built-in loop writes it), a TensorBoard folder it wrote into since it started."""
+    import os
+
+    from autotune.launch import sequence
+
+    script = apply_overrides(TrainConfig(), {"training.entrypoint": "d_acc.py"})
+    p = plan(load_profile("cpu-only"), script, deepspeed_installed=False)
+    (tmp_path / "tensorboard").mkdir()
+    (tmp_path / "tensorboard" / "events").write_text("old")
+    os.utime(tmp_path / "tensorboard" / "events", (1e9, 1e9))
+    left = {"launch": "earlier", "final": {"val/accuracy": 0.387, "val/loss": 1.7951}}
+    (tmp_path / "metrics.json").write_text(json.dumps(left))
+    setup = SimpleNamespace(plan=p, run_dir=tmp_path, speed_key=(None, None))
+    sequence._say_figures(setup, "L2", 2e9)
+    assert capsys.readouterr().out == ""
+    (tmp_path / "metrics.json").write_text(json.dumps({**left, "launch": "L2"}))
+    (tmp_path / "tensorboard" / "events").write_text("new")  # written now, after the launch started
+    sequence._say_figures(setup, "L2", 1.5e9)
+    assert capsys.readouterr().out.splitlines() == [f"TensorBoard: tensorboard --logdir {tmp_path / 'tensorboard'}",
+                                                    "Final validation accuracy: 0.387 (loss 1.7951)"]

@@ -346,8 +346,9 @@ def test_a_script_never_handed_the_rate_is_not_told_it_multiplies_it():
     assert judge(p, ranks, handed).values["learning_rate"]["fix"].startswith("the script runs the plan's rate times")
     never = Delivery({"learning_rate": []}, ["learning_rate"])
     assert judge(p, ranks, never).values["learning_rate"]["fix"] == (
-        "the script declares no learning-rate flag autotune knows and reads no $AUTOTUNE_LEARNING_RATE: pass its own "
-        "setting after `--` as {learning_rate}, or plan for what it runs (training.learning_rate: 0.004)")
+        "the script declares no learning-rate flag autotune knows and reads no $AUTOTUNE_LEARNING_RATE, and it "
+        "declares no flags: it sets its learning rate in its own code or a file it reads; plan for what it runs "
+        "(training.learning_rate: 0.004), or have it read $AUTOTUNE_LEARNING_RATE")
 
 
 @pytest.mark.parametrize("rec, per_step", [
@@ -563,14 +564,16 @@ def test_the_done_line_names_as_advisory_only_what_no_route_reached_and_nothing_
 
 FAST_AND_WRONG = """
 import json, os
+from autotune.rundir.record_seal import sealed
+from autotune.runtime.observe_record import _state
 # a script that trained the wrong batch and ended before the launch judged its first steps (its own record, as the
-# observer would have written it; os._exit so the observer's exit hook leaves it)
+# observer would have written it, sealed with the observer's key; os._exit so the observer's exit hook leaves it)
 rec = {"rank": 0, "pid": os.getpid(), "steps": 16, "ended": 1.0, "returned": True, "process_group": None,
        "launch": os.environ["AUTOTUNE_LAUNCH_ID"],
        "dataloaders": [], "optimizers": [], "step_samples": {str(s): 64 for s in range(2, 17)},
        "step_forwards": {str(s): 1 for s in range(2, 17)}, "step_backwards": {str(s): 1 for s in range(2, 17)}}
 path = os.path.join(os.environ["AUTOTUNE_RUN_DIR"], "observed", "rank-0.json")
-open(path, "w").write(json.dumps(rec))
+open(path, "w").write(sealed(json.dumps(rec), _state["key"]))
 os._exit(0)
 """
 
@@ -591,8 +594,9 @@ def test_strict_fails_a_wrong_training_that_ended_before_it_was_judged(tmp_path,
         assert run(setup, argv=["test"]) == rc
         out, err = capsys.readouterr()
         wrong = ("the script trains an effective batch of 64 samples per optimizer step, the plan 8 (8 x 1 x 1): the "
-                 "script declares no batch-size flag autotune knows and reads no $AUTOTUNE_MICRO_BATCH_SIZE: pass its "
-                 "own setting after `--` as {micro_batch_size}, or plan for what it runs (--batch_size 64)")
+                 "script declares no batch-size flag autotune knows and reads no $AUTOTUNE_MICRO_BATCH_SIZE, and it "
+                 "declares no flags: it sets its batch size in its own code or a file it reads; plan for what it runs "
+                 "(--batch_size 64), or have it read $AUTOTUNE_MICRO_BATCH_SIZE")
         if strict:
             assert (f"\n--strict: {wrong}; the script ended before its first steps were judged, so the launch fails "
                     f"now (exit 2)\nRun directory: {tmp_path / 'rTrue'}") in err and "Done." not in out
@@ -627,3 +631,43 @@ def test_a_script_optimizer_other_than_adamw_is_its_own_and_said_against_the_pla
         "the script's optimizer is SGD, not AdamW: the plan's memory estimate and time assume AdamW's two fp32 "
         "states a parameter (more memory than most others keep)"]
     assert "optimizer" not in judge(p, [record(r) for r in (0, 1)]).values  # AdamW: the plan's, nothing to say
+
+
+def test_a_record_without_the_seal_of_the_ranks_observer_is_named_once_and_ignored(tmp_path):
+    """Issue 44 review (H2a): another writer rewrote observed/rank-0.json with this launch's id and a batch of 64,
+    and --strict stopped a healthy script ("64 samples, the plan 8", exit 2). With the launch's key only what the
+    rank's own observer sealed is evidence: the forged record is named once and ignored, the rank's last sealed
+    record stands for it (an older sealed one put back does not replace it), and the judgement is the batch it
+    trains."""
+    import io
+    import json
+
+    from autotune.launch.evidence import ScriptWatch
+    from autotune.rundir.record_seal import sealed
+
+    p = a_plan(**{"training.strict": True})
+    key, out = "k" * 64, io.StringIO()
+
+    def seal(rec):
+        return json.loads(sealed(json.dumps({**rec, "launch": "L1"}), key))
+
+    right = [seal(trained(record(r, steps=2), 32, 4)) for r in (0, 1)]
+    _write(tmp_path, *right)
+    watch = ScriptWatch(p, tmp_path, out, launch="L1", key=key)
+    assert watch.check() is None and watch.early is None and out.getvalue() == ""  # 2 steps: too early
+    later = [seal(trained(record(r, steps=16), 32, 4)) for r in (0, 1)]
+    forged = {**later[0], "step_samples": dict.fromkeys(map(str, range(2, 17)), 64),
+              "step_forwards": dict.fromkeys(map(str, range(2, 17)), 1)}
+    _write(tmp_path, forged, later[1])
+    assert watch.check() is None and watch.early is None  # rank 0's sealed record says 2 steps yet
+    named = (f"autotune: warning: {tmp_path / 'observed' / 'rank-0.json'} is not rank 0's own record: it does not "
+             "carry the seal of this launch's observer (another writer of the run directory rewrote it?); it is "
+             "ignored, and the rank's last sealed record stands\n")
+    assert out.getvalue() == named
+    _write(tmp_path, later[0])
+    assert watch.check() is None and watch.early.effective_batch == 64 and watch.early.wrong == []
+    _write(tmp_path, right[0], {**forged, "rank": 1})  # an older sealed record put back; a forged rank 1
+    assert [r["steps"] for r in watch.observed()] == [16, 16] and not watch.stopped_strict
+    assert out.getvalue().count("is not rank 1's own record") == 1 and out.getvalue().count(named) == 1
+    unkeyed = ScriptWatch(p, tmp_path, io.StringIO(), launch="L1")  # tests and tools without a key read all
+    assert len(unkeyed.observed()) == 2

@@ -230,8 +230,31 @@ def test_the_batch_fix_names_the_flag_the_script_declares_and_wire_auto_only_whe
         "(--per_device_train_batch_size {micro_batch_size}), or use --wire auto, which passes it")
     nothing = Delivery({"micro_batch_size": []}, ["micro_batch_size"])
     assert _fix(judge(a_plan(), ranks, nothing), "micro_batch_size") == (
-        "the script declares no batch-size flag autotune knows and reads no $AUTOTUNE_MICRO_BATCH_SIZE: pass its own "
-        "setting after `--` as {micro_batch_size}, or plan for what it runs (--batch_size 16)")
+        "the script declares no batch-size flag autotune knows and reads no $AUTOTUNE_MICRO_BATCH_SIZE, and it "
+        "declares no flags: it sets its batch size in its own code or a file it reads; plan for what it runs "
+        "(--batch_size 16), or have it read $AUTOTUNE_MICRO_BATCH_SIZE")
+    # issue 42 review, item 5: a script reading its batch from a JSON file was told to "pass its own setting after
+    # `--` as {micro_batch_size}", and one with --bsz and --lr_peak "pass its own setting after `--` as 0.002"
+    own_names = Delivery({"micro_batch_size": [], "learning_rate": []}, ["micro_batch_size", "learning_rate"],
+                         flags=("--bsz", "--accum", "--lr_peak", "--epochs"))
+    j = judge(a_plan(), [{**r, "optimizers": [{"class": "AdamW", "lr": [0.001], "lr_now": 0.001, "lr_max": 0.001,
+                                              "lr_steps": 16}]} for r in ranks], own_names)
+    assert _fix(j, "micro_batch_size") == (
+        "the script declares no batch-size flag autotune knows and reads no $AUTOTUNE_MICRO_BATCH_SIZE; if its --bsz "
+        "sets it, pass {micro_batch_size} there after `--` (--bsz {micro_batch_size}), or plan for what it runs "
+        "(--batch_size 16)")
+    assert any(w.startswith("the script trains at learning rate 0.001, the plan 0.002: the script declares no "
+                            "learning-rate flag autotune knows and reads no $AUTOTUNE_LEARNING_RATE; if its --lr_peak "
+                            "sets it, pass 0.002 there after `--` (--lr_peak 0.002)") for w in j.wrong), j.wrong
+    flagless = Delivery({"micro_batch_size": []}, ["micro_batch_size"], flags=("--data", "--out"))
+    assert _fix(judge(a_plan(), ranks, flagless), "micro_batch_size") == (
+        "the script declares no batch-size flag autotune knows and reads no $AUTOTUNE_MICRO_BATCH_SIZE, and none of "
+        "its flags (--data, --out) reads as one: it sets its batch size in its own code or a file it reads; plan for "
+        "what it runs (--batch_size 16), or have it read $AUTOTUNE_MICRO_BATCH_SIZE")
+    hydra = Delivery({"micro_batch_size": []}, ["micro_batch_size"], shape="hydra")
+    assert _fix(judge(a_plan(), ranks, hydra), "micro_batch_size") == (
+        "the script has no batch-size key in its config autotune knows: pass {micro_batch_size} after `--` as <its "
+        "batch-size key>={micro_batch_size}, or plan for what it runs (--batch_size 16)")
     configurator = Delivery({"micro_batch_size": []}, ["micro_batch_size"], would_wire={"micro_batch_size": "--bs="})
     assert _fix(judge(a_plan(), ranks, configurator), "micro_batch_size").startswith(
         "pass {micro_batch_size} to the script's --bs after `--` (--bs={micro_batch_size})")

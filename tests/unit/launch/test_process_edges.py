@@ -30,3 +30,48 @@ def test_execute_exit_codes_cwd_and_session(tmp_path):
     finally:
         os.close(r)
         os.close(w)
+
+
+PORT_TAKEN = """
+import os, socket
+import torch.distributed as dist
+port = int(os.environ["MASTER_PORT"])
+plain = socket.socket()
+try:
+    plain.bind(("0.0.0.0", port))  # portsteal.py's bind: the launcher holds the port
+    print("PLAIN BOUND", flush=True)
+except OSError as e:
+    print("PLAIN REFUSED", e.errno, flush=True)
+thief = socket.socket()  # one that binds as torch's store does, and listens first
+thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+thief.bind(("0.0.0.0", port))
+thief.listen()
+dist.init_process_group("gloo", rank=0, world_size=1)
+"""
+
+
+def test_a_master_port_taken_before_the_rank_binds_it_is_named_and_retryable(tmp_path, capsys):
+    """Issue 44 review (attacker M2): another process polled command.json and bound the one-process launch's
+    MASTER_PORT before the rank did; the rank failed with EADDRINUSE and the launch said "Your script failed", exit
+    1. The launcher now holds the port it chose until the launch ends (a plain bind of it is refused), and a rank
+    whose bind of that port is refused anyway (a process that binds it as torch does and listens first) is named
+    for what it is, exit 69 (retryable)."""
+    from autotune.config import TrainConfig, apply_overrides
+    from autotune.errors import EXIT_UNAVAILABLE
+    from autotune.launch import run
+    from autotune.prepare import prepare
+
+    (tmp_path / "port.py").write_text(PORT_TAKEN)
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "port.py")})
+    setup = prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", run_dir=tmp_path / "r")
+    assert run(setup, argv=["test"]) == EXIT_UNAVAILABLE
+    out, err = capsys.readouterr()
+    import errno
+    import json
+
+    port = json.loads((tmp_path / "r" / "command.json").read_text())["env"]["MASTER_PORT"]
+    assert f"PLAIN REFUSED {errno.EADDRINUSE}" in (tmp_path / "r" / "logs" / "stdout.log").read_text()
+    assert f"\nThe master port {port} that autotune chose for this launch was taken by another process before " \
+           "your script's rank could listen on it (rank 0 raised DistNetworkError: " in err
+    assert "a race on this machine, not your script's failure. Run the same command again (exit 69: retryable)." in err
+    assert "Your script failed" not in err

@@ -70,6 +70,7 @@ def test_resume_auto_never_takes_a_linked_run_folder(tmp_path):
     def a_run(where):
         (where / "checkpoints" / "step-00000004").mkdir(parents=True)
         (where / "checkpoints" / "step-00000004" / "meta.json").write_text(json.dumps({"step": 4}))
+        (where / "plan.json").write_text(json.dumps({"run": {"entrypoint": "train.py"}}))
         return where
 
     runs = tmp_path / "runs"
@@ -78,4 +79,4 @@ def test_resume_auto_never_takes_a_linked_run_folder(tmp_path):
     (runs / "zz-link").symlink_to(elsewhere)
     future = time.time() + 3600
     os.utime(elsewhere, (future, future))  # the newest by time, through the link
-    assert latest_run_with_checkpoint(runs, own_format=True) == mine
+    assert latest_run_with_checkpoint(runs, own_format=True, entry="train.py") == mine

@@ -222,6 +222,59 @@ def test_a_script_without_a_dataloader_is_counted_at_its_models_forwards_and_its
     assert rec["exit_code"] == 3 and rec["returned"] is None and rec["ended"] is not None
 
 
+# Lightning's two shapes, as its loop drives a model: with no wrapper it calls the module's training_step (whose
+# forward may never run); under DDP its evaluation sets the wrapper to eval and gives the mode back to the module only
+LIGHTNING_SHAPES = """
+import sys
+import torch, torch.distributed as dist, torch.nn as nn
+dist.init_process_group("gloo", rank=0, world_size=1)
+
+
+class Module(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(4, 1)
+
+    def training_step(self, batch, i):
+        return self.net(batch[0]).pow(2).mean()
+
+
+module = Module()
+wrapped = nn.parallel.DistributedDataParallel(module) if sys.argv[1] == "ddp" else None
+opt = torch.optim.AdamW(module.parameters(), lr=0.01)
+x = torch.randn(256, 4)
+for i in range(6):
+    (wrapped or module).eval()  # validation (the sanity check first): eval, no gradients, a batch of 64
+    with torch.no_grad():
+        module.net(x[:64])
+    module.train()  # the mode given back to the module alone: a wrapper stays in eval
+    for micro in range(2):  # accumulation 2 of 6 samples
+        batch = (x[(2 * i + micro) * 6:(2 * i + micro + 1) * 6],)
+        (wrapped(batch) if wrapped is not None else module.training_step(batch, i)).backward()
+    opt.step()
+    opt.zero_grad()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("shape", ["ddp", "training_step"])
+def test_lightnings_training_is_counted_through_training_step_and_under_a_wrapper_left_in_eval(tmp_path, shape):
+    """A Lightning script with a validation loader was measured from its DataLoaders, the validation batches
+    included (effective batch 101.3 for 64, and --strict stopped it): no training forward was counted, because its
+    evaluation leaves DDP's wrapper in eval (the module trains) and, with no wrapper, Lightning calls training_step
+    and never the module's forward. Both now count 12 samples a step, 2 micro-batches of 6; evaluation never."""
+    script = LIGHTNING_SHAPES
+    if shape == "ddp":  # DDP's forward runs the training step, as Lightning redirects it
+        script = script.replace("class Module(nn.Module):", "class Module(nn.Module):\n"
+                                "    def forward(self, batch):\n        return self.training_step(batch, 0)\n")
+    r, rec = run_observed(tmp_path, script.replace("sys.argv[1]", repr(shape)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert rec["model"] == ("DistributedDataParallel" if shape == "ddp" else "Module") and rec["steps"] == 6
+    assert rec["step_samples"] == {str(s): 12 for s in range(2, 7)}
+    assert rec["step_forwards"] == rec["step_backwards"] == {str(s): 2 for s in range(2, 7)}
+    assert rec["hook_errors"] == []
+
+
 @pytest.mark.parametrize("case, rc, exit_code, returned", [
     ("argparse", 2, 2, None),  # a required flag missing: argparse's own error exit
     ("message", 1, 1, None),  # sys.exit("text") prints it and exits 1
@@ -264,3 +317,21 @@ def test_a_nested_launch_observes_its_own_ranks(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((inner / "observed" / "rank-0.json").read_text())["pid"] != rec["pid"]
     assert [p.name for p in (tmp_path / "run" / "observed").iterdir()] == ["rank-0.json"]
+
+
+def test_the_launchs_key_seals_the_record_and_never_reaches_the_script_or_its_children(tmp_path):
+    """The launch hands its ranks a key (AUTOTUNE_OBSERVE_KEY); the observer takes it out of the environment before
+    the script's first line, so neither the script's os.environ nor a child it starts has it, and seals the rank's
+    record with it: the record verifies with that key, and not once a value in it is changed. No torch."""
+    from autotune.rundir.record_seal import is_sealed
+
+    code = ("import os, subprocess, sys\n"
+            "print('SCRIPT', os.environ.get('AUTOTUNE_OBSERVE_KEY'), flush=True)\n"
+            "subprocess.run([sys.executable, '-c', \"import os; print('CHILD', os.environ.get('AUTOTUNE_OBSERVE_KEY'))"
+            "\"], check=True)\n")
+    key = "ab" * 32
+    r, rec = run_observed(tmp_path, code, AUTOTUNE_OBSERVE_KEY=key)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["SCRIPT", "None", "CHILD", "None"]
+    assert rec["returned"] is True and is_sealed(rec, key) and not is_sealed(rec, "cd" * 32)
+    assert not is_sealed({**rec, "steps": 5}, key)
