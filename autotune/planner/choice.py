@@ -126,9 +126,10 @@ def _offloads(rw: Row) -> bool:
 def contenders(rows: tuple[Row, ...]) -> tuple[Row, ...]:
     """The rows the time choice weighs. Offload moves state to host RAM to make a model fit; it is never a way to
     speed up a model that fits without it (DeepSpeed's ZeRO-Offload and FSDP2's CPUOffloadPolicy trade a PCIe copy
-    of the gradients and weights and a host-side optimizer step for GPU memory). The step-time model times the
-    offload lines from bandwidths and FLOPs only, without the host's per-call costs, so for a small model it can
-    predict them faster than a GPU step: offload rows compete only when no option without offload fits."""
+    of the gradients and weights and a host-side optimizer step for GPU memory; the step-time model charges what the
+    host adds: ``step_time.host_step_s``). Where the memory it frees buys a larger micro-batch, fewer micro-steps
+    can still predict it faster than the same engine at its own largest: offload rows compete only when no option
+    without offload fits."""
     resident = tuple(rw for rw in rows if not _offloads(rw))
     return resident if any(rw.why_not is None for rw in resident) else rows
 
