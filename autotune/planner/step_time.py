@@ -77,6 +77,7 @@ class StepTime:
     samples_per_s: float  # the global batch / step_s
     parts: tuple[tuple[str, float], ...] = ()  # communication by kind, seconds per optimizer step
     tie: float = 0.005  # the model's own error here (relative): options closer than this are a tie
+    tie_basis: str = ""  # where ``tie`` comes from, in words
 
     def describe(self) -> str:
         extra = ", ".join(f"{name} {secs:.2g} s a step" for name, secs in self.parts if secs >= 0.0005)
@@ -154,5 +155,8 @@ def step_time(step: StepWork, *, strategy: str, micro: int, accumulation: int, w
         opt_s = sum(host.values())
         parts.update(host)
     step_s = accumulation * micro_s + opt_s + comm
+    eff = cal or gpu.efficiency
+    basis = (f"the model's own error on its evidence for the {gpu.row.name} ({eff.name})" if eff.measured else
+             f"the model's error without evidence for the {gpu.row.name}")
     return StepTime(micro_s, opt_s, comm, step_s, micro * accumulation * n / step_s,
-                    tuple((k, v) for k, v in parts.items()), (cal or gpu.efficiency).time_error)
+                    tuple((k, v) for k, v in parts.items()), eff.time_error, basis)
