@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from autotune.exports.report import engine_label
+from autotune.planner.choice import standing
 
 SIZES = ("model_states_gib", "activations_gib", "overhead_gib", "total_gib", "host_gib_per_node")
 
@@ -40,9 +41,10 @@ HEADROOM = ("the rest of free memory is headroom for the caching allocator's ext
             "and what other processes take")
 
 
-def options(plan, weighing) -> tuple[list[dict], str | None]:
-    """The table's rows, and the plan's one option when it was planned blind (an undescribed model or an
-    unknown budget: nothing was weighed), else None."""
+def options(plan, weighing) -> tuple[list[dict], str | None, str]:
+    """The table's rows, the plan's one option when it was planned blind (an undescribed model or an unknown
+    budget: nothing was weighed) else None, and why the plan's row won (``choice.standing``; "" where no rule
+    chose)."""
     budget = weighing.budget if weighing else None
     rows = list(weighing.rows) if weighing else []
     chosen = None if plan is None else plan.memory.estimate.strategy if plan.memory.estimate else None
@@ -51,6 +53,7 @@ def options(plan, weighing) -> tuple[list[dict], str | None]:
     if plan is not None and (budget is None or budget.device_gib is None or
                              any(r.need.total_gib is None for r in rows)):
         blind = engine_label(plan.reasons.get("strategy", ""), plan.engine.backend) or None
+    marks, why = standing(weighing, chosen) if weighing else ({}, "")
     table = [{
         "strategy": engine_label(r.label, backend or ""), "checkpointing": r.checkpointing,
         "largest_micro_batch": r.micro,
@@ -59,9 +62,10 @@ def options(plan, weighing) -> tuple[list[dict], str | None]:
         "host_gib_per_node": r.need.host_gib or None, "why_not": r.why_not,
         "fits": None if blind and r.why_not is None else r.why_not is None,  # None: not checked
         "chosen": chosen == r.label,  # the label names checkpointing too
+        "standing": marks.get(r.label),  # "fastest", "tie" (within the model's error of it), "offload: not weighed"
         "samples_per_s": None if r.time is None else round(r.time.samples_per_s, 1),  # predicted, global batch held
     } for r in rows]
-    return table, blind
+    return table, blind, why
 
 
 def _untimed(plan) -> str | None:
@@ -72,9 +76,9 @@ def _untimed(plan) -> str | None:
 def estimate_json(plan, weighing, refused) -> dict:
     """What `estimate --json` prints; ``refused``: the PlanRefused when nothing fits, else None."""
     budget = weighing.budget if weighing else None
-    table, blind = options(plan, weighing)
+    table, blind, why = options(plan, weighing)
     te = None if plan is None else plan.schedule.time_estimate
-    return {"budget_gib": None if budget is None else budget.device_gib,
+    return {"choice": why or None,"budget_gib": None if budget is None else budget.device_gib,
             "host_budget_gib": None if budget is None else budget.host_gib,
             "basis": None if budget is None else budget.basis, "options": table, "not_weighed": blind,
             "model": None if plan is None or plan.memory.estimate is None else plan.memory.estimate.model_source,
@@ -90,7 +94,7 @@ def estimate_json(plan, weighing, refused) -> dict:
 def render_estimate(plan, weighing, out: TextIO) -> None:
     """The table as `estimate` prints it."""
     budget = weighing.budget if weighing else None
-    table, blind = options(plan, weighing)
+    table, blind, why = options(plan, weighing)
     te = None if plan is None else plan.schedule.time_estimate
     untimed = _untimed(plan)
     w = out.write
@@ -110,6 +114,8 @@ def render_estimate(plan, weighing, out: TextIO) -> None:
     for t in table:
         label = t["strategy"] + (" + ckpt" if t["checkpointing"] and "checkpointing" not in t["strategy"] else "")
         mark = "<- plan" if t["chosen"] else ("yes" if t["fits"] else f"no: {t['why_not']}")
+        if t["standing"]:
+            mark += f" ({t['standing']})" if t["chosen"] else f", {t['standing']}"
         rate = "-" if t["samples_per_s"] is None else f"{t['samples_per_s']:,.0f}"
         w(f"{label:<58}{t['largest_micro_batch']:>6}"
           + "".join(f"{_size(t[k], factor):>{width}}" for k, width in zip(SIZES, (9, 8, 7, 8, 8)))
@@ -117,6 +123,8 @@ def render_estimate(plan, weighing, out: TextIO) -> None:
     per = "per GPU" if budget is None or budget.on_gpu else "per process, no GPU"
     w(f"({unit} {per}; host: per node; micro = largest micro-batch that fits, up to the band's; samples/s: "
       "predicted at the global batch)\n")
+    if why:
+        w(f"{why}\n")
     if any(t["strategy"].startswith("FSDP2") for t in table):
         w("(FSDP2: states = its sharded fp32 weights, gradients and optimizer state; over = what it gathers, "
           "the root's weights and one unit in use and one prefetched, in the compute dtype, plus a unit's "

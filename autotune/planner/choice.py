@@ -73,6 +73,64 @@ def tie_of(rows) -> float:
     return max([TIE] + [rw.time.tie for rw in rows if rw.time is not None])
 
 
+def why_untimed(untimed: str, facts, policy, cfg, no_timer: bool) -> str:
+    """Why predicted time did not choose among the options (the preference order's rule did): the first that
+    applies. ``no_timer``: the plan had no step-time model to choose by (``untimed``: why no time was predicted)."""
+    if no_timer and untimed:
+        return "no time was predicted (the 'time' line says why)"
+    if no_timer and facts.builtin_gpt:
+        return "the built-in GPT's step is counted by formula, not traced as CUDA runs it (its samples/s are shown, "\
+               "not chosen by)"
+    if no_timer:
+        return f"the policy's engine_rule is {policy.engine_rule!r}"
+    if is_set(cfg.training.batch_size_per_gpu):
+        return "you set the micro-batch (training.batch_size_per_gpu)"
+    if not facts.traced_as_cuda:
+        return "the model was not traced as CUDA runs it"
+    return f"the policy's micro_batch_rule is {policy.micro_batch_rule!r}"
+
+
+ORDER = "the preference order (the policy's strategy_preference)"
+
+
+def standing(weighing, chosen: str | None) -> tuple[dict[str, str], str]:
+    """How the plan's row (its label, ``chosen``) won, for ``estimate``'s table: a mark for the rows the rule set
+    apart (label -> "fastest", "tie", "offload: not weighed") and one line that says the rule in numbers."""
+    fitting = [rw for rw in weighing.rows if rw.why_not is None]
+    if chosen is None or not any(rw.label == chosen for rw in fitting) or weighing.rule in ("", "verbatim"):
+        return {}, ""
+    if weighing.rule == "largest":
+        return {}, (f"the plan: the largest micro-batch without checkpointing (it costs 30-70 % a step), the first in "
+                    f"{ORDER} among equals; offload only where nothing fits without it; time did not choose: "
+                    f"{weighing.untimed}")
+    if weighing.rule == "order":
+        return {}, (f"the plan: the first option in {ORDER} that reaches the band's micro-batch {weighing.top} "
+                    f"(else the largest micro-batch); offload only where nothing fits without it; time did not "
+                    f"choose: {weighing.untimed}")
+    weighed = contenders(weighing.rows)
+    timed = [rw for rw in weighed if rw.why_not is None and rw.time is not None]
+    if not timed:
+        return {}, ""
+    best = max(timed, key=lambda rw: rw.time.samples_per_s)
+    tie = tie_of(timed)
+    basis = next((rw.time.tie_basis for rw in timed if rw.time.tie == tie and rw.time.tie_basis),
+                 "the least a model can tell apart")
+    tied = [rw for rw in timed if rw.time.samples_per_s >= best.time.samples_per_s * (1 - tie)]
+    marks = {rw.label: "tie" for rw in tied} | {best.label: "fastest"}
+    pct = f"{tie * 100:.1f} %"
+    marks |= {rw.label: "offload: not weighed" for rw in fitting if rw not in weighed}
+    if len(tied) == 1:
+        line = (f"the plan: the most predicted samples/s at the global batch; no other option within {pct} of it "
+                f"({basis})")
+    else:
+        line = (f"the plan: a tie; {len(tied)} options are within {pct} ({basis}) of the fastest, {best.label} at "
+                f"{best.time.samples_per_s:,.0f} samples/s, so the model cannot tell them apart; {ORDER} settles it: "
+                f"{', '.join(rw.label for rw in tied)}")
+    if len(fitting) > len([rw for rw in fitting if rw in weighed]):
+        line += "; offload is weighed only where nothing fits without it"
+    return marks, line
+
+
 def holding(largest: int, target: int, world: int, most: int = 6) -> list[tuple[int, int]]:
     """(micro-batch, accumulation) pairs at or below ``largest`` that hold the global batch within
     GLOBAL_TOLERANCE: the largest micro-batch for each of the ``most`` smallest accumulations (fewer accumulation
@@ -126,9 +184,10 @@ def _offloads(rw: Row) -> bool:
 def contenders(rows: tuple[Row, ...]) -> tuple[Row, ...]:
     """The rows the time choice weighs. Offload moves state to host RAM to make a model fit; it is never a way to
     speed up a model that fits without it (DeepSpeed's ZeRO-Offload and FSDP2's CPUOffloadPolicy trade a PCIe copy
-    of the gradients and weights and a host-side optimizer step for GPU memory). The step-time model times the
-    offload lines from bandwidths and FLOPs only, without the host's per-call costs, so for a small model it can
-    predict them faster than a GPU step: offload rows compete only when no option without offload fits."""
+    of the gradients and weights and a host-side optimizer step for GPU memory; the step-time model charges what the
+    host adds: ``step_time.host_step_s``). Where the memory it frees buys a larger micro-batch, fewer micro-steps
+    can still predict it faster than the same engine at its own largest: offload rows compete only when no option
+    without offload fits."""
     resident = tuple(rw for rw in rows if not _offloads(rw))
     return resident if any(rw.why_not is None for rw in resident) else rows
 

@@ -33,6 +33,12 @@ TCP_BYTES_S = 1.25e9
 # reduce-scatter) or 2 (n-1) (all-reduce).
 NCCL_CALL_S = 8.4e-6
 NCCL_STEP_S = {"inside": 3.4e-6, "network": 14e-6}
+# A copy between the host and the GPU costs its submission besides its bytes: 5-7 us a cudaMemcpyAsync (Wu et al.
+# 2026, DualPath, sec. 5.2). Offload copies from pinned memory (autotune's DeepSpeed JSON sets pin_memory on GPUs;
+# FSDP2's CPUOffloadPolicy pins by default), so the copies are asynchronous and can hide behind the backward; a
+# pageable buffer would be staged through a pinned one, synchronously. DeepSpeed issues one copy a parameter
+# tensor; the model counts one a unit (ZeRO-3's and FSDP2's modules) or a bucket (ZeRO-2), the fewest there can be.
+PCIE_CALL_S = 6e-6
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default: the last bucket is reduced after backward
 DEEPSPEED_BUCKETS = 10  # autotune's DeepSpeed buckets hold a tenth of the model (planner.memory.bucket_size)
 
@@ -78,10 +84,13 @@ ENGINES: dict[str, EngineLine] = {
     # ZeRO-3: weights all-gathered for the forward and again for the backward, gradients reduce-scattered
     "zero3": EngineLine((C("all_gather", "weights", "micro", True), C("all_gather", "weights", "micro", True),
                          C("reduce_scatter", "grads", "micro", True)), per_unit=True),
-    # ZeRO-3 + parameter and optimizer offload: the partitions also cross PCIe for each use
+    # ZeRO-3 + parameter and optimizer offload: the partitions also cross PCIe for each use: each module's fetched
+    # from the host for the forward's gather and again for the backward's (ZeRO-Infinity, Rajbhandari et al. 2021,
+    # sec. 4: parameters move in forward and backward, gradients once), its gradient partition back
     "zero3_offload": EngineLine((C("from_host", "weights", "micro", True), C("all_gather", "weights", "micro", True),
-                                 C("all_gather", "weights", "micro", True), C("reduce_scatter", "grads", "micro", True),
-                                 C("to_host", "grads", "micro", True)), cpu_optimizer=True, per_unit=True),
+                                 C("from_host", "weights", "micro", True), C("all_gather", "weights", "micro", True),
+                                 C("reduce_scatter", "grads", "micro", True), C("to_host", "grads", "micro", True)),
+                                cpu_optimizer=True, per_unit=True),
     # FSDP2 (fully_shard per block, bf16 weights gathered, gradients reduce-scattered in fp32: reduce_dtype): each
     # micro-step gathers every unit for the forward and, resharded after it, again for the backward, and
     # reduce-scatters the unit's gradients as its backward ends, all on their own stream, overlapped
@@ -90,10 +99,11 @@ ENGINES: dict[str, EngineLine] = {
     # without resharding after forward: one all-gather a micro-step (the weights stay gathered for the backward)
     "fsdp_no_reshard": EngineLine((C("all_gather", "weights", "micro", True),
                                    C("reduce_scatter", "grads", "micro", True)), grad_bytes=4, per_unit=True),
-    # CPUOffloadPolicy: the fp32 shard to the GPU for each gather, its fp32 gradient shard back, torch's AdamW on
-    # the host at its own rate
+    # CPUOffloadPolicy: the shard to the GPU for each gather (the forward's and, resharded after it, the backward's),
+    # its fp32 gradient shard back, torch's AdamW on the host at its own rate
     "fsdp_offload": EngineLine((C("from_host", "weights", "micro", True), C("all_gather", "weights", "micro", True),
-                                C("all_gather", "weights", "micro", True), C("reduce_scatter", "grads", "micro", True),
+                                C("from_host", "weights", "micro", True), C("all_gather", "weights", "micro", True),
+                                C("reduce_scatter", "grads", "micro", True),
                                 C("to_host", "grads", "micro", True)), grad_bytes=4, weight_bytes=2,
                                cpu_optimizer=True, host_adam="torch", per_unit=True),
     # HSDP (FSDP2 on a 2-D mesh: sharded in each node, replicated across nodes): the gathers and the reduce-scatter
@@ -217,10 +227,11 @@ def transfer_s(c: Collective, line: EngineLine, strategy: str, n: int, link: Lin
         secs = size * RING[c.op](ranks) / bandwidth + latency
         name = c.op.replace("_", "-") + {"node": " in each node", "nodes": " across nodes"}.get(c.group, "")
         return name, secs, secs / calls
-    # offload: the rank's partition over PCIe (gradients go to the host in fp32)
+    # offload: the rank's partition over PCIe (gradients go to the host in fp32), each copy's submission besides
     size = num_parameters * share * (4 if c.what == "grads" else line.weight_bytes)
-    secs = size / link.pcie_bytes_s
-    return "PCIe", secs, secs / calls_for(line, strategy, size, units)
+    calls = calls_for(line, strategy, size, units)
+    secs = size / link.pcie_bytes_s + calls * PCIE_CALL_S
+    return "PCIe", secs, secs / calls
 
 
 def exposed_s(line: EngineLine, strategy: str, n: int, link: Link, hide_s: float, accumulation: int,

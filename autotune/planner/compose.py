@@ -11,6 +11,7 @@ batch choice, and never edits the config.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 from autotune.config import TrainConfig
@@ -31,7 +32,7 @@ from autotune.plan import (
 from autotune.planner import deciders as dec
 from autotune.planner import global_batch as gb
 from autotune.planner import memory, pods
-from autotune.planner.choice import settle_engine, shown_with_times
+from autotune.planner.choice import settle_engine, shown_with_times, why_untimed
 from autotune.planner.engine_seed import decide_engine
 from autotune.planner.fsdp_reasons import explain_mesh
 from autotune.planner.headroom import budget as _budget
@@ -127,7 +128,9 @@ def weigh(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, 
              bucket_elements=bucket, force=force, target=target, timer=chooser, precision=precision)
     micro, weighing = mf.micro_batch_size, mf.weighing
     if times and timing is not None:  # estimate's table: every fitting option's predicted samples/s
-        weighing = Weighing(shown_with_times(weighing.rows, timing, max(1, target), world), weighing.budget)
+        weighing = dataclasses.replace(weighing, rows=shown_with_times(weighing.rows, timing, max(1, target), world))
+    if weighing is not None and weighing.rule in ("order", "largest"):  # estimate's table says why time did not
+        weighing = dataclasses.replace(weighing, untimed=why_untimed(untimed, facts, policy, cfg, chooser is None))
     if auto_optimize:  # the one engine decision: the weighing's strategy, resolved against the user's settings
         backend, zero = settle_engine(inputs, resolver, seed, (backend, zero), mf.strategy.backend,
                                       mf.strategy.zero_stage, mf.engine_reason)

@@ -85,7 +85,7 @@ def fit(inputs: Inputs, resolver: Resolver, band: BandChoice, facts: ModelFacts,
                     f"micro-batch {micro}")
         _explain_verbatim(resolver, default, row, force)
         return MemoryFit(default, micro, bool(ckpt), _estimate(row, facts, budget, bool(ckpt)), None,
-                         Weighing((row,), budget))
+                         Weighing((row,), budget, "verbatim"))
 
     ckpt_supported = facts.checkpointing_supported
     if is_set(ckpt_user):
@@ -110,6 +110,7 @@ def fit(inputs: Inputs, resolver: Resolver, band: BandChoice, facts: ModelFacts,
                      for s, c in opts)
     known = facts.num_parameters is not None and (budget.device_gib is not None or budget.host_gib is not None)
     search = plans_largest(facts, inputs.policy) and not fixed_micro  # measured: the largest that fits, not the band
+    by_time = False
     if not known:  # nothing to weigh: the first option, planned blind (the reasons say so)
         s, ckpt = opts[0]
         chosen = Row(s, ckpt, top, sz.need(s, top, ckpt), None)
@@ -155,8 +156,9 @@ def fit(inputs: Inputs, resolver: Resolver, band: BandChoice, facts: ModelFacts,
     else:  # nothing to weigh: auto plans the band's micro-batch blind
         auto_micro = Decision(band.micro_batch_size, band.micro_reason)
     micro = resolver.resolve("micro_batch_size", micro_user, lambda: auto_micro, path="training.batch_size_per_gpu")
+    rule = "" if not known else "time" if by_time else "largest" if search else "order"
     return MemoryFit(chosen.strategy, micro, bool(ckpt), _estimate(chosen, facts, budget, bool(ckpt)), engine_reason,
-                     Weighing(rows, budget))
+                     Weighing(rows, budget, rule, top))
 
 
 def _pick(rows: tuple[Row, ...], search: bool, top: int) -> Row | None:

@@ -12,7 +12,9 @@ ran it); what differs between engines is what they add to it, below.
 
 **The optimizer step** updates what the rank holds: DDP all of it, ZeRO-1/2/3 and FSDP2 their 1/N shard (the
 kernels are as many, each over 1/N of the elements: the host floor stays); under offload the host runs it, at the
-rate of what runs it (DeepSpeed's CPU Adam, or torch's AdamW for FSDP2's CPUOffloadPolicy).
+rate of what runs it (DeepSpeed's CPU Adam, or torch's AdamW for FSDP2's CPUOffloadPolicy), after the host's walk
+over the parameter tensors (at least the GPU step's dispatch) and a synchronisation with the GPU (``host_step_s``):
+for a model whose states fit on the GPU, offload is never faster than the same engine without it.
 
 **Communication** is what each engine adds to the step: its collectives over the job's links and what offload moves
 over PCIe, less what the backward hides (``communication``: one row per strategy, each constant with its source).
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from autotune.planner.communication import (  # noqa: F401 - NCCL_CALL_S, RING, bytes_between_nodes, link_for: tests'
     ENGINES,
     NCCL_CALL_S,
+    PCIE_CALL_S,
     RING,
     EngineLine,
     Link,
@@ -47,6 +50,24 @@ HOST_ADAM_BASIS = {"deepspeed": "DeepSpeed's CPU Adam at about 1e8 parameters/s 
                             "2021: 5.1-6.5x slower than DeepSpeed's CPU Adam)"}
 
 
+# What offload adds on the host each optimizer step, beyond CPU Adam's rate (DeepSpeed's step is not overlapped with
+# the GPU's: without its one-step delayed update, which autotune never sets, the GPU waits for the host's update and
+# the host for the GPU's gradients; ZeRO-Offload, Ren et al. 2021, sec. 4.2: the CPU's step becomes the bottleneck
+# where the GPU's time per step is not much larger than it).
+# - The walk over the parameter tensors: under offload DeepSpeed's ZeRO-1/2 handles each tensor of the rank's
+#   partition one by one at the accumulation boundary (stage_1_and_2.copy_grads_in_partition: its norm, its
+#   overflow check, its copy into the host's fp32 buffer; complete_grad_norm_calculation_for_cpu_offload: each
+#   norm read back with .item(), a device synchronisation a tensor), and torch's AdamW on CPU tensors (FSDP2's
+#   CPUOffloadPolicy) dispatches the ops it would on the GPU, each on the host. Either way the host calls at least
+#   what the GPU's optimizer step launches: the GPU step's dispatch (its kernels x the host's time a kernel) is paid
+#   on the host too, before CPU Adam's own time.
+# - One synchronisation a step: the host's step reads the gradients' norm back and the GPU's next forward waits for
+#   the updated weights: two round trips over PCIe, each at least a copy's submission (communication.PCIE_CALL_S).
+# DeepSpeed's issue 6695 (0.3B and 1.2B Llama 2 on one GPU, ZeRO-2) measured what this adds: the offloaded step's
+# backward 0.26 s against 0.04 s, its Adam 0.31 s against 0.02 s.
+OFFLOAD_SYNC_S = 2 * PCIE_CALL_S
+
+
 @dataclass(frozen=True)
 class StepTime:
     micro_step_s: float  # forward + backward of one micro-batch (with any recomputed forward)
@@ -56,6 +77,7 @@ class StepTime:
     samples_per_s: float  # the global batch / step_s
     parts: tuple[tuple[str, float], ...] = ()  # communication by kind, seconds per optimizer step
     tie: float = 0.005  # the model's own error here (relative): options closer than this are a tie
+    tie_basis: str = ""  # where ``tie`` comes from, in words
 
     def describe(self) -> str:
         extra = ", ".join(f"{name} {secs:.2g} s a step" for name, secs in self.parts if secs >= 0.0005)
@@ -101,8 +123,17 @@ def optimizer_s(step: StepWork, gpu: GPUSpec, precision: str, tf32: bool, share:
 
 
 def host_optimizer_s(line: EngineLine, num_parameters: int, share: float, cores: float) -> float:
-    """The optimizer step on the host under offload, at the rate of what runs it."""
+    """The optimizer's arithmetic on the host under offload, at the rate of what runs it."""
     return num_parameters * share / (HOST_ADAM_PARAMS_PER_CORE_S[line.host_adam] * max(1.0, cores))
+
+
+def host_step_s(step: StepWork, line: EngineLine, num_parameters: int, share: float, cores: float,
+                cal: Efficiency, scale: float = 1.0) -> dict[str, float]:
+    """The optimizer step under offload, by part (seconds): the host's walk over the tensors (the GPU step's
+    dispatch, paid on the host), the optimizer's arithmetic at the host's rate, and the step's synchronisation."""
+    adam = "CPU Adam" if line.host_adam == "deepspeed" else "host AdamW"
+    return {"offload's walk over the tensors": step.optimizer.kernels * cal.kernel_s * scale,
+            adam: host_optimizer_s(line, num_parameters, share, cores), "offload sync": OFFLOAD_SYNC_S}
 
 
 def step_time(step: StepWork, *, strategy: str, micro: int, accumulation: int, world: int, gpu: GPUSpec,
@@ -120,8 +151,12 @@ def step_time(step: StepWork, *, strategy: str, micro: int, accumulation: int, w
     parts = exposed_s(line, strategy, n, link, hide_s, accumulation, num_parameters, units)
     comm = sum(parts.values())
     if line.cpu_optimizer:
-        opt_s = host_optimizer_s(line, num_parameters, share, host_cores_per_rank)
-        parts["CPU Adam" if line.host_adam == "deepspeed" else "host AdamW"] = opt_s
+        host = host_step_s(step, line, num_parameters, share, host_cores_per_rank, cal or gpu.efficiency, scale[1])
+        opt_s = sum(host.values())
+        parts.update(host)
     step_s = accumulation * micro_s + opt_s + comm
+    eff = cal or gpu.efficiency
+    basis = (f"the model's own error on its evidence for the {gpu.row.name} ({eff.name})" if eff.measured else
+             f"the model's error without evidence for the {gpu.row.name}")
     return StepTime(micro_s, opt_s, comm, step_s, micro * accumulation * n / step_s,
-                    tuple((k, v) for k, v in parts.items()), (cal or gpu.efficiency).time_error)
+                    tuple((k, v) for k, v in parts.items()), eff.time_error, basis)

@@ -77,6 +77,12 @@ class Weighing:
 
     rows: tuple[Row, ...]
     budget: Budget
+    # the rule that chose among the rows that fit (``choice.standing`` words it): "time" (the most predicted
+    # samples/s, ties by the preference order), "largest" (the largest fast micro-batch, then the preference order),
+    # "order" (the first in the preference order to reach ``top``, the band's micro-batch), "" (nothing weighed)
+    rule: str = ""
+    top: int = 0
+    untimed: str = ""  # why time did not choose, where the rule is not "time"
 
 
 @dataclass(frozen=True)

@@ -204,10 +204,12 @@ def test_on_a_cpu_plan_estimate_and_memory_strategy_name_one_engine_in_one_unit(
     assert "\nOPTIMAL TRAINING SETTINGS\n" in text
     assert main(["estimate", "--hardware", "cpu-only"]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[-4].split() == ["single", "64", "1.55", "9.14", "0.00", "10.69", "-", "-", "<-", "plan"]
-    assert table[-3].split()[:6] == ["single", "+", "checkpointing", "64", "1.55", "0.54"]
-    assert table[-2] == ("(MiB per process, no GPU; host: per node; micro = largest micro-batch that fits, up to the "
+    assert table[-5].split() == ["single", "64", "1.55", "9.14", "0.00", "10.69", "-", "-", "<-", "plan"]
+    assert table[-4].split()[:6] == ["single", "+", "checkpointing", "64", "1.55", "0.54"]
+    assert table[-3] == ("(MiB per process, no GPU; host: per node; micro = largest micro-batch that fits, up to the "
                          "band's; samples/s: predicted at the global batch)")
+    assert table[-2].startswith("the plan: the first option in the preference order") and table[-2].endswith(
+        "time did not choose: no time was predicted (the 'time' line says why)")
     assert table[-1].startswith("time: unknown (no GPU, and the model's step was not timed here: a CPU plan is timed "
                                 "for real only on this machine (not a preset)")  # samples/s "-" above: why
     assert main(["plan", "--hardware", "cpu-only", "--config", str(ROOT / "tests" / "golden" / "verbatim.yaml"),

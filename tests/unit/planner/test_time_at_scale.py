@@ -133,12 +133,12 @@ def test_the_host_optimizer_runs_at_the_rate_of_what_runs_it():
     def host(strategy):
         t = step_time(step, strategy=strategy, micro=16, accumulation=1, world=8, gpu=gpu, link=link,
                       precision="bf16", tf32=True, num_parameters=facts.num_parameters, host_cores_per_rank=2)
-        return t.optimizer_step_s, dict(t.parts)
+        return dict(t.parts)
 
-    ds, ds_parts = host("zero2_offload")
-    torch_adamw, torch_parts = host("fsdp_offload")
+    ds = host("zero2_offload")["CPU Adam"]
+    torch_adamw = host("fsdp_offload")["host AdamW"]
     assert ds == pytest.approx(facts.num_parameters / 8 / (HOST_ADAM_PARAMS_PER_CORE_S["deepspeed"] * 2))
-    assert torch_adamw == pytest.approx(5.8 * ds) and "host AdamW" in torch_parts and "CPU Adam" in ds_parts
+    assert torch_adamw == pytest.approx(5.8 * ds)
 
 
 def test_each_gpu_has_its_efficiencies_with_their_evidence_and_one_without_says_so():
