@@ -5,7 +5,6 @@ unwritable entry only means measuring again."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TypeVar
 
@@ -72,11 +71,15 @@ def load(where: Path, kind: type[T]) -> T | None:
 
 
 def store(where: Path, facts) -> None:
-    """Keep measured facts on disk (atomically); a read-only cache only means measuring again next time."""
+    """Keep measured facts on disk, whole: written into a fresh file beside ``where`` (created, never opened when it
+    exists, never through a link: ``rundir.fs.write_whole``), then renamed over it. A read-only cache, or a link or
+    other file planted at the temporary name, only means measuring again next time; nothing is written outside the
+    cache."""
+    from autotune.errors import UserError
+    from autotune.rundir.fs import write_whole
+
     try:
         where.parent.mkdir(parents=True, exist_ok=True)
-        tmp = where.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(facts.model_dump_json())
-        tmp.replace(where)
-    except OSError:
+        write_whole(where, facts.model_dump_json())
+    except (OSError, UserError):
         pass
