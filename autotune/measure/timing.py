@@ -64,8 +64,7 @@ def why_untimed(cfg: TrainConfig, hw: HardwareProfile, plan: TrainingPlan, num_p
     training.sample_input; a model whose parameters the trace did not count, ``num_parameters``)."""
     t = cfg.training
     if not times_here(hw, plan):
-        return ("not a plan for this machine's CPU on one node without DeepSpeed (a preset, a GPU, several nodes or "
-                "DeepSpeed)")
+        return _not_here(hw, plan)
     if not t.probe:
         return "--no_probe (training.probe: false)"
     if t.entrypoint is None:
@@ -76,6 +75,21 @@ def why_untimed(cfg: TrainConfig, hw: HardwareProfile, plan: TrainingPlan, num_p
     if not num_parameters:
         return f"training.model {t.model} has no parameters the trace counted"
     return None
+
+
+def _not_here(hw: HardwareProfile, plan: TrainingPlan) -> str:
+    """The condition of ``times_here`` that ``plan`` on ``hw`` fails, in words (the first that fails)."""
+    e = plan.engine
+    if hw.source != "detected":
+        what = (f"the preset {hw.source.removeprefix('preset:')}" if hw.source.startswith("preset:") else
+                f"the profile file {hw.source.removeprefix('file:')}")
+        return (f"the plan is for {what}, another machine: a step is timed only on the machine autotune detects "
+                "(plan without --hardware)")
+    if hw.gpus.devices or e.device != "cpu":
+        return "the plan is for GPUs: a CPU step is timed only for a plan on this machine's CPU"
+    if e.num_nodes != 1:
+        return f"the plan is for {e.num_nodes} nodes: a step is timed here only for a plan on one node"
+    return "the plan runs DeepSpeed, whose step is not torch's: the timing runs torch's own step"
 
 
 def steps_for(cfg: TrainConfig, hw: HardwareProfile, plan: TrainingPlan, facts) -> MeasuredSteps | None:
