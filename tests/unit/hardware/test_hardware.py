@@ -407,6 +407,31 @@ def test_report_every_preset(preset):
     assert f"Batch size per {'process' if preset == 'cpu-only' else 'GPU'}:" in text  # no GPU: per process
     if preset != "cpu-only":
         assert "GPU CONFIGURATION" in text and "compute capability" in text
+    else:  # the condition that failed, not every condition listed
+        assert ("Time estimate:            unknown (no GPU, and the model's step was not timed here: the plan is for "
+                "the preset cpu-only, another machine: a step is timed only on the machine autotune detects (plan "
+                "without --hardware))\n") in text
+
+
+def test_report_on_this_cpu_says_it_times_nothing_by_design(monkeypatch):
+    """New user: `python -m autotune.hardware report` said "a CPU plan is timed for real only on this machine (not a
+    preset), on one node, ..." although every condition was met; the report times nothing, and says so."""
+    import io
+    from argparse import Namespace
+
+    from helpers.support import ROOT
+
+    from autotune.commands.report import run
+    from autotune.profiles import CPUInfo
+
+    here = load_profile("cpu-only").model_copy(update={"source": "detected", "cpu": CPUInfo(
+        model_name="Test CPU", physical_cores=2, logical_cores=2, effective_cores=2)})
+    buf = io.StringIO()
+    assert run(Namespace(json=False, profile=here, config=str(ROOT / "configs/default_config.yaml"),
+                         with_plan=True), out=buf) == 0
+    assert ("Time estimate:            unknown (no GPU, and the model's step was not timed here: `report` never times "
+            "it (it runs nothing, by design, and answers at once): `python -m autotune plan` times the step on this "
+            "CPU, once, then keeps the figure)\n") in buf.getvalue()
 
 
 def test_report_bad_profile_exit_2(cli, tmp_path):
