@@ -181,7 +181,7 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
              "step, forward + backward and optimizer" + (", and DDP's gloo all-reduce of its gradients"
                                                          if comm is not None else "")
              + (f", the best of {ROUNDS} rounds" if verdict.under_load else
-                f", the median of the {ROUNDS} rounds' that had their cores"))
+                f", the median of the {ROUNDS} rounds that had their cores"))
     if verdict.under_load:
         basis += (f"; measured under load ({verdict.under_load}): kept flagged, not as this machine's figure (a plan "
                   "while the machine is busy takes it; one on a quiet machine times the step again)")

@@ -149,6 +149,7 @@ def test_a_timing_under_load_is_kept_flagged_taken_only_while_busy_and_replaced_
     busy[0] = None
     quiet = measured_steps(cpu="AMD EPYC", run=timed(0.01), **WHAT)
     assert len(runs) == 2 and quiet.under_load is None and "measured under load" not in quiet.basis
+    assert quiet.basis.endswith(", the median of the 5 rounds that had their cores")
     assert "was measured under load and this machine is quiet now: timing it again" in capsys.readouterr().err
     busy[0] = BUSY
     assert measured_steps(cpu="AMD EPYC", run=timed(0.5), **WHAT) == quiet and len(runs) == 2  # kept: its own
