@@ -95,8 +95,9 @@ def add_parser(sub) -> None:
     k.add_argument("--storage_class", metavar="NAME", help="its storage class (one that offers ReadWriteMany)")
     k.add_argument("--secret", metavar="NAME", help=f"Secret holding {JOB_SECRET_ENV} (default <job name>-secret)")
     k.add_argument("--job_restarts", type=int, default=3, metavar="N", help="kubeflow, kubeflow-runtime, slurm: "
-                   "restarts of the whole job after a failure other than preemption (default 3; preemptions do not "
-                   "count)")
+                   "restarts of the whole job after a failure other than preemption (default 3). A preemption is "
+                   "always restarted; it does not count in a Kubernetes job, while an sbatch script's limit reads "
+                   "SLURM_RESTART_COUNT, which counts every requeue, the preemptions' too")
     k.add_argument("--runtime", metavar="NAME", help="kubeflow: run on this installed ClusterTrainingRuntime (e.g. "
                    "torch-distributed, or the one kubeflow-runtime writes) instead of writing a TrainingRuntime; "
                    "kubeflow-runtime: the name of the one written (default autotune-torch)")
