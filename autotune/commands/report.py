@@ -20,8 +20,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="report a preset (cpu-only, 4xL4, 8xH100-80GB, ...) or a saved profile instead of this machine")
     p.add_argument("--config", default=str(DEFAULT_CONFIG), metavar="FILE", type=path_of("a config YAML's path"),
                    help="config used for the OPTIMAL TRAINING SETTINGS section (default: configs/default_config.yaml)")
-    p.add_argument("--no-plan", dest="with_plan", action="store_false",
-                   help="omit the OPTIMAL TRAINING SETTINGS section")
+    p.add_argument("--no_plan", "--no-plan", dest="with_plan", action="store_false",
+                   help="omit the OPTIMAL TRAINING SETTINGS section (--no-plan: the older spelling, still read)")
 
 
 def add_parser(sub) -> None:
