@@ -1130,3 +1130,16 @@ def test_a_lightningcli_apps_flags_come_from_its_classes_in_lightnings_spellings
     assert "max_steps" not in used and "num_workers" not in used  # the user's wins; no workers argument
     assert facts.resume_hint("X") == ("LightningCLI's fit takes the checkpoint as --ckpt_path: pass --ckpt_path "
                                       "{resume_from} after `--`")
+
+
+@pytest.mark.parametrize("flag, key", [("--train_batch_size", "micro_batch_size"), ("--bsz", "micro_batch_size"),
+                                       ("--accumulate", "gradient_accumulation_steps"),
+                                       ("--grad-accum-steps", "gradient_accumulation_steps"),
+                                       ("--accum", "gradient_accumulation_steps")])
+def test_the_common_spellings_of_batch_and_accumulation_are_recognised(tmp_path, flag, key):
+    """New user: --wire auto did not recognise diffusers' --train_batch_size, nor --accumulate or --bsz."""
+    facts = script(tmp_path, f'import argparse\np = argparse.ArgumentParser()\np.add_argument("{flag}", type=int)\n')
+    p = a_plan()
+    extra, used = wire_flags(facts, p, placeholder_values(p, tmp_path, None), [])
+    want = p.batch.micro_batch_size if key == "micro_batch_size" else p.batch.gradient_accumulation_steps
+    assert used[key] == flag and extra[extra.index(flag) + 1] == str(want)
