@@ -119,5 +119,6 @@ def test_the_sbatch_script_requeues_on_69_within_job_restarts(cli, tmp_path):
 
     export = next(a for a in build_parser()._actions if a.dest == "command").choices["export"]
     text = " ".join(next(a for a in export._actions if a.dest == "job_restarts").help.split())
-    assert "an sbatch script's limit reads SLURM_RESTART_COUNT, which counts every requeue, the preemptions' too" in text
+    assert "an sbatch script's limit reads SLURM_RESTART_COUNT, which counts every requeue, the preemptions' too" \
+        in text
     assert "preemptions do not count" not in text
