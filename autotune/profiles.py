@@ -141,7 +141,7 @@ class KubernetesInfo(_Frozen):
 
 class HardwareProfile(_Frozen):
     schema_version: int = SCHEMA_VERSION
-    source: str = "detected"  # "detected" or "preset:<name>" or a file path
+    source: str = "detected"  # "detected" (this machine, now), "preset:<name>" or "file:<path>"
     description: str | None = None
     hostname: str | None = None
     num_nodes: int = Field(1, ge=1)  # identical nodes this profile stands for
@@ -224,12 +224,16 @@ def preset_names() -> list[str]:
 
 
 def load_profile(spec: str) -> HardwareProfile:
-    """Load a profile from a preset name (``4xL4``) or a JSON file path."""
+    """Load a profile from a preset name (``4xL4``) or a JSON file path. Either is another machine, never this one
+    (``source`` "preset:<name>" or "file:<path>", whatever the file says): a file written by ``report --json`` on
+    this machine and edited, or copied from another, is planned for, never timed here nor given this environment's
+    OMP_NUM_THREADS."""
     path = Path(spec)
     if path.suffix == ".json" or path.exists():
         from autotune.safe_input import read_text
 
-        return HardwareProfile.from_json(read_text(path, "--hardware/--profile"), origin=str(path))
+        profile = HardwareProfile.from_json(read_text(path, "--hardware/--profile"), origin=str(path))
+        return profile.model_copy(update={"source": f"file:{path}"})
     preset = PRESET_DIR / f"{spec}.json"
     if not preset.is_file():
         raise UserError(

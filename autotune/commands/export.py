@@ -79,7 +79,8 @@ def add_parser(sub) -> None:
     s = p.add_argument_group("--format slurm")
     s.add_argument("--run_dir", metavar="DIR", type=path_of("a directory"),
                    help="run directory of the job (default: runs/slurm-<job name>; "
-                   "kubeflow/pytorchjob: /autotune/runs/<job name>, the claim mounted at its parent)")
+                   "kubeflow/pytorchjob: /autotune/runs/<job name>, the claim mounted at its parent; torchrun "
+                   "without --script: where the plan its line reads is written, default runs/export-torchrun)")
     s.add_argument("--time", default="24:00:00", metavar="HH:MM:SS", help="time limit (default 24:00:00)")
     s.add_argument("--partition", metavar="NAME", help="SLURM partition")
     s.add_argument("--account", metavar="NAME", help="SLURM account")
@@ -94,8 +95,9 @@ def add_parser(sub) -> None:
     k.add_argument("--storage_class", metavar="NAME", help="its storage class (one that offers ReadWriteMany)")
     k.add_argument("--secret", metavar="NAME", help=f"Secret holding {JOB_SECRET_ENV} (default <job name>-secret)")
     k.add_argument("--job_restarts", type=int, default=3, metavar="N", help="kubeflow, kubeflow-runtime, slurm: "
-                   "restarts of the whole job after a failure other than preemption (default 3; preemptions do not "
-                   "count)")
+                   "restarts of the whole job after a failure other than preemption (default 3). A preemption is "
+                   "always restarted; it does not count in a Kubernetes job, while an sbatch script's limit reads "
+                   "SLURM_RESTART_COUNT, which counts every requeue, the preemptions' too")
     k.add_argument("--runtime", metavar="NAME", help="kubeflow: run on this installed ClusterTrainingRuntime (e.g. "
                    "torch-distributed, or the one kubeflow-runtime writes) instead of writing a TrainingRuntime; "
                    "kubeflow-runtime: the name of the one written (default autotune-torch)")
@@ -137,8 +139,14 @@ def run(args: argparse.Namespace) -> int:
         run_dir=args.run_dir, time=args.time, partition=args.partition, account=args.account,
         job_name=args.job_name, image=args.image, namespace=args.namespace, pvc=args.pvc, storage=args.storage,
         storage_class=args.storage_class, secret=args.secret, job_restarts=args.job_restarts,
-        cpu_on_purpose=args.num_gpus == 0, runtime=args.runtime)
+        cpu_on_purpose=args.num_gpus == 0, runtime=args.runtime,
+        own_program=args.script is None and not (plan.run.entrypoint or "").endswith(".py"))
     exported = export_plan(request, plan, hw, ds)
+    if exported.records:  # the plan the line reads, written whole as a launch writes it (never through a link)
+        from autotune.exports.deepspeed import framework_flavour
+        from autotune.rundir.records import write_records
+
+        write_records(Path(exported.records), plan, hw, ds, ds_framework=None if ds is None else framework_flavour(ds))
     for line in exported.messages:
         print(line, file=sys.stderr)
     if args.output:

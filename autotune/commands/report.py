@@ -20,8 +20,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="report a preset (cpu-only, 4xL4, 8xH100-80GB, ...) or a saved profile instead of this machine")
     p.add_argument("--config", default=str(DEFAULT_CONFIG), metavar="FILE", type=path_of("a config YAML's path"),
                    help="config used for the OPTIMAL TRAINING SETTINGS section (default: configs/default_config.yaml)")
-    p.add_argument("--no-plan", dest="with_plan", action="store_false",
-                   help="omit the OPTIMAL TRAINING SETTINGS section")
+    p.add_argument("--no_plan", "--no-plan", dest="with_plan", action="store_false",
+                   help="omit the OPTIMAL TRAINING SETTINGS section (--no-plan: the older spelling, still read)")
 
 
 def add_parser(sub) -> None:
@@ -42,9 +42,31 @@ def run(args: argparse.Namespace, out=None) -> int:
         return 0
     render_profile(hw, out)
     if args.with_plan:
-        plan, _, _ = plan_for(load_config(args.config), {}, hw, with_deepspeed=False)
-        render_plan(plan, out)
+        cfg = load_config(args.config)
+        plan, _, _ = plan_for(cfg, {}, hw, with_deepspeed=False)
+        render_plan(_untimed_said(cfg, hw, plan), out)
     return 0
+
+
+UNTIMED = "no GPU, and the model's step was not timed here"  # the planner's reason, when nothing timed the step
+
+
+def _untimed_said(cfg, hw, plan):
+    """``plan`` with the reason its CPU step was not timed made this report's own: the condition that failed
+    (``measure.timing.why_untimed``, the one rule), else that ``report`` times nothing by design (it answers at once;
+    ``plan`` times the step)."""
+    from autotune.measure.timing_rule import why_untimed
+
+    te = plan.schedule.time_estimate
+    said = te.unknown.get("samples_per_s", "") if te is not None else ""
+    if not said.startswith(UNTIMED):
+        return plan
+    e = plan.memory.estimate
+    why = why_untimed(cfg, hw, plan, e.num_parameters if e else None) or (
+        "`report` never times it (it runs nothing, by design, and answers at once): `python -m autotune plan` "
+        "times the step on this CPU, once, then keeps the figure")
+    te = te.model_copy(update={"unknown": {**te.unknown, "samples_per_s": f"{UNTIMED}: {why}"}})
+    return plan.model_copy(update={"schedule": plan.schedule.model_copy(update={"time_estimate": te})})
 
 
 def main(argv: list[str] | None = None) -> int:

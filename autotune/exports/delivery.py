@@ -273,7 +273,7 @@ def _behind(route: str, facts: ScriptFacts) -> str:
 
 def _wired_route(key: str, flag: str, facts: ScriptFacts, plan: TrainingPlan) -> str:
     if flag.startswith("hydra:"):
-        how = f"Hydra override {flag[6:]}=... (a key of {facts.hydra.config}, read by @hydra.main)"
+        how = f"Hydra override {flag[6:]}=... (a key of {facts.hydra.where(flag[6:])}, read by @hydra.main)"
     elif facts.lightning is not None:
         how = f"LightningCLI flag {flag}"
     else:

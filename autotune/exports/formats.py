@@ -58,6 +58,9 @@ class ExportRequest:
     job_restarts: int = 3
     cpu_on_purpose: bool = False
     runtime: str | None = None
+    # no --script and no script in the config: the plan runs autotune's own program (the built-in workload, or your
+    # module:function through autotune.entry)
+    own_program: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Exported:
 
     text: str
     messages: tuple[str, ...] = ()
+    records: str | None = None  # a folder the command writes the plan's records into (the line's AUTOTUNE_PLAN)
 
 
 def canonical_format(fmt: str) -> str:
@@ -164,6 +168,13 @@ def _accelerate(req: ExportRequest, plan: TrainingPlan) -> Exported:
     if kept:
         notes.append(f"(the variables carry what an Accelerate config file cannot: {', '.join(kept)})")
     warned = []
+    if req.own_program:  # no script of yours to start: say so rather than start a train.py that is not there
+        runs = ("the built-in workload (python -m autotune.train)" if plan.run.entrypoint is None
+                else f"your {plan.run.entrypoint} (through autotune.entry)")
+        warned.append(f"the plan runs {runs}, which is not an Accelerate script, and the line starts "
+                      f"{req.script}: give your Accelerate script with "
+                      "--script, or start the plan with `export --format torchrun` (its line starts it) or "
+                      "`python -m autotune launch`")
     if why and "gradient_accumulation_steps" in facts.accelerator_kwargs:  # the script's own accumulation
         warned.append(f"{ACCUMULATION_VARIABLE} is not set for {req.script}: {why}")
     elif why:
@@ -221,6 +232,43 @@ def _cluster_runtime(req: ExportRequest, plan: TrainingPlan) -> Exported:
     return Exported(k8s.render([doc], head))
 
 
+def _torchrun(req: ExportRequest, plan: TrainingPlan) -> Exported:
+    """The torchrun line. A plan that runs autotune's own program (``req.own_program``): the line starts that program
+    (``--module autotune.train``, or ``autotune.entry`` for your module:function) with the plan's threads and
+    AUTOTUNE_PLAN naming the plan it reads, which the command writes into a run directory (``--run_dir``, default
+    runs/export-torchrun: plan.json, and DeepSpeed's JSON beside it for a DeepSpeed plan). Your script: the line
+    starts it with your arguments ({placeholders} expanded); what the line does not carry is said on stderr."""
+    from autotune.exports.launch_spec import torchrun_flags
+    from autotune.exports.script_args import expand, placeholder_values
+    from autotune.rundir.layout import PLAN, PLAN_ENV, records_dir
+
+    script_args = expand(list(req.script_args), placeholder_values(plan, None, None), where="export --format torchrun")
+    shown = redact_args(script_args)  # printed: a secret argument's value is the user's to give again
+    secret = "# <redacted>: your secret values, never written here\n" if shown != script_args else ""
+    e, b = plan.engine, plan.batch
+    what = (f"{e.backend} x{e.world_size} on {e.device}, micro-batch {b.micro_batch_size} x accumulation "
+            f"{b.gradient_accumulation_steps} x {e.world_size} = {b.global_batch_size}, {plan.numerics.precision}")
+    if not req.own_program:
+        deepspeed = (", nor its DeepSpeed JSON (`export --format deepspeed -o ds_config.json`, for your script to "
+                     "read)") if plan.is_deepspeed else ""
+        return Exported(shlex.join(["torchrun", *torchrun_flags(plan), req.script, *shown]) + "\n" + secret, (
+            f"note: this line starts {req.script} as the plan's {e.world_size} process(es) ({what}); it carries no "
+            f"other value of the plan{deepspeed}: give them to your script as {{placeholders}} after `--` (e.g. "
+            "--batch_size {micro_batch_size}), or start it with `python -m autotune launch`, which delivers them",))
+    if plan.run.entrypoint is None and script_args:
+        raise UserError("export --format torchrun: arguments after `--` are your script's, and the plan runs the "
+                        "built-in workload (python -m autotune.train), which takes none; name your script with "
+                        "--script (or training.entrypoint)")
+    run_dir = req.run_dir or "runs/export-torchrun"
+    plan_path = records_dir(plan, run_dir) / PLAN
+    program = ["autotune.entry", *shown] if plan.run.entrypoint else ["autotune.train"]
+    env = f"OMP_NUM_THREADS={plan.loader.omp_num_threads} {PLAN_ENV}={shlex.quote(str(plan_path))} "
+    beside = " and DeepSpeed's JSON beside it" if plan.is_deepspeed else ""
+    text = (f"# the plan ({what}) is in {plan_path}{beside}, written by this export; the line starts what it runs\n"
+            + env + shlex.join(["torchrun", *torchrun_flags(plan), "--module", *program]) + "\n" + secret)
+    return Exported(text, (f"wrote the plan the line reads: {plan_path}",), records=str(plan_path.parent))
+
+
 def export_plan(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None,
                 environ=None) -> Exported:
     """The plan in ``req.format``; ``ds``: the DeepSpeed JSON the plan came with, if any. The hostfile's hosts
@@ -233,14 +281,7 @@ def export_plan(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile, ds:
     if fmt == "accelerate":
         return _accelerate(req, plan)
     if fmt == "torchrun":
-        from autotune.exports.launchers import torchrun_command
-        from autotune.exports.script_args import expand, placeholder_values
-
-        script_args = expand(list(req.script_args), placeholder_values(plan, None, None),
-                             where="export --format torchrun")
-        shown = redact_args(script_args)  # printed: a secret argument's value is the user's to give again
-        return Exported(shlex.join([*torchrun_command(plan, req.script), *shown]) + "\n"
-                        + ("# <redacted>: your secret values, never written here\n" if shown != script_args else ""))
+        return _torchrun(req, plan)
     if fmt == "deepspeed-hostfile":
         from autotune.exports.launchers import deepspeed_hostfile
         from autotune.hardware.slurm import allocation

@@ -38,6 +38,11 @@ class HydraApp:
     config: str  # what was read: the YAML's path (and its groups), or the structured config's class
     keys: dict[str, str] = field(default_factory=dict)  # dotted key -> its type (int, float, str, bool, "")
     unread: list[str] = field(default_factory=list)  # what could not be read, and why
+    files: dict[str, str] = field(default_factory=dict)  # dotted key -> the YAML it is in (a config group's own)
+
+    def where(self, key: str) -> str:
+        """The file ``key`` is in (``conf/trainer/cpu.yaml`` for a group's key), else what was read."""
+        return self.files.get(key, self.config)
 
     def routes(self) -> tuple[dict[str, str], list[str]]:
         """(plan value -> the dotted key for it, notes on the values two keys claim)."""
@@ -120,7 +125,10 @@ def _read_yaml(folder: Path, name: str, prefix: str, app: HydraApp, depth: int) 
             (group, option), = entry.items()
             if isinstance(group, str) and isinstance(option, str) and not group.startswith(("hydra", "override")):
                 _read_yaml(folder / group, f"{option}.yaml", f"{prefix}{group}.", app, depth + 1)
-    _leaves({k: v for k, v in data.items() if k not in ("defaults", "hydra")}, prefix, app.keys)
+    own: dict[str, str] = {}
+    _leaves({k: v for k, v in data.items() if k not in ("defaults", "hydra")}, prefix, own)
+    app.keys.update(own)
+    app.files.update(dict.fromkeys(own, str(file)))
 
 
 def _leaves(data: dict, prefix: str, out: dict[str, str]) -> None:

@@ -21,11 +21,16 @@ from autotune.exports.script_uses import scan_uses
 from autotune.rundir.layout import ENV_PREFIX
 
 # plan value -> flag names a script may declare for it (first declared one is used)
+# the spellings of well-known scripts: diffusers' examples take the per-device batch as --train_batch_size
+# (train_text_to_image.py: "Batch size (per device) for the training dataloader"); --bsz is the short form of many
+# fine-tuning scripts; Ultralytics' YOLOv3 train.py accumulates by --accumulate ("Batches to accumulate before
+# optimizing"), timm's train.py by --grad-accum-steps, and --accum is its short form
 FLAGS: dict[str, tuple[str, ...]] = {
     "micro_batch_size": ("--per_device_train_batch_size", "--micro_batch_size", "--batch_size", "--batch-size",
-                         "--micro-batch-size"),
+                         "--micro-batch-size", "--train_batch_size", "--train-batch-size", "--bsz"),
     "gradient_accumulation_steps": ("--gradient_accumulation_steps", "--grad_accum", "--gradient-accumulation-steps",
-                                    "--grad-accum"),
+                                    "--grad-accum", "--accumulate", "--grad-accum-steps", "--grad_accum_steps",
+                                    "--accum"),
     "learning_rate": ("--learning_rate", "--lr", "--learning-rate"),
     "num_workers": ("--num_workers", "--dataloader_num_workers", "--num-workers", "--workers"),
     "deepspeed_config": ("--deepspeed_config", "--deepspeed-config"),

@@ -7,8 +7,10 @@
                   it; ``fsdp_trace`` FSDP2's own line under a fake process group;
 - ``gpu_probe``   real steps on the GPU itself, in a child process;
 - ``timing``      the model's step timed for real on this CPU, as the plan's ranks will run it (child processes);
+- ``timing_rule`` whether a plan's step is timed here, and the condition that failed when it is not;
 - ``child``       a measuring child process's one answer (its line of JSON, or its error), both sides;
-- ``cache``       what is kept between runs, keyed by everything a measurement depends on.
+- ``cache``       what is kept between runs, keyed by everything a measurement depends on; ``cache_checks``
+                  what an entry read back may hold (values a measurement gives).
 
 The planner never measures; ``prepare`` calls this package and hands the planner what it found.
 """

@@ -64,19 +64,56 @@ def cache_key(model: str, sample: str | None, margin: float, modes: tuple[str, .
 
 def load(where: Path, kind: type[T]) -> T | None:
     """The entry kept at ``where`` as a ``kind`` (a pydantic model: ``ModelFacts``, ``MeasuredSteps``), or None: not
-    measured yet, unreadable, or damaged (written by another version, cut short): each only means measuring again."""
-    try:
-        return kind.model_validate_json(where.read_text())
-    except (OSError, ValueError):
+    measured yet, or an entry that cannot be planned from, each only meaning measuring again. An entry that is not a
+    regular file (a named pipe never blocks the read), larger than ``safe_input``'s limit, cannot be parsed for any
+    reason (cut short, another version's, nested past the parser's recursion) or holds what no measurement gives
+    (``cache_checks``) is named once on stderr and ignored: the planner never sees it."""
+    from autotune.errors import UserError
+    from autotune.measure.cache_checks import entry_problem
+    from autotune.safe_input import read_text
+
+    if not os.path.lexists(where):
         return None
+    try:
+        entry = kind.model_validate_json(read_text(where, "a kept measurement"))
+        why = entry_problem(entry)
+    except UserError as e:
+        why = str(e).removeprefix("a kept measurement: ")
+    except (Exception, RecursionError) as e:  # noqa: BLE001 - a damaged entry, whatever its damage, is no entry
+        why = f"cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no detail'})"
+    else:
+        if why is None:
+            return entry
+    _name_once(where, why)
+    return None
+
+
+_NAMED: set[tuple[str, str]] = set()
+
+
+def _name_once(where: Path, why: str) -> None:
+    """One line on stderr for an entry ignored (once per process, entry and problem)."""
+    import sys
+
+    from autotune.rundir.lock import shown
+
+    if (str(where), why) in _NAMED:
+        return
+    _NAMED.add((str(where), why))
+    print(shown(f"autotune: warning: the kept measurement {where} is ignored (measuring again): {why}"[:2000]),
+          file=sys.stderr, flush=True)
 
 
 def store(where: Path, facts) -> None:
-    """Keep measured facts on disk (atomically); a read-only cache only means measuring again next time."""
+    """Keep measured facts on disk, whole: written into a fresh file beside ``where`` (created, never opened when it
+    exists, never through a link: ``rundir.fs.write_whole``), then renamed over it. A read-only cache, or a link or
+    other file planted at the temporary name, only means measuring again next time; nothing is written outside the
+    cache."""
+    from autotune.errors import UserError
+    from autotune.rundir.fs import write_whole
+
     try:
         where.parent.mkdir(parents=True, exist_ok=True)
-        tmp = where.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(facts.model_dump_json())
-        tmp.replace(where)
-    except OSError:
+        write_whole(where, facts.model_dump_json())
+    except (OSError, UserError):
         pass

@@ -36,6 +36,7 @@ from typing import Callable
 
 from autotune.config import TrainConfig
 from autotune.measure.child import answer, read_answer
+from autotune.measure.timing_rule import times_here, why_untimed  # noqa: F401 (the rule; re-exported)
 from autotune.plan import TrainingPlan
 from autotune.planner.model_facts import MeasuredSteps
 from autotune.profiles import HardwareProfile
@@ -48,34 +49,6 @@ TIMEOUT_S = 600
 
 # the built-in GPT, built and fed by name in the children (the runtime holds the model; measure never imports it)
 BUILTIN_MODEL, BUILTIN_BATCH = "autotune.runtime.workload:timed_model", "autotune.runtime.workload:timed_batch"
-
-
-def times_here(hw: HardwareProfile, plan: TrainingPlan) -> bool:
-    """Whether ``plan``'s step can be timed on this machine: a plan for this machine's CPU (a detected profile, no
-    GPU, one node), without DeepSpeed (whose step is not torch's)."""
-    e = plan.engine
-    return hw.source == "detected" and not hw.gpus.devices and e.device == "cpu" and not plan.is_deepspeed \
-        and e.num_nodes == 1
-
-
-def why_untimed(cfg: TrainConfig, hw: HardwareProfile, plan: TrainingPlan, num_parameters: int | None) -> str | None:
-    """Why ``plan``'s step is not timed on this machine's CPU, in words; None when it is: not ``times_here``,
-    ``training.probe`` off (--no_probe), or a model that cannot be built here (a script without training.model and
-    training.sample_input; a model whose parameters the trace did not count, ``num_parameters``)."""
-    t = cfg.training
-    if not times_here(hw, plan):
-        return ("not a plan for this machine's CPU on one node without DeepSpeed (a preset, a GPU, several nodes or "
-                "DeepSpeed)")
-    if not t.probe:
-        return "--no_probe (training.probe: false)"
-    if t.entrypoint is None:
-        return None  # the built-in GPT, built by name in the children
-    if not (t.model and t.sample_input):
-        return ("your script's model cannot be built here: give training.model and training.sample_input to have "
-                "its step timed")
-    if not num_parameters:
-        return f"training.model {t.model} has no parameters the trace counted"
-    return None
 
 
 def steps_for(cfg: TrainConfig, hw: HardwareProfile, plan: TrainingPlan, facts) -> MeasuredSteps | None:
@@ -208,7 +181,7 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
              "step, forward + backward and optimizer" + (", and DDP's gloo all-reduce of its gradients"
                                                          if comm is not None else "")
              + (f", the best of {ROUNDS} rounds" if verdict.under_load else
-                f", the median of the {ROUNDS} rounds' that had their cores"))
+                f", the median of the {ROUNDS} rounds that had their cores"))
     if verdict.under_load:
         basis += (f"; measured under load ({verdict.under_load}): kept flagged, not as this machine's figure (a plan "
                   "while the machine is busy takes it; one on a quiet machine times the step again)")

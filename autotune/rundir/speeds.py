@@ -11,8 +11,9 @@ speed depends on: world size, nodes, threads and DataLoader workers per rank, en
 precision. The engine is the planner's strategy name, which the caller gives (``planner.memory.strategy_of``, the
 strategy table read backwards: rundir sits beside the planner and never imports it). A newer run replaces an older
 one of the same key; the newest ``MAX_ENTRIES`` are kept; a run whose process did not have its cores
-(``launch.speed_check.under_load``) is not kept. A damaged or unreadable file is no past run (a plan never fails on
-it), and a file that cannot be written only loses the figure.
+(``launch.speed_check.under_load``) is not kept. A file that is not a regular file or cannot be parsed, and an entry
+that holds what no run measures (``entry_problem``), is no past run: named once on stderr, never reaching the planner
+(a plan never fails on it); a file that cannot be written only loses the figure.
 """
 
 from __future__ import annotations
@@ -53,16 +54,86 @@ def _path() -> Path:
     return cache_dir() / SPEEDS
 
 
-def _entries() -> list[dict]:
+def _entries(say: bool = False) -> list[dict]:
+    """The entries a plan may take: a file that is not a regular file, cannot be read or parsed (nested past the
+    parser, NaN, a duplicate key) and each entry that holds what no run measures (``entry_problem``) is ignored,
+    named on stderr with ``say`` (once per process and problem)."""
     from autotune.errors import UserError
-    from autotune.safe_input import read_text
+    from autotune.safe_input import load_json, read_text
 
+    path = _path()
+    if not path.exists() and not path.is_symlink():
+        return []
+    what = f"the past runs' speeds {path}"
     try:
-        data = json.loads(read_text(_path(), "the past runs' speeds"))
-    except (OSError, ValueError, UserError):
+        data = load_json(read_text(path, what), what)
+    except UserError as e:
+        _name(say, str(e).removeprefix(f"{what}: "), path)
         return []
     runs = data.get("runs") if isinstance(data, dict) else None
-    return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
+    if not isinstance(runs, list):
+        _name(say, "not an object with a list of runs", path)
+        return []
+    kept = []
+    for i, r in enumerate(runs):
+        why = entry_problem(r)
+        if why:
+            _name(say, f"entry {i}: {why}", path)
+        else:
+            kept.append(r)
+    return kept
+
+
+MAX_SPEED = 1e9  # samples/s: no training run measures a billion samples a second
+MAX_COUNT = 1 << 20  # ranks, nodes, threads, workers, a micro-batch or an accumulation no run has
+_TEXT = ("model", "machine", "installation", "strategy", "precision", "date", "run_dir")
+_COUNTS = {"world_size": 1, "num_nodes": 1, "omp_num_threads": 1, "num_workers": 0, "micro_batch_size": 1,
+           "gradient_accumulation_steps": 1}
+
+
+def entry_problem(r) -> str | None:
+    """Why a past run's entry is not one a run of autotune's records (its field named), or None: every field of
+    ``record``'s, of its type (a count is an integer, a speed a number, never text or true); a speed finite, above 0
+    and at most ``MAX_SPEED``; counts in their ranges; text printable (a terminal's escapes or a newline in the date or
+    the run directory would be printed into the plan's reasons), the date as YYYY-MM-DD."""
+    import math
+    import re
+
+    if not isinstance(r, dict):
+        return "not an object"
+    for k in _TEXT:
+        v = r.get(k)
+        if not isinstance(v, str) or not v or len(v) > 4096:
+            return f"{k} is not a text of at most 4096 characters"
+        if not v.isprintable():
+            return f"{k} holds a character that is not printable (a terminal's escape, a newline)"
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", r["date"]):
+        return "date is not YYYY-MM-DD"
+    for k, low in _COUNTS.items():
+        v = r.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= MAX_COUNT:
+            return f"{k} is {v!r}, not an integer from {low} to {MAX_COUNT}"
+    if not isinstance(r.get("gradient_checkpointing"), bool):
+        return "gradient_checkpointing is not true or false"
+    for k in ("measured_samples_per_s", "predicted_samples_per_s"):
+        v = r.get(k)
+        if v is None and k == "predicted_samples_per_s":
+            continue
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not 0 < v <= MAX_SPEED:
+            return f"{k} is {v!r}, not a speed a run measures (a number above 0, at most {MAX_SPEED:g} samples/s)"
+    return None
+
+
+_NAMED: set[str] = set()
+
+
+def _name(say: bool, why: str, path: Path) -> None:
+    import sys
+
+    line = f"autotune: warning: {path}: {why}: ignored (no past run of it calibrates this plan)"
+    if say and line not in _NAMED:
+        _NAMED.add(line)
+        print("".join(c if c.isprintable() else repr(c)[1:-1] for c in line), file=sys.stderr, flush=True)
 
 
 def past_runs(model: str | None, machine: str | None) -> list[dict]:
@@ -71,7 +142,8 @@ def past_runs(model: str | None, machine: str | None) -> list[dict]:
     if not model or not machine:
         return []
     here = installation_key()
-    return [{k: v for k, v in r.items() if k not in ("model", "machine", "installation")} for r in reversed(_entries())
+    return [{k: v for k, v in r.items() if k not in ("model", "machine", "installation")}
+            for r in reversed(_entries(say=True))
             if r.get("model") == model and r.get("machine") == machine and r.get("installation") == here]
 
 

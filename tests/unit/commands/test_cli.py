@@ -16,7 +16,7 @@ PLAN_FLAGS = {"--config", "--hardware", "--policy", "--num_gpus", "--nproc_per_n
               "--single", "--zero_stage", "--precision", "--debug", "--no_auto_optimize", "--force"}
 SURFACE = {
     "check": {"--config", "--json"},
-    "report": {"--json", "--profile", "--config", "--no-plan"},
+    "report": {"--json", "--profile", "--config", "--no_plan", "--no-plan"},
     "plan": PLAN_FLAGS | {"--json"},
     "estimate": PLAN_FLAGS | {"--json"},
     "export": PLAN_FLAGS | {"--format", "--output", "--overwrite", "--script"},
@@ -318,3 +318,12 @@ def test_a_missing_script_fails_check_and_a_plan_for_this_machine_and_no_probe_r
     assert main(["plan", "--no_probe", "--json"]) == 0
     te = json.loads(capsys.readouterr().out)["time_estimate"]
     assert te["samples_per_s"] is None and "unless --no_probe" in te["unknown"]["samples_per_s"]
+
+
+def test_report_takes_no_plan_with_an_underscore_as_every_other_flag_and_the_old_hyphen_still(capsys):
+    from autotune.commands.report import main as hardware_main
+
+    for flag in ("--no_plan", "--no-plan"):
+        assert hardware_main(["report", "--profile", "4xL4", flag]) == 0
+        out = capsys.readouterr().out
+        assert "GPU CONFIGURATION" in out and "OPTIMAL TRAINING SETTINGS" not in out, flag

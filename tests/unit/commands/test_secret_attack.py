@@ -108,7 +108,7 @@ def test_printed_lines_and_written_exports_show_every_secret_redacted(tmp_path, 
     acc = tmp_path / "accelerate.yaml"
     shown = {}
     for name, argv in {
-        "torchrun": ["export", "--format", "torchrun", "--hardware", "4xL4"],
+        "torchrun": ["export", "--format", "torchrun", "--hardware", "4xL4", "--script", "train.py"],
         "accelerate": ["export", "--format", "accelerate", "--hardware", "4xL4", "-o", str(acc)],
         "dry-run": ["launch", "--dry-run", "--hardware", "4xL4", "--run_dir", str(tmp_path / "r")],
         "dry-run --json": ["launch", "--dry-run", "--json", "--hardware", "4xL4", "--run_dir", str(tmp_path / "r")],

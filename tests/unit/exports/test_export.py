@@ -289,3 +289,36 @@ def test_export_slurm_with_no_time_limit_writes_it_and_a_bad_job_name_is_refused
     assert main(["export", "--format", "slurm", "--hardware", "8xA100-40GB", "--job_name", "a+b"]) == 2
     assert ("--job_name: 'a+b' is not a SLURM job name (letters, digits, '_', '.', '-')"
             in capsys.readouterr().err)
+
+
+def test_the_torchrun_line_starts_what_the_plan_runs_and_says_what_it_does_not_carry(tmp_path, capsys, monkeypatch):
+    """New user: `export --format torchrun --hardware 4xL4` printed `torchrun ... train.py` for the built-in workload
+    (no train.py exists), and --deepspeed and --fsdp gave the same line, carrying nothing of the plan. (Run as printed
+    on two CPU processes: tests/multiprocess/test_export_real.py.)"""
+    from autotune.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    lines = {}
+    for engine in ("--deepspeed", "--fsdp"):
+        assert main(["export", "--format", "torchrun", "--hardware", "4xL4", engine, "--run_dir", engine[2:]]) == 0
+        out = capsys.readouterr()
+        lines[engine] = out.out.splitlines()[-1]
+        assert lines[engine] == (f"OMP_NUM_THREADS=12 AUTOTUNE_PLAN={engine[2:]}/plan.json torchrun "
+                                 "--nproc_per_node=4 --standalone --module autotune.train")
+        assert json.loads((tmp_path / engine[2:] / "plan.json").read_text())["engine"]["backend"] == engine[2:]
+    assert (tmp_path / "deepspeed" / "deepspeed_config.json").is_file()  # the built-in's DeepSpeed reads it there
+    assert not (tmp_path / "fsdp" / "deepspeed_config.json").exists()
+    assert main(["export", "--format", "torchrun", "--hardware", "4xL4", "--", "--bs", "8"]) == 2
+    assert "the built-in workload (python -m autotune.train), which takes none" in capsys.readouterr().err
+    # your script: its line, and on stderr what the line does not carry and how to give it
+    assert main(["export", "--format", "torchrun", "--hardware", "4xL4", "--script", "my.py"]) == 0
+    out = capsys.readouterr()
+    assert out.out == "torchrun --nproc_per_node=4 --standalone my.py\n"
+    assert out.err.startswith("note: this line starts my.py as the plan's 4 process(es) (deepspeed x4 on cuda, "
+                              "micro-batch 16 x accumulation 4 x 4 = 256, bf16); it carries no other value of the "
+                              "plan, nor its DeepSpeed JSON (`export --format deepspeed -o ds_config.json`")
+    assert "{placeholders} after `--`" in out.err and not (tmp_path / "runs").exists()  # nothing written for it
+    # Accelerate's line starts a script: for the built-in workload it says plainly that it is not one
+    assert main(["export", "--format", "accelerate", "--hardware", "4xL4", "-o", "acc.yaml"]) == 0
+    assert ("note: the plan runs the built-in workload (python -m autotune.train), which is not an Accelerate script, "
+            "and the line starts train.py: give your Accelerate script with --script") in capsys.readouterr().err

@@ -111,3 +111,14 @@ def test_the_sbatch_script_requeues_on_69_within_job_restarts(cli, tmp_path):
     assert run(EXIT_UNAVAILABLE, 2) == (EXIT_UNAVAILABLE, [])  # its restarts spent
     assert run(EXIT_PREEMPTED, 9) == (0, ["requeue", "7"])
     assert run(2, 0) == (2, [])
+    # what the script does is what its comment and --job_restarts' help say: preemptions always requeue, and SLURM's
+    # count (which the limit reads) holds them too (new user: the help said "preemptions do not count")
+    assert "counts every requeue of the job, the preemptions' too, in SLURM_RESTART_COUNT" in " ".join(
+        line.removeprefix("# ") for line in r.stdout.splitlines())
+    from autotune.__main__ import build_parser
+
+    export = next(a for a in build_parser()._actions if a.dest == "command").choices["export"]
+    text = " ".join(next(a for a in export._actions if a.dest == "job_restarts").help.split())
+    assert "an sbatch script's limit reads SLURM_RESTART_COUNT, which counts every requeue, the preemptions' too" \
+        in text
+    assert "preemptions do not count" not in text

@@ -31,7 +31,8 @@ def test_an_accelerate_export_never_prints_or_writes_a_secret_argument(tmp_path,
 def test_a_torchrun_export_prints_its_line_redacted(capsys):
     from autotune.__main__ import main
 
-    assert main(["export", "--format", "torchrun", "--no_probe", "--", "--hf_token", "S4cret", "--lr", "0.1"]) == 0
+    assert main(["export", "--format", "torchrun", "--no_probe", "--script", "train.py", "--", "--hf_token", "S4cret",
+                 "--lr", "0.1"]) == 0
     out = capsys.readouterr().out
     assert "S4cret" not in out and out.splitlines() == [
         "torchrun --nproc_per_node=1 --standalone train.py --hf_token '<redacted>' --lr 0.1",

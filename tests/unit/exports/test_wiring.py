@@ -1155,3 +1155,37 @@ def test_a_lightningcli_apps_flags_come_from_its_classes_in_lightnings_spellings
     assert "max_steps" not in used and "num_workers" not in used  # the user's wins; no workers argument
     assert facts.resume_hint("X") == ("LightningCLI's fit takes the checkpoint as --ckpt_path: pass --ckpt_path "
                                       "{resume_from} after `--`")
+
+
+@pytest.mark.parametrize("flag, key", [("--train_batch_size", "micro_batch_size"), ("--bsz", "micro_batch_size"),
+                                       ("--accumulate", "gradient_accumulation_steps"),
+                                       ("--grad-accum-steps", "gradient_accumulation_steps"),
+                                       ("--accum", "gradient_accumulation_steps")])
+def test_the_common_spellings_of_batch_and_accumulation_are_recognised(tmp_path, flag, key):
+    """New user: --wire auto did not recognise diffusers' --train_batch_size, nor --accumulate or --bsz."""
+    facts = script(tmp_path, f'import argparse\np = argparse.ArgumentParser()\np.add_argument("{flag}", type=int)\n')
+    p = a_plan()
+    extra, used = wire_flags(facts, p, placeholder_values(p, tmp_path, None), [])
+    want = p.batch.micro_batch_size if key == "micro_batch_size" else p.batch.gradient_accumulation_steps
+    assert used[key] == flag and extra[extra.index(flag) + 1] == str(want)
+
+
+def test_a_hydra_route_names_the_file_its_key_is_in(tmp_path):
+    """New user: a key of a config group (conf/trainer/cpu.yaml) was named "a key of conf/config.yaml"."""
+    (tmp_path / "conf" / "trainer").mkdir(parents=True)
+    (tmp_path / "conf" / "config.yaml").write_text("defaults:\n  - trainer: cpu\n  - _self_\noptim:\n  lr: 0.1\n")
+    (tmp_path / "conf" / "trainer" / "cpu.yaml").write_text("batch_size: 16\n")
+    facts = script(tmp_path, """
+        import hydra
+        @hydra.main(version_base=None, config_path="conf", config_name="config")
+        def main(cfg):
+            pass
+    """)
+    p = a_plan(**{"training.learning_rate": 0.002})
+    extra, used = wire_flags(facts, p, placeholder_values(p, tmp_path, None), [])
+    d = delivery(p, facts, [], used, extra, deepspeed_json=False)
+    conf = (tmp_path / "conf").resolve()
+    assert d.routes["micro_batch_size"][0].startswith(
+        f"Hydra override trainer.batch_size=... (a key of {conf / 'trainer' / 'cpu.yaml'}, read by @hydra.main)")
+    assert d.routes["learning_rate"][0].startswith(
+        f"Hydra override optim.lr=... (a key of {conf / 'config.yaml'}, read by @hydra.main)")

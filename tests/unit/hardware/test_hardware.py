@@ -407,6 +407,31 @@ def test_report_every_preset(preset):
     assert f"Batch size per {'process' if preset == 'cpu-only' else 'GPU'}:" in text  # no GPU: per process
     if preset != "cpu-only":
         assert "GPU CONFIGURATION" in text and "compute capability" in text
+    else:  # the condition that failed, not every condition listed
+        assert ("Time estimate:            unknown (no GPU, and the model's step was not timed here: the plan is for "
+                "the preset cpu-only, another machine: a step is timed only on the machine autotune detects (plan "
+                "without --hardware))\n") in text
+
+
+def test_report_on_this_cpu_says_it_times_nothing_by_design(monkeypatch):
+    """New user: `python -m autotune.hardware report` said "a CPU plan is timed for real only on this machine (not a
+    preset), on one node, ..." although every condition was met; the report times nothing, and says so."""
+    import io
+    from argparse import Namespace
+
+    from helpers.support import ROOT
+
+    from autotune.commands.report import run
+    from autotune.profiles import CPUInfo
+
+    here = load_profile("cpu-only").model_copy(update={"source": "detected", "cpu": CPUInfo(
+        model_name="Test CPU", physical_cores=2, logical_cores=2, effective_cores=2)})
+    buf = io.StringIO()
+    assert run(Namespace(json=False, profile=here, config=str(ROOT / "configs/default_config.yaml"),
+                         with_plan=True), out=buf) == 0
+    assert ("Time estimate:            unknown (no GPU, and the model's step was not timed here: `report` never times "
+            "it (it runs nothing, by design, and answers at once): `python -m autotune plan` times the step on this "
+            "CPU, once, then keeps the figure)\n") in buf.getvalue()
 
 
 def test_report_bad_profile_exit_2(cli, tmp_path):
@@ -873,7 +898,36 @@ def test_load_profile_tells_files_from_presets_and_names_each(tmp_path, monkeypa
     assert str(e.value).startswith(f"{presets / 'broken.json'}: ")
     extensionless = tmp_path / "myprofile"
     extensionless.write_text(json.dumps({**data, "source": "my report"}))  # an existing path without .json: a file
-    assert load_profile(str(extensionless)).source == "my report"
+    assert load_profile(str(extensionless)).source == f"file:{extensionless}"  # another machine, whatever it says
+
+
+def test_a_profile_file_is_another_machine_even_one_this_machine_wrote(tmp_path, monkeypatch):
+    """Issue 44 (attacker): this machine's `report --json`, edited into an 8-core Xeon, kept "source": "detected", so
+    the plan timed its step on this CPU and labelled the figure the Xeon's. A profile read from a file is never this
+    machine, whatever it says: nothing is timed here for it and this environment's OMP_NUM_THREADS is not its."""
+    from autotune.config import TrainConfig
+    from autotune.measure.timing import times_here, why_untimed
+    from autotune.prepare import plan_for
+
+    data = json.loads(detect().to_json())
+    assert data["source"] == "detected"
+    data["hostname"] = "other-machine"
+    data["cpu"].update(model_name="Intel Xeon Platinum 8480+", physical_cores=8, logical_cores=8, affinity_cores=8,
+                       cgroup_quota_cores=None, effective_cores=8)
+    other = tmp_path / "hw_other.json"
+    other.write_text(json.dumps(data))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    cfg = TrainConfig()
+    plan, hw, _ = plan_for(cfg, None, str(other))
+    assert hw.source == f"file:{other}"
+    assert not times_here(hw, plan)
+    assert why_untimed(cfg, hw, plan, None) == (f"the plan is for the profile file {other}, another machine: a step "
+                                                "is timed only on the machine autotune detects (plan without "
+                                                "--hardware)")
+    assert plan.loader.omp_num_threads != 3  # this shell's threads are not the other machine's
+    same = tmp_path / "same.json"
+    same.write_text(detect().to_json())  # unedited: still a file, and planned as one
+    assert load_profile(str(same)).source == f"file:{same}"
 
 
 def test_a_profile_file_s_defaults_and_messages_by_hand():

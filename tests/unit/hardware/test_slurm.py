@@ -155,7 +155,8 @@ def test_export_slurm_and_hostfile(cli, tmp_path):
     assert bad.returncode == 2 and "--time" in bad.stderr
     h = cli("autotune", "export", "--format", "deepspeed-hostfile", "--hardware", "2x4xL4", env=NODE1)
     assert h.returncode == 0 and h.stdout == "node01 slots=4\nnode02 slots=4\n"
-    t = cli("autotune", "export", "--format", "torchrun", "--hardware", "4xL4", "--", "--bs", "{micro_batch_size}")
+    t = cli("autotune", "export", "--format", "torchrun", "--hardware", "4xL4", "--script", "train.py", "--", "--bs",
+            "{micro_batch_size}")
     assert t.stdout.strip().endswith("train.py --bs 16")
 
 

@@ -250,6 +250,49 @@ def test_past_runs_are_kept_per_model_and_machine_and_a_damaged_file_is_no_run(t
     assert plan_for(cfg, hardware=hw)[0].schedule.time_estimate.samples_per_s is None  # no timing, no run: unknown
 
 
+CRAFTED_SPEEDS = {  # issue 44 (attacker): each crashed a plan, or was printed as a speed
+    "measured_samples_per_s": (0, -5, 1e308, "NaN", "812", True),
+    "date": ("2026-01-01\x1b]0;PWNED\x07\x1b[2J", "yesterday"),
+    "run_dir": ("runs/x\nautotune: everything is fine",),
+    "micro_batch_size": (0, 2.5, "16"),
+}
+
+
+def test_a_crafted_past_run_is_named_once_and_never_reaches_the_planner(tmp_path, monkeypatch, capsys):
+    from autotune.planner.memory import strategy_of
+    from autotune.prepare import plan_for, speed_key
+    from autotune.rundir import speeds
+    from autotune.rundir.layout import SPEEDS
+
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(speeds, "_NAMED", set(), raising=False)
+    cfg, hw = TrainConfig(), this_cpu()
+    p, _, _ = plan_for(cfg, hardware=hw)
+    model, machine = speed_key(cfg, hw)
+    speeds.record(model, machine, p, strategy_of(p.engine), 812.0, None, "runs/x")
+    good = json.loads((tmp_path / SPEEDS).read_text())["runs"][0]
+    assert plan_for(cfg, hardware=hw)[0].schedule.time_estimate.samples_per_s == 812.0  # a real entry calibrates
+    assert capsys.readouterr().err == ""
+    for field, values in CRAFTED_SPEEDS.items():
+        for value in values:
+            (tmp_path / SPEEDS).write_text(json.dumps({"runs": [{**good, field: value}]}))
+            planned = plan_for(cfg, hardware=hw)[0]  # no ZeroDivisionError, no "-5.0 samples/s"
+            assert planned.schedule.time_estimate.samples_per_s is None, (field, value)
+            plan_for(cfg, hardware=hw)  # asked again: said once
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f": entry 0: {field} " in err and "\x1b" not in err, (field, value, err)
+    for text in ("[" * 5000, '{"runs": [NaN]}'):  # nested past the parser; a constant JSON has not
+        (tmp_path / SPEEDS).write_text(text)
+        assert plan_for(cfg, hardware=hw)[0].schedule.time_estimate.samples_per_s is None
+        assert "ignored (no past run of it calibrates this plan)" in capsys.readouterr().err
+    (tmp_path / SPEEDS).unlink()
+    import os
+
+    os.mkfifo(tmp_path / SPEEDS)  # never a hang
+    assert speeds.past_runs(model, machine) == []
+    assert "is not a regular file" in capsys.readouterr().err
+
+
 def test_an_fsdp2_run_is_kept_as_fsdp2_not_as_ddp():
     from autotune.plan import EngineSection
     from autotune.planner.memory import strategy_of

@@ -149,6 +149,7 @@ def test_a_timing_under_load_is_kept_flagged_taken_only_while_busy_and_replaced_
     busy[0] = None
     quiet = measured_steps(cpu="AMD EPYC", run=timed(0.01), **WHAT)
     assert len(runs) == 2 and quiet.under_load is None and "measured under load" not in quiet.basis
+    assert quiet.basis.endswith(", the median of the 5 rounds that had their cores")
     assert "was measured under load and this machine is quiet now: timing it again" in capsys.readouterr().err
     busy[0] = BUSY
     assert measured_steps(cpu="AMD EPYC", run=timed(0.5), **WHAT) == quiet and len(runs) == 2  # kept: its own
@@ -252,3 +253,28 @@ def test_a_quiet_run_replaces_a_kept_timing_it_contradicts_and_a_run_under_load_
     assert "timed on this CPU" in te.basis and where.is_file()  # the step timed again, and kept
     # a run that agrees with its plan replaces nothing
     assert not [line for line in ran(0.02, te.samples_per_s * 1.1) if "replaced" in line] and where.is_file()
+
+
+def test_a_crafted_timing_in_the_cache_is_timed_again_never_planned_from(capsys):
+    """Issue 44 (attacker): a timing of two points at one micro-batch was a ZeroDivisionError in the planner, a FIFO at
+    its name hung the plan. Either is named and the step timed again."""
+    import os
+
+    from autotune.measure.timing import kept_path, measured_steps, request
+
+    where = kept_path(request(**WHAT), "AMD EPYC")
+    where.parent.mkdir(parents=True)
+    runs: list[dict] = []
+
+    def timed(req):
+        runs.append(req)
+        return answer({32: 0.010, 64: 0.018}, wait=0.01, threads=2)
+
+    where.write_text(json.dumps({"points": [[32, 0.01, 0.001], [32, 0.02, 0.001]], "basis": "x", "threads": 2}))
+    steps = measured_steps(cpu="AMD EPYC", run=timed, **WHAT)
+    assert len(runs) == 1 and [p[0] for p in steps.points] == [32, 64]
+    assert "two points at one micro-batch" in capsys.readouterr().err
+    where.unlink()
+    os.mkfifo(where)
+    steps = measured_steps(cpu="AMD EPYC", run=timed, **WHAT)  # timed again; the pipe is not written through either
+    assert len(runs) == 2 and "is not a regular file" in capsys.readouterr().err
