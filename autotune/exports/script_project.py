@@ -123,6 +123,25 @@ def precision_sets(files: list[tuple[Path, ast.Module]]) -> list[PrecisionSet]:
     return out
 
 
+def meta_build(files: list[tuple[Path, ast.Module]]) -> str | None:
+    """Where the script or its project builds its model on the meta device (``torch.device("meta")``, a
+    ``device="meta"`` argument, Accelerate's ``init_empty_weights()``, early torchtitan's ``meta_model_init()``), as
+    torchtitan does before ``fully_shard`` and ``to_empty``: file:line and the statement, or None. FSDP2 then makes
+    only each rank's shards."""
+    for path, tree in files:
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            last = call_name(node.func).split(".")[-1]
+            meta = last in ("init_empty_weights", "meta_model_init") or (last == "device" and any(
+                isinstance(a, ast.Constant) and a.value == "meta" for a in node.args)) or any(
+                k.arg == "device" and isinstance(k.value, ast.Constant) and k.value.value == "meta"
+                for k in node.keywords)
+            if meta:
+                return f"{path.name}:{node.lineno}: {_short(ast.unparse(node))}"
+    return None
+
+
 def _autocast(node: ast.Call, name: str, where: str) -> PrecisionSet:
     kw = {k.arg: k.value for k in node.keywords if k.arg}
     enabled = kw.get("enabled")

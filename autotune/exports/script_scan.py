@@ -91,6 +91,7 @@ class ScriptFacts:
     project: tuple[str, ...] = ()  # the modules of its own project it imports, read with it
     project_unread: tuple[str, ...] = ()  # those that could not be read, and why
     precision_set: list = field(default_factory=list)  # script_project.PrecisionSet: where it sets its own
+    builds_on_meta: str | None = None  # where it builds its model on the meta device (script_project.meta_build)
     hydra: Any = None  # script_hydra.HydraApp: an @hydra.main app's config, read
     lightning: Any = None  # script_lightning.LightningApp: a LightningCLI app's arguments, read
     error: str | None = None
@@ -124,7 +125,7 @@ def scan_script(path: str | Path) -> ScriptFacts:
     (``autotune.exports.script_project``: a Trainer, an Accelerator, autocast made in ``trainer.py``)."""
     from autotune.exports.script_hydra import scan_hydra
     from autotune.exports.script_lightning import scan_lightning
-    from autotune.exports.script_project import precision_sets, project_modules
+    from autotune.exports.script_project import meta_build, precision_sets, project_modules
 
     facts = ScriptFacts(str(path))
     try:
@@ -136,6 +137,7 @@ def scan_script(path: str | Path) -> ScriptFacts:
     facts.project = tuple(str(p) for p, _ in project.modules)
     facts.project_unread = tuple(project.unread)
     facts.precision_set = precision_sets([(Path(path), tree), *project.modules])
+    facts.builds_on_meta = meta_build([(Path(path), tree), *project.modules])
     for module in (tree, *(t for _, t in project.modules)):
         _walk(module, facts)
     facts.hydra = scan_hydra(tree, Path(path), project.modules)

@@ -263,6 +263,9 @@ def _explain(resolver: Resolver, inputs: Inputs, chosen: Row, rows: tuple[Row, .
         weighed = facts.unknown_reason or "the model's size is unknown: not checked"
     else:
         weighed = f"{chosen.need.peak_gib:.2f} GiB of {budget.device_gib:.1f} GiB usable ({budget.basis})"
+    if s.backend == "fsdp" and facts.builds_on_meta and not facts.builtin_gpt:
+        weighed += (f"; the set-up makes only each rank's shards: your script builds its model on the meta device "
+                    f"({facts.builds_on_meta})")
     resolver.explain("strategy", f"{chosen.label}: {weighed}")
     if s.backend == "fsdp":
         explain_fsdp(resolver, chosen, budget)

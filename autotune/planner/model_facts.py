@@ -174,6 +174,9 @@ class ModelFacts(Frozen):
     work: WorkModel | None = None  # FLOPs, bytes and kernels of a step (traced as CUDA runs it; None: not counted)
     measured_steps: MeasuredSteps | None = None  # the step timed for real (this machine's CPU, or probed on GPU 0)
     past_runs: tuple[PastRun, ...] = ()  # measured speeds of earlier runs on this kind of machine (never cached)
+    # where the user's script builds its model on the meta device (read from its source): FSDP2's set-up then makes
+    # only each rank's shards, as the built-in workload's does; None: built whole (the set-up's peak is counted)
+    builds_on_meta: str | None = None
     # FSDP2's wrap: the module class each fully_shard unit is (the model's repeated block), the largest unit's
     # parameters and the root's own (those in no unit); unknown (None, 0): the whole model is one unit
     fsdp_unit: str | None = None

@@ -28,8 +28,10 @@ class Sizer:
         self.half = half
         self.bucket_elements = bucket_elements
         self.on_gpu = on_gpu
-        # the built-in workload builds its model on the meta device under FSDP2 (runtime.fsdp): no whole-model peak
-        self.builds_on_meta = facts.builtin_gpt and inputs.cfg.training.entrypoint is None
+        # the built-in workload builds its model on the meta device under FSDP2 (runtime.fsdp), and so does a script
+        # read doing it (ModelFacts.builds_on_meta): no whole-model peak
+        self.builds_on_meta = (facts.builtin_gpt and inputs.cfg.training.entrypoint is None) or \
+            facts.builds_on_meta is not None
 
     def need(self, s: Strategy, micro: int, ckpt: bool) -> Need:
         f, policy = self.facts, self.inputs.policy

@@ -105,7 +105,22 @@ def _model_facts(cfg: TrainConfig, policy, hw: HardwareProfile, probe_gpu: bool)
         return facts_for(cfg)
     from autotune.measure import model_facts, model_facts_probed
 
-    return (model_facts_probed if probe_gpu else model_facts)(cfg, policy, hw)
+    facts = (model_facts_probed if probe_gpu else model_facts)(cfg, policy, hw)
+    meta = _meta_build(t.entrypoint, t.workdir)
+    return facts if meta is None else facts.model_copy(update={"builds_on_meta": meta})
+
+
+def _meta_build(entrypoint: str, workdir: str | None) -> str | None:
+    """Where the user's script (a readable .py file) builds its model on the meta device, read from its source and
+    its project's modules; None for a module:function entrypoint or a file not here (a plan for another machine)."""
+    from pathlib import Path
+
+    from autotune.exports.script_scan import scan_script
+
+    path = Path(entrypoint) if Path(entrypoint).is_absolute() else Path(workdir or ".") / entrypoint
+    if not entrypoint.endswith(".py") or not path.is_file():
+        return None
+    return scan_script(path).builds_on_meta
 
 
 def speed_key(cfg: TrainConfig, hw: HardwareProfile) -> tuple[str | None, str | None]:

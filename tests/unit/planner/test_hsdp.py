@@ -129,3 +129,44 @@ def test_fsdp2_set_up_peak_is_counted_for_a_model_built_whole():
     builtin, _ = weigh(load_profile("4xL4"), TrainConfig().model_copy(update={"distributed": TrainConfig(
         ).distributed.model_copy(update={"backend": "fsdp"})}), deepspeed_installed=False)
     assert builtin.engine.backend == "fsdp" and builtin.memory.estimate.init_gib is None
+
+
+def test_a_script_that_builds_its_model_on_the_meta_device_has_no_set_up_peak_and_the_plan_says_why(tmp_path):
+    """torchtitan builds its model under ``torch.device("meta")`` and materialises only the shards: a plan that counted
+    the whole fp32 model on every GPU refused Llama 3 70B on 64 A100 80GB, which ran there (issue 45). The script's
+    source (and its project's modules) says which way it builds, read without running it."""
+    from helpers.gpu_truth import recorded_facts
+
+    from autotune.exports.script_project import meta_build
+    from autotune.planner import weigh
+    from autotune.profiles import load_profile
+
+    def scanned(text: str) -> str | None:
+        import ast
+        return meta_build([(tmp_path / "train.py", ast.parse(text))])
+
+    assert scanned("import torch\nwith torch.device('meta'):\n    model = build()\n") == \
+        "train.py:2: torch.device('meta')"
+    assert scanned("m = Llama(cfg, device='meta')\n") == "train.py:1: Llama(cfg, device='meta')"
+    assert scanned("from accelerate import init_empty_weights\nwith init_empty_weights():\n    m = build()\n") == \
+        "train.py:2: init_empty_weights()"
+    assert scanned("import torch\nmodel = build().to(torch.device('cuda'))\n") is None
+    cfg, facts = recorded_facts("gpt2_small")
+    cfg = cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update={"backend": "fsdp"})})
+    on_meta = facts.model_copy(update={"builds_on_meta": "train.py:2: torch.device('meta')"})
+    p, _ = weigh(load_profile("4xL4"), cfg, facts=on_meta, deepspeed_installed=False)
+    assert p.memory.estimate.init_gib is None and p.reasons["strategy"].endswith(
+        "; the set-up makes only each rank's shards: your script builds its model on the meta device (train.py:2: "
+        "torch.device('meta'))")
+
+
+def test_the_plan_reads_the_meta_build_from_the_users_script(tmp_path):
+    """prepare reads the entry script (a readable .py) for the meta build before planning."""
+    from autotune.prepare.planning import _meta_build
+
+    (tmp_path / "train.py").write_text("import torch\nwith torch.device('meta'):\n    m = torch.nn.Linear(2, 2)\n")
+    (tmp_path / "plain.py").write_text("import torch\nm = torch.nn.Linear(2, 2)\n")
+    assert _meta_build(str(tmp_path / "train.py"), None) == "train.py:2: torch.device('meta')"
+    assert _meta_build(str(tmp_path / "plain.py"), None) is None
+    assert _meta_build("train.py", str(tmp_path)) == "train.py:2: torch.device('meta')"  # from its workdir
+    assert _meta_build("pkg.mod:main", None) is None and _meta_build(str(tmp_path / "gone.py"), None) is None
