@@ -175,7 +175,8 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
         print(f"autotune: warning: {e}; the plan's time is unknown", file=sys.stderr, flush=True)
         return None
     verdict = judge(timed["rounds"], ranks, lambda r: contention.Share(
-        0.0, r["cpu_share"], r.get("wait_share"), r.get("threads", n)).under_load(), contention.judging())
+        0.0, r["cpu_share"], r.get("wait_share"), r.get("threads", n), r.get("steal_share")).under_load(),
+        contention.judging())
     comm = verdict.all_reduce_s
     basis = (f"timed on this CPU ({cpu or 'model unknown'}, {who}) at micro-batch {a} and {b} on {at}: the model's own "
              "step, forward + backward and optimizer" + (", and DDP's gloo all-reduce of its gradients"
@@ -304,7 +305,7 @@ def _measure(req: dict, store: str, rank: int) -> dict:
             got = share_between(before, snapshot(), req["threads"])
             fb, synced, optimizer = (statistics.median(t[i] for t in times) for i in range(3))
             rounds.append({"micro": b, "fb_s": fb, "synced_s": synced, "opt_s": optimizer, "threads": got.threads,
-                           "cpu_share": got.cpu_share, "wait_share": got.wait_share})
+                           "cpu_share": got.cpu_share, "wait_share": got.wait_share, "steal_share": got.steal_share})
     if ranks > 1:
         dist.destroy_process_group()
     return {"rounds": rounds}

@@ -3,7 +3,8 @@ own or were measured under load (issue 47).
 
 Each round of the timing (``measure.timing``: the micro-batches in turn) gives, per micro-batch, the median of its
 steps and what the slowest rank's process got meanwhile (``rundir.contention.Share``). A round whose process waited
-for a core more than ``contention.limit()`` of the time it wanted one did not have the machine. The figures are the
+for a core more than ``contention.limit()`` of the time it wanted one, or whose cores the hypervisor gave to other
+machines for more than that share of their time (steal), did not have the machine. The figures are the
 median round's among those that had their cores, when two or more did (a run trains at its sustained speed, not at its
 fastest moment: the best round put ``make run``'s prediction 12-37 % above what it measured), else the best round's
 (the least disturbed of a timing kept flagged). They are a quiet figure only when
@@ -37,14 +38,17 @@ class Verdict:
 
 
 def combine(per_rank: list[list[dict]]) -> list[dict]:
-    """Each rank's rounds (``{"micro", "fb_s", "synced_s", "opt_s", "cpu_share", "wait_share"}``, in the same order
-    on every rank) -> the slowest rank's: its times, the most any rank waited, the least CPU any had."""
+    """Each rank's rounds (``{"micro", "fb_s", "synced_s", "opt_s", "cpu_share", "wait_share", "steal_share"}``, in
+    the same order on every rank) -> the slowest rank's: its times, the most any rank waited or had stolen, the least
+    CPU any had."""
     out = []
     for same in zip(*per_rank):
         waits = [r["wait_share"] for r in same if r.get("wait_share") is not None]
+        steals = [r["steal_share"] for r in same if r.get("steal_share") is not None]
         out.append({"micro": same[0]["micro"], **{k: max(r[k] for r in same) for k in ("fb_s", "synced_s", "opt_s")},
                     "cpu_share": min(r["cpu_share"] for r in same), "threads": same[0].get("threads", 1),
-                    "wait_share": max(waits) if len(waits) == len(same) else None})
+                    "wait_share": max(waits) if len(waits) == len(same) else None,
+                    "steal_share": max(steals) if steals else None})
     return out
 
 

@@ -48,6 +48,7 @@ HOST_ADAM_BASIS = {"deepspeed": "DeepSpeed's CPU Adam at about 1e8 parameters/s 
                                 "2021)",
                    "torch": "torch's AdamW on the host at about 1.7e7 parameters/s a core (ZeRO-Offload, Ren et al. "
                             "2021: 5.1-6.5x slower than DeepSpeed's CPU Adam)"}
+HOST_ADAM_PART = {"deepspeed": "CPU Adam", "torch": "host AdamW"}  # the host's arithmetic in a step's parts
 
 
 # What offload adds on the host each optimizer step, beyond CPU Adam's rate (DeepSpeed's step is not overlapped with
@@ -81,7 +82,8 @@ class StepTime:
 
     def describe(self) -> str:
         extra = ", ".join(f"{name} {secs:.2g} s a step" for name, secs in self.parts if secs >= 0.0005)
-        return extra
+        rates = [HOST_ADAM_BASIS[who] for who, part in HOST_ADAM_PART.items() if any(n == part for n, _ in self.parts)]
+        return "; ".join([extra] + rates) if extra else extra
 
 
 def phase_gpu_s(work: PhaseWork, gpu: GPUSpec, precision: str, tf32: bool, cal: Efficiency | None = None,
@@ -131,9 +133,9 @@ def host_step_s(step: StepWork, line: EngineLine, num_parameters: int, share: fl
                 cal: Efficiency, scale: float = 1.0) -> dict[str, float]:
     """The optimizer step under offload, by part (seconds): the host's walk over the tensors (the GPU step's
     dispatch, paid on the host), the optimizer's arithmetic at the host's rate, and the step's synchronisation."""
-    adam = "CPU Adam" if line.host_adam == "deepspeed" else "host AdamW"
     return {"offload's walk over the tensors": step.optimizer.kernels * cal.kernel_s * scale,
-            adam: host_optimizer_s(line, num_parameters, share, cores), "offload sync": OFFLOAD_SYNC_S}
+            HOST_ADAM_PART[line.host_adam]: host_optimizer_s(line, num_parameters, share, cores),
+            "offload sync": OFFLOAD_SYNC_S}
 
 
 def step_time(step: StepWork, *, strategy: str, micro: int, accumulation: int, world: int, gpu: GPUSpec,

@@ -6,8 +6,10 @@ A figure measured while other work held the cores is slower than this machine is
 every later plan (issue 47: a step timing 24x too slow). The 1-minute load average cannot tell: it lags a burst by
 a minute and counts the measured process's own threads with everyone else's. So a measurement is judged by its own
 process (``share_between`` of two ``snapshot``s): how long its threads waited on a run queue for a core against how
-long they ran (``/proc/self/task/*/schedstat``; where the kernel keeps none, its CPU time against one core's), and
-whether the machine is busy *now* by the cores' own counters over a quarter of a second (``busy_now``).
+long they ran (``/proc/self/task/*/schedstat``; where the kernel keeps none, its CPU time against one core's), how
+much of its cores' time the hypervisor gave to other machines meanwhile (``/proc/stat``'s steal: with paravirtual time
+accounting a stolen moment is neither a thread's time on a core nor its wait for one, so only the cores' own counters
+show it), and whether the machine is busy *now* by the cores' own counters over a quarter of a second (``busy_now``).
 
 ``$AUTOTUNE_BUSY_LOAD`` (``limit``): the share of its time a measurement may wait for a core, and the share of the
 cores other work may hold now, before it is judged under load (0.2 by default); 1 or more judges nothing under load
@@ -46,6 +48,7 @@ class Snapshot:
     cpu_s: float  # the process's CPU time, all its threads
     run_s: float | None  # its threads' time on a core (the kernel's schedstat), None where it keeps none
     wait_s: float | None  # its threads' time runnable but waiting for a core
+    ticks: tuple[int, int] | None = None  # (stolen, all) ticks of the cores it may run on; None where unreadable
 
 
 def _schedstat(task: Path = Path("/proc/self/task")) -> tuple[float, float] | None:
@@ -63,9 +66,16 @@ def _schedstat(task: Path = Path("/proc/self/task")) -> tuple[float, float] | No
     return (run, wait) if run > 0 else None  # a kernel that counts nothing keeps zeros
 
 
-def snapshot() -> Snapshot:
+def snapshot(read=None) -> Snapshot:
     got = _schedstat()
-    return Snapshot(time.monotonic(), time.process_time(), *(got if got else (None, None)))
+    return Snapshot(time.monotonic(), time.process_time(), *(got if got else (None, None)), _steal(read or _proc_stat))
+
+
+def _steal(read) -> tuple[int, int] | None:
+    try:
+        return _cpu_counters(read(), _cpus(), column=STEAL)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -76,20 +86,27 @@ class Share:
     cpu_share: float  # CPU time / (wall time x threads)
     wait_share: float | None  # time waiting for a core / (time on one + waiting); None: the kernel keeps no figure
     threads: int
+    steal_share: float | None = None  # its cores' time the hypervisor gave to other machines; None: not counted
 
     def said(self) -> str:
         got = f"its process had {self.cpu_share * 100:.0f} % of {self.threads} thread(s)' time"
-        if self.wait_share is None:
-            return got
-        return f"{got} and waited for a core {self.wait_share * 100:.0f} % of the time it wanted one"
+        if self.wait_share is not None:
+            got += f" and waited for a core {self.wait_share * 100:.0f} % of the time it wanted one"
+        if self.steal_share:
+            got += (f", while the hypervisor gave {self.steal_share * 100:.0f} % of its cores' time to other machines "
+                    "(steal)")
+        return got
 
     def under_load(self, most: float | None = None) -> str | None:
         """Why this process did not have the cores (None: it did): it waited for a core more than ``most`` (the
         ``limit()``) of the time it wanted one; where the kernel keeps no waits, it had less than 1 - ``most`` of
-        one core's time (a weaker check: a process whose threads idle in turn is not told from one kept waiting)."""
+        one core's time (a weaker check: a process whose threads idle in turn is not told from one kept waiting); or
+        the hypervisor took more than ``most`` of its cores' time for other machines."""
         most = limit() if most is None else most
         if most >= 1:
             return None
+        if self.steal_share is not None and self.steal_share > most:
+            return self.said()
         if self.wait_share is not None:
             return self.said() if self.wait_share > most else None
         return self.said() if self.cpu_share * self.threads < 1 - most else None
@@ -102,29 +119,36 @@ def share_between(before: Snapshot, after: Snapshot, threads: int) -> Share:
     if None not in (before.run_s, after.run_s, before.wait_s, after.wait_s):
         ran, waited = max(after.run_s - before.run_s, 0.0), max(after.wait_s - before.wait_s, 0.0)
         wait = waited / (ran + waited) if ran + waited > 0 else 0.0
-    return Share(wall, cpu / (wall * max(1, threads)), wait, max(1, threads))
+    steal = None
+    if before.ticks and after.ticks and after.ticks[1] > before.ticks[1]:
+        steal = max(0, after.ticks[0] - before.ticks[0]) / (after.ticks[1] - before.ticks[1])
+    return Share(wall, cpu / (wall * max(1, threads)), wait, max(1, threads), steal)
 
 
 def as_record(share: Share) -> dict:
     """A share as the run's metrics.json keeps it (``from_record`` reads it back)."""
     return {"wall_s": round(share.wall_s, 3), "cpu_share": round(share.cpu_share, 4), "threads": share.threads,
-            "wait_share": None if share.wait_share is None else round(share.wait_share, 4)}
+            "wait_share": None if share.wait_share is None else round(share.wait_share, 4),
+            "steal_share": None if share.steal_share is None else round(share.steal_share, 4)}
 
 
 def from_record(record) -> Share | None:
     try:
-        wait = record.get("wait_share")
+        wait, steal = record.get("wait_share"), record.get("steal_share")
         return Share(float(record["wall_s"]), float(record["cpu_share"]), None if wait is None else float(wait),
-                     int(record["threads"]))
+                     int(record["threads"]), None if steal is None else float(steal))
     except (AttributeError, KeyError, TypeError, ValueError):
         return None
 
 
 # -- the machine now ---------------------------------------------------------------------------------------------
 
-def _cpu_counters(text: str, cpus: set[int]) -> tuple[int, int] | None:
+STEAL = 7  # /proc/stat's eighth column of a core's ticks
+
+
+def _cpu_counters(text: str, cpus: set[int], column: int | None = None) -> tuple[int, int] | None:
     """(busy, all) ticks of ``cpus`` from /proc/stat's text; busy: all but idle and iowait (a neighbour's steal is
-    busy: it is time this machine's cores did not have)."""
+    busy: it is time this machine's cores did not have); with ``column``: (that column's, all) ticks."""
     busy = total = 0
     seen = False
     for line in text.splitlines():
@@ -133,7 +157,8 @@ def _cpu_counters(text: str, cpus: set[int]) -> tuple[int, int] | None:
             continue
         ticks = [int(v) for v in rest.split()[:8]]
         idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
-        busy, total, seen = busy + sum(ticks) - idle, total + sum(ticks), True
+        mine = sum(ticks) - idle if column is None else (ticks[column] if len(ticks) > column else 0)
+        busy, total, seen = busy + mine, total + sum(ticks), True
     return (busy, total) if seen else None
 
 

@@ -11,7 +11,7 @@ import pytest
 from helpers.timing_rounds import answer
 
 from autotune.config import TrainConfig
-from autotune.measure.timing_judge import judge
+from autotune.measure.timing_judge import combine, judge
 from autotune.planner.model_facts import MeasuredSteps
 from autotune.profiles import load_profile
 from autotune.rundir import contention
@@ -35,7 +35,8 @@ def this_cpu():
 
 
 def had_cores(r):
-    return contention.Share(0.0, r["cpu_share"], r.get("wait_share"), r.get("threads", 1)).under_load()
+    return contention.Share(0.0, r["cpu_share"], r.get("wait_share"), r.get("threads", 1),
+                            r.get("steal_share")).under_load()
 
 
 # -- what a process got ------------------------------------------------------------------------------------------
@@ -64,6 +65,43 @@ def test_a_process_is_judged_by_how_long_it_waited_for_a_core_not_by_the_load_av
     assert contention._schedstat(tmp_path / "none") is None
     got = contention.from_record(json.loads(json.dumps(contention.as_record(burned))))
     assert got.under_load() == burned.under_load()
+
+
+def test_a_round_whose_cores_the_hypervisor_gave_to_other_machines_did_not_have_them(monkeypatch):
+    """With paravirtual time accounting a stolen moment is neither a thread's time on a core nor its wait for one:
+    the process's own figures look quiet, and only /proc/stat's steal column says the cores were elsewhere."""
+    monkeypatch.setattr(contention, "_cpus", lambda: {0, 1})
+
+    def stat(steal0, steal1, all_each):  # user nice system idle iowait irq softirq steal, per core
+        return "\n".join(["cpu  1 1 1 1 1 1 1 1 0 0"] + [
+            f"cpu{i} {all_each - s - 10} 0 10 0 0 0 0 {s} 0 0" for i, s in enumerate((steal0, steal1))] +
+            ["cpu2 0 0 0 0 0 0 0 999 0 0"])  # a core this process may not run on: not its
+
+    before = contention.snapshot(lambda: stat(100, 100, 1000))
+    assert before.ticks == (200, 2000)
+    quiet_ticks = contention.snapshot(lambda: stat(101, 100, 1100)).ticks
+    stolen_ticks = contention.snapshot(lambda: stat(160, 160, 1100)).ticks
+
+    def share(after_ticks):
+        return contention.share_between(contention.Snapshot(0.0, 0.0, 1.0, 0.1, before.ticks),
+                                        contention.Snapshot(1.0, 1.9, 2.9, 0.15, after_ticks), threads=2)
+
+    assert share(quiet_ticks).steal_share == pytest.approx(1 / 200) and share(quiet_ticks).under_load() is None
+    stolen = share(stolen_ticks)
+    assert stolen.steal_share == pytest.approx(0.6) and stolen.wait_share < 0.05  # its own figures look quiet
+    assert stolen.under_load() == ("its process had 95 % of 2 thread(s)' time and waited for a core 3 % of the time "
+                                   "it wanted one, while the hypervisor gave 60 % of its cores' time to other "
+                                   "machines (steal)")
+    assert contention.from_record(json.loads(json.dumps(contention.as_record(stolen)))).under_load() == (
+        stolen.under_load())
+    assert share(None).steal_share is None and share(None).under_load() is None  # no /proc/stat: not counted
+    # a timing's rounds: the slowest rank's steal counts, and such rounds are not this machine's figure
+    rounds = [{"micro": b, "fb_s": 0.01 * b / 32, "synced_s": 0.01 * b / 32, "opt_s": 0.001, "cpu_share": 0.95,
+               "wait_share": 0.01, "steal_share": 0.4, "threads": 2} for _ in range(5) for b in (32, 64)]
+    verdict = judge(combine([rounds]), 1, had_cores)
+    assert verdict.under_load.startswith("rounds that did not have their cores: 5 of 5 at micro-batch 32 and 5 of 5 "
+                                         "at micro-batch 64; the worst: its process had 95 %")
+    assert "gave 40 % of its cores' time to other machines (steal)" in verdict.under_load
 
 
 def test_busy_now_is_other_works_share_of_this_processs_cores_now_not_the_lagging_load_average(monkeypatch):

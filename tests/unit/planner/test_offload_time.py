@@ -86,3 +86,16 @@ def test_offload_pays_the_host_walk_its_synchronisation_and_each_copys_submissio
     # ZeRO-3's and FSDP2's offloaded partitions are fetched from the host for the forward and for the backward
     for name in ("zero3_offload", "fsdp_offload"):
         assert sum(c.op == "from_host" and c.when == "micro" for c in ENGINES[name].collectives) == 2
+
+
+def test_an_offloaded_steps_description_names_the_host_optimizers_rate_and_its_source():
+    """The host's arithmetic is timed at a documented rate, not one timed here: the plan's ranking says which."""
+    from autotune.planner.step_time import HOST_ADAM_PART, StepTime
+
+    for who, words in (("deepspeed", "DeepSpeed's CPU Adam at about 1e8"), ("torch", "torch's AdamW on the host")):
+        t = StepTime(0.1, 0.2, 0.0, 0.3, 100.0, parts=((HOST_ADAM_PART[who], 0.15), ("offload sync", 0.002)))
+        said = t.describe()
+        assert said.startswith(f"{HOST_ADAM_PART[who]} 0.15 s a step, offload sync 0.002 s a step; ")
+        assert words in said and "Ren et al. 2021" in said
+    resident = StepTime(0.1, 0.2, 0.05, 0.35, 100.0, parts=(("all-reduce", 0.05),))
+    assert resident.describe() == "all-reduce 0.05 s a step"
