@@ -117,9 +117,12 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
         if not environ.get("WANDB_API_KEY"):
             want["WANDB_MODE"] = "offline"
     want.update(accelerate_env(plan))
+    # threads per rank the config sets (a value you set that the environment does not hold) win over an exported
+    # OMP_NUM_THREADS: the plan says and timed them; an exported value the plan took is the same value
+    configured = "omp_num_threads" in plan.overrides and environ.get("OMP_NUM_THREADS") != want["OMP_NUM_THREADS"]
     env, sources = {}, {}
     for k, v in want.items():
-        if k in environ:
+        if k in environ and not (k == "OMP_NUM_THREADS" and configured):
             env[k], sources[k] = environ[k], "user"
         else:
             env[k], sources[k] = v, "autotune"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from autotune.config import TrainConfig, apply_overrides
+from autotune.config import AUTO, TrainConfig, apply_overrides
 from autotune.plan import TrainingPlan
 from autotune.profiles import HardwareProfile, load_profile
 
@@ -61,9 +61,9 @@ def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     if overrides:
         cfg = apply_overrides(cfg, dict(overrides))
     hw = resolve_hardware(hardware)
-    threads_set = "omp_num_threads" in cfg.data.model_fields_set
+    threads_set = cfg.data.omp_num_threads != AUTO
     cfg = exported_threads(cfg, hw, os.environ)
-    exported = not threads_set and "omp_num_threads" in cfg.data.model_fields_set  # yours, by the environment
+    exported = not threads_set and cfg.data.omp_num_threads != AUTO  # yours, by the environment
     pol = load_policy(policy)
     ds_installed = deepspeed_installed(hw.software)
     facts = _with_past_runs(cfg, hw, facts or _model_facts(cfg, pol, hw, probe_gpu))
@@ -79,9 +79,10 @@ def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
 def exported_threads(cfg: TrainConfig, hw: HardwareProfile, environ: Mapping[str, str]) -> TrainConfig:
     """``cfg`` with the OMP_NUM_THREADS the user exported as ``data.omp_num_threads`` when the plan is for this
     machine: the launch leaves an exported value in the ranks' environment (``launch_spec.plan_env``), so the plan
-    says, and times, what they will run. A value in the config wins; a preset or profile file is another machine."""
+    says, and times, what they will run. A number in the config wins (``launch_spec.plan_env`` then sets it; the
+    configs' ``auto`` is no number); a preset or profile file is another machine."""
     raw = environ.get("OMP_NUM_THREADS")
-    if raw is None or hw.source != "detected" or "omp_num_threads" in cfg.data.model_fields_set:
+    if raw is None or hw.source != "detected" or cfg.data.omp_num_threads != AUTO:
         return cfg
     try:
         threads = int(raw.strip())

@@ -63,6 +63,10 @@ def test_user_exported_values_win_and_are_recorded_as_theirs():
     assert s.env["AUTOTUNE_PLAN"] == "runs/x/plan.json"  # the run's own file always
     assert s.env_sources["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "autotune"
     assert s.env["TORCH_EXTENSIONS_DIR"] == f"/h/.cache/autotune/torch_extensions/{installation_key()}"
+    # threads per rank the config sets win over an exported OMP_NUM_THREADS: the plan says and timed them
+    p, mine = spec_for("4xL4", environ=env, **{"data.omp_num_threads": 2})
+    assert p.loader.omp_num_threads == 2 and p.reasons["omp_num_threads"].startswith("you set 2")
+    assert mine.env["OMP_NUM_THREADS"] == "2" and mine.env_sources["OMP_NUM_THREADS"] == "autotune"
 
 
 def test_the_extension_cache_is_keyed_by_python_and_the_torch_build():

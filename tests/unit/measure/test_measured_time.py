@@ -166,6 +166,12 @@ def test_an_exported_omp_num_threads_is_the_plans_and_its_timings_threads(monkey
     assert p.reasons["omp_num_threads"].startswith("OMP_NUM_THREADS=3 in your environment (the ranks run with it) "
                                                    "(auto would choose 4: 4 effective cores")
     assert p.overrides["omp_num_threads"].chosen == 3
+    # the shipped configs say `omp_num_threads: auto`, which is no value of yours: the exported one is still taken
+    # (it was not: `make run` planned and timed 2 threads while its rank ran with the exported 3)
+    said_auto = apply_overrides(TrainConfig(), {"data.omp_num_threads": "auto"})
+    assert "omp_num_threads" in said_auto.data.model_fields_set
+    assert plan_for(said_auto, hardware=this_cpu(cores=4), time_cpu=True)[0].loader.omp_num_threads == 3
+    assert asked[-1]["threads"] == 3
     assert plan_for(TrainConfig(), hardware="4xL4")[0].loader.omp_num_threads != 3  # not this machine
     mine = apply_overrides(TrainConfig(), {"data.omp_num_threads": 2})  # the config's value wins
     assert plan_for(mine, hardware=this_cpu(cores=4))[0].loader.omp_num_threads == 2
