@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TextIO
 
 from autotune.profiles import HardwareProfile
@@ -189,7 +190,8 @@ def render_plan(plan, out: TextIO) -> None:
     if plan.overrides:
         w("\nYour settings (beat auto):\n")
         for k, o in plan.overrides.items():
-            w(f"  {k}: auto would choose {o.auto}, you set {o.chosen}\n")
+            exported = re.search(r"\b[A-Z_]+=\S+ in your environment", plan.reasons.get(k, ""))  # Resolver.yours
+            w(f"  {k}: auto would choose {o.auto}, {exported.group(0) if exported else f'you set {o.chosen}'}\n")
     for warning in plan.warnings:
         w(f"warning: {warning}\n")
 

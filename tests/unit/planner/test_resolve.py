@@ -31,6 +31,16 @@ def test_the_plans_threads_reason_names_the_environment_or_the_config():
     configured, _ = weigh(hw, THREE)
     assert configured.reasons["omp_num_threads"].startswith("you set 3 (auto would choose ")
     assert configured.reasons["num_workers"] == exported.reasons["num_workers"]  # no other reason changes
+    # the report's list of your settings names where each came from
+    import io
+
+    from autotune.exports.report import render_plan
+
+    for p, said in ((exported, "omp_num_threads: auto would choose 8, OMP_NUM_THREADS=3 in your environment\n"),
+                    (configured, "omp_num_threads: auto would choose 8, you set 3\n")):
+        out = io.StringIO()
+        render_plan(p, out)
+        assert said in out.getvalue()
 
 
 def test_no_auto_optimize_says_where_the_threads_came_from():
