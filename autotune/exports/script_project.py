@@ -142,6 +142,18 @@ def meta_build(files: list[tuple[Path, ast.Module]]) -> str | None:
     return None
 
 
+def drops_last(files: list[tuple[Path, ast.Module]]) -> str | None:
+    """Where the script or its project makes a DataLoader that drops its last partial micro-batch
+    (``DataLoader(..., drop_last=True)``): file:line and the statement, or None (PyTorch's default keeps it)."""
+    for path, tree in files:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and call_name(node.func).split(".")[-1] == "DataLoader" and any(
+                    k.arg == "drop_last" and isinstance(k.value, ast.Constant) and k.value.value is True
+                    for k in node.keywords):
+                return f"{path.name}:{node.lineno}: {_short(ast.unparse(node))}"
+    return None
+
+
 def _autocast(node: ast.Call, name: str, where: str) -> PrecisionSet:
     kw = {k.arg: k.value for k in node.keywords if k.arg}
     enabled = kw.get("enabled")

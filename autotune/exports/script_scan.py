@@ -92,6 +92,7 @@ class ScriptFacts:
     project_unread: tuple[str, ...] = ()  # those that could not be read, and why
     precision_set: list = field(default_factory=list)  # script_project.PrecisionSet: where it sets its own
     builds_on_meta: str | None = None  # where it builds its model on the meta device (script_project.meta_build)
+    drops_last: str | None = None  # where its DataLoader drops the last partial micro-batch (script_project)
     hydra: Any = None  # script_hydra.HydraApp: an @hydra.main app's config, read
     lightning: Any = None  # script_lightning.LightningApp: a LightningCLI app's arguments, read
     error: str | None = None
@@ -125,7 +126,7 @@ def scan_script(path: str | Path) -> ScriptFacts:
     (``autotune.exports.script_project``: a Trainer, an Accelerator, autocast made in ``trainer.py``)."""
     from autotune.exports.script_hydra import scan_hydra
     from autotune.exports.script_lightning import scan_lightning
-    from autotune.exports.script_project import meta_build, precision_sets, project_modules
+    from autotune.exports.script_project import drops_last, meta_build, precision_sets, project_modules
 
     facts = ScriptFacts(str(path))
     try:
@@ -138,6 +139,7 @@ def scan_script(path: str | Path) -> ScriptFacts:
     facts.project_unread = tuple(project.unread)
     facts.precision_set = precision_sets([(Path(path), tree), *project.modules])
     facts.builds_on_meta = meta_build([(Path(path), tree), *project.modules])
+    facts.drops_last = drops_last([(Path(path), tree), *project.modules])
     for module in (tree, *(t for _, t in project.modules)):
         _walk(module, facts)
     facts.hydra = scan_hydra(tree, Path(path), project.modules)

@@ -155,7 +155,7 @@ def weigh(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, 
     lr = dec.learning_rate(inputs, resolver, global_batch)
     run = _run_section(cfg, auto_optimize, debug)
     max_steps = min(t.max_steps or DEBUG_MAX_STEPS, DEBUG_MAX_STEPS) if debug else t.max_steps
-    num_samples, spe, total = count_steps(resolver, cfg, micro, acc, world, max_steps, lr, debug)
+    num_samples, spe, total = count_steps(resolver, cfg, micro, acc, world, max_steps, lr, debug, facts.drops_last)
     past = tuple(r for r in facts.past_runs if (r.num_nodes, r.omp_num_threads, r.num_workers) ==
                  (num_nodes, loader.omp_num_threads, loader.num_workers))
     estimate = time_estimate(timing, untimed, mf.strategy, mf.gradient_checkpointing, micro, acc, total,

@@ -177,6 +177,9 @@ class ModelFacts(Frozen):
     # where the user's script builds its model on the meta device (read from its source): FSDP2's set-up then makes
     # only each rank's shards, as the built-in workload's does; None: built whole (the set-up's peak is counted)
     builds_on_meta: str | None = None
+    # where the user's script makes a DataLoader with drop_last=True (read from its source): its epochs end at the
+    # last whole micro-batch; None: PyTorch's default, the last partial one kept
+    drops_last: str | None = None
     # FSDP2's wrap: the module class each fully_shard unit is (the model's repeated block), the largest unit's
     # parameters and the root's own (those in no unit); unknown (None, 0): the whole model is one unit
     fsdp_unit: str | None = None

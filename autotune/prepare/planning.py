@@ -102,18 +102,26 @@ def _model_facts(cfg: TrainConfig, policy, hw: HardwareProfile, probe_gpu: bool)
     from autotune.planner.model_facts import facts_for
 
     t = cfg.training
-    if t.entrypoint is None or t.model is None:
+    if t.entrypoint is None:
         return facts_for(cfg)
-    from autotune.measure import model_facts, model_facts_probed
+    read = _script_read(t.entrypoint, t.workdir)
+    if t.model is None:
+        facts = facts_for(cfg)
+    else:
+        from autotune.measure import model_facts, model_facts_probed
 
-    facts = (model_facts_probed if probe_gpu else model_facts)(cfg, policy, hw)
-    meta = _meta_build(t.entrypoint, t.workdir)
-    return facts if meta is None else facts.model_copy(update={"builds_on_meta": meta})
+        facts = (model_facts_probed if probe_gpu else model_facts)(cfg, policy, hw)
+        if read is not None and read.builds_on_meta:
+            facts = facts.model_copy(update={"builds_on_meta": read.builds_on_meta})
+    if read is not None and read.drops_last:
+        facts = facts.model_copy(update={"drops_last": read.drops_last})
+    return facts
 
 
-def _meta_build(entrypoint: str, workdir: str | None) -> str | None:
-    """Where the user's script (a readable .py file) builds its model on the meta device, read from its source and
-    its project's modules; None for a module:function entrypoint or a file not here (a plan for another machine)."""
+def _script_read(entrypoint: str, workdir: str | None):
+    """What the user's script (a readable .py file) and its project's modules say of the plan, read from source
+    (``exports.script_scan.ScriptFacts``): where it builds its model on the meta device, where its DataLoader drops
+    the last partial batch; None for a module:function entrypoint or a file not here (a plan for another machine)."""
     from pathlib import Path
 
     from autotune.exports.script_scan import scan_script
@@ -121,7 +129,7 @@ def _meta_build(entrypoint: str, workdir: str | None) -> str | None:
     path = Path(entrypoint) if Path(entrypoint).is_absolute() else Path(workdir or ".") / entrypoint
     if not entrypoint.endswith(".py") or not path.is_file():
         return None
-    return scan_script(path).builds_on_meta
+    return scan_script(path)
 
 
 def speed_key(cfg: TrainConfig, hw: HardwareProfile) -> tuple[str | None, str | None]:

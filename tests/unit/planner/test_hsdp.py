@@ -162,11 +162,11 @@ def test_a_script_that_builds_its_model_on_the_meta_device_has_no_set_up_peak_an
 
 def test_the_plan_reads_the_meta_build_from_the_users_script(tmp_path):
     """prepare reads the entry script (a readable .py) for the meta build before planning."""
-    from autotune.prepare.planning import _meta_build
+    from autotune.prepare.planning import _script_read
 
     (tmp_path / "train.py").write_text("import torch\nwith torch.device('meta'):\n    m = torch.nn.Linear(2, 2)\n")
     (tmp_path / "plain.py").write_text("import torch\nm = torch.nn.Linear(2, 2)\n")
-    assert _meta_build(str(tmp_path / "train.py"), None) == "train.py:2: torch.device('meta')"
-    assert _meta_build(str(tmp_path / "plain.py"), None) is None
-    assert _meta_build("train.py", str(tmp_path)) == "train.py:2: torch.device('meta')"  # from its workdir
-    assert _meta_build("pkg.mod:main", None) is None and _meta_build(str(tmp_path / "gone.py"), None) is None
+    assert _script_read(str(tmp_path / "train.py"), None).builds_on_meta == "train.py:2: torch.device('meta')"
+    assert _script_read(str(tmp_path / "plain.py"), None).builds_on_meta is None
+    assert _script_read("train.py", str(tmp_path)).builds_on_meta == "train.py:2: torch.device('meta')"  # workdir
+    assert _script_read("pkg.mod:main", None) is None and _script_read(str(tmp_path / "gone.py"), None) is None

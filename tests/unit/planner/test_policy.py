@@ -888,3 +888,33 @@ def test_a_scripts_steps_per_epoch_keep_the_last_partial_micro_batch():
         "1001 samples / 2 process(es) = 501 each, in 63 micro-batches of 8 (the last partial one kept, as PyTorch's "
         "DataLoader does without drop_last) / accumulation 2 = 31.5, a step at each epoch's end: 32")
     assert script.reasons["total_steps"] == "2 epoch(s) x 32 steps = 64"
+
+
+def test_a_script_whose_dataloader_drops_the_last_partial_micro_batch_is_counted_as_it_runs(tmp_path):
+    """Read from its source, never run: a DataLoader(..., drop_last=True) in the script or its project ends each
+    epoch at the last whole micro-batch, and the reason says where; without it the partial one is kept."""
+    from autotune.planner.model_facts import facts_for
+    from autotune.prepare import plan_for
+    from autotune.profiles import load_profile
+
+    over = {"data.num_samples": 1001, "training.global_batch_size": 32, "training.batch_size_per_gpu": 8,
+            "training.epochs": 2, "distributed.nproc_per_node": 2, "training.entrypoint": "t.py"}
+    cfg = apply_overrides(TrainConfig(), over)
+    where = "t.py:9: DataLoader(ds, batch_size=8, drop_last=True)"
+    dropped = _plan(load_profile("cpu-only"), cfg, facts=facts_for(cfg).model_copy(update={"drops_last": where}))
+    assert (dropped.schedule.steps_per_epoch, dropped.schedule.total_steps) == (31, 62)  # 501 // 8 = 62, / 2
+    assert dropped.reasons["steps_per_epoch"] == (
+        "1001 samples / 2 process(es) = 501 each, in 62 whole micro-batches of 8 (the last partial one dropped: your "
+        f"DataLoader's drop_last=True, {where}) / accumulation 2 = 31")
+    # prepare reads it from the script file (and from the project modules it imports)
+    (tmp_path / "loaders.py").write_text("from torch.utils.data import DataLoader\n\n"
+                                         "def make(ds):\n    return DataLoader(ds, batch_size=8, drop_last=True)\n")
+    (tmp_path / "t.py").write_text("import loaders\nloader = loaders.make(list(range(1001)))\n")
+    (tmp_path / "kept.py").write_text("from torch.utils.data import DataLoader\nDataLoader([], drop_last=False)\n")
+    for script, per_epoch in (("t.py", 31), ("kept.py", 32)):
+        mine = apply_overrides(cfg, {"training.entrypoint": script, "training.workdir": str(tmp_path)})
+        p = plan_for(mine, hardware=load_profile("cpu-only"))[0]
+        assert p.schedule.steps_per_epoch == per_epoch, script
+    assert "loaders.py:4: DataLoader(ds, batch_size=8, drop_last=True)" in plan_for(
+        apply_overrides(cfg, {"training.workdir": str(tmp_path)}), hardware=load_profile("cpu-only"))[0].reasons[
+        "steps_per_epoch"]
