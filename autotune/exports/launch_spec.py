@@ -210,12 +210,28 @@ FSDP_ENV = {"fsdp_version": "FSDP_VERSION", "fsdp_auto_wrap_policy": "FSDP_AUTO_
             "fsdp_activation_checkpointing": "FSDP_ACTIVATION_CHECKPOINTING"}
 
 
+def hsdp_mesh(plan: TrainingPlan) -> dict[str, int] | None:
+    """An HSDP plan's 2-D mesh in Accelerate's ``parallelism_config`` keys (its ParallelismConfig: copies across
+    the nodes, shards inside each), None for any other plan (FSDP2's 1-D mesh is Accelerate's default)."""
+    eng = plan.engine
+    if eng.backend != "fsdp" or eng.dp_replicate <= 1:
+        return None
+    return {"parallelism_config_dp_replicate_size": eng.dp_replicate,
+            "parallelism_config_dp_shard_size": eng.world_size // eng.dp_replicate}
+
+
 def accelerate_fsdp_env(plan: TrainingPlan) -> dict[str, str]:
     """ACCELERATE_USE_FSDP and the FSDP_* variables of ``fsdp_settings`` (values as Accelerate's launcher writes
-    them: booleans lower-case)."""
+    them: booleans lower-case); for HSDP, the PARALLELISM_CONFIG_* variables an ``Accelerator()`` (HF Trainer's
+    too) builds its 2-D mesh from when ACCELERATE_USE_PARALLELISM_CONFIG is true (accelerate/parallelism_config.py,
+    as ``accelerate launch`` writes them from a config file's ``parallelism_config``)."""
     out = {"ACCELERATE_USE_FSDP": "true"}
     for key, value in fsdp_settings(plan).items():
         out[FSDP_ENV[key]] = str(value).lower() if isinstance(value, bool) else str(value)
+    mesh = hsdp_mesh(plan)
+    if mesh:
+        out["ACCELERATE_USE_PARALLELISM_CONFIG"] = "true"
+        out.update({k.upper(): str(v) for k, v in mesh.items()})
     return out
 
 

@@ -18,7 +18,8 @@ def accelerate_config(plan: TrainingPlan) -> dict:
     ``accelerate_launch_line`` carries both as variables. DeepSpeed and FSDP through Accelerate
     need GPUs (its CPU mode trains with DDP instead): refused for a CPU plan. An FSDP2 plan writes
     ``distributed_type: FSDP`` with ``fsdp_config`` (``launch_spec.fsdp_settings``: ``fsdp_version: 2``, the wrap
-    policy and unit, the state-dict type, resharding, offload, checkpointing)."""
+    policy and unit, the state-dict type, resharding, offload, checkpointing), and an HSDP plan its 2-D mesh in
+    ``parallelism_config`` (``launch_spec.hsdp_mesh``)."""
     eng = plan.engine
     if eng.backend in ("deepspeed", "fsdp") and eng.device == "cpu":
         from autotune.errors import UserError
@@ -59,10 +60,13 @@ def accelerate_config(plan: TrainingPlan) -> dict:
             "zero3_init_flag": False,
         }
     elif eng.backend == "fsdp":  # FSDP2: Accelerate's default fsdp_version is still 1
-        from autotune.exports.launch_spec import fsdp_settings
+        from autotune.exports.launch_spec import fsdp_settings, hsdp_mesh
 
         cfg["distributed_type"] = "FSDP"
         cfg["fsdp_config"] = fsdp_settings(plan)
+        mesh = hsdp_mesh(plan)
+        if mesh:  # HSDP: shard inside each node, replicate across the nodes (Accelerate's ParallelismConfig)
+            cfg["parallelism_config"] = mesh
     elif eng.world_size > 1:
         cfg["distributed_type"] = "MULTI_GPU"  # accelerate's torchrun path, for CPU processes too (above)
     else:

@@ -237,6 +237,45 @@ def test_an_fsdp2_plan_exports_for_accelerate_as_accelerates_own_launcher_reads_
     assert "ACCELERATE_USE_FSDP" not in plan_values_env(cpu, str(tmp_path))
 
 
+def test_an_hsdp_plan_exports_its_2d_mesh_as_accelerates_own_launcher_and_parallelism_config_read_it(tmp_path,
+                                                                                                   monkeypatch):
+    """An HSDP plan (2x4xL4 --fsdp: shard inside each node, replicate across the two) gave Accelerate a plain FSDP2
+    config, so an Accelerate or HF Trainer script sharded over all 8 ranks across the slow link. The export writes
+    the mesh as ``parallelism_config``; Accelerate's launcher turns it into the variables autotune's launcher sets
+    for an unmodified Accelerator(), and Accelerate's ParallelismConfig builds the plan's mesh from them."""
+    from autotune.exports.launch_spec import plan_values_env
+
+    p = plan(load_profile("2x4xL4"), apply_overrides(TrainConfig(), {"distributed.backend": "fsdp"}))
+    assert p.engine.dp_replicate == 2 and p.engine.world_size == 8  # the planner's HSDP for two nodes
+    cfg = accelerate_config(p)
+    assert cfg["parallelism_config"] == {"parallelism_config_dp_replicate_size": 2,
+                                         "parallelism_config_dp_shard_size": 4}
+    ours = plan_values_env(p, str(tmp_path))
+    assert (ours["ACCELERATE_USE_PARALLELISM_CONFIG"], ours["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"],
+            ours["PARALLELISM_CONFIG_DP_SHARD_SIZE"]) == ("true", "2", "4")
+    one_node = plan(load_profile("4xL4"), apply_overrides(TrainConfig(), {"distributed.backend": "fsdp"}))
+    assert "parallelism_config" not in accelerate_config(one_node)  # 1-D: Accelerate's default
+    assert "ACCELERATE_USE_PARALLELISM_CONFIG" not in plan_values_env(one_node, str(tmp_path))
+    launch = require("accelerate.commands.launch", reason="accelerate is not installed")
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    f = tmp_path / "acc.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    args, _, _ = launch._validate_launch_command(launch.launch_command_parser().parse_args(
+        ["--config_file", str(f), "train.py"]))
+    theirs = prepare_multi_gpu_env(args)
+    for name in ("ACCELERATE_USE_PARALLELISM_CONFIG", "PARALLELISM_CONFIG_DP_REPLICATE_SIZE",
+                 "PARALLELISM_CONFIG_DP_SHARD_SIZE"):
+        assert ours[name] == theirs[name], name
+    for name, value in ours.items():
+        if name.startswith("PARALLELISM_CONFIG_"):
+            monkeypatch.setenv(name, value)
+    from accelerate.parallelism_config import ParallelismConfig
+
+    mesh = ParallelismConfig()
+    assert (mesh.dp_replicate_size, mesh.dp_shard_size, mesh.total_size) == (2, 4, 8)
+
+
 @pytest.mark.parametrize("fmt", ["torchrun", "accelerate"])
 def test_the_launch_lines_start_the_configs_entrypoint(fmt, capsys):
     """Issue 42 item 13: `export --format accelerate|torchrun` printed a start line for train.py whatever the
