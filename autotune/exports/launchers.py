@@ -143,6 +143,14 @@ def deepspeed_hostfile(plan: TrainingPlan, hosts: tuple[str, ...] | list[str]) -
     return "".join(f"{h} slots={eng.nproc_per_node}\n" for h in names[:eng.num_nodes])
 
 
+FIRST_EXIT_FILE = "slurm-first-exit"  # in the run directory: the code of the first node to fail, and its host
+# each node's task: the launcher ("$@" after the note's path), then its code noted if no node failed before it. SLURM
+# signals every process of the step (the USR1 before the time limit, srun's TERM): the shell traps them, so that
+# it outlives the launcher, which handles them itself (a trap, unlike an ignored signal, is not inherited)
+_FIRST_EXIT_WRAPPER = ('note=$1; shift; trap : USR1 TERM INT HUP; "$@"; rc=$?; if [ "$rc" -ne 0 ]; then '
+                       '(set -o noclobber; echo "$rc $(hostname)" > "$note") 2>/dev/null; fi; exit "$rc"')
+
+
 def sbatch_script(plan: TrainingPlan, *, launcher: str, config: str, run_dir: str, cpus_per_task: int,
                   time_limit: str, partition: str | None, account: str | None, job_name: str,
                   script_args: list[str] | tuple[str, ...] = (), plan_flags: list[str] | tuple[str, ...] = (),
@@ -188,10 +196,21 @@ def sbatch_script(plan: TrainingPlan, *, launcher: str, config: str, run_dir: st
               f"export {JOB_SECRET_ENV}=\"$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n')\"",
               "# Exit 75: stopped by a signal (the USR1 above, a preemption) after saving a checkpoint:",
               "# requeue, and the job continues from it (--resume_from auto).",
+              "# srun ends with its tasks' highest code, and --kill-on-bad-exit terminates the other nodes at",
+              "# the first failure: one node's 69 came back as 143. So each node's launcher notes its code if",
+              "# it is the first to fail (noclobber: one writer), and that code is the job's.",
+              f"first={shlex.quote(run_dir + '/' + FIRST_EXIT_FILE)}",
+              'rm -f "$first"',
               "rc=0",
-              "srun --ntasks-per-node=1 --kill-on-bad-exit=1 "
+              "srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c " + shlex.quote(_FIRST_EXIT_WRAPPER)
+              + ' autotune-node "$first" '
               + shlex.join([launcher, "--config", config, *plan_flags, "--run_dir", run_dir, "--resume_from", "auto",
                             *(["--", *script_args] if script_args else [])]) + " || rc=$?",
+              'code=$(cut -d" " -f1 "$first" 2>/dev/null || true)',
+              'if [ "$rc" -ne 0 ] && [[ "$code" =~ ^[0-9]{1,3}$ ]]; then',
+              '  echo "autotune: the first node to fail ended with $code (srun: $rc, the others\' codes after it)"',
+              '  rc=$code',
+              "fi",
               'if [ "$rc" -eq 75 ] && [ -n "${SLURM_JOB_ID:-}" ]; then',
               '  echo "autotune: checkpoint saved on preemption; requeueing job $SLURM_JOB_ID"',
               '  scontrol requeue "$SLURM_JOB_ID"',

@@ -194,3 +194,48 @@ def test_an_accelerate_script_with_its_own_batch_trains_the_plan_under_slurm(slu
     assert seen["values"]["learning_rate"] == {"status": "yours", "observed": 0.01, "plan": None}
     assert "Learning rate:            yours      training.learning_rate is not set" in log
     assert "; the script's own: learning_rate 0.01" in log.split("\nDone. Run directory")[1]
+
+
+def test_the_first_node_to_fail_decides_the_job_though_srun_ends_with_the_highest_code(slurm, tmp_path):
+    """Two tasks of one step stand in for two nodes (one slurmd here). One node's launcher gives up on its peer
+    (69); srun's --kill-on-bad-exit then terminates the other, and srun ends with the highest code: 143 for a
+    launcher that dies of the TERM (measured here), 75 for one that saves on it, so the job ended for good, or
+    requeued without limit as a preemption. The exported script takes the first failing node's code and requeues
+    the job on 69, within its restarts, saying which code came first."""
+    run_dir, script = tmp_path / "job", tmp_path / "train.sbatch"
+    env = {**slurm, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "autotune", "export", "--format", "slurm",
+                        "--hardware", "2x4xL4", "--time", "00:10:00", "--run_dir", str(run_dir)],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stdout.splitlines() if not x.startswith(("#SBATCH --nodes", "#SBATCH --ntasks-per-node",
+                                                                     "#SBATCH --gpus-per-node", "#SBATCH --cpus"))]
+    text = "\n".join(lines).replace("#!/bin/bash", "#!/bin/bash\n#SBATCH --ntasks=2 --cpus-per-task=1", 1)
+    assert text.count("srun --ntasks-per-node=1 ") == 1
+    launcher = tmp_path / "stand_in_launcher.sh"  # node 1 gives up; node 0 saves and exits 75 on TERM
+    exported = text.split('autotune-node "$first" ', 1)[1].split(" ", 1)[0]  # the launcher's path, as exported
+    text = text.replace(f'autotune-node "$first" {exported} ', f'autotune-node "$first" {launcher} ', 1)
+    script.write_text(text.replace("srun --ntasks-per-node=1 ", "srun --ntasks=2 "))
+    launcher.write_text('#!/bin/bash\nif [ "$SLURM_PROCID" = 1 ]; then sleep 2; echo "node 1: gave up"; exit 69; fi\n'
+                        'trap \'echo "node 0: terminated"; exit 75\' TERM\nsleep 120 & wait\n')
+    launcher.chmod(0o755)
+    sb = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env,
+                        cwd=tmp_path, timeout=60)
+    assert sb.returncode == 0, sb.stderr
+    job = sb.stdout.strip().split(";")[0]
+    logs = lambda: "".join(p.read_text() for p in sorted(run_dir.glob("slurm-*.out")))  # noqa: E731
+    try:
+        try:
+            _wait(lambda: f"requeueing job {job}" in logs(), 120, "the script to requeue the job")
+        except AssertionError as e:
+            show = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, env=env,
+                                  timeout=10).stdout
+            raise AssertionError(f"{e}\n{show}\n{logs()}\n{sorted(p.name for p in tmp_path.iterdir())}") from None
+        log = logs()
+        assert "task 1: Exited with exit code 69" in log and "node 0: terminated" in log
+        assert "autotune: the first node to fail ended with 69 (srun: 75" in log
+        assert f"autotune: a peer was not there in time; requeueing job {job} (restart 0)" in log
+        assert "checkpoint saved on preemption" not in log
+        assert (run_dir / "slurm-first-exit").read_text().split()[0] == "69"
+    finally:
+        subprocess.run(["scancel", job], env=env, timeout=30)
