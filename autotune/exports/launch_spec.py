@@ -117,12 +117,14 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
         if not environ.get("WANDB_API_KEY"):
             want["WANDB_MODE"] = "offline"
     want.update(accelerate_env(plan))
-    # threads per rank the config sets (a value you set that the environment does not hold) win over an exported
-    # OMP_NUM_THREADS: the plan says and timed them; an exported value the plan took is the same value
-    configured = "omp_num_threads" in plan.overrides and environ.get("OMP_NUM_THREADS") != want["OMP_NUM_THREADS"]
+    # OMP_NUM_THREADS is always the plan's, which it says and timed: an exported value the plan took (this machine,
+    # the config's `auto`) is the same value, and yours; threads the config sets win over it, and so do the plan's
+    # own where the exported value is above the machine's cores (prepare.planning.threads_above_cores)
     env, sources = {}, {}
     for k, v in want.items():
-        if k in environ and not (k == "OMP_NUM_THREADS" and configured):
+        if k == "OMP_NUM_THREADS":
+            env[k], sources[k] = v, "user" if environ.get(k) == v else "autotune"
+        elif k in environ:
             env[k], sources[k] = environ[k], "user"
         else:
             env[k], sources[k] = v, "autotune"

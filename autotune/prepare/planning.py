@@ -62,7 +62,8 @@ def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
         cfg = apply_overrides(cfg, dict(overrides))
     hw = resolve_hardware(hardware)
     threads_set = cfg.data.omp_num_threads != AUTO
-    cfg = exported_threads(cfg, hw, os.environ)
+    above = None if threads_set else threads_above_cores(hw, os.environ)
+    cfg = cfg if above else exported_threads(cfg, hw, os.environ)
     exported = not threads_set and cfg.data.omp_num_threads != AUTO  # yours, by the environment
     pol = load_policy(policy)
     ds_installed = deepspeed_installed(hw.software)
@@ -73,7 +74,22 @@ def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     steps = steps_for(cfg, hw, p, facts) if time_cpu else None
     if steps is not None:  # the same plan again, timed by the step measured here
         p, weighing = weigh(hw, cfg, facts=facts.model_copy(update={"measured_steps": steps}), **options)
+    if above:
+        p = p.model_copy(update={"warnings": (*p.warnings, above.format(planned=p.loader.omp_num_threads))})
     return p, weighing, hw
+
+
+def threads_above_cores(hw: HardwareProfile, environ: Mapping[str, str]) -> str | None:
+    """Why an exported OMP_NUM_THREADS above this machine's logical cores is not the plan's (None: it is not
+    above them, or the plan is for another machine): torch starts a process with at most the machine's logical
+    cores whatever the variable says (torch 2.13 here: OMP_NUM_THREADS=7 on 2 cores gives get_num_threads() 2),
+    so a plan that said 7 told of threads no script got; the plan chooses, and the launch sets its own."""
+    raw, cores = environ.get("OMP_NUM_THREADS", "").strip(), hw.cpu.logical_cores
+    if hw.source != "detected" or not cores or not raw.isdigit() or int(raw) <= cores:
+        return None
+    return (f"OMP_NUM_THREADS={raw} in your environment is above this machine's {cores} logical cores, which torch "
+            f"caps it at: the plan chose {{planned}} thread(s) a process and the launch sets that (export at most "
+            f"{cores}, or set data.omp_num_threads)")
 
 
 def exported_threads(cfg: TrainConfig, hw: HardwareProfile, environ: Mapping[str, str]) -> TrainConfig:

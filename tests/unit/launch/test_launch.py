@@ -57,11 +57,17 @@ def test_multi_node_uses_static_rendezvous_and_infiniband_keeps_nccl_ib():
 
 
 def test_user_exported_values_win_and_are_recorded_as_theirs():
-    env = {"HOME": "/h", "OMP_NUM_THREADS": "3", "AUTOTUNE_PLAN": "/elsewhere.json"}
-    _, s = spec_for("4xL4", environ=env)
-    assert s.env["OMP_NUM_THREADS"] == "3" and s.env_sources["OMP_NUM_THREADS"] == "user"
+    env = {"HOME": "/h", "OMP_NUM_THREADS": "3", "AUTOTUNE_PLAN": "/elsewhere.json",
+           "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
+    p, s = spec_for("4xL4", environ=env)
+    assert s.env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
+    assert s.env_sources["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "user"
+    # OMP_NUM_THREADS is the plan's, which says and timed it: a plan for another machine does not take this one's
+    assert s.env["OMP_NUM_THREADS"] == str(p.loader.omp_num_threads) != "3"
+    assert s.env_sources["OMP_NUM_THREADS"] == "autotune"
+    assert spec_for("4xL4", environ={**env, "OMP_NUM_THREADS": s.env["OMP_NUM_THREADS"]})[1].env_sources[
+        "OMP_NUM_THREADS"] == "user"  # the same value, exported: yours
     assert s.env["AUTOTUNE_PLAN"] == "runs/x/plan.json"  # the run's own file always
-    assert s.env_sources["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "autotune"
     assert s.env["TORCH_EXTENSIONS_DIR"] == f"/h/.cache/autotune/torch_extensions/{installation_key()}"
     # threads per rank the config sets win over an exported OMP_NUM_THREADS: the plan says and timed them
     p, mine = spec_for("4xL4", environ=env, **{"data.omp_num_threads": 2})

@@ -180,6 +180,31 @@ def test_an_exported_omp_num_threads_is_the_plans_and_its_timings_threads(monkey
         plan_for(TrainConfig(), hardware=this_cpu(cores=4))
 
 
+
+def test_an_exported_omp_num_threads_above_the_machines_cores_is_not_the_plans(monkeypatch):
+    """torch starts a process with at most the machine's logical cores, whatever OMP_NUM_THREADS says (here:
+    OMP_NUM_THREADS=7 on 2 cores, get_num_threads() 2), so a plan that took 7 told of threads no script got (new
+    user's audit). The plan chooses its own, says why, and the launch sets them."""
+    from autotune.exports.launch_spec import launch_spec
+    from autotune.prepare import plan_for
+
+    asked: list[dict] = []
+    monkeypatch.setattr("autotune.measure.timing.measured_steps", lambda **w: asked.append(w) or steps())
+    hw = this_cpu(cores=4)
+    hw = hw.model_copy(update={"cpu": hw.cpu.model_copy(update={"logical_cores": 4})})
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    p, _, _ = plan_for(TrainConfig(), hardware=hw, time_cpu=True)
+    assert p.loader.omp_num_threads == 4 and asked[-1]["threads"] == 4 and "omp_num_threads" not in p.overrides
+    assert p.warnings[-1] == ("OMP_NUM_THREADS=7 in your environment is above this machine's 4 logical cores, which "
+                              "torch caps it at: the plan chose 4 thread(s) a process and the launch sets that "
+                              "(export at most 4, or set data.omp_num_threads)")
+    s = launch_spec(p, "runs/x", {"HOME": "/h", "OMP_NUM_THREADS": "7"}, python="/py", has_infiniband=False)
+    assert s.env["OMP_NUM_THREADS"] == "4" and s.env_sources["OMP_NUM_THREADS"] == "autotune"
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # at the cores: yours, as before
+    p, _, _ = plan_for(TrainConfig(), hardware=hw)
+    assert p.overrides["omp_num_threads"].chosen == 4 and not any("logical cores" in w for w in p.warnings)
+
+
 # -- a past run calibrates a later plan ----------------------------------------------------------------------
 
 def past(p, measured: float, **changes) -> PastRun:
