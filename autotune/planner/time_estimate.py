@@ -88,7 +88,8 @@ def timing_for(hw: HardwareProfile, devs, facts, *, precision: str, tf32: bool, 
         if m is None:
             return None, ("no GPU, and the model's step was not timed here: a CPU plan is timed for real only on "
                           "this machine (not a preset), on one node, for a model autotune can build (the built-in GPT, "
-                          "or training.model with training.sample_input), without DeepSpeed, unless --no_probe")
+                          "or training.model with training.sample_input), without DeepSpeed or FSDP2, "
+                          "unless --no_probe")
         return Timing(basis=m.basis, num_parameters=facts.num_parameters, world=world, measured=m,
                       precision=precision), ""
     if facts.work is None:
