@@ -1223,3 +1223,9 @@ def test_a_hydra_route_names_the_file_its_key_is_in(tmp_path):
         f"Hydra override trainer.batch_size=... (a key of {conf / 'trainer' / 'cpu.yaml'}, read by @hydra.main)")
     assert d.routes["learning_rate"][0].startswith(
         f"Hydra override optim.lr=... (a key of {conf / 'config.yaml'}, read by @hydra.main)")
+    # the user's own override of that key wins and is theirs (its + form too)
+    for user in (["trainer.batch_size=4"], ["+trainer.batch_size=4"]):
+        given = given_by_user(facts, p, placeholder_values(p, tmp_path, None), user)
+        assert given == {"micro_batch_size": user[0]}
+        assert delivery(p, facts, [], {}, user, deepspeed_json=False, given=given).routes["micro_batch_size"] == [
+            f"yours: {user[0]} after `--` (the script's trainer.batch_size: your value wins over the plan's 16)"]
