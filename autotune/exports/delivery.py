@@ -1,20 +1,20 @@
 """The delivery record: every route by which each plan value reached a user's script (placeholder, recognised flag
-or setting, environment read by Accelerate or the script, DeepSpeed JSON, Python API); a value with no route is
-*advisory*, and the launch says so. Before the launch these are the routes handed over; what the script ran is
-observed in its first steps (autotune.launch.evidence). Pure; no torch.
+or setting, environment read by Accelerate or the script, DeepSpeed JSON, Python API), or your own value after `--`
+on the script's setting (yours: it wins); a value with no route is *advisory*, and the launch says so. Before the
+launch these are the routes handed over; what the script ran is observed in its first steps
+(autotune.launch.evidence). Pure; no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from autotune.exports.script_scan import FLAGS, ScriptFacts
+from autotune.exports.user_values import yours_route
+from autotune.exports.withheld import withhold_accumulation
 from autotune.plan import TrainingPlan
 from autotune.rundir.layout import BACKEND_ENV, ENGINE_FLAVOUR_FILE, FRAMEWORK_FLAVOUR_FILE, PLAN_ENV, VALUE_ENV
 
-# torchrun's variables for one process: withheld from a script that decides on DDP by testing them
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # Values a script acts on (the launch reports each one's routes)
 DELIVERED = ("micro_batch_size", "gradient_accumulation_steps", "learning_rate", "precision", "num_workers",
              "world_size")
@@ -54,6 +54,7 @@ class Delivery:
     shape: str = "argparse"  # the script's shape: argparse, configurator, hydra, lightning (for its hints' forms)
     deepspeed_condition: str | None = None  # the condition its deepspeed.initialize path is behind, as read
     flags: tuple[str, ...] = ()  # every flag the script declares (argparse), known to autotune or not
+    given: dict[str, str] = field(default_factory=dict)  # plan value -> your own argument after `--` that sets it
 
     @property
     def declared(self) -> dict[str, str]:
@@ -101,7 +102,8 @@ class Delivery:
 
     def to_record(self) -> dict:
         return {"routes": self.routes, "advisory": self.advisory, "withheld": self.withheld, "notes": list(self.notes),
-                "wired": self.wired, "divides_accumulation": self.divides_accumulation, "resume": self.resume}
+                "wired": self.wired, "divides_accumulation": self.divides_accumulation, "resume": self.resume,
+                "given": self.given}
 
     def summary(self) -> list[str]:
         words = WORDS
@@ -146,19 +148,23 @@ def shape_of(facts: ScriptFacts | None) -> str:
 
 
 def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[str], wired: dict[str, str],
-             user_args: list[str], deepspeed_json: bool) -> Delivery:
-    """Every route by which each plan value reached the script."""
+             user_args: list[str], deepspeed_json: bool, given: dict[str, str] | None = None) -> Delivery:
+    """Every route by which each plan value reached the script. ``given``: the user's own arguments after `--` for
+    the script's settings of plan values (``wiring.given_by_user``): theirs, shown as such, not as no route."""
     keys = delivered_keys(plan)
     routes: dict[str, list[str]] = {k: [] for k in keys}
     if facts is None:  # autotune's own runtime or a module:function entrypoint that reads the plan
         return Delivery({k: ["Python API (autotune runtime)"] for k in keys}, [])
     world = plan.engine.world_size
     notes = []
+    given = {k: a for k, a in (given or {}).items() if k in routes and k not in placeholders and k not in wired}
     for k in keys:
         if k in placeholders:
             routes[k].append(f"placeholder {{{k}}}")
         if k in wired:
             routes[k].append(_wired_route(k, wired[k], facts, plan))
+        if k in given:  # the user's own value wins over the plan's: theirs, on the script's own setting
+            routes[k].append(yours_route(k, given[k], plan))
     if world > 1 and "gradient_accumulation_steps" in placeholders and \
             "gradient_accumulation_steps" in facts.divided_by_world:
         divides, accumulation = facts.divided_by_world["gradient_accumulation_steps"], \
@@ -234,7 +240,7 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
     advisory = [k for k in routes if not routes[k]]
     return Delivery(routes, advisory, notes=tuple(notes), engine=plan.engine.backend, shape=shape_of(facts),
                     divides_accumulation=facts.divided_by_world.get("gradient_accumulation_steps"),
-                    deepspeed_condition=facts.deepspeed_condition, flags=tuple(facts.flags))
+                    deepspeed_condition=facts.deepspeed_condition, flags=tuple(facts.flags), given=given)
 
 
 def _precision_claim(plan: TrainingPlan, facts: ScriptFacts, routes: dict[str, list[str]], notes: list[str]) -> None:
@@ -287,31 +293,6 @@ def _wired_route(key: str, flag: str, facts: ScriptFacts, plan: TrainingPlan) ->
         how += (f", given the plan's rate / {world}, {plan.schedule.learning_rate / world:g}: the script multiplies "
                 f"it by its world size (`{facts.scaled_by_world[key]}`)")
     return how
-
-
-def withhold_accumulation(facts: ScriptFacts | None, routes: dict[str, list[str]] | None = None) -> str | None:
-    """Why ACCELERATE_GRADIENT_ACCUMULATION_STEPS must not be exported to this script, or None. Accelerate lets the
-    variable beat an explicit ``Accelerator(gradient_accumulation_steps=...)``, so exporting it would silently
-    override the script; and accumulation without the plan's micro-batch trains another effective batch."""
-    if facts is None or not facts.uses_accelerate:
-        return None
-    if "gradient_accumulation_steps" in facts.accelerator_kwargs:
-        return ("the script passes gradient_accumulation_steps to Accelerator() itself: autotune does not override "
-                "it (pass {gradient_accumulation_steps} there to deliver the plan's)")
-    if routes is not None and not routes.get("micro_batch_size"):
-        return ("the plan's micro-batch has no route to the script, so its accumulation alone would train another "
-                "effective batch: not exported")
-    return None
-
-
-def withhold_rank_env(plan: TrainingPlan, facts: ScriptFacts | None) -> str | None:
-    """Why torchrun's variables must not be exported to this one-process script, or None: a script that tests RANK
-    to decide on DDP would take its DDP path where plain `python train.py` does not (issue 39). A script that reads
-    them without testing them needs them, and gets them."""
-    if facts is None or facts.decides_ddp_by is None or plan.engine.backend != "single" or plan.engine.max_restarts:
-        return None
-    return (f"the script decides on DDP by testing RANK (`{facts.decides_ddp_by}`): one process runs as plain Python, "
-            f"as `python {Path(facts.path).name}` would")
 
 
 def _engine_routes(plan: TrainingPlan, facts: ScriptFacts, ds_path_given: bool, wired: dict[str, str]

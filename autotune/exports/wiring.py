@@ -10,11 +10,8 @@ from __future__ import annotations
 
 from autotune.exports.delivery import (  # noqa: F401 - the record's names, where callers have found them
     DELIVERED,
-    RANK_VARIABLES,
     Delivery,
     delivery,
-    withhold_accumulation,
-    withhold_rank_env,
 )
 from autotune.exports.script_scan import (  # noqa: F401 - the scan's names, where callers have found them
     FLAGS,
@@ -23,6 +20,11 @@ from autotune.exports.script_scan import (  # noqa: F401 - the scan's names, whe
     scan_script,
 )
 from autotune.exports.script_values import for_the_script, setting_value
+from autotune.exports.withheld import (  # noqa: F401 - what a script is not given, where callers have found it
+    RANK_VARIABLES,
+    withhold_accumulation,
+    withhold_rank_env,
+)
 from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
 
 
@@ -120,6 +122,57 @@ def wire_flags(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
             _passed([*user_args, *extra], "--bf16") and not _passed(user_args, "--use_cpu"):
         extra.append("--use_cpu")
     return extra, used
+
+
+def given_by_user(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], user_args: list[str]
+                  ) -> dict[str, str]:
+    """Plan value -> the user's own argument after `--` that sets it (``--batch_size 8``), for each setting --wire
+    auto finds in the script and leaves to the user because they passed it (a flag you pass wins, under any of its
+    names). The delivery shows it as theirs, not as no route; the fixes name it."""
+    if facts is None or not user_args:
+        return {}
+    _, bare = wire_flags(facts, plan, values, [])
+    _, kept = wire_flags(facts, plan, values, user_args)
+    out = {}
+    for key, flag in bare.items():
+        if key in kept:
+            continue
+        argument = _argument_given(user_args, _names_of(key, flag, facts), facts)
+        if argument is not None:
+            out[key] = argument
+    return out
+
+
+def _names_of(key: str, flag: str, facts: ScriptFacts) -> set[str]:
+    """Every name under which the user may have set ``key`` in this script: the flag --wire auto would pass, the
+    other declared names of the value (and their aliases), its configurator setting, its precision switches."""
+    if flag.startswith("hydra:"):
+        return {flag[len("hydra:"):]}
+    names = {flag.rstrip("=")}
+    for n in (*FLAGS.get(key, ()), *(("--bf16", "--fp16") if key == "precision" else ())):
+        if n in facts.flags:
+            names.update(facts.aliases.get(n, (n,)))
+    if facts.configurator:
+        names.update(f"--{n}" for n in SETTINGS.get(key, ()) if n in facts.settings)
+    return names
+
+
+def _argument_given(args: list[str], names: set[str], facts: ScriptFacts) -> str | None:
+    """The user's argument that sets one of ``names`` (with its value), as they passed it; secrets shown redacted."""
+    from autotune.redaction import redact_args
+
+    shown = redact_args(args)
+    for i, a in enumerate(args):
+        override = a.lstrip("+~") if "=" in a and not a.startswith("-") else a  # a Hydra override: [+~]key=value
+        for n in names:
+            if override.startswith(n + "=") or (len(n) == 2 and n != a and a.startswith(n)):  # -b4
+                return shown[i]
+            if a != n:
+                continue
+            if facts.flags.get(n) or i + 1 == len(args) or args[i + 1].startswith("--"):
+                return shown[i]  # a switch (--bf16), or a flag with no value after it
+            return f"{shown[i]} {shown[i + 1]}"
+    return None
 
 
 def with_wired(args: list[str], extra: list[str]) -> list[str]:

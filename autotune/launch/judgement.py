@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autotune.exports.user_values import carries_plan
 from autotune.launch.observed import (
     _accumulation,
     _engine,
@@ -128,7 +129,8 @@ def judge(plan, observed: list[dict], delivery=None, final: bool = False) -> Jud
     ds = first.get("deepspeed") or {}
     # DeepSpeed built the optimizer from autotune's JSON, which carries the rate only where the plan owns it
     json_rate = bool(ds) and not ds.get("script_optimizer") and "learning_rate" not in plan.run.script_defaults
-    handed = delivery is None or bool(taken_routes(delivery, "learning_rate", first)) or json_rate
+    # the plan's rate reached it (not the user's own after `--`, "yours: ...")
+    handed = delivery is None or bool(carries_plan(taken_routes(delivery, "learning_rate", first))) or json_rate
     obs = {"micro_batch_size": (micro, b.micro_batch_size),
            "gradient_accumulation_steps": (_measured_accumulation(first, micro), b.gradient_accumulation_steps),
            "learning_rate": (_lr(first, handed), sched.learning_rate),

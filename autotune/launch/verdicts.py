@@ -10,6 +10,7 @@ delivery) the fix says what to deliver in general words, naming no flag.
 from __future__ import annotations
 
 from autotune.exports.delivery import WORDS as NOUNS
+from autotune.exports.user_values import given_flag, planned_value
 from autotune.rundir.layout import VALUE_ENV
 
 # what would deliver each value, where nothing is known of the script's own flags
@@ -32,6 +33,11 @@ WORDS = {"micro_batch_size": "batch-size", "gradient_accumulation_steps": "accum
 PLAN_FLAG = {"micro_batch_size": "--batch_size", "gradient_accumulation_steps": "--grad_accum",
              "precision": "--precision", "max_steps": "--max_steps"}
 PLAN_SETTING = {"learning_rate": "training.learning_rate", "num_workers": "data.num_workers"}
+# the config's key that plans each value
+CONFIG_KEY = {"micro_batch_size": "training.batch_size_per_gpu",
+              "gradient_accumulation_steps": "training.gradient_accumulation_steps",
+              "learning_rate": "training.learning_rate", "precision": "training.mixed_precision",
+              "num_workers": "data.num_workers", "max_steps": "training.max_steps"}
 
 
 def _fmt(v) -> str:
@@ -56,6 +62,9 @@ def fix_for(key: str, seen, plan, delivery, world: int, micro=None) -> str:
     was seen training)."""
     if delivery is None:
         return FIX.get(key, "")
+    given = (getattr(delivery, "given", None) or {}).get(key)
+    if given:
+        return _yours_after_dash(key, seen, given, plan, delivery)
     flag = (delivery.declared or {}).get(key)
     variable = VALUE_ENV.get(key)
     reads = variable is not None and any(variable in r for r in delivery.routes.get(key, ()))
@@ -68,6 +77,26 @@ def fix_for(key: str, seen, plan, delivery, world: int, micro=None) -> str:
         return (f"the script reads ${variable} and still runs {_fmt(seen)}: its own setting wins there; plan for "
                 f"what it runs ({_plan_change(key, seen)}), or let the variable decide")
     return _no_route(key, seen, delivery, variable)
+
+
+def _yours_after_dash(key: str, seen, given: str, plan, delivery) -> str:
+    """The user's own argument after `--` set the value (a flag you pass wins over the plan's): say so, and how the
+    plan's would reach the script (drop it, or pass the placeholder there), or plan for the user's value."""
+    flag, token = given_flag(given), given.split(" ")[0]
+    form = (f"{token.split('=')[0]}={{{key}}}" if "=" in token else f"{token} {{{key}}}") \
+        if (" " in given or "=" in token) else None  # a switch (--bf16) takes no placeholder
+    if delivery.wired:
+        reach = f"drop it from after `--` and --wire auto passes the plan's to the script's {flag}"
+    elif form:
+        reach = f"pass {form} there instead (or drop it and use --wire auto, which passes the plan's)"
+    else:
+        reach = "drop it from after `--` and use --wire auto, which passes the plan's"
+    config = f"{CONFIG_KEY[key]}: {_fmt(seen)} in the config" if key in CONFIG_KEY else None
+    ways = [f"{_plan_change(key, seen)} before `--`" if key in PLAN_FLAG else None, config]
+    ways = [w for w in ways if w]
+    return (f"your {given} after `--` sets it, and a flag you pass wins over the plan's "
+            f"{_fmt(planned_value(plan, key))}: {reach}" + (f", or plan for your value ({', or '.join(ways)})"
+                                                           if ways else ""))
 
 
 # a declared flag whose name says it may set the value (--bsz, --lr_peak): named as a candidate, never as a fact
@@ -113,6 +142,7 @@ def _no_accumulation(seen, plan, delivery, world: int, micro=None) -> str:
            f"the script accumulates {acc} of its own (no accumulation flag autotune knows, no "
            f"${VALUE_ENV['gradient_accumulation_steps']} read)")
     micro_flag = (delivery.declared or {}).get("micro_batch_size")
+    yours = (getattr(delivery, "given", None) or {}).get("micro_batch_size")
     if not micro_flag and not delivery.routes.get("micro_batch_size"):
         batch = f"--batch_size {micro}" if micro else "--batch_size set to the micro-batch it trains"
         return f"{how}, nor a batch-size setting autotune can reach: plan for what it trains (--grad_accum {acc} " \
@@ -121,7 +151,8 @@ def _no_accumulation(seen, plan, delivery, world: int, micro=None) -> str:
     raise_micro = f" --batch_size {need}" if need and not left else ""
     return (f"{how}: plan accumulation {acc} with the micro-batch holding the global batch of {b.global_batch_size}, "
             f"--grad_accum {acc}{raise_micro} (where memory allows: the plan says so when it does not fit)"
-            + (f", and pass {{micro_batch_size}} to its {micro_flag.rstrip('=')}" if micro_flag else ""))
+            + (f", and pass {{micro_batch_size}} to its {micro_flag.rstrip('=')}" if micro_flag else "")
+            + (f", and pass {{micro_batch_size}} to its {given_flag(yours)} in place of your {yours}" if yours else ""))
 
 
 def engine_fix(seen: str, planned: str, delivery) -> str:

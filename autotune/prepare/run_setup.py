@@ -84,6 +84,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     from autotune.exports.wiring import (
         RANK_VARIABLES,
         delivery,
+        given_by_user,
         wire_flags,
         with_wired,
         withhold_accumulation,
@@ -101,14 +102,16 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     args = expand(raw, values)
     wired: dict[str, str] = {}
     would: dict[str, str] = {}  # what --wire auto passes (or would): its hints name only what it finds
+    given: dict[str, str] = {}  # your own arguments for the settings it finds: they win, and are shown as yours
     if facts is not None and entry:
         extra, would = wire_flags(facts, plan, values, args)
+        given = given_by_user(facts, plan, values, args)
         if cfg.training.wire == "auto":
             args, wired = with_wired(args, extra), would
     resume_route = None
     if entry and resume_from is not None:  # a checkpoint the script cannot receive is refused
         resume_route = resume_reaches(facts, used_placeholders(raw), wired, args, rd, resume_path)
-    route = delivery(plan, facts, used_placeholders(raw), wired, args, ds is not None) if entry else \
+    route = delivery(plan, facts, used_placeholders(raw), wired, args, ds is not None, given) if entry else \
         delivery(plan, None, [], {}, args, ds is not None)
     why = withhold_accumulation(facts, route.routes) if entry else None
     withheld = {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": why} if why else {}

@@ -260,6 +260,15 @@ def test_a_torchrun_script_scaling_its_rate_by_the_world_trains_the_plan_and_str
     assert "micro_batch_size 64 (plan 16)" in early
     assert ("Stopped: --strict: the script trains an effective batch of 128 samples per optimizer step, the plan 32 "
             "(16 x 1 x 2)") in wrong.stderr
+    # the user's own --batch_size, on the flag the script declares: theirs, never "no route" nor a flag it lacks
+    assert ("  micro_batch_size: yours: --batch_size 64 after `--` (the script's --batch_size: your value wins over "
+            "the plan's 16)") in wrong.stdout and "NO ROUTE" not in wrong.stdout.split("micro_batch_size:", 1)[1][:200]
+    assert ("your --batch_size 64 after `--` sets it, and a flag you pass wins over the plan's 16: drop it from after "
+            "`--` and --wire auto passes the plan's to the script's --batch_size") in wrong.stderr
+    assert "declares no batch-size flag" not in wrong.stderr
+    assert "--<its batch-size flag>" not in wrong.stdout  # the hint under the routes names the advisory ones only
+    handed = json.loads((tmp_path / "wrong" / "delivery.json").read_text())
+    assert handed["given"] == {"micro_batch_size": "--batch_size 64"} and "micro_batch_size" not in handed["advisory"]
     assert json.loads((tmp_path / "wrong" / "observed" / "rank-0.json").read_text())["steps"] < 24
 
 

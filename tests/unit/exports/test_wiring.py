@@ -7,7 +7,7 @@ from helpers.support import require
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.exports.script_args import placeholder_values
-from autotune.exports.wiring import ScriptFacts, delivery, scan_script, wire_flags
+from autotune.exports.wiring import ScriptFacts, delivery, given_by_user, scan_script, wire_flags
 from autotune.planner import plan
 from autotune.profiles import load_profile
 
@@ -48,15 +48,49 @@ def test_argparse_flags_are_read_from_the_tree_and_filled(tmp_path):
     assert used["precision"] == "--bf16" and used["micro_batch_size"] == "--batch_size"
 
 
-def test_flags_the_user_passed_win_and_a_literal_value_is_no_route(tmp_path):
+def test_flags_the_user_passed_win_and_are_shown_as_theirs_on_the_scripts_flag(tmp_path):
+    """New-user audit: `-- --batch_size 8` under --wire auto printed `micro_batch_size: NO ROUTE (advisory)` and
+    "found no setting for them in your script", though the script declares --batch_size and the user's 8 reached
+    it. A literal value after `--` is the user's own, on the script's flag: never the plan's, never no route."""
     facts = script(tmp_path, ARGPARSE)
     p = a_plan(**{"training.learning_rate": 0.003})
     values = placeholder_values(p, tmp_path, None)
-    extra, used = wire_flags(facts, p, values, ["--batch_size", "4", "--lr=0.1"])
+    user = ["--batch_size", "4", "--lr=0.1"]
+    extra, used = wire_flags(facts, p, values, user)
     assert "--batch_size" not in extra and "--lr" not in extra and "micro_batch_size" not in used
-    d = delivery(p, facts, [], used, ["--batch_size", "4", "--lr=0.1", *extra], deepspeed_json=True)
-    assert "micro_batch_size" in d.advisory and "learning_rate" in d.advisory
+    given = given_by_user(facts, p, values, user)
+    assert given == {"micro_batch_size": "--batch_size 4", "learning_rate": "--lr=0.1"}
+    d = delivery(p, facts, [], used, [*user, *extra], deepspeed_json=True, given=given)
+    assert d.routes["micro_batch_size"] == [
+        "yours: --batch_size 4 after `--` (the script's --batch_size: your value wins over the plan's 16)"]
+    assert d.routes["learning_rate"] == [
+        f"yours: --lr=0.1 after `--` (the script's --lr: your value wins over the plan's {p.schedule.learning_rate:g})"]
+    assert "micro_batch_size" not in d.advisory and "learning_rate" not in d.advisory
+    assert "found no setting" not in d.advisory_hint() and "batch-size" not in d.advisory_hint()
+    assert d.to_record()["given"] == given
     assert d.routes["gradient_accumulation_steps"] == ["recognised flag --grad_accum"]
+    # a placeholder in the user's argument carries the plan's value: that is its route, not "yours"
+    own = given_by_user(facts, p, values, ["--batch_size", "16"])
+    d = delivery(p, facts, ["micro_batch_size"], {}, ["--batch_size", "16"], deepspeed_json=True, given=own)
+    assert d.routes["micro_batch_size"] == ["placeholder {micro_batch_size}"] and d.given == {}
+    # without the user's flag nothing is theirs
+    assert given_by_user(facts, p, values, []) == {} and given_by_user(facts, p, values, ["--other", "1"]) == {}
+
+
+def test_the_users_own_argument_is_found_under_each_name_and_form_the_script_reads(tmp_path):
+    """An alias (-b4 for --batch_size), a configurator's one-token setting, a precision switch: each is the user's
+    own argument for the value --wire auto leaves to them."""
+    p = a_plan()
+    values = placeholder_values(p, tmp_path, None)
+    aliases = script(tmp_path, ALIASES, "aliases.py")
+    assert given_by_user(aliases, p, values, ["-b", "4"])["micro_batch_size"] == "-b 4"
+    assert given_by_user(aliases, p, values, ["-b4"])["micro_batch_size"] == "-b4"
+    assert given_by_user(aliases, p, values, ["--learning_rate", "0.5"]) == {}  # the config sets no rate: yours anyway
+    assert p.numerics.precision == "bf16"
+    assert given_by_user(script(tmp_path, ARGPARSE), p, values, ["--bf16"]) == {"precision": "--bf16"}
+    configurator = script(tmp_path, CONFIGURATOR, "nano.py")
+    assert given_by_user(configurator, p, values, ["--batch_size=4", "--dtype=float16"]) == {
+        "micro_batch_size": "--batch_size=4", "precision": "--dtype=float16"}
 
 
 def test_deepspeed_launcher_scripts_and_hf_parsers(tmp_path):
@@ -1189,3 +1223,9 @@ def test_a_hydra_route_names_the_file_its_key_is_in(tmp_path):
         f"Hydra override trainer.batch_size=... (a key of {conf / 'trainer' / 'cpu.yaml'}, read by @hydra.main)")
     assert d.routes["learning_rate"][0].startswith(
         f"Hydra override optim.lr=... (a key of {conf / 'config.yaml'}, read by @hydra.main)")
+    # the user's own override of that key wins and is theirs (its + form too)
+    for user in (["trainer.batch_size=4"], ["+trainer.batch_size=4"]):
+        given = given_by_user(facts, p, placeholder_values(p, tmp_path, None), user)
+        assert given == {"micro_batch_size": user[0]}
+        assert delivery(p, facts, [], {}, user, deepspeed_json=False, given=given).routes["micro_batch_size"] == [
+            f"yours: {user[0]} after `--` (the script's trainer.batch_size: your value wins over the plan's 16)"]

@@ -263,6 +263,40 @@ def test_the_batch_fix_names_the_flag_the_script_declares_and_wire_auto_only_whe
 # -- item 13, last bullet: the script's own exit code under --no_observe ---------------------------------------------
 
 
+def test_a_value_passed_after_dash_dash_is_named_as_the_users_never_as_a_flag_the_script_lacks():
+    """New-user audit: `-- --batch_size 8` under --wire auto ended with "the script declares no batch-size flag
+    autotune knows ... if its --batch_size sets it, pass {micro_batch_size} there", and `-- --grad_accum 4` with "the
+    script accumulates 4 of its own (no accumulation flag autotune knows)": the script declares both, and the user's
+    own value set each. The fix says so, and how the plan's would reach the script, naming flags that exist."""
+    ranks = [rank(r, samples=64, forwards=4) for r in (0, 1)]  # micro-batch 16, the plan's 8
+    given = {"micro_batch_size": "--batch_size 16"}
+    wired = Delivery({"micro_batch_size": ["yours: --batch_size 16 after `--` (the script's --batch_size: your value "
+                                           "wins over the plan's 8)"]}, [], wired=True, given=given,
+                     flags=("--batch_size", "--grad_accum"))
+    j = judge(a_plan(), ranks, wired)
+    assert j.values["micro_batch_size"]["status"] == "different"  # never "as planned": 16 is not the plan's 8
+    assert _fix(j, "micro_batch_size") == (
+        "your --batch_size 16 after `--` sets it, and a flag you pass wins over the plan's 8: drop it from after `--` "
+        "and --wire auto passes the plan's to the script's --batch_size, or plan for your value (--batch_size 16 "
+        "before `--`, or training.batch_size_per_gpu: 16 in the config)")
+    assert not any("declares no" in w for w in j.wrong) and _fix(j, "micro_batch_size") in j.wrong[0]
+    unwired = Delivery(wired.routes, [], given={"micro_batch_size": "--bs=16"})
+    assert _fix(judge(a_plan(), ranks, unwired), "micro_batch_size").startswith(
+        "your --bs=16 after `--` sets it, and a flag you pass wins over the plan's 8: pass --bs={micro_batch_size} "
+        "there instead (or drop it and use --wire auto, which passes the plan's), or plan for your value")
+    accumulating = Delivery({"gradient_accumulation_steps": ["yours: --grad_accum 2 after `--`"]}, [], wired=True,
+                            given={"gradient_accumulation_steps": "--grad_accum 2"})
+    j = judge(a_plan(), [rank(r, samples=16, forwards=2) for r in (0, 1)], accumulating)  # 8 x 2, the plan's 8 x 4
+    assert _fix(j, "gradient_accumulation_steps") == (
+        "your --grad_accum 2 after `--` sets it, and a flag you pass wins over the plan's 4: drop it from after `--` "
+        "and --wire auto passes the plan's to the script's --grad_accum, or plan for your value (--grad_accum 2 "
+        "before `--`, or training.gradient_accumulation_steps: 2 in the config)")
+    assert not any("of its own" in w or "autotune knows" in w for w in j.wrong), j.wrong
+    same = judge(a_plan(), [rank(r) for r in (0, 1)], Delivery(wired.routes, [], wired=True,
+                                                              given={"micro_batch_size": "--batch_size 8"}))
+    assert same.values["micro_batch_size"]["status"] == "equal" and "as planned: micro_batch_size" in same.line()
+
+
 def test_without_the_observer_the_ranks_own_note_still_gives_the_scripts_exit_code(tmp_path):
     """--no_observe: no record of the training, no judgement; rank 1's own note (sys.exit(3)) makes the launch's
     exit code 3 where torchrun says 1."""
