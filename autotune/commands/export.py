@@ -80,7 +80,8 @@ def add_parser(sub) -> None:
     s.add_argument("--run_dir", metavar="DIR", type=path_of("a directory"),
                    help="run directory of the job (default: runs/slurm-<job name>; "
                    "kubeflow/pytorchjob: /autotune/runs/<job name>, the claim mounted at its parent; torchrun "
-                   "without --script: where the plan its line reads is written, default runs/export-torchrun)")
+                   "without --script: where the plan its line reads is written, default runs/export-torchrun-<id>, a "
+                   "new one each time)")
     s.add_argument("--time", default="24:00:00", metavar="HH:MM:SS", help="time limit (default 24:00:00)")
     s.add_argument("--partition", metavar="NAME", help="SLURM partition")
     s.add_argument("--account", metavar="NAME", help="SLURM account")

@@ -236,11 +236,12 @@ def _torchrun(req: ExportRequest, plan: TrainingPlan) -> Exported:
     """The torchrun line. A plan that runs autotune's own program (``req.own_program``): the line starts that program
     (``--module autotune.train``, or ``autotune.entry`` for your module:function) with the plan's threads and
     AUTOTUNE_PLAN naming the plan it reads, which the command writes into a run directory (``--run_dir``, default
-    runs/export-torchrun: plan.json, and DeepSpeed's JSON beside it for a DeepSpeed plan). Your script: the line
-    starts it with your arguments ({placeholders} expanded); what the line does not carry is said on stderr."""
+    runs/export-torchrun-<its own id>: plan.json, and DeepSpeed's JSON beside it for a DeepSpeed plan). Your
+    script: the line starts it with your arguments ({placeholders} expanded); what the line does not carry is said
+    on stderr."""
     from autotune.exports.launch_spec import torchrun_flags
     from autotune.exports.script_args import expand, placeholder_values
-    from autotune.rundir.layout import PLAN, PLAN_ENV, records_dir
+    from autotune.rundir.layout import PLAN, PLAN_ENV, new_run_dir_name, records_dir
 
     script_args = expand(list(req.script_args), placeholder_values(plan, None, None), where="export --format torchrun")
     shown = redact_args(script_args)  # printed: a secret argument's value is the user's to give again
@@ -259,7 +260,9 @@ def _torchrun(req: ExportRequest, plan: TrainingPlan) -> Exported:
         raise UserError("export --format torchrun: arguments after `--` are your script's, and the plan runs the "
                         "built-in workload (python -m autotune.train), which takes none; name your script with "
                         "--script (or training.entrypoint)")
-    run_dir = req.run_dir or "runs/export-torchrun"
+    # each export its own folder: a second export into one shared folder replaced the plan an earlier printed line
+    # starts (and mixed their checkpoints) without a word
+    run_dir = req.run_dir or f"runs/export-torchrun-{new_run_dir_name()}"
     plan_path = records_dir(plan, run_dir) / PLAN
     program = ["autotune.entry", *shown] if plan.run.entrypoint else ["autotune.train"]
     env = f"OMP_NUM_THREADS={plan.loader.omp_num_threads} {PLAN_ENV}={shlex.quote(str(plan_path))} "

@@ -6,11 +6,10 @@ checkpoints its own way: what its checkpoint directory holds, never followed out
 
 from __future__ import annotations
 
-import secrets
-import time
 from pathlib import Path
 
 from autotune.errors import UserError
+from autotune.rundir.layout import new_run_dir_name
 
 
 def warning(msg: str) -> None:
@@ -18,10 +17,6 @@ def warning(msg: str) -> None:
     import sys
 
     print(f"warning: {msg}", file=sys.stderr, flush=True)
-
-
-def new_run_dir_name() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
 def script_checkpoints(run_dir: Path, warn=None) -> list[tuple[Path, float]]:

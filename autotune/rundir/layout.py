@@ -8,6 +8,8 @@ first line, without pydantic or torch.
 
 from __future__ import annotations
 
+import secrets
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -150,3 +152,8 @@ def cache_file(kind: str, key: str) -> Path:
     """A measurement kept in cache_dir(): ``kind`` "trace" (a model's traced or probed facts) or "steps" (its step
     timed on a CPU), under ``key`` (everything it depends on, hashed)."""
     return cache_dir() / (f"{key}.json" if kind == "trace" else f"{kind}-{key}.json")
+
+
+def new_run_dir_name() -> str:
+    """A run directory's name: when it was made, and 6 random hex digits (two in one second differ)."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)

@@ -361,3 +361,24 @@ def test_the_torchrun_line_starts_what_the_plan_runs_and_says_what_it_does_not_c
     assert main(["export", "--format", "accelerate", "--hardware", "4xL4", "-o", "acc.yaml"]) == 0
     assert ("note: the plan runs the built-in workload (python -m autotune.train), which is not an Accelerate script, "
             "and the line starts train.py: give your Accelerate script with --script") in capsys.readouterr().err
+
+
+def test_each_torchrun_export_writes_its_own_plan_so_an_earlier_line_still_starts_its_own(capsys, monkeypatch,
+                                                                                           tmp_path):
+    """New user's audit: every export wrote runs/export-torchrun/plan.json, so pasting the line of a first export
+    after a second one trained the second plan (or died: another world size), and their checkpoints mixed."""
+    from helpers.support import in_process_cli
+
+    cli = in_process_cli(capsys, monkeypatch)
+    monkeypatch.chdir(tmp_path)
+
+    def export(*flags):
+        r = cli("autotune", "export", "--format", "torchrun", "--hardware", "4xL4", *flags)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split("AUTOTUNE_PLAN=")[1].split(" ")[0]
+
+    first, second = export("--max_steps", "5"), export("--max_steps", "3", "--batch_size", "8")
+    assert first != second and first.startswith("runs/export-torchrun-") and second.startswith("runs/export-torchrun-")
+    assert json.loads((tmp_path / first).read_text())["schedule"]["max_steps"] == 5  # the first line's, still
+    assert json.loads((tmp_path / second).read_text())["schedule"]["max_steps"] == 3
+    assert export("--run_dir", "mine") == "mine/plan.json"  # a folder you name is yours
