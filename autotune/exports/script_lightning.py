@@ -10,6 +10,8 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.exports.script_syntax import call_name
+
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # plan value -> the __init__ parameter names a model or datamodule may give it (first found wins)
 MODEL_NAMES = {"learning_rate": ("learning_rate", "lr")}
@@ -45,14 +47,14 @@ class LightningApp:
 def scan_lightning(tree: ast.Module, modules: list[tuple[Path, ast.Module]]) -> LightningApp | None:
     """The app LightningCLI builds, or None when the script makes no LightningCLI."""
     call = next((n for n in ast.walk(tree) if isinstance(n, ast.Call) and
-                 _name(n.func).split(".")[-1] == "LightningCLI"), None)
+                 call_name(n.func).split(".")[-1] == "LightningCLI"), None)
     if call is None:
         return None
     kw = {k.arg: k.value for k in call.keywords if k.arg}
     model = kw.get("model_class", call.args[0] if call.args else None)
     data = kw.get("datamodule_class", call.args[1] if len(call.args) > 1 else None)
     run = kw.get("run")
-    app = LightningApp(_name(model) or None, _name(data) or None,
+    app = LightningApp(call_name(model) or None, call_name(data) or None,
                        subcommands=not (isinstance(run, ast.Constant) and run.value is False))
     classes = {n.name: n for t in (tree, *(m for _, m in modules)) for n in ast.walk(t) if isinstance(n, ast.ClassDef)}
     for what, name, into in (("model", app.model, app.model_args), ("data", app.data, app.data_args)):
@@ -84,13 +86,3 @@ def strategy(plan) -> str | None:
         return f"deepspeed_stage_{eng.zero_stage}" + ("_offload" if eng.offload_optimizer and eng.zero_stage > 1
                                                       else "")
     return None
-
-
-def _name(node) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    return ".".join(reversed(parts))
