@@ -132,7 +132,7 @@ class LoaderSection(_Section):
     num_workers: int = Field(0, ge=0)  # DataLoader workers per process
     pin_memory: bool = False  # page-locked batches, copied to the GPU without a staging copy
     prefetch_factor: int | None = Field(None, ge=1)  # batches each worker loads ahead; null without workers
-    omp_num_threads: int = Field(1, ge=1)  # OMP_NUM_THREADS of each process (a value you export wins)
+    omp_num_threads: int = Field(1, ge=1)  # OMP_NUM_THREADS of each process (an exported one, up to the cores)
 
 
 class TimeEstimate(_Section):
