@@ -18,13 +18,40 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _entrypoint_problem(path: str, error) -> str | None:
+    """What ``check_entrypoint`` says of the config's training.entrypoint (with its workdir) alone, where the
+    config's other problems kept it unchecked; None when it is fine, absent, or already among ``error``'s."""
+    from autotune.config import parse_config
+    from autotune.errors import UserError
+    from autotune.prepare import check_entrypoint
+    from autotune.safe_input import load_yaml, read_text
+
+    if any(p.startswith("training.entrypoint") for p in error.problems):
+        return None
+    try:
+        data = load_yaml(read_text(path, "--config"), path)
+        training = data.get("training") if isinstance(data, dict) else None
+        if not isinstance(training, dict) or not isinstance(training.get("entrypoint"), str):
+            return None
+        keep = {k: training[k] for k in ("entrypoint", "workdir") if isinstance(training.get(k), str)}
+        check_entrypoint(parse_config({"training": keep}, origin=path))
+    except UserError as e:
+        return str(e) if str(e).startswith("training.entrypoint") else None
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     import yaml
 
     from autotune.config import AUTO, config_to_dict, load_config
+    from autotune.errors import UserError
     from autotune.prepare import check_entrypoint
 
-    cfg = load_config(args.config)
+    try:
+        cfg = load_config(args.config)
+    except UserError as e:  # every problem at once: the entrypoint's too, where the config's others kept it unread
+        raise UserError(str(e).replace(f"{len(e.problems)} problem(s)", f"{len(e.problems) + 1} problem(s)"),
+                        [*e.problems, why]) if e.problems and (why := _entrypoint_problem(args.config, e)) else e
     check_entrypoint(cfg)
     data = config_to_dict(cfg)
     if data["training"]["script_args"]:  # printed: a secret among them is shown <redacted> (autotune.redaction)

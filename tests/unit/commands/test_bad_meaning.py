@@ -103,3 +103,20 @@ def test_a_module_entrypoint_is_found_without_running_it_and_another_machines_is
     assert main(["plan", "--hardware", "4xL4", "--config", cfg]) == 0
     assert "training.entrypoint 'elsewhere/train.py' is not checked: this plan is for another machine" in \
         capfd.readouterr().err
+
+
+def test_check_lists_a_missing_entrypoint_beside_the_configs_other_problems(tmp_path, capfd, monkeypatch):
+    """`check` promises every problem at once; a quoted batch size kept the missing script unsaid until it was
+    fixed (new user's audit). A module:function entrypoint is still never run."""
+    monkeypatch.chdir(tmp_path)
+    cfg = _config(tmp_path, training={"global_batch_size": "64", "entrypoint": "gone.py"})
+    assert main(["check", "--config", cfg]) == 2
+    err = capfd.readouterr().err
+    assert f"error: {cfg}: 2 problem(s) in the config" in err
+    assert "  - training.global_batch_size: must be a whole number (unquoted), got '64'" in err
+    assert f"  - training.entrypoint: no such script 'gone.py' (paths are relative to {tmp_path})" in err
+    (tmp_path / "my_entry.py").write_text("open('ran', 'w').close()\n\ndef main():\n    return 0\n")
+    fine = _config(tmp_path, training={"global_batch_size": "64", "entrypoint": "my_entry:main"})
+    assert main(["check", "--config", fine]) == 2
+    err = capfd.readouterr().err
+    assert "1 problem(s) in the config" in err and "entrypoint" not in err and not (tmp_path / "ran").exists()
