@@ -50,7 +50,8 @@ def add_parser(sub) -> None:
                    "optimizer, precision, samples per step); delivery is then only what was handed over "
                    "(training.observe: false)")
     p.add_argument("--strict", action="store_true", help="stop when your script observably trains another effective "
-                   "batch (> 10 %% off the plan) or engine than the plan, naming the fix (training.strict)")
+                   "batch (> 10 %% off the plan), engine or learning rate than the plan (or as separate trainings), "
+                   "naming the fix (training.strict); other values that differ are reported, not stopped")
     p.add_argument("--workdir", metavar="DIR", type=path_of("the directory your script starts in"),
                    help="start your script in DIR (training.workdir); its path, the "
                    "config and --run_dir stay relative to where you launch")

@@ -70,6 +70,9 @@ def fix_for(key: str, seen, plan, delivery, world: int, micro=None) -> str:
     reads = variable is not None and any(variable in r for r in delivery.routes.get(key, ()))
     if key == "gradient_accumulation_steps" and not flag and not reads and not delivery.routes.get(key):
         return _no_accumulation(seen, plan, delivery, world, micro)
+    passed = f"recognised flag {flag.rstrip('=')}" if flag else None
+    if passed and delivery.wired and any(r.startswith(passed) for r in delivery.routes.get(key, ())):
+        return _changed_in_code(key, seen, flag, plan, world)
     if flag:
         return (f"pass {{{key}}} to the script's {flag.rstrip('=')} after `--` ({_argument(flag, key)})"
                 + ("" if delivery.wired else WIRE_HINT))
@@ -77,6 +80,20 @@ def fix_for(key: str, seen, plan, delivery, world: int, micro=None) -> str:
         return (f"the script reads ${variable} and still runs {_fmt(seen)}: its own setting wins there; plan for "
                 f"what it runs ({_plan_change(key, seen)}), or let the variable decide")
     return _no_route(key, seen, delivery, variable)
+
+
+def _changed_in_code(key: str, seen, flag: str, plan, world: int) -> str:
+    """The launch passed the plan's value to the script's flag, and it runs another: its code changes the value
+    after reading it (an inline `args.x // world_size` that the scan does not see). Passing the same flag again
+    would change nothing: say what it does, and what would reach it."""
+    planned = planned_value(plan, key)
+    said = (f"the launch passed the plan's {_fmt(planned)} to the script's {flag.rstrip('=')} and it runs "
+            f"{_fmt(seen)}: its code changes the value after reading it")
+    if key == "gradient_accumulation_steps" and world > 1 and isinstance(seen, int) and seen == planned // world:
+        return (f"{said} (it divides it by its {world} processes): pass the total there instead, "
+                f"{_argument(flag, 'gradient_accumulation_steps_total')} after `--`, or plan for what it runs "
+                f"({_plan_change(key, seen)})")
+    return f"{said}; plan for what it runs ({_plan_change(key, seen)}), or change that code"
 
 
 def _yours_after_dash(key: str, seen, given: str, plan, delivery) -> str:

@@ -260,6 +260,28 @@ def test_the_batch_fix_names_the_flag_the_script_declares_and_wire_auto_only_whe
         "pass {micro_batch_size} to the script's --bs after `--` (--bs={micro_batch_size})")
 
 
+def test_a_value_the_launch_passed_and_the_script_changed_in_code_is_never_told_to_pass_it_again():
+    """The launch passed the plan's accumulation 4 to --gradient_accumulation_steps, and the script ran 2 (it
+    divides by the processes inline, which the scan does not see): "pass {gradient_accumulation_steps} to the
+    script's --gradient_accumulation_steps" changed nothing (framework audit). Said as it is, with the total."""
+    d = Delivery({"gradient_accumulation_steps": ["recognised flag --gradient_accumulation_steps"]}, [], wired=True,
+                 would_wire={"gradient_accumulation_steps": "--gradient_accumulation_steps"})
+    halved = judge(a_plan(), [rank(r, samples=16, forwards=2) for r in (0, 1)], d)
+    assert _fix(halved, "gradient_accumulation_steps") == (
+        "the launch passed the plan's 4 to the script's --gradient_accumulation_steps and it runs 2: its code changes "
+        "the value after reading it (it divides it by its 2 processes): pass the total there instead, "
+        "--gradient_accumulation_steps {gradient_accumulation_steps_total} after `--`, or plan for what it runs "
+        "(--grad_accum 2)")
+    other = judge(a_plan(), [rank(r, samples=24, forwards=3) for r in (0, 1)], d)
+    assert _fix(other, "gradient_accumulation_steps") == (
+        "the launch passed the plan's 4 to the script's --gradient_accumulation_steps and it runs 3: its code changes "
+        "the value after reading it; plan for what it runs (--grad_accum 3), or change that code")
+    unwired = Delivery({"gradient_accumulation_steps": []}, ["gradient_accumulation_steps"],
+                       would_wire={"gradient_accumulation_steps": "--gradient_accumulation_steps"})
+    assert _fix(judge(a_plan(), [rank(r, samples=16, forwards=2) for r in (0, 1)], unwired),
+                "gradient_accumulation_steps").startswith("pass {gradient_accumulation_steps} to the script's")
+
+
 # -- item 13, last bullet: the script's own exit code under --no_observe ---------------------------------------------
 
 
