@@ -36,7 +36,20 @@ def _passed(args: list[str], flag: str, facts: ScriptFacts | None = None) -> boo
         for n in names:
             if a == n or a.startswith(n + "=") or (len(n) == 2 and not n.startswith("--") and a.startswith(n)):
                 return True
+            if facts is not None and abbreviates(a, n, facts):
+                return True
     return False
+
+
+def abbreviates(arg: str, flag: str, facts: ScriptFacts) -> bool:
+    """Whether ``arg`` (``--per_device``, ``--per_device=8``) names the script's ``flag`` by argparse's prefix
+    matching (``allow_abbrev``, its default): the start of that declared long flag and of no other, not a flag
+    itself. An abbreviation the wiring missed let the plan's flag, appended after it, silently win over the user's
+    value (framework audit: ``--per_device 8`` ran 4)."""
+    word = arg.split("=", 1)[0]
+    if not word.startswith("--") or len(word) < 3 or word in facts.flags or not flag.startswith(word):
+        return False
+    return [f for f in facts.flags if f.startswith(word)] == [flag]
 
 
 # The precision in a script's own words: its declared choices first, else the flag's convention
@@ -167,7 +180,9 @@ def _argument_given(args: list[str], names: set[str], facts: ScriptFacts) -> str
         for n in names:
             if override.startswith(n + "=") or (len(n) == 2 and n != a and a.startswith(n)):  # -b4
                 return shown[i]
-            if a != n:
+            if a.startswith("--") and "=" in a and abbreviates(a, n, facts):  # --per_device=8
+                return shown[i]
+            if a != n and not abbreviates(a, n, facts):
                 continue
             if facts.flags.get(n) or i + 1 == len(args) or args[i + 1].startswith("--"):
                 return shown[i]  # a switch (--bf16), or a flag with no value after it

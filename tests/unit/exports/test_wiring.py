@@ -93,6 +93,31 @@ def test_the_users_own_argument_is_found_under_each_name_and_form_the_script_rea
         "micro_batch_size": "--batch_size=4", "precision": "--dtype=float16"}
 
 
+def test_an_argparse_abbreviation_the_user_passes_is_theirs_and_the_plans_flag_is_not_appended_after_it(tmp_path):
+    """argparse takes the unique start of a long flag (allow_abbrev, its default): `-- --per_device 8` set the
+    batch, and --wire auto appended --per_device_train_batch_size 4 after it, which won silently (framework audit:
+    the script ran 4). A prefix of two flags, or one that is a flag itself, is no abbreviation of another."""
+    p = a_plan()
+    values = placeholder_values(p, tmp_path, None)
+    hf = script(tmp_path, """
+        import argparse
+        p = argparse.ArgumentParser()
+        p.add_argument("--per_device_train_batch_size", type=int)
+        p.add_argument("--per_device_eval_batch_size", type=int)
+        p.add_argument("--learning_rate", type=float)
+        p.add_argument("--learn", type=float)
+        args = p.parse_args()
+    """, "hf.py")
+    extra, used = wire_flags(hf, p, values, ["--per_device_t", "8"])
+    assert "micro_batch_size" not in used and "--per_device_train_batch_size" not in extra
+    assert given_by_user(hf, p, values, ["--per_device_t", "8"]) == {"micro_batch_size": "--per_device_t 8"}
+    assert given_by_user(hf, p, values, ["--per_device_tr=8"]) == {"micro_batch_size": "--per_device_tr=8"}
+    _, used = wire_flags(hf, p, values, ["--per_device", "8"])  # ambiguous in argparse: not the train batch's
+    assert used["micro_batch_size"] == "--per_device_train_batch_size"
+    _, used = wire_flags(hf, p, values, ["--learn", "0.5"])  # a flag of its own, not --learning_rate's prefix
+    assert "micro_batch_size" in used and given_by_user(hf, p, values, ["--learn", "0.5"]) == {}
+
+
 def test_deepspeed_launcher_scripts_and_hf_parsers(tmp_path):
     ds = script(tmp_path, """
         import argparse, deepspeed
