@@ -26,6 +26,7 @@ from autotune.errors import UserError, format_validation_error
 Backend = Literal["single", "ddp", "deepspeed", "fsdp"]
 # The plan's precision in Accelerate's words (its mixed_precision argument, variable and config key)
 ACCELERATE_MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
+DTYPE_WORDS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # torch's dtype names
 Precision = Literal["bf16", "fp16", "fp32"]
 Device = Literal["cuda", "cpu"]
 

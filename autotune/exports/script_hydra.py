@@ -15,6 +15,9 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.exports.script_lightning import PRECISION as LIGHTNING_PRECISION
+from autotune.plan import ACCELERATE_MIXED_PRECISION, DTYPE_WORDS
+
 MAX_BYTES = 1_000_000
 # plan value -> the leaf names a Hydra config may give it (first found wins)
 NAMES: dict[str, tuple[str, ...]] = {
@@ -27,8 +30,17 @@ NAMES: dict[str, tuple[str, ...]] = {
     "epochs": ("max_epochs", "epochs", "num_epochs", "num_train_epochs"),
     "num_workers": ("num_workers", "dataloader_num_workers", "data_loader_workers", "workers"),
     "warmup_steps": ("warmup_steps", "num_warmup_steps", "warmup_iters"),
-    "precision": ("mixed_precision", "dtype"),  # Accelerate's words, torch's dtype names (a bare "precision" has
-}                                              # no one vocabulary: Lightning's "32-true" is not "fp32")
+    # Accelerate's words, torch's dtype names; a bare "precision" has no one vocabulary (Lightning's "32-true" is
+    # not "fp32"): its default in the YAML tells which (``precision_word``), and where none does it has no route
+    "precision": ("mixed_precision", "dtype", "precision"),
+}
+# the vocabularies a bare `precision` key may speak, each the plan's precision in its words
+PRECISION_VOCABULARIES: tuple[dict[str, str], ...] = (
+    {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"},  # the plain words
+    DTYPE_WORDS,  # torch's dtype names
+    LIGHTNING_PRECISION,  # Lightning's
+    ACCELERATE_MIXED_PRECISION,  # Accelerate's mixed_precision
+)
 _NOT_TRAINING = ("eval", "val", "test", "predict", "infer")
 _PATH_WORDS = ("snapshot", "checkpoint", "ckpt", "resume")
 
@@ -39,6 +51,7 @@ class HydraApp:
     keys: dict[str, str] = field(default_factory=dict)  # dotted key -> its type (int, float, str, bool, "")
     unread: list[str] = field(default_factory=list)  # what could not be read, and why
     files: dict[str, str] = field(default_factory=dict)  # dotted key -> the YAML it is in (a config group's own)
+    texts: dict[str, str] = field(default_factory=dict)  # dotted key -> its default where the YAML gives a string
 
     def where(self, key: str) -> str:
         """The file ``key`` is in (``conf/trainer/cpu.yaml`` for a group's key), else what was read."""
@@ -49,7 +62,8 @@ class HydraApp:
         out, notes = {}, []
         for plan_key, names in NAMES.items():
             for name in names:
-                found = [k for k in self.keys if k.split(".")[-1] == name]
+                found = [k for k in self.keys if k.split(".")[-1] == name and
+                         (name != "precision" or _spoken(self.texts.get(k)))]
                 if len(found) > 1:
                     found = [k for k in found if not any(w in k.lower() for w in _NOT_TRAINING)] or found
                 if len(found) == 1:
@@ -60,6 +74,18 @@ class HydraApp:
                                  f"them (pass the one your script trains with, e.g. {found[0]}={{{plan_key}}})")
                     break
         return out, notes
+
+    def precision_text(self, dotted: str, precision: str) -> str | None:
+        """The plan's ``precision`` as the key ``dotted`` says it: Accelerate's words for a ``mixed_precision``,
+        torch's dtype names for a ``dtype``; a bare ``precision`` in the vocabulary its default speaks (None where
+        its default's vocabularies disagree on the word: "bf16" is plain and Accelerate's, fp32 "fp32" or "no")."""
+        last = dotted.split(".")[-1]
+        if last == "mixed_precision":
+            return ACCELERATE_MIXED_PRECISION[precision]
+        if last == "dtype":
+            return DTYPE_WORDS[precision]
+        words = {v[precision] for v in PRECISION_VOCABULARIES if self.texts.get(dotted) in v.values()}
+        return words.pop() if len(words) == 1 else None
 
     def path_keys(self) -> list[str]:
         """Keys that look like where the app saves and resumes (minGPT's trainer_config.snapshot_path)."""
@@ -126,17 +152,24 @@ def _read_yaml(folder: Path, name: str, prefix: str, app: HydraApp, depth: int) 
             if isinstance(group, str) and isinstance(option, str) and not group.startswith(("hydra", "override")):
                 _read_yaml(folder / group, f"{option}.yaml", f"{prefix}{group}.", app, depth + 1)
     own: dict[str, str] = {}
-    _leaves({k: v for k, v in data.items() if k not in ("defaults", "hydra")}, prefix, own)
+    _leaves({k: v for k, v in data.items() if k not in ("defaults", "hydra")}, prefix, own, app.texts)
     app.keys.update(own)
     app.files.update(dict.fromkeys(own, str(file)))
 
 
-def _leaves(data: dict, prefix: str, out: dict[str, str]) -> None:
+def _leaves(data: dict, prefix: str, out: dict[str, str], texts: dict[str, str]) -> None:
     for k, v in data.items():
         if isinstance(v, dict):
-            _leaves(v, f"{prefix}{k}.", out)
+            _leaves(v, f"{prefix}{k}.", out, texts)
         elif not isinstance(v, list):
             out[f"{prefix}{k}"] = "" if v is None else type(v).__name__
+            if isinstance(v, (str, int)) and not isinstance(v, bool):
+                texts[f"{prefix}{k}"] = str(v)
+
+
+def _spoken(default: str | None) -> bool:
+    """Whether a bare ``precision`` key's default is a word of a vocabulary autotune knows."""
+    return any(default in v.values() for v in PRECISION_VOCABULARIES)
 
 
 def _structured(name: str, files: list[tuple[Path, ast.Module]]) -> HydraApp:

@@ -6,9 +6,7 @@ argparse and configurator wiring (``wiring``) and the Hydra and LightningCLI wir
 from __future__ import annotations
 
 from autotune.exports.script_scan import ScriptFacts
-from autotune.plan import TrainingPlan
-
-DTYPE_WORDS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+from autotune.plan import DTYPE_WORDS, TrainingPlan
 
 
 def for_the_script(key: str, facts: ScriptFacts, plan: TrainingPlan):

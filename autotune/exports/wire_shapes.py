@@ -8,8 +8,8 @@ from __future__ import annotations
 from autotune.exports.script_hydra import override_text
 from autotune.exports.script_lightning import PRECISION, SUBCOMMANDS, strategy
 from autotune.exports.script_scan import ScriptFacts
-from autotune.exports.script_values import DTYPE_WORDS, setting_value
-from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
+from autotune.exports.script_values import setting_value
+from autotune.plan import TrainingPlan
 
 HYDRA = "hydra:"  # the mark of a Hydra override in the wired record (plan value -> "hydra:<dotted key>")
 
@@ -33,8 +33,7 @@ def wire_hydra(facts: ScriptFacts, plan: TrainingPlan, values: dict[str, str], u
             continue
         kind = app.keys[dotted]
         if key == "precision":
-            words = ACCELERATE_MIXED_PRECISION if dotted.endswith("mixed_precision") else DTYPE_WORDS
-            text = override_text(words[plan.numerics.precision], kind)
+            text = override_text(app.precision_text(dotted, plan.numerics.precision), kind)
         else:
             text = override_text(setting_value(key, facts, plan), kind)
         if text is not None:

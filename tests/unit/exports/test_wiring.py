@@ -1254,3 +1254,38 @@ def test_a_hydra_route_names_the_file_its_key_is_in(tmp_path):
         assert given == {"micro_batch_size": user[0]}
         assert delivery(p, facts, [], {}, user, deepspeed_json=False, given=given).routes["micro_batch_size"] == [
             f"yours: {user[0]} after `--` (the script's trainer.batch_size: your value wins over the plan's 16)"]
+
+
+def test_a_hydra_apps_bare_precision_key_is_wired_in_the_vocabulary_its_default_speaks(tmp_path):
+    """Framework audit and issue 42's gap: `train.precision: fp32` in a Hydra YAML had no route (a bare
+    `precision` has no one vocabulary). Its default says which: the plan's precision goes in that vocabulary's
+    word; a default no vocabulary knows, or whose vocabularies disagree on the word, is no route (never guessed)."""
+    (tmp_path / "conf").mkdir()
+    facts = {}
+    for default in ("fp32", "float32", "32-true", "no", "bf16", "32", "high"):
+        (tmp_path / "conf" / "config.yaml").write_text(f'train:\n  batch_size: 3\n  precision: "{default}"\n')
+        facts[default] = script(tmp_path, """
+            import hydra
+            @hydra.main(version_base=None, config_path="conf", config_name="config")
+            def main(cfg):
+                pass
+        """)
+    bf16 = a_plan()
+    assert bf16.numerics.precision == "bf16"
+    values = placeholder_values(bf16, tmp_path, None)
+
+    def wired(default, plan=bf16):
+        extra, used = wire_flags(facts[default], plan, values, [])
+        return [a for a in extra if a.startswith("train.precision=")], used.get("precision")
+
+    assert wired("fp32") == (["train.precision=bf16"], "hydra:train.precision")
+    assert wired("float32") == (["train.precision=bfloat16"], "hydra:train.precision")
+    assert wired("32-true") == (["train.precision=bf16-mixed"], "hydra:train.precision")
+    assert wired("no") == (["train.precision=bf16"], "hydra:train.precision")
+    assert wired("bf16") == (["train.precision=bf16"], "hydra:train.precision")  # plain and Accelerate's agree
+    fp32 = a_plan(**{"training.mixed_precision": "fp32"})
+    assert wired("bf16", fp32) == ([], None)  # "fp32" or Accelerate's "no": never guessed
+    assert wired("no", fp32) == (["train.precision=no"], "hydra:train.precision")
+    assert wired("32") == ([], None) and wired("high") == ([], None)  # no vocabulary autotune knows
+    given = given_by_user(facts["fp32"], bf16, values, ["train.precision=fp16"])  # the user's own, theirs
+    assert given == {"precision": "train.precision=fp16"}
