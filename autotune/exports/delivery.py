@@ -76,6 +76,9 @@ class Delivery:
         if self.shape == "lightning":
             part = "data" if key in ("micro_batch_size", "num_workers") else \
                 "model" if key in ("learning_rate", "warmup_steps") else "trainer"
+            if key == "learning_rate":  # LightningCLI adds --optimizer where the model has no configure_optimizers
+                return (f"--model.<its {word} argument> {{{key}}} (or --optimizer.lr {{{key}}} where the model "
+                        "leaves its optimizer to LightningCLI's --optimizer)")
             return f"--{part}.<its {word} argument> {{{key}}}"
         if self.shape == "configurator":
             return f"--<its {word} setting>={{{key}}}"

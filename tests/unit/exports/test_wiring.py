@@ -884,8 +884,12 @@ def test_the_hint_names_only_the_values_that_are_advisory(tmp_path):
     assert hydra.advisory_hint().endswith("as Hydra overrides of the keys it trains with: <its DataLoader-workers "
                                           "key>={num_workers})")
     lightning = Delivery({"learning_rate": []}, ["learning_rate"], shape="lightning")
+    # a model without configure_optimizers has no rate argument: LightningCLI's --optimizer.lr takes it (framework
+    # audit: the fix named only --model.<its learning-rate argument>)
     assert lightning.advisory_hint() == ("(pass them after `--` as LightningCLI flags of its model, data or trainer: "
-                                         "--model.<its learning-rate argument> {learning_rate})")
+                                         "--model.<its learning-rate argument> {learning_rate} (or --optimizer.lr "
+                                         "{learning_rate} where the model leaves its optimizer to LightningCLI's "
+                                         "--optimizer))")
     assert "micro_batch_size" not in argparse_.advisory_hint() + hydra.advisory_hint() + lightning.advisory_hint()
 
 
