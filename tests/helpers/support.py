@@ -65,3 +65,15 @@ def site_margin_policy(monkeypatch, tmp_path, fraction: float = 0.85) -> None:
     f.write_text(yaml.safe_dump(data))
     monkeypatch.setattr(policy, "DEFAULT_POLICY_PATH", f)
     policy.load_policy.cache_clear()  # and again after the test: the next one reads the real default
+
+
+@pytest.fixture
+def site_margin(monkeypatch, tmp_path):
+    """``site_margin_policy`` for one test, the real default read again after it: the hand derivations of the
+    strategy ladder, the micro-batch choice and the refusals (a module uses it with
+    ``pytestmark = pytest.mark.usefixtures("site_margin")``, having imported it)."""
+    from autotune.planner.policy import load_policy
+
+    site_margin_policy(monkeypatch, tmp_path)
+    yield
+    load_policy.cache_clear()

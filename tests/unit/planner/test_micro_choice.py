@@ -1,7 +1,10 @@
 """The micro-batch of a model traced as CUDA runs it, by hand (planner/micro.py, policy.micro_batch_rule)."""
 
 import pytest
-from helpers.support import ROOT, site_margin_policy
+from helpers.support import (
+    ROOT,
+    site_margin,  # noqa: F401 - the fixture pytestmark names
+)
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.planner import plan
@@ -10,16 +13,9 @@ from autotune.planner.model_facts import CUDA_TRACED, ActivationModel, LinearByt
 from autotune.planner.policy import load_policy
 from autotune.profiles import load_profile
 
-
-@pytest.fixture(autouse=True)
-def _site_margin(monkeypatch, tmp_path):
-    """Derived by hand for a budget of free x 0.85 less the CUDA context and NCCL, no allocator share: a site's margin
-    the policy still takes (the default's evidence headroom: test_headroom.py)."""
-    from autotune.planner.policy import load_policy
-
-    site_margin_policy(monkeypatch, tmp_path)
-    yield
-    load_policy.cache_clear()
+# Derived by hand for a budget of free x 0.85 less the CUDA context and NCCL, no allocator share: a site's margin
+# the policy still takes (the default's evidence headroom: test_headroom.py).
+pytestmark = pytest.mark.usefixtures("site_margin")
 
 
 GIB = 2 ** 30

@@ -4,7 +4,7 @@ lacks. The planner's own refusals reach it through `plan` (test_micro_choice, te
 edge is pinned."""
 
 import pytest
-from helpers.support import site_margin_policy
+from helpers.support import site_margin  # noqa: F401 - the fixture pytestmark names
 
 from autotune.config import TrainConfig
 from autotune.errors import PlanRefused
@@ -16,16 +16,9 @@ from autotune.planner.policy import load_policy
 from autotune.planner.weighing import Budget, Need, Row
 from autotune.profiles import load_profile
 
-
-@pytest.fixture(autouse=True)
-def _site_margin(monkeypatch, tmp_path):
-    """Derived by hand for a budget of free x 0.85 less the CUDA context and NCCL, no allocator share: a site's margin
-    the policy still takes (the default's evidence headroom: test_headroom.py)."""
-    from autotune.planner.policy import load_policy
-
-    site_margin_policy(monkeypatch, tmp_path)
-    yield
-    load_policy.cache_clear()
+# Derived by hand for a budget of free x 0.85 less the CUDA context and NCCL, no allocator share: a site's margin
+# the policy still takes (the default's evidence headroom: test_headroom.py).
+pytestmark = pytest.mark.usefixtures("site_margin")
 
 
 GIB = 1024 ** 3

@@ -9,7 +9,10 @@ CUDA context 600 MiB, NCCL 256 MiB with more than one rank, host margin 1.5, hos
 
 import pytest
 from helpers.profiles_util import make_profile
-from helpers.support import examples, site_margin_policy
+from helpers.support import (
+    examples,
+    site_margin,  # noqa: F401 - the fixture pytestmark names
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,16 +26,10 @@ from autotune.profiles import GPUInfo, load_profile
 MIB, GIB = 2**20, 2**30
 
 
-@pytest.fixture(autouse=True)
-def _site_margin(monkeypatch, tmp_path):
-    """The derivations below were written for a budget of free x 0.85 less the CUDA context and NCCL, no allocator
-    share above the estimate: a site's margin the policy still takes (the default's evidence headroom is tested in
-    test_headroom.py)."""
-    from autotune.planner.policy import load_policy
-
-    site_margin_policy(monkeypatch, tmp_path)
-    yield
-    load_policy.cache_clear()
+# The derivations below were written for a budget of free x 0.85 less the CUDA context and NCCL, no allocator
+# share above the estimate: a site's margin the policy still takes (the default's evidence headroom is tested in
+# test_headroom.py).
+pytestmark = pytest.mark.usefixtures("site_margin")
 
 
 def user_model(params, **extra):
