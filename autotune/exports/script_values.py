@@ -6,6 +6,7 @@ argparse and configurator wiring (``wiring``) and the Hydra and LightningCLI wir
 from __future__ import annotations
 
 from autotune.exports.script_scan import ScriptFacts
+from autotune.exports.user_values import planned_value
 from autotune.plan import DTYPE_WORDS, TrainingPlan
 
 
@@ -25,9 +26,6 @@ def setting_value(key: str, facts: ScriptFacts, plan: TrainingPlan):
     value = for_the_script(key, facts, plan)
     if value is not None:
         return value
-    return {"micro_batch_size": plan.batch.micro_batch_size,
-            "gradient_accumulation_steps": plan.batch.gradient_accumulation_steps,
-            "learning_rate": plan.schedule.learning_rate, "warmup_steps": plan.schedule.warmup_steps,
-            "max_steps": plan.schedule.max_steps, "epochs": plan.schedule.epochs,
-            "num_workers": plan.loader.num_workers,
-            "precision": DTYPE_WORDS[plan.numerics.precision]}[key]
+    if key == "precision":  # a setting's value: torch's dtype name (a flag's words: wiring.precision_word)
+        return DTYPE_WORDS[plan.numerics.precision]
+    return planned_value(plan, key)
