@@ -326,4 +326,5 @@ def test_a_quiet_timing_keeps_the_median_round_of_unequal_rounds_not_the_fastest
               for t, o in ((0.100, 0.010), (0.140, 0.014), (0.110, 0.011)) for b in (8, 16)]
     v = judge(rounds, ranks=1, had_cores=lambda r: None)
     assert v.under_load is None
-    assert v.points == ((8, pytest.approx(0.110), pytest.approx(0.011)), (16, pytest.approx(0.220), pytest.approx(0.011)))
+    assert v.points == ((8, pytest.approx(0.110), pytest.approx(0.011)),
+                        (16, pytest.approx(0.220), pytest.approx(0.011)))

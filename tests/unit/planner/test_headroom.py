@@ -7,10 +7,9 @@ import pytest
 from helpers.gpu_truth import TRUTH, recorded_facts
 from helpers.profiles_util import make_profile
 
-from autotune.config import apply_overrides
+from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import PlanRefused
 from autotune.planner import plan
-from autotune.config import TrainConfig
 from autotune.planner.model_facts import CUDA_TRACED, ActivationModel, LinearBytes, ModelFacts, builtin_work
 from autotune.planner.policy import load_policy
 from autotune.profiles import HardwareProfile
