@@ -139,3 +139,38 @@ def test_a_published_setting_that_ran_on_80_gb_gpus_is_not_refused():
                                            "allocator_largest_block": False, "estimate_margin_fraction": 0.0})
     with pytest.raises(PlanRefused):
         plan(hw, cfg, facts=facts, policy=old, deepspeed_installed=False)
+
+
+def mpt_30b_facts() -> ModelFacts:
+    """MPT-30B's shape (llm-foundry's mpt-30b.yaml: 48 blocks of 7168, vocabulary 50,432, sequence 2048, built on the
+    meta device), 29.95e9 parameters; its activations with checkpointing as Korthikanti et al. count them: each block's
+    input kept (2 s b h bytes), one block recomputed whole (s b h (34 + 5 a s / h), no fused attention: an upper
+    bound) and the loss's fp32 logits with their gradient (8 s b V)."""
+    s, h, a, layers, vocab = 2048, 7168, 56, 48, 50432
+    per_sample = 2 * s * h * layers + s * h * (34 + 5 * a * s / h) + 8 * s * vocab
+    line = LinearBytes(points=((1, per_sample), (2, 2 * per_sample)), interpolate=True)
+    unit = 12 * h * h + 13 * h
+    params = layers * unit + vocab * h + 2 * h
+    return ModelFacts(source="MPT-30B, facts given", num_parameters=params, trainable_parameters=params,
+                      largest_layer_parameters=vocab * h,
+                      activations=ActivationModel(half=line, half_checkpointed=line, source=CUDA_TRACED),
+                      fsdp_unit="MPTBlock", fsdp_unit_parameters=unit, fsdp_root_parameters=params - layers * unit,
+                      builds_on_meta="init_device: meta")
+
+
+@pytest.mark.parametrize("gpu", [("NVIDIA A100-SXM4-80GB", 81920, 81050, "8.0"),
+                                 ("NVIDIA H100 80GB HBM3", 81559, 81079, "9.0")])
+def test_a_30b_model_on_8_gpus_of_80_gb_with_full_shard_and_checkpointing_is_planned_without_offload(gpu):
+    """A setting that ran at a published scale (llm-foundry's MPT-30B on one node of 8 A100-80GB and of 8 H100-80GB:
+    FULL_SHARD, activation checkpointing, micro-batch 1-3) is planned as it ran: FSDP2 sharding the 16 bytes a
+    parameter over 8 GPUs (56 GiB), its gathered blocks and the activations, without offloading anything to the
+    host; and the margin never pushes it there."""
+    hw = make_profile(gpus=[gpu] * 8, ram_gib=1000, deepspeed=None)
+    hw = hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"interconnect": "nvlink"})})
+    cfg = apply_overrides(recorded_facts("gpt2_small")[0], {
+        "training.global_batch_size": 24, "training.gradient_checkpointing": True, "distributed.backend": "fsdp"})
+    p = plan(hw, cfg, facts=mpt_30b_facts(), deepspeed_installed=False)
+    assert p.engine.backend == "fsdp" and not p.engine.offload_optimizer and not p.engine.offload_param
+    assert p.batch.micro_batch_size == 3 and p.batch.gradient_accumulation_steps == 1
+    est = p.memory.estimate
+    assert 55.5 < est.model_states_gib < 56 and est.total_gib <= est.budget_gib
