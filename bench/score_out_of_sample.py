@@ -1,0 +1,127 @@
+"""Score the step-time model's constants out of sample (issue 55): nothing is scored on what it was fitted on.
+
+    .venv/bin/python bench/score_out_of_sample.py [--h100 DIR] [--h200 DIR] [--plans]
+
+- in sample: the H100's efficiencies (configs/gpus.yaml, h100-recorded) fitted on every recorded H100 model
+  (bench/fit_step_time.py) and scored on the same points: what BENCHMARKS.md showed before;
+- leave one model out on the H100: fitted without model M, scored on M's points only;
+- the H200: the H100's constants as configs/gpus.yaml has them (fitted on the H100 alone), scored on the H200's points.
+Each point is a recorded forward+backward time (every micro-batch, checkpointing on and off). With --plans the
+project's scorer (../shared/gpu-truth/score.py) plans each H100 model with the constants fitted without it (a copy of
+configs/gpus.yaml, read by a wrapper interpreter that points the planner's table at it: the planner itself reads no
+environment) and the H200 models with the table as it is, and prints its summaries.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+SHARED = ROOT.parent / "shared" / "gpu-truth"
+WRAPPER = """import os, runpy, sys
+from pathlib import Path
+from autotune.planner import gpus
+gpus.DEFAULT_TABLE_PATH = Path(os.environ["BENCH_GPU_TABLE"])
+sys.argv = [sys.argv[0], *sys.argv[3:]]  # called as: wrapper -m autotune <args>
+runpy.run_module("autotune", run_name="__main__", alter_sys=True)
+"""
+
+
+def summary(errs: list[float]) -> str:
+    a = [abs(e) for e in errs]
+    return f"median {statistics.median(a) * 100:.1f} %, max {max(a) * 100:.1f} % ({len(a)} points)"
+
+
+def table_with(cal, where: Path) -> Path:
+    """configs/gpus.yaml with the h100-recorded set replaced by ``cal``'s fitted values."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "configs" / "gpus.yaml").read_text())
+    for e in data["efficiencies"]:
+        if e["name"] == cal.name:
+            e.update({k: float(getattr(cal, k)) for k in ("matmul", "conv", "memory", "optimizer_memory", "kernel_s")})
+    where.write_text(yaml.safe_dump(data, sort_keys=False))
+    return where
+
+
+def score(truth: Path, table: Path | None, only: str | None, td: Path) -> dict:
+    """score.py's RESULT for ``truth`` (only model ``only`` where given), planned with ``table`` (None: the repo's)."""
+    if only is not None:
+        sub = td / f"truth-{only}" / truth.name
+        sub.mkdir(parents=True)
+        for f in truth.glob("*.json"):
+            if f.name.endswith("profile.json") or f.stem == only:
+                (sub / f.name).write_text(f.read_text())
+        truth = sub
+    py, env = sys.executable, dict(os.environ)
+    if table is not None:
+        wrap = td / "with_table.py"
+        wrap.write_text(WRAPPER)
+        sh = td / f"python-{only}"
+        sh.write_text(f"#!/bin/sh\nexec {sys.executable} {wrap} \"$@\"\n")
+        sh.chmod(0o755)
+        py, env = str(sh), dict(env, BENCH_GPU_TABLE=str(table), PYTHONPATH=os.pathsep.join(
+            filter(None, [str(ROOT), str(SHARED), env.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, str(SHARED / "score.py"), "--truth", str(truth.resolve()), "--python", py,
+                        "--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        raise SystemExit(f"score.py failed: {r.stderr[-2000:]}")
+    return json.loads(line[len("RESULT "):])
+
+
+def main(argv=None) -> int:
+    from fit_step_time import errors, fit, recorded_points
+
+    from autotune.planner.gpus import load_table
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--h100", default=str(SHARED / "h100"))
+    ap.add_argument("--h200", default=str(SHARED / "h200"))
+    ap.add_argument("--plans", action="store_true", help="also plan with score.py, each model out of sample")
+    a = ap.parse_args(argv)
+    cwd = os.getcwd()
+    gpu, data = recorded_points(Path(a.h100))
+    os.chdir(cwd)
+    shipped = load_table().efficiency("h100-recorded")
+    models = sorted({d[0] for d in data})
+    print(f"H100, in sample (configs/gpus.yaml, fitted on {', '.join(models)}): {summary(errors(data, gpu, shipped))}")
+    loo, held = {}, []
+    for m in models:
+        cal = fit([d for d in data if d[0] != m], gpu, shipped)
+        loo[m] = cal
+        mine = [d for d in data if d[0] == m]
+        errs = errors(mine, gpu, cal)
+        held += errs
+        print(f"  without {m:11s}: matmul {cal.matmul:.3f}, conv {cal.conv:.4f}, memory {cal.memory:.3f}, "
+              f"optimizer {cal.optimizer_memory:.3f}, kernel {cal.kernel_s * 1e6:.1f} us -> on {m}: {summary(errs)}")
+    print(f"H100, leave one model out: {summary(held)}")
+    gpu2, data2 = recorded_points(Path(a.h200))
+    os.chdir(cwd)
+    print(f"H200 with the H100's constants: {summary(errors(data2, gpu2, gpu2.efficiency))}")
+    for m in models:
+        e = errors([d for d in data2 if d[0] == m], gpu2, gpu2.efficiency)
+        print(f"  {m:11s}: {summary(e)}")
+    if a.plans:
+        with tempfile.TemporaryDirectory() as td:
+            t = Path(td)
+            for m in models:
+                res = score(Path(a.h100), table_with(loo[m], t / f"gpus-without-{m}.yaml"), m, t)
+                print(f"score.py, H100, {m} with constants fitted without it: {json.dumps(res['models'][0])}")
+            res = score(Path(a.h200), None, None, t)
+            print(f"score.py, H200 with the H100's constants: {json.dumps(res['summary'])}")
+            for row in res["models"]:
+                print(f"  {json.dumps(row)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
