@@ -134,20 +134,22 @@ ATTENTION_KERNELS = (
 )
 
 
-def attention_assumed(compute_capability: tuple[int, int] | None, precision: str, eff: Efficiency) -> str:
+def attention_assumed(compute_capability: tuple[int, int] | None, precision: str | None, eff: Efficiency) -> str:
     """What the step-time model assumes of attention on this GPU and precision, in words: the kernel SDPA selects, the
     curve it is timed by, and what the model cannot know (a script's own kernel)."""
     cc = compute_capability or (0, 0)
-    kernel = next(k for least, dtypes, k in ATTENTION_KERNELS if cc >= least and precision in dtypes)
+    kernel = next((f"{k} for {precision}" for least, dtypes, k in ATTENTION_KERNELS
+                   if cc >= least and precision in dtypes), "SDPA's kernel is not known (no precision decided)")
     curve = (f"at FlashAttention-2's curve, {eff.attention:g} of the peak at long sequences and half of that at "
              f"{eff.attention_half_intensity:g} FLOPs a byte (the sequence length and head size set it)")
     if not kernel.startswith("FlashAttention-2"):
-        curve += ": an upper bound for this kernel, which the model has no published curve for"
+        curve += ", an upper bound for a kernel the model has no published curve for"
     if compute_capability is None:
         kernel += ", assumed: the GPU's compute capability is unknown"
-    return (f"attention: {kernel} for {precision} {curve}; a script's own attention kernel (flash-attn, Triton, "
-            "another version) is not known to the model (llm-foundry's 2023 flash kernel ran MPT-1B 1.24x slower at "
-            "8k tokens and 1.65x at 32k than this curve predicts)")
+    unknown = ("a script's own attention kernel (flash-attn, Triton, another version) is not known to the model "
+               "(llm-foundry's 2023 flash kernel ran MPT-1B 1.24x slower at 8k tokens and 1.65x at 32k than this "
+               "curve predicts)")
+    return f"attention: {kernel}, timed {curve}; {unknown}"
 
 
 @lru_cache(maxsize=4)

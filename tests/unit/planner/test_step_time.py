@@ -251,10 +251,12 @@ def test_the_time_says_which_attention_kernel_it_assumes_by_gpu_and_precision_an
 
     eff = load_table().efficiency("h100-recorded")
     hopper = attention_assumed((9, 0), "bf16", eff)
-    assert hopper.startswith("attention: FlashAttention-2 (SDPA's flash backend) for bf16 at FlashAttention-2's curve, "
-                             "0.35 of the peak") and "upper bound" not in hopper
+    assert hopper.startswith("attention: FlashAttention-2 (SDPA's flash backend) for bf16, timed at FlashAttention-2's "
+                             "curve, 0.35 of the peak") and "upper bound" not in hopper
     assert "not known to the model" in hopper and "1.65x at 32k" in hopper
     assert "memory-efficient kernel" in attention_assumed((9, 0), "fp32", eff)
     turing = attention_assumed((7, 5), "fp16", eff)
-    assert "memory-efficient kernel" in turing and "upper bound for this kernel" in turing
+    assert "memory-efficient kernel" in turing and "an upper bound for a kernel" in turing
     assert "the GPU's compute capability is unknown" in attention_assumed(None, "bf16", eff)
+    undecided = attention_assumed((9, 0), None, eff)
+    assert undecided.startswith("attention: SDPA's kernel is not known (no precision decided)")
