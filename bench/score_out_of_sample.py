@@ -78,6 +78,63 @@ def score(truth: Path, table: Path | None, only: str | None, td: Path) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
+CONTEXT_MIB = 600  # configs/policy.yaml cuda_context_mib
+MARGIN = 0.03  # configs/policy.yaml estimate_margin_fraction: from issue 55's kept-back models, not fitted here
+
+
+def slack_of(rec: dict) -> float:
+    """Reserved over allocated at the largest step that ran without checkpointing (the policy's slack, per model)."""
+    top = max((p for p in rec["points"] if p["ok"] and not p["ckpt"]), key=lambda p: p["micro"])
+    return top["reserved"] / top["peak"] - 1
+
+
+def headroom_verdicts(truth: Path, slack_for) -> list[str]:
+    """For each recorded model and checkpointing, the largest micro-batch the headroom rule plans when the allocated
+    peak is the measured one (so only the headroom is scored): the measured peak x (1 + slack) + the step's largest
+    tensor (the trace's) + MARGIN x the activations, within free memory - the CUDA context. ``slack_for(model)``: the
+    slack fitted without that model. Against what ran and what failed."""
+    from fit_step_time import facts_of
+
+    cwd = os.getcwd()
+    profile = next(truth.glob("*profile.json"))
+    free = json.loads(profile.read_text())["gpus"]["devices"][0]["memory_free_mib"] * 2**20
+    out = []
+    for f in sorted(truth.glob("*.json")):
+        if f == profile:
+            continue
+        rec = json.loads(f.read_text())
+        facts = facts_of(rec, truth)
+        os.chdir(cwd)
+        slack = slack_for(rec["model"])
+        for ckpt in (False, True):
+            pts = sorted((p for p in rec["points"] if p["ckpt"] == ckpt), key=lambda p: p["micro"])
+            if not pts or facts.work is None:
+                continue
+            line = facts.work.line(True, ckpt)
+
+            good = [p for p in pts if p["ok"]][-2:]
+
+            def peak(p):  # a failed step's peak: linear from the last two that ran (the README: within 1 %)
+                if "peak" in p:
+                    return p["peak"]
+                (m0, y0), (m1, y1) = ((q["micro"], q["peak"]) for q in good)
+                return y1 + (y1 - y0) * (p["micro"] - m1) / (m1 - m0)
+
+            def planned(p):
+                acts = peak(p) - 16 * rec["params"]
+                need = peak(p) * (1 + slack) + line.at(p["micro"]).largest_allocation_bytes + MARGIN * acts
+                return need <= free - CONTEXT_MIB * 2**20
+
+            ran = [p["micro"] for p in pts if p["ok"]]
+            failed = [p["micro"] for p in pts if not p["ok"]]
+            plans = [p["micro"] for p in pts if planned(p)]
+            oom = [m for m in plans if m in failed]
+            out.append(f"  {rec['model']:11s} ckpt {'on ' if ckpt else 'off'} (slack {slack:.2%}): largest planned "
+                       f"{max(plans, default=0)}, largest ran {max(ran, default=0)}, first failed "
+                       f"{min(failed, default='-')}{'; OOM at ' + str(oom) if oom else ''}")
+    return out
+
+
 def main(argv=None) -> int:
     from fit_step_time import errors, fit, recorded_points
 
@@ -114,6 +171,16 @@ def main(argv=None) -> int:
     for m in models:
         e = errors([d for d in data2 if d[0] == m], gpu2, gpu2.efficiency)
         print(f"  {m:11s}: {summary(e)}")
+    recs = {json.loads(f.read_text())["model"]: json.loads(f.read_text()) for f in Path(a.h100).glob("*.json")
+            if not f.name.endswith("profile.json")}
+    slacks = {m: slack_of(r) for m, r in recs.items()}
+    print("Headroom, H100, the slack fitted without each model (the median of the others'): "
+          + ", ".join(f"{m} {v:.2%}" for m, v in sorted(slacks.items())))
+    for line in headroom_verdicts(Path(a.h100), lambda m: statistics.median(v for k, v in slacks.items() if k != m)):
+        print(line)
+    print(f"Headroom, H200, with the H100's slack (median {statistics.median(slacks.values()):.2%}):")
+    for line in headroom_verdicts(Path(a.h200), lambda m: statistics.median(slacks.values())):
+        print(line)
     if a.plans:
         with tempfile.TemporaryDirectory() as td:
             t = Path(td)
