@@ -14,7 +14,7 @@ and why an option does not fit, with its predicted samples/s at the global batch
 
 Which option the plan takes, among those that fit: where your model's step is traced as
 CUDA runs it on a GPU of configs/gpus.yaml, the most predicted samples/s; options within
-the model's own error on that GPU's evidence (4.7 % on an H100, 12 % on an A100, 10 %
+the model's own error out of sample on that GPU's evidence (5.8 % on an H100, 12 % on an A100, 10 %
 without evidence) of the fastest are a tie, settled by the preference order
 (configs/policy.yaml's strategy_preference). Otherwise (the built-in GPT, counted by
 formula; a micro-batch you set; a GPU not in the table) the first option in that order

@@ -106,7 +106,7 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
     if not has_infiniband:
         want["NCCL_IB_DISABLE"] = "1"
     if plan.engine.device == "cuda":
-        want["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        want.update(allocator_env(environ))
     else:
         want["DS_ACCELERATOR"] = "cpu"
     if plan.run.wandb:  # W&B's own variables, so a script's plain wandb.init() logs where the plan says
@@ -145,6 +145,19 @@ def plan_env(plan: TrainingPlan, run_dir: str, environ: Mapping[str, str],
         if k in environ:
             env[k], sources[k] = str(v), "autotune"
     return env, sources
+
+
+ALLOC_CONF = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # torch 2.9+ reads the first; older torch the second
+
+
+def allocator_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The caching allocator's configuration on GPU plans: expandable segments (torchtitan's run_train.sh sets it;
+    PyTorch's CUDA notes: segments grow by mapping pages, so a large tensor needs no free block whole), under both the
+    name torch reads now and the one older torch reads. An allocator configuration you exported under either name is
+    yours alone: neither is set beside it (torch would read the new name over yours)."""
+    if any(k in environ for k in ALLOC_CONF):
+        return {k: environ[k] for k in ALLOC_CONF if k in environ}
+    return dict.fromkeys(ALLOC_CONF, "expandable_segments:True")
 
 
 def plan_values_env(plan: TrainingPlan, run_dir: str) -> dict[str, str]:

@@ -13,6 +13,7 @@ from autotune.planner.engine_seed import ZERO2_WHY
 from autotune.planner.memory import STRATEGIES, Strategy
 from autotune.planner.micro import GLOBAL_TOLERANCE, steady_micro
 from autotune.planner.resolve import Decision, Resolver, is_set
+from autotune.planner.step_time import StepTime
 from autotune.planner.weighing import Row, Timer
 
 
@@ -149,18 +150,30 @@ def holding(largest: int, target: int, world: int, most: int = 6) -> list[tuple[
 
 
 def timed(sz, row: Row, timer: Timer, target: int, world: int) -> Row:
-    """The row at its fastest micro-batch holding the global batch, with its predicted step time."""
+    """The row at its fastest micro-batch holding the global batch, with its predicted step time (``fewest_steps``:
+    within the model's own error of the fastest, the fewest accumulation steps)."""
     if row.why_not is not None or row.micro < 1:
         return row
-    best = None
-    for m, acc in holding(row.micro, target, world):
-        t = timer.time(row.strategy, row.checkpointing, m, acc)
-        if t is not None and (best is None or t.samples_per_s > best[2].samples_per_s):
-            best = (m, acc, t)
+    tried = [(m, acc, timer.time(row.strategy, row.checkpointing, m, acc)) for m, acc in holding(row.micro, target,
+                                                                                                 world)]
+    best = fewest_steps([(m, acc, t) for m, acc, t in tried if t is not None])
     if best is None:
         return row
     m, _acc, t = best
     return Row(row.strategy, row.checkpointing, m, sz.need(row.strategy, m, row.checkpointing), None, t)
+
+
+def fewest_steps(tried: list[tuple[int, int, StepTime]]) -> tuple[int, int, StepTime] | None:
+    """Among (micro-batch, accumulation, predicted time) of one engine and checkpointing, where the predictions are
+    within the model's own error of the fastest (``StepTime.tie``: they cannot be told apart), the one with the fewest
+    accumulation steps (the largest micro-batch): physics says it is never slower, as each micro-step repeats the
+    same fixed costs (kernel launches, weight reads, the gathers of a sharded engine) and a larger micro-batch only
+    fills the GPU better. Outside the tie the prediction decides."""
+    if not tried:
+        return None
+    fastest = max(t.samples_per_s for _m, _a, t in tried)
+    tied = [x for x in tried if x[2].samples_per_s >= fastest * (1 - max(TIE, x[2].tie))]
+    return min(tied, key=lambda x: (x[1], -x[0]))
 
 
 def shown_with_times(rows: tuple[Row, ...], timer: Timer, target: int, world: int) -> tuple[Row, ...]:

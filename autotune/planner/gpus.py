@@ -122,6 +122,36 @@ class GPUSpec(BaseModel):
         return None if self.row.nvlink_gbps is None else self.row.nvlink_gbps * 1e9
 
 
+# The kernel torch's scaled_dot_product_attention selects on CUDA, first that applies (PyTorch's docs for
+# torch.nn.functional.scaled_dot_product_attention and torch.nn.attention.SDPBackend: FlashAttention-2 for fp16/bf16
+# on compute capability 8.0+, the memory-efficient kernel (xFormers' CUTLASS kernel) for fp32 and older GPUs, the
+# math path otherwise). The trace counts attention only where a model calls SDPA; attention written out by hand is
+# counted as the matmuls and softmax it runs.
+ATTENTION_KERNELS = (
+    ((8, 0), ("bf16", "fp16"), "FlashAttention-2 (SDPA's flash backend)"),
+    ((5, 0), ("bf16", "fp16", "fp32"), "the memory-efficient kernel (SDPA's efficient backend)"),
+    ((0, 0), ("bf16", "fp16", "fp32"), "the math path (SDPA's fallback: matmuls and softmax)"),
+)
+
+
+def attention_assumed(compute_capability: tuple[int, int] | None, precision: str | None, eff: Efficiency) -> str:
+    """What the step-time model assumes of attention on this GPU and precision, in words: the kernel SDPA selects, the
+    curve it is timed by, and what the model cannot know (a script's own kernel)."""
+    cc = compute_capability or (0, 0)
+    kernel = next((f"{k} for {precision}" for least, dtypes, k in ATTENTION_KERNELS
+                   if cc >= least and precision in dtypes), "SDPA's kernel is not known (no precision decided)")
+    curve = (f"at FlashAttention-2's curve, {eff.attention:g} of the peak at long sequences and half of that at "
+             f"{eff.attention_half_intensity:g} FLOPs a byte (the sequence length and head size set it)")
+    if not kernel.startswith("FlashAttention-2"):
+        curve += ", an upper bound for a kernel the model has no published curve for"
+    if compute_capability is None:
+        kernel += ", assumed: the GPU's compute capability is unknown"
+    unknown = ("a script's own attention kernel (flash-attn, Triton, another version) is not known to the model "
+               "(llm-foundry's 2023 flash kernel ran MPT-1B 1.24x slower at 8k tokens and 1.65x at 32k than this "
+               "curve predicts)")
+    return f"attention: {kernel}, timed {curve}; {unknown}"
+
+
 @lru_cache(maxsize=4)
 def load_table(path: str | None = None) -> GPUTable:
     from autotune.safe_input import load_yaml, read_text

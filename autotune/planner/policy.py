@@ -62,6 +62,8 @@ class Policy(_Strict):
     # estimate, and one block of the step's largest allocation
     allocator_slack_fraction: float = Field(0.011, ge=0, le=1)
     allocator_largest_block: bool = True
+    # the estimate's own out-of-sample error, as a fraction of its traced activations (planner.headroom)
+    estimate_margin_fraction: float = Field(0.03, ge=0, le=1)
     traced_activation_margin: float = Field(ge=1)
     # a model traced as CUDA runs it: "fit" plans the largest micro-batch that fits (up to global / world);
     # "band" keeps the VRAM band table's, as for the built-in workload and models that are not traced

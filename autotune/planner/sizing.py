@@ -52,7 +52,8 @@ class Sizer:
                                                  ranks_per_node=self.nproc)
         host = max(st.host_bytes_per_node, init_host) * policy.offload_host_ram_margin
         allocated = states + (acts or 0.0) + overhead
-        extra = allocator_bytes(f, policy, allocated, half=self.half, checkpointing=ckpt, micro=micro) \
+        extra = allocator_bytes(f, policy, allocated, half=self.half, checkpointing=ckpt, micro=micro,
+                                activations=acts or 0.0) \
             if self.on_gpu else 0.0
         return Need(states / GIB, None if acts is None else acts / GIB, overhead / GIB, host / GIB,
                     init_gib=init / GIB, allocator_gib=extra / GIB)

@@ -95,7 +95,7 @@ def timing_for(hw: HardwareProfile, devs, facts, *, precision: str, tf32: bool, 
     if facts.work is None:
         return None, ("the model's work is not counted (a model autotune cannot trace, or a script of unknown size): "
                       "give training.model and training.sample_input")
-    from autotune.planner.gpus import spec_for
+    from autotune.planner.gpus import attention_assumed, spec_for
 
     gpu = spec_for(devs[0])
     if gpu is None:
@@ -106,7 +106,8 @@ def timing_for(hw: HardwareProfile, devs, facts, *, precision: str, tf32: bool, 
     eff = gpu.efficiency
     said = (f"efficiencies '{eff.name}': {eff.evidence}" if eff.measured else
             f"no evidence for the {gpu.row.name}: the conservative efficiencies ({eff.evidence})")
-    basis = f"model: {facts.work.source} on {gpu.basis}; every engine on the same compute line; {said}"
+    attention = attention_assumed(devs[0].compute_capability_tuple(), precision, eff)
+    basis = f"model: {facts.work.source} on {gpu.basis}; every engine on the same compute line; {said}; {attention}"
     units = max(1, round(facts.num_parameters / facts.fsdp_unit_parameters)) if facts.fsdp_unit_parameters else 1
     probed = facts.measured_steps
     if probed is not None:  # the compute as GPU 0 ran it; the other options' by the model, scaled alike

@@ -60,7 +60,8 @@ def site_margin_policy(monkeypatch, tmp_path, fraction: float = 0.85) -> None:
     from autotune.planner import policy
 
     data = yaml.safe_load(policy.DEFAULT_POLICY_PATH.read_text())
-    data.update(memory_headroom_fraction=fraction, allocator_slack_fraction=0.0, allocator_largest_block=False)
+    data.update(memory_headroom_fraction=fraction, allocator_slack_fraction=0.0, allocator_largest_block=False,
+                estimate_margin_fraction=0.0)
     f = tmp_path / "site-margin-policy.yaml"
     f.write_text(yaml.safe_dump(data))
     monkeypatch.setattr(policy, "DEFAULT_POLICY_PATH", f)

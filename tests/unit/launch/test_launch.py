@@ -33,7 +33,19 @@ def test_single_backend_runs_the_runtime_in_one_process():
     assert s.env["AUTOTUNE_PLAN"] == "runs/x/plan.json"  # the one channel that carries the plan to a rank
     assert s.env["OMP_NUM_THREADS"] == str(p.loader.omp_num_threads) and s.env["DS_ACCELERATOR"] == "cpu"
     assert s.env["AUTOTUNE_PLAN"] == "runs/x/plan.json" and s.env["NCCL_IB_DISABLE"] == "1"
-    assert "PYTORCH_CUDA_ALLOC_CONF" not in s.env
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in s.env and "PYTORCH_ALLOC_CONF" not in s.env
+
+
+def test_gpu_plans_launch_with_expandable_segments_under_both_names_unless_you_configured_the_allocator():
+    """torch 2.9+ reads PYTORCH_ALLOC_CONF, older torch PYTORCH_CUDA_ALLOC_CONF: both carry expandable segments (issue
+    55); an allocator configuration exported under either name is the user's alone (torch would read the new name over
+    the old), recorded as theirs."""
+    _, s = spec_for("8xH100-80GB")
+    assert s.env["PYTORCH_ALLOC_CONF"] == s.env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert s.env_sources["PYTORCH_ALLOC_CONF"] == "autotune"
+    _, mine = spec_for("8xH100-80GB", environ={"HOME": "/h", "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"})
+    assert mine.env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512" and "PYTORCH_ALLOC_CONF" not in mine.env
+    assert mine.env_sources["PYTORCH_CUDA_ALLOC_CONF"] == "user"
 
 
 def test_deepspeed_and_ddp_go_through_torchrun():

@@ -316,3 +316,15 @@ def test_a_crafted_timing_in_the_cache_is_timed_again_never_planned_from(capsys)
     os.mkfifo(where)
     steps = measured_steps(cpu="AMD EPYC", run=timed, **WHAT)  # timed again; the pipe is not written through either
     assert len(runs) == 2 and "is not a regular file" in capsys.readouterr().err
+
+
+def test_a_quiet_timing_keeps_the_median_round_of_unequal_rounds_not_the_fastest():
+    """Three quiet rounds a micro-batch, each slower than the last (a run trains at its sustained speed): the figures
+    are the middle round's, 110 ms and 220 ms, never the fastest (100, 200) nor the slowest; the verdict stays quiet
+    (the two best within SPREAD)."""
+    rounds = [{"micro": b, "fb_s": t * b / 8, "synced_s": t * b / 8, "opt_s": o, "cpu_share": 1.0, "wait_share": 0.0}
+              for t, o in ((0.100, 0.010), (0.140, 0.014), (0.110, 0.011)) for b in (8, 16)]
+    v = judge(rounds, ranks=1, had_cores=lambda r: None)
+    assert v.under_load is None
+    assert v.points == ((8, pytest.approx(0.110), pytest.approx(0.011)),
+                        (16, pytest.approx(0.220), pytest.approx(0.011)))

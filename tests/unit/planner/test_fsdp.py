@@ -122,7 +122,7 @@ def _recorded_gpt2(params=None):
 
 
 @pytest.mark.parametrize("preset, params, deepspeed, chosen", [
-    # GPT-2 small is compute-bound on NVLink: every engine within the model's own error on the H100 (4.7 %), the
+    # GPT-2 small is compute-bound on NVLink: every engine within the model's own error on the H100 (5.8 %), the
     # policy's order settles it
     ("8xH100-80GB", None, True, "ZeRO-2"),
     ("8xH100-80GB", None, False, "DDP"),

@@ -211,3 +211,21 @@ def test_a_global_batch_of_one_is_one_sample_a_step_and_checkpointing_says_why_i
     assert p.memory.gradient_checkpointing is False
     assert p.reasons["gradient_checkpointing"] == (
         "off unless it is the only way to a fast micro-batch (it costs 30-70 % a step)")
+
+
+def test_within_the_models_own_error_one_engine_takes_the_fewest_accumulation_steps_outside_it_the_prediction():
+    """Issue 55: ViT-base on the H100 was planned 87 x 3 where 256 x 1 fitted. Where one engine's micro-batches are
+    predicted within the model's own error (StepTime.tie) of each other the larger micro-batch with fewer accumulation
+    steps wins (never slower: each micro-step repeats the same fixed costs); a prediction outside the error decides."""
+    from autotune.planner.choice import fewest_steps
+    from autotune.planner.step_time import StepTime
+
+    def t(rate, tie=0.058):
+        return StepTime(0.1, 0.01, 0.0, 0.11, rate, tie=tie)
+
+    tied = [(87, 3, t(1000.0)), (128, 2, t(980.0)), (256, 1, t(960.0))]
+    assert fewest_steps(tied)[:2] == (256, 1)
+    apart = [(87, 3, t(1000.0)), (256, 1, t(900.0))]  # 10 % slower: outside a 5.8 % error
+    assert fewest_steps(apart)[:2] == (87, 3)
+    assert fewest_steps([(87, 3, t(1000.0, tie=0.0)), (256, 1, t(996.0, tie=0.0))])[:2] == (256, 1)  # TIE, 0.5 %
+    assert fewest_steps([]) is None

@@ -241,3 +241,22 @@ def test_offload_competes_only_when_nothing_fits_without_it():
     assert time_reason(pick_by_time(cramped), cramped).startswith(
         "the most samples/s at the global batch: ZeRO-2 + optimizer offload at micro-batch 16: 101,959 samples/s "
         "predicted; ZeRO-3 + optimizer and parameter offload at micro-batch 16: 90,000 (does not fit: ZeRO-2, DDP)")
+
+
+def test_the_time_says_which_attention_kernel_it_assumes_by_gpu_and_precision_and_that_a_scripts_own_is_unknown():
+    """SDPA's choice (PyTorch's docs): FlashAttention-2 for bf16/fp16 on compute capability 8.0+, the memory-efficient
+    kernel for fp32 or older GPUs; the curve is FlashAttention-2's, an upper bound for the others; a script's own
+    kernel is named as unknown (issue 55: the MPT-1B rows at 8k and 32k ran llm-foundry's 2023 flash kernel)."""
+    from autotune.planner.gpus import attention_assumed, load_table
+
+    eff = load_table().efficiency("h100-recorded")
+    hopper = attention_assumed((9, 0), "bf16", eff)
+    assert hopper.startswith("attention: FlashAttention-2 (SDPA's flash backend) for bf16, timed at FlashAttention-2's "
+                             "curve, 0.35 of the peak") and "upper bound" not in hopper
+    assert "not known to the model" in hopper and "1.65x at 32k" in hopper
+    assert "memory-efficient kernel" in attention_assumed((9, 0), "fp32", eff)
+    turing = attention_assumed((7, 5), "fp16", eff)
+    assert "memory-efficient kernel" in turing and "an upper bound for a kernel" in turing
+    assert "the GPU's compute capability is unknown" in attention_assumed(None, "bf16", eff)
+    undecided = attention_assumed((9, 0), None, eff)
+    assert undecided.startswith("attention: SDPA's kernel is not known (no precision decided)")
