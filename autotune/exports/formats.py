@@ -108,7 +108,10 @@ def _refuse_secrets(req: ExportRequest, where: str, instead: str) -> None:
         raise UserError(f"export --format {req.format}: script arguments carry a secret ({', '.join(flags)}), which "
                         f"{where} would hold in clear", [f"give it to the script through its environment instead: "
                                                          f"{instead}, e.g. HF_TOKEN or WANDB_API_KEY",
-                                                         where_secrets_belong(JOB_SECRET_ENV)])
+                                                         where_secrets_belong(JOB_SECRET_ENV),
+                                                         "if a value named here is no secret (a checksum, a run "
+                                                         "name), say so: --not_secret FLAG (the flag or key named), "
+                                                         "or --not_secret VALUE for a positional one"])
 
 
 def _sbatch(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile) -> str:

@@ -72,6 +72,11 @@ def expand(args: list[str], values: dict[str, str], where: str = "script argumen
             name = m.group(1).strip()
             if name in values:
                 return values[name]
+            if not re.fullmatch(r"\w+", name):  # a Hydra dict or JSON ({user:a,password:b}): never echoed
+                elided = re.sub(r"\{[^{}]*\}", "{...}", seen)
+                raise UserError(f"{where}: braces that hold no placeholder name in {elided!r} (what they hold is "
+                                "not shown: it may be a secret); write {{ and }} for literal braces, as a Hydra dict "
+                                "or JSON needs (+db={{user:alice}})")
             what = f"{{{name}}}" if seen == arg else "(not shown: a secret)"  # the braces may hold the secret
             if name in _CONTEXT_NAMES:
                 raise UserError(f"{where}: {what} in {seen!r} needs {_CONTEXT_NAMES[name]}, which this command "

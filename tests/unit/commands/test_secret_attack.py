@@ -50,6 +50,20 @@ ATTACK = [
     (["--login", "alice:S3CR3T-login"], "S3CR3T-login"),
     (["--api_keys", "S3CR3T-k1", "S3CR3T-k2"], "S3CR3T-k2"),
     (["--token=", "S3CR3T-next"], "S3CR3T-next"),
+    # issue 52 item 2: secrets by what they mean, decoded before they are judged
+    (["+db={{user:alice,password:S3CR3T-hydra-dict}}"], "S3CR3T-hydra-dict"),  # the script gets +db={user:...}
+    (["'+db.password=S3CR3T-quoted'"], "S3CR3T-quoted"),
+    (["--src", "https%3A%2F%2Falice%3AS3CR3T-pct%40example.com%2Fd"], "S3CR3T-pct"),
+    (["--src2", "https%253A%252F%252Falice%253AS3CR3T-pct-twice%2540example.com"], "S3CR3T-pct-twice"),
+    (["--next", "https://sso.example.com/?to=https%3A%2F%2Fbob%3AS3CR3T-inner%40db%2Fx"], "S3CR3T-inner"),
+    (["--redis", "alice:S3CR3T-redis@redis:6379"], "S3CR3T-redis"),
+    (["--remote", "alice:S3CR3T-remote@host"], "S3CR3T-remote"),
+    (["--token2", "S3CR3T-token2"], "S3CR3T-token2"),
+    (["--api_key2", "S3CR3T-api-key2"], "S3CR3T-api-key2"),
+    (["--api-key-b", "S3CR3T-api-key-b"], "S3CR3T-api-key-b"),
+    (["-ualice:S3CR3T-curl"], "S3CR3T-curl"),
+    (["Bearer", "S3CR3T-bearer-two-args"], "S3CR3T-bearer-two-args"),
+    (["--private_key_pem", "S3CR3T-not-pem"], "S3CR3T-not-pem"),
 ]
 HIDDEN = len(ATTACK) + 2  # arguments shown <redacted>: one an entry, and --password's and --api_keys' second
 ORDINARY = ["--lr", "0.1", "--seed=1234", "gpt2", "--model", "meta-llama/Llama-3-8B", "--output_dir",
@@ -68,7 +82,11 @@ NAMES = ["-p", "--hf", "--bearer", "--jwt", "--sas_url", "--passwordfile", "--to
          "--slack (a token by its prefix)", "--blob (a long random string)", "--header (a bearer token)",
          "--cfg (api_key=... inside it)", "--password", "-p", "--db (URL credentials)",
          f"argument {ARGS.index('postgresql://u:S3CR3T#pg?x@h/db') + 1} (URL credentials)", "--pw", "--creds",
-         "--login (a user:password)", "--api_keys", "--token"]
+         "--login (a user:password)", "--api_keys", "--token",
+         "+db (password=... inside it)", "+db.password", "--src (URL credentials)", "--src2 (URL credentials)",
+         "--next (URL credentials)", "--redis (URL credentials)", "--remote (URL credentials)", "--token2",
+         "--api_key2", "--api-key-b", "-u (a user:password)",
+         f"argument {ARGS.index('S3CR3T-bearer-two-args') + 1} (a bearer token)", "--private_key_pem"]
 
 
 def _run(capfd, *argv) -> tuple[int, str]:
@@ -120,11 +138,16 @@ def test_printed_lines_and_written_exports_show_every_secret_redacted(tmp_path, 
         assert text.count("<redacted>") >= HIDDEN, name
     assert all(a in shown["torchrun"] for a in ORDINARY)
     rc, text = _run(capfd, "launch", "--dry-run", "--hardware", "4xL4", "--", '--cfg={"api_key": "S3CR3T-json"}')
-    assert rc == 2 and "unknown placeholder (not shown: a secret) in '--cfg=<redacted>'" in text  # its braces hold it
+    assert rc == 2 and "braces that hold no placeholder name in '--cfg=<redacted>'" in text
     _no_secret_in(text, "a placeholder's error")
+    for dict_override in ("+db={user:alice,password:S3CR3T-dict}", "+db={user:alice,pw:S3CR3T-dict}",
+                          "+db={host:h,port:1,sid:S3CR3T-dict}"):  # a Hydra dict without {{ }}: never echoed
+        rc, text = _run(capfd, "launch", "--dry-run", "--hardware", "4xL4", "--", dict_override)
+        assert rc == 2 and "write {{ and }}" in text and "'+db=" in text, text
+        _no_secret_in(text, "a Hydra dict's placeholder error")
     argv = json.loads(shown["dry-run --json"])["launch"]["argv"]
     assert argv[-len(ORDINARY):] == ORDINARY and argv.count("<redacted>") + sum(
-        a.endswith("<redacted>") and a != "<redacted>" for a in argv) == HIDDEN
+        "<redacted>" in a and a != "<redacted>" for a in argv) == HIDDEN
 
 
 def test_a_real_launch_keeps_every_secret_out_of_its_files_and_lines_and_the_script_gets_them(tmp_path, capfd,
