@@ -162,19 +162,22 @@ MAX_DECODINGS = 4  # percent-decoding rounds (%2540 -> %40 -> @): a value is jud
 #   MAX_CAPITAL_AFTER_LETTER of its letters; random text: about half) and its words average MIN_WORD_LETTERS letters
 #   or more (random text: about 1.7);
 # - a digest by its label: an SRI value (sha256-, sha384-, sha512-), sha256: or sha256= before it;
-# - a digest by its shape: standard base64 with its padding, of a digest's length (MD5, SHA-1, SHA-224, SHA-256,
-#   SHA-384, SHA-512: 24, 28, 40, 44, 64, 88 characters with the = signs), as `base64`, openssl and SRI write them;
+# - a digest by its shape: standard base64 (no - or _) of a digest's length with that length's = signs (MD5, SHA-1,
+#   SHA-224, SHA-256, SHA-384, SHA-512: 24, 28, 40, 44, 64, 88 characters with 2, 1, 2, 1, 0, 2 of them), as `base64`,
+#   openssl and SRI write them. The price: a secret of exactly such a shape (32 random bytes in standard base64,
+#   a 64-character base62 token) goes by unless its name says secret;
 # - an IPFS CID: v0 is Qm and 44 base58 characters (a SHA-256 multihash); v1 (bafy...) is lowercase base32 already.
 _RUN = re.compile(r"[A-Za-z0-9+/_-]{32,}")
 MIN_RANDOM_CHARS = 32
 MIN_ENTROPY_BITS = 4.0
 MIN_CLASS_CHANGES = 0.4
 MAX_SEPARATORS = 0.1
-MAX_CAPITAL_AFTER_LETTER = 0.2
-MIN_WORD_LETTERS = 2.0
+MAX_CAPITAL_AFTER_LETTER = 0.25
+MIN_WORD_LETTERS = 2.2
 _WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+")
+_MAGNITUDE = re.compile(r"(?<=\d)[KMBTkmbt](?=[A-Z0-9]|$)")
 _DIGEST_LABEL = re.compile(r"(?:sha(?:1|224|256|384|512)|md5|blake2[bs]?)[-:=]$", re.IGNORECASE)
-_DIGEST_LENGTHS = {24, 28, 40, 44, 64, 88}  # base64 of 16, 20, 28, 32, 48, 64 bytes, padded
+_DIGEST_LENGTHS = {24: 2, 28: 1, 40: 2, 44: 1, 64: 0, 88: 2}  # base64 of 16, 20, 28, 32, 48, 64 bytes: its = signs
 _CID_V0 = re.compile(r"Qm[1-9A-HJ-NP-Za-km-z]{44}")
 
 
@@ -188,7 +191,9 @@ def _kind(ch: str) -> int:
 
 
 def _written_in_words(alnum: str) -> bool:
-    """A CamelCase name: few capitals right after a letter, words of MIN_WORD_LETTERS letters or more on average."""
+    """A CamelCase name: few capitals right after a letter, words of MIN_WORD_LETTERS letters or more on average. A
+    magnitude after a number (345M, 8B, 1k) belongs to the number."""
+    alnum = _MAGNITUDE.sub("0", alnum)
     letters = sum(c.isalpha() for c in alnum)
     capitals = sum(a.isalpha() and b.isupper() for a, b in zip(alnum, alnum[1:]))
     words = _WORD.findall(alnum)
@@ -215,7 +220,7 @@ def _digest_or_cid(text: str, m: re.Match) -> bool:
     if label or _DIGEST_LABEL.search(before):
         return True
     padding = len(text[m.end():m.end() + 2]) - len(text[m.end():m.end() + 2].lstrip("="))
-    if padding and len(run) + padding in _DIGEST_LENGTHS and not re.search(r"[-_]", run):
+    if _DIGEST_LENGTHS.get(len(run) + padding) == padding and not re.search(r"[-_]", run):
         return True
     return bool(_CID_V0.fullmatch(run))
 
