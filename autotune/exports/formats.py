@@ -110,8 +110,9 @@ def _refuse_secrets(req: ExportRequest, where: str, instead: str) -> None:
                                                          f"{instead}, e.g. HF_TOKEN or WANDB_API_KEY",
                                                          where_secrets_belong(JOB_SECRET_ENV),
                                                          "if a value named here is no secret (a checksum, a run "
-                                                         "name), say so: --not_secret FLAG (the flag or key named), "
-                                                         "or --not_secret VALUE for a positional one"])
+                                                         "name), say so: --not_secret NAME, the flag or key named "
+                                                         "without its dashes (--not_secret run_name), or "
+                                                         "--not_secret=VALUE for a positional one"])
 
 
 def _sbatch(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile) -> str:

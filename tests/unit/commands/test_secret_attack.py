@@ -6,8 +6,11 @@ plan.json (the config's script_args), the run log, the lock and every other file
 prints, while the script receives every argument as given. Ordinary values pass through unchanged."""
 
 import json
+import shlex
+from pathlib import Path
 
 import pytest
+import yaml
 
 from autotune.__main__ import main
 
@@ -180,3 +183,47 @@ def test_a_real_launch_keeps_every_secret_out_of_its_files_and_lines_and_the_scr
     assert argv[-len(ORDINARY):] == ORDINARY
     assert json.loads((run / "plan.json").read_text())["run"]["script_args"] == ["--hub_token", "<redacted>",
                                                                                  "--url=<redacted>"]
+
+
+CORPUS = (Path(__file__).resolve().parents[2] / "data" / "ordinary_args.txt").read_text().splitlines()
+
+
+@pytest.mark.parametrize("fmt", ["pytorchjob", "slurm"])
+def test_the_ordinary_corpus_exports_with_exit_0_and_every_value_unchanged(tmp_path, capfd, fmt):
+    """Issue 52 item 3: bench/secret_corpus.py's 500+ ordinary arguments (checksums in hex, base64 and SRI, UUIDs,
+    git shas, CIDs, run names, model ids, paths, URLs) go into a manifest and a batch script as they are."""
+    out = tmp_path / "job.out"
+    image = ["--image", "reg.example.com/t:1"] if fmt != "slurm" else []
+    literal = [a.replace("{", "{{").replace("}", "}}") for a in CORPUS]  # {..} is a placeholder: braces doubled
+    rc, text = _run(capfd, "export", "--format", fmt, "--hardware", "2x4xL4", *image, "-o", str(out), "--", *literal)
+    assert rc == 0, text[-2000:]
+    written = out.read_text()
+    if fmt == "slurm":
+        assert all(shlex.quote(a) in written for a in literal), [a for a in literal if shlex.quote(a) not in written]
+    else:
+        lists = []
+
+        def walk(node):  # every list of strings in the manifest: the pods' command lines among them
+            if isinstance(node, dict):
+                [walk(v) for v in node.values()]
+            elif isinstance(node, list):
+                lists.append(node) if all(isinstance(v, str) for v in node) else [walk(v) for v in node]
+
+        [walk(d) for d in yaml.safe_load_all(written)]
+        commands = [c[c.index("--") + 1:] for c in lists if "--" in c]
+        assert commands and all(c == literal for c in commands)  # each pod launches with them as given
+
+
+def test_not_secret_lets_a_value_the_rule_takes_for_a_secret_through_and_the_refusal_says_how(tmp_path, capfd):
+    """The refusal names --not_secret; with it, the value is exported as it is; a flag whose own name says secret
+    cannot be declared."""
+    out = tmp_path / "job.sbatch"
+    rc, text = _run(capfd, "export", "--format", "slurm", "--hardware", "2x4xL4", "-o", str(out), "--", "--blob",
+                    RANDOM)
+    assert rc == 2 and "--blob (a long random string)" in text and "--not_secret NAME" in text and RANDOM not in text
+    rc, text = _run(capfd, "export", "--format", "slurm", "--hardware", "2x4xL4", "-o", str(out), "--not_secret",
+                    "blob", f"--not_secret={RANDOM[::-1]}", "--", "--blob", RANDOM, RANDOM[::-1])
+    assert rc == 0 and RANDOM in out.read_text() and RANDOM[::-1] in out.read_text(), text
+    rc, text = _run(capfd, "export", "--format", "slurm", "--hardware", "2x4xL4", "-o", str(out), "--not_secret",
+                    "hub_token", "--", "--hub_token", "S3CR3T-declared")
+    assert rc == 2 and "S3CR3T" not in text
