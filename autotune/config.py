@@ -260,7 +260,7 @@ def _meaning_problems(cfg: TrainConfig) -> list[str]:
     """Values of the right type that still mean nothing: an entrypoint that is neither a script path nor
     package.module:function, a path the system cannot hold, a master address that is no host, a NUL byte anywhere
     (no process argument, variable or path can carry one)."""
-    from autotune.safe_input import MAX_ARG_BYTES, MODULE_FUNCTION, host_problem, path_problem
+    from autotune.safe_input import MAX_ARG_BYTES, MODULE_FUNCTION, control_character, host_problem, path_problem
 
     t, out = cfg.training, []
     entry = t.entrypoint
@@ -283,12 +283,54 @@ def _meaning_problems(cfg: TrainConfig) -> list[str]:
     if addr != AUTO and host_problem(addr):
         out.append(f"distributed.master_addr: {addr[:80]!r} {host_problem(addr)}; give node 0's host name or IP "
                    "address (--master_addr), or auto")
-    named = {"training.entrypoint", "training.workdir"}
+    for field, value in (("logging.wandb_project", cfg.logging.wandb_project),
+                         ("logging.wandb_entity", cfg.logging.wandb_entity)):
+        why = wandb_name_problem(value, entity=field.endswith("entity")) if value is not None else None
+        if why:
+            out.append(f"{field}: {why}")
+    named = {p.split(":", 1)[0] for p in out}  # one problem a field
     for section, values in config_to_dict(cfg).items():
         for key, value in values.items():
-            if isinstance(value, str) and "\0" in value and f"{section}.{key}" not in named:
+            if not isinstance(value, str) or f"{section}.{key}" in named:
+                continue
+            if "\0" in value:
                 out.append(f"{section}.{key}: holds a NUL byte; text only")
+            elif control_character(value) is not None:
+                out.append(f"{section}.{key}: holds the control character {control_character(value)!r} (a newline, "
+                           "a terminal escape or a bidi control), which would act on the terminal it is printed "
+                           "to; text only")
     return out
+
+
+# W&B's own rule for a project (wandb 0.31, wandb/sdk/wandb_settings.py, Settings.validate_project): at most 128
+# characters, none of / \ # ? % :. W&B's SDK checks no entity; an entity is a user or team name, and the rule applied
+# is the project's plus letters, digits, - _ and . only. Beyond W&B's: not empty, printable (no control character:
+# the name is printed), not starting with - (it would read as a flag wherever it is passed on), no space at either
+# end, and no $ or ` (a shell that ever sees the name would run what follows).
+WANDB_MAX = 128
+_WANDB_FORBIDDEN = "/\\#?%:"
+_WANDB_ENTITY = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def wandb_name_problem(value: str, entity: bool = False) -> str | None:
+    """Why ``value`` is not a W&B project (or, ``entity``, entity) name by W&B's rule and autotune's (above)."""
+    from autotune.safe_input import control_character
+
+    what = "an entity (user or team) name" if entity else "a project name"
+    shown = f"{value[:60]!r}{'...' if len(value) > 60 else ''}"  # repr: control characters escaped
+    if not value.strip():
+        return f"must be {what}, got {value!r} (empty); remove the key for W&B's default"
+    if len(value) > WANDB_MAX:
+        return f"W&B takes {what} of at most {WANDB_MAX} characters, got {len(value)} ({shown})"
+    bad = control_character(value) or next((c for c in value if c in _WANDB_FORBIDDEN + "$`"), None)
+    if bad is not None:
+        return (f"{what} cannot hold {bad!r} (W&B refuses any of {' '.join(_WANDB_FORBIDDEN)}; autotune also "
+                f"refuses control characters, $ and `), got {shown}")
+    if value.startswith("-") or value != value.strip():
+        return f"{what} cannot start with - or a space, nor end with one, got {shown}"
+    if entity and not _WANDB_ENTITY.fullmatch(value):
+        return f"{what} is letters, digits, - _ and . only, got {shown}"
+    return None
 
 
 def _keys_at(section: str) -> list[str]:
@@ -299,17 +341,38 @@ def _keys_at(section: str) -> list[str]:
     return [k for k, f in model.model_fields.items() if not f.exclude] if model is not None else []
 
 
+def yaml_meanings(data: Any, where: str = "") -> list[str]:
+    """Values YAML 1.1 made of what the user wrote, not what they meant: base-60 numbers (``learning_rate: 1:20``
+    is 80 to YAML), each named by its dotted field with what YAML made of it."""
+    from autotune.safe_input import Sexagesimal, SexagesimalFloat
+
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in yaml_meanings(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(data, list):
+        return [p for i, v in enumerate(data) for p in yaml_meanings(v, f"{where}[{i}]")]
+    if isinstance(data, (Sexagesimal, SexagesimalFloat)):
+        meant = float(data) if isinstance(data, float) else int(data)
+        return [f"{where}: {data.written} is read by YAML 1.1 as a base-60 (sexagesimal) number, {meant}; write the "
+                f"number you mean ({meant} if that is it), or quote it ('{data.written}') for text"]
+    return []
+
+
 def parse_config(data: Any, origin: str = "<config>") -> TrainConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise UserError(f"{origin}: the top level must be a mapping of sections (model, data, training, ...), "
                         f"got {type(data).__name__}")
+    problems = yaml_meanings(data)
     try:
         cfg = TrainConfig.model_validate(data)
     except ValidationError as e:
-        problems = [p.replace("Value error, ", "") for p in validation_problems(e, siblings=_keys_at)]
+        named = {p.split(":", 1)[0] for p in problems}
+        problems += [p.replace("Value error, ", "") for p in validation_problems(e, siblings=_keys_at)
+                     if p.split(":", 1)[0] not in named]
         raise UserError(f"{origin}: {len(problems)} problem(s) in the config", problems) from None
+    if problems:
+        raise UserError(f"{origin}: {len(problems)} problem(s) in the config", problems)
     problems = _cross_checks(cfg)
     if problems:
         raise UserError(f"{origin}: {len(problems)} problem(s) in the config", problems)

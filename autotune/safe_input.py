@@ -103,6 +103,41 @@ for _loader in (_UniqueKeyLoader, _FastUniqueKeyLoader):
     _loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
 
 
+class Sexagesimal(int):
+    """An integer YAML 1.1 read from base-60 digits (``1:20`` -> 80), with ``written``: what the file says. It reads
+    as the integer everywhere; a config refuses it by name (autotune.config): that is YAML's meaning, not the
+    user's."""
+
+    written: str
+
+
+class SexagesimalFloat(float):
+    """The same for a float (``1:20.5`` -> 80.5)."""
+
+    written: str
+
+
+def _construct_int(loader, node):
+    value = yaml.SafeLoader.construct_yaml_int(loader, node)
+    if ":" in str(node.value):
+        value = Sexagesimal(value)
+        value.written = str(node.value)
+    return value
+
+
+def _construct_float(loader, node):
+    value = yaml.SafeLoader.construct_yaml_float(loader, node)
+    if ":" in str(node.value):
+        value = SexagesimalFloat(value)
+        value.written = str(node.value)
+    return value
+
+
+for _loader in (_UniqueKeyLoader, _FastUniqueKeyLoader):
+    _loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+    _loader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+
+
 def _yaml_error(origin: str, e: yaml.YAMLError) -> UserError:
     mark = getattr(e, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -201,6 +236,31 @@ _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
 MODULE_FUNCTION = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", re.ASCII)
 
 
+def control_character(text: str) -> str | None:
+    """The first character of ``text`` that a terminal would act on or hide instead of showing (a newline, ESC,
+    BEL, a bidi override such as U+202E: whatever ``str.isprintable`` refuses), or None."""
+    return next((c for c in text if not c.isprintable()), None)
+
+
+def printable(text: str) -> str:
+    """``text`` as a line may show it: each control character escaped as Python writes it (``\\x1b``,
+    ``\\n``, ``\\u202e``), never acted on by the terminal."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def shell_word(text: str) -> str:
+    """``text`` as one word of a shell line that is printed: ``shlex.quote`` when it is printable, else bash's
+    ``$'...'`` with every control character escaped (the same word when pasted, and never acted on when shown)."""
+    import shlex
+
+    if text.isprintable():
+        return shlex.quote(text)
+    body = "".join(c if c.isprintable() and c not in "\\'" else "\\" + c if c in "\\'" else
+                   f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" if ord(c) < 0x10000 else
+                   f"\\U{ord(c):08x}" for c in text)
+    return f"$'{body}'"
+
+
 def path_problem(value: str) -> str | None:
     """Why ``value`` cannot name a file on this system, or None: empty, a NUL byte, a component longer than NAME_MAX
     bytes, or longer than PATH_MAX - 1 bytes in all (the system would answer "File name too long")."""
@@ -208,6 +268,10 @@ def path_problem(value: str) -> str | None:
         return "must not be empty"
     if "\0" in value:
         return "holds a NUL byte, which no path can"
+    bad = control_character(value)
+    if bad is not None:
+        return (f"holds the control character {bad!r} (a newline, a terminal escape or a bidi control), which a "
+                "path autotune prints may not")
     try:
         raw = os.fsencode(value)
     except UnicodeEncodeError:
