@@ -260,7 +260,14 @@ def _meaning_problems(cfg: TrainConfig) -> list[str]:
     """Values of the right type that still mean nothing: an entrypoint that is neither a script path nor
     package.module:function, a path the system cannot hold, a master address that is no host, a NUL byte anywhere
     (no process argument, variable or path can carry one)."""
-    from autotune.safe_input import MAX_ARG_BYTES, MODULE_FUNCTION, control_character, host_problem, path_problem
+    from autotune.safe_input import (
+        MAX_ARG_BYTES,
+        MODULE_FUNCTION,
+        control_character,
+        host_problem,
+        path_problem,
+        wandb_name_problem,
+    )
 
     t, out = cfg.training, []
     entry = t.entrypoint
@@ -300,37 +307,6 @@ def _meaning_problems(cfg: TrainConfig) -> list[str]:
                            "a terminal escape or a bidi control), which would act on the terminal it is printed "
                            "to; text only")
     return out
-
-
-# W&B's own rule for a project (wandb 0.31, wandb/sdk/wandb_settings.py, Settings.validate_project): at most 128
-# characters, none of / \ # ? % :. W&B's SDK checks no entity; an entity is a user or team name, and the rule applied
-# is the project's plus letters, digits, - _ and . only. Beyond W&B's: not empty, printable (no control character:
-# the name is printed), not starting with - (it would read as a flag wherever it is passed on), no space at either
-# end, and no $ or ` (a shell that ever sees the name would run what follows).
-WANDB_MAX = 128
-_WANDB_FORBIDDEN = "/\\#?%:"
-_WANDB_ENTITY = re.compile(r"[A-Za-z0-9_.-]+")
-
-
-def wandb_name_problem(value: str, entity: bool = False) -> str | None:
-    """Why ``value`` is not a W&B project (or, ``entity``, entity) name by W&B's rule and autotune's (above)."""
-    from autotune.safe_input import control_character
-
-    what = "an entity (user or team) name" if entity else "a project name"
-    shown = f"{value[:60]!r}{'...' if len(value) > 60 else ''}"  # repr: control characters escaped
-    if not value.strip():
-        return f"must be {what}, got {value!r} (empty); remove the key for W&B's default"
-    if len(value) > WANDB_MAX:
-        return f"W&B takes {what} of at most {WANDB_MAX} characters, got {len(value)} ({shown})"
-    bad = control_character(value) or next((c for c in value if c in _WANDB_FORBIDDEN + "$`"), None)
-    if bad is not None:
-        return (f"{what} cannot hold {bad!r} (W&B refuses any of {' '.join(_WANDB_FORBIDDEN)}; autotune also "
-                f"refuses control characters, $ and `), got {shown}")
-    if value.startswith("-") or value != value.strip():
-        return f"{what} cannot start with - or a space, nor end with one, got {shown}"
-    if entity and not _WANDB_ENTITY.fullmatch(value):
-        return f"{what} is letters, digits, - _ and . only, got {shown}"
-    return None
 
 
 def _keys_at(section: str) -> list[str]:

@@ -104,8 +104,8 @@ for _loader in (_UniqueKeyLoader, _FastUniqueKeyLoader):
 
 
 class Sexagesimal(int):
-    """An integer YAML 1.1 read from base-60 digits (``1:20`` -> 80), with ``written``: what the file says. It reads
-    as the integer everywhere; a config refuses it by name (autotune.config): that is YAML's meaning, not the
+    """A number YAML 1.1 read from base-60 digits (``1:20`` -> 80), with ``written``: what the file says. It reads
+    as the number everywhere; a config refuses it by name (autotune.config): that is YAML's meaning, not the
     user's."""
 
     written: str
@@ -117,25 +117,22 @@ class SexagesimalFloat(float):
     written: str
 
 
-def _construct_int(loader, node):
-    value = yaml.SafeLoader.construct_yaml_int(loader, node)
-    if ":" in str(node.value):
-        value = Sexagesimal(value)
+def _keeping_written(construct, kind):
+    def constructor(loader, node):
+        value = construct(loader, node)
+        if ":" not in str(node.value):
+            return value
+        value = kind(value)
         value.written = str(node.value)
-    return value
+        return value
 
-
-def _construct_float(loader, node):
-    value = yaml.SafeLoader.construct_yaml_float(loader, node)
-    if ":" in str(node.value):
-        value = SexagesimalFloat(value)
-        value.written = str(node.value)
-    return value
+    return constructor
 
 
 for _loader in (_UniqueKeyLoader, _FastUniqueKeyLoader):
-    _loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
-    _loader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+    _loader.add_constructor("tag:yaml.org,2002:int", _keeping_written(yaml.SafeLoader.construct_yaml_int, Sexagesimal))
+    _loader.add_constructor("tag:yaml.org,2002:float", _keeping_written(yaml.SafeLoader.construct_yaml_float,
+                                                                        SexagesimalFloat))
 
 
 def _yaml_error(origin: str, e: yaml.YAMLError) -> UserError:
@@ -242,12 +239,6 @@ def control_character(text: str) -> str | None:
     return next((c for c in text if not c.isprintable()), None)
 
 
-def printable(text: str) -> str:
-    """``text`` as a line may show it: each control character escaped as Python writes it (``\\x1b``,
-    ``\\n``, ``\\u202e``), never acted on by the terminal."""
-    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def shell_word(text: str) -> str:
     """``text`` as one word of a shell line that is printed: ``shlex.quote`` when it is printable, else bash's
     ``$'...'`` with every control character escaped (the same word when pasted, and never acted on when shown)."""
@@ -321,3 +312,32 @@ def regular_file_problem(path: str | Path) -> str | None:
     if stat.S_ISDIR(mode):
         return "is a directory, not a file"
     return None if stat.S_ISREG(mode) else "is not a regular file (a device, pipe or socket)"
+
+
+# W&B's own rule for a project (wandb 0.31, wandb/sdk/wandb_settings.py, Settings.validate_project): at most 128
+# characters, none of / \ # ? % :. W&B's SDK checks no entity; an entity is a user or team name, and the rule applied
+# is the project's plus letters, digits, - _ and . only. Beyond W&B's: not empty, printable (no control character:
+# the name is printed), not starting with - (it would read as a flag wherever it is passed on), no space at either
+# end, and no $ or ` (a shell that ever sees the name would run what follows).
+WANDB_MAX = 128
+_WANDB_FORBIDDEN = "/\\#?%:"
+_WANDB_ENTITY = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def wandb_name_problem(value: str, entity: bool = False) -> str | None:
+    """Why ``value`` is not a W&B project (or, ``entity``, entity) name by W&B's rule and autotune's (above)."""
+    what = "an entity (user or team) name" if entity else "a project name"
+    shown = f"{value[:60]!r}{'...' if len(value) > 60 else ''}"  # repr: control characters escaped
+    if not value.strip():
+        return f"must be {what}, got {value!r} (empty); remove the key for W&B's default"
+    if len(value) > WANDB_MAX:
+        return f"W&B takes {what} of at most {WANDB_MAX} characters, got {len(value)} ({shown})"
+    bad = control_character(value) or next((c for c in value if c in _WANDB_FORBIDDEN + "$`"), None)
+    if bad is not None:
+        return (f"{what} cannot hold {bad!r} (W&B refuses any of {' '.join(_WANDB_FORBIDDEN)}; autotune also "
+                f"refuses control characters, $ and `), got {shown}")
+    if value.startswith("-") or value != value.strip():
+        return f"{what} cannot start with - or a space, nor end with one, got {shown}"
+    if entity and not _WANDB_ENTITY.fullmatch(value):
+        return f"{what} is letters, digits, - _ and . only, got {shown}"
+    return None
