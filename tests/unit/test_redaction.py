@@ -164,7 +164,8 @@ def test_the_rule_reads_the_longest_argument_in_bounded_time():
     import time
 
     start = time.monotonic()
-    for arg in ("a" * (128 << 10), "--" + "a1B2" * (32 << 10), "eyJ" + "a" * (128 << 10), "a://:" * (26 << 10)):
+    for arg in ("a" * (128 << 10), "--" + "a1B2" * (32 << 10), "eyJ" + "a" * (128 << 10), "a://:" * (26 << 10),
+                ",a:" * (43 << 10), "{a:" * (43 << 10), "%25" * (43 << 10)):  # issue 52: decoded, dicts, bare logins
         assert redact_args(["--x", arg, arg]) == ["--x", arg, arg]
     assert time.monotonic() - start < 5
 
