@@ -252,6 +252,11 @@ def shell_word(text: str) -> str:
     return f"$'{body}'"
 
 
+def shell_line(words) -> str:
+    """``shlex.join`` for a printed line: each word by ``shell_word``."""
+    return " ".join(shell_word(str(w)) for w in words)
+
+
 def path_problem(value: str) -> str | None:
     """Why ``value`` cannot name a file on this system, or None: empty, a NUL byte, a component longer than NAME_MAX
     bytes, or longer than PATH_MAX - 1 bytes in all (the system would answer "File name too long")."""

@@ -209,6 +209,12 @@ def test_control_characters_in_printed_values_are_escaped_or_refused(tmp_path, c
     assert not any(c in out + err for c in "\x1b\x07\u202e") and "\nFAKE" not in out
     rc, out, err = _run(capfd, ["check", "--config", cfg])
     assert rc == 0 and not any(c in out + err for c in "\x1b\x07\u202e") and "\nFAKE" not in out
+    for fmt in ("torchrun", "accelerate"):  # the exports' printed lines, the same words
+        rc, out, err = _run(capfd, ["export", "--format", fmt, "--hardware", "4xL4", "--script", "train.py", "-o",
+                                    str(tmp_path / f"out.{fmt}"), "--", *args])
+        text = out + err + (tmp_path / f"out.{fmt}").read_text()
+        assert rc == 0 and "$'a\\x1b[2Jb\\x0aFAKE: all good'" in text, text
+        assert not any(c in text for c in "\x1b\x07\u202e") and "\nFAKE" not in text
     for section, key, value in (("training", "model", "pkg.mod:f\x1b[2J"), ("training", "sample_input", "[3]\n"),
                                 ("distributed", "master_addr", "node\u202e0"), ("training", "entrypoint", "t\x1b.py")):
         rc, out, err = _run(capfd, ["check", "--config", _config(tmp_path, **{section: {key: value}})])
