@@ -329,6 +329,16 @@ class Secret:
 _ATTACHED = re.compile(r"-p(?![=:])(.+)", re.DOTALL)
 _ATTACHED_LOGIN = re.compile(r"-u(?![=:])(.+)", re.DOTALL)  # curl's -ualice:pw (-uroot, -unbuffered: no password)
 _BEARER_END = re.compile(r"\bbearer:?\s*$", re.IGNORECASE)  # "Bearer" (or "Authorization: Bearer"), its token next
+_HEADER_NAME = re.compile(r"([A-Za-z_][\w.-]*):\s*")  # "X-Api-Key:" alone (curl -H), its value next
+
+
+def _next_is(a: str) -> str | None:
+    """What the argument after ``a`` is, when ``a`` says it is a secret without being a flag: a bearer token after
+    "Bearer", or the value of a header or key whose name says secret ("X-Api-Key:", "password:")."""
+    if _BEARER_END.search(a):
+        return "a bearer token"
+    header = _HEADER_NAME.fullmatch(a)
+    return f"{header.group(1)}: its value" if header and says_secret(header.group(1)) else None
 
 
 def _by_value(name: str | None, value: str) -> str | None:
@@ -342,26 +352,31 @@ def _by_value(name: str | None, value: str) -> str | None:
     return login or secret_value(value, by_entropy=not (name and names_a_written_value(name)))
 
 
-def _quoted(i: int, a: str) -> Secret | None:
-    """An argument inside quotes that reached the script as they are ('+db.password=pw'): judged without them."""
+def _quoted(i: int, a: str, before: str | None) -> Secret | None:
+    """An argument inside quotes that reached the script as they are ('+db.password=pw'): judged without them
+    (``before``: the flag just before it, whose value it may be)."""
     if len(a) < 3 or a[0] != a[-1] or a[0] not in "'\"":
         return None
     inner = secret_arguments([a[1:-1]])
-    return Secret(i, inner[0].name, inner[0].why, a[0] + inner[0].shown + a[-1]) if inner else None
+    if not inner or (inner[0].why and _declared(before, a)):
+        return None
+    name = before or f"argument {i + 1}" if inner[0].name == "argument 1" else inner[0].name
+    return Secret(i, name, inner[0].why, a[0] + inner[0].shown + a[-1])
 
 
 def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
     """Every argument of ``argv`` that holds a secret, by the name rule or the value rule, in any syntax: ``--k v``,
     ``--k=v``, ``--k: v``, ``--k:v``, ``-k v``, ``"--k v"`` as one argument, ``"--k=" v``, ``-pv``, ``-uuser:pw``,
     Hydra's ``k=v``, ``+k=v``, ``++k=v``, ``+k={a:1,password:pw}``, any of them inside quotes; after a plural name
-    (``--api_keys``), every value up to the next flag; after ``Bearer``, its token."""
+    (``--api_keys``), every value up to the next flag; after ``Bearer`` or a secret's header (``X-Api-Key:``), its
+    value."""
     found: list[Secret] = []
     flag = None  # the flag alone just before this argument (``--hub_token``, ``-p``, ``--token:``), if any
     more = False  # this argument may be a further value of a plural secret flag (then it may not start with -)
-    bearer = False  # the argument before ended with "Bearer": this one is its token
+    follows = None  # the argument before said this one is a secret ("Bearer", "X-Api-Key:"): what it is
     for i, a in enumerate(str(a) for a in argv):
         before, further, flag, more = flag, more, None, False
-        token, bearer = bearer, bool(_BEARER_END.search(a))
+        token, follows = follows, _next_is(a)
         if before is not None and not a.startswith("-" if further else "--"):  # its value (which may start with -)
             why = "" if says_secret(before) else _user_password(before, a) if not _declared(before, a) else None
             if why is not None:
@@ -369,7 +384,7 @@ def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
                 flag, more = (before, True) if why == "" and _PLURAL.fullmatch(_words(before)[-1]) else (None, False)
                 continue
         if token and not a.startswith("-"):
-            found.append(Secret(i, f"argument {i + 1}", "a bearer token", REDACTED))
+            found.append(Secret(i, f"argument {i + 1}", token, REDACTED))
             continue
         if _ATTACHED.fullmatch(a):
             found.append(Secret(i, "-p", "", "-p" + REDACTED))
@@ -378,7 +393,7 @@ def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
         if login and _user_password("-u", login.group(1)) and not _declared("-u", login.group(1)):
             found.append(Secret(i, "-u", "a user:password", "-u" + REDACTED))
             continue
-        quoted = _quoted(i, a)
+        quoted = _quoted(i, a, before)
         if quoted is not None:
             found.append(quoted)
             continue

@@ -195,6 +195,8 @@ def test_the_rule_reads_the_longest_argument_in_bounded_time():
     (["-ualice:PW"], "-u (a user:password)"),  # curl's attached login
     (["Bearer", "PW"], "argument 2 (a bearer token)"),  # Bearer and its token as two arguments
     (["-H", "Authorization: Bearer", "PW"], "argument 3 (a bearer token)"),
+    (["-H", "X-Api-Key:", "PW"], "argument 3 (X-Api-Key: its value)"),  # a secret's header and its value apart
+    (["--db", "'postgresql://u:PW@h/db'"], "--db (URL credentials)"),  # a flag's value inside quotes
 ])
 def test_a_secret_is_judged_by_what_it_means_in_any_encoding(argv, name):
     shown = redact_args(argv)
@@ -211,6 +213,8 @@ def test_a_secret_is_judged_by_what_it_means_in_any_encoding(argv, name):
 def test_the_nearest_ordinary_values_to_those_forms_are_shown_as_they_are(value):
     """Each new form's nearest case that is no secret: decoded and read, still no password, no secret name."""
     assert redact_args([value]) == [value] and secret_flags(["--input", value, value]) == []
+    kept = ["-H", "Content-Type:", "application/json", "--mode", "bearer_like", "host:", "h"]
+    assert redact_args(kept) == kept
 
 
 CORPUS = (Path(__file__).resolve().parents[1] / "data" / "ordinary_args.txt").read_text().splitlines()
