@@ -56,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(e).replace(f"{len(e.problems)} problem(s)", f"{len(e.problems) + 1} problem(s)"),
                         [*e.problems, why]) if e.problems and (why := _entrypoint_problem(args.config, e)) else e
     check_entrypoint(cfg)
+    if cfg.training.script_args:  # their placeholders, as launch expands them (its values are the plan's)
+        from autotune.exports.script_args import expand, placeholder_names
+
+        expand(list(cfg.training.script_args), dict.fromkeys(placeholder_names(), ""), where="training.script_args")
     data = config_to_dict(cfg)
     if data["training"]["script_args"]:  # printed: a secret among them is shown <redacted> (autotune.redaction)
         from autotune.redaction import redact_args

@@ -31,12 +31,38 @@ def _text(value) -> str:
     return str(value)
 
 
+def placeholder_names() -> set[str]:
+    """Every name ``placeholder_values`` may give, known before any plan (what `check` judges a config's script
+    arguments by, as launch will): the plan's flat fields, the run's values and the paths."""
+    import types
+    import typing
+
+    from pydantic import BaseModel
+
+    from autotune.plan import PUBLIC_FIELDS, TrainingPlan
+
+    def scalar(kind) -> bool:  # a nested model (memory_estimate), a list or a dict is no placeholder
+        origin = typing.get_origin(kind)
+        if origin in (typing.Union, types.UnionType):
+            return all(scalar(k) for k in typing.get_args(kind))
+        kind = origin or kind
+        return not (isinstance(kind, type) and issubclass(kind, (BaseModel, dict, list, tuple)))
+
+    fields = {flat: TrainingPlan.model_fields[s].annotation.model_fields[a].annotation for flat, s, a in PUBLIC_FIELDS}
+    return {flat for flat, kind in fields.items() if scalar(kind)} | set(RUN_NAMES) | set(_CONTEXT_NAMES) | {
+        "hardware"}
+
+
+RUN_NAMES = ("epochs", "max_steps", "seed", "resume_from", "node_rank", "master_addr", "master_port", "num_gpus",
+             "gradient_accumulation_steps_total")
+
+
 def placeholder_values(plan: TrainingPlan, run_dir: str | Path | None,
                        deepspeed_config_path: str | Path | None) -> dict[str, str]:
     """Placeholder name -> text. Paths are None-free only when the caller knows them."""
     flat = public_dict(plan)
     values = {k: _text(v) for k, v in flat.items() if not isinstance(v, (dict, list))}
-    values.update(
+    values.update(  # RUN_NAMES
         epochs=_text(plan.schedule.epochs), max_steps=_text(plan.schedule.max_steps), seed=_text(plan.run.seed),
         resume_from=_text(plan.run.resume_from), node_rank=_text(plan.engine.node_rank),
         master_addr=plan.engine.master_addr, master_port=_text(plan.engine.master_port),

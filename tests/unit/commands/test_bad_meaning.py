@@ -221,3 +221,26 @@ def test_control_characters_in_printed_values_are_escaped_or_refused(tmp_path, c
         assert rc == 2 and f"{section}.{key}" in err and not any(c in err for c in "\x1b\u202e"), (key, err)
     rc, out, err = _run(capfd, ["launch", "--dry-run", "--run_dir", "runs/\x1b]0;x\x07"])
     assert rc == 2 and "--run_dir" in err and "\x1b" not in err
+
+
+@pytest.mark.parametrize("arg, said", [("--bs={micro_batchsize}", "unknown placeholder {micro_batchsize}"),
+                                       ("--x={", "a lone '{'"), ("+db={user:a,pw:b}", "write {{ and }}")])
+def test_check_refuses_the_placeholders_launch_refuses(tmp_path, capfd, monkeypatch, arg, said):
+    """A config's script arguments are expanded by launch before it spawns: `check` judges their placeholders by the
+    same names (script_args.placeholder_names, every name placeholder_values gives) and refuses alike."""
+    monkeypatch.chdir(tmp_path)
+    cfg = _config(tmp_path, training={"script_args": [arg]})
+    for argv in (["check", "--config", cfg], ["launch", "--dry-run", "--hardware", "4xL4", "--config", cfg]):
+        rc, out, err = _run(capfd, argv)
+        assert rc == 2 and said in err, (argv[0], err)
+    good = ["--bs", "{micro_batch_size}", "--dir={run_dir}", "--ds={deepspeed_config}", "+db={{a:1}}"]
+    assert _run(capfd, ["check", "--config", _config(tmp_path, training={"script_args": good})])[0] == 0
+
+
+def test_the_placeholder_names_check_knows_are_the_ones_a_plan_gives():
+    from autotune.config import load_config
+    from autotune.exports.script_args import placeholder_names, placeholder_values
+    from autotune.prepare import plan_for
+
+    plan, _hw, _ds = plan_for(load_config(ROOT / "configs" / "default_config.yaml"), None, "4xL4")
+    assert set(placeholder_values(plan, "run", "ds.json")) == placeholder_names()
