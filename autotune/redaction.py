@@ -138,8 +138,9 @@ _URL_CREDENTIALS = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\
 # user:password@host without a scheme (redis-cli's and rsync's alice:pw@redis:6379, alice:pw@host:/path): the user
 # a word, the password up to MAX_URL_PASSWORD characters without / or @, the host a host name with an optional port,
 # then the end, a path (host:/srv, host:~/d) or a separator. Not an image's name:tag@sha256:digest (a digest is no
-# port), nor git@host:repo (no password), nor an address alone.
-_BARE_CREDENTIALS = re.compile(rf"(?<![\w.+%/:@-])[\w.+%-]{{1,256}}:[^\s/@]{{1,{MAX_URL_PASSWORD}}}@"
+# port), nor git@host:repo (no password), nor an address alone. Possessive (+): neither part can end at the
+# character that follows it, so nothing is tried twice (linear in the argument).
+_BARE_CREDENTIALS = re.compile(rf"(?<![\w.+%/:@-])[\w.+%-]{{1,256}}+:[^\s/@]{{1,{MAX_URL_PASSWORD}}}+@"
                                r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*(?::\d{1,5})?"
                                r"(?=$|[/\s?#,;'\"}\])]|:[/~]|:$)")
 _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
