@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 import re
 from collections import Counter
@@ -75,6 +76,7 @@ def _meaning(name: str) -> list[str]:
     return words
 
 
+@functools.lru_cache(maxsize=4096)  # a long argument may repeat one name thousands of times ({a:1,a:1,...})
 def says_secret(name: str) -> bool:
     """The name rule: ``name`` (a flag such as ``--hub_token`` or ``-p``, a Hydra key such as ``++db.password``)
     names a secret."""
@@ -246,7 +248,7 @@ def _readings(text: str) -> Iterator[str]:
 def _judged(text: str, by_entropy: bool) -> str | None:
     if _PEM.search(text):
         return "a private key"
-    if _URL_CREDENTIALS.search(text) or _BARE_CREDENTIALS.search(text):
+    if "@" in text and (_URL_CREDENTIALS.search(text) or _BARE_CREDENTIALS.search(text)):
         return "URL credentials"
     if _JWT.search(text):
         return "a JWT"
