@@ -252,6 +252,12 @@ def shell_word(text: str) -> str:
     return f"$'{body}'"
 
 
+def printable(word: str) -> str:
+    """``word`` as a printed line may show it: itself when every character prints, else ``shell_word``'s ``$'...'``
+    (a value holding ESC or a newline is shown, never acted on)."""
+    return word if word.isprintable() else shell_word(word)
+
+
 def shell_line(words) -> str:
     """``shlex.join`` for a printed line: each word by ``shell_word``."""
     return " ".join(shell_word(str(w)) for w in words)

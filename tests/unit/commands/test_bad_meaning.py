@@ -244,3 +244,13 @@ def test_the_placeholder_names_check_knows_are_the_ones_a_plan_gives():
 
     plan, _hw, _ds = plan_for(load_config(ROOT / "configs" / "default_config.yaml"), None, "4xL4")
     assert set(placeholder_values(plan, "run", "ds.json")) == placeholder_names()
+
+
+def test_a_script_value_the_launch_names_as_yours_is_printed_escaped(capfd, monkeypatch):
+    """The delivery lines quote your own values after `--` (`--batch_size 8` wins over the plan's): one holding ESC,
+    U+202E or a newline is shown as $'...', never acted on, never a line of its own."""
+    monkeypatch.chdir(ROOT)
+    rc, out, err = _run(capfd, ["launch", "--dry-run", "--config", "examples/torchrun_config.yaml", "--hardware",
+                                "4xL4", "--", "--batch_size", "8\x1b[2J", "--epochs", "2\nFAKE: all good"])
+    assert rc == 0 and "yours: --epochs $'2\\x0aFAKE: all good'" in out, out[-1500:]
+    assert not any(c in out + err for c in "\x1b\u202e") and "\nFAKE" not in out
