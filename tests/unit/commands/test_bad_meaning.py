@@ -246,11 +246,15 @@ def test_the_placeholder_names_check_knows_are_the_ones_a_plan_gives():
     assert set(placeholder_values(plan, "run", "ds.json")) == placeholder_names()
 
 
-def test_a_script_value_the_launch_names_as_yours_is_printed_escaped(capfd, monkeypatch):
+def test_a_script_value_the_launch_names_as_yours_is_printed_escaped(tmp_path, capfd, monkeypatch):
     """The delivery lines quote your own values after `--` (`--batch_size 8` wins over the plan's): one holding ESC,
     U+202E or a newline is shown as $'...', never acted on, never a line of its own."""
-    monkeypatch.chdir(ROOT)
-    rc, out, err = _run(capfd, ["launch", "--dry-run", "--config", "examples/torchrun_config.yaml", "--hardware",
-                                "4xL4", "--", "--batch_size", "8\x1b[2J", "--epochs", "2\nFAKE: all good"])
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("import argparse\np = argparse.ArgumentParser()\n"
+                                       "p.add_argument('--batch_size', type=int)\np.add_argument('--epochs')\n"
+                                       "p.parse_args()\n")
+    cfg = _config(tmp_path, training={"entrypoint": "train.py", "epochs": 2})
+    rc, out, err = _run(capfd, ["launch", "--dry-run", "--config", cfg, "--hardware", "4xL4", "--", "--batch_size",
+                                "8\x1b[2J", "--epochs", "2\nFAKE: all good"])
     assert rc == 0 and "yours: --epochs $'2\\x0aFAKE: all good'" in out, out[-1500:]
     assert not any(c in out + err for c in "\x1b\u202e") and "\nFAKE" not in out
