@@ -161,8 +161,9 @@ def test_a_real_launch_keeps_every_secret_out_of_its_files_and_lines_and_the_scr
     script.write_text("import json, pathlib, sys\n"
                       "pathlib.Path(__file__).with_name('received.json').write_text(json.dumps(sys.argv[1:]))\n")
     cfg = tmp_path / "cfg.yaml"
-    in_config = ["--hub_token", "S3CR3T-in-config", "--url=https://u:S3CR3T-cfg-url@h/x"]
-    SECRETS.extend(["S3CR3T-in-config", "S3CR3T-cfg-url"])
+    in_config = ["--hub_token", "S3CR3T-in-config", "--url=https://u:S3CR3T-cfg-url@h/x",
+                 "'+db.password=S3CR3T-cfg-quoted'", "--next=https://a/?u=https%3A%2F%2Fb%3AS3CR3T-cfg-pct%40c"]
+    SECRETS.extend(["S3CR3T-in-config", "S3CR3T-cfg-url", "S3CR3T-cfg-quoted", "S3CR3T-cfg-pct"])
     cfg.write_text(json.dumps({"training": {"entrypoint": str(script), "script_args": in_config}}))
     monkeypatch.chdir(tmp_path)
     rc, text = _run(capfd, "check", "--config", str(cfg))
@@ -181,8 +182,8 @@ def test_a_real_launch_keeps_every_secret_out_of_its_files_and_lines_and_the_scr
         _no_secret_in(content, path)
     argv = json.loads((run / "command.json").read_text())["argv"]
     assert argv[-len(ORDINARY):] == ORDINARY
-    assert json.loads((run / "plan.json").read_text())["run"]["script_args"] == ["--hub_token", "<redacted>",
-                                                                                 "--url=<redacted>"]
+    assert json.loads((run / "plan.json").read_text())["run"]["script_args"] == [
+        "--hub_token", "<redacted>", "--url=<redacted>", "'+db.password=<redacted>'", "--next=<redacted>"]
 
 
 CORPUS = (Path(__file__).resolve().parents[2] / "data" / "ordinary_args.txt").read_text().splitlines()
