@@ -104,9 +104,8 @@ for _loader in (_UniqueKeyLoader, _FastUniqueKeyLoader):
 
 
 class Sexagesimal(int):
-    """A number YAML 1.1 read from base-60 digits (``1:20`` -> 80), with ``written``: what the file says. It reads
-    as the number everywhere; a config refuses it by name (autotune.config): that is YAML's meaning, not the
-    user's."""
+    """A number YAML 1.1 read from base-60 digits (``1:20`` -> 80), with ``written``: what the file says. A number
+    everywhere; a config refuses it by name (autotune.config): that is YAML's meaning, not the user's."""
 
     written: str
 
@@ -253,8 +252,7 @@ def shell_word(text: str) -> str:
 
 
 def printable(word: str) -> str:
-    """``word`` as a printed line may show it: itself when every character prints, else ``shell_word``'s ``$'...'``
-    (a value holding ESC or a newline is shown, never acted on)."""
+    """``word`` as a printed line may show it: itself when every character prints, else ``shell_word``'s $'...'."""
     return word if word.isprintable() else shell_word(word)
 
 
@@ -325,11 +323,10 @@ def regular_file_problem(path: str | Path) -> str | None:
     return None if stat.S_ISREG(mode) else "is not a regular file (a device, pipe or socket)"
 
 
-# W&B's own rule for a project (wandb 0.31, wandb/sdk/wandb_settings.py, Settings.validate_project): at most 128
-# characters, none of / \ # ? % :. W&B's SDK checks no entity; an entity is a user or team name, and the rule applied
-# is the project's plus letters, digits, - _ and . only. Beyond W&B's: not empty, printable (no control character:
-# the name is printed), not starting with - (it would read as a flag wherever it is passed on), no space at either
-# end, and no $ or ` (a shell that ever sees the name would run what follows).
+# W&B's rule for a project (wandb 0.31's Settings.validate_project): at most 128 characters, none of / \ # ? % :. The
+# SDK checks no entity (a user or team name): the project's rule, and letters, digits, - _ . only. Beyond W&B's: not
+# empty, no control character (it is printed), no leading - (a flag wherever it is passed on), no space at either
+# end, no $ or ` (a shell that ever sees the name would run what follows).
 WANDB_MAX = 128
 _WANDB_FORBIDDEN = "/\\#?%:"
 _WANDB_ENTITY = re.compile(r"[A-Za-z0-9_.-]+")
@@ -347,8 +344,7 @@ def wandb_name_problem(value: str, entity: bool = False) -> str | None:
     if bad is not None:
         return (f"{what} cannot hold {bad!r} (W&B refuses any of {' '.join(_WANDB_FORBIDDEN)}; autotune also "
                 f"refuses control characters, $ and `), got {shown}")
-    if value.startswith("-") or value != value.strip():
-        return f"{what} cannot start with - or a space, nor end with one, got {shown}"
-    if entity and not _WANDB_ENTITY.fullmatch(value):
-        return f"{what} is letters, digits, - _ and . only, got {shown}"
+    if value.startswith("-") or value != value.strip() or (entity and not _WANDB_ENTITY.fullmatch(value)):
+        only = ", and is letters, digits, - _ and . only" if entity else ""
+        return f"{what} cannot start with - or a space, nor end with one{only}, got {shown}"
     return None
