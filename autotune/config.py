@@ -318,18 +318,19 @@ def _keys_at(section: str) -> list[str]:
 
 
 def yaml_meanings(data: Any, where: str = "") -> list[str]:
-    """Values YAML 1.1 made of what the user wrote, not what they meant: base-60 numbers (``learning_rate: 1:20``
-    is 80 to YAML), each named by its dotted field with what YAML made of it."""
-    from autotune.safe_input import Sexagesimal, SexagesimalFloat
+    """Values YAML 1.1 made of what the user wrote, not what they meant: base-60 and octal numbers
+    (``learning_rate: 1:20`` is 80 to YAML, ``epochs: 010`` is 8), each named by its dotted field with what YAML
+    made of it."""
+    from autotune.safe_input import Yaml11Float, Yaml11Int
 
     if isinstance(data, dict):
         return [p for k, v in data.items() for p in yaml_meanings(v, f"{where}.{k}" if where else str(k))]
     if isinstance(data, list):
         return [p for i, v in enumerate(data) for p in yaml_meanings(v, f"{where}[{i}]")]
-    if isinstance(data, (Sexagesimal, SexagesimalFloat)):
+    if isinstance(data, (Yaml11Int, Yaml11Float)):
         meant = float(data) if isinstance(data, float) else int(data)
-        return [f"{where}: {data.written} is read by YAML 1.1 as a base-60 (sexagesimal) number, {meant}; write the "
-                f"number you mean ({meant} if that is it), or quote it ('{data.written}') for text"]
+        return [f"{where}: {data.written} is read by YAML 1.1 as {data.reading}, {meant}; write the number you mean "
+                f"({meant} if that is it), or quote it ('{data.written}') for text"]
     return []
 
 

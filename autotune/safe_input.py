@@ -103,35 +103,35 @@ for _loader in (_UniqueKeyLoader, _FastUniqueKeyLoader):
     _loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
 
 
-class Sexagesimal(int):
-    """A number YAML 1.1 read from base-60 digits (``1:20`` -> 80), with ``written``: what the file says. A number
-    everywhere; a config refuses it by name (autotune.config): that is YAML's meaning, not the user's."""
-
-    written: str
+class Yaml11Int(int):
+    """A number YAML 1.1 reads otherwise than it reads plainly (``1:20`` -> 80 in base 60, ``010`` -> 8 in octal), with
+    ``written`` (what the file says) and ``reading`` (how YAML read it); a config refuses it by name."""
 
 
-class SexagesimalFloat(float):
+class Yaml11Float(float):
     """The same for a float (``1:20.5`` -> 80.5)."""
 
-    written: str
+
+_OCTAL = re.compile(r"[-+]?0[0-7_]+")
 
 
 def _keeping_written(construct, kind):
     def constructor(loader, node):
-        value = construct(loader, node)
-        if ":" not in str(node.value):
-            return value
-        value = kind(value)
-        value.written = str(node.value)
+        value, written = construct(loader, node), str(node.value)
+        reading = "a base-60 (sexagesimal) number" if ":" in written else "an octal number (its leading 0)" if (
+            kind is Yaml11Int and _OCTAL.fullmatch(written)) else None
+        if reading is not None:
+            value = kind(value)
+            value.written, value.reading = written, reading
         return value
 
     return constructor
 
 
 for _loader in (_UniqueKeyLoader, _FastUniqueKeyLoader):
-    _loader.add_constructor("tag:yaml.org,2002:int", _keeping_written(yaml.SafeLoader.construct_yaml_int, Sexagesimal))
+    _loader.add_constructor("tag:yaml.org,2002:int", _keeping_written(yaml.SafeLoader.construct_yaml_int, Yaml11Int))
     _loader.add_constructor("tag:yaml.org,2002:float", _keeping_written(yaml.SafeLoader.construct_yaml_float,
-                                                                        SexagesimalFloat))
+                                                                        Yaml11Float))
 
 
 def _yaml_error(origin: str, e: yaml.YAMLError) -> UserError:

@@ -185,16 +185,19 @@ def test_check_refuses_the_workdir_launch_refuses(tmp_path, capfd, monkeypatch, 
     ("training:\n  learning_rate: 1:20.5\n", "training.learning_rate", "80.5"),
     ("distributed:\n  master_port: 8:00:00\n", "distributed.master_port", "28800"),
     ("training:\n  script_args: [--time, 12:30]\n", "training.script_args[1]", "750"),
+    ("training:\n  epochs: 010\n", "training.epochs", "8"),  # YAML 1.1's octal: a leading 0
+    ("checkpoint:\n  keep_last: -012\n", "checkpoint.keep_last", "-10"),
 ])
 def test_a_base_60_number_is_refused_saying_what_yaml_made_of_it(tmp_path, capfd, text, field, made):
-    """YAML 1.1 reads 1:20 as 80: refused by field, with what YAML made of it and what was written; quoted, it is
-    text (script_args '12:30' passes)."""
+    """YAML 1.1 reads 1:20 as 80 and 010 as 8: refused by field, with what YAML made of it and what was written;
+    quoted, it is text (script_args '12:30' passes); 0x10, 1_000 and 0 read as they say."""
     path = tmp_path / "cfg.yaml"
     path.write_text(text)
     rc, out, err = _run(capfd, ["check", "--config", str(path)])
     written = text.rsplit(" ", 1)[-1].strip().strip("]")
     assert rc == 2 and f"{field}: {written} is read by YAML 1.1" in err and f", {made};" in err, err
-    path.write_text("training:\n  script_args: [--time, '12:30']\n  learning_rate: 80\n")
+    path.write_text("training:\n  script_args: [--time, '12:30', '010']\n  learning_rate: 80\n  epochs: 0x10\n"
+                    "  max_steps: 1_000\n  seed: 0\n")
     assert _run(capfd, ["check", "--config", str(path)])[0] == 0
 
 
