@@ -294,6 +294,8 @@ def names_a_written_value(name: str) -> bool:
 
 # -- what the user says is no secret ------------------------------------------------------------------------------
 _NOT_SECRET: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("not_secret", default=frozenset())
+_NOT_SECRET_VALUES: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("not_secret_values",
+                                                                                    default=frozenset())
 
 
 def _bare(name: str) -> str:
@@ -305,16 +307,20 @@ def declared_not_secret(names: Iterable[str]) -> Iterator[None]:
     """While inside: the values of these flags or keys (``--run_name``, ``run_name``, ``+exp.sha``), or these exact
     values (a positional argument), are no secret (``--not_secret NAME``); a flag so named still keeps the value of
     a flag whose own name says secret (--hub_token cannot be declared)."""
-    token = _NOT_SECRET.set(frozenset(_bare(n) for n in names if n))
+    names = [n for n in names if n]
+    token, values = _NOT_SECRET.set(frozenset(_bare(n) for n in names)), _NOT_SECRET_VALUES.set(frozenset(names))
     try:
         yield
     finally:
         _NOT_SECRET.reset(token)
+        _NOT_SECRET_VALUES.reset(values)
 
 
 def _declared(name: str | None, value: str) -> bool:
+    """The user said the value of ``name`` (by the name, any case, dashes or not), or ``value`` itself (exactly), is
+    no secret."""
     declared = _NOT_SECRET.get()
-    return bool(declared) and ((name is not None and _bare(name) in declared) or _bare(value) in declared)
+    return bool(declared) and ((name is not None and _bare(name) in declared) or value in _NOT_SECRET_VALUES.get())
 
 
 # -- arguments -----------------------------------------------------------------------------------------------------

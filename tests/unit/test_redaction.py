@@ -237,4 +237,5 @@ def test_a_value_declared_no_secret_is_shown_and_a_secret_name_is_not_declarable
                                  "<redacted>"]
     with declared_not_secret(["--blob", "exp.blob", RANDOM_40, "--hub_token"]):
         assert redact_args(argv) == argv[:-1] + ["<redacted>"]
+        assert redact_args([RANDOM_40.swapcase()]) == ["<redacted>"]  # a declared value is that value exactly
     assert redact_args(argv)[1] == "<redacted>"  # only while declared
