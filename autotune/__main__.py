@@ -9,7 +9,7 @@ from autotune import __version__
 from autotune.commands import check, estimate, export, launch, plan, report
 from autotune.commands.common import Parser, did_you_mean
 from autotune.errors import run_cli
-from autotune.redaction import redact_args
+from autotune.redaction import declared_not_secret, redact_args
 
 DESCRIPTION = """autotune: detect the hardware, plan batch sizes / accumulation / precision /
 engine for it, and launch training with the right engine (single, DDP, FSDP2, DeepSpeed).
@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         guesses = "".join(did_you_mean(u, flags) for u in unknown if u.startswith("-"))
         hint = " (arguments for your training script go after `--`)" if args.command == "launch" else ""
         sub.error(f"unrecognized arguments: {' '.join(redact_args(unknown))}{guesses}{hint}")
-    return run_cli(lambda: args.func(args))
+    with declared_not_secret(getattr(args, "not_secret", None) or ()):  # the user's word: no secret
+        return run_cli(lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -260,7 +260,14 @@ def _meaning_problems(cfg: TrainConfig) -> list[str]:
     """Values of the right type that still mean nothing: an entrypoint that is neither a script path nor
     package.module:function, a path the system cannot hold, a master address that is no host, a NUL byte anywhere
     (no process argument, variable or path can carry one)."""
-    from autotune.safe_input import MAX_ARG_BYTES, MODULE_FUNCTION, host_problem, path_problem
+    from autotune.safe_input import (
+        MAX_ARG_BYTES,
+        MODULE_FUNCTION,
+        control_character,
+        host_problem,
+        path_problem,
+        wandb_name_problem,
+    )
 
     t, out = cfg.training, []
     entry = t.entrypoint
@@ -283,11 +290,22 @@ def _meaning_problems(cfg: TrainConfig) -> list[str]:
     if addr != AUTO and host_problem(addr):
         out.append(f"distributed.master_addr: {addr[:80]!r} {host_problem(addr)}; give node 0's host name or IP "
                    "address (--master_addr), or auto")
-    named = {"training.entrypoint", "training.workdir"}
+    for field, value in (("logging.wandb_project", cfg.logging.wandb_project),
+                         ("logging.wandb_entity", cfg.logging.wandb_entity)):
+        why = wandb_name_problem(value, entity=field.endswith("entity")) if value is not None else None
+        if why:
+            out.append(f"{field}: {why}")
+    named = {p.split(":", 1)[0] for p in out}  # one problem a field
     for section, values in config_to_dict(cfg).items():
         for key, value in values.items():
-            if isinstance(value, str) and "\0" in value and f"{section}.{key}" not in named:
+            if not isinstance(value, str) or f"{section}.{key}" in named:
+                continue
+            if "\0" in value:
                 out.append(f"{section}.{key}: holds a NUL byte; text only")
+            elif control_character(value) is not None:
+                out.append(f"{section}.{key}: holds the control character {control_character(value)!r} (a newline, "
+                           "a terminal escape or a bidi control), which would act on the terminal it is printed "
+                           "to; text only")
     return out
 
 
@@ -299,17 +317,39 @@ def _keys_at(section: str) -> list[str]:
     return [k for k, f in model.model_fields.items() if not f.exclude] if model is not None else []
 
 
+def yaml_meanings(data: Any, where: str = "") -> list[str]:
+    """Values YAML 1.1 made of what the user wrote, not what they meant: base-60 and octal numbers
+    (``learning_rate: 1:20`` is 80 to YAML, ``epochs: 010`` is 8), each named by its dotted field with what YAML
+    made of it."""
+    from autotune.safe_input import Yaml11Float, Yaml11Int
+
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in yaml_meanings(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(data, list):
+        return [p for i, v in enumerate(data) for p in yaml_meanings(v, f"{where}[{i}]")]
+    if isinstance(data, (Yaml11Int, Yaml11Float)):
+        meant = float(data) if isinstance(data, float) else int(data)
+        return [f"{where}: {data.written} is read by YAML 1.1 as {data.reading}, {meant}; write the number you mean "
+                f"({meant} if that is it), or quote it ('{data.written}') for text"]
+    return []
+
+
 def parse_config(data: Any, origin: str = "<config>") -> TrainConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise UserError(f"{origin}: the top level must be a mapping of sections (model, data, training, ...), "
                         f"got {type(data).__name__}")
+    problems = yaml_meanings(data)
     try:
         cfg = TrainConfig.model_validate(data)
     except ValidationError as e:
-        problems = [p.replace("Value error, ", "") for p in validation_problems(e, siblings=_keys_at)]
+        named = {p.split(":", 1)[0] for p in problems}
+        problems += [p.replace("Value error, ", "") for p in validation_problems(e, siblings=_keys_at)
+                     if p.split(":", 1)[0] not in named]
         raise UserError(f"{origin}: {len(problems)} problem(s) in the config", problems) from None
+    if problems:
+        raise UserError(f"{origin}: {len(problems)} problem(s) in the config", problems)
     problems = _cross_checks(cfg)
     if problems:
         raise UserError(f"{origin}: {len(problems)} problem(s) in the config", problems)

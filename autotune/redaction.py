@@ -3,10 +3,15 @@ script arguments uses (``redact_args``: what is shown; ``secret_arguments``: wha
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import math
 import re
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 REDACTED = "<redacted>"
 
@@ -51,10 +56,27 @@ _USER_PASSWORD = re.compile(r"[^\s:/@]+:\S+")
 _PLURAL = re.compile(r".*(keys|secrets|passwords|credentials|creds|cookies|passphrases)", re.IGNORECASE)
 
 
+# What a name may carry after its meaning: a number or one letter telling several apart (--token2, --api_key2,
+# --api-key-b, --hf_token_v2), or the encoding its value is written in (--private_key_pem, --secret_b64): the name is
+# judged without them. Not a longer word (--api_key_file, --key_column: those say what the value is).
+_SUFFIX = re.compile(r"[a-z]?\d*", re.IGNORECASE)
+_FORMATS = {"pem", "der", "b64", "base64", "hex", "str", "string", "raw", "bytes", "value"}
+
+
 def _words(name: str) -> list[str]:
     return [w for w in re.split(r"[-_.@/]", name.lstrip("-+~").rstrip(":")) if w]
 
 
+def _meaning(name: str) -> list[str]:
+    """The lowercased words of ``name`` that say what it holds: a trailing number on each word dropped (token2 ->
+    token), then a last word that is only a suffix or an encoding (``_SUFFIX``, ``_FORMATS``)."""
+    words = [w.lower().rstrip("0123456789") or w.lower() for w in _words(name)]
+    while len(words) > 1 and (_SUFFIX.fullmatch(words[-1]) or words[-1] in _FORMATS):
+        words.pop()
+    return words
+
+
+@functools.lru_cache(maxsize=4096)  # a long argument may repeat one name thousands of times ({a:1,a:1,...})
 def says_secret(name: str) -> bool:
     """The name rule: ``name`` (a flag such as ``--hub_token`` or ``-p``, a Hydra key such as ``++db.password``)
     names a secret."""
@@ -65,7 +87,7 @@ def says_secret(name: str) -> bool:
         return True
     if len(bare) > MAX_NAME:  # no flag is this long (and the words rule stays linear in what it reads)
         return False
-    words = [w.lower() for w in _words(name)]
+    words = _meaning(name)
     if not words or words[-1] in _COUNTS or (len(words) > 1 and words[0] in _QUANTITIES | _SWITCHES):
         return False
     for i, (before, w) in enumerate(zip([""] + words, words)):
@@ -115,22 +137,52 @@ _JWT = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[
 MAX_URL_PASSWORD = 256
 _URL_CREDENTIALS = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:"
                               rf"(?:[^\s/?#@]+|(?!\d*[/?#])[^\s@]{{1,{MAX_URL_PASSWORD}}})@")
+# user:password@host without a scheme (redis-cli's and rsync's alice:pw@redis:6379, alice:pw@host:/path): the user
+# a word, the password up to MAX_URL_PASSWORD characters without / or @, the host a host name with an optional port,
+# then the end, a path (host:/srv, host:~/d) or a separator. Not an image's name:tag@sha256:digest (a digest is no
+# port), nor git@host:repo (no password), nor an address alone. Possessive (+): neither part can end at the
+# character that follows it, so nothing is tried twice (linear in the argument).
+_BARE_CREDENTIALS = re.compile(rf"(?<![\w.+%/:@-])[\w.+%-]{{1,256}}+:[^\s/@]{{1,{MAX_URL_PASSWORD}}}+@"
+                               r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*(?::\d{1,5})?"
+                               r"(?=$|[/\s?#,;'\"}\])]|:[/~]|:$)")
 _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 _BEARER = re.compile(r"\bbearer\s+[A-Za-z0-9._~+/=-]{16,}", re.IGNORECASE)
-# name=value or name: value inside a value (a URL's query, a connection string, JSON, a header), the name a secret's
+# name=value or name: value inside a value (a URL's query, a connection string, JSON, a header, a Hydra dict
+# {user:alice,password:pw}: there the colon needs no space after it), the name a secret's
 _PAIR = re.compile(r"""(?:^|[?&;,\s{(])["']?([A-Za-z_][\w.-]*)["']?(?:=|:(?=[\s"']))\s*["']?[^\s"',;&})]""")
+_DICT_PAIR = re.compile(r"""[{,]\s*["']?([A-Za-z_][\w.-]*)["']?\s*:\s*["']?[^\s"',;&})\]]""")
+MAX_DECODINGS = 4  # percent-decoding rounds (%2540 -> %40 -> @): a value is judged as every round reads it
 # Long random strings: a run of at least 32 characters of the base64 / base64url alphabets that looks drawn at
 # random rather than written: letters of both cases and digits, at most 1 separator (- _ / +) in 10 characters,
 # more than 4.0 bits of entropy per character (no string of hex digits has more than 4: hashes, run ids and UUIDs
 # pass), and the character class (upper, lower, digit) changing at 40 % or more of its steps (words, CamelCase names
-# and model names change far less often). Random base62 strings of 32 characters are caught 98.7 % of the time, of 40
-# 99.6 %; random base64 of 32 97 %, of 40 99 % (20,000 each). Shorter secrets, hex secrets and ones that read like
-# words go by: the name and prefix rules are what catch those.
+# and model names change far less often). With the exceptions below, random base62 strings of 32 characters are
+# caught 94.8 % of the time, of 40 96.9 %; random base64url of 43 (32 bytes) 96.5 %, base64 of 40 95.9 % (20,000 each:
+# bench/secret_rule.py). Shorter secrets, hex secrets and ones that read like words go by: the name and prefix rules
+# are what catch those.
+# Then what is written, not drawn, though it has these shapes:
+# - a name written in words (CamelCase run names: gpt2Medium345MFinetunedOnWikiText103v2): each word starts with
+#   one capital and goes on in lowercase, so an uppercase letter right after another letter is rare (at most
+#   MAX_CAPITAL_AFTER_LETTER of its letters; random text: about half) and its words average MIN_WORD_LETTERS letters
+#   or more (random text: about 1.7);
+# - a digest by its label: an SRI value (sha256-, sha384-, sha512-), sha256: or sha256= before it;
+# - a digest by its shape: standard base64 (no - or _) of a digest's length with that length's = signs (MD5, SHA-1,
+#   SHA-224, SHA-256, SHA-384, SHA-512: 24, 28, 40, 44, 64, 88 characters with 2, 1, 2, 1, 0, 2 of them), as `base64`,
+#   openssl and SRI write them. The price: a secret of exactly such a shape (32 random bytes in standard base64,
+#   a 64-character base62 token) goes by unless its name says secret;
+# - an IPFS CID: v0 is Qm and 44 base58 characters (a SHA-256 multihash); v1 (bafy...) is lowercase base32 already.
 _RUN = re.compile(r"[A-Za-z0-9+/_-]{32,}")
 MIN_RANDOM_CHARS = 32
 MIN_ENTROPY_BITS = 4.0
 MIN_CLASS_CHANGES = 0.4
 MAX_SEPARATORS = 0.1
+MAX_CAPITAL_AFTER_LETTER = 0.25
+MIN_WORD_LETTERS = 2.2
+_WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+")
+_MAGNITUDE = re.compile(r"(?<=\d)[KMBTkmbt](?=[A-Z0-9]|$)")
+_DIGEST_LABEL = re.compile(r"(?:sha(?:1|224|256|384|512)|md5|blake2[bs]?)[-:=]$", re.IGNORECASE)
+_DIGEST_LENGTHS = {24: 2, 28: 1, 40: 2, 44: 1, 64: 0, 88: 2}  # base64 of 16, 20, 28, 32, 48, 64 bytes: its = signs
+_CID_V0 = re.compile(r"Qm[1-9A-HJ-NP-Za-km-z]{44}")
 
 
 def _entropy(s: str) -> float:
@@ -140,6 +192,16 @@ def _entropy(s: str) -> float:
 
 def _kind(ch: str) -> int:
     return 0 if ch.isupper() else 1 if ch.islower() else 2
+
+
+def _written_in_words(alnum: str) -> bool:
+    """A CamelCase name: few capitals right after a letter, words of MIN_WORD_LETTERS letters or more on average. A
+    magnitude after a number (345M, 8B, 1k) belongs to the number."""
+    alnum = _MAGNITUDE.sub("0", alnum)
+    letters = sum(c.isalpha() for c in alnum)
+    capitals = sum(a.isalpha() and b.isupper() for a, b in zip(alnum, alnum[1:]))
+    words = _WORD.findall(alnum)
+    return capitals <= MAX_CAPITAL_AFTER_LETTER * letters and letters >= MIN_WORD_LETTERS * len(words)
 
 
 def looks_random(run: str) -> bool:
@@ -152,15 +214,42 @@ def looks_random(run: str) -> bool:
     if _entropy(run) <= MIN_ENTROPY_BITS:
         return False
     changes = sum(_kind(a) != _kind(b) for a, b in zip(alnum, alnum[1:]))
-    return changes >= MIN_CLASS_CHANGES * (len(alnum) - 1)
+    return changes >= MIN_CLASS_CHANGES * (len(alnum) - 1) and not _written_in_words(alnum)
 
 
-def secret_value(text: str) -> str | None:
-    """The value rule: why ``text`` (one argument, or the value part of one) holds a secret whatever its name, or
-    None."""
+def _digest_or_cid(text: str, m: re.Match) -> bool:
+    """The run ``m`` of ``text`` is a digest or a content id by its label or shape (see above)."""
+    run, before = m.group(), text[max(0, m.start() - 8):m.start()]
+    label = re.match(r"(?:sha(?:1|224|256|384|512)|md5|blake2[bs]?)-", run, re.IGNORECASE)
+    if label or _DIGEST_LABEL.search(before):
+        return True
+    padding = len(text[m.end():m.end() + 2]) - len(text[m.end():m.end() + 2].lstrip("="))
+    if _DIGEST_LENGTHS.get(len(run) + padding) == padding and not re.search(r"[-_]", run):
+        return True
+    return bool(_CID_V0.fullmatch(run))
+
+
+def _readings(text: str) -> Iterator[str]:
+    """``text`` as written, then as each round of percent-decoding reads it (at most MAX_DECODINGS rounds), and
+    without the quotes around it ('+db.password=pw' typed inside quotes that reached the script)."""
+    seen = text
+    yield text
+    for _ in range(MAX_DECODINGS):
+        if "%" not in seen:
+            break
+        decoded = unquote(seen)
+        if decoded == seen:
+            break
+        seen = decoded
+        yield decoded
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+        yield text[1:-1]
+
+
+def _judged(text: str, by_entropy: bool) -> str | None:
     if _PEM.search(text):
         return "a private key"
-    if _URL_CREDENTIALS.search(text):
+    if "@" in text and (_URL_CREDENTIALS.search(text) or _BARE_CREDENTIALS.search(text)):
         return "URL credentials"
     if _JWT.search(text):
         return "a JWT"
@@ -168,12 +257,70 @@ def secret_value(text: str) -> str | None:
         return "a token by its prefix"
     if _BEARER.search(text):
         return "a bearer token"
-    for m in _PAIR.finditer(text):
+    for m in (*_PAIR.finditer(text), *_DICT_PAIR.finditer(text)):
         if says_secret(m.group(1)) or m.group(1).lower() in _QUALIFIED:  # ?sig=: an Azure SAS URL's signature
             return f"{m.group(1)}=... inside it"
-    if any(looks_random(m.group()) for m in _RUN.finditer(text)):
+    if by_entropy and any(looks_random(m.group()) and not _digest_or_cid(text, m) for m in _RUN.finditer(text)):
         return "a long random string"
     return None
+
+
+def secret_value(text: str, by_entropy: bool = True) -> str | None:
+    """The value rule: why ``text`` (one argument, or the value part of one) holds a secret whatever its name, or
+    None. Judged as written and as every decoding reads it (``_readings``: percent-encoding, repeatedly, so a URL
+    inside another URL's query is read too; surrounding quotes). ``by_entropy`` False: the value's name says what it
+    is (a name, a path, a digest: ``names_a_written_value``), so a long random-looking string in it is no secret;
+    every other rule still applies."""
+    for reading in _readings(text):
+        why = _judged(reading, by_entropy)
+        if why is not None:
+            return why
+    return None
+
+
+# A name that says its value is written or computed, not a secret: a name or title, a path, an id, a digest. Its
+# value is not judged by the long-random-string rule (a run name, a checksum); a token prefix, URL credentials, a
+# JWT or a key=value pair inside it still are.
+_WRITTEN = {"name", "names", "title", "tag", "tags", "label", "run", "exp", "experiment", "project", "group", "job",
+            "dir", "path", "file", "folder", "id", "uuid", "revision", "commit", "sha", "checksum", "digest", "hash",
+            "md5", "integrity", "etag", "cid", "version"}
+
+
+def names_a_written_value(name: str) -> bool:
+    """``name`` (a flag or key that does not say secret) says its value is written or computed (``_WRITTEN``)."""
+    words = _meaning(name)
+    return bool(words) and words[-1] in _WRITTEN
+
+
+# -- what the user says is no secret ------------------------------------------------------------------------------
+_NOT_SECRET: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("not_secret", default=frozenset())
+_NOT_SECRET_VALUES: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("not_secret_values",
+                                                                                    default=frozenset())
+
+
+def _bare(name: str) -> str:
+    return name.lstrip("-+~").rstrip(":").lower()
+
+
+@contextlib.contextmanager
+def declared_not_secret(names: Iterable[str]) -> Iterator[None]:
+    """While inside: the values of these flags or keys (``--run_name``, ``run_name``, ``+exp.sha``), or these exact
+    values (a positional argument), are no secret (``--not_secret NAME``); a flag so named still keeps the value of
+    a flag whose own name says secret (--hub_token cannot be declared)."""
+    names = [n for n in names if n]
+    token, values = _NOT_SECRET.set(frozenset(_bare(n) for n in names)), _NOT_SECRET_VALUES.set(frozenset(names))
+    try:
+        yield
+    finally:
+        _NOT_SECRET.reset(token)
+        _NOT_SECRET_VALUES.reset(values)
+
+
+def _declared(name: str | None, value: str) -> bool:
+    """The user said the value of ``name`` (by the name, any case, dashes or not), or ``value`` itself (exactly), is
+    no secret."""
+    declared = _NOT_SECRET.get()
+    return bool(declared) and ((name is not None and _bare(name) in declared) or value in _NOT_SECRET_VALUES.get())
 
 
 # -- arguments -----------------------------------------------------------------------------------------------------
@@ -190,44 +337,94 @@ class Secret:
 
 # mysql's -pPASSWORD: a value attached to -p is a secret whatever it is (so -p8080 too, as -p 8080 already was)
 _ATTACHED = re.compile(r"-p(?![=:])(.+)", re.DOTALL)
+_ATTACHED_LOGIN = re.compile(r"-u(?![=:])(.+)", re.DOTALL)  # curl's -ualice:pw (-uroot, -unbuffered: no password)
+_BEARER_END = re.compile(r"\bbearer:?\s*$", re.IGNORECASE)  # "Bearer" (or "Authorization: Bearer"), its token next
+_HEADER_NAME = re.compile(r"([A-Za-z_][\w.-]*):\s*")  # "X-Api-Key:" alone (curl -H), its value next
+
+
+def _next_is(a: str) -> str | None:
+    """What the argument after ``a`` is, when ``a`` says it is a secret without being a flag: a bearer token after
+    "Bearer", or the value of a header or key whose name says secret ("X-Api-Key:", "password:")."""
+    if _BEARER_END.search(a):
+        return "a bearer token"
+    header = _HEADER_NAME.fullmatch(a)
+    return f"{header.group(1)}: its value" if header and says_secret(header.group(1)) else None
+
+
+def _by_value(name: str | None, value: str) -> str | None:
+    """Why ``value`` (given to ``name``, a flag or key that does not say secret, or None) is a secret by what it
+    is: a login's user:password, or the value rule (``secret_value``: the long-random-string rule only where the
+    name does not say the value is written: ``names_a_written_value``); None when it is not, or when the user said
+    it is not (``declared_not_secret``)."""
+    if _declared(name, value):
+        return None
+    login = _user_password(name, value) if name else None
+    return login or secret_value(value, by_entropy=not (name and names_a_written_value(name)))
+
+
+def _quoted(i: int, a: str, before: str | None) -> Secret | None:
+    """An argument inside quotes that reached the script as they are ('+db.password=pw'): judged without them
+    (``before``: the flag just before it, whose value it may be)."""
+    if len(a) < 3 or a[0] != a[-1] or a[0] not in "'\"":
+        return None
+    inner = secret_arguments([a[1:-1]])
+    if not inner or (inner[0].why and _declared(before, a)):
+        return None
+    name = before or f"argument {i + 1}" if inner[0].name == "argument 1" else inner[0].name
+    return Secret(i, name, inner[0].why, a[0] + inner[0].shown + a[-1])
 
 
 def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
     """Every argument of ``argv`` that holds a secret, by the name rule or the value rule, in any syntax: ``--k v``,
-    ``--k=v``, ``--k: v``, ``--k:v``, ``-k v``, ``"--k v"`` as one argument, ``"--k=" v``, ``-pv``, Hydra's
-    ``k=v``, ``+k=v``, ``++k=v``; after a plural name (``--api_keys``), every value up to the next flag."""
+    ``--k=v``, ``--k: v``, ``--k:v``, ``-k v``, ``"--k v"`` as one argument, ``"--k=" v``, ``-pv``, ``-uuser:pw``,
+    Hydra's ``k=v``, ``+k=v``, ``++k=v``, ``+k={a:1,password:pw}``, any of them inside quotes; after a plural name
+    (``--api_keys``), every value up to the next flag; after ``Bearer`` or a secret's header (``X-Api-Key:``), its
+    value."""
     found: list[Secret] = []
     flag = None  # the flag alone just before this argument (``--hub_token``, ``-p``, ``--token:``), if any
     more = False  # this argument may be a further value of a plural secret flag (then it may not start with -)
+    follows = None  # the argument before said this one is a secret ("Bearer", "X-Api-Key:"): what it is
     for i, a in enumerate(str(a) for a in argv):
         before, further, flag, more = flag, more, None, False
+        token, follows = follows, _next_is(a)
         if before is not None and not a.startswith("-" if further else "--"):  # its value (which may start with -)
-            why = "" if says_secret(before) else _user_password(before, a)
+            why = "" if says_secret(before) else _user_password(before, a) if not _declared(before, a) else None
             if why is not None:
                 found.append(Secret(i, before, why, REDACTED, further))
-                flag, more = (before, True) if why == "" and _PLURAL.fullmatch(_words(before)[-1]) else (None, False)
+                flag, more = (before, True) if why == "" and _PLURAL.fullmatch(_meaning(before)[-1]) else (None, False)
                 continue
+        if token and not a.startswith("-"):
+            found.append(Secret(i, f"argument {i + 1}", token, REDACTED))
+            continue
         if _ATTACHED.fullmatch(a):
             found.append(Secret(i, "-p", "", "-p" + REDACTED))
+            continue
+        login = _ATTACHED_LOGIN.fullmatch(a)
+        if login and _user_password("-u", login.group(1)) and not _declared("-u", login.group(1)):
+            found.append(Secret(i, "-u", "a user:password", "-u" + REDACTED))
+            continue
+        quoted = _quoted(i, a, before)
+        if quoted is not None:
+            found.append(quoted)
             continue
         alone, named = _FLAG.fullmatch(a), _FLAG_VALUE.fullmatch(a) or _OVERRIDE.fullmatch(a)
         if alone:
             flag = alone.group(1) + alone.group(2)
-            why = None if says_secret(flag) else secret_value(a)
+            why = None if says_secret(flag) or _declared(None, a) else secret_value(a)
         elif named:
             name, sep, value = named.group(1), named.group(2) if named.re is _FLAG_VALUE else "=", named.groups()[-1]
             if named.re is _FLAG_VALUE and not value.strip():  # "--token=" "v": its value is the next argument
                 flag = name
                 continue
             sep = " " if sep.isspace() else sep
-            why = "" if says_secret(name) else _user_password(name, value) or secret_value(value)
+            why = "" if says_secret(name) else _by_value(name, value)
             if why is not None:
                 found.append(Secret(i, name, why, f"{name}{sep}{REDACTED}"))
-                if why == "" and named.re is _FLAG_VALUE and _PLURAL.fullmatch(_words(name)[-1]):
+                if why == "" and named.re is _FLAG_VALUE and _PLURAL.fullmatch(_meaning(name)[-1]):
                     flag, more = name, True  # --api_keys=k1 k2
             continue
         else:
-            why = secret_value(a)
+            why = _by_value(before, a)
         if why is not None:  # a positional value, or a flag that is itself a token (--ghp_...)
             found.append(Secret(i, before if before and not alone else f"argument {i + 1}", why, REDACTED))
             flag = None

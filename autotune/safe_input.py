@@ -103,6 +103,37 @@ for _loader in (_UniqueKeyLoader, _FastUniqueKeyLoader):
     _loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
 
 
+class Yaml11Int(int):
+    """A number YAML 1.1 reads otherwise than it reads plainly (``1:20`` -> 80 in base 60, ``010`` -> 8 in octal), with
+    ``written`` (what the file says) and ``reading`` (how YAML read it); a config refuses it by name."""
+
+
+class Yaml11Float(float):
+    """The same for a float (``1:20.5`` -> 80.5)."""
+
+
+_OCTAL = re.compile(r"[-+]?0[0-7_]+")
+
+
+def _keeping_written(construct, kind):
+    def constructor(loader, node):
+        value, written = construct(loader, node), str(node.value)
+        reading = "a base-60 (sexagesimal) number" if ":" in written else "an octal number (its leading 0)" if (
+            kind is Yaml11Int and _OCTAL.fullmatch(written)) else None
+        if reading is not None:
+            value = kind(value)
+            value.written, value.reading = written, reading
+        return value
+
+    return constructor
+
+
+for _loader in (_UniqueKeyLoader, _FastUniqueKeyLoader):
+    _loader.add_constructor("tag:yaml.org,2002:int", _keeping_written(yaml.SafeLoader.construct_yaml_int, Yaml11Int))
+    _loader.add_constructor("tag:yaml.org,2002:float", _keeping_written(yaml.SafeLoader.construct_yaml_float,
+                                                                        Yaml11Float))
+
+
 def _yaml_error(origin: str, e: yaml.YAMLError) -> UserError:
     mark = getattr(e, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -201,6 +232,35 @@ _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
 MODULE_FUNCTION = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", re.ASCII)
 
 
+def control_character(text: str) -> str | None:
+    """The first character of ``text`` that a terminal would act on or hide instead of showing (a newline, ESC,
+    BEL, a bidi override such as U+202E: whatever ``str.isprintable`` refuses), or None."""
+    return next((c for c in text if not c.isprintable()), None)
+
+
+def shell_word(text: str) -> str:
+    """``text`` as one word of a shell line that is printed: ``shlex.quote`` when it is printable, else bash's
+    ``$'...'`` with every control character escaped (the same word when pasted, and never acted on when shown)."""
+    import shlex
+
+    if text.isprintable():
+        return shlex.quote(text)
+    body = "".join(c if c.isprintable() and c not in "\\'" else "\\" + c if c in "\\'" else
+                   f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" if ord(c) < 0x10000 else
+                   f"\\U{ord(c):08x}" for c in text)
+    return f"$'{body}'"
+
+
+def printable(word: str) -> str:
+    """``word`` as a printed line may show it: itself when every character prints, else ``shell_word``'s $'...'."""
+    return word if word.isprintable() else shell_word(word)
+
+
+def shell_line(words) -> str:
+    """``shlex.join`` for a printed line: each word by ``shell_word``."""
+    return " ".join(shell_word(str(w)) for w in words)
+
+
 def path_problem(value: str) -> str | None:
     """Why ``value`` cannot name a file on this system, or None: empty, a NUL byte, a component longer than NAME_MAX
     bytes, or longer than PATH_MAX - 1 bytes in all (the system would answer "File name too long")."""
@@ -208,6 +268,10 @@ def path_problem(value: str) -> str | None:
         return "must not be empty"
     if "\0" in value:
         return "holds a NUL byte, which no path can"
+    bad = control_character(value)
+    if bad is not None:
+        return (f"holds the control character {bad!r} (a newline, a terminal escape or a bidi control), which a "
+                "path autotune prints may not")
     try:
         raw = os.fsencode(value)
     except UnicodeEncodeError:
@@ -257,3 +321,30 @@ def regular_file_problem(path: str | Path) -> str | None:
     if stat.S_ISDIR(mode):
         return "is a directory, not a file"
     return None if stat.S_ISREG(mode) else "is not a regular file (a device, pipe or socket)"
+
+
+# W&B's rule for a project (wandb 0.31's Settings.validate_project): at most 128 characters, none of / \ # ? % :. The
+# SDK checks no entity (a user or team name): the project's rule, and letters, digits, - _ . only. Beyond W&B's: not
+# empty, no control character (it is printed), no leading - (a flag wherever it is passed on), no space at either
+# end, no $ or ` (a shell that ever sees the name would run what follows).
+WANDB_MAX = 128
+_WANDB_FORBIDDEN = "/\\#?%:"
+_WANDB_ENTITY = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def wandb_name_problem(value: str, entity: bool = False) -> str | None:
+    """Why ``value`` is not a W&B project (or, ``entity``, entity) name by W&B's rule and autotune's (above)."""
+    what = "an entity (user or team) name" if entity else "a project name"
+    shown = f"{value[:60]!r}{'...' if len(value) > 60 else ''}"  # repr: control characters escaped
+    if not value.strip():
+        return f"must be {what}, got {value!r} (empty); remove the key for W&B's default"
+    if len(value) > WANDB_MAX:
+        return f"W&B takes {what} of at most {WANDB_MAX} characters, got {len(value)} ({shown})"
+    bad = control_character(value) or next((c for c in value if c in _WANDB_FORBIDDEN + "$`"), None)
+    if bad is not None:
+        return (f"{what} cannot hold {bad!r} (W&B refuses any of {' '.join(_WANDB_FORBIDDEN)}; autotune also "
+                f"refuses control characters, $ and `), got {shown}")
+    if value.startswith("-") or value != value.strip() or (entity and not _WANDB_ENTITY.fullmatch(value)):
+        only = ", and is letters, digits, - _ and . only" if entity else ""
+        return f"{what} cannot start with - or a space, nor end with one{only}, got {shown}"
+    return None

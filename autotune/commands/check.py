@@ -19,24 +19,27 @@ def add_parser(sub) -> None:
 
 
 def _entrypoint_problem(path: str, error) -> str | None:
-    """What ``check_entrypoint`` says of the config's training.entrypoint (with its workdir) alone, where the
-    config's other problems kept it unchecked; None when it is fine, absent, or already among ``error``'s."""
+    """What ``check_entrypoint`` (launch's own check before it spawns) says of the config's training.entrypoint and
+    training.workdir alone, where the config's other problems kept them unchecked; None when they are fine, absent,
+    or already among ``error``'s."""
     from autotune.config import parse_config
     from autotune.errors import UserError
     from autotune.prepare import check_entrypoint
     from autotune.safe_input import load_yaml, read_text
 
-    if any(p.startswith("training.entrypoint") for p in error.problems):
+    if any(p.startswith(("training.entrypoint", "training.workdir")) for p in error.problems):
         return None
     try:
         data = load_yaml(read_text(path, "--config"), path)
         training = data.get("training") if isinstance(data, dict) else None
-        if not isinstance(training, dict) or not isinstance(training.get("entrypoint"), str):
+        if not isinstance(training, dict) or not any(isinstance(training.get(k), str) for k in ("entrypoint",
+                                                                                               "workdir")):
             return None
         keep = {k: training[k] for k in ("entrypoint", "workdir") if isinstance(training.get(k), str)}
         check_entrypoint(parse_config({"training": keep}, origin=path))
     except UserError as e:
-        return str(e) if str(e).startswith("training.entrypoint") else None
+        found = [p for p in (str(e), *e.problems) if p.startswith(("training.entrypoint", "training.workdir"))]
+        return found[0] if found else None
     return None
 
 
@@ -53,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(e).replace(f"{len(e.problems)} problem(s)", f"{len(e.problems) + 1} problem(s)"),
                         [*e.problems, why]) if e.problems and (why := _entrypoint_problem(args.config, e)) else e
     check_entrypoint(cfg)
+    if cfg.training.script_args:  # their placeholders, as launch expands them (its values are the plan's)
+        from autotune.exports.script_args import expand, placeholder_names
+
+        expand(list(cfg.training.script_args), dict.fromkeys(placeholder_names(), ""), where="training.script_args")
     data = config_to_dict(cfg)
     if data["training"]["script_args"]:  # printed: a secret among them is shown <redacted> (autotune.redaction)
         from autotune.redaction import redact_args

@@ -81,6 +81,12 @@ def zero_stage(text: str) -> int:
 def add_config_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=str(DEFAULT_CONFIG), metavar="FILE", type=path_of("a config YAML's path"),
                    help="training config YAML (default: configs/default_config.yaml)")
+    p.add_argument("--not_secret", action="append", default=[], metavar="NAME",
+                   help="a script argument's flag or key, without its dashes (run_name, exp.sha), whose value "
+                        "is no secret, or a positional value itself (--not_secret=VALUE): shown and exported as it "
+                        "is, where its value alone (a long "
+                        "random-looking string, a URL) would be taken for one (repeatable; a flag whose own name "
+                        "says secret, such as --hub_token, stays hidden)")
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:

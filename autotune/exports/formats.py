@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING
 from autotune.errors import UserError
 from autotune.redaction import redact_args, secret_flags, where_secrets_belong
 from autotune.rundir.layout import JOB_SECRET_ENV
+from autotune.safe_input import shell_line, shell_word
 
 if TYPE_CHECKING:  # the command's parser reads FORMATS: it imports no model
     from autotune.plan import TrainingPlan
@@ -108,7 +108,11 @@ def _refuse_secrets(req: ExportRequest, where: str, instead: str) -> None:
         raise UserError(f"export --format {req.format}: script arguments carry a secret ({', '.join(flags)}), which "
                         f"{where} would hold in clear", [f"give it to the script through its environment instead: "
                                                          f"{instead}, e.g. HF_TOKEN or WANDB_API_KEY",
-                                                         where_secrets_belong(JOB_SECRET_ENV)])
+                                                         where_secrets_belong(JOB_SECRET_ENV),
+                                                         "if a value named here is no secret (a checksum, a run "
+                                                         "name), say so: --not_secret NAME, the flag or key named "
+                                                         "without its dashes (--not_secret run_name), or "
+                                                         "--not_secret=VALUE for a positional one"])
 
 
 def _sbatch(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile) -> str:
@@ -252,7 +256,7 @@ def _torchrun(req: ExportRequest, plan: TrainingPlan) -> Exported:
     if not req.own_program:
         deepspeed = (", nor its DeepSpeed JSON (`export --format deepspeed -o ds_config.json`, for your script to "
                      "read)") if plan.is_deepspeed else ""
-        return Exported(shlex.join(["torchrun", *torchrun_flags(plan), req.script, *shown]) + "\n" + secret, (
+        return Exported(shell_line(["torchrun", *torchrun_flags(plan), req.script, *shown]) + "\n" + secret, (
             f"note: this line starts {req.script} as the plan's {e.world_size} process(es) ({what}); it carries no "
             f"other value of the plan{deepspeed}: give them to your script as {{placeholders}} after `--` (e.g. "
             "--batch_size {micro_batch_size}), or start it with `python -m autotune launch`, which delivers them",))
@@ -265,10 +269,10 @@ def _torchrun(req: ExportRequest, plan: TrainingPlan) -> Exported:
     run_dir = req.run_dir or f"runs/export-torchrun-{new_run_dir_name()}"
     plan_path = records_dir(plan, run_dir) / PLAN
     program = ["autotune.entry", *shown] if plan.run.entrypoint else ["autotune.train"]
-    env = f"OMP_NUM_THREADS={plan.loader.omp_num_threads} {PLAN_ENV}={shlex.quote(str(plan_path))} "
+    env = f"OMP_NUM_THREADS={plan.loader.omp_num_threads} {PLAN_ENV}={shell_word(str(plan_path))} "
     beside = " and DeepSpeed's JSON beside it" if plan.is_deepspeed else ""
     text = (f"# the plan ({what}) is in {plan_path}{beside}, written by this export; the line starts what it runs\n"
-            + env + shlex.join(["torchrun", *torchrun_flags(plan), "--module", *program]) + "\n" + secret)
+            + env + shell_line(["torchrun", *torchrun_flags(plan), "--module", *program]) + "\n" + secret)
     return Exported(text, (f"wrote the plan the line reads: {plan_path}",), records=str(plan_path.parent))
 
 

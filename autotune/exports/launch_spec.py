@@ -14,7 +14,6 @@ Backends map to launchers in one table (``LAUNCHERS`` below):
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from autotune.rundir.layout import (
     records_dir,
 )
 from autotune.rundir.records import redact, redact_args
+from autotune.safe_input import shell_word
 
 # autotune.runtime.observe's sitecustomize (a path, not an import: exports do not import the runtime)
 OBSERVE_SITE = Path(__file__).resolve().parents[1] / "runtime" / "observe_site"
@@ -75,9 +75,11 @@ class LaunchSpec:
         return out
 
     def shell(self) -> str:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact(self.env).items()))
-        line = f"{env} {shlex.join(redact_args(self.cmd))}".strip()
-        return f"cd {shlex.quote(self.cwd)} && {line}" if self.cwd else line
+        """The command as a printed shell line: secrets redacted, every word quoted, control characters escaped
+        (``$'...'``: a script argument holding ESC or a newline is shown, never acted on by the terminal)."""
+        env = " ".join(f"{k}={shell_word(v)}" for k, v in sorted(redact(self.env).items()))
+        line = f"{env} {' '.join(shell_word(a) for a in redact_args(self.cmd))}".strip()
+        return f"cd {shell_word(self.cwd)} && {line}" if self.cwd else line
 
 
 def default_cache_dir(environ: Mapping[str, str]) -> str:

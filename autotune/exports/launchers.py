@@ -91,10 +91,10 @@ def accelerate_launch_line(plan: TrainingPlan, config_file: str, script: str = "
                            script_args: list[str] | tuple[str, ...] = (), withhold: tuple[str, ...] = ()) -> str:
     """The command that starts the planned processes with the exported file; ``withhold``: variables not to set
     for this script (the export says why), ``script_args``: the script's arguments, placeholders expanded."""
-    import shlex
+    from autotune.safe_input import shell_line
 
     env = "".join(f"{k}={v} " for k, v in accelerate_launch_env(plan).items() if k not in withhold)
-    return env + shlex.join(["accelerate", "launch", "--config_file", config_file, script, *script_args])
+    return env + shell_line(["accelerate", "launch", "--config_file", config_file, script, *script_args])
 
 
 def torchrun_command(plan: TrainingPlan, script: str = "train.py") -> list[str]:

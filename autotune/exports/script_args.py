@@ -31,12 +31,38 @@ def _text(value) -> str:
     return str(value)
 
 
+def placeholder_names() -> set[str]:
+    """Every name ``placeholder_values`` may give, known before any plan (what `check` judges a config's script
+    arguments by, as launch will): the plan's flat fields, the run's values and the paths."""
+    import types
+    import typing
+
+    from pydantic import BaseModel
+
+    from autotune.plan import PUBLIC_FIELDS, TrainingPlan
+
+    def scalar(kind) -> bool:  # a nested model (memory_estimate), a list or a dict is no placeholder
+        origin = typing.get_origin(kind)
+        if origin in (typing.Union, types.UnionType):
+            return all(scalar(k) for k in typing.get_args(kind))
+        kind = origin or kind
+        return not (isinstance(kind, type) and issubclass(kind, (BaseModel, dict, list, tuple)))
+
+    fields = {flat: TrainingPlan.model_fields[s].annotation.model_fields[a].annotation for flat, s, a in PUBLIC_FIELDS}
+    return {flat for flat, kind in fields.items() if scalar(kind)} | set(RUN_NAMES) | set(_CONTEXT_NAMES) | {
+        "hardware"}
+
+
+RUN_NAMES = ("epochs", "max_steps", "seed", "resume_from", "node_rank", "master_addr", "master_port", "num_gpus",
+             "gradient_accumulation_steps_total")
+
+
 def placeholder_values(plan: TrainingPlan, run_dir: str | Path | None,
                        deepspeed_config_path: str | Path | None) -> dict[str, str]:
     """Placeholder name -> text. Paths are None-free only when the caller knows them."""
     flat = public_dict(plan)
     values = {k: _text(v) for k, v in flat.items() if not isinstance(v, (dict, list))}
-    values.update(
+    values.update(  # RUN_NAMES
         epochs=_text(plan.schedule.epochs), max_steps=_text(plan.schedule.max_steps), seed=_text(plan.run.seed),
         resume_from=_text(plan.run.resume_from), node_rank=_text(plan.engine.node_rank),
         master_addr=plan.engine.master_addr, master_port=_text(plan.engine.master_port),
@@ -72,6 +98,11 @@ def expand(args: list[str], values: dict[str, str], where: str = "script argumen
             name = m.group(1).strip()
             if name in values:
                 return values[name]
+            if not re.fullmatch(r"\w+", name):  # a Hydra dict or JSON ({user:a,password:b}): never echoed
+                elided = re.sub(r"\{[^{}]*\}", "{...}", seen)
+                raise UserError(f"{where}: braces that hold no placeholder name in {elided!r} (what they hold is "
+                                "not shown: it may be a secret); write {{ and }} for literal braces, as a Hydra dict "
+                                "or JSON needs (+db={{user:alice}})")
             what = f"{{{name}}}" if seen == arg else "(not shown: a secret)"  # the braces may hold the secret
             if name in _CONTEXT_NAMES:
                 raise UserError(f"{where}: {what} in {seen!r} needs {_CONTEXT_NAMES[name]}, which this command "

@@ -171,10 +171,12 @@ def _names_of(key: str, flag: str, facts: ScriptFacts) -> set[str]:
 
 
 def _argument_given(args: list[str], names: set[str], facts: ScriptFacts) -> str | None:
-    """The user's argument that sets one of ``names`` (with its value), as they passed it; secrets shown redacted."""
+    """The user's argument that sets one of ``names`` (with its value), as they passed it; secrets shown redacted,
+    control characters escaped (it is printed)."""
     from autotune.redaction import redact_args
+    from autotune.safe_input import printable
 
-    shown = redact_args(args)
+    shown = [printable(a) for a in redact_args(args)]
     for i, a in enumerate(args):
         override = a.lstrip("+~") if "=" in a and not a.startswith("-") else a  # a Hydra override: [+~]key=value
         for n in names:

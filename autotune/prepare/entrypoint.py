@@ -18,9 +18,12 @@ _FIX = "fix training.entrypoint in the config (or run from the directory it is r
 def check_entrypoint(cfg: TrainConfig) -> None:
     """A script entrypoint (``*.py``, relative to where the launch starts) must be a regular file this process can
     read; a ``module:function`` must be found from where the script starts (training.workdir, else here) or on the
-    path, and its source must bind the function. UserError (exit 2) naming training.entrypoint otherwise."""
+    path, and its source must bind the function. UserError (exit 2) naming training.entrypoint otherwise. First
+    the directory the script starts in (``workdir_of``): what `check` and `launch` both run before anything
+    spawns."""
     from autotune.safe_input import regular_file_problem
 
+    workdir_of(cfg.training.workdir)
     entry = cfg.training.entrypoint
     if not entry:
         return
@@ -39,6 +42,18 @@ def check_entrypoint(cfg: TrainConfig) -> None:
         raise UserError(f"training.entrypoint: {entry!r}: {why}", [
             f"a module:function entrypoint is imported in the directory your script starts in ({start}) or from "
             "the installed packages; " + _FIX])
+
+
+def workdir_of(value: str | None) -> str | None:
+    """training.workdir as the absolute directory the script starts in (None: where the launch starts); UserError
+    (exit 2) naming it when it is not a directory here (a missing folder, /dev/zero, /proc/self/mem, -rf)."""
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise UserError(f"training.workdir: {value!r} is not a directory (relative to {Path.cwd()}); create it "
+                        "or give the directory your script should start in (--workdir)")
+    return str(path.absolute())
 
 
 def _module_problem(module: str, function: str, start: Path) -> str | None:

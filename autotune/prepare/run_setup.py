@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from autotune.config import TrainConfig, apply_overrides
-from autotune.errors import UserError
 from autotune.plan import TrainingPlan
-from autotune.prepare.entrypoint import check_entrypoint
+from autotune.prepare.entrypoint import check_entrypoint, workdir_of
 from autotune.prepare.planning import plan_for, speed_key
 from autotune.prepare.resume import choose_run_dir, resolve_resume, resume_reaches
 from autotune.profiles import HardwareProfile
@@ -64,7 +63,7 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
                             force=force, probe_gpu=probe_gpu, time_cpu=time_cpu)
     entry = plan.run.entrypoint
     rd = choose_run_dir(run_dir, resume_from, Path(runs_root), own_format=bool(entry), entry=entry)
-    workdir = _workdir(cfg.training.workdir)
+    workdir = workdir_of(cfg.training.workdir)  # checked by check_entrypoint above: the same function
     if workdir is not None:  # the child starts elsewhere: every path it is given must not depend on its cwd
         rd = rd.absolute()
         if entry and entry.endswith(".py"):
@@ -131,11 +130,3 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
                     untimed=why_untimed(cfg, hw, plan, counted))
 
 
-def _workdir(value: str | None) -> str | None:
-    if not value:
-        return None
-    path = Path(value).expanduser()
-    if not path.is_dir():
-        raise UserError(f"training.workdir: {value!r} is not a directory (relative to {Path.cwd()}); create it "
-                        "or give the directory your script should start in (--workdir)")
-    return str(path.absolute())

@@ -4,10 +4,18 @@
 import base64
 import random
 import string
+from pathlib import Path
 
 import pytest
 
-from autotune.redaction import looks_random, redact_args, says_secret, secret_flags, secret_value
+from autotune.redaction import (
+    declared_not_secret,
+    looks_random,
+    redact_args,
+    says_secret,
+    secret_flags,
+    secret_value,
+)
 
 JWT = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"
 RANDOM_40 = "q8ZrT2vLx9WmB4nKc7YpD3sHf6JgN1aQe5RtU0iO"  # 40 characters of base62
@@ -133,14 +141,15 @@ def test_the_values_users_pass_are_shown_as_they_are():
 
 
 def test_long_random_strings_are_caught_by_entropy_and_hex_never():
-    """The rule's stated figures, with a fixed seed: at least 97 % of random base62 strings of 32 characters and
-    98 % of base64 strings of 40 are caught; no string of hex digits is (hashes, run ids), at any length."""
+    """The rule's stated figures, with a fixed seed: at least 94 % of random base62 strings of 32 characters and
+    of base64 strings of 40 are caught (BENCHMARKS.md: 94.8 % and 95.9 % on 20,000; the price of reading CamelCase
+    names as written, issue 52); no string of hex digits is (hashes, run ids), at any length."""
     rng = random.Random(44)
     b62 = string.ascii_letters + string.digits
     caught = sum(looks_random("".join(rng.choice(b62) for _ in range(32))) for _ in range(1000))
-    assert caught >= 970, caught
+    assert caught >= 940, caught
     caught = sum(looks_random(base64.b64encode(rng.randbytes(30)).decode()) for _ in range(1000))
-    assert caught >= 980, caught
+    assert caught >= 940, caught
     hexes = ("0123456789abcdef", "0123456789ABCDEF")
     assert not any(looks_random("".join(rng.choice(digits) for _ in range(n)))
                    for digits in hexes for n in (32, 40, 64, 128) for _ in range(200))
@@ -155,6 +164,78 @@ def test_the_rule_reads_the_longest_argument_in_bounded_time():
     import time
 
     start = time.monotonic()
-    for arg in ("a" * (128 << 10), "--" + "a1B2" * (32 << 10), "eyJ" + "a" * (128 << 10), "a://:" * (26 << 10)):
+    for arg in ("a" * (128 << 10), "--" + "a1B2" * (32 << 10), "eyJ" + "a" * (128 << 10), "a://:" * (26 << 10),
+                ",a:" * (43 << 10), "{a:" * (43 << 10), "%25" * (43 << 10)):  # issue 52: decoded, dicts, bare logins
         assert redact_args(["--x", arg, arg]) == ["--x", arg, arg]
     assert time.monotonic() - start < 5
+
+
+# -- issue 52: secrets by what they mean, ordinary values never refused ---------------------------------------------
+@pytest.mark.parametrize("argv, name", [
+    (["+db={user:alice,password:PW}"], "+db (password=... inside it)"),  # a Hydra dict override
+    (["+db={{user:alice,password:PW}}"], "+db (password=... inside it)"),  # its braces doubled for autotune
+    (["+db={user: alice, 'api_key': PW}"], "+db (api_key=... inside it)"),
+    (["'+db.password=PW'"], "+db.password"),  # an override inside quotes that reached the script
+    (['"--token=PW"'], "--token"),
+    (["--src", "https%3A%2F%2Falice%3APW%40example.com%2Fd"], "--src (URL credentials)"),  # percent-encoded
+    (["--src", "https%253A%252F%252Falice%253APW%2540example.com"], "--src (URL credentials)"),  # twice
+    (["--src", "https%25253A%25252F%25252Falice%25253APW%252540h"], "--src (URL credentials)"),  # three times
+    (["--next", "https://sso.example.com/?to=https%3A%2F%2Fbob%3APW%40db%2Fx"], "--next (URL credentials)"),
+    (["--cb", "https://a.example.com/?u=https%3A%2F%2Fb.example.com%2F%3Fapi_key%3DPW"],
+     "--cb (api_key=... inside it)"),
+    (["--redis", "alice:PW@redis:6379"], "--redis (URL credentials)"),  # user:password@host, no scheme
+    (["--remote", "alice:PW@host"], "--remote (URL credentials)"),
+    (["--remote", "alice:PW@host:/srv/data"], "--remote (URL credentials)"),  # rsync's host:path
+    (["--token2", "PW"], "--token2"),  # a name with a suffix
+    (["--api_key2", "PW"], "--api_key2"),
+    (["--api-key-b", "PW"], "--api-key-b"),
+    (["--hf_token_v2", "PW"], "--hf_token_v2"),
+    (["--private_key_pem", "PW"], "--private_key_pem"),  # an encoding after the name
+    (["--secret_b64", "PW"], "--secret_b64"),
+    (["-ualice:PW"], "-u (a user:password)"),  # curl's attached login
+    (["Bearer", "PW"], "argument 2 (a bearer token)"),  # Bearer and its token as two arguments
+    (["-H", "Authorization: Bearer", "PW"], "argument 3 (a bearer token)"),
+    (["-H", "X-Api-Key:", "PW"], "argument 3 (X-Api-Key: its value)"),  # a secret's header and its value apart
+    (["--db", "'postgresql://u:PW@h/db'"], "--db (URL credentials)"),  # a flag's value inside quotes
+])
+def test_a_secret_is_judged_by_what_it_means_in_any_encoding(argv, name):
+    shown = redact_args(argv)
+    assert not any("PW" in a for a in shown), shown
+    assert name in secret_flags(argv)
+
+
+@pytest.mark.parametrize("value", [
+    "nginx:1.25@sha256:" + "0123456789abcdef" * 4,  # an image's name:tag@digest: no password, no port
+    "git@github.com:org/repo.git", "alice@example.com", "1000:1000", "12:30:00", "localhost:8080", "[::1]:29500",
+    "https://example.com/?next=https%3A%2F%2Fexample.org%2Fpath", "+model={name:gpt2,layers:12}",
+    "trainer.devices=[0,1]", "-unbuffered", "-uroot", "--keys_b", "--sort_key2", "--token_count2",
+])
+def test_the_nearest_ordinary_values_to_those_forms_are_shown_as_they_are(value):
+    """Each new form's nearest case that is no secret: decoded and read, still no password, no secret name."""
+    assert redact_args([value]) == [value] and secret_flags(["--input", value, value]) == []
+    kept = ["-H", "Content-Type:", "application/json", "--mode", "bearer_like", "host:", "h"]
+    assert redact_args(kept) == kept
+
+
+CORPUS = (Path(__file__).resolve().parents[1] / "data" / "ordinary_args.txt").read_text().splitlines()
+
+
+def test_no_argument_of_the_ordinary_corpus_is_taken_for_a_secret():
+    """bench/secret_corpus.py's 500+ ordinary arguments (checksums in hex, base64 and SRI, UUIDs, git shas, CIDs,
+    run names, model ids, paths, URLs without credentials), alone and after an innocent flag: 0 taken for secrets
+    (before issue 52, 98.8 % of base64 SHA-256 digests and 99.4 % of SRI sha384 values were)."""
+    assert len(CORPUS) >= 500
+    assert [a for a in CORPUS if secret_flags([a])] == []
+    assert redact_args([x for a in CORPUS for x in ("--input", a)])[1::2] == CORPUS
+
+
+def test_a_value_declared_no_secret_is_shown_and_a_secret_name_is_not_declarable():
+    """--not_secret NAME (redaction.declared_not_secret): by the flag or key, with or without its dashes, or the
+    value itself for a positional one; a flag whose own name says secret stays hidden."""
+    argv = ["--blob", RANDOM_40, "+exp.blob=" + RANDOM_40, RANDOM_40, "--hub_token", "t"]
+    assert redact_args(argv) == ["--blob", "<redacted>", "+exp.blob=<redacted>", "<redacted>", "--hub_token",
+                                 "<redacted>"]
+    with declared_not_secret(["--blob", "exp.blob", RANDOM_40, "--hub_token"]):
+        assert redact_args(argv) == argv[:-1] + ["<redacted>"]
+        assert redact_args([RANDOM_40.swapcase()]) == ["<redacted>"]  # a declared value is that value exactly
+    assert redact_args(argv)[1] == "<redacted>"  # only while declared
