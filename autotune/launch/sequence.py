@@ -91,13 +91,20 @@ def _execute(setup, lock=None, log=None) -> int:
     import secrets
 
     from autotune.errors import EXIT_UNAVAILABLE
+    from autotune.launch.builds import BuildWatch
     from autotune.launch.rendezvous import rendezvous_failure
 
     _announce(setup)
     started, since = time.monotonic(), time.time()
     launch_id = secrets.token_hex(8)  # on every record this launch's ranks write: it reads only its own
-    outcome, signals, script, stop_reason, agent_error = _run(setup, lock, log, launch_id)
+    builds = BuildWatch(setup.launch_spec.env.get("TORCH_EXTENSIONS_DIR"), deepspeed=setup.plan.is_deepspeed,
+                        budget_s=setup.plan.engine.setup_timeout_s)
+    outcome, signals, script, stop_reason, agent_error = _run(setup, lock, log, launch_id, builds)
     run_dir, plan = setup.run_dir, setup.plan
+    if not signals and (builds.gave_up or (builds.waiting_on_another() and 124 in (outcome.rc, outcome.ranks_code))):
+        print(f"\nerror: {builds.gave_up or builds.waited_out()}\nRun directory: {run_dir}", file=sys.stderr,
+              flush=True)
+        return EXIT_UNAVAILABLE
     gave_up = rendezvous_failure(plan.engine, agent_error, outcome.rc, outcome.ranks_code, bool(signals))
     if gave_up:  # torchrun's own store, after autotune's exchange: named, and retryable
         print(f"\nerror: {gave_up}\nRun directory: {run_dir}", file=sys.stderr, flush=True)
@@ -133,7 +140,7 @@ def _announce(setup) -> None:
         print(line, flush=True)
 
 
-def _run(setup, lock, log, launch_id: str):
+def _run(setup, lock, log, launch_id: str, builds):
     """Execute the spec while watching the ranks (and a user's script): (the ranks' outcome, the signals
     forwarded, the script's watch or None, why the launch stopped what ran, the exception that ended torchrun's
     agent: ``rendezvous.agent_error``)."""
@@ -141,7 +148,6 @@ def _run(setup, lock, log, launch_id: str):
     import shutil
     import tempfile
 
-    from autotune.launch.builds import BuildWatch
     from autotune.launch.observed import set_aside_observed
     from autotune.launch.process import execute
     from autotune.launch.rank_watch import RankWatch
@@ -158,11 +164,11 @@ def _run(setup, lock, log, launch_id: str):
         script = ScriptWatch(plan, setup.run_dir, sys.stderr, delivery=setup.delivery, launch=launch_id,
                              status_dir=statuses, observing=plan.run.observe, key=sealing.get(OBSERVE_KEY_ENV))
         set_aside_observed(setup.run_dir, sorted(script.local_ranks))  # an earlier launch's records: not evidence
-    builds = BuildWatch(setup.launch_spec.env.get("TORCH_EXTENSIONS_DIR"), deepspeed=plan.is_deepspeed)
+    builds.check()  # before the ranks: a build lock no live process holds is broken, never waited on
 
     def should_kill() -> str | None:
-        builds.check()  # a first DeepSpeed launch builds its ops: say so while the ranks wait on it
-        reason = watch.lingering() or (script.check() if script is not None else None)
+        # a first DeepSpeed launch builds its ops: said while the ranks wait on it; a lock no one holds, broken
+        reason = builds.check() or watch.lingering() or (script.check() if script is not None else None)
         if reason:
             stop_reason.append(reason)
         return reason
