@@ -22,8 +22,9 @@ node's builder is invisible here) younger than ``NETWORK_STALE_S``, or a lock ow
 this one may not read. A process of this user's own that still cannot be read (a container's init, a process made
 undumpable) is no torch build: a builder is a plain process of the user who builds, readable by that user.
 Processes in another PID namespace (another container sharing the folder) cannot be seen either: keep
-TORCH_EXTENSIONS_DIR per container, as autotune's default (under the user's cache) is on one machine. A launch waits on those with a budget (``autotune.launch.builds``), and ends with the
-retryable 69, never hanging until a rank's watchdog. psutil (/proc on Linux); standard library otherwise.
+TORCH_EXTENSIONS_DIR per container, as autotune's default (under the user's cache) is on one machine. A launch
+waits on what it cannot judge with a budget (``autotune.launch.builds``), and ends with the retryable 69, never
+hanging until a rank's watchdog. psutil (/proc on Linux); standard library otherwise.
 """
 
 from __future__ import annotations
