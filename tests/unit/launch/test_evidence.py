@@ -671,3 +671,25 @@ def test_a_record_without_the_seal_of_the_ranks_observer_is_named_once_and_ignor
     assert out.getvalue().count("is not rank 1's own record") == 1 and out.getvalue().count(named) == 1
     unkeyed = ScriptWatch(p, tmp_path, io.StringIO(), launch="L1")  # tests and tools without a key read all
     assert len(unkeyed.observed()) == 2
+
+
+def test_a_record_with_its_seal_field_removed_is_no_evidence(tmp_path):
+    """Issue 52 item 8: the forgery above keeps a stale seal; a record whose seal field is removed (or emptied, or
+    not a string) must not be accepted either: never judged, named once."""
+    import io
+    import json
+
+    from autotune.launch.evidence import ScriptWatch
+    from autotune.rundir.record_seal import SEAL, is_sealed, sealed
+
+    key = "k" * 64
+    good = [json.loads(sealed(json.dumps({**trained(record(r, steps=16), 32, 4), "launch": "L1"}), key))
+            for r in (0, 1)]
+    for bad in ({k: v for k, v in good[0].items() if k != SEAL}, {**good[0], SEAL: ""}, {**good[0], SEAL: None},
+                {**good[0], SEAL: [good[0][SEAL]]}):
+        assert not is_sealed(bad, key)
+        _write(tmp_path, {**bad, "step_samples": dict.fromkeys(map(str, range(2, 17)), 64)}, good[1])
+        out = io.StringIO()
+        watch = ScriptWatch(a_plan(**{"training.strict": True}), tmp_path, out, launch="L1", key=key)
+        assert [r["rank"] for r in watch.observed()] == [1] and watch.check() is None and watch.early is None
+        assert out.getvalue().count("is not rank 0's own record") == 1
