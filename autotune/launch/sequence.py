@@ -19,6 +19,7 @@ from typing import Callable
 from autotune.launch.ending import ScriptEnd, ending
 from autotune.launch.evidence import ScriptWatch
 from autotune.plan import training_values
+from autotune.rundir.records import shown_path
 
 
 def checked_setup(planned: Callable, hardware, *, resuming: bool, reuse: bool):
@@ -100,7 +101,7 @@ def _execute(setup, lock=None, log=None) -> int:
     builds = BuildWatch(setup.launch_spec.env.get("TORCH_EXTENSIONS_DIR"), deepspeed=setup.plan.is_deepspeed,
                         budget_s=setup.plan.engine.setup_timeout_s)
     outcome, signals, script, stop_reason, agent_error = _run(setup, lock, log, launch_id, builds)
-    run_dir, plan = setup.run_dir, setup.plan
+    run_dir, plan = Path(shown_path(setup.run_dir)), setup.plan  # as printed: a token in its name never shown
     if not signals and (builds.gave_up or (builds.waiting_on_another() and 124 in (outcome.rc, outcome.ranks_code))):
         print(f"\nerror: {builds.gave_up or builds.waited_out()}\nRun directory: {run_dir}", file=sys.stderr,
               flush=True)
@@ -113,8 +114,8 @@ def _execute(setup, lock=None, log=None) -> int:
     # what the rule needs from disk, read here so that it stays a rule (nothing read, nothing spawned)
     end = ending(plan, run_dir, outcome, signals, _script_end(script, stop_reason), evidence,
                  delivery=setup.delivery, elapsed_s=time.monotonic() - started,
-                 script_checkpoint=_written_after(run_dir, signals.first_at) if signals and plan.run.entrypoint
-                 else None, has_checkpoint=bool(signals) and _has_checkpoint(run_dir),
+                 script_checkpoint=_written_after(setup.run_dir, signals.first_at) if signals and plan.run.entrypoint
+                 else None, has_checkpoint=bool(signals) and _has_checkpoint(setup.run_dir),
                  master_port=setup.launch_spec.env.get("MASTER_PORT") if plan.engine.backend == "single" else None)
     for stream, text in end.lines:
         print(text, file=sys.stdout if stream == "out" else sys.stderr)
@@ -132,7 +133,7 @@ def _announce(setup) -> None:
     render_plan(setup.plan, sys.stdout)
     if setup.resume_path:
         print(f"\nResuming from {setup.resume_path}{resume_note(setup)}")
-    print(f"\nRun directory: {setup.run_dir}\nCommand: {setup.launch_spec.shell()}", flush=True)
+    print(f"\nRun directory: {shown_path(setup.run_dir)}\nCommand: {setup.launch_spec.shell()}", flush=True)
     print_delivery(setup)
     print(flush=True)
     line = waiting_line(setup.plan)
@@ -237,7 +238,7 @@ def _say_figures(setup, launch: str | None = None, since: float | None = None) -
 
         timing_report(setup, run_dir, sys.stdout, metrics)
     if _written_since(run_dir / TENSORBOARD, since):
-        print(f"TensorBoard: tensorboard --logdir {run_dir / TENSORBOARD}")
+        print(f"TensorBoard: tensorboard --logdir {shown_path(run_dir / TENSORBOARD)}")
     final = metrics.get("final", {})
     if isinstance(final, dict) and "val/accuracy" in final:
         print(f"Final validation accuracy: {final['val/accuracy']:.3f} (loss {final['val/loss']:.4f})")
