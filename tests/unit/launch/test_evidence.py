@@ -693,3 +693,36 @@ def test_a_record_with_its_seal_field_removed_is_no_evidence(tmp_path):
         watch = ScriptWatch(a_plan(**{"training.strict": True}), tmp_path, out, launch="L1", key=key)
         assert [r["rank"] for r in watch.observed()] == [1] and watch.check() is None and watch.early is None
         assert out.getvalue().count("is not rank 0's own record") == 1
+
+
+def test_a_ranks_newer_sealed_records_hidden_by_another_writer_are_detected_and_no_steps_judged(tmp_path):
+    """Issue 52 item 7: a writer of the run directory put back each rank's older sealed record (1 step), and the end
+    said "different: max_steps 1 (plan 90)". The rank's own process notes the steps it counted in the launcher's
+    private folder, which no writer of the run directory reaches: a newest record read with fewer steps is named,
+    and the steps trained are not judged from it."""
+    import io
+    import json
+
+    from autotune.launch.evidence import ScriptWatch
+    from autotune.rundir.layout import SCRIPT_ENDS
+    from autotune.rundir.record_seal import sealed
+
+    key, status = "k" * 64, tmp_path / "status"
+    run = tmp_path / "run"
+
+    def seal(rec):
+        return json.loads(sealed(json.dumps({**rec, "launch": "L1"}), key))
+
+    (status / SCRIPT_ENDS).mkdir(parents=True)
+    for r in (0, 1):
+        (status / SCRIPT_ENDS / f"rank-{r}.json").write_text(json.dumps(
+            {"rank": r, "pid": 1000 + r, "launch": "L1", "returned": True, "ended": 1.0, "steps": 16}))
+    watch = ScriptWatch(a_plan(), run, io.StringIO(), launch="L1", key=key, status_dir=status)
+    _write(run, *[seal(trained(record(r, steps=16), 32, 4)) for r in (0, 1)])
+    assert watch.hidden_steps() == []  # the newest records are there
+    _write(run, seal(record(0, steps=1)))  # rank 0's older sealed record, put back
+    hidden = ScriptWatch(a_plan(), run, io.StringIO(), launch="L1", key=key, status_dir=status).hidden_steps()
+    assert hidden == ["rank 0's own process counted 16 step(s), but its newest record read here says 1 (another "
+                      "writer of the run directory hid its newer records?)"]
+    (run / "observed" / "rank-1.json").unlink()  # a record taken away altogether
+    assert len(ScriptWatch(a_plan(), run, io.StringIO(), launch="L1", key=key, status_dir=status).hidden_steps()) == 2
