@@ -119,5 +119,5 @@ def test_a_peer_that_met_the_exchange_but_never_reaches_torchruns_store_is_our_l
     log = tmp_path / "run" / "logs" / "stderr.log"
     assert node0.returncode == 69, err[-3000:]
     assert "gave up before any rank started (DistStoreError" in err and "Traceback" not in out + err, err[-3000:]
-    assert f"autotune: torchrun's own traceback (DistStoreError: " in err and f"is kept in {log}" in err
+    assert "autotune: torchrun's own traceback (DistStoreError: " in err and f"is kept in {log}" in err
     assert "Traceback" in log.read_text()  # torch's traceback, whole, in the run log
