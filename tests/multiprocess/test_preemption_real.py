@@ -67,9 +67,9 @@ def _check_saved(run, out, rc, sig_name):
     saved = json.loads((ckpts[0] / "meta.json").read_text())["step"]
     assert saved == max(_steps(run))  # the last step trained is in it: nothing lost
     assert f"Preempted ({sig_name})" in out and f"after step {saved}" in out
-    # No rank failed. torchrun, when it is signalled itself (SLURM signals every process), prints
-    # its own SignalException traceback: that one only.
-    assert out.count("Traceback") == out.count("SignalException: Process"), out[-4000:]
+    # No rank failed. torchrun, when it is signalled itself (SLURM signals every process), ends with its own
+    # SignalException traceback: kept in the run log, a line on the terminal says so (issue 52)
+    assert "Traceback" not in out, out[-4000:]
     return saved
 
 
