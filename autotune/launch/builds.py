@@ -28,6 +28,7 @@ from typing import Callable, TextIO
 
 GRACE_S = 5  # a lock held this long is a build, not a load
 EVERY_S = 15  # one line per op this often while it builds
+CONFIRM_S = 0.2  # a lock found with no holder is judged again this much later before it is removed
 
 
 def held_by_this_launch(lock: Path) -> bool:
@@ -119,12 +120,13 @@ class BuildWatch:
         said = self.building[op][1]
         if now - said < EVERY_S:
             return
-        if self.holders(lock) == []:  # this launch's builder died (its rank killed): the lock is stale
+        try:
+            st = lock.lstat()
+        except OSError:  # released meanwhile
+            return
+        if self.holders(lock) == [] and self._still_unheld(lock, st):  # this launch's builder died (a rank killed)
             self.building.pop(op)
-            try:
-                self._break(op, lock, lock.lstat(), before_ranks=True)
-            except OSError:  # released meanwhile
-                pass
+            self._break(op, lock, st, before_ranks=True)
             return
         self.building[op] = (started, now)
         elapsed = now - started
@@ -137,8 +139,10 @@ class BuildWatch:
             self._ours(op, lock, st.st_mtime, now)
             return
         held = self.holders(lock)
-        if held == []:
+        if held == [] and self._still_unheld(lock, st):
             self._break(op, lock, st, before_ranks)
+        elif held == [] or (op not in self.others and now - st.st_mtime < GRACE_S):  # released, or a load: no word
+            return
         elif op not in self.others:
             self.others[op] = now
             self._another(op, lock, now - st.st_mtime, held)
@@ -147,6 +151,17 @@ class BuildWatch:
             self.gave_up = (f"another launch's build of {self.what} {op} still holds {lock}{who} after this launch "
                             f"waited {self.budget_s:g} s for it (distributed.setup_timeout_s); run the same command "
                             "again once that build is done (exit 69: retryable)")
+
+    def _still_unheld(self, lock: Path, st) -> bool:
+        """Judged again ``CONFIRM_S`` later, the same file, still held by none: a builder that had just closed its
+        lock (torch's ``release`` closes, then removes) has removed it by then, and is never raced."""
+        time.sleep(CONFIRM_S)
+        try:
+            again = lock.lstat()
+        except OSError:
+            return False
+        same = (again.st_ino, again.st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
+        return same and self.holders(lock) == []
 
     def _break(self, op: str, lock: Path, st, before_ranks: bool) -> None:
         from autotune.launch.build_lock import break_stale

@@ -107,3 +107,16 @@ def test_on_a_network_file_system_an_unseen_holder_is_waited_for_until_no_build_
     os.utime(lock, (time.time() - build_lock.NETWORK_STALE_S - 1,) * 2)
     assert build_lock.holders(lock) == []
     assert build_lock.file_system("/proc/self") == "proc"
+
+
+def test_a_held_lock_younger_than_a_build_is_a_load_and_never_said(tmp_path):
+    """Another launch loading a built op holds the lock for well under a second: kept, and not said as a build."""
+    lock = _plant(tmp_path)
+    opener = _hold(f'exec 3<"{lock}"')
+    out = io.StringIO()
+    try:
+        assert BuildWatch(tmp_path, out=out).check() is None
+    finally:
+        opener.kill()
+        opener.wait()
+    assert lock.exists() and out.getvalue() == ""
