@@ -81,11 +81,12 @@ class ScriptWatch:
                       file=self.out, flush=True)
         return [self.sealed[r] for r in sorted(self.sealed)]
 
-    def hidden_steps(self) -> list[str]:
+    def hidden_steps(self, observed: list[dict]) -> list[str]:
         """The local ranks whose own process counted more steps (its note in the launcher's private folder) than
-        the newest record of its own read here: a writer of the run directory hid its newer records (or put an
-        older one back). Each named; the steps trained are then not judged from the records."""
-        newest = {r["rank"]: r for r in self.observed()}
+        the newest record of its own read here (``observed``: what ``observed()`` returned): a writer of the run
+        directory hid its newer records (or put an older one back). Each named; the steps trained are then not
+        judged from the records."""
+        newest = {r["rank"]: r for r in observed}
         said = []
         for rank, note in sorted(self.ends.notes().items()):
             counted = note.get("steps")

@@ -265,10 +265,11 @@ def _record_evidence(setup, script: ScriptWatch):
     from autotune.launch.evidence import judge
     from autotune.rundir.layout import DELIVERY
 
-    hidden = script.hidden_steps()  # the newest record of a rank's own must win: hidden ones, said, judge no steps
+    observed = script.observed()
+    hidden = script.hidden_steps(observed)  # a rank's own newest record must win: hidden ones, said, judge no steps
     for line in hidden:
         print(f"autotune: warning: {line}; the steps it trained are not judged", file=sys.stderr, flush=True)
-    evidence = judge(setup.plan, script.observed(), setup.delivery, final=script.all_returned() and not hidden)
+    evidence = judge(setup.plan, observed, setup.delivery, final=script.all_returned() and not hidden)
     from autotune.errors import UserError
     from autotune.rundir.fs import write_whole
     from autotune.rundir.records import read_record

@@ -719,10 +719,12 @@ def test_a_ranks_newer_sealed_records_hidden_by_another_writer_are_detected_and_
             {"rank": r, "pid": 1000 + r, "launch": "L1", "returned": True, "ended": 1.0, "steps": 16}))
     watch = ScriptWatch(a_plan(), run, io.StringIO(), launch="L1", key=key, status_dir=status)
     _write(run, *[seal(trained(record(r, steps=16), 32, 4)) for r in (0, 1)])
-    assert watch.hidden_steps() == []  # the newest records are there
+    assert watch.hidden_steps(watch.observed()) == []  # the newest records are there
     _write(run, seal(record(0, steps=1)))  # rank 0's older sealed record, put back
-    hidden = ScriptWatch(a_plan(), run, io.StringIO(), launch="L1", key=key, status_dir=status).hidden_steps()
+    again = ScriptWatch(a_plan(), run, io.StringIO(), launch="L1", key=key, status_dir=status)
+    hidden = again.hidden_steps(again.observed())
     assert hidden == ["rank 0's own process counted 16 step(s), but its newest record read here says 1 (another "
                       "writer of the run directory hid its newer records?)"]
     (run / "observed" / "rank-1.json").unlink()  # a record taken away altogether
-    assert len(ScriptWatch(a_plan(), run, io.StringIO(), launch="L1", key=key, status_dir=status).hidden_steps()) == 2
+    gone = ScriptWatch(a_plan(), run, io.StringIO(), launch="L1", key=key, status_dir=status)
+    assert len(gone.hidden_steps(gone.observed())) == 2
