@@ -99,6 +99,8 @@ def _who(uid: int) -> str:
 def folder_problem(folder: Path) -> str | None:
     """Why the cache folder ``folder`` is not used (None: it is, or it does not exist yet): another user's. A folder
     of this user's that group or others may write is made private here, as the run directory's lock is."""
+    from autotune.rundir.layout import CACHE_DIR_ENV
+
     try:
         st = os.stat(folder)
     except OSError:
@@ -106,7 +108,7 @@ def folder_problem(folder: Path) -> str | None:
     me = os.geteuid()
     if st.st_uid != me:
         return (f"the cache {folder} is another user's ({_who(st.st_uid)}, not you, {_who(me)}): a cache is used only "
-                "from its owner; point AUTOTUNE_CACHE_DIR at a folder of your own")
+                f"from its owner; point {CACHE_DIR_ENV} at a folder of your own")
     if st.st_mode & 0o022 and stat.S_ISDIR(st.st_mode):
         try:
             os.chmod(folder, stat.S_IMODE(st.st_mode) & ~0o022)
