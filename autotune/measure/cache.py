@@ -67,11 +67,12 @@ def load(where: Path, kind: type[T]) -> T | None:
     measured yet, or an entry that cannot be planned from, each only meaning measuring again. An entry that is not a
     regular file (a named pipe never blocks the read), larger than ``safe_input``'s limit, cannot be parsed for any
     reason (cut short, another version's, nested past the parser's recursion) or holds what no measurement gives
-    (``cache_checks``), or that another user could have written (``cache_checks.owner_problem``: another user's folder
+    (``cache_checks``), or that another user could have written (``rundir.cache_owner``: another user's folder
 or entry, or an entry group or others may write) is named once on stderr, with the cache it is in, and ignored: the
 planner never sees it."""
     from autotune.errors import UserError
-    from autotune.measure.cache_checks import entry_problem, folder_problem, owner_problem
+    from autotune.measure.cache_checks import entry_problem
+    from autotune.rundir.cache_owner import folder_problem, owner_problem
     from autotune.safe_input import read_text
 
     unowned = folder_problem(where.parent)
@@ -122,7 +123,7 @@ def store(where: Path, facts) -> None:
     other file planted at the temporary name, only means measuring again next time; nothing is written outside the
     cache."""
     from autotune.errors import UserError
-    from autotune.measure.cache_checks import folder_problem
+    from autotune.rundir.cache_owner import folder_problem
     from autotune.rundir.fs import write_whole
 
     try:

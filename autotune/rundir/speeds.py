@@ -59,7 +59,7 @@ def _entries(say: bool = False) -> list[dict]:
     parser, NaN, a duplicate key) and each entry that holds what no run measures (``entry_problem``) is ignored,
     named on stderr with ``say`` (once per process and problem)."""
     from autotune.errors import UserError
-    from autotune.measure.cache_checks import folder_problem, owner_problem
+    from autotune.rundir.cache_owner import folder_problem, owner_problem
     from autotune.safe_input import load_json, read_text
 
     path = _path()
