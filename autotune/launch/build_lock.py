@@ -70,13 +70,36 @@ def _named(p) -> str:
         return f"process {p.pid}"
 
 
+def _opens(p, target: str) -> bool:
+    """Whether process ``p`` has ``target`` open. On Linux by the names of its descriptors (/proc/<pid>/fd: one
+    readlink each, where psutil's open_files also reads every descriptor's fdinfo); psutil elsewhere."""
+    fds = f"/proc/{p.pid}/fd"
+    if not os.path.isdir("/proc/self/fd"):
+        return any(f.path == target for f in p.open_files())
+    import psutil
+
+    try:
+        names = os.listdir(fds)
+    except PermissionError:
+        raise psutil.AccessDenied(p.pid) from None
+    except OSError:
+        raise psutil.NoSuchProcess(p.pid) from None
+    for n in names:
+        try:
+            if os.readlink(f"{fds}/{n}") == target:
+                return True
+        except OSError:  # closed meanwhile
+            continue
+    return False
+
+
 def _holds(p, target: str, folder: str) -> str | None:
     """How process ``p`` holds the build (None: it does not)."""
-    if any(f.path == target for f in p.open_files()):
-        return f"{_named(p)} has it open"
     cwd = p.cwd()
     if cwd == folder or cwd.startswith(folder + "/"):
         return f"{_named(p)} builds in its folder"
+    if _opens(p, target):
+        return f"{_named(p)} has it open"
     return None
 
 
