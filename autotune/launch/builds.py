@@ -99,6 +99,8 @@ class BuildWatch:
                 self._ours(op, lock, st.st_mtime, now)
             elif first or op in self.others or elapsed >= GRACE_S:  # before the ranks: none is ours
                 self._judge(op, lock, st, now, before_ranks=first)
+        for op in [o for o in self.others if o not in locks]:  # another's build done: a later lock is judged anew
+            self.others.pop(op)
         for op in [o for o in self.building if o not in locks]:
             started, _ = self.building.pop(op)
             self._say(f"built {self.what} {op} in {now - started:.0f} s (kept in {self.dir}; later launches from "

@@ -80,7 +80,9 @@ def test_waiting_on_a_live_holder_has_a_budget_then_69(tmp_path):
     now[0] += 2
     reason = watch.check()
     assert reason and "process 4242" in reason and "300 s" in reason and "exit 69" in reason and lock.exists()
-    assert watch.waiting_on_another()
+    assert watch.waiting_on_another()  # a rank's watchdog 124 meanwhile is this wait: the launch says so, exit 69
+    assert watch.waited_out().startswith("a rank ran out of its setup budget (300 s, distributed.setup_timeout_s) "
+                                         "while another launch's build of DeepSpeed's deepspeed_shm_comm held its lock")
 
 
 def test_a_lock_retaken_after_the_judgement_is_given_back(tmp_path):
@@ -120,3 +122,21 @@ def test_a_held_lock_younger_than_a_build_is_a_load_and_never_said(tmp_path):
         opener.kill()
         opener.wait()
     assert lock.exists() and out.getvalue() == ""
+
+
+def test_after_another_launchs_build_a_lock_this_launch_takes_is_its_own(tmp_path):
+    """Another launch's build ends; a rank of this launch then takes the lock: its own build, never waited out."""
+    lock = _plant(tmp_path, age_s=30)
+    now = [time.time()]
+    out = io.StringIO()
+    mine = [False]
+    watch = BuildWatch(tmp_path, out=out, clock=lambda: now[0], budget_s=60, ours=lambda lock: mine[0],
+                       holders=lambda lock: [(7, "process 7 (python3) has it open")])
+    watch.check()
+    lock.unlink()
+    watch.check()  # released: that build is done
+    _plant(tmp_path, age_s=10)
+    mine[0] = True
+    now[0] += 120
+    assert watch.check() is None and not watch.waiting_on_another()
+    assert "building DeepSpeed's deepspeed_shm_comm (first time only" in out.getvalue().splitlines()[-1]
