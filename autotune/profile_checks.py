@@ -53,6 +53,64 @@ def _text_problems(where: str, value, field: str = "") -> list[str]:
     return out
 
 
+_JOB_ID = re.compile(r"[0-9]{1,20}([_+][0-9]{1,20})?")  # SLURM_JOB_ID; an array task's 12_3, a het job's 12+0
+_HOST = re.compile(r"[A-Za-z0-9._-]*")
+_RANGE = re.compile(r"([0-9]{1,12})(?:-([0-9]{1,12}))?")
+
+
+def hostlist_size(text: str, limit: int = MAX_NODES) -> int:
+    """How many hosts SLURM's compressed list ``text`` (``node[01-04,07],gpu7``) names, counted without expanding
+    it; ValueError naming what is wrong: a character no host name has, a bracket unclosed or nested, a range that is
+    not ``N`` or ``N-M`` with N <= M, or more than ``limit`` hosts (counting stops there)."""
+    total, depth, item = 0, 0, []
+    for ch in text + ",":
+        depth += (ch == "[") - (ch == "]")
+        if depth not in (0, 1):
+            raise ValueError("a bracket nested or closed before it opens")
+        if ch == "," and depth == 0:
+            total += _item_size("".join(item), limit - total)
+            item = []
+        else:
+            item.append(ch)
+    if depth:
+        raise ValueError("a bracket not closed")
+    return total
+
+
+def _item_size(item: str, limit: int) -> int:
+    parts = re.split(r"\[([^\[\]]*)\]", item)
+    if not item or any(not _HOST.fullmatch(h) for h in parts[0::2]):
+        raise ValueError(f"{item[:40]!r} is not a host name or a bracketed range of them")
+    n = 1
+    for group in parts[1::2]:
+        count = 0
+        for r in group.split(","):
+            m = _RANGE.fullmatch(r)
+            if m is None or int(m.group(2) or m.group(1)) < int(m.group(1)):
+                raise ValueError(f"[{group[:40]}]: {r[:20]!r} is not N or N-M with N <= M")
+            count += int(m.group(2) or m.group(1)) - int(m.group(1)) + 1
+        n *= count
+        if n > limit:
+            raise ValueError(f"more than {MAX_NODES} hosts")
+    if n > limit:
+        raise ValueError(f"more than {MAX_NODES} hosts")
+    return n
+
+
+def _slurm_problems(s) -> list[str]:
+    """A job id as SLURM writes one; a node list SLURM's syntax, naming at most MAX_NODES hosts (counted, never
+    expanded: ``a[1-999999999]`` is refused, not built)."""
+    out = []
+    if s.job_id is not None and not _JOB_ID.fullmatch(s.job_id):
+        out.append(f"slurm.job_id: {s.job_id[:40]!r} is not a SLURM job id (digits; an array task's 12_3)")
+    if s.nodelist is not None:
+        try:
+            hostlist_size(s.nodelist)
+        except ValueError as e:
+            out.append(f"slurm.nodelist: not a SLURM node list naming at most {MAX_NODES} hosts: {e}")
+    return out
+
+
 def _bound_problems(p) -> list[str]:
     out = []
 
@@ -78,6 +136,7 @@ def _bound_problems(p) -> list[str]:
     for name in ("total_mib", "available_mib", "cgroup_limit_mib", "effective_mib"):
         at_most(f"memory.{name}", getattr(p.memory, name), MAX_HOST_MEMORY_MIB, " (64 TiB)")
     if p.slurm is not None:
+        out += _slurm_problems(p.slurm)
         at_most("slurm.num_nodes", p.slurm.num_nodes, MAX_NODES)
         at_most("slurm.ntasks", p.slurm.ntasks, MAX_NODES * MAX_GPUS_PER_NODE)
         at_most("slurm.cpus_per_task", p.slurm.cpus_per_task, MAX_CORES)

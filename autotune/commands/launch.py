@@ -114,16 +114,17 @@ def _print_dry_run(setup, as_json: bool) -> None:
     from autotune.exports.report import render_plan
     from autotune.launch.announce import print_delivery, resume_note
     from autotune.plan import public_dict
+    from autotune.rundir.records import shown_path
 
     if as_json:
         data = {"plan": public_dict(setup.plan), "launch": setup.launch_spec.to_record(),
-                "deepspeed_config": setup.deepspeed_config, "run_dir": str(setup.run_dir),
+                "deepspeed_config": setup.deepspeed_config, "run_dir": shown_path(setup.run_dir),
                 "resume_from": setup.plan.run.resume_from,
                 "delivery": None if setup.delivery is None else setup.delivery.to_record()}
         print(json.dumps(data, indent=2))
         return
     render_plan(setup.plan, sys.stdout)
-    print(f"\nRun directory: {setup.run_dir} (not created: --dry-run)")
+    print(f"\nRun directory: {shown_path(setup.run_dir)} (not created: --dry-run)")
     eng = setup.plan.engine
     if eng.num_nodes > 1:
         print(f"Nodes: this is node {eng.node_rank}'s own plan; at launch the {eng.num_nodes} nodes compare hardware "

@@ -81,6 +81,21 @@ class ScriptWatch:
                       file=self.out, flush=True)
         return [self.sealed[r] for r in sorted(self.sealed)]
 
+    def hidden_steps(self, observed: list[dict]) -> list[str]:
+        """The local ranks whose own process counted more steps (its note in the launcher's private folder) than
+        the newest record of its own read here (``observed``: what ``observed()`` returned): a writer of the run
+        directory hid its newer records (or put an older one back). Each named; the steps trained are then not
+        judged from the records."""
+        newest = {r["rank"]: r for r in observed}
+        said = []
+        for rank, note in sorted(self.ends.notes().items()):
+            counted = note.get("steps")
+            seen = (newest.get(rank) or {}).get("steps") or 0
+            if isinstance(counted, int) and not isinstance(counted, bool) and counted > seen:
+                said.append(f"rank {rank}'s own process counted {counted} step(s), but its newest record read here "
+                            f"says {seen} (another writer of the run directory hid its newer records?)")
+        return said
+
     def all_returned(self) -> bool:
         """Every local rank's own process said its script returned normally (no exception, no non-zero exit): only
         then is a failure after it a teardown's."""

@@ -141,11 +141,21 @@ def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarde
                     kill_tree(proc.pid)
                     first.clear()
     finally:
+        # once interrupted, a later signal (SLURM's SIGTERM after its --signal=USR1) is only noted: the launcher
+        # still says how the run ended and exits 128 + the first signal, never killed by the second
+        late = _noted(seen) if seen else None
         for s, h in previous.items():
-            signal.signal(s, h)
+            signal.signal(s, late or h)
         if output is not None:
             output.ended()
     return 128 - rc if rc < 0 else rc
+
+
+def _noted(seen: list[int]):
+    def note(signum, _frame):
+        seen.append(signum)
+
+    return note
 
 
 def _children(pid: int) -> list:

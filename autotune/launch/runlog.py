@@ -4,6 +4,9 @@ Everything the launcher prints (the plan, the command, how the run ended) and ev
 child prints (torchrun, every rank, the user's script) still reaches the terminal as before and is
 appended to the two files, one header line per launch (a resumed run adds to the same files).
 
+torchrun's own tracebacks (a signal, a peer that never came, a rank's end) reach the files only; the terminal
+gets one line naming the exception and the file (``autotune.launch.torch_noise``).
+
 The child writes into a pipe, or into a pseudo-terminal when the launcher's own stream is a
 terminal, so ranks that draw a progress bar on a terminal still do (same window size); the
 pseudo-terminal's output processing is off, so the files hold plain ``\\n`` lines.
@@ -150,8 +153,12 @@ class RunLog:
         for fd in self._child_fds:
             os.close(fd)
         self._child_fds = []
+        from autotune.launch.torch_noise import AgentTracebacks
+        from autotune.rundir.layout import STDERR_LOG
+
         for r, real in self._readers:
-            t = threading.Thread(target=self._pump, args=(r, real, self._sinks[real]), daemon=True)
+            shown = AgentTracebacks(str(self.dir.parent / STDERR_LOG)) if real == 2 else None
+            t = threading.Thread(target=self._pump, args=(r, real, self._sinks[real], shown), daemon=True)
             t.start()
             self._pumps.append(t)
 
@@ -162,7 +169,9 @@ class RunLog:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     @staticmethod
-    def _pump(read_fd: int, real_fd: int, sink: _Sink) -> None:
+    def _pump(read_fd: int, real_fd: int, sink: _Sink, shown=None) -> None:
+        """Copy the child's stream to the terminal (through ``shown``, an ``AgentTracebacks``: torchrun's own
+        tracebacks stay in the log) and, whole, to the log."""
         try:
             while True:
                 try:
@@ -171,12 +180,18 @@ class RunLog:
                     break
                 if not data:
                     break
-                view = memoryview(data)
-                while view:
-                    try:
-                        view = view[os.write(real_fd, view):]
-                    except OSError:  # our own terminal went away: keep the file copy
-                        break
+                _write_all(real_fd, shown.feed(data) if shown is not None else data)
                 sink.write(data)
+            if shown is not None:
+                _write_all(real_fd, shown.flush())
         finally:
             os.close(read_fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except OSError:  # our own terminal went away: keep the file copy
+            break

@@ -19,6 +19,7 @@ from typing import Callable
 from autotune.launch.ending import ScriptEnd, ending
 from autotune.launch.evidence import ScriptWatch
 from autotune.plan import training_values
+from autotune.rundir.records import shown_path
 
 
 def checked_setup(planned: Callable, hardware, *, resuming: bool, reuse: bool):
@@ -91,13 +92,20 @@ def _execute(setup, lock=None, log=None) -> int:
     import secrets
 
     from autotune.errors import EXIT_UNAVAILABLE
+    from autotune.launch.builds import BuildWatch
     from autotune.launch.rendezvous import rendezvous_failure
 
     _announce(setup)
     started, since = time.monotonic(), time.time()
     launch_id = secrets.token_hex(8)  # on every record this launch's ranks write: it reads only its own
-    outcome, signals, script, stop_reason, agent_error = _run(setup, lock, log, launch_id)
-    run_dir, plan = setup.run_dir, setup.plan
+    builds = BuildWatch(setup.launch_spec.env.get("TORCH_EXTENSIONS_DIR"), deepspeed=setup.plan.is_deepspeed,
+                        budget_s=setup.plan.engine.setup_timeout_s)
+    outcome, signals, script, stop_reason, agent_error = _run(setup, lock, log, launch_id, builds)
+    run_dir, plan = Path(shown_path(setup.run_dir)), setup.plan  # as printed: a token in its name never shown
+    if not signals and (builds.gave_up or (builds.waiting_on_another() and 124 in (outcome.rc, outcome.ranks_code))):
+        print(f"\nerror: {builds.gave_up or builds.waited_out()}\nRun directory: {run_dir}", file=sys.stderr,
+              flush=True)
+        return EXIT_UNAVAILABLE
     gave_up = rendezvous_failure(plan.engine, agent_error, outcome.rc, outcome.ranks_code, bool(signals))
     if gave_up:  # torchrun's own store, after autotune's exchange: named, and retryable
         print(f"\nerror: {gave_up}\nRun directory: {run_dir}", file=sys.stderr, flush=True)
@@ -106,8 +114,8 @@ def _execute(setup, lock=None, log=None) -> int:
     # what the rule needs from disk, read here so that it stays a rule (nothing read, nothing spawned)
     end = ending(plan, run_dir, outcome, signals, _script_end(script, stop_reason), evidence,
                  delivery=setup.delivery, elapsed_s=time.monotonic() - started,
-                 script_checkpoint=_written_after(run_dir, signals.first_at) if signals and plan.run.entrypoint
-                 else None, has_checkpoint=bool(signals) and _has_checkpoint(run_dir),
+                 script_checkpoint=_written_after(setup.run_dir, signals.first_at) if signals and plan.run.entrypoint
+                 else None, has_checkpoint=bool(signals) and _has_checkpoint(setup.run_dir),
                  master_port=setup.launch_spec.env.get("MASTER_PORT") if plan.engine.backend == "single" else None)
     for stream, text in end.lines:
         print(text, file=sys.stdout if stream == "out" else sys.stderr)
@@ -125,7 +133,7 @@ def _announce(setup) -> None:
     render_plan(setup.plan, sys.stdout)
     if setup.resume_path:
         print(f"\nResuming from {setup.resume_path}{resume_note(setup)}")
-    print(f"\nRun directory: {setup.run_dir}\nCommand: {setup.launch_spec.shell()}", flush=True)
+    print(f"\nRun directory: {shown_path(setup.run_dir)}\nCommand: {setup.launch_spec.shell()}", flush=True)
     print_delivery(setup)
     print(flush=True)
     line = waiting_line(setup.plan)
@@ -133,7 +141,7 @@ def _announce(setup) -> None:
         print(line, flush=True)
 
 
-def _run(setup, lock, log, launch_id: str):
+def _run(setup, lock, log, launch_id: str, builds):
     """Execute the spec while watching the ranks (and a user's script): (the ranks' outcome, the signals
     forwarded, the script's watch or None, why the launch stopped what ran, the exception that ended torchrun's
     agent: ``rendezvous.agent_error``)."""
@@ -141,7 +149,6 @@ def _run(setup, lock, log, launch_id: str):
     import shutil
     import tempfile
 
-    from autotune.launch.builds import BuildWatch
     from autotune.launch.observed import set_aside_observed
     from autotune.launch.process import execute
     from autotune.launch.rank_watch import RankWatch
@@ -158,11 +165,11 @@ def _run(setup, lock, log, launch_id: str):
         script = ScriptWatch(plan, setup.run_dir, sys.stderr, delivery=setup.delivery, launch=launch_id,
                              status_dir=statuses, observing=plan.run.observe, key=sealing.get(OBSERVE_KEY_ENV))
         set_aside_observed(setup.run_dir, sorted(script.local_ranks))  # an earlier launch's records: not evidence
-    builds = BuildWatch(setup.launch_spec.env.get("TORCH_EXTENSIONS_DIR"), deepspeed=plan.is_deepspeed)
+    builds.check()  # before the ranks: a build lock no live process holds is broken, never waited on
 
     def should_kill() -> str | None:
-        builds.check()  # a first DeepSpeed launch builds its ops: say so while the ranks wait on it
-        reason = watch.lingering() or (script.check() if script is not None else None)
+        # a first DeepSpeed launch builds its ops: said while the ranks wait on it; a lock no one holds, broken
+        reason = builds.check() or watch.lingering() or (script.check() if script is not None else None)
         if reason:
             stop_reason.append(reason)
         return reason
@@ -231,7 +238,7 @@ def _say_figures(setup, launch: str | None = None, since: float | None = None) -
 
         timing_report(setup, run_dir, sys.stdout, metrics)
     if _written_since(run_dir / TENSORBOARD, since):
-        print(f"TensorBoard: tensorboard --logdir {run_dir / TENSORBOARD}")
+        print(f"TensorBoard: tensorboard --logdir {shown_path(run_dir / TENSORBOARD)}")
     final = metrics.get("final", {})
     if isinstance(final, dict) and "val/accuracy" in final:
         print(f"Final validation accuracy: {final['val/accuracy']:.3f} (loss {final['val/loss']:.4f})")
@@ -258,7 +265,11 @@ def _record_evidence(setup, script: ScriptWatch):
     from autotune.launch.evidence import judge
     from autotune.rundir.layout import DELIVERY
 
-    evidence = judge(setup.plan, script.observed(), setup.delivery, final=script.all_returned())
+    observed = script.observed()
+    hidden = script.hidden_steps(observed)  # a rank's own newest record must win: hidden ones, said, judge no steps
+    for line in hidden:
+        print(f"autotune: warning: {line}; the steps it trained are not judged", file=sys.stderr, flush=True)
+    evidence = judge(setup.plan, observed, setup.delivery, final=script.all_returned() and not hidden)
     from autotune.errors import UserError
     from autotune.rundir.fs import write_whole
     from autotune.rundir.records import read_record

@@ -67,12 +67,23 @@ def load(where: Path, kind: type[T]) -> T | None:
     measured yet, or an entry that cannot be planned from, each only meaning measuring again. An entry that is not a
     regular file (a named pipe never blocks the read), larger than ``safe_input``'s limit, cannot be parsed for any
     reason (cut short, another version's, nested past the parser's recursion) or holds what no measurement gives
-    (``cache_checks``) is named once on stderr and ignored: the planner never sees it."""
+    (``cache_checks``), or that another user could have written (``rundir.cache_owner``: another user's folder
+or entry, or an entry group or others may write) is named once on stderr, with the cache it is in, and ignored: the
+planner never sees it."""
     from autotune.errors import UserError
     from autotune.measure.cache_checks import entry_problem
+    from autotune.rundir.cache_owner import folder_problem, owner_problem
     from autotune.safe_input import read_text
 
+    unowned = folder_problem(where.parent)
+    if unowned:
+        _name_once(where.parent, unowned, whole=True)
+        return None
     if not os.path.lexists(where):
+        return None
+    why = owner_problem(where)
+    if why:
+        _name_once(where, why)
         return None
     try:
         entry = kind.model_validate_json(read_text(where, "a kept measurement"))
@@ -91,8 +102,9 @@ def load(where: Path, kind: type[T]) -> T | None:
 _NAMED: set[tuple[str, str]] = set()
 
 
-def _name_once(where: Path, why: str) -> None:
-    """One line on stderr for an entry ignored (once per process, entry and problem)."""
+def _name_once(where: Path, why: str, whole: bool = False) -> None:
+    """One line on stderr for an entry ignored, or (``whole``) a cache folder not used (once per process, entry and
+    problem)."""
     import sys
 
     from autotune.rundir.lock import shown
@@ -100,8 +112,9 @@ def _name_once(where: Path, why: str) -> None:
     if (str(where), why) in _NAMED:
         return
     _NAMED.add((str(where), why))
-    print(shown(f"autotune: warning: the kept measurement {where} is ignored (measuring again): {why}"[:2000]),
-          file=sys.stderr, flush=True)
+    line = (f"autotune: warning: measuring again: {why}" if whole else
+            f"autotune: warning: the kept measurement {where} is ignored (measuring again): {why}")
+    print(shown(line[:2000]), file=sys.stderr, flush=True)
 
 
 def store(where: Path, facts) -> None:
@@ -110,10 +123,13 @@ def store(where: Path, facts) -> None:
     other file planted at the temporary name, only means measuring again next time; nothing is written outside the
     cache."""
     from autotune.errors import UserError
+    from autotune.rundir.cache_owner import folder_problem
     from autotune.rundir.fs import write_whole
 
     try:
-        where.parent.mkdir(parents=True, exist_ok=True)
+        where.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if folder_problem(where.parent):  # another user's cache: nothing of ours is written there
+            return
         write_whole(where, facts.model_dump_json())
     except (OSError, UserError):
         pass

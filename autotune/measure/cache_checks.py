@@ -2,7 +2,10 @@
 measurement gives. Anyone who can write the cache folder can plant an entry; one that holds what no machine measures
 (a number that is not finite, a step that takes no time or a negative time, two points at one micro-batch, text with
 a terminal's escapes or a newline) is refused here, by name, so the planner never divides by it, prints it or
-plans from it."""
+plans from it.
+
+Nor is an entry used that another user could have written: ``autotune.rundir.cache_owner``.
+"""
 
 from __future__ import annotations
 
@@ -75,3 +78,4 @@ def _own_problem(model: BaseModel, where: str) -> str | None:
     if comm is not None and not (0 <= comm <= MAX_STEP_S):
         return f"{where}.all_reduce_s is {comm} s; an all-reduce takes 0 to {MAX_STEP_S:g} s"
     return None
+

@@ -37,6 +37,13 @@ def redact(env: Mapping[str, str]) -> dict[str, str]:
     return {k: ("<redacted>" if SECRET_NAME.search(k) or secret_value(v) else v) for k, v in env.items()}
 
 
+def shown_path(path: str | os.PathLike) -> str:
+    """``path`` as printed ("Run directory: ..."): each part that holds a secret by the value rule (a token in a
+    folder's name) shown as <redacted>, the rest as it is, so the line still says where the run is."""
+    parts = str(path).split("/")
+    return "/".join("<redacted>" if part and secret_value(part) else part for part in parts)
+
+
 def load_plan(path: str | os.PathLike | None = None) -> TrainingPlan:
     """The plan of this run: ``path`` (a run's plan.json), else the file the launcher names in $AUTOTUNE_PLAN;
     read in bounded time and memory (``autotune.plan.load_plan``). Outside a launch and without a path: exit 2."""

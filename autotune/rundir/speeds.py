@@ -59,10 +59,15 @@ def _entries(say: bool = False) -> list[dict]:
     parser, NaN, a duplicate key) and each entry that holds what no run measures (``entry_problem``) is ignored,
     named on stderr with ``say`` (once per process and problem)."""
     from autotune.errors import UserError
+    from autotune.rundir.cache_owner import folder_problem, owner_problem
     from autotune.safe_input import load_json, read_text
 
     path = _path()
     if not path.exists() and not path.is_symlink():
+        return []
+    unowned = folder_problem(path.parent) or owner_problem(path)
+    if unowned:  # another user could have written it: never calibrates a plan
+        _name(say, unowned, path)
         return []
     what = f"the past runs' speeds {path}"
     try:

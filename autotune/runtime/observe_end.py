@@ -57,6 +57,8 @@ def install_end_hooks(rank: int, on_end=None, record=None) -> None:
             note["ended"] = time.time()
             if how == "returned" and note["raised"] is None and not note["exit_code"]:
                 note["returned"] = True  # returned normally: only then may a teardown failure after it be forgiven
+        if record is not None:  # the steps the observer counted, where no writer of the run directory reaches
+            _end["steps"] = both[1].get("steps")
         write_note()
         if on_end is not None:
             on_end()

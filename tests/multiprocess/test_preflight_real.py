@@ -92,3 +92,32 @@ def test_node_0_refuses_a_peer_with_an_impossible_profile_by_name(small_config, 
     assert ("error: node 1 sent an impossible profile: field memory.effective_mib: must be >= 0 or null (unknown), "
             "got -1") in err
     assert not (tmp_path / "run" / "plan.json").exists()
+
+
+def test_a_peer_that_met_the_exchange_but_never_reaches_torchruns_store_is_our_line_not_torchs_traceback(
+        small_config, tmp_path):
+    """Issue 52 item 6: node 1 meets node 0 in autotune's exchange, then never comes to torchrun's store (here the
+    exchange alone plays node 1). Node 0 ends 69 with autotune's named line; torchrun's DistStoreError traceback,
+    printed above it before, is in the run's stderr.log, and a line says so: no Python traceback on the terminal."""
+    from autotune.launch.exchange import meet
+    from autotune.profiles import load_profile
+
+    port = free_port()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(small_config.read_text() + "distributed: {rendezvous_timeout_s: 5}\n")
+    env = {**os.environ, "AUTOTUNE_JOB_SECRET": "the-job-secret"}
+    env.pop("AUTOTUNE_PLAN", None)
+    node0 = subprocess.Popen([str(ROOT / "launch_distributed_training.sh"), "--config", str(cfg), "--run_dir",
+                              str(tmp_path / "run"), "--num_nodes", "2", "--node_rank", "0", "--master_addr",
+                              "127.0.0.1", "--master_port", str(port), "--nproc_per_node", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        meet(2, 1, "127.0.0.1", port, load_profile("cpu-only"), 60.0, secret=b"the-job-secret")
+        out, err = node0.communicate(timeout=90)
+    finally:
+        node0.kill()
+    log = tmp_path / "run" / "logs" / "stderr.log"
+    assert node0.returncode == 69, err[-3000:]
+    assert "gave up before any rank started (DistStoreError" in err and "Traceback" not in out + err, err[-3000:]
+    assert "autotune: torchrun's own traceback (DistStoreError: " in err and f"is kept in {log}" in err
+    assert "Traceback" in log.read_text()  # torch's traceback, whole, in the run log

@@ -953,3 +953,44 @@ def test_a_profile_file_s_defaults_and_messages_by_hand():
     assert str(e.value) == ("<profile>: not a possible machine (1 problem(s)); fix the numbers or write the profile "
                             "again with `python -m autotune.hardware report --json`")
     assert e.value.problems == ["gpus.devices[0].memory_free_mib: 2 is more than memory_total_mib 1"]
+
+
+@pytest.mark.parametrize("slurm, problem", [
+    ({"job_id": "4242", "nodelist": "node[01-04,07],gpu7"}, None),
+    ({"job_id": "4242_3", "nodelist": "a[1-65536]"}, None),  # an array task; as many hosts as nodes may be
+    ({"job_id": "1;rm"}, "slurm.job_id: '1;rm' is not a SLURM job id (digits; an array task's 12_3)"),
+    ({"job_id": "$(id)"}, "slurm.job_id: '$(id)' is not a SLURM job id (digits; an array task's 12_3)"),
+    ({"nodelist": "a[1-999999999]"}, "slurm.nodelist: not a SLURM node list naming at most 65536 hosts: more than "
+                                     "65536 hosts"),
+    ({"nodelist": "a[1-65537]"}, "slurm.nodelist: not a SLURM node list naming at most 65536 hosts: more than 65536 "
+                                 "hosts"),
+    ({"nodelist": "a[1-300]b[1-300]"}, "slurm.nodelist: not a SLURM node list naming at most 65536 hosts: more than "
+                                       "65536 hosts"),
+    ({"nodelist": "a[3-1]"}, "slurm.nodelist: not a SLURM node list naming at most 65536 hosts: [3-1]: '3-1' is not "
+                             "N or N-M with N <= M"),
+    ({"nodelist": "a;rm,b"}, "slurm.nodelist: not a SLURM node list naming at most 65536 hosts: 'a;rm' is not a host "
+                             "name or a bracketed range of them"),
+    ({"nodelist": "a[1-2"}, "slurm.nodelist: not a SLURM node list naming at most 65536 hosts: a bracket not closed"),
+])
+def test_a_profiles_slurm_job_id_and_node_list_are_slurms_own(slurm, problem):
+    """Issue 52 item 7: `plan --hardware` accepted slurm.job_id "1;rm" and nodelist "a[1-999999999]". A job id is
+    SLURM's (digits, an array task's or a het job's suffix); a node list is SLURM's syntax naming at most MAX_NODES
+    hosts, counted without expanding it (bounded time and memory)."""
+    import time
+
+    from autotune.profiles import SlurmInfo, profile_problems
+
+    p = load_profile("4xL4").model_copy(update={"slurm": SlurmInfo(**slurm)})
+    t0 = time.monotonic()
+    assert profile_problems(p) == ([] if problem is None else [problem])
+    assert time.monotonic() - t0 < 1
+
+
+def test_plan_hardware_refuses_a_slurm_job_id_that_is_not_one(tmp_path, cli):
+    data = json.loads(load_profile("4xL4").to_json())
+    data["slurm"] = {"job_id": "1;rm", "nodelist": "a[1-999999999]"}
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(data))
+    r = cli("autotune", "plan", "--hardware", str(f))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "slurm.job_id: '1;rm' is not a SLURM job id" in r.stderr and "slurm.nodelist: " in r.stderr

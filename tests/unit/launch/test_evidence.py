@@ -671,3 +671,60 @@ def test_a_record_without_the_seal_of_the_ranks_observer_is_named_once_and_ignor
     assert out.getvalue().count("is not rank 1's own record") == 1 and out.getvalue().count(named) == 1
     unkeyed = ScriptWatch(p, tmp_path, io.StringIO(), launch="L1")  # tests and tools without a key read all
     assert len(unkeyed.observed()) == 2
+
+
+def test_a_record_with_its_seal_field_removed_is_no_evidence(tmp_path):
+    """Issue 52 item 8: the forgery above keeps a stale seal; a record whose seal field is removed (or emptied, or
+    not a string) must not be accepted either: never judged, named once."""
+    import io
+    import json
+
+    from autotune.launch.evidence import ScriptWatch
+    from autotune.rundir.record_seal import SEAL, is_sealed, sealed
+
+    key = "k" * 64
+    good = [json.loads(sealed(json.dumps({**trained(record(r, steps=16), 32, 4), "launch": "L1"}), key))
+            for r in (0, 1)]
+    for bad in ({k: v for k, v in good[0].items() if k != SEAL}, {**good[0], SEAL: ""}, {**good[0], SEAL: None},
+                {**good[0], SEAL: [good[0][SEAL]]}):
+        assert not is_sealed(bad, key)
+        _write(tmp_path, {**bad, "step_samples": dict.fromkeys(map(str, range(2, 17)), 64)}, good[1])
+        out = io.StringIO()
+        watch = ScriptWatch(a_plan(**{"training.strict": True}), tmp_path, out, launch="L1", key=key)
+        assert [r["rank"] for r in watch.observed()] == [1] and watch.check() is None and watch.early is None
+        assert out.getvalue().count("is not rank 0's own record") == 1
+
+
+def test_a_ranks_newer_sealed_records_hidden_by_another_writer_are_detected_and_no_steps_judged(tmp_path):
+    """Issue 52 item 7: a writer of the run directory put back each rank's older sealed record (1 step), and the end
+    said "different: max_steps 1 (plan 90)". The rank's own process notes the steps it counted in the launcher's
+    private folder, which no writer of the run directory reaches: a newest record read with fewer steps is named,
+    and the steps trained are not judged from it."""
+    import io
+    import json
+
+    from autotune.launch.evidence import ScriptWatch
+    from autotune.rundir.layout import SCRIPT_ENDS
+    from autotune.rundir.record_seal import sealed
+
+    key, status = "k" * 64, tmp_path / "status"
+    run = tmp_path / "run"
+
+    def seal(rec):
+        return json.loads(sealed(json.dumps({**rec, "launch": "L1"}), key))
+
+    (status / SCRIPT_ENDS).mkdir(parents=True)
+    for r in (0, 1):
+        (status / SCRIPT_ENDS / f"rank-{r}.json").write_text(json.dumps(
+            {"rank": r, "pid": 1000 + r, "launch": "L1", "returned": True, "ended": 1.0, "steps": 16}))
+    watch = ScriptWatch(a_plan(), run, io.StringIO(), launch="L1", key=key, status_dir=status)
+    _write(run, *[seal(trained(record(r, steps=16), 32, 4)) for r in (0, 1)])
+    assert watch.hidden_steps(watch.observed()) == []  # the newest records are there
+    _write(run, seal(record(0, steps=1)))  # rank 0's older sealed record, put back
+    again = ScriptWatch(a_plan(), run, io.StringIO(), launch="L1", key=key, status_dir=status)
+    hidden = again.hidden_steps(again.observed())
+    assert hidden == ["rank 0's own process counted 16 step(s), but its newest record read here says 1 (another "
+                      "writer of the run directory hid its newer records?)"]
+    (run / "observed" / "rank-1.json").unlink()  # a record taken away altogether
+    gone = ScriptWatch(a_plan(), run, io.StringIO(), launch="L1", key=key, status_dir=status)
+    assert len(gone.hidden_steps(gone.observed())) == 2

@@ -75,3 +75,28 @@ def test_a_master_port_taken_before_the_rank_binds_it_is_named_and_retryable(tmp
            "your script's rank could listen on it (rank 0 raised DistNetworkError: " in err
     assert "a race on this machine, not your script's failure. Run the same command again (exit 69: retryable)." in err
     assert "Your script failed" not in err
+
+
+def test_a_signal_after_an_interrupted_child_ended_is_noted_and_never_kills_the_launcher():
+    """Issue 52: SLURM's SIGTERM after its --signal=USR1, when the child had already stopped on the first: the
+    launcher, its handlers given back, died of the second (exit -15) before it could say how the run ended. After an
+    interruption a later signal is noted only; the first stays first (the exit is 128 + it)."""
+    import subprocess
+    import sys
+
+    from helpers.support import ROOT
+
+    code = """
+import os, signal, sys, threading, time
+from autotune.exports.launch_spec import LaunchSpec
+from autotune.launch.process import execute
+seen = []
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+rc = execute(LaunchSpec(cmd=[sys.executable, "-c", "import time; time.sleep(30)"], env={}), forwarded=seen)
+os.kill(os.getpid(), signal.SIGTERM)  # after the child ended
+time.sleep(0.2)
+print(rc, [int(s) for s in seen])
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.split(None, 1)[1].strip() == "[10, 15]", r.stdout  # SIGUSR1 first, SIGTERM noted after it

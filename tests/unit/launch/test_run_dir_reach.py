@@ -59,7 +59,7 @@ def test_timing_and_delivery_replace_a_link_and_a_pipe_never_hangs_the_end_of_a_
     (run / "delivery.json").symlink_to(outside)
     plan = SimpleNamespace(engine=SimpleNamespace(world_size=1), batch=None)
     setup = SimpleNamespace(plan=plan, delivery=None, records_dir=run)
-    script = SimpleNamespace(observed=lambda: [], all_returned=lambda: False)
+    script = SimpleNamespace(observed=lambda: [], all_returned=lambda: False, hidden_steps=lambda observed: [])
     sequence._record_evidence(setup, script)  # no observer files: an empty judgement, written beside the link
     assert outside.read_text() == "mine\n" and not (run / "delivery.json").is_symlink()
 

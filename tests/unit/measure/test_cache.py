@@ -114,3 +114,44 @@ def test_a_crafted_trace_is_refused_by_its_field_and_a_good_one_kept():
                                      "terminal's escape, a newline)")
     probed = good.model_copy(update={"measured_steps": MeasuredSteps.model_validate(CRAFTED_STEPS["negative times"])})
     assert entry_problem(probed).startswith("ModelFacts.measured_steps.points[0]: forward + backward -0.01 s")
+
+
+def test_a_cache_entry_another_user_could_have_written_is_ignored_and_named_with_its_cache(tmp_path, capsys):
+    """Issue 52 item 4: with AUTOTUNE_CACHE_DIR on a shared folder, a false CPU timing owned by `nobody` was planned
+    from, its planted basis quoted. As the run directory's lock is, a cache is used only from its owner: an entry
+    another user owns, or that group or others may write, is ignored and named with the cache it is in; a folder
+    another user owns is neither read nor written; a folder of one's own open to others is made private."""
+    import os
+    import pwd
+    import stat
+
+    from autotune.measure import cache
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a file to another user (chown)")
+    nobody = pwd.getpwnam("nobody").pw_uid
+    steps = MeasuredSteps(points=((1, 0.01, 0.002), (2, 0.018, 0.002)), threads=1, basis="timed here")
+    folder = tmp_path / "cache"
+    foreign, open_, mine = (folder / f"steps-{n}.json" for n in ("foreign", "open", "mine"))
+    for where in (foreign, open_, mine):
+        store(where, steps)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700  # created private
+    os.chown(foreign, nobody, -1)
+    os.chmod(open_, 0o666)
+    assert load(foreign, MeasuredSteps) is None and load(open_, MeasuredSteps) is None
+    assert load(mine, MeasuredSteps) == steps
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"autotune: warning: the kept measurement {foreign} is ignored (measuring again): it is owned by user nobody "
+        f"(uid {nobody}), not by you (user root (uid 0)): a cache is used only from its owner (the cache: {folder})",
+        f"autotune: warning: the kept measurement {open_} is ignored (measuring again): group or others may write it "
+        f"(mode 666): a cache entry is used only when its owner alone can write it (the cache: {folder})"]
+    os.chmod(folder, 0o777)  # one's own folder, open to others: made private, its own entries still used
+    assert load(mine, MeasuredSteps) == steps and stat.S_IMODE(folder.stat().st_mode) == 0o755
+    os.chown(folder, nobody, -1)  # another user's folder: nothing read, nothing written
+    assert load(mine, MeasuredSteps) is None
+    store(folder / "steps-new.json", steps)
+    assert not (folder / "steps-new.json").exists()
+    assert capsys.readouterr().err.startswith(f"autotune: warning: measuring again: the cache {folder} is another "
+                                              f"user's (user nobody (uid {nobody}), not you, user root (uid 0))")
+    cache._NAMED.clear()

@@ -452,3 +452,18 @@ def test_one_observer_per_process_and_the_users_sitecustomize_runs_once(tmp_path
                            timeout=60)
         assert r.returncode == 0 and r.stdout == "script\n" and "RecursionError" not in r.stderr, r.stderr[-2000:]
         assert ran.read_text() == "x"
+
+
+def test_a_token_in_the_run_dirs_path_is_never_printed(cli, tmp_path):
+    """Issue 52 item 7: --run_dir runs/ghp_<token>/x printed the token on the "Run directory:" line. Each part of
+    the path that holds a secret by the value rule (autotune.redaction) is shown as <redacted>; the rest still says
+    where the run is."""
+    from autotune.rundir.records import shown_path
+
+    token = "ghp_" + "aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5"
+    assert shown_path(f"/runs/{token}/x") == "/runs/<redacted>/x"
+    assert shown_path("/runs/gpt2-medium_lr3e-4/step-100") == "/runs/gpt2-medium_lr3e-4/step-100"
+    run = tmp_path / token / "run"
+    r = cli("autotune", "launch", "--dry-run", "--run_dir", str(run), "--single", "--no_probe")
+    assert r.returncode == 0 and token not in r.stdout + r.stderr, r.stdout[-2000:]
+    assert f"Run directory: {tmp_path}/<redacted>/run (not created: --dry-run)" in r.stdout
