@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from autotune.errors import UserError
+from autotune.profile_checks import MAX_NODES
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
@@ -40,6 +41,26 @@ def _split_top(text: str) -> list[str]:
     return [p for p in (s.strip() for s in out) if p]
 
 
+def _bounds(part: str) -> tuple[int, int, int]:
+    """``09-11`` -> (9, 11, 2): a range's ends and its zero padding; ValueError saying what is wrong."""
+    r = _RANGE.match(part.strip())
+    if r is None:
+        raise ValueError(f"bad range {part!r}")
+    lo, hi = r.group(1), r.group(2) or r.group(1)
+    if int(hi) < int(lo):
+        raise ValueError(f"descending range {part!r}")
+    return int(lo), int(hi), (len(lo) if lo.startswith("0") else 0)  # without padding, no number is shorter than lo
+
+
+def _count_one(expr: str) -> int:
+    """How many hosts ``_expand_one(expr)`` names, without naming them."""
+    m = re.search(r"\[([^\[\]]*)\]", expr)
+    if m is None:
+        return 1
+    n = sum(hi - lo + 1 for lo, hi, _ in map(_bounds, m.group(1).split(",")))
+    return n * _count_one(expr[m.end():])
+
+
 def _expand_one(expr: str) -> list[str]:
     m = re.search(r"\[([^\[\]]*)\]", expr)
     if m is None:
@@ -47,25 +68,24 @@ def _expand_one(expr: str) -> list[str]:
     head, tail = expr[:m.start()], expr[m.end():]
     out = []
     for part in m.group(1).split(","):
-        r = _RANGE.match(part.strip())
-        if r is None:
-            raise ValueError(f"bad range {part!r}")
-        lo, hi = r.group(1), r.group(2) or r.group(1)
-        if int(hi) < int(lo):
-            raise ValueError(f"descending range {part!r}")
-        width = len(lo) if lo.startswith("0") else 0  # zero padding kept; without it, no number is shorter than lo
-        for n in range(int(lo), int(hi) + 1):
+        lo, hi, width = _bounds(part)
+        for n in range(lo, hi + 1):
             out.extend(_expand_one(f"{head}{str(n).zfill(width)}{tail}"))
     return out
 
 
 def expand_hostlist(text: str) -> list[str]:
-    """``node[01-02],gpu7`` -> ['node01', 'node02', 'gpu7']; ValueError on a malformed list."""
+    """``node[01-02],gpu7`` -> ['node01', 'node02', 'gpu7']; ValueError on a malformed list, or one naming more
+    hosts than SLURM allows, counted before anything is expanded (``a[1-999999999]`` is refused at once, not built)."""
+    items = _split_top(text)
+    total = 0
+    for item in items:
+        total += _count_one(item)
+        if total > MAX_NODES:
+            raise ValueError(f"more than {MAX_NODES} hosts")
     hosts: list[str] = []
-    for item in _split_top(text):
+    for item in items:
         hosts.extend(_expand_one(item))
-    if len(hosts) > 100_000:
-        raise ValueError("more than 100000 hosts")
     return hosts
 
 
