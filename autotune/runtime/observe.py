@@ -54,6 +54,8 @@ from autotune.runtime.observe_record import (  # noqa: F401 - also where tests a
     _state,
     write,
 )
+from autotune.runtime.observe_resume import HOOKS as LOAD_HOOKS
+from autotune.runtime.observe_resume import all_reduces
 from autotune.runtime.observe_steps import _autograd, _optim
 
 
@@ -87,6 +89,7 @@ def _distributed(mod) -> None:
                                       "rank": mod.get_rank()}  # ranks of separate groups repeat a group rank
 
     _after(mod, "init_process_group", group_made)
+    all_reduces(mod)
 
 
 def _amp(mod) -> None:
@@ -108,7 +111,7 @@ def _scaler(mod) -> None:
 
 HOOKS = {"torch.utils.data": _data, "torch.distributed": _distributed, "torch.nn.parallel": _parallel,
          "torch.distributed.fsdp": _fsdp, "torch.optim": _optim, "torch.autograd": _autograd, "torch.amp": _amp,
-         "torch.amp.grad_scaler": _scaler, "deepspeed": _deepspeed, "accelerate": _accelerate}
+         "torch.amp.grad_scaler": _scaler, "deepspeed": _deepspeed, "accelerate": _accelerate, **LOAD_HOOKS}
 
 
 def install() -> None:

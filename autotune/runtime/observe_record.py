@@ -34,7 +34,8 @@ def _record() -> dict:
         "dataloaders": [], "process_group": None, "engine": None, "optimizers": [], "autocast": None,
         "grad_scaler": False, "num_parameters": None, "steps": 0, "samples": 0, "samples_at_step": {},
         "model": None, "step_samples": {}, "step_forwards": {}, "step_backwards": {}, "step_repeats": {},
-        "deepspeed": None, "accelerate": None, "returned": None, "exit_code": None, "raised": None, "ended": None,
+        "deepspeed": None, "accelerate": None, "loads": [], "state_loaded": [], "first_step": None,
+        "grads_reduced": False, "returned": None, "exit_code": None, "raised": None, "ended": None,
         "hook_errors": []})
 
 

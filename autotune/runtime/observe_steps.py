@@ -9,6 +9,7 @@ import weakref
 
 from autotune.runtime.observe_end import training_goes_on
 from autotune.runtime.observe_record import WINDOW, WRITE_AT, _after, _batch_size, _guarded, _record, _state, write
+from autotune.runtime.observe_resume import first_step, state_loads
 
 
 def _optim(mod) -> None:
@@ -25,6 +26,7 @@ def _optim(mod) -> None:
         by_optimizer[id(self)] = entry
 
     _after(mod.Optimizer, "__init__", made)
+    state_loads(mod)
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     @_guarded("optimizer step")
@@ -39,6 +41,7 @@ def _optim(mod) -> None:
         rec["exit_code"] = None  # training goes on: an exit asked for earlier was caught (argparse in a try, ...)
         training_goes_on()
         if n == 1:
+            first_step(optimizer)
             _guarded("choosing the model")(_choose_model)(optimizer)
         elif n <= WINDOW and st.get("counted") is not None:  # what reached the model in this step (from step 2)
             key = str(n)
