@@ -113,6 +113,7 @@ def _refuse_secrets(req: ExportRequest, where: str, instead: str) -> None:
 
 def _sbatch(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile) -> str:
     from autotune.exports.launchers import sbatch_script
+    from autotune.exports.script_resume import why_no_resume
 
     _refuse_secrets(req, "the batch script", "a variable exported where you submit it (sbatch passes your "
                     "environment on)")
@@ -130,7 +131,15 @@ def _sbatch(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile) -> str:
                          config=here(Path(req.config)), run_dir=here(run_dir),
                          cpus_per_task=hw.cpu.effective_cores, time_limit=req.time, partition=req.partition,
                          account=req.account, job_name=req.job_name, script_args=list(req.script_args),
-                         plan_flags=list(req.plan_flags), requeues=req.job_restarts)
+                         plan_flags=list(req.plan_flags), requeues=req.job_restarts,
+                         no_resume=why_no_resume(plan.run.entrypoint, [*plan.run.script_args, *req.script_args],
+                                                 _wires(req.plan_flags)))
+
+
+def _wires(flags) -> bool:
+    """--wire auto among the plan flags (the batch script's launcher passes it to every node)."""
+    flags = list(flags)
+    return "--wire=auto" in flags or any(a == "--wire" and flags[i + 1:i + 2] == ["auto"] for i, a in enumerate(flags))
 
 
 def _accelerate(req: ExportRequest, plan: TrainingPlan) -> Exported:

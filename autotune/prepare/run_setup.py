@@ -17,10 +17,11 @@ from typing import Any, Mapping
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
+from autotune.exports.script_resume import read_resume
 from autotune.plan import TrainingPlan
 from autotune.prepare.entrypoint import check_entrypoint
 from autotune.prepare.planning import plan_for, speed_key
-from autotune.prepare.resume import choose_run_dir, resolve_resume, resume_reaches
+from autotune.prepare.resume import choose_run_dir, handed_form, resolve_resume, resume_load, resume_reaches
 from autotune.profiles import HardwareProfile
 
 
@@ -72,6 +73,11 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
             plan = plan.model_copy(update={"run": plan.run.model_copy(update={"entrypoint": entry})})
     resume_path = resolve_resume(resume_from, rd, own_format=bool(entry), searched=None if run_dir else Path(runs_root),
                                  trust=trust_checkpoint, entry=entry)
+    facts = script_facts(entry)
+    reading = read_resume(entry) if entry and entry.endswith(".py") and resume_from is not None else None
+    if resume_path is not None and entry:  # the form the script's load takes: a file, or a directory
+        load = resume_load(facts, reading, [*plan.run.script_args, *script_args], cfg.training.wire == "auto")
+        resume_path = handed_form(resume_path, load, explicit=resume_from != "auto")
     if resume_path is not None:
         if not entry:  # the built-in runtime's checkpoints: refuse an incompatible one before any rank starts
             check_compatible(read_meta(resume_path), resume_path, plan.engine.backend, plan.batch.global_batch_size)
@@ -92,7 +98,6 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     )
     from autotune.rundir.layout import deepspeed_config_path
 
-    facts = script_facts(entry)
     ds_path = None
     if ds is not None:  # Accelerate and HF Trainer scripts get the flavour they accept (no optimizer, "auto")
         framework = facts is not None and (facts.uses_hf_trainer or facts.uses_accelerate)
@@ -110,7 +115,8 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
             args, wired = with_wired(args, extra), would
     resume_route = None
     if entry and resume_from is not None:  # a checkpoint the script cannot receive is refused
-        resume_route = resume_reaches(facts, used_placeholders(raw), wired, args, rd, resume_path)
+        resume_route = resume_reaches(facts, used_placeholders(raw), wired, args, rd, resume_path, raw, reading,
+                                      wire_auto=cfg.training.wire == "auto")
     route = delivery(plan, facts, used_placeholders(raw), wired, args, ds is not None, given) if entry else \
         delivery(plan, None, [], {}, args, ds is not None)
     why = withhold_accumulation(facts, route.routes) if entry else None
