@@ -40,17 +40,25 @@ def _record() -> dict:
 
 
 def _path() -> str | None:
+    from autotune.runtime.observe_workers import own_rank
+
     run_dir = os.environ.get(RUN_DIR_ENV)
     if not run_dir:
         return None
-    return os.path.join(run_dir, OBSERVED, rank_file(_rank() or "0"))
+    rank = own_rank(_rank() or "0")
+    _record()["rank"] = int(rank)
+    return os.path.join(run_dir, OBSERVED, rank_file(rank))
 
 
 def write() -> None:
     """Write this rank's record atomically (a temporary file, then rename); never raises. Only the rank's own
     process writes: a child forked from it carries the hooks in its memory, not the record."""
+    from autotune.runtime.observe_workers import worker_kept
+
+    if _state.get("pid") != os.getpid():
+        return
     path = _path()
-    if path is None or _state.get("pid") != os.getpid():
+    if path is None or worker_kept(path):
         return
     try:
         with _lock:

@@ -5,11 +5,13 @@ backward passes)."""
 from __future__ import annotations
 
 import functools
+import os
 import weakref
 
 from autotune.runtime.observe_end import training_goes_on
 from autotune.runtime.observe_record import WINDOW, WRITE_AT, _after, _batch_size, _guarded, _record, _state, write
 from autotune.runtime.observe_resume import first_step, state_loads
+from autotune.runtime.observe_workers import adopt
 
 
 def _optim(mod) -> None:
@@ -35,6 +37,8 @@ def _optim(mod) -> None:
         # and skips while accumulating; DeepSpeed's ZeRO optimizers): its inner optimizer's real steps count
         if isinstance(getattr(optimizer, "optimizer", None), mod.Optimizer):
             return
+        if _state.get("pid") != os.getpid():  # a worker the rank started, training: a rank of its own
+            adopt()
         rec, st = _record(), _state
         rec["steps"] += 1
         n = rec["steps"]
