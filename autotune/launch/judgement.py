@@ -127,9 +127,12 @@ def judge(plan, observed: list[dict], delivery=None, final: bool = False) -> Jud
     j = Judgement()
     if not observed:
         return j
-    j.steps = min(r.get("steps") or 0 for r in observed)
     j.stepped = max(r.get("steps") or 0 for r in observed)
-    observed = [r for r in observed if r.get("steps")] or observed  # the ranks that trained are judged
+    idle = sorted(r["rank"] for r in observed if not r.get("steps"))
+    if j.stepped and idle:  # the ranks that trained are judged; the others are named
+        j.notes.append(f"rank {', '.join(map(str, idle))} took no optimizer step: judged on the ranks that trained")
+    observed = [r for r in observed if r.get("steps")] or observed
+    j.steps = min(r.get("steps") or 0 for r in observed)
     first = min(observed, key=lambda r: r["rank"])
     world, j.trainings = trainings(observed)
     if j.trainings == 1 and world > 1 and unsynced(observed):  # one group, and no gradient crosses it

@@ -128,17 +128,12 @@ def test_without_the_observer_a_scripts_own_exit_code_is_still_the_launchs(tmp_p
 # -- issue 51: a resume, ranks that sync, training in spawned workers: each claim shown, never assumed ----------------
 
 
-def test_a_script_that_never_loads_its_resume_path_is_refused_or_reported_started_over(tmp_path):
-    """takes_path.py saves into the --checkpoint_dir it is given and never loads anything. Given only that path,
-    --resume_from auto is refused before any rank starts (a path in the run directory is no resume; it was "resumed":
-    the script started over and overwrote its checkpoints). Handed the checkpoint through its --resume, it is
-    launched, seen to start over at its first step, never called resumed, and --strict fails it (exit 2)."""
+def test_a_script_that_never_loads_its_resume_path_is_reported_started_over_and_strict_fails_it(tmp_path):
+    """takes_path.py saves into the --checkpoint_dir it is given and never loads anything. Handed the checkpoint
+    through its --resume, it is launched, seen to start over at its first step, never called resumed, and --strict
+    fails it (exit 2). (Given only its --checkpoint_dir, --resume_from is refused before launch:
+    tests/unit/launch/test_resume_claims.py.)"""
     run = tmp_path / "r"
-    cfg = _config(tmp_path, "takes_path.py", global_batch_size=32, batch_size_per_gpu=16, learning_rate=0.001,
-                  strict=True, script_args=["--checkpoint_dir", "{checkpoint_dir}"])
-    r = _launch(cfg, "--nproc_per_node", 2, "--run_dir", run, "--resume_from", "auto")
-    assert r.returncode == 2 and "your script cannot resume" in r.stderr, r.stderr[-3000:]
-    assert "Traceback" not in r.stderr and not (run / "observed").exists()
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "last.pt").write_bytes(b"step 3")
     cfg = _config(tmp_path, "takes_path.py", global_batch_size=32, batch_size_per_gpu=16, learning_rate=0.001,
