@@ -39,9 +39,30 @@ def _record() -> dict:
         "hook_errors": []})
 
 
-def _path() -> str | None:
-    from autotune.runtime.observe_workers import own_rank
+def own_rank(default: str) -> str:
+    """The rank a record is named by: a worker's (``observe_workers``: adopted once it trains) is its process
+    group's, else its parent's; a rank's own process's is its RANK."""
+    group = _record().get("process_group") or {}
+    return str(group["rank"]) if _record().get("spawned_by") and isinstance(group.get("rank"), int) else default
 
+
+def worker_kept(path: str) -> bool:
+    """The rank's process trained nothing and a worker it started holds this record (``observe_workers``): it is
+    left in place, never overwritten by the rank's own empty one."""
+    if _record().get("steps") or not _state.get("spawned") or not os.path.isfile(path):
+        return False
+    from autotune.rundir.record_seal import is_sealed
+
+    try:
+        with open(path) as f:
+            theirs = json.load(f)
+    except (OSError, ValueError):
+        return False
+    key = _state.get("key")
+    return theirs.get("spawned_by") == os.getpid() and (key is None or is_sealed(theirs, key))
+
+
+def _path() -> str | None:
     run_dir = os.environ.get(RUN_DIR_ENV)
     if not run_dir:
         return None
@@ -53,8 +74,6 @@ def _path() -> str | None:
 def write() -> None:
     """Write this rank's record atomically (a temporary file, then rename); never raises. Only the rank's own
     process writes: a child forked from it carries the hooks in its memory, not the record."""
-    from autotune.runtime.observe_workers import worker_kept
-
     if _state.get("pid") != os.getpid():
         return
     path = _path()

@@ -15,7 +15,6 @@ of a worker it started in place rather than overwrite it with its own empty one.
 from __future__ import annotations
 
 import functools
-import json
 import os
 
 from autotune.runtime.observe_record import _guarded, _record, _state
@@ -98,24 +97,3 @@ def adopt() -> None:
         rec.update(steps=0, samples=0, pid=os.getpid(), ended=None, returned=None, exit_code=None)
     _state["pid"] = os.getpid()
     _record().update(spawned_by=parent, pid=os.getpid())
-
-
-def own_rank(default: str) -> str:
-    """The rank an adopted worker's record is named by: its process group's, else its parent's."""
-    group = _record().get("process_group") or {}
-    return str(group["rank"]) if _record().get("spawned_by") and isinstance(group.get("rank"), int) else default
-
-
-def worker_kept(path: str) -> bool:
-    """The rank's process trained nothing and a worker it started holds this record: leave it."""
-    if _record().get("steps") or not _state.get("spawned") or not os.path.isfile(path):
-        return False
-    from autotune.rundir.record_seal import is_sealed
-
-    try:
-        with open(path) as f:
-            theirs = json.load(f)
-    except (OSError, ValueError):
-        return False
-    key = _state.get("key")
-    return theirs.get("spawned_by") == os.getpid() and (key is None or is_sealed(theirs, key))

@@ -1098,7 +1098,7 @@ def test_a_script_resuming_from_its_own_path_in_the_run_directory_is_not_refused
     where = str(run.absolute() / "checkpoints" / "snap.pt")
     assert first.resume_path is None and first.delivery.resume == (
         f"the script's own path inside the run directory (--snapshot_path {where}): it saves there and resumes from "
-        "what it finds (nothing there yet: it starts fresh); shown from its source: it reaches torch.load (snap.py:6)")
+        "what it finds (nothing there yet: it starts fresh); shown from its source: it reaches torch.load (snap.py:7)")
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "snap.pt").write_text("weights")
     again = prepare(cfg, hardware="cpu-only", run_dir=run, environ={}, resume_from="auto", script_args=args)
