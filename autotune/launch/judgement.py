@@ -162,8 +162,8 @@ def judge(plan, observed: list[dict], delivery=None, final: bool = False) -> Jud
     for key, (seen, want) in obs.items():
         j.values[key] = RULES.get(key, verdict)(plan, key, seen, want, delivery, world, micro)
     divided_accumulation_fix(j.values["gradient_accumulation_steps"], divides, world, wired)
-    resume = plan.run.resume_from if plan.run.entrypoint else None
-    if resume or (delivery is not None and str(delivery.resume or "").startswith("your flag")):
+    resume = plan.run.resume_from if plan.run.entrypoint and not _chooses(delivery) else None
+    if resume or str(getattr(delivery, "resume", None) or "").startswith("your flag"):
         j.resume = resume_verdict(observed, resume)
     if delivery is not None:
         j.untaken = [k for k, routes in delivery.routes.items() if routes and not taken_routes(delivery, k, first)]
@@ -191,7 +191,8 @@ def _said(j: Judgement, plan, first: dict, delivery, engine, planned_engine) -> 
         j.unjudged.append("the effective batch (the script took no optimizer step)")
         return
     if j.resume is not None and j.resume["status"] == "started over":
-        j.wrong.append(started_over(j.resume, plan.run.resume_from, _resume_flag(delivery)))
+        j.wrong.append(started_over(j.resume, None if _chooses(delivery) else plan.run.resume_from,
+                                    _resume_flag(delivery)))
     if j.trainings > 1 and eng.world_size > 1:  # no process group joins the ranks, or none syncs: each trains alone
         fix = unsynced_fix(eng.world_size) if j.unsynced else trainings_fix(eng.world_size)
         for key in ("world_size", "engine"):
@@ -225,10 +226,16 @@ def _said(j: Judgement, plan, first: dict, delivery, engine, planned_engine) -> 
                        f"{_fmt(rate_v['plan'])}: {why}")
 
 
+def _chooses(delivery) -> bool:
+    """The script resumes under its own resume flag, from what it chooses (litgpt's --resume auto)."""
+    said = str(getattr(delivery, "resume", None) or "")
+    return said.startswith("your flag") and "the script chooses" in said
+
+
 def _resume_flag(delivery) -> str | None:
     """The script's flag the resume point went to, as the delivery said it before the launch."""
     said = str(getattr(delivery, "resume", None) or "")
-    for head in ("recognised ", "your flag "):
+    for head in ("recognised ", "your flag ", "placeholder {resume_from} to "):
         if said.startswith(head):
             return said[len(head):].split(" ")[0] or None
     return None

@@ -120,6 +120,25 @@ def test_a_resumed_launch_whose_script_started_over_is_wrong_never_resumed():
     assert judge(a_plan(), [rank(r, first=fresh) for r in (0, 1)]).resume is None
 
 
+def test_under_its_own_resume_flag_the_report_says_what_the_script_loaded():
+    """litgpt's own --resume auto: autotune resolved `final`, litgpt loaded step-14. The report names what the
+    script was seen to load, and the step its optimizer continued, never autotune's choice."""
+    from autotune.exports.wiring import Delivery
+
+    mine = "/runs/r/checkpoints/final"
+    said = Delivery(routes={}, advisory=[], resume="your flag --resume auto: the script chooses what it resumes from "
+                    "(autotune names no checkpoint for it; what it loads is observed at its first optimizer step)")
+    loaded = "/runs/r/out/step-14/lit_model.pth"
+    j = judge(a_plan(mine), [rank(r, first={"optimizer_step": 15, "scheduler_epoch": None, "state_loaded": [
+        "model", "optimizer"]}, loads=[loaded]) for r in (0, 1)], said)
+    assert j.line().endswith(f"resumed from {loaded} at step 14 (its optimizer's step counter)") and "final" not in \
+        j.line()
+    over = judge(a_plan(mine), [rank(r, first={"optimizer_step": 1, "scheduler_epoch": None, "state_loaded": []})
+                                for r in (0, 1)], said)
+    assert over.wrong[0].startswith("the launch resumes (your own resume flag), but the script started over")
+    assert "its --resume must load the checkpoint it is given" in over.wrong[0] and "final" not in over.wrong[0]
+
+
 # -- a resume, before the launch: from the script's source -------------------------------------------------------
 
 
