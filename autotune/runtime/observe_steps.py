@@ -5,7 +5,6 @@ backward passes)."""
 from __future__ import annotations
 
 import functools
-import os
 import weakref
 
 from autotune.runtime.observe_end import training_goes_on
@@ -37,7 +36,7 @@ def _optim(mod) -> None:
         # and skips while accumulating; DeepSpeed's ZeRO optimizers): its inner optimizer's real steps count
         if isinstance(getattr(optimizer, "optimizer", None), mod.Optimizer):
             return
-        if _state.get("pid") != os.getpid():  # a worker the rank started, training: a rank of its own
+        if _state.get("pid") is None or _state.get("forked"):  # a worker the rank started, training: a rank
             adopt()
         rec, st = _record(), _state
         rec["steps"] += 1

@@ -24,9 +24,14 @@ KEY_FIELD = "autotune_observe_key"  # in multiprocessing's preparation data, par
 
 def parent_hooks() -> None:
     """In a rank's process: hand the launch's key to the processes multiprocessing spawns (its preparation data),
-    and write an adopted forked worker's record when its target returns (``os._exit`` skips atexit)."""
+    mark a forked child as not the rank's process (checked at each optimizer step without a system call), and write
+    an adopted forked worker's record when its target returns (``os._exit`` skips atexit)."""
     import multiprocessing.process as process
     import multiprocessing.spawn as spawn
+
+    if not _state.get("at_fork"):
+        _state["at_fork"] = True
+        os.register_at_fork(after_in_child=lambda: _state.update(forked=True))
 
     original = spawn.get_preparation_data
     if not getattr(original, "_autotune_observed", False):
@@ -95,5 +100,5 @@ def adopt() -> None:
         for k in ("step_samples", "step_forwards", "step_backwards", "step_repeats", "samples_at_step"):
             rec[k] = {}
         rec.update(steps=0, samples=0, pid=os.getpid(), ended=None, returned=None, exit_code=None)
-    _state["pid"] = os.getpid()
+    _state["pid"], _state["forked"] = os.getpid(), False
     _record().update(spawned_by=parent, pid=os.getpid())
