@@ -208,7 +208,12 @@ def _kubernetes(req: ExportRequest, plan: TrainingPlan) -> Exported:
     _refuse_secrets(req, "the manifest", "a key of a Kubernetes Secret (as the job secret is) that the script reads")
     config = None if req.config_is_default else req.config  # the image's default otherwise
     run_dir = req.run_dir or f"/autotune/runs/{name}"
-    command = k8s.launcher_command(config, list(req.pod_plan_flags), run_dir, list(req.script_args))
+    from autotune.exports.script_resume import why_no_resume
+
+    no_resume = why_no_resume(plan.run.entrypoint, [*plan.run.script_args, *req.script_args],
+                              _wires(req.pod_plan_flags))
+    command = k8s.launcher_command(config, list(req.pod_plan_flags), run_dir, list(req.script_args),
+                                   resumes=no_resume is None)
     job = k8s.Job(name=name, image=req.image, command=tuple(command), run_dir=run_dir,
                   pvc=req.pvc or f"{name}-runs", storage=req.storage, secret=req.secret or f"{name}-secret",
                   namespace=req.namespace, storage_class=req.storage_class, job_restarts=req.job_restarts,
@@ -216,9 +221,11 @@ def _kubernetes(req: ExportRequest, plan: TrainingPlan) -> Exported:
     k8s.check(job, fmt)
     docs = trainjob.trainjob(plan, job) if fmt == "kubeflow" else k8s.pytorchjob(plan, job)
     k8s.check_gpus(plan, docs, req.cpu_on_purpose)
-    messages = ()
+    messages: tuple[str, ...] = ()
+    if no_resume is not None:  # a restarted pod starts over: said, never claimed
+        messages = (f"note: no --resume_from auto in the pods' command: {no_resume}",)
     if k8s.unpinned(req.image):
-        messages = (f"warning: --image {req.image} has no tag or digest: a restarted pod may pull another image "
+        messages += (f"warning: --image {req.image} has no tag or digest: a restarted pod may pull another image "
                     "than the one that wrote the checkpoint; pin a tag or @sha256 digest",)
     out_name = req.output or f"{name}.yaml"
     head = trainjob.header(plan, job, out_name) if fmt == "kubeflow" else k8s.pytorchjob_header(plan, job, out_name)

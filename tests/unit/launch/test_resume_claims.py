@@ -229,3 +229,8 @@ def test_the_sbatch_script_resumes_only_a_script_that_can(tmp_path):
     command = next(line for line in text.splitlines() if line.startswith("srun "))
     assert "--resume_from" not in command and "--run_dir runs/x" in command
     assert "# No --resume_from auto: a requeued job of this script would start over. Why:" in text
+    # a Kubernetes pod restarted likewise
+    from autotune.exports.kubernetes import launcher_command
+
+    assert "--resume_from" in launcher_command(None, [], "/r", [])
+    assert "--resume_from" not in launcher_command(None, [], "/r", [], resumes=False)
