@@ -84,8 +84,6 @@ def state_loads(mod) -> None:
     if nn is not None:
         _after(nn.Module, "load_state_dict", noted("model"))
     _after(mod.Optimizer, "load_state_dict", noted("optimizer"))
-    _after(mod.Optimizer, "__init__", lambda _r, self, *a, **k: _state.setdefault("optimizer_refs", []).append(
-        _weak(self)))
     sched = sys.modules.get("torch.optim.lr_scheduler")
     base = getattr(sched, "LRScheduler", None) if sched is not None else None
     if base is not None:
@@ -123,30 +121,54 @@ def first_step(optimizer) -> None:
                          "state_loaded": list(rec.get("state_loaded") or [])}
 
 
+REDUCING = ("all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor")
+
+
+def _tensors(args) -> list:
+    """The floating-point tensors among ``args`` (each a tensor, a list of them, or anything else)."""
+    out = []
+    for a in args:
+        for t in (a if isinstance(a, (list, tuple)) else [a]):
+            if getattr(t, "is_floating_point", None) is not None and t.is_floating_point():
+                out.append(t)
+    return out
+
+
+def _is_gradient(tensor) -> bool:
+    """``tensor`` is, at this moment, a gradient of a live optimizer's parameters (itself, or sharing its memory),
+    or all of them flattened into one."""
+    ptr, total = tensor.data_ptr(), 0
+    for ref in _state.get("optimizer_refs", []):
+        opt = ref()
+        for g in getattr(opt, "param_groups", None) or []:
+            for p in g.get("params", []):
+                grad = getattr(p, "grad", None)
+                if grad is None:
+                    continue
+                if grad is tensor or grad.data_ptr() == ptr:
+                    return True
+                total += grad.numel()
+    return bool(total) and tensor.numel() == total
+
+
 def all_reduces(mod) -> None:
-    """all_reduce of a tensor that is, at that moment, a gradient of a live optimizer's parameters (the tensor
-    itself, one sharing its memory, or a flat copy of them all): the script synchronises its gradients itself."""
-    @_guarded("all_reduce")
-    def reduced(_r, tensor=None, *a, **k):
+    """A reducing collective (all_reduce, reduce, reduce_scatter, their coalesced and tensor forms, by
+    torch.distributed's name or distributed_c10d's) over a gradient: the script synchronises its gradients itself."""
+    @_guarded("gradient collective")
+    def reduced(_r, *args, **kwargs):
         rec = _record()
-        if rec["grads_reduced"] or not getattr(tensor, "is_floating_point", lambda: False)():
+        if rec["grads_reduced"]:
             return
-        ptr, total = tensor.data_ptr(), 0
-        for ref in _state.get("optimizer_refs", []):
-            opt = ref()
-            for g in getattr(opt, "param_groups", None) or []:
-                for p in g.get("params", []):
-                    grad = getattr(p, "grad", None)
-                    if grad is None:
-                        continue
-                    if grad is tensor or grad.data_ptr() == ptr:
-                        rec["grads_reduced"] = True
-                        return
-                    total += grad.numel()
-        if total and tensor.numel() == total:  # the gradients flattened into one tensor, reduced at once
+        found = _tensors([*args[:2], *(kwargs.get(k) for k in ("tensor", "tensors", "input", "input_list"))])
+        if any(_is_gradient(t) for t in found):
             rec["grads_reduced"] = True
 
-    _after(mod, "all_reduce", reduced)
+    import sys
+
+    for owner in (mod, sys.modules.get("torch.distributed.distributed_c10d")):
+        for name in REDUCING:
+            if owner is not None and hasattr(owner, name):
+                _after(owner, name, reduced)
 
 
 def dcp_loads(mod) -> None:

@@ -25,6 +25,7 @@ def _optim(mod) -> None:
                  "lr_base": None, "lr_now": None, "lr_max": None, "lr_steps": 0, "lr_at": {}}
         _record()["optimizers"].append(entry)
         by_optimizer[id(self)] = entry
+        _state.setdefault("optimizer_refs", []).append(weakref.ref(self))  # whose gradients a collective may reduce
 
     _after(mod.Optimizer, "__init__", made)
     state_loads(mod)

@@ -234,3 +234,38 @@ def test_the_sbatch_script_resumes_only_a_script_that_can(tmp_path):
 
     assert "--resume_from" in launcher_command(None, [], "/r", [])
     assert "--resume_from" not in launcher_command(None, [], "/r", [], resumes=False)
+
+
+def test_the_observer_sees_a_gradient_reduced_by_the_script_itself_and_not_a_loss():
+    """A collective over one of the optimizer's gradients (or all of them flattened) is gradient sync; one over the
+    loss is not. (Its hooks on a stand-in for torch.distributed, in this process; the records reset after.)"""
+    import types
+    import weakref
+
+    import torch
+
+    from autotune.runtime import observe_record as rec
+    from autotune.runtime.observe_resume import all_reduces
+
+    saved = dict(rec._state)
+    try:
+        rec._state.clear()
+        rec._state.update(fwd_samples=0, fwd_calls=0, fwd_repeats=0, bwd_calls=0, bwd_depth=0)
+        dist = types.SimpleNamespace(all_reduce=lambda tensor, *a, **k: None,
+                                     reduce_scatter_tensor=lambda out, inp, *a, **k: None)
+        all_reduces(dist)
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        rec._state["optimizer_refs"] = [weakref.ref(opt)]
+        loss = model(torch.randn(4, 8)).sum()
+        loss.backward()
+        dist.all_reduce(loss.detach().clone())
+        assert rec._record()["grads_reduced"] is False
+        dist.all_reduce(torch.cat([p.grad.flatten() for p in model.parameters()]))  # all of them, flattened
+        assert rec._record()["grads_reduced"] is True
+        rec._record()["grads_reduced"] = False
+        dist.reduce_scatter_tensor(torch.empty(4), model.weight.grad)
+        assert rec._record()["grads_reduced"] is True
+    finally:
+        rec._state.clear()
+        rec._state.update(saved)
