@@ -25,11 +25,16 @@ MAX_LOADS = 20
 
 
 def _path_of(value) -> str | None:
-    """A path given as a str or os.PathLike (a file object or bytes is not a path autotune can name)."""
+    """A path given as a str or os.PathLike, or the path of an open file (``open(path)``'s name, fsspec's path);
+    bytes or a buffer is not a path autotune can name."""
     if isinstance(value, str):
         return value
     if isinstance(value, os.PathLike):
         return os.fspath(value) if isinstance(os.fspath(value), str) else None
+    for attr in ("name", "path"):  # a file object opened on a path
+        named = getattr(value, attr, None) if hasattr(value, "read") else None
+        if isinstance(named, str) and named:
+            return named
     return None
 
 

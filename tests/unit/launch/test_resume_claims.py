@@ -269,3 +269,16 @@ def test_the_observer_sees_a_gradient_reduced_by_the_script_itself_and_not_a_los
     finally:
         rec._state.clear()
         rec._state.update(saved)
+
+
+def test_a_checkpoint_read_through_an_open_file_is_named_by_its_path(tmp_path):
+    """minGPT reads its snapshot through an open file (`with fsspec.open(path) as f: torch.load(f)`): the load is
+    named by the file's path, so the resume it shows is not taken for starting over; a buffer names nothing."""
+    import io
+
+    from autotune.runtime.observe_resume import _path_of
+
+    (tmp_path / "snap.pt").write_bytes(b"x")
+    with open(tmp_path / "snap.pt", "rb") as f:
+        assert _path_of(f) == str(tmp_path / "snap.pt")
+    assert _path_of(io.BytesIO(b"x")) is None and _path_of(tmp_path) == str(tmp_path)
