@@ -205,6 +205,18 @@ def resume_load(facts, reading, raw: list[str], wire_auto: bool):
     return None
 
 
+def script_resume_point(entry: str | None, facts, resume_from: str | None, path: Path | None, raw: list[str],
+                        wire_auto: bool):
+    """A user's script's resume point in the form its load takes, and its source's reading (``script_resume``;
+    None: not a .py script, or no resume asked for)."""
+    from autotune.exports.script_resume import read_resume
+
+    reading = read_resume(entry) if entry and entry.endswith(".py") and resume_from is not None else None
+    if path is not None and entry:
+        path = handed_form(path, resume_load(facts, reading, raw, wire_auto), explicit=resume_from != "auto")
+    return path, reading
+
+
 def handed_form(path: Path | None, load, explicit: bool) -> Path | None:
     """The resume point in the form the script's load takes: a file where it loads a file (the newest file inside a
     checkpoint folder ``auto`` found), the folder where it loads a folder (the one holding the file ``auto`` found).

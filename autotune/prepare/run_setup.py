@@ -17,11 +17,10 @@ from typing import Any, Mapping
 
 from autotune.config import TrainConfig, apply_overrides
 from autotune.errors import UserError
-from autotune.exports.script_resume import read_resume
 from autotune.plan import TrainingPlan
 from autotune.prepare.entrypoint import check_entrypoint
 from autotune.prepare.planning import plan_for, speed_key
-from autotune.prepare.resume import choose_run_dir, handed_form, resolve_resume, resume_load, resume_reaches
+from autotune.prepare.resume import choose_run_dir, resolve_resume, resume_reaches, script_resume_point
 from autotune.profiles import HardwareProfile
 
 
@@ -74,10 +73,8 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     resume_path = resolve_resume(resume_from, rd, own_format=bool(entry), searched=None if run_dir else Path(runs_root),
                                  trust=trust_checkpoint, entry=entry)
     facts = script_facts(entry)
-    reading = read_resume(entry) if entry and entry.endswith(".py") and resume_from is not None else None
-    if resume_path is not None and entry:  # the form the script's load takes: a file, or a directory
-        load = resume_load(facts, reading, [*plan.run.script_args, *script_args], cfg.training.wire == "auto")
-        resume_path = handed_form(resume_path, load, explicit=resume_from != "auto")
+    resume_path, reading = script_resume_point(entry, facts, resume_from, resume_path,
+                                               [*plan.run.script_args, *script_args], cfg.training.wire == "auto")
     if resume_path is not None:
         if not entry:  # the built-in runtime's checkpoints: refuse an incompatible one before any rank starts
             check_compatible(read_meta(resume_path), resume_path, plan.engine.backend, plan.batch.global_batch_size)
