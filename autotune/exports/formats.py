@@ -117,6 +117,7 @@ def _refuse_secrets(req: ExportRequest, where: str, instead: str) -> None:
 
 def _sbatch(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile) -> str:
     from autotune.exports.launchers import sbatch_script
+    from autotune.exports.script_resume import why_no_resume
 
     _refuse_secrets(req, "the batch script", "a variable exported where you submit it (sbatch passes your "
                     "environment on)")
@@ -134,7 +135,15 @@ def _sbatch(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile) -> str:
                          config=here(Path(req.config)), run_dir=here(run_dir),
                          cpus_per_task=hw.cpu.effective_cores, time_limit=req.time, partition=req.partition,
                          account=req.account, job_name=req.job_name, script_args=list(req.script_args),
-                         plan_flags=list(req.plan_flags), requeues=req.job_restarts)
+                         plan_flags=list(req.plan_flags), requeues=req.job_restarts,
+                         no_resume=why_no_resume(plan.run.entrypoint, [*plan.run.script_args, *req.script_args],
+                                                 _wires(req.plan_flags)))
+
+
+def _wires(flags) -> bool:
+    """--wire auto among the plan flags (the batch script's launcher passes it to every node)."""
+    flags = list(flags)
+    return "--wire=auto" in flags or any(a == "--wire" and flags[i + 1:i + 2] == ["auto"] for i, a in enumerate(flags))
 
 
 def _accelerate(req: ExportRequest, plan: TrainingPlan) -> Exported:
@@ -203,7 +212,12 @@ def _kubernetes(req: ExportRequest, plan: TrainingPlan) -> Exported:
     _refuse_secrets(req, "the manifest", "a key of a Kubernetes Secret (as the job secret is) that the script reads")
     config = None if req.config_is_default else req.config  # the image's default otherwise
     run_dir = req.run_dir or f"/autotune/runs/{name}"
-    command = k8s.launcher_command(config, list(req.pod_plan_flags), run_dir, list(req.script_args))
+    from autotune.exports.script_resume import why_no_resume
+
+    no_resume = why_no_resume(plan.run.entrypoint, [*plan.run.script_args, *req.script_args],
+                              _wires(req.pod_plan_flags))
+    command = k8s.launcher_command(config, list(req.pod_plan_flags), run_dir, list(req.script_args),
+                                   resumes=no_resume is None)
     job = k8s.Job(name=name, image=req.image, command=tuple(command), run_dir=run_dir,
                   pvc=req.pvc or f"{name}-runs", storage=req.storage, secret=req.secret or f"{name}-secret",
                   namespace=req.namespace, storage_class=req.storage_class, job_restarts=req.job_restarts,
@@ -211,9 +225,11 @@ def _kubernetes(req: ExportRequest, plan: TrainingPlan) -> Exported:
     k8s.check(job, fmt)
     docs = trainjob.trainjob(plan, job) if fmt == "kubeflow" else k8s.pytorchjob(plan, job)
     k8s.check_gpus(plan, docs, req.cpu_on_purpose)
-    messages = ()
+    messages: tuple[str, ...] = ()
+    if no_resume is not None:  # a restarted pod starts over: said, never claimed
+        messages = (f"note: no --resume_from auto in the pods' command: {no_resume}",)
     if k8s.unpinned(req.image):
-        messages = (f"warning: --image {req.image} has no tag or digest: a restarted pod may pull another image "
+        messages += (f"warning: --image {req.image} has no tag or digest: a restarted pod may pull another image "
                     "than the one that wrote the checkpoint; pin a tag or @sha256 digest",)
     out_name = req.output or f"{name}.yaml"
     head = trainjob.header(plan, job, out_name) if fmt == "kubeflow" else k8s.pytorchjob_header(plan, job, out_name)

@@ -84,10 +84,12 @@ class Job:
         return list(self.command[len(LAUNCHER):])
 
 
-def launcher_command(config: str | None, plan_flags: list[str], run_dir: str, script_args: list[str]) -> list[str]:
-    """The same command in every pod: no node flags (the operator's variables give them)."""
-    return [*LAUNCHER, *(["--config", config] if config else []), *plan_flags,
-            "--run_dir", run_dir, "--resume_from", "auto", *(["--", *script_args] if script_args else [])]
+def launcher_command(config: str | None, plan_flags: list[str], run_dir: str, script_args: list[str],
+                     resumes: bool = True) -> list[str]:
+    """The same command in every pod: no node flags (the operator's variables give them); ``--resume_from auto``
+    only for a script that can resume (``script_resume.why_no_resume``)."""
+    return [*LAUNCHER, *(["--config", config] if config else []), *plan_flags, "--run_dir", run_dir,
+            *(["--resume_from", "auto"] if resumes else []), *(["--", *script_args] if script_args else [])]
 
 
 def _text(value: str) -> str | None:

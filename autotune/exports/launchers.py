@@ -154,13 +154,15 @@ _FIRST_EXIT_WRAPPER = ('note=$1; shift; trap : USR1 TERM INT HUP; "$@"; rc=$?; i
 def sbatch_script(plan: TrainingPlan, *, launcher: str, config: str, run_dir: str, cpus_per_task: int,
                   time_limit: str, partition: str | None, account: str | None, job_name: str,
                   script_args: list[str] | tuple[str, ...] = (), plan_flags: list[str] | tuple[str, ...] = (),
-                  requeues: int = 3) -> str:
+                  requeues: int = 3, no_resume: str | None = None) -> str:
     """An sbatch script for the plan: one launcher task per node (srun), torchrun's c10d rendezvous
     across nodes (autotune reads the allocation on each node), logs inside the run directory,
     SIGUSR1 two minutes before the time limit; the ranks save a checkpoint and exit 75, and the
-    script requeues the job, which resumes from that checkpoint. Exit 69 (a peer or a lock holder not there in
-    time) requeues it too while SLURM_RESTART_COUNT (every requeue of the job) is below ``requeues``."""
+    script requeues the job, which resumes from that checkpoint (``no_resume``: why the script cannot resume, read
+    from its source: no --resume_from auto is added, and the file says why). Exit 69 (a peer or a lock holder not
+    there in time) requeues it too while SLURM_RESTART_COUNT (every requeue of the job) is below ``requeues``."""
     import shlex
+    import textwrap
 
     from autotune.rundir.layout import JOB_SECRET_ENV
 
@@ -194,8 +196,10 @@ def sbatch_script(plan: TrainingPlan, *, launcher: str, config: str, run_dir: st
               "# The nodes' hardware exchange admits only this job's nodes: one secret per job, made here (never",
               "# written to a file) and handed to every node's launcher by srun in its environment.",
               f"export {JOB_SECRET_ENV}=\"$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n')\"",
-              "# Exit 75: stopped by a signal (the USR1 above, a preemption) after saving a checkpoint:",
-              "# requeue, and the job continues from it (--resume_from auto).",
+              *(["# Exit 75: stopped by a signal (the USR1 above, a preemption) after saving a checkpoint:",
+                 "# requeue, and the job continues from it (--resume_from auto)."] if no_resume is None else
+                ["# No --resume_from auto: a requeued job of this script would start over. Why:",
+                 *(f"#   {line}" for line in textwrap.wrap(no_resume, 100))]),
               "# srun ends with its tasks' highest code, and --kill-on-bad-exit terminates the other nodes at",
               "# the first failure: one node's 69 came back as 143. So each node's launcher notes its code if",
               "# it is the first to fail (noclobber: one writer), and that code is the job's.",
@@ -204,7 +208,8 @@ def sbatch_script(plan: TrainingPlan, *, launcher: str, config: str, run_dir: st
               "rc=0",
               "srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c " + shlex.quote(_FIRST_EXIT_WRAPPER)
               + ' autotune-node "$first" '
-              + shlex.join([launcher, "--config", config, *plan_flags, "--run_dir", run_dir, "--resume_from", "auto",
+              + shlex.join([launcher, "--config", config, *plan_flags, "--run_dir", run_dir,
+                            *(["--resume_from", "auto"] if no_resume is None else []),
                             *(["--", *script_args] if script_args else [])]) + " || rc=$?",
               'code=$(cut -d" " -f1 "$first" 2>/dev/null || true)',
               'if [ "$rc" -ne 0 ] && [[ "$code" =~ ^[0-9]{1,3}$ ]]; then',

@@ -23,9 +23,18 @@ from autotune.launch.observed import (
     _training_loader,
     _trains_as,
     trainings,
+    unsynced,
 )
 from autotune.launch.rate_rule import _lr, rate_verdict
-from autotune.launch.verdicts import _fmt, divided_accumulation_fix, engine_fix, trainings_fix, verdict
+from autotune.launch.resumed import resume_said, resume_verdict, started_over
+from autotune.launch.verdicts import (
+    _fmt,
+    divided_accumulation_fix,
+    engine_fix,
+    trainings_fix,
+    unsynced_fix,
+    verdict,
+)
 
 TOLERANCE = 0.10  # an effective batch further than this from the plan's is a wrong training
 RULES = {"learning_rate": rate_verdict}  # a value judged by a rule of its own; every other by ``verdicts.verdict``
@@ -44,12 +53,14 @@ class Judgement:
     notes: list[str] = field(default_factory=list)  # what the user should know and no status says
     unjudged: list[str] = field(default_factory=list)  # what --strict cannot judge: not observable
     untaken: list[str] = field(default_factory=list)  # values handed over only by routes the script did not take
+    unsynced: bool = False  # the ranks share a process group but never synchronise their gradients
+    resume: dict | None = None  # a resumed launch: whether the script continued (launch.resumed), and where
 
     def to_record(self) -> dict:
         return {"values": self.values, "effective_batch": self.effective_batch, "batch_source": self.batch_source,
                 "world_size": self.world_size, "trainings": self.trainings, "steps_observed": self.steps,
                 "steps_most": self.stepped, "wrong": self.wrong, "notes": self.notes, "unjudged": self.unjudged,
-                "untaken": self.untaken}
+                "untaken": self.untaken, "unsynced": self.unsynced, "resume": self.resume}
 
     def line(self) -> str:
         def of(status):
@@ -61,15 +72,18 @@ class Judgement:
         yours = [f"{k} {_fmt(v['observed'])}" for k, v in self.values.items()
                  if v["status"] == "yours" and v["observed"] is not None]
         eff = "not observable" if self.effective_batch is None else _fmt(self.effective_batch)
-        batch = (f"{self.trainings} independent trainings (no process group joins their ranks), effective batch "
-                 f"{eff} each" if self.trainings > 1 else f"effective batch {eff}")
+        why = ("their ranks share a process group but never synchronise gradients" if self.unsynced else
+               "no process group joins their ranks")
+        batch = (f"{self.trainings} independent trainings ({why}), effective batch {eff} each" if self.trainings > 1
+                 else f"effective batch {eff}")
         return (f"observed after {self.steps} step(s): {batch} per optimizer step"
                 + (f" ({self.batch_source})" if self.batch_source else "")
                 + f"; as planned: {', '.join(of('equal')) or 'nothing'}"
                 + (f"; {'; '.join(warming)}" if warming else "")
                 + (f"; the script's own: {', '.join(yours)}" if yours else "")
                 + (f"; different: {'; '.join(diff)}" if diff else "")
-                + (f"; not observable: {', '.join(of('not observable'))}" if of("not observable") else ""))
+                + (f"; not observable: {', '.join(of('not observable'))}" if of("not observable") else "")
+                + (f"; {resume_said(self.resume)}" if self.resume else ""))
 
 
 BATCH_SOURCES = ("the model's training inputs", "the DataLoaders' batches, evaluation included")
@@ -113,11 +127,17 @@ def judge(plan, observed: list[dict], delivery=None, final: bool = False) -> Jud
     j = Judgement()
     if not observed:
         return j
+    j.stepped = max(r.get("steps") or 0 for r in observed)
+    idle = sorted(r["rank"] for r in observed if not r.get("steps"))
+    if j.stepped and idle:  # the ranks that trained are judged; the others are named
+        j.notes.append(f"rank {', '.join(map(str, idle))} took no optimizer step: judged on the ranks that trained")
+    observed = [r for r in observed if r.get("steps")] or observed
+    j.steps = min(r.get("steps") or 0 for r in observed)
     first = min(observed, key=lambda r: r["rank"])
     world, j.trainings = trainings(observed)
+    if j.trainings == 1 and world > 1 and unsynced(observed):  # one group, and no gradient crosses it
+        world, j.trainings, j.unsynced = 1, len(observed), True
     j.world_size = world
-    j.steps = min(r.get("steps") or 0 for r in observed)
-    j.stepped = max(r.get("steps") or 0 for r in observed)
     rates = [_per_step_samples(r) for r in observed]
     if rates and all(x is not None for x in rates):
         j.effective_batch = sum(rates) / len(rates) * world
@@ -142,6 +162,9 @@ def judge(plan, observed: list[dict], delivery=None, final: bool = False) -> Jud
     for key, (seen, want) in obs.items():
         j.values[key] = RULES.get(key, verdict)(plan, key, seen, want, delivery, world, micro)
     divided_accumulation_fix(j.values["gradient_accumulation_steps"], divides, world, wired)
+    resume = plan.run.resume_from if plan.run.entrypoint and not _chooses(delivery) else None
+    if resume or str(getattr(delivery, "resume", None) or "").startswith("your flag"):
+        j.resume = resume_verdict(observed, resume)
     if delivery is not None:
         j.untaken = [k for k, routes in delivery.routes.items() if routes and not taken_routes(delivery, k, first)]
     _said(j, plan, first, delivery, engine, planned_engine)
@@ -167,8 +190,11 @@ def _said(j: Judgement, plan, first: dict, delivery, engine, planned_engine) -> 
     if not j.stepped:  # nothing trained: nothing to be wrong, and nothing to count
         j.unjudged.append("the effective batch (the script took no optimizer step)")
         return
-    if j.trainings > 1 and eng.world_size > 1:  # no process group joins the ranks: each trains alone
-        fix = trainings_fix(eng.world_size)
+    if j.resume is not None and j.resume["status"] == "started over":
+        j.wrong.append(started_over(j.resume, None if _chooses(delivery) else plan.run.resume_from,
+                                    _resume_flag(delivery)))
+    if j.trainings > 1 and eng.world_size > 1:  # no process group joins the ranks, or none syncs: each trains alone
+        fix = unsynced_fix(eng.world_size) if j.unsynced else trainings_fix(eng.world_size)
         for key in ("world_size", "engine"):
             if j.values[key]["status"] == "different":
                 j.values[key]["fix"] = fix
@@ -198,3 +224,18 @@ def _said(j: Judgement, plan, first: dict, delivery, engine, planned_engine) -> 
         why = rate_v.get("note") or rate_v["fix"].format(learning_rate=_fmt(rate_v["plan"]))
         j.wrong.append(f"the script trains at learning rate {_fmt(rate_v['observed'])}, the plan "
                        f"{_fmt(rate_v['plan'])}: {why}")
+
+
+def _chooses(delivery) -> bool:
+    """The script resumes under its own resume flag, from what it chooses (litgpt's --resume auto)."""
+    said = str(getattr(delivery, "resume", None) or "")
+    return said.startswith("your flag") and "the script chooses" in said
+
+
+def _resume_flag(delivery) -> str | None:
+    """The script's flag the resume point went to, as the delivery said it before the launch."""
+    said = str(getattr(delivery, "resume", None) or "")
+    for head in ("recognised ", "your flag ", "placeholder {resume_from} to "):
+        if said.startswith(head):
+            return said[len(head):].split(" ")[0] or None
+    return None

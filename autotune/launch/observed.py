@@ -69,6 +69,15 @@ def trainings(observed: list[dict]) -> tuple[int, int]:
     return world, alone + (-(-grouped // max(1, max(worlds))) if grouped else 0)
 
 
+def unsynced(observed: list[dict]) -> bool:
+    """Ranks of one process group that never synchronise their gradients (each trains a model of its own): no rank
+    shows an engine that does (DDP, FSDP, DeepSpeed, Accelerate's distributed types) and none all-reduced a
+    gradient. Only records that say so (``grads_reduced`` recorded) are read this way; an older one is not."""
+    if not observed or any("grads_reduced" not in r for r in observed):
+        return False
+    return not any(r.get("grads_reduced") or _engine(r) for r in observed)
+
+
 def _trained(rec: dict) -> tuple[int, int, int, int] | None:
     """What reached the model the script trains in one step, as most of its first steps after the first had it:
     (samples, forwards, backward passes, repeated forwards), or None when the observer counted no training forward.

@@ -77,8 +77,8 @@ class RankEnds:
         not said so: they are not the rank's, and nothing is decided by them."""
         notes, running, out = self.notes(), None, []
         for rec in records:
-            if rec["rank"] not in self.ranks or not rec.get("ended"):
-                continue
+            if rec["rank"] not in self.ranks or not rec.get("ended") or rec.get("spawned_by"):
+                continue  # a worker the rank's process started ends before it: its own record says so
             note = notes.get(rec["rank"])
             if note is not None and note.get("ended"):
                 continue

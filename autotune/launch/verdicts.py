@@ -193,6 +193,13 @@ def trainings_fix(world: int) -> str:
             f"not {world})")
 
 
+def unsynced_fix(world: int) -> str:
+    return ("the ranks join one process group but never synchronise their gradients (no DDP, FSDP or DeepSpeed "
+            "wrapper, no all-reduce of a gradient), so each trains a model of its own: wrap the model in "
+            "DistributedDataParallel (or FSDP), or all-reduce its gradients before each optimizer step; or plan one "
+            f"process (--nproc_per_node 1, not {world})")
+
+
 def verdict(plan, key: str, seen, want, delivery, world: int, micro=None) -> dict:
     """One plan value (not the learning rate: ``rate_rule``): the script's own when the plan only defaults it,
     not observable when nothing shows it, else equal or different (with the fix)."""

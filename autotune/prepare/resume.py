@@ -164,47 +164,173 @@ def resolve_resume(resume_from: str | None, run_dir: Path, warn=None, *, own_for
     return path.resolve()
 
 
+def _names(flag: str, facts) -> set[str]:
+    """What the script's code calls the value of ``flag`` (an argparse flag's attribute, a config key's last part, a
+    function parameter of the same name)."""
+    if flag.startswith("-"):
+        dest = (facts.dests.get(flag) if facts is not None else None) or flag.lstrip("-").replace("-", "_")
+        return {dest, flag.lstrip("-").replace("-", "_")}
+    return {flag.lstrip("+~").split(".")[-1]}
+
+
+def flag_of(raw: list[str], placeholder: str) -> str | None:
+    """The flag or key a placeholder is given to in the script's arguments (``--resume {resume_from}``,
+    ``--resume={resume_from}``, ``trainer.snapshot_path={checkpoint_dir}/...``), else None."""
+    for i, a in enumerate(raw):
+        if placeholder not in str(a):
+            continue
+        head = str(a).split(placeholder)[0]
+        if "=" in head:
+            return head.split("=")[0]
+        if head == "" and i and str(raw[i - 1]).startswith("-"):
+            return str(raw[i - 1])
+    return None
+
+
+def resume_load(facts, reading, raw: list[str], wire_auto: bool):
+    """The load call the resume point reaches, read from the script's source (``script_resume``), or None: through
+    the flag or key given {resume_from}, the resume flag --wire auto passes, or $AUTOTUNE_RESUME_FROM."""
+    from autotune.exports.script_scan import FLAGS
+    from autotune.rundir.layout import RESUME_FROM_ENV
+
+    if reading is None:
+        return None
+    flag = flag_of(raw, "{resume_from}")
+    if flag is None and wire_auto and facts is not None:
+        flag = next((f for f in FLAGS["resume_from"] if f in facts.flags), None)
+    if flag is not None:
+        return reading.reaches(_names(flag, facts))
+    if facts is not None and RESUME_FROM_ENV in facts.env_reads:
+        return reading.reaches({RESUME_FROM_ENV})
+    return None
+
+
+def script_resume_point(entry: str | None, facts, resume_from: str | None, path: Path | None, raw: list[str],
+                        wire_auto: bool):
+    """A user's script's resume point in the form its load takes, and its source's reading (``script_resume``;
+    None: not a .py script, or no resume asked for)."""
+    from autotune.exports.script_resume import read_resume
+
+    reading = read_resume(entry) if entry and entry.endswith(".py") and resume_from is not None else None
+    if path is not None and entry:
+        path = handed_form(path, resume_load(facts, reading, raw, wire_auto), explicit=resume_from != "auto")
+    return path, reading
+
+
+def handed_form(path: Path | None, load, explicit: bool) -> Path | None:
+    """The resume point in the form the script's load takes: a file where it loads a file (the newest file inside a
+    checkpoint folder ``auto`` found), the folder where it loads a folder (the one holding the file ``auto`` found).
+    A path the user gave in the other form is refused, naming the form."""
+    if path is None or load is None or load.form == "either":
+        return path
+    if load.form == "file" and path.is_dir():
+        if explicit:
+            raise UserError(f"--resume_from: {path} is a directory, and your script loads a file from it "
+                            f"({load.call}, {load.where}): give the checkpoint file")
+        files = [p for p in path.rglob("*") if p.is_file() and not p.is_symlink() and not p.name.startswith(".")]
+        if not files:
+            raise UserError(f"--resume_from auto: {path} holds no file, and your script loads a file ({load.call}, "
+                            f"{load.where}); give the checkpoint file with --resume_from PATH")
+        return max(files, key=lambda p: (p.stat().st_mtime, p.name)).resolve()
+    if load.form == "directory" and path.is_file():
+        if explicit:
+            raise UserError(f"--resume_from: {path} is a file, and your script loads a directory "
+                            f"({load.call}, {load.where}): give the checkpoint directory")
+        return path.parent.resolve()
+    return path
+
+
+def _shown(reading, facts, flag: str | None) -> str:
+    """What the script's source shows of the value given to ``flag`` (a flag, a key or a variable)."""
+    if reading is None or flag is None:
+        return ""
+    load = reading.reaches({flag} if not flag.startswith("-") and flag.isupper() else _names(flag, facts))
+    if load is not None:
+        form = {"file": "a file", "directory": "a directory"}.get(load.form, "a file or a directory")
+        return f"; shown from its source: it reaches {load.call} ({load.where}), which loads {form}"
+    if flag in reading.documented:
+        return f"; its help documents it as resume ({reading.documented[flag][:80]!r})"
+    return ("; not shown from its source that the script loads it (no load call reached): whether it resumes is "
+            "observed at its first optimizer step")
+
 
 def resume_reaches(facts, placeholders: list[str], wired: dict[str, str], args: list[str], run_dir: Path,
-                   resume_path: Path | None) -> str:
-    """How a resume point reaches a user's script (said before the launch), or UserError: as {resume_from}, through
-    $AUTOTUNE_RESUME_FROM, its own resume flag (--wire auto, or given after `--`), the Python API, or its own path
-    inside the run directory, where it saves and finds what to resume from (minGPT's
-    ``snapshot_path={checkpoint_dir}/gpt_snapshot.pt``). A script with none of these starts when there is nothing
-    to resume yet, and says that a later resume would be refused (a job requeued before its first checkpoint starts
-    as its first submission did); with a checkpoint to resume it would start from scratch without a word: refused."""
+                   resume_path: Path | None, raw: list[str] | None = None, reading=None,
+                   wire_auto: bool = False) -> str:
+    """How a resume point reaches a user's script (said before the launch), or UserError: as {resume_from} to a
+    flag, a flag --wire auto found, the user's own resume flag after `--`, $AUTOTUNE_RESUME_FROM, the Python API,
+    or its own path inside the run directory (minGPT's ``snapshot_path={checkpoint_dir}/gpt_snapshot.pt``) shown
+    from its source to reach a load call (``reading``: ``script_resume.read_resume``). Whether it reached the load
+    is said from the source where it shows it; the launch observes it at the first optimizer step. A script with
+    none of these cannot resume: refused before its first checkpoint exists (a job requeued under --resume_from
+    auto would start over and overwrite it), with the fix."""
     from autotune.exports.script_scan import FLAGS
     from autotune.rundir.layout import CHECKPOINT_DIR_ENV, RESUME_FROM_ENV, RUN_DIR_ENV
 
+    raw = list(raw or [])
     point = str(resume_path) if resume_path is not None else "nothing to resume yet: it starts fresh"
     if "resume_from" in placeholders:
-        return f"placeholder {{resume_from}} ({point})"
+        flag = flag_of(raw, "{resume_from}")
+        return f"placeholder {{resume_from}}{f' to {flag}' if flag else ''} ({point})" + _shown(reading, facts, flag)
     if "resume_from" in wired:
-        return f"recognised {wired['resume_from']} ({point})"
-    given = next((a for a in args if a.split("=")[0] in FLAGS["resume_from"]), None)
-    if given is not None:
-        return f"your flag {given.split('=')[0]} ({point})"
+        return f"recognised {wired['resume_from']} ({point})" + _shown(reading, facts, wired["resume_from"])
+    declared = next((f for f in FLAGS["resume_from"] if facts is not None and f in facts.flags), None)
+    if wire_auto and declared and resume_path is None:  # --wire auto passes it once there is something to resume
+        return f"recognised {declared} ({point}; --wire auto passes it once there is one)" + _shown(reading, facts,
+                                                                                                    declared)
+    at = next((i for i, a in enumerate(args) if a.split("=")[0] in FLAGS["resume_from"]), None)
+    if at is not None:
+        flag = args[at].split("=")[0]
+        value = args[at].split("=", 1)[1] if "=" in args[at] else args[at + 1] if at + 1 < len(args) else ""
+        if resume_path is not None and value == str(resume_path):
+            return f"your flag {flag} ({point})" + _shown(reading, facts, flag)
+        return (f"your flag {flag} {value}: the script chooses what it resumes from (autotune names no checkpoint "
+                "for it; what it loads is observed at its first optimizer step)" + _shown(reading, facts, flag))
     if facts is None or facts.uses_autotune:
         return f"Python API ({point})"
     if RESUME_FROM_ENV in facts.env_reads:
-        return f"environment ({RESUME_FROM_ENV}, read by the script; {point})"
-    inside = str(Path(run_dir).absolute())
-    at = next((i for i, a in enumerate(args) if inside in str(a)), None)
-    own = None if at is None else \
-        f"{args[at - 1]} {args[at]}" if at and args[at - 1].startswith("-") and "=" not in args[at] else args[at]
-    if own is None and "checkpoint_dir" in wired:
-        own = f"{wired['checkpoint_dir']} {{checkpoint_dir}}"
-    if own is None and ({"checkpoint_dir", "run_dir"} & set(placeholders) or
-                        {CHECKPOINT_DIR_ENV, RUN_DIR_ENV} & facts.env_reads):
-        own = next(f"${v}" for v in (CHECKPOINT_DIR_ENV, RUN_DIR_ENV) if v in facts.env_reads) \
-            if not {"checkpoint_dir", "run_dir"} & set(placeholders) else "{checkpoint_dir}"
+        return f"environment ({RESUME_FROM_ENV}, read by the script; {point})" + _shown(reading, facts,
+                                                                                          RESUME_FROM_ENV)
+    own = _own_path(facts, placeholders, wired, args, raw, run_dir, reading,
+                    (CHECKPOINT_DIR_ENV, RUN_DIR_ENV))
     if own is not None:
         found = "it holds a checkpoint" if resume_path is not None else "nothing there yet: it starts fresh"
-        return (f"the script's own path inside the run directory ({own}): it saves there and resumes from what it "
-                f"finds ({found})")
-    if resume_path is None:
-        return (f"none: nothing to resume yet, so the script starts fresh; it has no way to receive a resume point, "
-                f"so once this run directory holds a checkpoint --resume_from is refused: "
-                f"{facts.resume_hint(RESUME_FROM_ENV)}")
-    raise UserError(f"--resume_from: your script has no way to receive the resume point, and would start from "
-                    f"scratch; {facts.resume_hint(RESUME_FROM_ENV)}")
+        return (f"the script's own path inside the run directory ({own[0]}): it saves there and resumes from what it "
+                f"finds ({found}); shown from its source: it reaches {own[1].call} ({own[1].where})")
+    raise UserError("--resume_from: your script cannot resume: nothing it is given is shown to reach a call that "
+                    "loads a checkpoint (torch.load, load_state_dict, load_checkpoint, Accelerator.load_state, "
+                    "resume_from_checkpoint, ...), so it would start over and overwrite its checkpoints"
+                    + (" (its run directory holds none yet, but a requeued job would)" if resume_path is None else "")
+                    + f"; {facts.resume_hint(RESUME_FROM_ENV)}; or launch without --resume_from")
+
+
+def _own_path(facts, placeholders, wired, args, raw, run_dir: Path, reading, env_names):
+    """The script's own path inside the run directory that its source shows it loads from: (how it is given, the
+    load), else None. A path that is only given (a log folder, an output folder it never reads back) is not one."""
+    if reading is None:
+        return None
+    inside = str(Path(run_dir).absolute())
+    candidates = []
+    for i, a in enumerate(args):
+        if inside not in str(a):
+            continue
+        if "=" in str(a):
+            candidates.append((str(a), str(a).split("=")[0]))
+        elif i and str(args[i - 1]).startswith("-"):
+            candidates.append((f"{args[i - 1]} {a}", str(args[i - 1])))
+    for key in ("checkpoint_dir", "run_dir"):
+        flag = flag_of(raw, f"{{{key}}}")
+        if flag is not None:
+            candidates.append((f"{flag} {{{key}}}", flag))
+    if "checkpoint_dir" in wired:
+        candidates.append((f"{wired['checkpoint_dir']} {{checkpoint_dir}}", wired["checkpoint_dir"]))
+    for said, flag in candidates:
+        load = reading.reaches(_names(flag, facts))
+        if load is not None:
+            return said, load
+    for env in env_names:
+        if env in facts.env_reads:
+            load = reading.reaches({env})
+            if load is not None:
+                return f"${env}", load
+    return None

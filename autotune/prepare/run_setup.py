@@ -19,7 +19,7 @@ from autotune.config import TrainConfig, apply_overrides
 from autotune.plan import TrainingPlan
 from autotune.prepare.entrypoint import check_entrypoint, workdir_of
 from autotune.prepare.planning import plan_for, speed_key
-from autotune.prepare.resume import choose_run_dir, resolve_resume, resume_reaches
+from autotune.prepare.resume import choose_run_dir, resolve_resume, resume_reaches, script_resume_point
 from autotune.profiles import HardwareProfile
 
 
@@ -71,6 +71,9 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
             plan = plan.model_copy(update={"run": plan.run.model_copy(update={"entrypoint": entry})})
     resume_path = resolve_resume(resume_from, rd, own_format=bool(entry), searched=None if run_dir else Path(runs_root),
                                  trust=trust_checkpoint, entry=entry)
+    facts = script_facts(entry)
+    resume_path, reading = script_resume_point(entry, facts, resume_from, resume_path,
+                                               [*plan.run.script_args, *script_args], cfg.training.wire == "auto")
     if resume_path is not None:
         if not entry:  # the built-in runtime's checkpoints: refuse an incompatible one before any rank starts
             check_compatible(read_meta(resume_path), resume_path, plan.engine.backend, plan.batch.global_batch_size)
@@ -91,7 +94,6 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     )
     from autotune.rundir.layout import deepspeed_config_path
 
-    facts = script_facts(entry)
     ds_path = None
     if ds is not None:  # Accelerate and HF Trainer scripts get the flavour they accept (no optimizer, "auto")
         framework = facts is not None and (facts.uses_hf_trainer or facts.uses_accelerate)
@@ -109,7 +111,8 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
             args, wired = with_wired(args, extra), would
     resume_route = None
     if entry and resume_from is not None:  # a checkpoint the script cannot receive is refused
-        resume_route = resume_reaches(facts, used_placeholders(raw), wired, args, rd, resume_path)
+        resume_route = resume_reaches(facts, used_placeholders(raw), wired, args, rd, resume_path, raw, reading,
+                                      wire_auto=cfg.training.wire == "auto")
     route = delivery(plan, facts, used_placeholders(raw), wired, args, ds is not None, given) if entry else \
         delivery(plan, None, [], {}, args, ds is not None)
     why = withhold_accumulation(facts, route.routes) if entry else None

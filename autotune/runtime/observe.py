@@ -54,7 +54,10 @@ from autotune.runtime.observe_record import (  # noqa: F401 - also where tests a
     _state,
     write,
 )
+from autotune.runtime.observe_resume import HOOKS as LOAD_HOOKS
+from autotune.runtime.observe_resume import all_reduces
 from autotune.runtime.observe_steps import _autograd, _optim
+from autotune.runtime.observe_workers import parent_hooks, worker_hooks
 
 
 # -- the hooks of data, process groups and precision (the engines' in observe_engines, training's in observe_steps) ----
@@ -87,6 +90,7 @@ def _distributed(mod) -> None:
                                       "rank": mod.get_rank()}  # ranks of separate groups repeat a group rank
 
     _after(mod, "init_process_group", group_made)
+    all_reduces(mod)
 
 
 def _amp(mod) -> None:
@@ -108,7 +112,7 @@ def _scaler(mod) -> None:
 
 HOOKS = {"torch.utils.data": _data, "torch.distributed": _distributed, "torch.nn.parallel": _parallel,
          "torch.distributed.fsdp": _fsdp, "torch.optim": _optim, "torch.autograd": _autograd, "torch.amp": _amp,
-         "torch.amp.grad_scaler": _scaler, "deepspeed": _deepspeed, "accelerate": _accelerate}
+         "torch.amp.grad_scaler": _scaler, "deepspeed": _deepspeed, "accelerate": _accelerate, **LOAD_HOOKS}
 
 
 def install() -> None:
@@ -119,12 +123,15 @@ def install() -> None:
         return
     # Only the script's own ranks: torchrun's agent (no rank) and multiprocessing's spawned children (DataLoader
     # workers) inherit the PYTHONPATH too, and must not write a rank's record.
-    if _rank() is None or "--multiprocessing-fork" in sys.argv or \
-            any(a.startswith("from multiprocessing") for a in sys.argv):
+    if _rank() is None:
         return
     run_dir = os.environ.get(RUN_DIR_ENV, "")
     owner, _, owner_dir = os.environ.get(OBSERVED_BY_ENV, "").partition(" ")
-    if owner and owner != str(os.getpid()) and owner_dir == run_dir:
+    spawned = "--multiprocessing-fork" in sys.argv or any(a.startswith("from multiprocessing") for a in sys.argv)
+    if spawned and owner and owner_dir == run_dir and mode == "1":
+        _worker(owner)  # multiprocessing's child of the rank's process: watched, a rank only if it trains
+        return
+    if spawned or (owner and owner != str(os.getpid()) and owner_dir == run_dir):
         return  # started by the rank's process (a helper, a compile worker): not the rank, left untouched
     os.environ[OBSERVED_BY_ENV] = f"{os.getpid()} {run_dir}"
     # the launch's key seals this rank's records; out of the environment before the script's first line, so the
@@ -139,4 +146,17 @@ def install() -> None:
             _guarded(f"hook {name}")(hook)(sys.modules[name])
     sys.meta_path.insert(0, AfterImport(HOOKS))
     install_end_hooks(int(_rank() or "0"), on_end=write, record=_record)
+    _guarded("multiprocessing")(parent_hooks)()
     write()
+
+
+def _worker(parent: str) -> None:
+    """A process multiprocessing spawned from the rank's: the hooks, no record written until it steps
+    (``observe_workers``), no note on how the rank's script ended."""
+    _state.update(installed=True, pid=None, parent=int(parent) if parent.isdigit() else None)
+    _record()
+    for name, hook in HOOKS.items():
+        if name in sys.modules:
+            _guarded(f"hook {name}")(hook)(sys.modules[name])
+    sys.meta_path.insert(0, AfterImport(HOOKS))
+    _guarded("multiprocessing")(worker_hooks)()

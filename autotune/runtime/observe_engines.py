@@ -8,6 +8,7 @@ import functools
 import weakref
 
 from autotune.runtime.observe_record import _after, _guarded, _record, _state, write
+from autotune.runtime.observe_resume import accelerate_loads, deepspeed_loads
 
 
 def _wrapper(model) -> None:
@@ -101,6 +102,7 @@ def _deepspeed(mod) -> None:
         write()
 
     _after(mod, "initialize", initialized)
+    deepspeed_loads(mod)
 
 
 def _accelerate(mod) -> None:
@@ -114,3 +116,4 @@ def _accelerate(mod) -> None:
 
     _after(mod.Accelerator, "__init__", made)
     _after(mod.Accelerator, "prepare_model", lambda model, *a, **k: _wrapper(model))
+    accelerate_loads(mod)

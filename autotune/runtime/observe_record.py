@@ -34,22 +34,50 @@ def _record() -> dict:
         "dataloaders": [], "process_group": None, "engine": None, "optimizers": [], "autocast": None,
         "grad_scaler": False, "num_parameters": None, "steps": 0, "samples": 0, "samples_at_step": {},
         "model": None, "step_samples": {}, "step_forwards": {}, "step_backwards": {}, "step_repeats": {},
-        "deepspeed": None, "accelerate": None, "returned": None, "exit_code": None, "raised": None, "ended": None,
+        "deepspeed": None, "accelerate": None, "loads": [], "state_loaded": [], "first_step": None,
+        "grads_reduced": False, "returned": None, "exit_code": None, "raised": None, "ended": None,
         "hook_errors": []})
+
+
+def own_rank(default: str) -> str:
+    """The rank a record is named by: a worker's (``observe_workers``: adopted once it trains) is its process
+    group's, else its parent's; a rank's own process's is its RANK."""
+    group = _record().get("process_group") or {}
+    return str(group["rank"]) if _record().get("spawned_by") and isinstance(group.get("rank"), int) else default
+
+
+def worker_kept(path: str) -> bool:
+    """The rank's process trained nothing and a worker it started holds this record (``observe_workers``): it is
+    left in place, never overwritten by the rank's own empty one."""
+    if _record().get("steps") or not _state.get("spawned") or not os.path.isfile(path):
+        return False
+    from autotune.rundir.record_seal import is_sealed
+
+    try:
+        with open(path) as f:
+            theirs = json.load(f)
+    except (OSError, ValueError):
+        return False
+    key = _state.get("key")
+    return theirs.get("spawned_by") == os.getpid() and (key is None or is_sealed(theirs, key))
 
 
 def _path() -> str | None:
     run_dir = os.environ.get(RUN_DIR_ENV)
     if not run_dir:
         return None
-    return os.path.join(run_dir, OBSERVED, rank_file(_rank() or "0"))
+    rank = own_rank(_rank() or "0")
+    _record()["rank"] = int(rank)
+    return os.path.join(run_dir, OBSERVED, rank_file(rank))
 
 
 def write() -> None:
     """Write this rank's record atomically (a temporary file, then rename); never raises. Only the rank's own
     process writes: a child forked from it carries the hooks in its memory, not the record."""
+    if _state.get("pid") != os.getpid():
+        return
     path = _path()
-    if path is None or _state.get("pid") != os.getpid():
+    if path is None or worker_kept(path):
         return
     try:
         with _lock:

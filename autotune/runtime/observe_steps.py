@@ -9,6 +9,8 @@ import weakref
 
 from autotune.runtime.observe_end import training_goes_on
 from autotune.runtime.observe_record import WINDOW, WRITE_AT, _after, _batch_size, _guarded, _record, _state, write
+from autotune.runtime.observe_resume import first_step, state_loads
+from autotune.runtime.observe_workers import adopt
 
 
 def _optim(mod) -> None:
@@ -23,8 +25,10 @@ def _optim(mod) -> None:
                  "lr_base": None, "lr_now": None, "lr_max": None, "lr_steps": 0, "lr_at": {}}
         _record()["optimizers"].append(entry)
         by_optimizer[id(self)] = entry
+        _state.setdefault("optimizer_refs", []).append(weakref.ref(self))  # whose gradients a collective may reduce
 
     _after(mod.Optimizer, "__init__", made)
+    state_loads(mod)
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     @_guarded("optimizer step")
@@ -33,12 +37,15 @@ def _optim(mod) -> None:
         # and skips while accumulating; DeepSpeed's ZeRO optimizers): its inner optimizer's real steps count
         if isinstance(getattr(optimizer, "optimizer", None), mod.Optimizer):
             return
+        if _state.get("pid") is None or _state.get("forked"):  # a worker the rank started, training: a rank
+            adopt()
         rec, st = _record(), _state
         rec["steps"] += 1
         n = rec["steps"]
         rec["exit_code"] = None  # training goes on: an exit asked for earlier was caught (argparse in a try, ...)
         training_goes_on()
         if n == 1:
+            first_step(optimizer)
             _guarded("choosing the model")(_choose_model)(optimizer)
         elif n <= WINDOW and st.get("counted") is not None:  # what reached the model in this step (from step 2)
             key = str(n)

@@ -123,3 +123,88 @@ def test_without_the_observer_a_scripts_own_exit_code_is_still_the_launchs(tmp_p
     assert r.returncode == 3, r.stderr[-3000:]
     assert "Your script failed: rank 1 exited with code 3 before its end" in r.stderr
     assert not (tmp_path / "r" / "observed").exists()
+
+
+# -- issue 51: a resume, ranks that sync, training in spawned workers: each claim shown, never assumed ----------------
+
+
+def test_a_script_that_never_loads_its_resume_path_is_reported_started_over_and_strict_fails_it(tmp_path):
+    """takes_path.py saves into the --checkpoint_dir it is given and never loads anything. Handed the checkpoint
+    through its --resume, it is launched, seen to start over at its first step, never called resumed, and --strict
+    fails it (exit 2). (Given only its --checkpoint_dir, --resume_from is refused before launch:
+    tests/unit/launch/test_resume_claims.py.)"""
+    run = tmp_path / "r"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.pt").write_bytes(b"step 3")
+    cfg = _config(tmp_path, "takes_path.py", global_batch_size=32, batch_size_per_gpu=16, learning_rate=0.001,
+                  strict=True, script_args=["--checkpoint_dir", "{checkpoint_dir}", "--resume", "{resume_from}"])
+    r = _launch(cfg, "--nproc_per_node", 2, "--run_dir", run, "--resume_from", "auto", "--force_run_dir")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "not shown from its source that the script loads it" in r.stdout
+    assert (f"--strict: the launch resumes from {run / 'checkpoints' / 'last.pt'}, but the script started over: its "
+            "optimizer's first step counted from 1, and it loaded nothing before it") in r.stderr, r.stderr[-3000:]
+    assert "resumed from" not in r.stderr + r.stdout
+    seen = json.loads((run / "delivery.json").read_text())["observed"]
+    assert seen["resume"]["status"] == "started over"
+
+
+def test_a_script_that_loads_its_resume_file_resumes_and_the_report_shows_the_step(tmp_path):
+    """loads_resume.py loads model and optimizer from the FILE its --resume names (timm's shape). The newest entry of
+    the run's checkpoint directory is a folder (step-3/): the script is handed the file inside it (a folder gave
+    timm FileNotFoundError), the observer sees its optimizer continue at step 3, and --strict passes it."""
+    import torch
+
+    run = tmp_path / "r"
+    (run / "checkpoints" / "step-3").mkdir(parents=True)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.001)
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    saved = run / "checkpoints" / "step-3" / "state.pt"
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 3}, saved)
+    cfg = _config(tmp_path, "loads_resume.py", global_batch_size=32, batch_size_per_gpu=16, learning_rate=0.001,
+                  strict=True, script_args=["--checkpoint_dir", "{checkpoint_dir}", "--resume", "{resume_from}"])
+    r = _launch(cfg, "--nproc_per_node", 2, "--run_dir", run, "--resume_from", "auto", "--force_run_dir")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "TRAINED from step 3 to 10" in r.stdout
+    assert "shown from its source: it reaches torch.load (loads_resume.py:24), which loads a file" in r.stdout
+    said = f"resumed from {saved} at step 3 (its optimizer's step counter)"
+    assert said in r.stderr and said in r.stdout.split("\nDone.")[1], r.stderr[-3000:]
+    seen = json.loads((run / "delivery.json").read_text())["observed"]
+    assert seen["resume"]["step"] == 3 and seen["wrong"] == []
+
+
+def test_ranks_in_one_group_that_never_sync_gradients_are_separate_trainings_and_strict_stops_them(tmp_path):
+    """group_no_ddp.py: both ranks join one gloo group (and all-reduce their loss for the log), but no DDP wraps the
+    model and no gradient is reduced: two trainings of 16, not one job of 32 (it was judged one job by its group
+    alone, --strict exit 0)."""
+    cfg = _config(tmp_path, "group_no_ddp.py", global_batch_size=32, batch_size_per_gpu=16, learning_rate=0.001,
+                  strict=True)
+    r = _launch(cfg, "--nproc_per_node", 2, "--run_dir", tmp_path / "r")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert ("2 independent trainings (their ranks share a process group but never synchronise gradients), effective "
+            "batch 16 each") in r.stderr, r.stderr[-3000:]
+    assert "--strict: 2 independent trainings of 16 each; the plan was one job of 32" in r.stderr
+    assert "wrap the model in DistributedDataParallel (or FSDP), or all-reduce its gradients" in r.stderr
+
+
+def test_training_inside_mp_spawn_is_judged_on_its_real_batch(tmp_path):
+    """spawned.py (imagenet's --multiprocessing-distributed shape): the launched process trains nothing; the two
+    workers it spawns join a group of their own, wrap the model in DDP and train 8 each. They are the ranks: the
+    effective batch is 16 and their world 2 (it was "ended without training")."""
+    cfg = _config(tmp_path, "spawned.py", global_batch_size=16, batch_size_per_gpu=8, learning_rate=0.01,
+                  script_args=["{micro_batch_size}"])
+    r = _launch(cfg, "--nproc_per_node", 1, "--run_dir", tmp_path / "r")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(x for x in r.stdout.splitlines() if x.startswith("WORKER")) == [
+        "WORKER 0 TRAINED 12", "WORKER 1 TRAINED 12"]
+    assert "without training" not in r.stdout + r.stderr
+    done = r.stdout.split("\nDone.")[1]
+    assert "observed after 12 step(s): effective batch 16 per optimizer step (the model's training inputs)" in done
+    assert "world_size 2 (plan 1)" in done
+    seen = json.loads((tmp_path / "r" / "delivery.json").read_text())["observed"]
+    assert seen["effective_batch"] == 16 and seen["steps_most"] == 12
+    records = [json.loads((tmp_path / "r" / "observed" / f"rank-{i}.json").read_text()) for i in (0, 1)]
+    assert all(rec["spawned_by"] and rec["steps"] == 12 for rec in records)

@@ -113,7 +113,10 @@ def test_a_hydra_app_gets_the_plan_as_overrides_and_resumes_from_its_own_snapsho
         f"Hydra override trainer.batch_size=... (a key of {tmp_path / 'conf' / 'train.yaml'}, read by @hydra.main)"]
     assert record["resume"] == (f"the script's own path inside the run directory (trainer.snapshot_path={run}/"
                                 "checkpoints/snapshot.pt): it saves there and resumes from what it finds (it holds "
-                                "a checkpoint)")
+                                "a checkpoint); shown from its source: it reaches torch.load (app.py:21)")
+    # and seen at its first step: it loaded the snapshot into its model (its optimizer starts fresh: no step count)
+    assert record["observed"]["resume"]["status"] == "resumed" and record["observed"]["resume"]["loaded"] == [
+        f"{run}/checkpoints/snapshot.pt"]
     seen = observed_as_planned(run)
     assert {k: seen[k] for k in ("micro_batch_size", "gradient_accumulation_steps", "learning_rate", "world_size")} \
         == dict.fromkeys(("micro_batch_size", "gradient_accumulation_steps", "learning_rate", "world_size"), "equal")

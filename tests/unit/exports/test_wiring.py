@@ -345,10 +345,11 @@ def test_a_resume_point_must_reach_the_script_or_is_refused(tmp_path):
     with pytest.raises(UserError) as refused:
         prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={}, resume_from=str(saved))
     assert str(refused.value) == (  # naming no flag the script lacks (it once suggested --resume)
-        "--resume_from: your script has no way to receive the resume point, and would start from scratch; pass the "
-        "checkpoint to your script after `--` as {resume_from} (with whatever it resumes from), or a path inside the "
-        "run directory that it saves to and resumes from ({checkpoint_dir}/...), or have it read "
-        "$AUTOTUNE_RESUME_FROM")
+        "--resume_from: your script cannot resume: nothing it is given is shown to reach a call that loads a "
+        "checkpoint (torch.load, load_state_dict, load_checkpoint, Accelerator.load_state, resume_from_checkpoint, "
+        "...), so it would start over and overwrite its checkpoints; pass the checkpoint to your script after `--` "
+        "as {resume_from} (with whatever it resumes from), or a path inside the run directory that it saves to and "
+        "resumes from ({checkpoint_dir}/...), or have it read $AUTOTUNE_RESUME_FROM; or launch without --resume_from")
     ok = prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={}, resume_from=str(saved),
                  script_args=["--lr", "1", "--resume", "{resume_from}"])  # the user's own way in
     assert ok.launch_spec.cmd[-2:] == ["--resume", str(saved.resolve())]
@@ -1087,8 +1088,9 @@ def test_a_script_resuming_from_its_own_path_in_the_run_directory_is_not_refused
 
     from autotune.prepare import prepare
 
-    (tmp_path / "snap.py").write_text("import argparse\np = argparse.ArgumentParser()\n"
-                                      "p.add_argument('--snapshot_path')\n")
+    (tmp_path / "snap.py").write_text("import argparse, os\nimport torch\np = argparse.ArgumentParser()\n"
+                                      "p.add_argument('--snapshot_path')\na = p.parse_args()\n"
+                                      "if os.path.exists(a.snapshot_path):\n    torch.load(a.snapshot_path)\n")
     cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(tmp_path / "snap.py")})
     run = tmp_path / "run"
     args = ["--snapshot_path", "{checkpoint_dir}/snap.pt"]
@@ -1096,21 +1098,27 @@ def test_a_script_resuming_from_its_own_path_in_the_run_directory_is_not_refused
     where = str(run.absolute() / "checkpoints" / "snap.pt")
     assert first.resume_path is None and first.delivery.resume == (
         f"the script's own path inside the run directory (--snapshot_path {where}): it saves there and resumes from "
-        "what it finds (nothing there yet: it starts fresh)")
+        "what it finds (nothing there yet: it starts fresh); shown from its source: it reaches torch.load (snap.py:7)")
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "snap.pt").write_text("weights")
     again = prepare(cfg, hardware="cpu-only", run_dir=run, environ={}, resume_from="auto", script_args=args)
     assert again.resume_path == (run / "checkpoints" / "snap.pt").resolve()
-    assert again.delivery.resume.endswith("(it holds a checkpoint)")
+    assert "(it holds a checkpoint); shown from its source" in again.delivery.resume
     assert again.delivery.to_record()["resume"] == again.delivery.resume
-    # no way in: with nothing to resume yet it starts and says so (a job requeued before its first checkpoint starts
-    # as its first submission did, issue 42 item 13); with a checkpoint there it is refused
+    # no way in: refused before its first checkpoint exists (issue 51: a requeued job would start over and overwrite
+    # it), with the fix; a path it is given inside the run directory but never loads is no way in (issue 51 item 1)
+    import pytest
+
+    from autotune.errors import UserError
+
     fresh = tmp_path / "fresh"
-    started = prepare(cfg, hardware="cpu-only", run_dir=fresh, environ={}, resume_from="auto")
-    assert started.resume_path is None and started.delivery.resume.startswith(
-        "none: nothing to resume yet, so the script starts fresh; it has no way to receive a resume point, so once "
-        "this run directory holds a checkpoint --resume_from is refused: ")
-    # (refused with a checkpoint to resume: test_a_resume_point_must_reach_the_script_or_is_refused)
+    with pytest.raises(UserError, match="your script cannot resume.*its run directory holds none yet"):
+        prepare(cfg, hardware="cpu-only", run_dir=fresh, environ={}, resume_from="auto")
+    (tmp_path / "logs.py").write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--log_dir')\n")
+    logs = apply_overrides(cfg, {"training.entrypoint": str(tmp_path / "logs.py")})
+    with pytest.raises(UserError, match="your script cannot resume"):
+        prepare(logs, hardware="cpu-only", run_dir=fresh, environ={}, resume_from="auto",
+                script_args=["--log_dir", "{run_dir}/logs"])
 
 
 def test_the_batch_fix_suggests_wire_auto_only_with_what_it_would_pass():
