@@ -115,6 +115,7 @@ def exported_threads(cfg: TrainConfig, hw: HardwareProfile, environ: Mapping[str
 def _model_facts(cfg: TrainConfig, policy, hw: HardwareProfile, probe_gpu: bool):
     """The planner's model facts: measured (a user's ``training.model``), else the built-in GPT's or
     what the config declares."""
+    from autotune.exports.script_engines import engines_not_run
     from autotune.planner.model_facts import facts_for
 
     t = cfg.training
@@ -131,7 +132,15 @@ def _model_facts(cfg: TrainConfig, policy, hw: HardwareProfile, probe_gpu: bool)
             facts = facts.model_copy(update={"builds_on_meta": read.builds_on_meta})
     if read is not None and read.drops_last:
         facts = facts.model_copy(update={"drops_last": read.drops_last})
-    return facts
+    cannot = engines_not_run(t.entrypoint, read if read is not None else _module_read(t.entrypoint))
+    return facts.model_copy(update={"script_cannot": tuple(cannot.items())}) if cannot else facts
+
+
+def _module_read(entrypoint: str):
+    """A module:function entrypoint's source, read (None for a script file not here: a plan for another machine)."""
+    from autotune.exports.script_scan import script_facts
+
+    return None if entrypoint.endswith(".py") else script_facts(entrypoint)
 
 
 def _script_read(entrypoint: str, workdir: str | None):
