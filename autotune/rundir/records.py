@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-from autotune.plan import TrainingPlan
+from autotune.plan import TrainingPlan, plan_file_text
 from autotune.profiles import HardwareProfile
 from autotune.redaction import redact_args, secret_flags, secret_value  # noqa: F401 (the one rule; re-exported)
 from autotune.rundir.layout import (
@@ -86,7 +86,7 @@ def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: di
     if plan.run.script_args:  # the config's script arguments: a secret among them is not recorded
         run = plan.run.model_copy(update={"script_args": tuple(redact_args(list(plan.run.script_args)))})
         plan = plan.model_copy(update={"run": run})
-    files.append((PLAN, plan.to_json() + "\n"))
+    files.append((PLAN, plan_file_text(plan) + "\n"))  # with its flat view, for scripts reading the file
     staging = records / f".records-{secrets.token_hex(4)}"
     try:
         records.mkdir(parents=True, exist_ok=True)
