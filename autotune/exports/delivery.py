@@ -7,9 +7,10 @@ launch these are the routes handed over; what the script ran is observed in its 
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 
-from autotune.exports.script_scan import FLAGS, ScriptFacts
+from autotune.exports.script_scan import ScriptFacts
 from autotune.exports.user_values import yours_route
 from autotune.exports.withheld import withhold_accumulation
 from autotune.plan import TrainingPlan
@@ -25,9 +26,23 @@ HINT_WORDS = {"micro_batch_size": "batch-size", "gradient_accumulation_steps": "
               "learning_rate": "learning-rate", "precision": "precision", "num_workers": "DataLoader-workers",
               "max_steps": "step-count", "epochs": "epoch-count", "warmup_steps": "warm-up-steps",
               "world_size": "world-size"}
+# the words a script's own flag for each value is spelled with (llm.c's --num_iterations, --dtype; timm's --amp):
+# a hint names a declared flag near the value, never one the script lacks
+NEAR_WORDS = {"micro_batch_size": ("batch", "bs"),
+              "gradient_accumulation_steps": ("accum", "accumulate", "accumulation"),
+              "learning_rate": ("lr", "learning"), "precision": ("precision", "dtype", "amp", "fp16", "bf16", "half"),
+              "num_workers": ("workers",), "max_steps": ("steps", "iters", "iterations", "iter"),
+              "epochs": ("epochs", "epoch"), "warmup_steps": ("warmup",), "world_size": ()}
 WORDS = {"micro_batch_size": "batch size", "gradient_accumulation_steps": "accumulation steps",
          "learning_rate": "learning rate", "precision": "precision", "num_workers": "DataLoader workers",
          "max_steps": "step limit", "epochs": "epoch count", "warmup_steps": "warm-up steps"}
+
+
+def near_flags(key: str, flags) -> list[str]:
+    """The script's declared flags whose words are the value's (``--num_iterations`` for max_steps)."""
+    words = NEAR_WORDS.get(key, ())
+    return [f for f in flags if any(w in words for w in f.lstrip("-").replace("-", "_").replace(".", "_").split("_"))
+            and not (key == "max_steps" and "warmup" in f)]
 
 
 def delivered_keys(plan: TrainingPlan) -> tuple[str, ...]:
@@ -82,14 +97,27 @@ class Delivery:
             return f"--{part}.<its {word} argument> {{{key}}}"
         if self.shape == "configurator":
             return f"--<its {word} setting>={{{key}}}"
-        return f"--<its {word} flag> {{{key}}}"
+        near = near_flags(key, self.flags)
+        if len(near) == 1:
+            return f"{near[0]} {{{key}}} (if that is its {word})"
+        if near:
+            return f"its {word} flag among {', '.join(near)} with {{{key}}}"
+        return ""  # it declares no flag for it: placeholder_hint says so, naming none
 
     def placeholder_hint(self, keys=("micro_batch_size",)) -> str:
-        """How to pass ``keys`` (the values it has no recognised setting for), in the script's shape's form."""
-        forms = " ".join(self.placeholder_form(k) for k in keys)
-        return {"hydra": "as Hydra overrides of the keys it trains with: ",
+        """How to pass ``keys`` (the values it has no recognised setting for), in the script's shape's form; for an
+        argparse script, only flags it declares, and which values it declares none for."""
+        forms = [(k, self.placeholder_form(k)) for k in keys]
+        named = " ".join(f for _, f in forms if f)
+        lead = {"hydra": "as Hydra overrides of the keys it trains with: ",
                 "lightning": "as LightningCLI flags of its model, data or trainer: ",
-                "configurator": "as its --key=value settings: "}.get(self.shape, "to its own flags: ") + forms
+                "configurator": "as its --key=value settings: "}.get(self.shape, "to its own flags: ")
+        none = [k for k, f in forms if not f]
+        if not none:
+            return lead + named
+        lacks = (f"it declares no flag for its {', '.join(WORDS.get(k, k) for k in none)}: give it one that takes "
+                 + " ".join(f"{{{k}}}" for k in none))
+        return (lead + named + "; " + lacks) if named else lacks
 
     def advisory_hint(self) -> str:
         """The line under the routes when values are advisory: what --wire auto would pass (only where it finds the
@@ -99,9 +127,13 @@ class Delivery:
         rest = [k for k in self.advisory if k not in can and k != "engine"]
         if can and not self.wired:
             return ("(use --wire auto: it passes " + ", ".join(spelled(self.would_wire[k], k) for k in can)
-                    + (f"; pass the others after `--` {self.placeholder_hint(rest)})" if rest else ")"))
+                    + (f"; {self.pass_them(rest, 'the others')})" if rest else ")"))
         found = "--wire auto found no setting for them in your script: " if self.wired else ""
-        return f"({found}pass them after `--` {self.placeholder_hint(rest or self.advisory)})"
+        return f"({found}{self.pass_them(rest or self.advisory)})"
+
+    def pass_them(self, keys, them: str = "them") -> str:
+        how = self.placeholder_hint(keys)
+        return how if how.startswith("it declares no flag") else f"pass {them} after `--` {how}"
 
     def to_record(self) -> dict:
         return {"routes": self.routes, "advisory": self.advisory, "withheld": self.withheld, "notes": list(self.notes),
@@ -249,20 +281,34 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
 def _precision_claim(plan: TrainingPlan, facts: ScriptFacts, routes: dict[str, list[str]], notes: list[str]) -> None:
     """What can be said of the precision of a script no route reaches: read from the script and the modules of its
     own project (minGPT autocasts in its trainer.py). A precision it sets itself is named (the plan's does not reach
-    it); fp32 is PyTorch's default only when nothing read sets another, and everything could be read; otherwise it
-    is not known before the launch."""
-    own = facts.precision_set
-    if own:
+    it); one behind its own switch is not known (timm autocasts only under --amp); a precision argument of its own
+    sets one by its default (litgpt's --precision); fp32 is PyTorch's default only when nothing read sets another,
+    and everything could be read; otherwise it is not known before the launch."""
+    own = [p for p in facts.precision_set if not p.conditional] or facts.precision_set
+    if own and not own[0].conditional:
         first = own[0]
         what = first.precision or "a dtype read at run time"
         notes.append(f"the script sets its own precision ({first.where}: {what}"
-                     + (", behind its own switch" if first.conditional else "")
                      + (f"; {len(own) - 1} more place(s)" if len(own) > 1 else "")
                      + f"): the plan's {plan.numerics.precision} does not reach it; its first steps show what it runs")
         return
+    if own:  # every one behind a switch of the script's: on or off is the script's arguments' to say
+        first = own[0]
+        flags = switch_flags((first.switch or "").removeprefix("enabled="), facts)
+        turn = f" ({', '.join(flags)} turns it on)" if flags else ""
+        notes.append(f"the script sets a precision of its own only behind its switch `{first.switch or 'enabled=...'}`"
+                     f"{turn} ({first.where}): whether it runs {first.precision or 'a dtype read at run time'} or "
+                     f"PyTorch's fp32 is not known before the launch; the plan's {plan.numerics.precision} does not "
+                     "reach it; its first steps show what it runs")
+        return
+    own_args = precision_arguments(facts)
+    if own_args:
+        if plan.numerics.precision == "fp32":
+            notes.append(f"the script has its own precision argument(s) ({', '.join(own_args)}): its default is a "
+                         "setting of its own, not known before the launch; its first steps show what it runs")
+        return
     if plan.numerics.precision != "fp32" or facts.uses_deepspeed_initialize or \
-            "mixed_precision" in facts.accelerator_kwargs or \
-            any(f in facts.flags for f in ("--bf16", "--fp16", *FLAGS["precision"])):
+            "mixed_precision" in facts.accelerator_kwargs:
         return
     if facts.project_unread:
         notes.append(f"whether the script sets its own precision is not known before launch: "
@@ -270,6 +316,30 @@ def _precision_claim(plan: TrainingPlan, facts: ScriptFacts, routes: dict[str, l
         return
     read = f" (read with {len(facts.project)} module(s) of its own project)" if facts.project else ""
     routes["precision"].append(f"fp32 is PyTorch's default and the script sets no precision{read}")
+
+
+PRECISION_WORDS_IN_NAMES = ("precision", "dtype", "amp", "fp16", "bf16", "half", "autocast")
+
+
+def precision_arguments(facts: ScriptFacts) -> list[str]:
+    """The script's own flags and configurator settings that name a precision (``--precision``, ``--dtype``,
+    ``--amp``, ``--bf16``; nanoGPT's ``dtype``): a default of one is a setting of the script's."""
+    def names(n: str) -> bool:
+        words = n.lstrip("-").replace("-", "_").replace(".", "_").split("_")
+        return any(w in PRECISION_WORDS_IN_NAMES for w in words)
+
+    return [f for f in facts.flags if names(f)] + [s for s in facts.settings if names(s)]
+
+
+def switch_flags(test: str, facts: ScriptFacts) -> list[str]:
+    """The script's declared flags whose attribute a switch's test reads (``args.amp`` -> --amp)."""
+    try:
+        tree = ast.parse(test, mode="eval")
+    except SyntaxError:
+        return []
+    read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | \
+        {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return [f for f in facts.flags if facts.dests.get(f, f.lstrip("-").replace("-", "_")) in read]
 
 
 def _behind(route: str, facts: ScriptFacts) -> str:

@@ -125,6 +125,7 @@ def scan_script(path: str | Path) -> ScriptFacts:
     """What the script declares and does: its own file, and the modules it imports from its own project
     (``autotune.exports.script_project``: a Trainer, an Accelerator, autocast made in ``trainer.py``)."""
     from autotune.exports.script_hydra import scan_hydra
+    from autotune.exports.script_jsonargparse import jsonargparse_flags
     from autotune.exports.script_lightning import scan_lightning
     from autotune.exports.script_project import drops_last, meta_build, precision_sets, project_modules
 
@@ -144,6 +145,9 @@ def scan_script(path: str | Path) -> ScriptFacts:
         _walk(module, facts)
     facts.hydra = scan_hydra(tree, Path(path), project.modules)
     facts.lightning = scan_lightning(tree, project.modules)
+    for flag, dest in jsonargparse_flags(tree, project.modules).items():  # a jsonargparse CLI(fn): fn's parameters
+        facts.flags.setdefault(flag, False)
+        facts.dests.setdefault(flag, dest)
     if facts.uses_hf_trainer and "--deepspeed" in facts.flags and not facts.deepspeed_launcher_args:
         facts.flags["--deepspeed"] = False  # HF's --deepspeed takes the JSON's path
     _scan_settings(tree, facts)
