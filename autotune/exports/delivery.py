@@ -273,6 +273,13 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
             routes[k].append(f"yours: training.{k} is not set, so the script keeps its own (set it to have autotune "
                              "pass it)")
     advisory = [k for k in routes if not routes[k]]
+    # where it saves: the run directory's checkpoints folder, when autotune handed it over (shown in the table, not
+    # only on the Command: line); no plan value, never advisory
+    if "checkpoint_dir" in wired:
+        routes["checkpoint_dir"] = [f"{_wired_route('checkpoint_dir', wired['checkpoint_dir'], facts, plan)}: the "
+                                    "run directory's checkpoints folder (--wire auto)"]
+    elif "checkpoint_dir" in placeholders:
+        routes["checkpoint_dir"] = ["placeholder {checkpoint_dir}: the run directory's checkpoints folder"]
     return Delivery(routes, advisory, notes=tuple(notes), engine=plan.engine.backend, shape=shape_of(facts),
                     divides_accumulation=facts.divided_by_world.get("gradient_accumulation_steps"),
                     deepspeed_condition=facts.deepspeed_condition, flags=tuple(facts.flags), given=given)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import TextIO
 
+from autotune.planner.memory import size_text
 from autotune.profiles import HardwareProfile
 
 RULE = "=" * 72
@@ -103,7 +104,7 @@ def render_profile(hw: HardwareProfile, out: TextIO) -> None:
 
 
 def _size(gib: float) -> str:
-    return f"{gib:.2f} GiB" if gib >= 0.1 else f"{gib * 1024:.1f} MiB"
+    return size_text(gib)  # the planner's one unit rule
 
 
 def engine_label(label: str, backend: str) -> str:

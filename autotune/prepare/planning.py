@@ -41,6 +41,16 @@ def plan_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     return p.model_copy(update={"reasons": {**p.reasons, **deepspeed_reasons(p, ds)}}), hw, ds
 
 
+# the config field a plan flag sets -> the plan's knob it decides: a value from a flag is named as one
+# (--no_auto_optimize took every flag's value "from the config verbatim")
+FLAG_KNOBS = {"distributed.backend": "backend", "distributed.zero_stage": "zero_stage",
+              "distributed.nproc_per_node": "nproc_per_node", "distributed.num_nodes": "num_nodes",
+              "distributed.node_rank": "node_rank", "distributed.master_addr": "master_addr",
+              "training.batch_size_per_gpu": "micro_batch_size",
+              "training.gradient_accumulation_steps": "gradient_accumulation_steps",
+              "training.mixed_precision": "precision", "data.num_workers": "num_workers"}
+
+
 def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
               hardware: str | HardwareProfile | None = None, *, auto_optimize: bool = True, debug: bool = False,
               policy: str | None = None, force: bool = False, facts=None, probe_gpu: bool = False,
@@ -68,8 +78,11 @@ def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     pol = load_policy(policy)
     ds_installed = deepspeed_installed(hw.software)
     facts = _with_past_runs(cfg, hw, facts or _model_facts(cfg, pol, hw, probe_gpu))
+    sources = {FLAG_KNOBS[k]: "flag" for k in (overrides or {}) if k in FLAG_KNOBS}
+    if exported:
+        sources["omp_num_threads"] = "environment"
     options = dict(auto_optimize=auto_optimize, debug=debug, policy=pol, deepspeed_installed=ds_installed,
-                   force=force, times=times, sources={"omp_num_threads": "environment"} if exported else None)
+                   force=force, times=times, sources=sources or None)
     p, weighing = weigh(hw, cfg, facts=facts, **options)
     steps = steps_for(cfg, hw, p, facts) if time_cpu else None
     if steps is not None:  # the same plan again, timed by the step measured here
