@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
+from typing import Any
 
 from autotune.exports.script_scan import ScriptFacts
 from autotune.exports.user_values import yours_route
@@ -70,6 +71,8 @@ class Delivery:
     deepspeed_condition: str | None = None  # the condition its deepspeed.initialize path is behind, as read
     flags: tuple[str, ...] = ()  # every flag the script declares (argparse), known to autotune or not
     given: dict[str, str] = field(default_factory=dict)  # plan value -> your own argument after `--` that sets it
+    derived: Any = None  # script_derived.DerivedAccumulation: the script computes its accumulation from its argument
+    derived_given: str | None = None  # your own value of that argument after `--`, as you passed it
 
     @property
     def declared(self) -> dict[str, str]:
@@ -282,7 +285,20 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
         routes["checkpoint_dir"] = ["placeholder {checkpoint_dir}: the run directory's checkpoints folder"]
     return Delivery(routes, advisory, notes=tuple(notes), engine=plan.engine.backend, shape=shape_of(facts),
                     divides_accumulation=facts.divided_by_world.get("gradient_accumulation_steps"),
-                    deepspeed_condition=facts.deepspeed_condition, flags=tuple(facts.flags), given=given)
+                    deepspeed_condition=facts.deepspeed_condition, flags=tuple(facts.flags), given=given,
+                    derived=facts.derived_accumulation, derived_given=_value_of(
+                        facts.derived_accumulation.flag, user_args) if facts.derived_accumulation else None)
+
+
+def _value_of(flag: str, args: list[str]) -> str | None:
+    """The value ``args`` give ``flag`` (``--x 8`` or ``--x=8``; the last one wins, as argparse takes it)."""
+    found = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif a.startswith(flag + "="):
+            found = a.split("=", 1)[1]
+    return found
 
 
 def _precision_claim(plan: TrainingPlan, facts: ScriptFacts, routes: dict[str, list[str]], notes: list[str]) -> None:

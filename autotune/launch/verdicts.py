@@ -62,6 +62,9 @@ def fix_for(key: str, seen, plan, delivery, world: int, micro=None) -> str:
     was seen training)."""
     if delivery is None:
         return FIX.get(key, "")
+    derived = getattr(delivery, "derived", None)
+    if derived is not None and key == "gradient_accumulation_steps":  # its global batch is its own argument's
+        return derived_fix(derived, getattr(delivery, "derived_given", None), seen, plan, world, micro)
     given = (getattr(delivery, "given", None) or {}).get(key)
     if given:
         return _yours_after_dash(key, seen, given, plan, delivery)
@@ -80,6 +83,40 @@ def fix_for(key: str, seen, plan, delivery, world: int, micro=None) -> str:
         return (f"the script reads ${variable} and still runs {_fmt(seen)}: its own setting wins there; plan for "
                 f"what it runs ({_plan_change(key, seen)}), or let the variable decide")
     return _no_route(key, seen, delivery, variable)
+
+
+def derived_fix(derived, given: str | None, seen, plan, world: int, micro) -> str:
+    """The script computes its accumulation in code from an argument of its own (llm.c's --total_batch_size in
+    tokens): the plan's --grad_accum or --batch_size change nothing it trains. Named: that argument, with the value
+    that trains the plan's global batch where the script divides it (checked: scaled by plan / trained, the
+    accumulation it derives is the plan's, a whole number), and the plan change that takes what it trains."""
+    b = plan.batch
+    head = (f"the script computes its accumulation in code from its own {derived.flag} (`{derived.statement}`): its "
+            f"global batch is that argument's, so --grad_accum or --batch_size change nothing it trains")
+    trained = int(seen) * int(micro) * world if isinstance(seen, (int, float)) and micro else None
+    if not trained:
+        return f"{head}; set {derived.flag} after `--` to the plan's global batch of {b.global_batch_size} samples"
+    plan_it = f"plan for what it trains (--global_batch_size {trained})"
+    now = _number(given) if given is not None else derived.default
+    was = f"your {derived.flag} {given}" if given is not None else f"its default {derived.flag} {_fmt(now)}"
+    if derived.proportional and now is not None:
+        new = now * b.global_batch_size / trained
+        acc = seen * b.global_batch_size / trained  # what it derives from the new value, at the plan's micro-batch
+        if new == int(new) and acc == int(acc) and int(acc) == b.gradient_accumulation_steps:
+            return (f"{head}; with {was} it trains {trained} samples a step, the plan's is {b.global_batch_size}: "
+                    f"pass {derived.flag} {int(new)} after `--` (it then derives accumulation {int(acc)}), or "
+                    f"{plan_it}")
+        return (f"{head}; with {was} it trains {trained} samples a step, and no whole value of it trains the plan's "
+                f"{b.global_batch_size} at micro-batch {micro}: {plan_it}")
+    return f"{head}; with {was} it trains {trained} samples a step: set it for {b.global_batch_size}, or {plan_it}"
+
+
+def _number(text: str):
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return int(v) if v == int(v) else v
 
 
 def _changed_in_code(key: str, seen, flag: str, plan, world: int) -> str:

@@ -760,12 +760,16 @@ def test_the_accumulation_placeholder_to_a_script_that_divides_it_is_named_and_t
     values = placeholder_values(p, None, None)
     assert values["gradient_accumulation_steps_total"] == "8" and values["gradient_accumulation_steps"] == "4"
     d = delivery(p, f, ["gradient_accumulation_steps"], {}, ["--gradient_accumulation_steps=4"], deepspeed_json=False)
+    # its dtype setting is a precision of its own (issue 51 item 7): said beside, never claimed fp32
+    own_dtype = ("the script has its own precision argument(s) (dtype): its default is a setting of its own, not "
+                 "known before the launch; its first steps show what it runs")
     assert d.notes == ("the script divides its accumulation by its world size (`gradient_accumulation_steps //= "
                        "ddp_world_size`): {gradient_accumulation_steps} makes it accumulate 2 a process, not the "
-                       "plan's 4; pass {gradient_accumulation_steps_total} (the total over the processes) instead",)
+                       "plan's 4; pass {gradient_accumulation_steps_total} (the total over the processes) instead",
+                       own_dtype)
     total = delivery(p, f, ["gradient_accumulation_steps_total"], {}, ["--gradient_accumulation_steps=8"],
                      deepspeed_json=False)
-    assert total.notes == () and total.routes["gradient_accumulation_steps"] == [
+    assert total.notes == (own_dtype,) and total.routes["gradient_accumulation_steps"] == [
         "placeholder {gradient_accumulation_steps_total} (the total over the 2 processes; the script divides it by its "
         "world size: `gradient_accumulation_steps //= ddp_world_size`)"]
     # the total given to a script that uses its accumulation as given: twice the plan's batch, said; no route
