@@ -87,3 +87,82 @@ def test_the_users_own_value_is_named_and_a_value_that_cannot_work_is_not_offere
     fix = derived_fix(setup.delivery.derived, None, 3, setup.plan, 2, 8)  # 48 trained: 512 x 64 / 48 is no whole one
     assert "no whole value of it trains the plan's 64" in fix and "pass --total_batch_size" not in fix
     assert fix.endswith("plan for what it trains (--global_batch_size 48)")
+
+
+PLAIN_RATE = """\
+import argparse
+import torch
+p = argparse.ArgumentParser()
+p.add_argument("--batch_size", type=int, default=8)
+args = p.parse_args()
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.AdamW(model.parameters(), lr=0.01)  # its own rate, no flag for it
+"""
+
+
+def test_the_learning_rate_hint_takes_the_configs_linear_scaling_into_account(tmp_path):
+    """The torchrun guide: the hint said `training.learning_rate: 0.01`, which the plan scaled by 64/16 again;
+    followed, it printed the same hint, still 4x off. Followed now, the plan is the rate the script runs."""
+    from autotune.launch.rate_rule import Rate, rate_verdict
+
+    script = tmp_path / "rate.py"
+    script.write_text(PLAIN_RATE)
+
+    def planned(**over):
+        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(script), "training.learning_rate": 0.001,
+                                              "training.lr_scaling": "linear", "training.base_batch_size": 16,
+                                              "training.global_batch_size": 64, "distributed.nproc_per_node": 2,
+                                              **over})
+        return prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={})
+
+    setup = planned()
+    p = setup.plan
+    assert p.schedule.learning_rate == 0.004  # 0.001 x 64/16
+    v = rate_verdict(p, "learning_rate", Rate(0.01), p.schedule.learning_rate, setup.delivery, 2)
+    assert v["status"] == "different"
+    change = re.search(r"training\.learning_rate: ([\d.]+) with training\.lr_scaling: none", v["fix"])
+    assert change, v["fix"]
+    followed = planned(**{"training.learning_rate": float(change.group(1)), "training.lr_scaling": "none"}).plan
+    again = rate_verdict(followed, "learning_rate", Rate(0.01), followed.schedule.learning_rate, setup.delivery, 2)
+    assert again["status"] == "equal"
+    # the old hint, followed: scaled again, the same difference
+    old = planned(**{"training.learning_rate": 0.01}).plan
+    assert old.schedule.learning_rate == 0.04
+
+
+OWN_BATCH_ACCELERATE = """\
+import argparse
+from accelerate import Accelerator
+p = argparse.ArgumentParser()
+p.add_argument("--lr", type=float, default=0.01)
+args = p.parse_args()
+batch_size = 16  # its own, in code
+accelerator = Accelerator()
+"""
+
+
+def test_an_accelerate_script_training_its_own_batch_is_offered_the_variable_that_works(tmp_path, monkeypatch):
+    """The 4xA100 guide's Accelerate variant: the launch withholds ACCELERATE_GRADIENT_ACCUMULATION_STEPS from a
+    script whose batch is its own; the fix that works, exporting it yourself, is offered, and Accelerate's own
+    Accelerator() takes it."""
+    from helpers.support import require
+
+    script = tmp_path / "acc.py"
+    script.write_text(OWN_BATCH_ACCELERATE)
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(script), "distributed.nproc_per_node": 2,
+                                          "training.global_batch_size": 128, "training.batch_size_per_gpu": 32})
+    setup = prepare(cfg, hardware="cpu-only", runs_root=tmp_path / "runs", environ={})
+    assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" in setup.delivery.withheld
+    assert setup.plan.batch.gradient_accumulation_steps == 2  # 32 x 2 x 2; the script trains 16 x 1 x 2
+    p = setup.plan
+    v = verdict(p, "gradient_accumulation_steps", 1, p.batch.gradient_accumulation_steps, setup.delivery, 2, 16)
+    assert "export ACCELERATE_GRADIENT_ACCUMULATION_STEPS=4 before the launch" in v["fix"], v["fix"]
+    accelerate = require("accelerate", reason="accelerate is not installed")
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    from accelerate.state import AcceleratorState
+
+    try:
+        assert 16 * accelerate.Accelerator().gradient_accumulation_steps * 2 == p.batch.global_batch_size
+    finally:  # Accelerate's state is one per process: none left for another test
+        AcceleratorState._reset_state(True)
