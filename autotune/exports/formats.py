@@ -291,8 +291,8 @@ def _torchrun(req: ExportRequest, plan: TrainingPlan) -> Exported:
                      "read)") if plan.is_deepspeed else ""
         return Exported(shlex.join(["torchrun", *torchrun_flags(plan), req.script, *shown]) + "\n" + secret, (
             f"note: this line starts {req.script} as the plan's {e.world_size} process(es) ({what}); it carries no "
-            f"other value of the plan{deepspeed}: give them to your script as {{placeholders}} after `--` (e.g. "
-            "--batch_size {micro_batch_size}), or start it with `python -m autotune launch`, which delivers them",))
+            f"other value of the plan{deepspeed}: give them to your script as {{placeholders}} after `--`"
+            f"{_example(req.script)}, or start it with `python -m autotune launch`, which delivers them",))
     if plan.run.entrypoint is None and script_args:
         raise UserError("export --format torchrun: arguments after `--` are your script's, and the plan runs the "
                         "built-in workload (python -m autotune.train), which takes none; name your script with "
@@ -307,6 +307,16 @@ def _torchrun(req: ExportRequest, plan: TrainingPlan) -> Exported:
     text = (f"# the plan ({what}) is in {plan_path}{beside}, written by this export; the line starts what it runs\n"
             + env + shlex.join(["torchrun", *torchrun_flags(plan), "--module", *program]) + "\n" + secret)
     return Exported(text, (f"wrote the plan the line reads: {plan_path}",), records=str(plan_path.parent))
+
+
+def _example(script: str) -> str:
+    """An example placeholder on a batch-size flag the script declares (read from its source), or none: a note never
+    names a flag the script lacks."""
+    from autotune.exports.script_scan import FLAGS, script_facts
+
+    facts = script_facts(script) if script.endswith(".py") and Path(script).is_file() else None
+    flag = next((f for f in FLAGS["micro_batch_size"] if facts is not None and f in facts.flags), None)
+    return f" (e.g. {flag} {{micro_batch_size}})" if flag else ""
 
 
 def export_plan(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None,

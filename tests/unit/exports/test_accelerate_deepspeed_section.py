@@ -116,3 +116,13 @@ def test_the_deepspeed_json_and_the_accelerate_file_clip_alike(tmp_path, clip):
     over = {} if clip is None else {"training.gradient_clipping": clip}
     cfg, _, p = _export(tmp_path, PLAN_ACCUMULATION, ["--batch_size", "{micro_batch_size}"], **over)
     assert cfg["deepspeed_config"]["gradient_clipping"] == deepspeed_config(p)["gradient_clipping"] == (clip or 0.0)
+
+
+def test_the_torchrun_exports_note_names_only_a_flag_the_script_declares(tmp_path):
+    p = plan(load_profile("4xL4"), TrainConfig(), deepspeed_installed=True)
+    for flag, said in (("--batch_size", "(e.g. --batch_size {micro_batch_size})"), ("--bs", None)):
+        script = tmp_path / "t.py"
+        script.write_text(f"import argparse\np = argparse.ArgumentParser()\np.add_argument('{flag}', type=int)\n")
+        note = export_plan(ExportRequest(format="torchrun", script=str(script), script_args=()), p,
+                           load_profile("4xL4"), None).messages[0]
+        assert (said in note) if said else ("e.g." not in note and "--batch_size" not in note)
