@@ -127,7 +127,10 @@ class Delivery:
         script's own setting), else the placeholder form that fits the script's shape, for the advisory values
         only."""
         can = [k for k in self.advisory if k in self.would_wire]
-        rest = [k for k in self.advisory if k not in can and k != "engine"]
+        rest = [k for k in self.advisory if k not in can and k != "engine"
+                and not (k == "gradient_accumulation_steps" and self.derived is not None)]  # said in its note
+        if not can and not rest:
+            return ""
         if can and not self.wired:
             return ("(use --wire auto: it passes " + ", ".join(spelled(self.would_wire[k], k) for k in can)
                     + (f"; {self.pass_them(rest, 'the others')})" if rest else ")"))
@@ -275,6 +278,12 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
         if k in routes and not routes[k]:
             routes[k].append(f"yours: training.{k} is not set, so the script keeps its own (set it to have autotune "
                              "pass it)")
+    derived = facts.derived_accumulation
+    if derived is not None and not routes.get("gradient_accumulation_steps"):
+        notes.append(f"the script computes its accumulation in code from its own {derived.flag} (`{derived.statement}`"
+                     f"): the plan's accumulation cannot reach it, and its global batch is that argument's; set "
+                     f"{derived.flag} after `--` for the plan's {plan.batch.global_batch_size} samples a step (its "
+                     "first steps show what it trains, and the fix)")
     advisory = [k for k in routes if not routes[k]]
     # where it saves: the run directory's checkpoints folder, when autotune handed it over (shown in the table, not
     # only on the Command: line); no plan value, never advisory
