@@ -39,6 +39,10 @@ WORDS = {"micro_batch_size": "batch size", "gradient_accumulation_steps": "accum
          "max_steps": "step limit", "epochs": "epoch count", "warmup_steps": "warm-up steps"}
 
 
+def _words(flag: str) -> list[str]:
+    return flag.lstrip("-").replace("-", "_").replace(".", "_").split("_")
+
+
 def near_flags(key: str, flags) -> list[str]:
     """The script's declared flags whose words are the value's (``--num_iterations`` for max_steps)."""
     words = NEAR_WORDS.get(key, ())
@@ -101,8 +105,9 @@ class Delivery:
         if self.shape == "configurator":
             return f"--<its {word} setting>={{{key}}}"
         near = near_flags(key, self.flags)
-        if len(near) == 1:
-            return f"{near[0]} {{{key}}} (if that is its {word})"
+        if len(near) == 1:  # a --dtype flag takes torch's dtype name ({dtype}: bfloat16)
+            shown = "dtype" if key == "precision" and "dtype" in _words(near[0]) else key
+            return f"{near[0]} {{{shown}}} (if that is its {word})"
         if near:
             return f"its {word} flag among {', '.join(near)} with {{{key}}}"
         return ""  # it declares no flag for it: placeholder_hint says so, naming none

@@ -91,3 +91,20 @@ def test_a_jsonargparse_console_entry_points_precision_argument_is_a_setting_not
     d = delivery(_fp32_plan("mytrainer.cli:main"), script_facts("mytrainer.cli:main"), [], {}, [],
                  deepspeed_json=False)
     assert d.routes["precision"] == ["fp32 is PyTorch's default and the script sets no precision"]
+
+
+def test_the_hint_names_the_scripts_own_flags_near_a_value_and_dtype_takes_torchs_word(tmp_path):
+    """llm.c declares --num_iterations and --dtype (float32|float16|bfloat16): the hint names them, with the
+    placeholder its flag takes; a script declaring neither gets no invented flag."""
+    from autotune.exports.delivery import Delivery
+    from autotune.exports.script_args import expand, placeholder_values
+
+    d = Delivery({"precision": [], "max_steps": []}, ["precision", "max_steps"],
+                 flags=("--dtype", "--num_iterations", "--total_batch_size"))
+    hint = d.advisory_hint()
+    assert "--dtype {dtype} (if that is its precision)" in hint
+    assert "--num_iterations {max_steps} (if that is its step-count)" in hint
+    p = _fp32_plan("train.py")
+    assert expand(["--dtype", "{dtype}"], placeholder_values(p, None, None)) == ["--dtype", "float32"]
+    bare = Delivery({"precision": []}, ["precision"], flags=("--lr",)).advisory_hint()
+    assert "--lr" not in bare and "it declares no flag for its precision" in bare
