@@ -313,29 +313,15 @@ def public_dict(plan: TrainingPlan) -> dict:
     return out
 
 
+# plan.json's flat view of the main values beside its sections (rundir.records.plan_file_text), dropped on reading
 FLAT_VIEW = ("micro_batch_size", "gradient_accumulation_steps", "global_batch_size", "learning_rate", "precision",
              "num_workers", "world_size", "max_steps", "epochs", "warmup_steps")
 
 
-def plan_values(plan: TrainingPlan) -> dict[str, Any]:
-    """The plan's main values by the names scripts use for them (``micro_batch_size``, ``learning_rate``...), as the
-    plan says them."""
-    b, s = plan.batch, plan.schedule
-    return {"micro_batch_size": b.micro_batch_size, "gradient_accumulation_steps": b.gradient_accumulation_steps,
-            "global_batch_size": b.global_batch_size, "learning_rate": s.learning_rate,
-            "precision": plan.numerics.precision, "num_workers": plan.loader.num_workers,
-            "world_size": plan.engine.world_size, "max_steps": s.max_steps, "epochs": s.epochs,
-            "warmup_steps": s.warmup_steps}
-
-
-def plan_file_text(plan: TrainingPlan) -> str:
-    """plan.json as a run writes it: the sectioned plan, and beside its sections a flat view of its main values
-    (``plan["micro_batch_size"]`` as well as ``plan["batch"]["micro_batch_size"]``) for a script that reads the file
-    itself. A value the config leaves to the script (``run.script_defaults``: the rate it does not set) is not in the
-    view: the plan owns none. ``load_plan`` drops the view."""
-    data = json.loads(plan.to_json())
-    flat = {k: v for k, v in plan_values(plan).items() if k not in plan.run.script_defaults}
-    return json.dumps({**flat, **data}, indent=2)
+def size_text(gib: float) -> str:
+    """A size as every plan line says it (one unit rule): GiB from 0.1 GiB up, MiB below (never 0.01 GiB beside
+    10.6 MiB)."""
+    return f"{gib:.2f} GiB" if gib >= 0.1 else f"{gib * 1024:.1f} MiB"
 
 
 def load_plan(path: str | os.PathLike) -> TrainingPlan:

@@ -7,10 +7,11 @@ launch these are the routes handed over; what the script ran is observed in its 
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.exports.flag_words import near_flags, value_of, words_of
+from autotune.exports.precision_claim import precision_claim
 from autotune.exports.script_scan import ScriptFacts
 from autotune.exports.user_values import yours_route
 from autotune.exports.withheld import withhold_accumulation
@@ -27,27 +28,9 @@ HINT_WORDS = {"micro_batch_size": "batch-size", "gradient_accumulation_steps": "
               "learning_rate": "learning-rate", "precision": "precision", "num_workers": "DataLoader-workers",
               "max_steps": "step-count", "epochs": "epoch-count", "warmup_steps": "warm-up-steps",
               "world_size": "world-size"}
-# the words a script's own flag for each value is spelled with (llm.c's --num_iterations, --dtype; timm's --amp):
-# a hint names a declared flag near the value, never one the script lacks
-NEAR_WORDS = {"micro_batch_size": ("batch", "bs"),
-              "gradient_accumulation_steps": ("accum", "accumulate", "accumulation"),
-              "learning_rate": ("lr", "learning"), "precision": ("precision", "dtype", "amp", "fp16", "bf16", "half"),
-              "num_workers": ("workers",), "max_steps": ("steps", "iters", "iterations", "iter"),
-              "epochs": ("epochs", "epoch"), "warmup_steps": ("warmup",), "world_size": ()}
 WORDS = {"micro_batch_size": "batch size", "gradient_accumulation_steps": "accumulation steps",
          "learning_rate": "learning rate", "precision": "precision", "num_workers": "DataLoader workers",
          "max_steps": "step limit", "epochs": "epoch count", "warmup_steps": "warm-up steps"}
-
-
-def _words(flag: str) -> list[str]:
-    return flag.lstrip("-").replace("-", "_").replace(".", "_").split("_")
-
-
-def near_flags(key: str, flags) -> list[str]:
-    """The script's declared flags whose words are the value's (``--num_iterations`` for max_steps)."""
-    words = NEAR_WORDS.get(key, ())
-    return [f for f in flags if any(w in words for w in f.lstrip("-").replace("-", "_").replace(".", "_").split("_"))
-            and not (key == "max_steps" and "warmup" in f)]
 
 
 def delivered_keys(plan: TrainingPlan) -> tuple[str, ...]:
@@ -106,7 +89,7 @@ class Delivery:
             return f"--<its {word} setting>={{{key}}}"
         near = near_flags(key, self.flags)
         if len(near) == 1:  # a --dtype flag takes torch's dtype name ({dtype}: bfloat16)
-            shown = "dtype" if key == "precision" and "dtype" in _words(near[0]) else key
+            shown = "dtype" if key == "precision" and "dtype" in words_of(near[0]) else key
             return f"{near[0]} {{{shown}}} (if that is its {word})"
         if near:
             return f"its {word} flag among {', '.join(near)} with {{{key}}}"
@@ -271,7 +254,7 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
         for k in keys:
             routes[k].append(_behind("DeepSpeed JSON", facts))
     if not routes["precision"]:
-        _precision_claim(plan, facts, routes, notes)
+        precision_claim(plan, facts, routes, notes)
     if deepspeed_json:  # the engine itself: does the script run DeepSpeed with the plan's ZeRO settings?
         routes["engine"] = _engine_routes(plan, facts, ds_path_given, wired)
     elif plan.engine.backend == "fsdp":  # ... or FSDP2 with the plan's sharding?
@@ -300,83 +283,8 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
     return Delivery(routes, advisory, notes=tuple(notes), engine=plan.engine.backend, shape=shape_of(facts),
                     divides_accumulation=facts.divided_by_world.get("gradient_accumulation_steps"),
                     deepspeed_condition=facts.deepspeed_condition, flags=tuple(facts.flags), given=given,
-                    derived=facts.derived_accumulation, derived_given=_value_of(
+                    derived=facts.derived_accumulation, derived_given=value_of(
                         facts.derived_accumulation.flag, user_args) if facts.derived_accumulation else None)
-
-
-def _value_of(flag: str, args: list[str]) -> str | None:
-    """The value ``args`` give ``flag`` (``--x 8`` or ``--x=8``; the last one wins, as argparse takes it)."""
-    found = None
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            found = args[i + 1]
-        elif a.startswith(flag + "="):
-            found = a.split("=", 1)[1]
-    return found
-
-
-def _precision_claim(plan: TrainingPlan, facts: ScriptFacts, routes: dict[str, list[str]], notes: list[str]) -> None:
-    """What can be said of the precision of a script no route reaches: read from the script and the modules of its
-    own project (minGPT autocasts in its trainer.py). A precision it sets itself is named (the plan's does not reach
-    it); one behind its own switch is not known (timm autocasts only under --amp); a precision argument of its own
-    sets one by its default (litgpt's --precision); fp32 is PyTorch's default only when nothing read sets another,
-    and everything could be read; otherwise it is not known before the launch."""
-    own = [p for p in facts.precision_set if not p.conditional] or facts.precision_set
-    if own and not own[0].conditional:
-        first = own[0]
-        what = first.precision or "a dtype read at run time"
-        notes.append(f"the script sets its own precision ({first.where}: {what}"
-                     + (f"; {len(own) - 1} more place(s)" if len(own) > 1 else "")
-                     + f"): the plan's {plan.numerics.precision} does not reach it; its first steps show what it runs")
-        return
-    if own:  # every one behind a switch of the script's: on or off is the script's arguments' to say
-        first = own[0]
-        flags = switch_flags((first.switch or "").removeprefix("enabled="), facts)
-        turn = f" ({', '.join(flags)} turns it on)" if flags else ""
-        notes.append(f"the script sets a precision of its own only behind its switch `{first.switch or 'enabled=...'}`"
-                     f"{turn} ({first.where}): whether it runs {first.precision or 'a dtype read at run time'} or "
-                     f"PyTorch's fp32 is not known before the launch; the plan's {plan.numerics.precision} does not "
-                     "reach it; its first steps show what it runs")
-        return
-    own_args = precision_arguments(facts)
-    if own_args:
-        if plan.numerics.precision == "fp32":
-            notes.append(f"the script has its own precision argument(s) ({', '.join(own_args)}): its default is a "
-                         "setting of its own, not known before the launch; its first steps show what it runs")
-        return
-    if plan.numerics.precision != "fp32" or facts.uses_deepspeed_initialize or \
-            "mixed_precision" in facts.accelerator_kwargs:
-        return
-    if facts.project_unread:
-        notes.append(f"whether the script sets its own precision is not known before launch: "
-                     f"{'; '.join(facts.project_unread)} could not be read; its first steps show what it runs")
-        return
-    read = f" (read with {len(facts.project)} module(s) of its own project)" if facts.project else ""
-    routes["precision"].append(f"fp32 is PyTorch's default and the script sets no precision{read}")
-
-
-PRECISION_WORDS_IN_NAMES = ("precision", "dtype", "amp", "fp16", "bf16", "half", "autocast")
-
-
-def precision_arguments(facts: ScriptFacts) -> list[str]:
-    """The script's own flags and configurator settings that name a precision (``--precision``, ``--dtype``,
-    ``--amp``, ``--bf16``; nanoGPT's ``dtype``): a default of one is a setting of the script's."""
-    def names(n: str) -> bool:
-        words = n.lstrip("-").replace("-", "_").replace(".", "_").split("_")
-        return any(w in PRECISION_WORDS_IN_NAMES for w in words)
-
-    return [f for f in facts.flags if names(f)] + [s for s in facts.settings if names(s)]
-
-
-def switch_flags(test: str, facts: ScriptFacts) -> list[str]:
-    """The script's declared flags whose attribute a switch's test reads (``args.amp`` -> --amp)."""
-    try:
-        tree = ast.parse(test, mode="eval")
-    except SyntaxError:
-        return []
-    read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | \
-        {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    return [f for f in facts.flags if facts.dests.get(f, f.lstrip("-").replace("-", "_")) in read]
 
 
 def _behind(route: str, facts: ScriptFacts) -> str:

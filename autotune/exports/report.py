@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TextIO
 
-from autotune.planner.memory import size_text
+from autotune.plan import size_text
 from autotune.profiles import HardwareProfile
 
 RULE = "=" * 72

@@ -4,7 +4,8 @@ it sets, the plan's value it wins over. Pure; no torch. ``wiring.given_by_user``
 
 from __future__ import annotations
 
-from autotune.plan import TrainingPlan, plan_values
+from autotune.plan import TrainingPlan
+from autotune.rundir.records import plan_values
 
 YOURS = "yours:"  # the mark of a route that carries your own value, not the plan's
 

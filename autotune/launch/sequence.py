@@ -92,6 +92,7 @@ def _execute(setup, lock=None, log=None) -> int:
 
     from autotune.errors import EXIT_UNAVAILABLE
     from autotune.launch.rendezvous import rendezvous_failure
+    from autotune.launch.wired_cause import wired_cause
 
     _announce(setup)
     started, since = time.monotonic(), time.time()
@@ -111,36 +112,12 @@ def _execute(setup, lock=None, log=None) -> int:
                  master_port=setup.launch_spec.env.get("MASTER_PORT") if plan.engine.backend == "single" else None)
     for stream, text in end.lines:
         print(text, file=sys.stdout if stream == "out" else sys.stderr)
-    cause = _wired_cause(setup) if end.code not in (0, EXIT_UNAVAILABLE) and not signals else None
+    cause = wired_cause(setup) if end.code not in (0, EXIT_UNAVAILABLE) and not signals else None
     if cause:  # a value autotune passed that the script's own error names (issue 51)
         print(f"autotune: {cause}", file=sys.stderr)
     if end.completed:
         _say_figures(setup, launch_id, since)
     return end.code
-
-
-def _wired_cause(setup) -> str | None:
-    """The likely cause of a failed script among the values --wire auto passed it, read from the end of the run's
-    stderr log (its last 16 KiB)."""
-    from autotune.launch.wired_cause import likely_cause, passed_values
-    from autotune.rundir.layout import STDERR_LOG
-
-    passed = passed_values(list(setup.launch_spec.cmd), setup.delivery)
-    if not passed:
-        return None
-    import os
-    import stat
-
-    try:  # never following a link out of the run directory, nor blocking on a planted pipe
-        fd = os.open(setup.records_dir / STDERR_LOG, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        f.seek(max(0, os.fstat(fd).st_size - 16384))
-        tail = f.read(16384).decode(errors="replace")
-    return likely_cause(tail, passed)
 
 
 def _announce(setup) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from autotune.exports.delivery import NEAR_WORDS
+from autotune.exports.flag_words import NEAR_WORDS
 
 # the plan's own setting of each value: where to plan another (a flag of autotune's, or the config's key)
 PLAN_IT = {"micro_batch_size": "--batch_size", "gradient_accumulation_steps": "--grad_accum",
@@ -68,3 +68,26 @@ def likely_cause(tail: str, passed: list[tuple[str, str, str]]) -> str | None:
                     f"it ({said}); pass your own {flag} after `--` (yours wins), or plan another with "
                     f"{PLAN_IT.get(key, key)}")
     return None
+
+
+def wired_cause(setup) -> str | None:
+    """The likely cause of a failed script among the values --wire auto passed it, read from the end of the run's
+    stderr log (its last 16 KiB)."""
+    from autotune.rundir.layout import STDERR_LOG
+
+    passed = passed_values(list(setup.launch_spec.cmd), setup.delivery)
+    if not passed:
+        return None
+    import os
+    import stat
+
+    try:  # never following a link out of the run directory, nor blocking on a planted pipe
+        fd = os.open(setup.records_dir / STDERR_LOG, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        f.seek(max(0, os.fstat(fd).st_size - 16384))
+        tail = f.read(16384).decode(errors="replace")
+    return likely_cause(tail, passed)

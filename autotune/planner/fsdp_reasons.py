@@ -3,8 +3,8 @@ option holds per GPU, its predicted speed and the bytes each node sends over the
 
 from __future__ import annotations
 
+from autotune.plan import size_text
 from autotune.planner.communication import bytes_between_nodes
-from autotune.planner.memory import size_text
 from autotune.planner.resolve import Resolver
 from autotune.planner.weighing import Budget, Row, Timer
 

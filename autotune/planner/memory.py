@@ -64,11 +64,6 @@ from dataclasses import dataclass, fields
 GIB = 1024**3
 
 
-def size_text(gib: float) -> str:
-    """A size as every plan line says it (one unit rule): GiB from 0.1 GiB up, MiB below (never 0.01 GiB beside
-    10.6 MiB)."""
-    return f"{gib:.2f} GiB" if gib >= 0.1 else f"{gib * 1024:.1f} MiB"
-
 OPTIMIZER_BYTES = {  # (mixed precision, fp32) optimizer-state bytes per parameter
     "adamw": (12, 8),
     "sgd_momentum": (8, 4),

@@ -16,12 +16,12 @@ micro-batch 1 the planner raises ``PlanRefused`` (exit 3) saying what would fit
 from __future__ import annotations
 
 from autotune.errors import UserError
-from autotune.plan import MemoryEstimate
+from autotune.plan import MemoryEstimate, size_text
 from autotune.planner.choice import candidates, pick_by_time, time_reason, timed
 from autotune.planner.deciders import BandChoice, Inputs
 from autotune.planner.fsdp_reasons import explain_fsdp
 from autotune.planner.headroom import _fits, _over, _up  # noqa: F401 - _over, _up: where tests have found them
-from autotune.planner.memory import STRATEGIES, Strategy, size_text
+from autotune.planner.memory import STRATEGIES, Strategy
 from autotune.planner.micro import (
     FAST_MICRO,
     largest_fitting,

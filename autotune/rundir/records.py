@@ -11,9 +11,9 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
-from autotune.plan import TrainingPlan, plan_file_text
+from autotune.plan import TrainingPlan
 from autotune.profiles import HardwareProfile
 from autotune.redaction import redact_args, secret_flags, secret_value  # noqa: F401 (the one rule; re-exported)
 from autotune.rundir.layout import (
@@ -62,6 +62,27 @@ def archive_run_files(run_dir: Path) -> Path | None:
     for f in present:
         f.rename(dest / f.name)
     return dest
+
+
+def plan_values(plan: TrainingPlan) -> dict[str, Any]:
+    """The plan's main values by the names scripts use for them (``micro_batch_size``, ``learning_rate``...), as the
+    plan says them."""
+    b, s = plan.batch, plan.schedule
+    return {"micro_batch_size": b.micro_batch_size, "gradient_accumulation_steps": b.gradient_accumulation_steps,
+            "global_batch_size": b.global_batch_size, "learning_rate": s.learning_rate,
+            "precision": plan.numerics.precision, "num_workers": plan.loader.num_workers,
+            "world_size": plan.engine.world_size, "max_steps": s.max_steps, "epochs": s.epochs,
+            "warmup_steps": s.warmup_steps}
+
+
+def plan_file_text(plan: TrainingPlan) -> str:
+    """plan.json as a run writes it: the sectioned plan, and beside its sections a flat view of its main values
+    (``plan["micro_batch_size"]`` as well as ``plan["batch"]["micro_batch_size"]``) for a script that reads the file
+    itself. A value the config leaves to the script (``run.script_defaults``: the rate it does not set) is not in the
+    view: the plan owns none. ``load_plan`` drops the view."""
+    data = json.loads(plan.to_json())
+    flat = {k: v for k, v in plan_values(plan).items() if k not in plan.run.script_defaults}
+    return json.dumps({**flat, **data}, indent=2)
 
 
 def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None, spec=None,

@@ -4,8 +4,8 @@ import io
 import textwrap
 
 from autotune.config import TrainConfig, apply_overrides
+from autotune.plan import size_text
 from autotune.planner import plan
-from autotune.planner.memory import size_text
 from autotune.prepare.planning import plan_for
 from autotune.profiles import load_profile
 

@@ -6,8 +6,7 @@ import sys
 import textwrap
 
 from autotune.config import TrainConfig, apply_overrides
-from autotune.launch.sequence import _wired_cause
-from autotune.launch.wired_cause import error_of, likely_cause, passed_values
+from autotune.launch.wired_cause import error_of, likely_cause, passed_values, wired_cause
 from autotune.prepare import prepare
 from autotune.rundir.layout import STDERR_LOG
 
@@ -77,4 +76,4 @@ def test_the_launch_reads_what_it_passed_and_the_runs_stderr_log(tmp_path):
     log = setup.records_dir / STDERR_LOG
     log.parent.mkdir(parents=True)
     log.write_text("==== launch\n" + _stderr_of(tmp_path, TIMM_LIKE, "--workers", "0"))
-    assert _wired_cause(setup).startswith("likely cause: autotune passed --workers 0")
+    assert wired_cause(setup).startswith("likely cause: autotune passed --workers 0")
