@@ -108,3 +108,21 @@ def test_the_hint_names_the_scripts_own_flags_near_a_value_and_dtype_takes_torch
     assert expand(["--dtype", "{dtype}"], placeholder_values(p, None, None)) == ["--dtype", "float32"]
     bare = Delivery({"precision": []}, ["precision"], flags=("--lr",)).advisory_hint()
     assert "--lr" not in bare and "it declares no flag for its precision" in bare
+
+
+def test_a_jsonargparse_apps_accumulation_from_its_global_batch_is_read(tmp_path, monkeypatch):
+    """litgpt's shape: setup(train: TrainArgs) handed to CLI, and fit() computes
+    train.gradient_accumulation_iters(devices): the global batch is --train.global_batch_size, which the fix names."""
+    pkg = tmp_path / "lit"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli.py").write_text(textwrap.dedent(JSONARGPARSE_APP) + textwrap.dedent("""\
+
+        def fit(train: TrainArgs, devices: int):
+            accumulation_iters = train.gradient_accumulation_iters(devices)
+            return accumulation_iters
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    derived = script_facts("lit.cli:main").derived_accumulation
+    assert derived.flag == "--train.global_batch_size" and derived.default == 16 and not derived.proportional
+    assert derived.statement == "accumulation_iters = train.gradient_accumulation_iters(devices)"
