@@ -141,9 +141,11 @@ def render_plan(plan, out: TextIO) -> None:
 
     flat = public_dict(plan)
     w = out.write
-    title = "OPTIMAL TRAINING SETTINGS" if plan.run.auto_optimize else "TRAINING SETTINGS (the config verbatim)"
+    title = "OPTIMAL TRAINING SETTINGS" if plan.run.auto_optimize else \
+        "TRAINING SETTINGS (your config and flags, verbatim)"
     w(f"\n{RULE}\n{title}\n{RULE}\n")
-    w(f"Planned for: {plan.hardware}" + ("" if plan.run.auto_optimize else "  [--no_auto_optimize: config verbatim]")
+    w(f"Planned for: {plan.hardware}" + ("" if plan.run.auto_optimize else
+                                         "  [--no_auto_optimize: your config and flags, verbatim]")
       + ("  [--debug]" if plan.run.debug else "") + "\n")
     for label, key in _PLAN_ROWS:
         value = flat[key]

@@ -222,7 +222,7 @@ def test_on_a_cpu_plan_estimate_and_memory_strategy_name_one_engine_in_one_unit(
     assert main(["plan", "--hardware", "cpu-only", "--config", str(ROOT / "tests" / "golden" / "verbatim.yaml"),
                  "--no_auto_optimize"]) == 0
     text = capsys.readouterr().out
-    assert "\nTRAINING SETTINGS (the config verbatim)\n" in text and "OPTIMAL" not in text
+    assert "\nTRAINING SETTINGS (your config and flags, verbatim)\n" in text and "OPTIMAL" not in text
 
 
 def test_the_estimate_table_keeps_one_unit_large_or_small():
