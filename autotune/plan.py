@@ -313,6 +313,17 @@ def public_dict(plan: TrainingPlan) -> dict:
     return out
 
 
+# plan.json's flat view of the main values beside its sections (rundir.records.plan_file_text), dropped on reading
+FLAT_VIEW = ("micro_batch_size", "gradient_accumulation_steps", "global_batch_size", "learning_rate", "precision",
+             "num_workers", "world_size", "max_steps", "epochs", "warmup_steps")
+
+
+def size_text(gib: float) -> str:
+    """A size as every plan line says it (one unit rule): GiB from 0.1 GiB up, MiB below (never 0.01 GiB beside
+    10.6 MiB)."""
+    return f"{gib:.2f} GiB" if gib >= 0.1 else f"{gib * 1024:.1f} MiB"
+
+
 def load_plan(path: str | os.PathLike) -> TrainingPlan:
     """Read plan.json at ``path`` in bounded time and memory; a missing, oversized or broken file is a UserError.
     (``autotune.rundir.records.load_plan`` finds the path in the launcher's environment.)"""
@@ -321,6 +332,12 @@ def load_plan(path: str | os.PathLike) -> TrainingPlan:
     if not path:
         raise UserError("no plan: pass --plan PATH, or launch with `python -m autotune launch`")
     text = read_text(path, "--plan")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and "batch" in data:  # plan.json's flat view (plan_file_text) is not the model's
+        text = json.dumps({k: v for k, v in data.items() if k not in FLAT_VIEW or k in TrainingPlan.model_fields})
     try:
         return TrainingPlan.model_validate_json(text)
     except ValidationError as e:

@@ -70,7 +70,39 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{args.config}: OK")
     autos = [f"{s}.{k}" for s, sec in data.items() for k, v in sec.items() if v == AUTO]
-    sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
+    if cfg.training.entrypoint:  # your script: what you set, and the defaults said as defaults (issue 51)
+        _print_for_a_script(cfg, data)
+    else:
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
     if autos:
         print(f"# chosen by the planner at launch ({len(autos)}): {', '.join(autos)}")
     return 0
+
+
+# the built-in workload's own settings: a user's script is its own workload, so they are not shown for it
+BUILTIN_ONLY = ("model.", "data.task", "data.seq_len", "data.vocab_size", "data.num_val_samples", "data.seed",
+                "training.min_lr_ratio", "training.eval_every_steps", "training.optimizer", "training.seed")
+
+
+def _print_for_a_script(cfg, data: dict) -> None:
+    """For a user's script: only the values the config sets, then the defaults by what they are: the values its
+    script keeps (the plan passes none it was not given), autotune's own defaults, and the built-in workload's
+    settings, which are not its (never printed as if the user had set them)."""
+    import yaml
+
+    from autotune.config import AUTO
+    from autotune.planner.compose import SCRIPT_DEFAULTABLE
+
+    given = {s: {k: v for k, v in sec.items() if k in getattr(cfg, s).model_fields_set} for s, sec in data.items()}
+    sys.stdout.write(yaml.safe_dump({s: sec for s, sec in given.items() if sec}, sort_keys=False))
+    unset = [(f"{s}.{k}", v) for s, sec in data.items() for k, v in sec.items()
+             if k not in given[s] and v != AUTO]
+    yours = [k for k, _ in unset if k.startswith("training.") and k.split(".")[1] in SCRIPT_DEFAULTABLE]
+    builtin = [k for k, _ in unset if k.startswith(BUILTIN_ONLY)]
+    rest = [f"{k}={v}" for k, v in unset if k not in yours and k not in builtin and v not in (None, [])]
+    if yours:
+        print(f"# not set: your script keeps its own ({len(yours)}): {', '.join(yours)}")
+    if rest:
+        print(f"# not set: autotune's defaults ({len(rest)}): {', '.join(rest)}")
+    if builtin:
+        print(f"# not shown: the built-in workload's settings ({len(builtin)}), not your script's")

@@ -23,6 +23,14 @@ TORCH_ADAMW_DEFAULTS = {"lr": 0.001, "betas": (0.9, 0.999), "eps": 1e-8, "weight
 DEEPSPEED_DEFAULT_CLIPPING = 1.0
 
 
+def deepspeed_clipping(plan: TrainingPlan) -> float:
+    """The clipping DeepSpeed applies for this plan: the config's, or 0.0 (none) where the config sets none and the
+    value is the script's (``plan.run.script_defaults``), as the DeepSpeed JSON writes it."""
+    if "gradient_clipping" in plan.run.script_defaults:
+        return 0.0
+    return float(plan.optimizer.gradient_clipping or 0.0)
+
+
 def optimizer_params(plan: TrainingPlan) -> dict:
     """The JSON's AdamW parameters: only what the plan owns. A user's script keeps its own rate, weight decay, betas
     and eps unless the config sets them (``plan.run.script_defaults``); left out, DeepSpeed builds AdamW with torch's
@@ -41,7 +49,7 @@ def optimizer_params(plan: TrainingPlan) -> dict:
 def deepspeed_config(plan: TrainingPlan) -> dict:
     """The engine flavour: batch sizes, ZeRO, precision, and the optimizer from ``plan.optimizer`` (only what the
     plan owns: ``optimizer_params``)."""
-    eng, opt = plan.engine, plan.optimizer
+    eng = plan.engine
     stage = eng.zero_stage if eng.zero_stage is not None else 0
     bucket = plan.memory.bucket_elements
     zero: dict = {
@@ -64,8 +72,7 @@ def deepspeed_config(plan: TrainingPlan) -> dict:
         "gradient_accumulation_steps": plan.batch.gradient_accumulation_steps,
         # DeepSpeed clips at 1.0 when the key is absent: 0.0 is its word for "no clipping" (a script's own clipping,
         # when the config sets none, is the script's: DeepSpeed adds none)
-        "gradient_clipping": float(opt.gradient_clipping or 0.0) if "gradient_clipping" not in
-        plan.run.script_defaults else 0.0,
+        "gradient_clipping": deepspeed_clipping(plan),
         "steps_per_print": max(1, plan.run.log_every_steps) * 100,
         "wall_clock_breakdown": False,
         "zero_optimization": zero,

@@ -8,8 +8,11 @@ launch these are the routes handed over; what the script ran is observed in its 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from autotune.exports.script_scan import FLAGS, ScriptFacts
+from autotune.exports.flag_words import near_flags, value_of, words_of
+from autotune.exports.precision_claim import precision_claim
+from autotune.exports.script_scan import ScriptFacts
 from autotune.exports.user_values import yours_route
 from autotune.exports.withheld import withhold_accumulation
 from autotune.plan import TrainingPlan
@@ -55,6 +58,8 @@ class Delivery:
     deepspeed_condition: str | None = None  # the condition its deepspeed.initialize path is behind, as read
     flags: tuple[str, ...] = ()  # every flag the script declares (argparse), known to autotune or not
     given: dict[str, str] = field(default_factory=dict)  # plan value -> your own argument after `--` that sets it
+    derived: Any = None  # script_derived.DerivedAccumulation: the script computes its accumulation from its argument
+    derived_given: str | None = None  # your own value of that argument after `--`, as you passed it
 
     @property
     def declared(self) -> dict[str, str]:
@@ -82,26 +87,47 @@ class Delivery:
             return f"--{part}.<its {word} argument> {{{key}}}"
         if self.shape == "configurator":
             return f"--<its {word} setting>={{{key}}}"
-        return f"--<its {word} flag> {{{key}}}"
+        near = near_flags(key, self.flags)
+        if len(near) == 1:  # a --dtype flag takes torch's dtype name ({dtype}: bfloat16)
+            shown = "dtype" if key == "precision" and "dtype" in words_of(near[0]) else key
+            return f"{near[0]} {{{shown}}} (if that is its {word})"
+        if near:
+            return f"its {word} flag among {', '.join(near)} with {{{key}}}"
+        return ""  # it declares no flag for it: placeholder_hint says so, naming none
 
     def placeholder_hint(self, keys=("micro_batch_size",)) -> str:
-        """How to pass ``keys`` (the values it has no recognised setting for), in the script's shape's form."""
-        forms = " ".join(self.placeholder_form(k) for k in keys)
-        return {"hydra": "as Hydra overrides of the keys it trains with: ",
+        """How to pass ``keys`` (the values it has no recognised setting for), in the script's shape's form; for an
+        argparse script, only flags it declares, and which values it declares none for."""
+        forms = [(k, self.placeholder_form(k)) for k in keys]
+        named = " ".join(f for _, f in forms if f)
+        lead = {"hydra": "as Hydra overrides of the keys it trains with: ",
                 "lightning": "as LightningCLI flags of its model, data or trainer: ",
-                "configurator": "as its --key=value settings: "}.get(self.shape, "to its own flags: ") + forms
+                "configurator": "as its --key=value settings: "}.get(self.shape, "to its own flags: ")
+        none = [k for k, f in forms if not f]
+        if not none:
+            return lead + named
+        lacks = (f"it declares no flag for its {', '.join(WORDS.get(k, k) for k in none)}: give it one that takes "
+                 + " ".join(f"{{{k}}}" for k in none))
+        return (lead + named + "; " + lacks) if named else lacks
 
     def advisory_hint(self) -> str:
         """The line under the routes when values are advisory: what --wire auto would pass (only where it finds the
         script's own setting), else the placeholder form that fits the script's shape, for the advisory values
         only."""
         can = [k for k in self.advisory if k in self.would_wire]
-        rest = [k for k in self.advisory if k not in can and k != "engine"]
+        rest = [k for k in self.advisory if k not in can and k != "engine"
+                and not (k == "gradient_accumulation_steps" and self.derived is not None)]  # said in its note
+        if not can and not rest:
+            return ""
         if can and not self.wired:
             return ("(use --wire auto: it passes " + ", ".join(spelled(self.would_wire[k], k) for k in can)
-                    + (f"; pass the others after `--` {self.placeholder_hint(rest)})" if rest else ")"))
+                    + (f"; {self.pass_them(rest, 'the others')})" if rest else ")"))
         found = "--wire auto found no setting for them in your script: " if self.wired else ""
-        return f"({found}pass them after `--` {self.placeholder_hint(rest or self.advisory)})"
+        return f"({found}{self.pass_them(rest or self.advisory)})"
+
+    def pass_them(self, keys, them: str = "them") -> str:
+        how = self.placeholder_hint(keys)
+        return how if how.startswith("it declares no flag") else f"pass {them} after `--` {how}"
 
     def to_record(self) -> dict:
         return {"routes": self.routes, "advisory": self.advisory, "withheld": self.withheld, "notes": list(self.notes),
@@ -228,7 +254,7 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
         for k in keys:
             routes[k].append(_behind("DeepSpeed JSON", facts))
     if not routes["precision"]:
-        _precision_claim(plan, facts, routes, notes)
+        precision_claim(plan, facts, routes, notes)
     if deepspeed_json:  # the engine itself: does the script run DeepSpeed with the plan's ZeRO settings?
         routes["engine"] = _engine_routes(plan, facts, ds_path_given, wired)
     elif plan.engine.backend == "fsdp":  # ... or FSDP2 with the plan's sharding?
@@ -240,36 +266,25 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
         if k in routes and not routes[k]:
             routes[k].append(f"yours: training.{k} is not set, so the script keeps its own (set it to have autotune "
                              "pass it)")
+    derived = facts.derived_accumulation
+    if derived is not None and not routes.get("gradient_accumulation_steps"):
+        notes.append(f"the script computes its accumulation in code from its own {derived.flag} (`{derived.statement}`"
+                     f"): the plan's accumulation cannot reach it, and its global batch is that argument's; set "
+                     f"{derived.flag} after `--` for the plan's {plan.batch.global_batch_size} samples a step (its "
+                     "first steps show what it trains, and the fix)")
     advisory = [k for k in routes if not routes[k]]
+    # where it saves: the run directory's checkpoints folder, when autotune handed it over (shown in the table, not
+    # only on the Command: line); no plan value, never advisory
+    if "checkpoint_dir" in wired:
+        routes["checkpoint_dir"] = [f"{_wired_route('checkpoint_dir', wired['checkpoint_dir'], facts, plan)}: the "
+                                    "run directory's checkpoints folder (--wire auto)"]
+    elif "checkpoint_dir" in placeholders:
+        routes["checkpoint_dir"] = ["placeholder {checkpoint_dir}: the run directory's checkpoints folder"]
     return Delivery(routes, advisory, notes=tuple(notes), engine=plan.engine.backend, shape=shape_of(facts),
                     divides_accumulation=facts.divided_by_world.get("gradient_accumulation_steps"),
-                    deepspeed_condition=facts.deepspeed_condition, flags=tuple(facts.flags), given=given)
-
-
-def _precision_claim(plan: TrainingPlan, facts: ScriptFacts, routes: dict[str, list[str]], notes: list[str]) -> None:
-    """What can be said of the precision of a script no route reaches: read from the script and the modules of its
-    own project (minGPT autocasts in its trainer.py). A precision it sets itself is named (the plan's does not reach
-    it); fp32 is PyTorch's default only when nothing read sets another, and everything could be read; otherwise it
-    is not known before the launch."""
-    own = facts.precision_set
-    if own:
-        first = own[0]
-        what = first.precision or "a dtype read at run time"
-        notes.append(f"the script sets its own precision ({first.where}: {what}"
-                     + (", behind its own switch" if first.conditional else "")
-                     + (f"; {len(own) - 1} more place(s)" if len(own) > 1 else "")
-                     + f"): the plan's {plan.numerics.precision} does not reach it; its first steps show what it runs")
-        return
-    if plan.numerics.precision != "fp32" or facts.uses_deepspeed_initialize or \
-            "mixed_precision" in facts.accelerator_kwargs or \
-            any(f in facts.flags for f in ("--bf16", "--fp16", *FLAGS["precision"])):
-        return
-    if facts.project_unread:
-        notes.append(f"whether the script sets its own precision is not known before launch: "
-                     f"{'; '.join(facts.project_unread)} could not be read; its first steps show what it runs")
-        return
-    read = f" (read with {len(facts.project)} module(s) of its own project)" if facts.project else ""
-    routes["precision"].append(f"fp32 is PyTorch's default and the script sets no precision{read}")
+                    deepspeed_condition=facts.deepspeed_condition, flags=tuple(facts.flags), given=given,
+                    derived=facts.derived_accumulation, derived_given=value_of(
+                        facts.derived_accumulation.flag, user_args) if facts.derived_accumulation else None)
 
 
 def _behind(route: str, facts: ScriptFacts) -> str:

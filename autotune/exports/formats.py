@@ -146,7 +146,53 @@ def _wires(flags) -> bool:
     return "--wire=auto" in flags or any(a == "--wire" and flags[i + 1:i + 2] == ["auto"] for i, a in enumerate(flags))
 
 
-def _accelerate(req: ExportRequest, plan: TrainingPlan) -> Exported:
+def clipping_note(plan: TrainingPlan) -> str:
+    """What the DeepSpeed section's gradient_clipping means, in the plan's words (under DeepSpeed, Accelerate's
+    ``clip_grad_norm_`` clips nothing itself: the file's value is all the clipping there is)."""
+    from autotune.exports.deepspeed import deepspeed_clipping
+
+    clip = deepspeed_clipping(plan)
+    if "gradient_clipping" in plan.run.script_defaults:
+        return ("gradient_clipping 0.0: training.gradient_clipping is not set, so DeepSpeed does not clip (under "
+                "DeepSpeed, accelerator.clip_grad_norm_ clips nothing; set training.gradient_clipping to clip)")
+    if clip:
+        return f"gradient_clipping {clip:g}: the plan's (training.gradient_clipping); DeepSpeed clips at {clip:g}"
+    return "gradient_clipping 0.0: training.gradient_clipping is null, so DeepSpeed does not clip"
+
+
+def _accelerate_warnings(req: ExportRequest, plan: TrainingPlan, facts, why: str | None) -> list[str]:
+    """The notes beside an Accelerate export: the program it does not start, the accumulation withheld and why."""
+    from autotune.exports.launchers import accelerate_launch_env
+    from autotune.exports.script_scan import FLAGS
+
+    warned = []
+    if req.own_program:  # no script of yours to start: say so rather than start a train.py that is not there
+        runs = ("the built-in workload (python -m autotune.train)" if plan.run.entrypoint is None
+                else f"your {plan.run.entrypoint} (through autotune.entry)")
+        warned.append(f"the plan runs {runs}, which is not an Accelerate script, and the line starts "
+                      f"{req.script}: give your Accelerate script with "
+                      "--script, or start the plan with `export --format torchrun` (its line starts it) or "
+                      "`python -m autotune launch`")
+    what = ("the DeepSpeed section's gradient_accumulation_steps is" if plan.is_deepspeed
+            else f"{ACCUMULATION_VARIABLE} is")
+    if why and "gradient_accumulation_steps" in facts.accelerator_kwargs:  # the script's own accumulation
+        warned.append(f"{what} not set for {req.script}: {why}")
+    elif why:
+        flag = next((f for f in FLAGS["micro_batch_size"] if facts is not None and f in facts.flags), None)
+        how = (f"pass {flag} {{micro_batch_size}} after `--` to deliver both" if flag else
+               "no batch-size flag of the script is known: give it the plan's micro-batch where it reads its batch "
+               "size, e.g. as a {micro_batch_size} placeholder after `--`, to deliver both")
+        warned.append(f"{what} not set for {req.script}: {why.removesuffix(': not exported')}; it trains its own "
+                      f"batch size x {plan.engine.world_size} process(es), no accumulation ({how})")
+    elif facts is not None and facts.error and (ACCUMULATION_VARIABLE in accelerate_launch_env(plan)
+                                                 or plan.is_deepspeed):
+        warned.append(f"{req.script} was not scanned ({facts.error}): the plan's accumulation assumes the script "
+                      "trains the plan's micro-batch")
+    return warned
+
+
+def _accelerate(req
+: ExportRequest, plan: TrainingPlan) -> Exported:
     """The Accelerate config and the line that starts it. The script is scanned as the launcher scans it: the
     plan's accumulation is set only for a script that also gets the plan's micro-batch (a {micro_batch_size}
     placeholder after `--`), else the script's own batch times the plan's accumulation would train another
@@ -156,15 +202,21 @@ def _accelerate(req: ExportRequest, plan: TrainingPlan) -> Exported:
     from autotune.exports.launchers import accelerate_config, accelerate_launch_env, accelerate_launch_line
     from autotune.exports.script_args import expand, placeholder_values, used_placeholders
     from autotune.exports.script_scan import script_facts
-    from autotune.exports.wiring import FLAGS, withhold_accumulation
+    from autotune.exports.withheld import withhold_accumulation
 
-    cfg = accelerate_config(plan)  # refuses what Accelerate cannot run before anything is scanned
+    accelerate_config(plan)  # refuses what Accelerate cannot run before anything is scanned
     raw = [*plan.run.script_args, *req.script_args]
     script_args = expand(raw, placeholder_values(plan, None, None), where="export --format accelerate")
     facts = script_facts(req.script)
     paired = "micro_batch_size" in used_placeholders(raw)
+    # the plan's accumulation, by the variable (DDP, FSDP) or by the file's DeepSpeed section: withheld alike from a
+    # script that sets its own or does not get the plan's micro-batch (a number in the file beats Accelerator()'s)
+    own = facts is not None and "gradient_accumulation_steps" in facts.accelerator_kwargs
+    accumulates = ACCUMULATION_VARIABLE in accelerate_launch_env(plan) or (
+        plan.is_deepspeed and (plan.batch.gradient_accumulation_steps > 1 or own))
     why = withhold_accumulation(facts, {"micro_batch_size": ["placeholder"] if paired else []}) \
-        if ACCUMULATION_VARIABLE in accelerate_launch_env(plan) else None
+        if accumulates else None
+    cfg = accelerate_config(plan, accumulation=not why)
     withhold = (ACCUMULATION_VARIABLE,) if why else ()
     shown = redact_args(script_args)  # printed and written: a secret argument's value is the user's to give again
     line = accelerate_launch_line(plan, req.output or "accelerate.yaml", req.script, script_args=shown,
@@ -175,29 +227,14 @@ def _accelerate(req: ExportRequest, plan: TrainingPlan) -> Exported:
     accumulation = f"gradient accumulation {b.gradient_accumulation_steps}" + (" (not set: below)" if why else "")
     notes = [f"{plan.engine.world_size} process(es), micro-batch {b.micro_batch_size} per process (your script's "
              f"batch size), {accumulation}; start them with:", f"  {line}"]
+    if plan.is_deepspeed:
+        notes.append(clipping_note(plan))
     carried = {"ACCELERATE_USE_CPU": "the CPU switch for several CPU processes",
                ACCUMULATION_VARIABLE: "gradient accumulation outside DeepSpeed"}
     kept = [carried[k] for k in accelerate_launch_env(plan) if k not in withhold]
     if kept:
         notes.append(f"(the variables carry what an Accelerate config file cannot: {', '.join(kept)})")
-    warned = []
-    if req.own_program:  # no script of yours to start: say so rather than start a train.py that is not there
-        runs = ("the built-in workload (python -m autotune.train)" if plan.run.entrypoint is None
-                else f"your {plan.run.entrypoint} (through autotune.entry)")
-        warned.append(f"the plan runs {runs}, which is not an Accelerate script, and the line starts "
-                      f"{req.script}: give your Accelerate script with "
-                      "--script, or start the plan with `export --format torchrun` (its line starts it) or "
-                      "`python -m autotune launch`")
-    if why and "gradient_accumulation_steps" in facts.accelerator_kwargs:  # the script's own accumulation
-        warned.append(f"{ACCUMULATION_VARIABLE} is not set for {req.script}: {why}")
-    elif why:
-        flag = next((f for f in FLAGS["micro_batch_size"] if facts is not None and f in facts.flags), None)
-        how = f"pass {flag or 'its batch-size flag'} {{micro_batch_size}} after `--` to deliver both"
-        warned.append(f"{ACCUMULATION_VARIABLE} is not set for {req.script}: {why.removesuffix(': not exported')}; "
-                      f"it trains its own batch size x {plan.engine.world_size} process(es), no accumulation ({how})")
-    elif facts is not None and facts.error and ACCUMULATION_VARIABLE in accelerate_launch_env(plan):
-        warned.append(f"{req.script} was not scanned ({facts.error}): {ACCUMULATION_VARIABLE} assumes the script "
-                      "trains the plan's micro-batch")
+    warned = _accelerate_warnings(req, plan, facts, why)
     messages = (*(f"note: {note}" for note in warned), f"start with: {line}")
     return Exported("".join(f"# {n}\n" for n in notes + warned) + yaml.safe_dump(cfg, sort_keys=False), messages)
 
@@ -274,8 +311,8 @@ def _torchrun(req: ExportRequest, plan: TrainingPlan) -> Exported:
                      "read)") if plan.is_deepspeed else ""
         return Exported(shell_line(["torchrun", *torchrun_flags(plan), req.script, *shown]) + "\n" + secret, (
             f"note: this line starts {req.script} as the plan's {e.world_size} process(es) ({what}); it carries no "
-            f"other value of the plan{deepspeed}: give them to your script as {{placeholders}} after `--` (e.g. "
-            "--batch_size {micro_batch_size}), or start it with `python -m autotune launch`, which delivers them",))
+            f"other value of the plan{deepspeed}: give them to your script as {{placeholders}} after `--`"
+            f"{_example(req.script)}, or start it with `python -m autotune launch`, which delivers them",))
     if plan.run.entrypoint is None and script_args:
         raise UserError("export --format torchrun: arguments after `--` are your script's, and the plan runs the "
                         "built-in workload (python -m autotune.train), which takes none; name your script with "
@@ -290,6 +327,16 @@ def _torchrun(req: ExportRequest, plan: TrainingPlan) -> Exported:
     text = (f"# the plan ({what}) is in {plan_path}{beside}, written by this export; the line starts what it runs\n"
             + env + shell_line(["torchrun", *torchrun_flags(plan), "--module", *program]) + "\n" + secret)
     return Exported(text, (f"wrote the plan the line reads: {plan_path}",), records=str(plan_path.parent))
+
+
+def _example(script: str) -> str:
+    """An example placeholder on a batch-size flag the script declares (read from its source), or none: a note never
+    names a flag the script lacks."""
+    from autotune.exports.script_scan import FLAGS, script_facts
+
+    facts = script_facts(script) if script.endswith(".py") and Path(script).is_file() else None
+    flag = next((f for f in FLAGS["micro_batch_size"] if facts is not None and f in facts.flags), None)
+    return f" (e.g. {flag} {{micro_batch_size}})" if flag else ""
 
 
 def export_plan(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None,

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import re
 
+from autotune.exports.deepspeed import deepspeed_clipping
 from autotune.plan import ACCELERATE_MIXED_PRECISION, TrainingPlan
 
 
-def accelerate_config(plan: TrainingPlan) -> dict:
+def accelerate_config(plan: TrainingPlan, *, accumulation: bool = True) -> dict:
     """A config for `accelerate launch --config_file` (keys of accelerate's ClusterConfig).
 
     Several CPU processes: ``accelerate launch`` starts more than one process only on its torchrun
@@ -19,7 +20,13 @@ def accelerate_config(plan: TrainingPlan) -> dict:
     need GPUs (its CPU mode trains with DDP instead): refused for a CPU plan. An FSDP2 plan writes
     ``distributed_type: FSDP`` with ``fsdp_config`` (``launch_spec.fsdp_settings``: ``fsdp_version: 2``, the wrap
     policy and unit, the state-dict type, resharding, offload, checkpointing), and an HSDP plan its 2-D mesh in
-    ``parallelism_config`` (``launch_spec.hsdp_mesh``)."""
+    ``parallelism_config`` (``launch_spec.hsdp_mesh``).
+
+    The DeepSpeed section carries only what the plan owns, as the DeepSpeed JSON does (``exports.deepspeed``):
+    ``accumulation`` False leaves ``gradient_accumulation_steps`` out, so Accelerate's DeepSpeedPlugin reads "auto"
+    and takes the script's own ``Accelerator(gradient_accumulation_steps=...)`` (a number in the file beats it:
+    accelerate's ``_prepare_deepspeed`` "Using DeepSpeed's value"); clipping the config does not set is 0.0, DeepSpeed
+    adds none (left out, Accelerate would fill its "auto" with 1.0 and clip)."""
     eng = plan.engine
     if eng.backend in ("deepspeed", "fsdp") and eng.device == "cpu":
         from autotune.errors import UserError
@@ -51,14 +58,16 @@ def accelerate_config(plan: TrainingPlan) -> dict:
         cfg.update(main_process_ip=eng.master_addr, main_process_port=eng.master_port)
     if eng.backend == "deepspeed":
         cfg["distributed_type"] = "DEEPSPEED"
-        cfg["deepspeed_config"] = {
-            "zero_stage": eng.zero_stage,
-            "gradient_accumulation_steps": plan.batch.gradient_accumulation_steps,
-            "gradient_clipping": plan.optimizer.gradient_clipping or 0.0,  # 0.0 = off, as in DeepSpeed
+        ds: dict = {"zero_stage": eng.zero_stage}
+        if accumulation:
+            ds["gradient_accumulation_steps"] = plan.batch.gradient_accumulation_steps
+        ds.update({
+            "gradient_clipping": deepspeed_clipping(plan),  # 0.0 = off, as in DeepSpeed
             "offload_optimizer_device": "cpu" if eng.offload_optimizer else "none",
             "offload_param_device": "cpu" if eng.offload_param else "none",
             "zero3_init_flag": False,
-        }
+        })
+        cfg["deepspeed_config"] = ds
     elif eng.backend == "fsdp":  # FSDP2: Accelerate's default fsdp_version is still 1
         from autotune.exports.launch_spec import fsdp_settings, hsdp_mesh
 

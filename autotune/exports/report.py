@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import TextIO
 
+from autotune.plan import size_text
 from autotune.profiles import HardwareProfile
 
 RULE = "=" * 72
@@ -103,7 +104,7 @@ def render_profile(hw: HardwareProfile, out: TextIO) -> None:
 
 
 def _size(gib: float) -> str:
-    return f"{gib:.2f} GiB" if gib >= 0.1 else f"{gib * 1024:.1f} MiB"
+    return size_text(gib)  # the planner's one unit rule
 
 
 def engine_label(label: str, backend: str) -> str:
@@ -140,9 +141,11 @@ def render_plan(plan, out: TextIO) -> None:
 
     flat = public_dict(plan)
     w = out.write
-    title = "OPTIMAL TRAINING SETTINGS" if plan.run.auto_optimize else "TRAINING SETTINGS (the config verbatim)"
+    title = "OPTIMAL TRAINING SETTINGS" if plan.run.auto_optimize else \
+        "TRAINING SETTINGS (your config and flags, verbatim)"
     w(f"\n{RULE}\n{title}\n{RULE}\n")
-    w(f"Planned for: {plan.hardware}" + ("" if plan.run.auto_optimize else "  [--no_auto_optimize: config verbatim]")
+    w(f"Planned for: {plan.hardware}" + ("" if plan.run.auto_optimize else
+                                         "  [--no_auto_optimize: your config and flags, verbatim]")
       + ("  [--debug]" if plan.run.debug else "") + "\n")
     for label, key in _PLAN_ROWS:
         value = flat[key]

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from autotune.errors import UserError
-from autotune.plan import TrainingPlan, public_dict
+from autotune.plan import DTYPE_WORDS, TrainingPlan, public_dict
 from autotune.redaction import redact_args
 from autotune.rundir.layout import checkpoint_dir
 
@@ -67,6 +67,8 @@ def placeholder_values(plan: TrainingPlan, run_dir: str | Path | None,
         resume_from=_text(plan.run.resume_from), node_rank=_text(plan.engine.node_rank),
         master_addr=plan.engine.master_addr, master_port=_text(plan.engine.master_port),
         num_gpus=_text(plan.engine.num_gpus),
+        # the precision as torch's dtype name, for a --dtype flag (llm.c: float32, bfloat16, float16)
+        dtype=DTYPE_WORDS[plan.numerics.precision],
         # for a script that divides its accumulation by its world size (nanoGPT's gradient_accumulation_steps)
         gradient_accumulation_steps_total=_text(plan.batch.gradient_accumulation_steps * plan.engine.world_size),
     )

@@ -100,26 +100,52 @@ def _module_file(base: Path, parts: list[str]) -> list[Path]:
 class PrecisionSet:
     where: str  # file:line and the statement
     precision: str | None  # fp16, bf16, fp32; None when it depends on something read only at run time
-    conditional: bool = False  # behind its own switch (enabled=...)
+    conditional: bool = False  # behind its own switch (enabled=..., or inside an `if`)
+    switch: str | None = None  # the `if` test it sits behind, as written (``args.amp``)
 
 
 def precision_sets(files: list[tuple[Path, ast.Module]]) -> list[PrecisionSet]:
     """Where the script or its project sets a precision itself: autocast (torch.autocast, torch.amp.autocast,
-    torch.cuda.amp.autocast), a GradScaler (fp16), a cast of a model to half or bfloat16."""
+    torch.cuda.amp.autocast, also handed to ``functools.partial`` as timm does), a GradScaler (fp16), a cast of a model
+    to half or bfloat16. One inside an ``if`` is behind that switch (timm autocasts only under ``--amp``): a precision
+    behind a switch that may be off is not a setting."""
     out = []
     for path, tree in files:
+        behind = _switches(tree)
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
             name = call_name(node.func)
             last = name.split(".")[-1]
             where = f"{path.name}:{node.lineno}: {_short(ast.unparse(node))}"
+            found = None
             if last == "autocast":
-                out.append(_autocast(node, name, where))
+                found = _autocast(node, name, where)
+            elif last == "partial" and node.args and call_name(node.args[0]).split(".")[-1] == "autocast":
+                found = _autocast(node, call_name(node.args[0]), where)
             elif last == "GradScaler":
-                out.append(PrecisionSet(where, "fp16"))
+                found = PrecisionSet(where, "fp16")
             elif last in ("half", "bfloat16") and not node.args and isinstance(node.func, ast.Attribute):
-                out.append(PrecisionSet(where, "fp16" if last == "half" else "bf16"))
+                found = PrecisionSet(where, "fp16" if last == "half" else "bf16")
+            if found is not None and id(node) in behind:
+                found = PrecisionSet(found.where, found.precision, True, behind[id(node)])
+            if found is not None:
+                out.append(found)
+    return out
+
+
+def _switches(tree: ast.Module) -> dict[int, str]:
+    """id(node) -> the test of the innermost ``if`` (or conditional expression) the node sits in, as written; a test
+    that is the constant True is no switch."""
+    out: dict[int, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.IfExp)) and not (isinstance(node.test, ast.Constant) and node.test.value):
+            test = _short(ast.unparse(node.test), 60)
+            inner = node.body if isinstance(node.body, list) else [node.body]
+            inner += node.orelse if isinstance(node.orelse, list) else [node.orelse]
+            for part in inner:
+                for sub in ast.walk(part):
+                    out[id(sub)] = test  # ast.walk is breadth-first: an inner `if` overwrites an outer one
     return out
 
 
@@ -158,15 +184,16 @@ def _autocast(node: ast.Call, name: str, where: str) -> PrecisionSet:
     kw = {k.arg: k.value for k in node.keywords if k.arg}
     enabled = kw.get("enabled")
     conditional = enabled is not None and not (isinstance(enabled, ast.Constant) and enabled.value is True)
+    switch = f"enabled={ast.unparse(enabled)}" if conditional else None
     dtype = kw.get("dtype")
     if dtype is not None:
         word = dtype.attr if isinstance(dtype, ast.Attribute) else getattr(dtype, "value", None)
-        return PrecisionSet(where, _DTYPES.get(str(word)), conditional)
+        return PrecisionSet(where, _DTYPES.get(str(word)), conditional, switch)
     if ".cuda." in f".{name}.":
-        return PrecisionSet(where, "fp16", conditional)
+        return PrecisionSet(where, "fp16", conditional, switch)
     device = kw.get("device_type") or (node.args[0] if node.args else None)
     word = device.value if isinstance(device, ast.Constant) else None
-    return PrecisionSet(where, _AUTOCAST_DEFAULT.get(str(word)), conditional)
+    return PrecisionSet(where, _AUTOCAST_DEFAULT.get(str(word)), conditional, switch)
 
 
 def _short(text: str, limit: int = 100) -> str:

@@ -95,6 +95,7 @@ class ScriptFacts:
     drops_last: str | None = None  # where its DataLoader drops the last partial micro-batch (script_project)
     hydra: Any = None  # script_hydra.HydraApp: an @hydra.main app's config, read
     lightning: Any = None  # script_lightning.LightningApp: a LightningCLI app's arguments, read
+    derived_accumulation: Any = None  # script_derived.DerivedAccumulation: accumulation computed from its own argument
     error: str | None = None
 
     def resume_hint(self, env: str) -> str:
@@ -124,7 +125,9 @@ class ScriptFacts:
 def scan_script(path: str | Path) -> ScriptFacts:
     """What the script declares and does: its own file, and the modules it imports from its own project
     (``autotune.exports.script_project``: a Trainer, an Accelerator, autocast made in ``trainer.py``)."""
+    from autotune.exports.script_derived import derived_accumulation
     from autotune.exports.script_hydra import scan_hydra
+    from autotune.exports.script_jsonargparse import jsonargparse_flags
     from autotune.exports.script_lightning import scan_lightning
     from autotune.exports.script_project import drops_last, meta_build, precision_sets, project_modules
 
@@ -144,9 +147,13 @@ def scan_script(path: str | Path) -> ScriptFacts:
         _walk(module, facts)
     facts.hydra = scan_hydra(tree, Path(path), project.modules)
     facts.lightning = scan_lightning(tree, project.modules)
+    for flag, dest in jsonargparse_flags(tree, project.modules).items():  # a jsonargparse CLI(fn): fn's parameters
+        facts.flags.setdefault(flag, False)
+        facts.dests.setdefault(flag, dest)
     if facts.uses_hf_trainer and "--deepspeed" in facts.flags and not facts.deepspeed_launcher_args:
         facts.flags["--deepspeed"] = False  # HF's --deepspeed takes the JSON's path
     _scan_settings(tree, facts)
+    facts.derived_accumulation = derived_accumulation(tree, facts.flags, facts.dests)
     uses = scan_uses(tree, facts.names_for("gradient_accumulation_steps"), facts.names_for("learning_rate"))
     facts.divided_by_world.update(uses.divided_by_world)
     facts.scaled_by_world.update(uses.scaled_by_world)

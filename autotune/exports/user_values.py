@@ -5,6 +5,7 @@ it sets, the plan's value it wins over. Pure; no torch. ``wiring.given_by_user``
 from __future__ import annotations
 
 from autotune.plan import TrainingPlan
+from autotune.rundir.records import plan_values
 
 YOURS = "yours:"  # the mark of a route that carries your own value, not the plan's
 
@@ -16,12 +17,7 @@ def given_flag(argument: str) -> str:
 
 def planned_value(plan: TrainingPlan, key: str):
     """The plan's own value of ``key`` (as the plan says it, before any change for a script's arithmetic)."""
-    return {"micro_batch_size": plan.batch.micro_batch_size,
-            "gradient_accumulation_steps": plan.batch.gradient_accumulation_steps,
-            "learning_rate": plan.schedule.learning_rate, "precision": plan.numerics.precision,
-            "num_workers": plan.loader.num_workers, "world_size": plan.engine.world_size,
-            "max_steps": plan.schedule.max_steps, "epochs": plan.schedule.epochs,
-            "warmup_steps": plan.schedule.warmup_steps}.get(key)
+    return plan_values(plan).get(key)
 
 
 def shown(value) -> str:

@@ -33,5 +33,6 @@ def print_delivery(setup, out=None) -> None:
         print(("warning: " if d.resume.startswith("none:") else "  ") + f"resume_from: {d.resume}", file=out)
     for line in d.summary():
         print(f"warning: {line}", file=out)
-    if d.advisory:
-        print(f"  {d.advisory_hint()}", file=out)
+    hint = d.advisory_hint() if d.advisory else ""
+    if hint:  # none where every advisory value is said in its own note (an accumulation the script derives)
+        print(f"  {hint}", file=out)

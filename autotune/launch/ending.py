@@ -111,7 +111,8 @@ def ending(plan, run_dir: Path, outcome, signals: Sequence[int], script: ScriptE
         return end(EXIT_UNAVAILABLE)
     if failure is not None and outcome.ranks_code is None:  # the script's own code, where torchrun says 1
         rc = failure[0]
-        err(f"\nYour script failed: {failure[1]}; the training did not complete.")
+        # said as it is: a script that trained every step and then exited 3 did complete its training (issue 51)
+        err(f"\nYour script failed: {failure[1]}; a non-zero exit fails the launch, whatever it trained.")
     if rc == 0 and evidence is not None and evidence.world_size is not None and not evidence.stepped:
         return _trained_nothing(plan, run_dir, said)
     if rc == 0:

@@ -111,7 +111,7 @@ class ScriptWatch:
             if n.get("raised"):
                 return 1, f"rank {rank} raised {n['raised']}"
             if n.get("exit_code"):
-                return n["exit_code"], f"rank {rank} exited with code {n['exit_code']} before its end"
+                return n["exit_code"], f"rank {rank} exited with code {n['exit_code']}"
         return None
 
     def settle(self) -> None:

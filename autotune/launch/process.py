@@ -131,7 +131,9 @@ def execute(spec: LaunchSpec, environ: Mapping[str, str] | None = None, forwarde
                 break
             except subprocess.TimeoutExpired:
                 reason = should_kill() if should_kill is not None else None
-                if reason:
+                if reason and proc.poll() is not None:  # it ended meanwhile: nothing left to stop, nothing to say
+                    should_kill = None
+                elif reason:
                     print(f"autotune: {reason}; stopping the rest", file=sys.stderr, flush=True)
                     kill_tree(proc.pid)
                     should_kill = None

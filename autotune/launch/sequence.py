@@ -94,6 +94,7 @@ def _execute(setup, lock=None, log=None) -> int:
     from autotune.errors import EXIT_UNAVAILABLE
     from autotune.launch.builds import BuildWatch
     from autotune.launch.rendezvous import rendezvous_failure
+    from autotune.launch.wired_cause import wired_cause
 
     _announce(setup)
     started, since = time.monotonic(), time.time()
@@ -119,6 +120,9 @@ def _execute(setup, lock=None, log=None) -> int:
                  master_port=setup.launch_spec.env.get("MASTER_PORT") if plan.engine.backend == "single" else None)
     for stream, text in end.lines:
         print(text, file=sys.stdout if stream == "out" else sys.stderr)
+    cause = wired_cause(setup) if end.code not in (0, EXIT_UNAVAILABLE) and not signals else None
+    if cause:  # a value autotune passed that the script's own error names (issue 51)
+        print(f"autotune: {cause}", file=sys.stderr)
     if end.completed:
         _say_figures(setup, launch_id, since)
     return end.code

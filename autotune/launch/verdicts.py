@@ -51,10 +51,20 @@ def _argument(flag: str, key: str) -> str:
     return f"{flag}{{{key}}}" if flag.endswith("=") else f"{flag} {{{key}}}"
 
 
-def _plan_change(key: str, seen) -> str:
+def _plan_change(key: str, seen, plan=None) -> str:
+    """autotune's own setting that plans ``seen``. A learning rate the plan scales by the global batch
+    (training.lr_scaling linear or sqrt) is set with the scaling off: set alone, the planner would scale it again and
+    the fix, followed, would print itself again."""
     if key in PLAN_FLAG:
         return f"{PLAN_FLAG[key]} {_fmt(seen)}"
+    if key == "learning_rate" and plan is not None and scaled_rate(plan):
+        return f"{PLAN_SETTING[key]}: {_fmt(seen)} with training.lr_scaling: none (the plan scales it otherwise)"
     return f"{PLAN_SETTING.get(key, key)}: {_fmt(seen)}"
+
+
+def scaled_rate(plan) -> bool:
+    """Whether the plan's learning rate is the config's scaled by the global batch (its reason says so)."""
+    return plan.reasons.get("learning_rate", "").startswith(("linear scaling:", "sqrt scaling:"))
 
 
 def fix_for(key: str, seen, plan, delivery, world: int, micro=None) -> str:
@@ -62,6 +72,9 @@ def fix_for(key: str, seen, plan, delivery, world: int, micro=None) -> str:
     was seen training)."""
     if delivery is None:
         return FIX.get(key, "")
+    derived = getattr(delivery, "derived", None)
+    if derived is not None and key == "gradient_accumulation_steps":  # its global batch is its own argument's
+        return derived_fix(derived, getattr(delivery, "derived_given", None), seen, plan, world, micro)
     given = (getattr(delivery, "given", None) or {}).get(key)
     if given:
         return _yours_after_dash(key, seen, given, plan, delivery)
@@ -78,8 +91,42 @@ def fix_for(key: str, seen, plan, delivery, world: int, micro=None) -> str:
                 + ("" if delivery.wired else WIRE_HINT))
     if reads:
         return (f"the script reads ${variable} and still runs {_fmt(seen)}: its own setting wins there; plan for "
-                f"what it runs ({_plan_change(key, seen)}), or let the variable decide")
-    return _no_route(key, seen, delivery, variable)
+                f"what it runs ({_plan_change(key, seen, plan)}), or let the variable decide")
+    return _no_route(key, seen, delivery, variable, plan)
+
+
+def derived_fix(derived, given: str | None, seen, plan, world: int, micro) -> str:
+    """The script computes its accumulation in code from an argument of its own (llm.c's --total_batch_size in
+    tokens): the plan's --grad_accum or --batch_size change nothing it trains. Named: that argument, with the value
+    that trains the plan's global batch where the script divides it (checked: scaled by plan / trained, the
+    accumulation it derives is the plan's, a whole number), and the plan change that takes what it trains."""
+    b = plan.batch
+    head = (f"the script computes its accumulation in code from its own {derived.flag} (`{derived.statement}`): its "
+            f"global batch is that argument's, so --grad_accum or --batch_size change nothing it trains")
+    trained = int(seen) * int(micro) * world if isinstance(seen, (int, float)) and micro else None
+    if not trained:
+        return f"{head}; set {derived.flag} after `--` to the plan's global batch of {b.global_batch_size} samples"
+    plan_it = f"plan for what it trains (--global_batch_size {trained})"
+    now = _number(given) if given is not None else derived.default
+    was = f"your {derived.flag} {given}" if given is not None else f"its default {derived.flag} {_fmt(now)}"
+    if derived.proportional and now is not None:
+        new = now * b.global_batch_size / trained
+        acc = seen * b.global_batch_size / trained  # what it derives from the new value, at the plan's micro-batch
+        if new == int(new) and acc == int(acc) and int(acc) == b.gradient_accumulation_steps:
+            return (f"{head}; with {was} it trains {trained} samples a step, the plan's is {b.global_batch_size}: "
+                    f"pass {derived.flag} {int(new)} after `--` (it then derives accumulation {int(acc)}), or "
+                    f"{plan_it}")
+        return (f"{head}; with {was} it trains {trained} samples a step, and no whole value of it trains the plan's "
+                f"{b.global_batch_size} at micro-batch {micro}: {plan_it}")
+    return f"{head}; with {was} it trains {trained} samples a step: set it for {b.global_batch_size}, or {plan_it}"
+
+
+def _number(text: str):
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return int(v) if v == int(v) else v
 
 
 def _changed_in_code(key: str, seen, flag: str, plan, world: int) -> str:
@@ -92,8 +139,8 @@ def _changed_in_code(key: str, seen, flag: str, plan, world: int) -> str:
     if key == "gradient_accumulation_steps" and world > 1 and isinstance(seen, int) and seen == planned // world:
         return (f"{said} (it divides it by its {world} processes): pass the total there instead, "
                 f"{_argument(flag, 'gradient_accumulation_steps_total')} after `--`, or plan for what it runs "
-                f"({_plan_change(key, seen)})")
-    return f"{said}; plan for what it runs ({_plan_change(key, seen)}), or change that code"
+                f"({_plan_change(key, seen, plan)})")
+    return f"{said}; plan for what it runs ({_plan_change(key, seen, plan)}), or change that code"
 
 
 def _yours_after_dash(key: str, seen, given: str, plan, delivery) -> str:
@@ -108,8 +155,9 @@ def _yours_after_dash(key: str, seen, given: str, plan, delivery) -> str:
         reach = f"pass {form} there instead (or drop it and use --wire auto, which passes the plan's)"
     else:
         reach = "drop it from after `--` and use --wire auto, which passes the plan's"
-    config = f"{CONFIG_KEY[key]}: {_fmt(seen)} in the config" if key in CONFIG_KEY else None
-    ways = [f"{_plan_change(key, seen)} before `--`" if key in PLAN_FLAG else None, config]
+    config = None if key not in CONFIG_KEY else f"{_plan_change(key, seen, plan)} in the config" \
+        if key == "learning_rate" else f"{CONFIG_KEY[key]}: {_fmt(seen)} in the config"
+    ways = [f"{_plan_change(key, seen, plan)} before `--`" if key in PLAN_FLAG else None, config]
     ways = [w for w in ways if w]
     return (f"your {given} after `--` sets it, and a flag you pass wins over the plan's "
             f"{_fmt(planned_value(plan, key))}: {reach}" + (f", or plan for your value ({', or '.join(ways)})"
@@ -122,14 +170,14 @@ NAMED_LIKE = {"micro_batch_size": r"(^|_)(bs|bsz|mbs)(_|$)|batch", "gradient_acc
               "precision": r"precision|(^|_)(amp|bf16|fp16|dtype)(_|$)", "max_steps": r"steps|iters"}
 
 
-def _no_route(key: str, seen, delivery, variable: str | None) -> str:
+def _no_route(key: str, seen, delivery, variable: str | None, plan=None) -> str:
     """The fix for a value no route reaches: the script's own flag that may set it (named as such), the form of a
     setting its shape takes for any key (Hydra, LightningCLI, a configurator), or, for a script whose flags hold
     none, what exists: the variable it could read and the plan change."""
     import re
 
     word = WORDS.get(key, key)
-    plan_it = f"plan for what it runs ({_plan_change(key, seen)})"
+    plan_it = f"plan for what it runs ({_plan_change(key, seen, plan)})"
     if delivery.shape != "argparse":
         kind = {"hydra": "key in its config", "lightning": "argument", "configurator": "setting"}.get(
             delivery.shape, "setting")
@@ -153,6 +201,9 @@ def _no_accumulation(seen, plan, delivery, world: int, micro=None) -> str:
     accumulation it runs, with the micro-batch raised to hold the global batch where memory allows and where the
     micro-batch reaches the script (its flag); a micro-batch that reaches it by no route is planned as it runs."""
     b = plan.batch
+    accelerate = accelerate_fix(plan, delivery, world, micro)
+    if accelerate:
+        return accelerate
     acc = int(seen) if isinstance(seen, (int, float)) and seen >= 1 else 1
     how = (f"the script has no accumulation (it declares no accumulation flag and reads no "
            f"${VALUE_ENV['gradient_accumulation_steps']})" if acc == 1 else
@@ -170,6 +221,25 @@ def _no_accumulation(seen, plan, delivery, world: int, micro=None) -> str:
             f"--grad_accum {acc}{raise_micro} (where memory allows: the plan says so when it does not fit)"
             + (f", and pass {{micro_batch_size}} to its {micro_flag.rstrip('=')}" if micro_flag else "")
             + (f", and pass {{micro_batch_size}} to its {given_flag(yours)} in place of your {yours}" if yours else ""))
+
+
+def accelerate_fix(plan, delivery, world: int, micro) -> str | None:
+    """An Accelerate script that trains its own batch, to which the launch withheld Accelerate's accumulation
+    variable (the plan's micro-batch does not reach it): exporting the variable yourself is what works, at the
+    accumulation that makes its own batch the plan's global one (checked: its batch x that x the processes is the
+    plan's global batch). None where that is not so (the script passes its own to Accelerator(), or no whole
+    accumulation reaches it)."""
+    name = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"
+    why = (getattr(delivery, "withheld", None) or {}).get(name)
+    if not why or "Accelerator() itself" in why or not micro:
+        return None
+    need, left = divmod(plan.batch.global_batch_size, int(micro) * world)
+    if not need or left:
+        return None
+    return (f"the launch withheld {name} (the plan's micro-batch does not reach the script, which trains its own "
+            f"{micro}): export {name}={need} before the launch (Accelerator() reads it: {micro} x {need} x {world} "
+            f"process(es) = the plan's {plan.batch.global_batch_size}), or pass {{micro_batch_size}} to the script's "
+            "batch-size flag after `--`, and the launch exports the plan's")
 
 
 def engine_fix(seen: str, planned: str, delivery) -> str:

@@ -40,6 +40,8 @@ def candidates(inputs: Inputs, *, default_backend: str, world: int, on_gpu: bool
         is_ds, is_fsdp = s.backend == "deepspeed", s.backend == "fsdp"
         if (is_ds and not ds_ok) or (is_fsdp and not fsdp_ok):
             continue
+        if s.backend in inputs.script_cannot and s.backend not in (family, default_backend):
+            continue  # the user's script cannot run it (exports.script_engines): not an option unless you ask
         if family is not None and s.backend != family:
             continue
         if is_fsdp and world == 1 and not s.offload_optimizer and not fsdp_asked:
@@ -57,6 +59,18 @@ def candidates(inputs: Inputs, *, default_backend: str, world: int, on_gpu: bool
         if (s, ckpt) not in out:
             out.append((s, ckpt))
     return out
+
+
+def not_run(inputs: Inputs, backend: str, reason: str) -> str:
+    """What the engine's ``reason`` adds for the engines the user's script cannot run (left out of the weighing on
+    GPUs, where they would have been weighed), where it does not say so already."""
+    if not inputs.hw.gpus.count:
+        return ""
+    gone = [f"{name} is not planned: {inputs.script_cannot[b]}" for b, name in (("deepspeed", "DeepSpeed"),
+                                                                              ("fsdp", "FSDP2"))
+            if b in inputs.script_cannot and b != backend and inputs.script_cannot[b] not in reason
+            and (b != "deepspeed" or inputs.deepspeed_installed)]
+    return "".join(f"; {g}" for g in gone)
 
 
 def hsdp_fits(world: int, num_nodes: int) -> bool:
@@ -259,8 +273,10 @@ def settle_engine(inputs: Inputs, resolver: Resolver, seed: Decision, start: tup
     else:
         auto_backend, auto_zero = backend0, None
     # the user's backend: "auto would choose" is the seed rule's (the weighing saw only the user's engine)
+    reason = why or seed.reason
     backend = resolver.resolve("backend", d.backend, lambda: seed if is_set(d.backend) else
-                               Decision(auto_backend, why or seed.reason), path="distributed.backend")
+                               Decision(auto_backend, reason + not_run(inputs, auto_backend, reason)),
+                               path="distributed.backend")
     if backend == "deepspeed":
         stage = auto_zero if auto_zero is not None else zero0 if zero0 is not None else 2
         # the user's stage: "auto would choose" is the seed rule's (the weighing saw only the user's stage)

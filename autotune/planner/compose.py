@@ -76,7 +76,7 @@ def weigh(hw: HardwareProfile, cfg: TrainConfig, *, auto_optimize: bool = True, 
     debug = debug and auto_optimize
     resolver = Resolver(auto_optimize=auto_optimize, sources=dict(sources or {}))
     hw = dec.mig_view(hw, policy, resolver)
-    inputs = dec.Inputs(hw, cfg, policy, deepspeed_installed)
+    inputs = dec.Inputs(hw, cfg, policy, deepspeed_installed, dict(facts.script_cannot))
     t, d = cfg.training, cfg.distributed
 
     # -- where it runs -----------------------------------------------------------

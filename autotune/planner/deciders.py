@@ -10,7 +10,7 @@ A decider reads the hardware profile, the config and the policy, and either retu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autotune.config import AUTO, TrainConfig
 from autotune.errors import UserError
@@ -33,6 +33,9 @@ class Inputs:
     cfg: TrainConfig
     policy: Policy
     deepspeed_installed: bool
+    # backend -> why the user's script cannot run it, shown from its source (exports.script_engines); {}: the
+    # built-in runtime, which runs every engine
+    script_cannot: dict[str, str] = field(default_factory=dict)
 
 
 def fmt_gb(mib: float) -> str:

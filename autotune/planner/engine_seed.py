@@ -22,6 +22,9 @@ def _auto_backend(inputs: Inputs, num_gpus: int, nproc: int, num_nodes: int) -> 
     if num_gpus:
         if num_gpus == 1 and num_nodes == 1:
             return Decision("single", "one GPU: no process group needed")
+        if inputs.deepspeed_installed and "deepspeed" in inputs.script_cannot:
+            return Decision("ddp", f"{num_gpus * num_nodes} GPUs; DeepSpeed is installed, but "
+                                   f"{inputs.script_cannot['deepspeed']}: DDP via torchrun")
         if inputs.deepspeed_installed:
             return Decision("deepspeed", f"{num_gpus * num_nodes} GPUs and DeepSpeed is installed: ZeRO-2 shards "
                                          "gradients and optimizer state")

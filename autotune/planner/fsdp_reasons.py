@@ -3,6 +3,7 @@ option holds per GPU, its predicted speed and the bytes each node sends over the
 
 from __future__ import annotations
 
+from autotune.plan import size_text
 from autotune.planner.communication import bytes_between_nodes
 from autotune.planner.resolve import Resolver
 from autotune.planner.weighing import Budget, Row, Timer
@@ -13,7 +14,7 @@ def _bytes(b: float) -> str:
 
 
 def _gib(x: float) -> str:
-    return f"{x:.2f} GiB" if x >= 0.1 else f"{x * 1024:.1f} MiB"
+    return size_text(x)
 
 
 def explain_fsdp(resolver: Resolver, chosen: Row, budget: Budget) -> None:

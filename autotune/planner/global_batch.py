@@ -57,6 +57,15 @@ def accumulation_shortfall(target: int, micro: int, acc: int, world: int, global
     return f"{off}: {why}; leave gradient_accumulation_steps to autotune (auto) to hold it"
 
 
+def default_target(t, target: int) -> str:
+    """What the reason adds where the target is autotune's default and the plan is for a user's script: its own
+    global batch is not read, and the plan trains the default unless the config says otherwise."""
+    if not t.entrypoint or "global_batch_size" in t.model_fields_set:
+        return ""
+    return (f"; {target} is autotune's default target (training.global_batch_size is not set): your script's own "
+            "global batch is not read; set training.global_batch_size or --global_batch_size to train yours")
+
+
 def check_global_batch(resolver: Resolver, t, target: int, micro: int, acc: int, world: int, global_batch: int,
                         deviation: int, debug: bool) -> None:
     both_set = is_set(t.batch_size_per_gpu) and is_set(t.gradient_accumulation_steps)
@@ -67,7 +76,8 @@ def check_global_batch(resolver: Resolver, t, target: int, micro: int, acc: int,
             f"auto, or set --global_batch_size {global_batch}"
         )
     resolver.explain("global_batch_size", f"{micro} x {acc} x {world} = {global_batch} (target {target}, "
-                     + ("exact)" if deviation == 0 else f"off by {deviation:+d}, {100 * deviation / target:+.1f}%)"))
+                     + ("exact)" if deviation == 0 else f"off by {deviation:+d}, {100 * deviation / target:+.1f}%)")
+                     + default_target(t, target))
     if is_set(t.batch_size_per_gpu) and abs(deviation) * 2 > micro * world and not debug:
         resolver.warnings.append(f"global batch {global_batch} is far from the target {target} because you set the "
                                  f"micro-batch to {micro}")

@@ -63,6 +63,7 @@ from dataclasses import dataclass, fields
 
 GIB = 1024**3
 
+
 OPTIMIZER_BYTES = {  # (mixed precision, fp32) optimizer-state bytes per parameter
     "adamw": (12, 8),
     "sgd_momentum": (8, 4),

@@ -16,7 +16,7 @@ micro-batch 1 the planner raises ``PlanRefused`` (exit 3) saying what would fit
 from __future__ import annotations
 
 from autotune.errors import UserError
-from autotune.plan import MemoryEstimate
+from autotune.plan import MemoryEstimate, size_text
 from autotune.planner.choice import candidates, pick_by_time, time_reason, timed
 from autotune.planner.deciders import BandChoice, Inputs
 from autotune.planner.fsdp_reasons import explain_fsdp
@@ -262,7 +262,7 @@ def _explain(resolver: Resolver, inputs: Inputs, chosen: Row, rows: tuple[Row, .
     elif chosen.need.total_gib is None:
         weighed = facts.unknown_reason or "the model's size is unknown: not checked"
     else:
-        weighed = f"{chosen.need.peak_gib:.2f} GiB of {budget.device_gib:.1f} GiB usable ({budget.basis})"
+        weighed = f"{size_text(chosen.need.peak_gib)} of {budget.device_gib:.1f} GiB usable ({budget.basis})"
     if s.backend == "fsdp" and facts.builds_on_meta and not facts.builtin_gpt:
         weighed += (f"; the set-up makes only each rank's shards: your script builds its model on the meta device "
                     f"({facts.builds_on_meta})")

@@ -180,6 +180,9 @@ class ModelFacts(Frozen):
     # where the user's script makes a DataLoader with drop_last=True (read from its source): its epochs end at the
     # last whole micro-batch; None: PyTorch's default, the last partial one kept
     drops_last: str | None = None
+    # backend -> why the user's script cannot run that engine, read from its source (exports.script_engines): the
+    # planner weighs it only where you ask for it; empty: the built-in runtime, which runs every engine
+    script_cannot: tuple[tuple[str, str], ...] = ()
     # FSDP2's wrap: the module class each fully_shard unit is (the model's repeated block), the largest unit's
     # parameters and the root's own (those in no unit); unknown (None, 0): the whole model is one unit
     fsdp_unit: str | None = None

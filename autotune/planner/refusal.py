@@ -57,6 +57,9 @@ def refuse(inputs: Inputs, sz: Sizer, budget: Budget, rows: list[Row], facts: Mo
             if gpu_ok:
                 would.append(f"{rw.label}: {_up(rw.need.host_gib - budget.host_gib):.1f} GiB more host RAM per "
                              "node (%s GiB needed, %s usable)" % _over(rw.need.host_gib, budget.host_gib))
+    for backend, why in inputs.script_cannot.items():  # engines left out for the script: the user may know better
+        if budget.on_gpu and (backend != "deepspeed" or inputs.deepspeed_installed):
+            would.append(f"a sharded engine, not weighed: {why}")
     raise PlanRefused(f"no plan fits: {facts.source} on {inputs.hw.num_nodes} node(s), {budget.basis}"
                       + (f", with {fixed}" if fixed else ""), tried, would or ["a machine with more memory"],
                       Weighing(tuple(rows), budget))

@@ -20,9 +20,10 @@ from autotune.plan import Knob, Override
 
 VERBATIM = "--no_auto_optimize: taken from the config verbatim"
 
-# Where a value came from: the planner's own, the config, or a variable you exported (the launch leaves it in the
-# ranks' environment, so the plan is what they run with). EXPORTED_AS: the variable of each knob one can set.
-Source = Literal["planner", "config", "environment"]
+# Where a value came from: the planner's own, the config, a flag you passed, or a variable you exported (the launch
+# leaves it in the ranks' environment, so the plan is what they run with). EXPORTED_AS: the variable of each knob one
+# can set.
+Source = Literal["planner", "config", "environment", "flag"]
 EXPORTED_AS: dict[Knob, str] = {"omp_num_threads": "OMP_NUM_THREADS"}
 
 
@@ -67,7 +68,9 @@ class Resolver:
         if not self.auto_optimize:
             if is_set(user):
                 mine = self.source(knob, user) == "config"
-                self.reasons[knob] = VERBATIM if mine else f"--no_auto_optimize: {self.yours(knob, user)}"
+                flag = self.source(knob, user) == "flag"
+                self.reasons[knob] = VERBATIM if mine else f"--no_auto_optimize: you set {user} (a flag), taken " \
+                    "verbatim" if flag else f"--no_auto_optimize: {self.yours(knob, user)}"
                 return user
             if verbatim is REQUIRED:
                 self.problems.append(f"{path}: required with --no_auto_optimize (it is 'auto')")

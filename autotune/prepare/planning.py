@@ -41,6 +41,16 @@ def plan_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     return p.model_copy(update={"reasons": {**p.reasons, **deepspeed_reasons(p, ds)}}), hw, ds
 
 
+# the config field a plan flag sets -> the plan's knob it decides: a value from a flag is named as one
+# (--no_auto_optimize took every flag's value "from the config verbatim")
+FLAG_KNOBS = {"distributed.backend": "backend", "distributed.zero_stage": "zero_stage",
+              "distributed.nproc_per_node": "nproc_per_node", "distributed.num_nodes": "num_nodes",
+              "distributed.node_rank": "node_rank", "distributed.master_addr": "master_addr",
+              "training.batch_size_per_gpu": "micro_batch_size",
+              "training.gradient_accumulation_steps": "gradient_accumulation_steps",
+              "training.mixed_precision": "precision", "data.num_workers": "num_workers"}
+
+
 def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
               hardware: str | HardwareProfile | None = None, *, auto_optimize: bool = True, debug: bool = False,
               policy: str | None = None, force: bool = False, facts=None, probe_gpu: bool = False,
@@ -68,8 +78,11 @@ def weigh_for(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     pol = load_policy(policy)
     ds_installed = deepspeed_installed(hw.software)
     facts = _with_past_runs(cfg, hw, facts or _model_facts(cfg, pol, hw, probe_gpu))
+    sources = {FLAG_KNOBS[k]: "flag" for k in (overrides or {}) if k in FLAG_KNOBS}
+    if exported:
+        sources["omp_num_threads"] = "environment"
     options = dict(auto_optimize=auto_optimize, debug=debug, policy=pol, deepspeed_installed=ds_installed,
-                   force=force, times=times, sources={"omp_num_threads": "environment"} if exported else None)
+                   force=force, times=times, sources=sources or None)
     p, weighing = weigh(hw, cfg, facts=facts, **options)
     steps = steps_for(cfg, hw, p, facts) if time_cpu else None
     if steps is not None:  # the same plan again, timed by the step measured here
@@ -115,6 +128,7 @@ def exported_threads(cfg: TrainConfig, hw: HardwareProfile, environ: Mapping[str
 def _model_facts(cfg: TrainConfig, policy, hw: HardwareProfile, probe_gpu: bool):
     """The planner's model facts: measured (a user's ``training.model``), else the built-in GPT's or
     what the config declares."""
+    from autotune.exports.script_engines import engines_not_run
     from autotune.planner.model_facts import facts_for
 
     t = cfg.training
@@ -131,7 +145,15 @@ def _model_facts(cfg: TrainConfig, policy, hw: HardwareProfile, probe_gpu: bool)
             facts = facts.model_copy(update={"builds_on_meta": read.builds_on_meta})
     if read is not None and read.drops_last:
         facts = facts.model_copy(update={"drops_last": read.drops_last})
-    return facts
+    cannot = engines_not_run(t.entrypoint, read if read is not None else _module_read(t.entrypoint))
+    return facts.model_copy(update={"script_cannot": tuple(cannot.items())}) if cannot else facts
+
+
+def _module_read(entrypoint: str):
+    """A module:function entrypoint's source, read (None for a script file not here: a plan for another machine)."""
+    from autotune.exports.script_scan import script_facts
+
+    return None if entrypoint.endswith(".py") else script_facts(entrypoint)
 
 
 def _script_read(entrypoint: str, workdir: str | None):

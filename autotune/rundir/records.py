@@ -11,7 +11,7 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from autotune.plan import TrainingPlan
 from autotune.profiles import HardwareProfile
@@ -71,6 +71,27 @@ def archive_run_files(run_dir: Path) -> Path | None:
     return dest
 
 
+def plan_values(plan: TrainingPlan) -> dict[str, Any]:
+    """The plan's main values by the names scripts use for them (``micro_batch_size``, ``learning_rate``...), as the
+    plan says them."""
+    b, s = plan.batch, plan.schedule
+    return {"micro_batch_size": b.micro_batch_size, "gradient_accumulation_steps": b.gradient_accumulation_steps,
+            "global_batch_size": b.global_batch_size, "learning_rate": s.learning_rate,
+            "precision": plan.numerics.precision, "num_workers": plan.loader.num_workers,
+            "world_size": plan.engine.world_size, "max_steps": s.max_steps, "epochs": s.epochs,
+            "warmup_steps": s.warmup_steps}
+
+
+def plan_file_text(plan: TrainingPlan) -> str:
+    """plan.json as a run writes it: the sectioned plan, and beside its sections a flat view of its main values
+    (``plan["micro_batch_size"]`` as well as ``plan["batch"]["micro_batch_size"]``) for a script that reads the file
+    itself. A value the config leaves to the script (``run.script_defaults``: the rate it does not set) is not in the
+    view: the plan owns none. ``load_plan`` drops the view."""
+    data = json.loads(plan.to_json())
+    flat = {k: v for k, v in plan_values(plan).items() if k not in plan.run.script_defaults}
+    return json.dumps({**flat, **data}, indent=2)
+
+
 def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: dict | None, spec=None,
                   delivery=None, ds_framework: dict | None = None) -> None:
     """Write the run's records (``ds``/``ds_framework``: DeepSpeed's JSON in its two flavours). They are written
@@ -93,7 +114,7 @@ def write_records(records: Path, plan: TrainingPlan, hw: HardwareProfile, ds: di
     if plan.run.script_args:  # the config's script arguments: a secret among them is not recorded
         run = plan.run.model_copy(update={"script_args": tuple(redact_args(list(plan.run.script_args)))})
         plan = plan.model_copy(update={"run": run})
-    files.append((PLAN, plan.to_json() + "\n"))
+    files.append((PLAN, plan_file_text(plan) + "\n"))  # with its flat view, for scripts reading the file
     staging = records / f".records-{secrets.token_hex(4)}"
     try:
         records.mkdir(parents=True, exist_ok=True)

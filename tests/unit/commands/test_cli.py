@@ -114,7 +114,12 @@ def test_plan_refuses_with_exit_3_and_force_plans_loudly(cli, tmp_path):
     (tmp_path / "train.py").write_text("")
     r = cli("autotune", "plan", "--config", str(cfg), "--hardware", "4xL4", cwd=tmp_path)
     assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
-    assert "refused: no plan fits" in r.stderr and "what would fit:" in r.stderr and "ZeRO-3 across" in r.stderr
+    assert "refused: no plan fits" in r.stderr and "what would fit:" in r.stderr
+    # the empty train.py is not shown to run DeepSpeed or FSDP2 (issue 51 item 5): not weighed, and said so
+    assert "a sharded engine, not weighed: train.py does not call deepspeed.initialize" in r.stderr
+    assert "(--deepspeed if it does)" in r.stderr and "(--fsdp if it does)" in r.stderr
+    z3 = cli("autotune", "plan", "--config", str(cfg), "--hardware", "4xL4", "--deepspeed", cwd=tmp_path)
+    assert z3.returncode == 3 and "ZeRO-3 across" in z3.stderr
     f = cli("autotune", "plan", "--config", str(cfg), "--hardware", "4xL4", "--force", "--json", cwd=tmp_path)
     assert f.returncode == 0 and any("EXPECT OUT-OF-MEMORY" in w for w in json.loads(f.stdout)["warnings"])
     d = cli("autotune", "launch", "--config", str(cfg), "--hardware", "4xL4", "--dry-run", cwd=tmp_path)
@@ -123,15 +128,16 @@ def test_plan_refuses_with_exit_3_and_force_plans_loudly(cli, tmp_path):
 
 def test_estimate_of_an_undescribed_model_shows_the_one_option_planned_blind_and_why(cli, tmp_path):
     """A script whose model autotune knows nothing of: no option can be weighed, so the table has the plan's
-    one (ZeRO-2 on 4 GPUs, sizes unknown), its fit is unknown, and a line says why."""
+    one (DDP on 4 GPUs: the empty script is not shown to run DeepSpeed, issue 51 item 5; sizes unknown), its fit is
+    unknown, and a line says why."""
     (tmp_path / "train.py").write_text("")
     (tmp_path / "c.yaml").write_text("training:\n  entrypoint: train.py\n")
     r = cli("autotune", "estimate", "--config", "c.yaml", "--hardware", "4xL4", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert [(o["strategy"], o["total_gib"], o["fits"], o["chosen"]) for o in data["options"]] == [
-        ("ZeRO-2", None, None, True)]
-    why = ("ZeRO-2: your script's model is not described: set training.model (package.module:factory) or "
+        ("DDP", None, None, True)]
+    why = ("DDP: your script's model is not described: set training.model (package.module:factory) or "
            "training.num_parameters")
     assert data["not_weighed"] == why
     t = cli("autotune", "estimate", "--config", "c.yaml", "--hardware", "4xL4", cwd=tmp_path)
@@ -147,7 +153,8 @@ def test_estimate_table_and_json(cli, tmp_path):
     assert [o["chosen"] for o in data["options"]].count(True) == 1 and data["options"][0]["strategy"] == "ZeRO-2"
     cfg = tmp_path / "big.yaml"
     cfg.write_text(BIG)
-    (tmp_path / "train.py").write_text("")
+    # a script that runs DeepSpeed: its ZeRO rows are weighed (issue 51 item 5: only for a script shown to run it)
+    (tmp_path / "train.py").write_text("import deepspeed\nengine = deepspeed.initialize(model=None)\n")
     t = cli("autotune", "estimate", "--config", str(cfg), "--hardware", "8xA100-40GB", cwd=tmp_path)
     assert t.returncode == 0 and "<- plan" in t.stdout
     line = next(ln for ln in t.stdout.splitlines() if ln.startswith("ZeRO-2 "))
@@ -215,7 +222,7 @@ def test_on_a_cpu_plan_estimate_and_memory_strategy_name_one_engine_in_one_unit(
     assert main(["plan", "--hardware", "cpu-only", "--config", str(ROOT / "tests" / "golden" / "verbatim.yaml"),
                  "--no_auto_optimize"]) == 0
     text = capsys.readouterr().out
-    assert "\nTRAINING SETTINGS (the config verbatim)\n" in text and "OPTIMAL" not in text
+    assert "\nTRAINING SETTINGS (your config and flags, verbatim)\n" in text and "OPTIMAL" not in text
 
 
 def test_the_estimate_table_keeps_one_unit_large_or_small():

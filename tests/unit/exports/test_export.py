@@ -163,7 +163,8 @@ def test_accelerate_export_withholds_accumulation_a_script_cannot_pair_with_the_
     line = f"ACCELERATE_USE_CPU=true accelerate launch --config_file accelerate.yaml {script}"
     note = (f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS is not set for {script}: the plan's micro-batch has no route to "
             "the script, so its accumulation alone would train another effective batch; it trains its own batch "
-            "size x 2 process(es), no accumulation (pass its batch-size flag {micro_batch_size} after `--` to "
+            "size x 2 process(es), no accumulation (no batch-size flag of the script is known: give it the plan's "
+            "micro-batch where it reads its batch size, e.g. as a {micro_batch_size} placeholder after `--`, to "
             "deliver both)")
     assert out.err.splitlines() == [f"note: {note}", f"start with: {line}"]
     assert out.out.splitlines()[:4] == [

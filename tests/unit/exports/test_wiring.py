@@ -761,12 +761,16 @@ def test_the_accumulation_placeholder_to_a_script_that_divides_it_is_named_and_t
     values = placeholder_values(p, None, None)
     assert values["gradient_accumulation_steps_total"] == "8" and values["gradient_accumulation_steps"] == "4"
     d = delivery(p, f, ["gradient_accumulation_steps"], {}, ["--gradient_accumulation_steps=4"], deepspeed_json=False)
+    # its dtype setting is a precision of its own (issue 51 item 7): said beside, never claimed fp32
+    own_dtype = ("the script has its own precision argument(s) (dtype): its default is a setting of its own, not "
+                 "known before the launch; its first steps show what it runs")
     assert d.notes == ("the script divides its accumulation by its world size (`gradient_accumulation_steps //= "
                        "ddp_world_size`): {gradient_accumulation_steps} makes it accumulate 2 a process, not the "
-                       "plan's 4; pass {gradient_accumulation_steps_total} (the total over the processes) instead",)
+                       "plan's 4; pass {gradient_accumulation_steps_total} (the total over the processes) instead",
+                       own_dtype)
     total = delivery(p, f, ["gradient_accumulation_steps_total"], {}, ["--gradient_accumulation_steps=8"],
                      deepspeed_json=False)
-    assert total.notes == () and total.routes["gradient_accumulation_steps"] == [
+    assert total.notes == (own_dtype,) and total.routes["gradient_accumulation_steps"] == [
         "placeholder {gradient_accumulation_steps_total} (the total over the 2 processes; the script divides it by its "
         "world size: `gradient_accumulation_steps //= ddp_world_size`)"]
     # the total given to a script that uses its accumulation as given: twice the plan's batch, said; no route
@@ -849,15 +853,15 @@ def test_the_hint_after_the_routes_names_only_what_exists(tmp_path):
     (tmp_path / "conf" / "c.yaml").write_text("model:\n  width: 8\n")
     (tmp_path / "hy.py").write_text("import hydra\n@hydra.main(version_base=None, config_path='conf', "
                                     "config_name='c')\ndef main(cfg):\n    pass\n")
-    bare = ("--<its batch-size flag> {micro_batch_size} --<its accumulation flag> {gradient_accumulation_steps} "
-            "--<its DataLoader-workers flag> {num_workers}")
+    # issue 51 item 7: no invented flag (--<its batch-size flag>): what it declares none for is said so
+    bare = ("it declares no flag for its batch size, accumulation steps, DataLoader workers: give it one that takes "
+            "{micro_batch_size} {gradient_accumulation_steps} {num_workers}")
     for name, wire, hint in (
-            ("bare", "auto", f"  (--wire auto found no setting for them in your script: pass them after `--` to its "
-                             f"own flags: {bare})\n"),
-            ("bare", "none", f"  (pass them after `--` to its own flags: {bare})\n"),
-            ("hf", "none", "  (use --wire auto: it passes --per_device_train_batch_size {micro_batch_size}; pass the "
-                           "others after `--` to its own flags: --<its accumulation flag> "
-                           "{gradient_accumulation_steps} --<its DataLoader-workers flag> {num_workers})\n"),
+            ("bare", "auto", f"  (--wire auto found no setting for them in your script: {bare})\n"),
+            ("bare", "none", f"  ({bare})\n"),
+            ("hf", "none", "  (use --wire auto: it passes --per_device_train_batch_size {micro_batch_size}; it "
+                           "declares no flag for its accumulation steps, DataLoader workers: give it one that takes "
+                           "{gradient_accumulation_steps} {num_workers})\n"),
             ("hy", "auto", "  (--wire auto found no setting for them in your script: pass them after `--` as Hydra "
                            "overrides of the keys it trains with: <its batch-size key>={micro_batch_size} <its "
                            "accumulation key>={gradient_accumulation_steps} <its DataLoader-workers "
@@ -879,8 +883,12 @@ def test_the_hint_names_only_the_values_that_are_advisory(tmp_path):
 
     argparse_ = Delivery({"micro_batch_size": ["placeholder {micro_batch_size}"], "num_workers": []}, ["num_workers"],
                          wired=True)
-    assert argparse_.advisory_hint() == ("(--wire auto found no setting for them in your script: pass them after `--` "
-                                         "to its own flags: --<its DataLoader-workers flag> {num_workers})")
+    assert argparse_.advisory_hint() == ("(--wire auto found no setting for them in your script: it declares no flag "
+                                         "for its DataLoader workers: give it one that takes {num_workers})")
+    # a declared flag near the value is named (llm.c's --num_iterations), and only a declared one
+    near = Delivery({"max_steps": []}, ["max_steps"], flags=("--num_iterations", "--warmup_iters", "--lr"))
+    assert near.advisory_hint() == "(pass them after `--` to its own flags: --num_iterations {max_steps} (if that is " \
+        "its step-count))"
     hydra = Delivery({"num_workers": []}, ["num_workers"], wired=True, shape="hydra")
     assert hydra.advisory_hint().endswith("as Hydra overrides of the keys it trains with: <its DataLoader-workers "
                                           "key>={num_workers})")
@@ -1064,9 +1072,11 @@ def test_precision_claims_read_the_modules_the_script_imports_from_its_own_proje
     assert p.numerics.precision == "fp32"
     d = delivery(p, main, [], {}, [], deepspeed_json=False)
     assert "precision" in d.advisory
-    assert ("the script sets its own precision (trainer.py:6: torch.autocast(device_type='cuda', dtype=torch.float16, "
-            "enabled=self.config.use_amp): fp16, behind its own switch): the plan's fp32 does not reach it; its first "
-            "steps show what it runs") in d.summary()
+    # behind its own switch: not a setting (issue 51 item 7), not PyTorch's default either
+    assert ("the script sets a precision of its own only behind its switch `enabled=self.config.use_amp` "
+            "(trainer.py:6: torch.autocast(device_type='cuda', dtype=torch.float16, enabled=self.config.use_amp)): "
+            "whether it runs fp16 or PyTorch's fp32 is not known before the launch; the plan's fp32 does not reach it; "
+            "its first steps show what it runs") in d.summary()
     # a project module that cannot be read: not known before launch
     (tmp_path / "trainer.py").write_text("def broken(:\n")
     d = delivery(p, script(tmp_path, "from trainer import Trainer\n", "main.py"), [], {}, [], deepspeed_json=False)

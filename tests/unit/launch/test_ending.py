@@ -70,8 +70,8 @@ def test_a_failed_teardown_after_every_script_returned_is_forgiven_with_a_warnin
                                 "completed"]
     # a script that did not return (it raised) is not forgiven: its own code
     raised = ending(SCRIPT, RUN, outcome(rc=1), [], ScriptEnd(failure=(1, "rank 0 raised ValueError: x")))
-    assert raised.code == 1 and "\nYour script failed: rank 0 raised ValueError: x; the training did not complete." \
-        in said(raised, "err")
+    assert raised.code == 1 and ("\nYour script failed: rank 0 raised ValueError: x; a non-zero exit fails the launch, "
+                                 "whatever it trained.") in said(raised, "err")
 
 
 def test_every_rank_preempted_with_its_checkpoint_is_75_and_says_how_to_continue():

@@ -532,7 +532,7 @@ def test_the_linger_clock_starts_once_from_the_ranks_own_notes_and_a_script_fail
     assert watch.check() is None and watch._ended_since is None
     assert watch.script_failure() is None
     _note(status, 1, 1001, ended=1.0, exit_code=3)
-    assert not watch.all_returned() and watch.script_failure() == (3, "rank 1 exited with code 3 before its end")
+    assert not watch.all_returned() and watch.script_failure() == (3, "rank 1 exited with code 3")
     _note(status, 0, 1000, ended=1.0, raised="ValueError: boom")
     assert watch.script_failure() == (1, "rank 0 raised ValueError: boom")
     clock.now += 1

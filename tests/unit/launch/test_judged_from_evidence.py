@@ -333,5 +333,5 @@ def test_without_the_observer_the_ranks_own_note_still_gives_the_scripts_exit_co
     assert watch.check() is None and watch.early is None
     end = ending(p, RUN, outcome(rc=1), [], ScriptEnd(failure=watch.script_failure()), None)
     assert end.code == 3 and [t for _, t in end.lines] == [
-        "\nYour script failed: rank 1 exited with code 3 before its end; the training did not complete.",
+        "\nYour script failed: rank 1 exited with code 3; a non-zero exit fails the launch, whatever it trained.",
         "\nTraining exited with code 3. Run directory: /runs/r"]

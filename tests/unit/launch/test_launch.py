@@ -415,6 +415,27 @@ def test_execute_asks_should_kill_each_second_until_it_has_killed_then_never_aga
     assert capfd.readouterr().err.count("autotune: rank 1 failed; stopping the rest") == 1
 
 
+def test_no_stopping_the_rest_is_said_of_a_run_that_has_already_ended(tmp_path, monkeypatch, capfd):
+    """Issue 51 item 10: "stopping the rest" was printed after the run had ended. A reason that arrives once the child
+    has exited kills nothing and says nothing; its exit code stands."""
+    import autotune.launch.process as launch
+
+    killed = []
+    monkeypatch.setattr(launch, "kill_tree", killed.append)
+    done = tmp_path / "done"
+    spec = LaunchSpec(cmd=[sys.executable, "-c", f"import time, sys; time.sleep(1.2); open({str(done)!r}, 'w'); "
+                                                 "sys.exit(3)"], env={})
+
+    def late():  # the reason comes once the child has ended (its file written, then its exit)
+        while not done.exists():
+            time.sleep(0.05)
+        time.sleep(0.5)
+        return "rank 1 failed"
+
+    assert execute(spec, should_kill=late) == 3
+    assert killed == [] and "stopping the rest" not in capfd.readouterr().err
+
+
 def test_execute_kills_the_tree_when_asked_or_when_the_grace_is_over_or_at_a_second_ctrl_c(tmp_path, capfd):
     """A child that ignores SIGTERM: kill_after_s after the first signal it and its children are
     SIGKILLed (exit 128 + 9); should_kill's reason ends it at the next one-second check; a second

@@ -495,7 +495,7 @@ def test_the_strategy_reasons_name_what_was_rejected_and_why():
     assert big.reasons["offload_optimizer"] == "needed for memory"
     ddp = plan(gpus(4, 10000), user_model(1000, **{"distributed.backend": "ddp"}))
     assert ddp.reasons["backend"].startswith("you set ddp (auto would choose deepspeed")
-    assert ddp.reasons["strategy"] == ("DDP: 0.00 GiB of 7.5 GiB usable (per GPU: free memory x "
+    assert ddp.reasons["strategy"] == ("DDP: 0.0 MiB of 7.5 GiB usable (per GPU: free memory x "
                                        "memory_headroom_fraction 0.85 - CUDA context 600 MiB - NCCL buffers 256 MiB)")
     assert (ddp.reasons["offload_optimizer"], ddp.reasons["offload_param"]) == (
         "not a DeepSpeed run: optimizer offload is a ZeRO feature", "not a DeepSpeed run")
@@ -681,7 +681,7 @@ def test_the_strategy_reason_names_the_budget_or_what_is_unknown():
     """The budget's basis: RAM for a CPU process (100 GiB x 0.85 / 1 = 85.0 GiB usable); unknown GPU memory
     or unknown RAM: the estimate cannot be checked, saying which."""
     cpu = plan(make_profile(cores=8, ram_gib=100), user_model(1000))
-    assert cpu.reasons["strategy"] == ("DDP: 0.00 GiB of 85.0 GiB usable (no GPU: 100.0 GiB effective RAM x "
+    assert cpu.reasons["strategy"] == ("DDP: 0.0 MiB of 85.0 GiB usable (no GPU: 100.0 GiB effective RAM x "
                                        "host_ram_headroom_fraction 0.85 / 1 process(es))")
     two = plan(make_profile(cores=8, ram_gib=100), user_model(1000, **{"distributed.nproc_per_node": 2}))
     assert two.reasons["strategy"].endswith("of 42.5 GiB usable (no GPU: 100.0 GiB effective RAM x "
