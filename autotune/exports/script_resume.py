@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.exports.script_syntax import call_name
+from autotune.rundir.layout import RESUME_FROM_ENV
 
 # a load call (the last part of its name) -> the form of what it loads ("either": a file or a directory)
 LOAD_CALLS = {"load": "file", "load_file": "file", "load_checkpoint": "either", "load_state": "directory",
@@ -237,7 +238,7 @@ def why_no_resume(entry: str | None, script_args: list[str], wire_auto: bool) ->
     if not entry or not entry.endswith(".py"):
         return None
     facts = scan_script(entry)
-    if facts.error or facts.uses_autotune or "AUTOTUNE_RESUME_FROM" in facts.env_reads:
+    if facts.error or facts.uses_autotune or RESUME_FROM_ENV in facts.env_reads:
         return None
     args = [str(a) for a in script_args]
     if any("{resume_from}" in a for a in args) or any(a.split("=")[0] in FLAGS["resume_from"] for a in args):
@@ -252,4 +253,4 @@ def why_no_resume(entry: str | None, script_args: list[str], wire_auto: bool) ->
                 return None
     return (f"{entry} is not shown to load any checkpoint it is given (no {{resume_from}}, no resume flag, no path "
             "inside the run directory that reaches a load call), so a requeued job would start over; "
-            f"{facts.resume_hint('AUTOTUNE_RESUME_FROM')}")
+            f"{facts.resume_hint(RESUME_FROM_ENV)}")

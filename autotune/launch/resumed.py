@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autotune.rundir.layout import RESUME_FROM_ENV
+
 
 def _inside(path: str, where: str) -> bool:
     """``path`` is ``where`` or lies inside it, or ``where`` lies inside ``path`` (a flag given a directory reads a
@@ -68,8 +70,8 @@ def started_over(v: dict, resume: str | None, flag: str | None) -> str:
     seen = (f"its optimizer's first step counted from {counter}" if counter else "its first optimizer step continued "
             "no optimizer or scheduler state") + (", and it loaded nothing before it" if not v["loaded"] else
                                                   f"; it read {v['loaded'][0]} but loaded no state from it")
-    how = f"its {flag} must load the checkpoint it is given" if flag else "the script must load {resume_from} (or " \
-        "$AUTOTUNE_RESUME_FROM)"
+    how = f"its {flag} must load the checkpoint it is given" if flag else f"the script must load {{resume_from}} (or " \
+        f"${RESUME_FROM_ENV})"
     return (f"{what}, but the script started over: {seen}, so the checkpoints it writes overwrite the ones it should "
             f"continue; {how} into its model and optimizer before its first step (torch.load + load_state_dict), "
             "or launch without --resume_from")
