@@ -142,7 +142,8 @@ def score(row: dict) -> dict:
         out["chosen"] = (f"{eng.backend} micro {c.batch.micro_batch_size} x {c.batch.gradient_accumulation_steps}"
                          + (" offload" if eng.offload_optimizer or eng.offload_param else ""))
         te = c.schedule.time_estimate
-        out["chosen_predicted_tps"] = None if te is None or te.samples_per_s is None else te.samples_per_s * row["seq"] / 8
+        sps = None if te is None else te.samples_per_s
+        out["chosen_predicted_tps"] = None if sps is None else sps * row["seq"] / 8
     except PlanRefused as r:
         out["chosen"] = "refused: " + "; ".join(r.tried)[:200]
     return out
