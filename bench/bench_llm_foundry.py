@@ -1,6 +1,6 @@
 """llm-foundry's published MPT rows that ran near full memory, planned by autotune at the rows' settings (issue 55).
 
-    .venv/bin/python bench/bench_llm_foundry.py [--json]
+    .venv/bin/python bench/bench_llm_foundry.py [--json] [--formula]
 
 Source: mosaicml/llm-foundry ``scripts/train/benchmarking/README.md`` (the MPT throughput tables: "H100 80GB BF16" and
 "A100 80GB with 1600 Gbps node-node interconnect (RoCE)") and the yamls the rows ran
@@ -10,13 +10,14 @@ Source: mosaicml/llm-foundry ``scripts/train/benchmarking/README.md`` (the MPT t
 ``DEFAULT`` mixed precision; torch 1.13/2.0 and FSDP1 (flat parameters), no expandable segments (torch 2.1+).
 
 Each row is planned for one node of 8 GPUs of its kind (the repository's 8xH100-80GB preset; the A100 preset widened
-to 8 GPUs) with the published micro-batch, global batch, checkpointing and FSDP forced, from facts given (the shapes
-are llm-foundry's, no trace: a 30 B fake-tensor trace takes tens of minutes on 2 cores): the parameters, FSDP units
-(one MPTBlock each, the root the embedding and final norm), activations as MPT's step holds them (Korthikanti et al.
-2022, per layer 34 s b h bytes less the two dropout masks MPT never makes, 32 s b h; with checkpointing each block's
-input 2 s b h and one block recomputed; no s^2 term: the triton FlashAttention kernel; the loss's fp32 logits and their
-gradient 8 s b V) and the built-in GPT's work formula at the row's shape (its largest tensor: the fp32 logits). Then
-the same setting with the planner left to choose (micro-batch, engine, offload).
+to 8 GPUs) with the published micro-batch, global batch, checkpointing and FSDP forced, from the planner's own trace
+of the model built as llm-foundry builds it (``bench/llm_foundry_mpt.py``: MPT's low-precision LayerNorm, flash
+attention, the loss on the bf16 logits as its fused cross-entropy; first run about 10 minutes for the 30 B on 2 cores,
+then cached), and the same setting with the planner left to choose (micro-batch, engine, offload). The last column
+plans the row again with torch's own cross-entropy (fp32 logits and their gradient, the largest tensor the fp32
+log-probabilities), what a plain script holds, by the formula facts. ``--formula``: facts by formula instead of the
+trace (seconds; ``facts``: Korthikanti et al. 2022, per layer 34 s b h bytes less the two dropout masks MPT never
+makes).
 
 The table splits what the plan counts: model states (16 bytes a parameter over 8 GPUs), FSDP's gathered buffers
 (FSDP2 as autotune runs it, bf16 weights and fp32 reduce-scatter: 2 R + 10 U bytes; what FSDP1 under ``PURE`` holds:
@@ -96,6 +97,24 @@ def facts(model: str, seq: int, ckpt: bool, fused_loss: bool = True):
                       builds_on_meta="init_device: meta", work=work)
 
 
+def traced(model: str):
+    """The planner's own trace of ``bench/llm_foundry_mpt.py``'s model (cached on disk by autotune)."""
+    import os
+
+    from autotune.config import parse_config
+    from autotune.measure.facts import model_facts
+    from autotune.safe_input import load_yaml
+
+    bench = ROOT / "bench"
+    sys.path.insert(0, str(bench))
+    os.chdir(bench)
+    name = {"MPT-30B": "mpt_30b", "MPT-760M": "mpt_760m"}[model]
+    text = (f"training:\n  model: llm_foundry_mpt:{name}\n  sample_input: llm_foundry_mpt:batch\n"
+            f"  entrypoint: {bench / 'train.py'}\n  max_steps: 10\ndistributed:\n  backend: fsdp\n")
+    cfg = parse_config(load_yaml(text, "bench"))
+    return model_facts(cfg, hw=profile("H100-80GB"))
+
+
 def config(row: dict, chosen: bool):
     from autotune.config import TrainConfig, apply_overrides
 
@@ -106,14 +125,15 @@ def config(row: dict, chosen: bool):
     return apply_overrides(TrainConfig(), over)
 
 
-def score(row: dict) -> dict:
+def score(row: dict, formula: bool = False) -> dict:
     from autotune.errors import PlanRefused
     from autotune.planner import plan
     from autotune.planner.headroom import largest_allocation_bytes
     from autotune.planner.policy import load_policy
 
     pol = load_policy()
-    hw, f = profile(row["gpu"]), facts(row["model"], row["seq"], row["ckpt"])
+    hw = profile(row["gpu"])
+    f = facts(row["model"], row["seq"], row["ckpt"]) if formula else traced(row["model"])
     out = {k: row[k] for k in ("model", "gpu", "seq", "micro", "global", "ckpt", "tps")}
     try:  # the same step with torch's own cross-entropy (fp32 logits): what a plain script would need
         plain = plan(hw, config(row, False), facts=facts(row["model"], row["seq"], row["ckpt"], fused_loss=False),
@@ -121,8 +141,7 @@ def score(row: dict) -> dict:
         out["torch_loss"] = f"planned, {plain.budget_gib - plain.total_gib:.2f} GiB spare"
     except PlanRefused as r:
         out["torch_loss"] = "refused: " + r.tried[-1].split(": ", 1)[-1]
-    h, _, layers, vocab = SHAPES[row["model"]]
-    unit, root = f.fsdp_unit_parameters, f.fsdp_root_parameters
+    unit, root = f.fsdp_unit_parameters or 0, f.fsdp_root_parameters or 0
     out["fsdp2_buffers_gib"] = (2 * root + 10 * unit) / GIB
     out["fsdp1_pure_buffers_gib"] = (2 * root + 8 * unit) / GIB
     try:
@@ -152,13 +171,15 @@ def score(row: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--formula", action="store_true", help="facts by formula, not the planner's trace")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    rows = [score(r) for r in ROWS]
+    rows = [score(r, args.formula) for r in ROWS]
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"source: {SOURCE}; kernel: {KERNEL}; every row held out (tuned nothing)")
+    print(f"source: {SOURCE}; kernel: {KERNEL}; facts: {'formula' if args.formula else 'traced'}; every row held "
+          "out (tuned nothing)")
     print("| row | as published | states | FSDP2 buffers (FSDP1 PURE) | activations | estimate | slack + largest "
           "block + margin | budget | spare | autotune's own choice | with torch's fp32 loss |")
     for o in rows:
