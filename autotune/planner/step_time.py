@@ -91,10 +91,9 @@ def phase_gpu_s(work: PhaseWork, gpu: GPUSpec, precision: str, tf32: bool, cal: 
     """The GPU's time for one phase: the roofline of each row, at the GPU's efficiencies (``cal``: others)."""
     cal = cal or gpu.efficiency
     peak = gpu.peak_flops(precision, tf32)
-    bw = gpu.memory_bytes_s * (memory_efficiency or cal.memory)
     total = 0.0
     for kind, _bin, flops, nbytes, _k in work.rows:
-        mem = nbytes / bw
+        mem = cal.memory_s(nbytes, gpu.memory_bytes_s, memory_efficiency)
         if kind == "attention" and flops:
             eff = cal.attention_at(flops / max(nbytes, 1.0))
         else:
