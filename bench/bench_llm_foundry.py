@@ -112,7 +112,11 @@ def traced(model: str):
     text = (f"training:\n  model: llm_foundry_mpt:{name}\n  sample_input: llm_foundry_mpt:batch\n"
             f"  entrypoint: {bench / 'train.py'}\n  max_steps: 10\ndistributed:\n  backend: fsdp\n")
     cfg = parse_config(load_yaml(text, "bench"))
-    return model_facts(cfg, hw=profile("H100-80GB"))
+    # llm-foundry's yamls say ``init_device: meta`` (the script reads it from its config, so no scan of the entry
+    # script can see it): FSDP materialises only each rank's shards, as autotune's plan reads from a script that
+    # builds on the meta device (prepare.planning sets the same field)
+    return model_facts(cfg, hw=profile("H100-80GB")).model_copy(
+        update={"builds_on_meta": "init_device: meta (llm-foundry's yaml)"})
 
 
 def config(row: dict, chosen: bool):
