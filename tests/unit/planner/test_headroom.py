@@ -182,3 +182,21 @@ def test_a_30b_model_on_8_gpus_of_80_gb_with_full_shard_and_checkpointing_is_pla
     own = plan(hw, chosen, facts=mpt_30b_facts(), deepspeed_installed=False)
     assert own.engine.backend == "fsdp" and not own.engine.offload_optimizer and not own.engine.offload_param
     assert own.batch.micro_batch_size >= 3
+
+
+def test_the_same_30b_model_built_whole_before_sharding_is_not_planned_on_the_gpus_as_published():
+    """The nearest case the published row must not pass for: the same model and setting from a script that builds it
+    whole before sharding (no meta build: llm-foundry's ``init_device: meta`` is what it ran with) holds its fp32
+    weights whole on each GPU beside the shards, 4 x 29.96e9 bytes: FSDP2 on the GPUs alone is refused, whatever the
+    headroom (only offload, which builds it in host RAM, remains)."""
+    hw = make_profile(gpus=[("NVIDIA A100-SXM4-80GB", 81920, 81050, "8.0")] * 8, ram_gib=1000, deepspeed=None)
+    hw = hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"interconnect": "nvlink"})})
+    cfg = apply_overrides(recorded_facts("gpt2_small")[0], {
+        "training.global_batch_size": 504, "training.batch_size_per_gpu": 3, "training.gradient_checkpointing": True,
+        "distributed.backend": "fsdp"})
+    whole = mpt_30b_facts().model_copy(update={"builds_on_meta": None})
+    with pytest.raises(PlanRefused) as refused:  # offload's host copy (1,339 GiB a node) exceeds the node's RAM too
+        plan(hw, cfg, facts=whole, deepspeed_installed=False)
+    fsdp = next(t for t in refused.value.tried if t.startswith("FSDP2 + checkpointing:"))
+    assert float(fsdp.split(" GiB needed")[0].split(": ")[-1]) > 100
+    assert plan(hw, cfg, facts=mpt_30b_facts(), deepspeed_installed=False).engine.backend == "fsdp"
