@@ -152,6 +152,9 @@ def score(row: dict, formula: bool = False) -> dict:
         p = plan(hw, config(row, False), facts=f, deepspeed_installed=False)
         e = p.memory.estimate
         block = largest_allocation_bytes(f, True, row["ckpt"], row["micro"]) / GIB
+        te = p.schedule.time_estimate
+        if te is not None and te.samples_per_s:
+            out["predicted_tps"] = te.samples_per_s * row["seq"] / 8
         out.update(planned=True, micro_planned=p.batch.micro_batch_size, states=e.model_states_gib,
                    acts=e.activations_gib, total=e.total_gib, allocator=e.allocator_gib, budget=e.budget_gib,
                    slack=pol.allocator_slack_fraction * e.total_gib, block=block,
@@ -172,6 +175,13 @@ def score(row: dict, formula: bool = False) -> dict:
     return out
 
 
+def speed(o: dict) -> str:
+    """The published tokens/s a GPU against the plan's at the published setting."""
+    if o.get("predicted_tps") is None:
+        return f"{o['tps']:,}, -"
+    return f"{o['tps']:,}, {o['predicted_tps']:,.0f} ({o['predicted_tps'] / o['tps'] - 1:+.1%})"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", action="store_true")
@@ -185,7 +195,9 @@ def main() -> int:
     print(f"source: {SOURCE}; kernel: {KERNEL}; facts: {'formula' if args.formula else 'traced'}; every row held "
           "out (tuned nothing)")
     print("| row | as published | states | FSDP2 buffers (FSDP1 PURE) | activations | estimate | slack + largest "
-          "block + margin | budget | spare | autotune's own choice | with torch's fp32 loss |")
+          "block + margin | budget | spare | autotune's own choice | with torch's fp32 loss | tokens/s a GPU: "
+          "published, "
+          "predicted (error) |")
     for o in rows:
         name = f"{o['model']}, 8x{o['gpu']}, seq {o['seq']}, micro {o['micro']}, ckpt {'on' if o['ckpt'] else 'off'}"
         if not o["planned"]:
@@ -195,7 +207,7 @@ def main() -> int:
         print(f"| {name} | planned (micro {o['micro_planned']}) | {o['states']:.2f} | {o['fsdp2_buffers_gib']:.2f} "
               f"({o['fsdp1_pure_buffers_gib']:.2f}) | {o['acts']:.2f} | {o['total']:.2f} | {o['slack']:.2f} + "
               f"{o['block']:.2f} + {o['margin']:.2f} | {o['budget']:.2f} + {o['allocator']:.2f} | "
-              f"{o['spare']:.2f} | {o['chosen']} | {o['torch_loss']} |")
+              f"{o['spare']:.2f} | {o['chosen']} | {o['torch_loss']} | {speed(o)} |")
     return 0
 
 
