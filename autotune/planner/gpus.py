@@ -41,9 +41,23 @@ class Efficiency(BaseModel):
     memory: float = Field(gt=0, le=1)  # of the memory bandwidth, for memory-bound ops
     optimizer_memory: float = Field(gt=0, le=1)  # of the memory bandwidth, for the optimizer's foreach ops
     kernel_s: float = Field(gt=0, lt=1)  # host time to dispatch one op (the floor of a step at small micro-batches)
+    # The bandwidth (GB/s) of the GPU the memory efficiencies were measured on. A memory-bound kernel there took
+    # bytes / (memory x bandwidth): bytes / bandwidth moving them through the HBM, the rest (1 / memory - 1 of that)
+    # on the die's side (SMs, caches, latency), which the HBM does not set. Another GPU of the same die with other
+    # memory (the H200 beside the H100 SXM) moves the bytes at its own bandwidth and keeps the die's part
+    # (``memory_s``). None: the GPU's own bandwidth (the efficiency scales the whole).
+    memory_reference_gbps: float | None = Field(None, gt=0)
     time_error: float = Field(0.1, ge=0, lt=1)  # the model's median |error| on that evidence: a tie below it
     evidence: str = Field(min_length=1)  # what these were fitted on (or why they are a guess)
     measured: bool = True  # False: no evidence for this GPU, a conservative guess
+
+    def memory_s(self, nbytes: float, bandwidth_bytes_s: float, efficiency: float | None = None) -> float:
+        """Seconds of a memory-bound transfer of ``nbytes`` on a GPU of ``bandwidth_bytes_s``, at ``efficiency``
+        (default ``memory``): the HBM's part at the GPU's bandwidth and the die's part as measured on the reference
+        GPU (``memory_reference_gbps``); on the reference GPU itself, ``nbytes / (efficiency x bandwidth)``."""
+        e = efficiency or self.memory
+        ref = self.memory_reference_gbps * 1e9 if self.memory_reference_gbps else bandwidth_bytes_s
+        return nbytes / bandwidth_bytes_s + nbytes * (1.0 / e - 1.0) / ref
 
     def attention_at(self, intensity: float) -> float:
         """Attention's fraction of the peak at ``intensity`` FLOPs per byte."""

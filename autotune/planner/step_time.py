@@ -3,7 +3,9 @@
 **Compute.** The trace counts each phase of a step as CUDA runs it (``autotune.measure.cuda_trace.WorkCount``:
 FLOPs, bytes read and written, kernels, in rows of equal arithmetic intensity). Each row takes its roofline on
 the GPU of the table (``configs/gpus.yaml``): ``max(FLOPs / (peak x efficiency of its kind), bytes / (bandwidth
-x memory efficiency))``; rows without FLOPs are memory-bound. The efficiencies are the GPU's own (``gpus.Efficiency``:
+x memory efficiency))``; rows without FLOPs are memory-bound. On another GPU of the die the memory efficiency was
+measured on (``Efficiency.memory_s``: the H200 beside the H100 SXM) the bytes move at that GPU's bandwidth and the rest
+of a memory-bound op's time, the die's side, stays as measured. The efficiencies are the GPU's own (``gpus.Efficiency``:
 per kind of op, attention's by its FLOPs per byte, each set with its evidence; a GPU without evidence gets the
 conservative set and says so). A phase is never faster than the host can launch its kernels (eager PyTorch
 dispatches each op from Python: ``kernels x kernel_s``), so a micro-step (forward + backward, with any recomputed
@@ -91,10 +93,9 @@ def phase_gpu_s(work: PhaseWork, gpu: GPUSpec, precision: str, tf32: bool, cal: 
     """The GPU's time for one phase: the roofline of each row, at the GPU's efficiencies (``cal``: others)."""
     cal = cal or gpu.efficiency
     peak = gpu.peak_flops(precision, tf32)
-    bw = gpu.memory_bytes_s * (memory_efficiency or cal.memory)
     total = 0.0
     for kind, _bin, flops, nbytes, _k in work.rows:
-        mem = nbytes / bw
+        mem = cal.memory_s(nbytes, gpu.memory_bytes_s, memory_efficiency)
         if kind == "attention" and flops:
             eff = cal.attention_at(flops / max(nbytes, 1.0))
         else:

@@ -142,11 +142,12 @@ def test_a_published_setting_that_ran_on_80_gb_gpus_is_not_refused():
 
 
 def mpt_30b_facts() -> ModelFacts:
-    """MPT-30B's shape (llm-foundry's mpt-30b.yaml: 48 blocks of 7168, vocabulary 50,432, sequence 2048, built on the
-    meta device), 29.95e9 parameters; its activations with checkpointing as Korthikanti et al. count them: each block's
-    input kept (2 s b h bytes), one block recomputed whole (s b h (34 + 5 a s / h), no fused attention: an upper
-    bound) and the loss's fp32 logits with their gradient (8 s b V)."""
-    s, h, a, layers, vocab = 2048, 7168, 56, 48, 50432
+    """MPT-30B as llm-foundry's scripts/train/yamls/pretrain/mpt-30b.yaml builds it (48 blocks of 7168, 56 heads,
+    vocabulary 50,368, ``init_device: meta``; 29.96e9 parameters, the README's 29,975,214,080 less its 2048 x 7168
+    position term) at sequence 2048; its activations with checkpointing as Korthikanti et al. count them: each block's
+    input kept (2 s b h bytes), one block recomputed whole (s b h (34 + 5 a s / h), no fused attention: an upper bound
+    on the triton kernel it ran) and the loss's fp32 logits with their gradient (8 s b V)."""
+    s, h, a, layers, vocab = 2048, 7168, 56, 48, 50368
     per_sample = 2 * s * h * layers + s * h * (34 + 5 * a * s / h) + 8 * s * vocab
     line = LinearBytes(points=((1, per_sample), (2, 2 * per_sample)), interpolate=True)
     unit = 12 * h * h + 13 * h
@@ -161,16 +162,41 @@ def mpt_30b_facts() -> ModelFacts:
 @pytest.mark.parametrize("gpu", [("NVIDIA A100-SXM4-80GB", 81920, 81050, "8.0"),
                                  ("NVIDIA H100 80GB HBM3", 81559, 81079, "9.0")])
 def test_a_30b_model_on_8_gpus_of_80_gb_with_full_shard_and_checkpointing_is_planned_without_offload(gpu):
-    """A setting that ran at a published scale (llm-foundry's MPT-30B on one node of 8 A100-80GB and of 8 H100-80GB:
-    FULL_SHARD, activation checkpointing, micro-batch 1-3) is planned as it ran: FSDP2 sharding the 16 bytes a
-    parameter over 8 GPUs (56 GiB), its gathered blocks and the activations, without offloading anything to the
-    host; and the margin never pushes it there."""
+    """A setting that ran at a published scale, with the published row's own configuration (llm-foundry's
+    scripts/train/benchmarking/README.md: MPT-30B, sequence 2048, 8 A100-80GB and 8 H100-80GB, micro-batch 3,
+    accumulation 21, global batch 504, FULL_SHARD, activation checkpointing: 916 and 2,002 tokens/s a GPU) is planned
+    as it ran: FSDP2 sharding the 16 bytes a parameter over 8 GPUs (56 GiB), its gathered blocks and the activations,
+    micro-batch 3 x 21, without offloading anything to the host; and left to choose, autotune offloads nothing either
+    (the margin never pushes it there)."""
     hw = make_profile(gpus=[gpu] * 8, ram_gib=1000, deepspeed=None)
     hw = hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"interconnect": "nvlink"})})
-    cfg = apply_overrides(recorded_facts("gpt2_small")[0], {
-        "training.global_batch_size": 24, "training.gradient_checkpointing": True, "distributed.backend": "fsdp"})
-    p = plan(hw, cfg, facts=mpt_30b_facts(), deepspeed_installed=False)
-    assert p.engine.backend == "fsdp" and not p.engine.offload_optimizer and not p.engine.offload_param
-    assert p.batch.micro_batch_size == 3 and p.batch.gradient_accumulation_steps == 1
+    chosen = apply_overrides(recorded_facts("gpt2_small")[0], {
+        "training.global_batch_size": 504, "training.gradient_checkpointing": True, "distributed.backend": "fsdp"})
+    published = apply_overrides(chosen, {"training.batch_size_per_gpu": 3})
+    p = plan(hw, published, facts=mpt_30b_facts(), deepspeed_installed=False)
+    assert p.engine.backend == "fsdp" and p.engine.reshard_after_forward
+    assert not p.engine.offload_optimizer and not p.engine.offload_param
+    assert p.batch.micro_batch_size == 3 and p.batch.gradient_accumulation_steps == 21
     est = p.memory.estimate
     assert 55.5 < est.model_states_gib < 56 and est.total_gib <= est.budget_gib
+    own = plan(hw, chosen, facts=mpt_30b_facts(), deepspeed_installed=False)
+    assert own.engine.backend == "fsdp" and not own.engine.offload_optimizer and not own.engine.offload_param
+    assert own.batch.micro_batch_size >= 3
+
+
+def test_the_same_30b_model_built_whole_before_sharding_is_not_planned_on_the_gpus_as_published():
+    """The nearest case the published row must not pass for: the same model and setting from a script that builds it
+    whole before sharding (no meta build: llm-foundry's ``init_device: meta`` is what it ran with) holds its fp32
+    weights whole on each GPU beside the shards, 4 x 29.96e9 bytes: FSDP2 on the GPUs alone is refused, whatever the
+    headroom (only offload, which builds it in host RAM, remains)."""
+    hw = make_profile(gpus=[("NVIDIA A100-SXM4-80GB", 81920, 81050, "8.0")] * 8, ram_gib=1000, deepspeed=None)
+    hw = hw.model_copy(update={"gpus": hw.gpus.model_copy(update={"interconnect": "nvlink"})})
+    cfg = apply_overrides(recorded_facts("gpt2_small")[0], {
+        "training.global_batch_size": 504, "training.batch_size_per_gpu": 3, "training.gradient_checkpointing": True,
+        "distributed.backend": "fsdp"})
+    whole = mpt_30b_facts().model_copy(update={"builds_on_meta": None})
+    with pytest.raises(PlanRefused) as refused:  # offload's host copy (1,339 GiB a node) exceeds the node's RAM too
+        plan(hw, cfg, facts=whole, deepspeed_installed=False)
+    fsdp = next(t for t in refused.value.tried if t.startswith("FSDP2 + checkpointing:"))
+    assert float(fsdp.split(" GiB needed")[0].split(": ")[-1]) > 100
+    assert plan(hw, cfg, facts=mpt_30b_facts(), deepspeed_installed=False).engine.backend == "fsdp"
