@@ -54,7 +54,7 @@ def placeholder_names() -> set[str]:
 
 
 RUN_NAMES = ("epochs", "max_steps", "seed", "resume_from", "node_rank", "master_addr", "master_port", "num_gpus",
-             "gradient_accumulation_steps_total")
+             "dtype", "gradient_accumulation_steps_total")
 
 
 def placeholder_values(plan: TrainingPlan, run_dir: str | Path | None,
