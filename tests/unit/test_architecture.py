@@ -20,9 +20,9 @@ LONG_MODULES: dict[str, tuple[int, str]] = {
                            "rule with its decodings and the argument syntax are read together, each using the others"),
     "autotune.config": (390, "the config's schema and what its values mean, validated in one pass so every problem "
                         "of a file is listed at once (the meaning checks read the validated sections)"),
-    "autotune.exports.formats": (380, "`export_plan`'s one dispatch over the formats: each format is one short function "
-                                 "sharing the request's checks (secrets, the resume a script can do, the job flags); "
-                                 "issue 53 regroups the exports"),
+    "autotune.exports.formats": (380, "`export_plan`'s one dispatch over the formats: each format is one short "
+                                 "function sharing the request's checks (secrets, the resume a script can do, the job "
+                                 "flags); issue 53 regroups the exports"),
 }
 MAX_TOP_LEVEL_MODULES = 9  # besides __init__ and __main__
 
