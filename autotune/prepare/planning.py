@@ -142,9 +142,9 @@ def _model_facts(cfg: TrainConfig, policy, hw: HardwareProfile, probe_gpu: bool)
         from autotune.measure import model_facts, model_facts_probed
 
         facts = (model_facts_probed if probe_gpu else model_facts)(cfg, policy, hw)
-        meta = None if read is None else read.builds_on_meta or meta_in_config(t.script_args, t.workdir, read)
-        if meta:
-            facts = facts.model_copy(update={"builds_on_meta": meta})
+    meta = None if read is None else read.builds_on_meta or meta_in_config(t.script_args, t.workdir, read)
+    if meta:  # measured or declared: the set-up makes only each rank's shards
+        facts = facts.model_copy(update={"builds_on_meta": meta})
     if read is not None and read.drops_last:
         facts = facts.model_copy(update={"drops_last": read.drops_last})
     cannot = engines_not_run(t.entrypoint, read if read is not None else _module_read(t.entrypoint))

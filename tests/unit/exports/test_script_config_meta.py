@@ -54,22 +54,23 @@ def test_a_hydra_config_that_builds_on_meta_is_shown(tmp_path):
 
 
 def test_the_plan_says_where_the_config_builds_on_meta(tmp_path):
-    """prepare's facts carry the config's meta build into the strategy's reason."""
-    from helpers.gpu_truth import recorded_facts
-
-    from autotune.config import apply_overrides
-    from autotune.planner import weigh
-    from autotune.prepare import planning
-    from autotune.profiles import load_profile
+    """prepare reads the script and the config it is given before planning: FSDP's set-up then holds only each rank's
+    shards, and the strategy's reason says where; the same script given a YAML with init_device: cpu is counted whole
+    (declared facts here: a traced model takes the same path)."""
+    from autotune.config import TrainConfig, apply_overrides
+    from autotune.prepare import plan_for
 
     _write(tmp_path, FOUNDRY, "model:\n  init_device: meta\n")
-    cfg, facts = recorded_facts("gpt2_small")
-    cfg = apply_overrides(cfg, {"distributed.backend": "fsdp", "training.entrypoint": str(tmp_path / "train.py"),
-                                "training.script_args": ["mpt.yaml"], "training.workdir": str(tmp_path)})
-    read = planning._script_read(cfg.training.entrypoint, cfg.training.workdir)
-    meta = meta_in_config(cfg.training.script_args, cfg.training.workdir, read)
-    p, _ = weigh(load_profile("4xL4"), cfg, facts=facts.model_copy(update={"builds_on_meta": meta}),
-                 deepspeed_installed=False)
-    assert p.memory.estimate.init_gib is None
-    assert p.reasons["strategy"].endswith(f"(model.init_device: meta in {tmp_path / 'mpt.yaml'}, read at train.py:5: "
-                                          "cfg.model.get('init_device', 'cpu'))")
+    (tmp_path / "cpu.yaml").write_text("model:\n  init_device: cpu\n")
+    over = {"distributed.backend": "fsdp", "training.entrypoint": "train.py", "training.workdir": str(tmp_path),
+            "training.num_parameters": 3_000_000_000}
+    meta = plan_for(apply_overrides(TrainConfig(), {**over, "training.script_args": ["mpt.yaml"]}),
+                    hardware="4xA100-80GB")[0]
+    assert meta.memory.estimate.init_gib is None
+    assert meta.reasons["strategy"].endswith(
+        f"your script builds its model on the meta device (model.init_device: meta in {tmp_path / 'mpt.yaml'}, read "
+        "at train.py:5: cfg.model.get('init_device', 'cpu'))")
+    cpu = plan_for(apply_overrides(TrainConfig(), {**over, "training.script_args": ["cpu.yaml"]}),
+                   hardware="4xA100-80GB")[0]
+    # the whole model on each GPU at set-up (13.97 GiB for 3 B parameters)
+    assert round(cpu.memory.estimate.init_gib, 2) == 13.97 and "meta device" not in cpu.reasons["strategy"]
