@@ -24,7 +24,7 @@ from pathlib import Path
 from autotune.exports.script_syntax import call_name
 
 KEYS = ("init_device", "device")  # the config keys that name where a model is built
-SUFFIXES = (".yaml", ".yml", ".json")
+KINDS = ("yaml", "yml", "json")  # the file kinds a config is read from
 _CONFIG_FLAG_WORDS = ("config", "cfg", "yaml", "yml")
 _STRING_READS = ("get", "pop", "setdefault", "getattr", "hasattr")
 MAX_DEPTH = 16
@@ -84,7 +84,7 @@ def config_files(script_args: list[str], workdir: str | None, switches: dict[str
         previous = None
         if owner is not None and not any(w in owner.lower() for w in _CONFIG_FLAG_WORDS):
             continue
-        if value.lower().endswith(SUFFIXES) and "{" not in value:
+        if value.lower().rsplit(".", 1)[-1] in KINDS and "{" not in value:
             path = Path(value) if Path(value).is_absolute() else base / value
             if path.is_file():
                 out.append(path)
@@ -122,7 +122,7 @@ def _load(path: Path):
 
     try:
         text = read_text(path, "the script's config", limit=1_000_000)
-        return load_json(text, str(path)) if path.suffix.lower() == ".json" else load_yaml(text, str(path))
+        return load_json(text, str(path)) if path.suffix.lower()[1:] == "json" else load_yaml(text, str(path))
     except UserError:
         return None
 

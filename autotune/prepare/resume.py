@@ -304,25 +304,6 @@ def resume_reaches(facts, placeholders: list[str], wired: dict[str, str], args: 
                     + f"; {facts.resume_hint(RESUME_FROM_ENV)}; or launch without --resume_from")
 
 
-def resume_fix(entry: str | None, facts, placeholders: list[str], wired: dict[str, str], args: list[str],
-               run_dir: Path, raw: list[str], reading=None, wire_auto: bool = False) -> str | None:
-    """What a user's script needs before a later ``--resume_from auto`` is taken (``resume_reaches``' refusal's fix),
-    or None where it would be taken: the built-in runtime, a script shown to receive a resume point. Said where a
-    launch ends preempted, so that its suggestion is one the next launch accepts."""
-    from autotune.exports.script_resume import read_resume
-    from autotune.rundir.layout import RESUME_FROM_ENV
-
-    if not entry:
-        return None
-    if reading is None and entry.endswith(".py"):
-        reading = read_resume(entry)
-    try:
-        resume_reaches(facts, placeholders, wired, args, run_dir, None, raw, reading, wire_auto)
-    except UserError:
-        return facts.resume_hint(RESUME_FROM_ENV)
-    return None
-
-
 def _own_path(facts, placeholders, wired, args, raw, run_dir: Path, reading, env_names):
     """The script's own path inside the run directory that its source shows it loads from: (how it is given, the
     load), else None. A path that is only given (a log folder, an output folder it never reads back) is not one."""

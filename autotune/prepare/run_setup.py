@@ -22,7 +22,6 @@ from autotune.prepare.planning import plan_for, speed_key
 from autotune.prepare.resume import (
     choose_run_dir,
     resolve_resume,
-    resume_fix,
     resume_reaches,
     script_resume_point,
 )
@@ -144,3 +143,21 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
                     untimed=why_untimed(cfg, hw, plan, counted), resume_fix=fix)
 
 
+def resume_fix(entry: str | None, facts, placeholders: list[str], wired: dict[str, str], args: list[str],
+               run_dir: Path, raw: list[str], reading=None, wire_auto: bool = False) -> str | None:
+    """The fix ``prepare.resume.resume_reaches`` would name for a later ``--resume_from auto`` by this script (None:
+    that launch would take it: the built-in runtime, a script shown to receive a resume point), so that a preempted
+    launch suggests only what the next one accepts (``launch.ending``)."""
+    from autotune.errors import UserError
+    from autotune.exports.script_resume import read_resume
+    from autotune.rundir.layout import RESUME_FROM_ENV
+
+    if not entry:
+        return None
+    if reading is None and entry.endswith(".py"):
+        reading = read_resume(entry)
+    try:
+        resume_reaches(facts, placeholders, wired, args, run_dir, None, raw, reading, wire_auto)
+    except UserError:
+        return facts.resume_hint(RESUME_FROM_ENV)
+    return None

@@ -133,7 +133,7 @@ def test_a_preempted_script_that_cannot_resume_is_told_the_fix_before_resume_fro
     """``--resume_from auto`` is refused (exit 2, before launch) for a script that nothing shows can receive a resume
     point: the preemption line names the refusal's fix first, and suggests it plainly only where it is taken."""
     from autotune.exports.script_scan import scan_script
-    from autotune.prepare.resume import resume_fix
+    from autotune.prepare.run_setup import resume_fix
 
     written = RUN / "checkpoints" / "ckpt-3"
     fix = "pass the checkpoint to your script after `--` as {resume_from}"
