@@ -92,6 +92,7 @@ class ScriptFacts:
     project_unread: tuple[str, ...] = ()  # those that could not be read, and why
     precision_set: list = field(default_factory=list)  # script_project.PrecisionSet: where it sets its own
     builds_on_meta: str | None = None  # where it builds its model on the meta device (script_project.meta_build)
+    config_key_reads: tuple = ()  # script_config_meta.KeyRead: where it reads a config's init_device or device
     drops_last: str | None = None  # where its DataLoader drops the last partial micro-batch (script_project)
     hydra: Any = None  # script_hydra.HydraApp: an @hydra.main app's config, read
     lightning: Any = None  # script_lightning.LightningApp: a LightningCLI app's arguments, read
@@ -125,6 +126,7 @@ class ScriptFacts:
 def scan_script(path: str | Path) -> ScriptFacts:
     """What the script declares and does: its own file, and the modules it imports from its own project
     (``autotune.exports.script_project``: a Trainer, an Accelerator, autocast made in ``trainer.py``)."""
+    from autotune.exports.script_config_meta import key_reads
     from autotune.exports.script_derived import derived_accumulation
     from autotune.exports.script_hydra import scan_hydra
     from autotune.exports.script_jsonargparse import jsonargparse_flags
@@ -142,6 +144,7 @@ def scan_script(path: str | Path) -> ScriptFacts:
     facts.project_unread = tuple(project.unread)
     facts.precision_set = precision_sets([(Path(path), tree), *project.modules])
     facts.builds_on_meta = meta_build([(Path(path), tree), *project.modules])
+    facts.config_key_reads = key_reads([(Path(path), tree), *project.modules])
     facts.drops_last = drops_last([(Path(path), tree), *project.modules])
     for module in (tree, *(t for _, t in project.modules)):
         _walk(module, facts)

@@ -8,6 +8,10 @@ The rules, first match wins (RELIABILITY.md 1-4, docs/scripts.md "The exit code 
 2. ``--strict``, and the script ended before its first steps were judged with a value wrong: 2.
 3. every rank's script returned and only its processes' teardown failed: 0, with a warning.
 4. every rank stopped after a preemption and saved its checkpoint: 75 (resume with ``--resume_from auto``).
+
+Where a preempted launch says how to continue, it suggests ``--resume_from auto`` only where the next launch takes it:
+for a user's script that nothing shows can receive a resume point (``prepare.resume.resume_fix``), that launch
+would be refused (exit 2), so the line names the fix the refusal names first.
 5. a rank said how it failed (torchrun reports any rank's failure as 1): the rank's code.
 6. a user's script was signalled: 75 when it wrote into {checkpoint_dir} after the signal, else 128+N.
 7. any other run that was signalled and failed: 128+N (the shell's convention, whatever torchrun made of it).
@@ -50,12 +54,13 @@ class Ending:
 
 def ending(plan, run_dir: Path, outcome, signals: Sequence[int], script: ScriptEnd | None = None, evidence=None, *,
            delivery=None, script_checkpoint: Path | None = None, has_checkpoint: bool = False,
-           elapsed_s: float = 0.0, master_port: str | None = None) -> Ending:
+           elapsed_s: float = 0.0, master_port: str | None = None, resume_fix: str | None = None) -> Ending:
     """The exit code and what to say, from ``outcome`` (``rank_watch.Outcome``), the ``signals`` forwarded (the
     first first), a user's ``script`` (None: not observed) and the ``evidence`` judged of it; ``delivery`` the
     plan's routes to the script; ``script_checkpoint`` the newest entry the script wrote into {checkpoint_dir}
     after the first signal; ``has_checkpoint`` whether the run holds a checkpoint of autotune's; ``elapsed_s``
-    how long the processes ran; ``master_port`` the port the launch chose for a one-process run's store."""
+    how long the processes ran; ``master_port`` the port the launch chose for a one-process run's store;
+    ``resume_fix`` what a user's script needs before ``--resume_from auto`` is taken (None: it is taken)."""
     said: list[tuple[str, str]] = []
 
     def out(text: str) -> None:
@@ -90,8 +95,8 @@ def ending(plan, run_dir: Path, outcome, signals: Sequence[int], script: ScriptE
         err(f"autotune: {outcome.barrier_note}")
     if outcome.ranks_code == EXIT_PREEMPTED:
         err(f"\nPreempted ({decider.get('signal', 'signal')}): every rank stopped after step {decider.get('step')} "
-            f"and saved {decider.get('checkpoint')}.\nRun directory: {run_dir}\nTo continue (no step is "
-            f"repeated), run the same command with --run_dir {run_dir} --resume_from auto")
+            f"and saved {decider.get('checkpoint')}.\nRun directory: {run_dir}\n"
+            + continue_line(run_dir, resume_fix, "To continue (no step is repeated)"))
         return end(EXIT_PREEMPTED)
     if rc != 0 and outcome.ranks_code:  # torchrun reports any rank's failure as 1: say what the rank said
         err(f"\nRank {decider.get('rank')} stopped the run (exit {outcome.ranks_code}). Run directory: {run_dir}"
@@ -100,7 +105,7 @@ def ending(plan, run_dir: Path, outcome, signals: Sequence[int], script: ScriptE
             + f"\n{decider.get('message', '')}")
         return end(outcome.ranks_code)
     if signals and entry and outcome.ranks_code is None:
-        return _script_signalled(run_dir, signals, script_checkpoint, said)
+        return _script_signalled(run_dir, signals, script_checkpoint, said, resume_fix)
     if rc != 0 and signals:  # interrupted: the shell convention 128+N, whatever torchrun made of it
         rc = 128 + signals[0]
     if failure is not None and outcome.ranks_code is None and port_taken(failure[1], master_port):
@@ -128,8 +133,7 @@ def ending(plan, run_dir: Path, outcome, signals: Sequence[int], script: ScriptE
         err(f"\nInterrupted ({_signal.Signals(signals[0]).name}) before a checkpoint could be saved. "
             f"Run directory: {run_dir}")
         if has_checkpoint:
-            err(f"To continue from its newest checkpoint, run the same command with --run_dir {run_dir} "
-                "--resume_from auto")
+            err(continue_line(run_dir, resume_fix, "To continue from its newest checkpoint"))
         return end(rc)
     err(f"\nTraining exited with code {rc}. Run directory: {run_dir}")
     hint = explain_failure(plan, elapsed_s)
@@ -160,16 +164,25 @@ def _trained_nothing(plan, run_dir: Path, said: list[tuple[str, str]]) -> Ending
     return Ending(0, tuple(said))
 
 
+def continue_line(run_dir: Path, resume_fix: str | None, to: str, tail: str = "") -> str:
+    """How to continue a preempted run: ``--resume_from auto`` where the next launch takes it, else the fix its
+    refusal names first (``resume_fix``) and then the same command."""
+    again = f"run the same command with --run_dir {run_dir} --resume_from auto{tail}"
+    if resume_fix is None:
+        return f"{to}, {again}"
+    return (f"{to}: --resume_from auto would be refused now (exit 2): nothing your script is given is shown to reach a "
+            f"call that loads a checkpoint. The fix first: {resume_fix}; then {again}")
+
+
 def _script_signalled(run_dir: Path, signals: Sequence[int], written: Path | None,
-                      said: list[tuple[str, str]]) -> Ending:
+                      said: list[tuple[str, str]], resume_fix: str | None = None) -> Ending:
     """A user's script after SIGTERM/SIGUSR1/Ctrl-C: 75 (requeue, resume auto) only when it observably wrote a
     checkpoint into {checkpoint_dir} after the signal; otherwise it does not handle preemption, and says so."""
     name, where = _signal.Signals(signals[0]).name, checkpoint_dir(run_dir)
     if written is not None:
+        tail = f" (the newest entry in {where} reaches your script as {{resume_from}} and ${RESUME_FROM_ENV})"
         said.append(("err", f"\nPreempted ({name}): your script wrote {written} after the signal.\nRun directory: "
-                            f"{run_dir}\nTo continue, run the same command with --run_dir {run_dir} --resume_from "
-                            f"auto (the newest entry in {where} reaches your script as {{resume_from}} and "
-                            f"${RESUME_FROM_ENV})"))
+                            f"{run_dir}\n" + continue_line(run_dir, resume_fix, "To continue", tail)))
         return Ending(EXIT_PREEMPTED, tuple(said))
     said.append(("err", f"\nInterrupted ({name}): your script wrote no checkpoint into {where} after the signal, so "
                         "it does not handle preemption (to be requeued, save there on SIGTERM/SIGUSR1 and resume from "

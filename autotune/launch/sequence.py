@@ -117,7 +117,8 @@ def _execute(setup, lock=None, log=None) -> int:
                  delivery=setup.delivery, elapsed_s=time.monotonic() - started,
                  script_checkpoint=_written_after(setup.run_dir, signals.first_at) if signals and plan.run.entrypoint
                  else None, has_checkpoint=bool(signals) and _has_checkpoint(setup.run_dir),
-                 master_port=setup.launch_spec.env.get("MASTER_PORT") if plan.engine.backend == "single" else None)
+                 master_port=setup.launch_spec.env.get("MASTER_PORT") if plan.engine.backend == "single" else None,
+                 resume_fix=setup.resume_fix)
     for stream, text in end.lines:
         print(text, file=sys.stdout if stream == "out" else sys.stderr)
     cause = wired_cause(setup) if end.code not in (0, EXIT_UNAVAILABLE) and not signals else None

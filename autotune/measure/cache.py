@@ -117,11 +117,11 @@ def _name_once(where: Path, why: str, whole: bool = False) -> None:
     print(shown(line[:2000]), file=sys.stderr, flush=True)
 
 
-def store(where: Path, facts) -> None:
+def store(where: Path, facts) -> bool:
     """Keep measured facts on disk, whole: written into a fresh file beside ``where`` (created, never opened when it
     exists, never through a link: ``rundir.fs.write_whole``), then renamed over it. A read-only cache, or a link or
     other file planted at the temporary name, only means measuring again next time; nothing is written outside the
-    cache."""
+    cache. Whether it was kept."""
     from autotune.errors import UserError
     from autotune.rundir.cache_owner import folder_problem
     from autotune.rundir.fs import write_whole
@@ -129,7 +129,8 @@ def store(where: Path, facts) -> None:
     try:
         where.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if folder_problem(where.parent):  # another user's cache: nothing of ours is written there
-            return
+            return False
         write_whole(where, facts.model_dump_json())
     except (OSError, UserError):
-        pass
+        return False
+    return True

@@ -150,6 +150,7 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
     from autotune.measure.cache import store
     from autotune.measure.timing_judge import judge
     from autotune.rundir import contention
+    from autotune.rundir.cache_owner import folder_problem
 
     req = request(**what)
     where = kept_path(req, cpu)
@@ -166,8 +167,11 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
               "now: timing it again", file=sys.stderr, flush=True)
     (a, b), n, ranks = req["micro_batches"], req["threads"], req["ranks"]
     who = f"{ranks} processes x {n} thread(s)" if ranks > 1 else f"{n} thread{'s' if n > 1 else ''}"
-    print(f"autotune: timing {req['what']}'s training step on this CPU ({who}, micro-batch {a} and {b}; once, then "
-          f"cached in {where.parent}) ...", file=sys.stderr, flush=True)
+    unowned = folder_problem(where.parent)  # another user's cache: nothing is written there (rundir.cache_owner)
+    kept_in = f"once, then cached in {where.parent}" if unowned is None else \
+        f"not cached: {where.parent} is another user's cache, never written"
+    print(f"autotune: timing {req['what']}'s training step on this CPU ({who}, micro-batch {a} and {b}; {kept_in}) ...",
+          file=sys.stderr, flush=True)
     start, at = time.monotonic(), time.strftime("%Y-%m-%d %H:%M")
     try:
         timed = (run or _children)(req)
@@ -190,11 +194,12 @@ def measured_steps(*, cpu: str | None, run: Callable[[dict], dict] | None = None
               "under load, never as this machine's own figure", file=sys.stderr, flush=True)
     steps = MeasuredSteps(points=verdict.points, threads=n, ranks=ranks, all_reduce_s=comm, basis=basis,
                           measured_at=at, under_load=verdict.under_load)
-    store(where, steps)  # a quiet figure replaces one measured under load
+    stored = store(where, steps)  # a quiet figure replaces one measured under load
     fb = {p[0]: p[1] for p in verdict.points}
     print(f"autotune: timed in {time.monotonic() - start:.1f} s: {fb[b] * 1000:.1f} ms a micro-step at {b}"
           + (f", {comm * 1000:.1f} ms an all-reduce" if comm is not None else "")
-          + f" ({verdict.rounds})", file=sys.stderr, flush=True)
+          + f" ({verdict.rounds})" + ("" if stored or unowned else f"; not cached: {where.parent} could not be "
+                                      "written (timed again next time)"), file=sys.stderr, flush=True)
     return steps
 
 

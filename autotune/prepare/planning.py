@@ -128,6 +128,7 @@ def exported_threads(cfg: TrainConfig, hw: HardwareProfile, environ: Mapping[str
 def _model_facts(cfg: TrainConfig, policy, hw: HardwareProfile, probe_gpu: bool):
     """The planner's model facts: measured (a user's ``training.model``), else the built-in GPT's or
     what the config declares."""
+    from autotune.exports.script_config_meta import meta_in_config
     from autotune.exports.script_engines import engines_not_run
     from autotune.planner.model_facts import facts_for
 
@@ -141,8 +142,9 @@ def _model_facts(cfg: TrainConfig, policy, hw: HardwareProfile, probe_gpu: bool)
         from autotune.measure import model_facts, model_facts_probed
 
         facts = (model_facts_probed if probe_gpu else model_facts)(cfg, policy, hw)
-        if read is not None and read.builds_on_meta:
-            facts = facts.model_copy(update={"builds_on_meta": read.builds_on_meta})
+    meta = None if read is None else read.builds_on_meta or meta_in_config(t.script_args, t.workdir, read)
+    if meta:  # measured or declared: the set-up makes only each rank's shards
+        facts = facts.model_copy(update={"builds_on_meta": meta})
     if read is not None and read.drops_last:
         facts = facts.model_copy(update={"drops_last": read.drops_last})
     cannot = engines_not_run(t.entrypoint, read if read is not None else _module_read(t.entrypoint))

@@ -19,7 +19,12 @@ from autotune.config import TrainConfig, apply_overrides
 from autotune.plan import TrainingPlan
 from autotune.prepare.entrypoint import check_entrypoint, workdir_of
 from autotune.prepare.planning import plan_for, speed_key
-from autotune.prepare.resume import choose_run_dir, resolve_resume, resume_reaches, script_resume_point
+from autotune.prepare.resume import (
+    choose_run_dir,
+    resolve_resume,
+    resume_reaches,
+    script_resume_point,
+)
 from autotune.profiles import HardwareProfile
 
 
@@ -35,6 +40,8 @@ class RunSetup:
     speed_key: tuple[str | None, str | None] = (None, None)  # (model, kind of machine): autotune.rundir.speeds
     # why preparing again with time_cpu would not time the step on this CPU (measure.timing.why_untimed); None: it would
     untimed: str | None = None
+    # what the user's script needs before a later --resume_from auto is taken (prepare.resume.resume_fix); None: taken
+    resume_fix: str | None = None
 
     @property
     def records_dir(self) -> Path:
@@ -109,10 +116,13 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
         given = given_by_user(facts, plan, values, args)
         if cfg.training.wire == "auto":
             args, wired = with_wired(args, extra), would
-    resume_route = None
+    resume_route, fix = None, None
     if entry and resume_from is not None:  # a checkpoint the script cannot receive is refused
         resume_route = resume_reaches(facts, used_placeholders(raw), wired, args, rd, resume_path, raw, reading,
                                       wire_auto=cfg.training.wire == "auto")
+    elif entry:  # what a preempted launch may suggest: only a --resume_from auto the next launch takes
+        fix = resume_fix(entry, facts, used_placeholders(raw), wired, args, rd, raw, reading,
+                         wire_auto=cfg.training.wire == "auto")
     route = delivery(plan, facts, used_placeholders(raw), wired, args, ds is not None, given) if entry else \
         delivery(plan, None, [], {}, args, ds is not None)
     why = withhold_accumulation(facts, route.routes) if entry else None
@@ -130,6 +140,24 @@ def prepare(cfg: TrainConfig, overrides: Mapping[str, Any] | None = None,
     counted = plan.memory.estimate.num_parameters if plan.memory.estimate is not None else None
     return RunSetup(plan=plan, hardware=hw, deepspeed_config=ds, run_dir=rd, resume_path=resume_path,
                     launch_spec=spec, delivery=route, speed_key=speed_key(cfg, hw),
-                    untimed=why_untimed(cfg, hw, plan, counted))
+                    untimed=why_untimed(cfg, hw, plan, counted), resume_fix=fix)
 
 
+def resume_fix(entry: str | None, facts, placeholders: list[str], wired: dict[str, str], args: list[str],
+               run_dir: Path, raw: list[str], reading=None, wire_auto: bool = False) -> str | None:
+    """The fix ``prepare.resume.resume_reaches`` would name for a later ``--resume_from auto`` by this script (None:
+    that launch would take it: the built-in runtime, a script shown to receive a resume point), so that a preempted
+    launch suggests only what the next one accepts (``launch.ending``)."""
+    from autotune.errors import UserError
+    from autotune.exports.script_resume import read_resume
+    from autotune.rundir.layout import RESUME_FROM_ENV
+
+    if not entry:
+        return None
+    if reading is None and entry.endswith(".py"):
+        reading = read_resume(entry)
+    try:
+        resume_reaches(facts, placeholders, wired, args, run_dir, None, raw, reading, wire_auto)
+    except UserError:
+        return facts.resume_hint(RESUME_FROM_ENV)
+    return None

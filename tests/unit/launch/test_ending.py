@@ -127,3 +127,31 @@ def test_a_failure_says_its_code_and_a_multi_node_one_that_outlived_the_rendezvo
 def test_a_barrier_note_is_said_before_the_end():
     end = ending(BUILTIN, RUN, outcome(barrier_note="torchrun exited 1 after every rank had finished"), [])
     assert end.code == 0 and said(end)[0] == "autotune: torchrun exited 1 after every rank had finished"
+
+
+def test_a_preempted_script_that_cannot_resume_is_told_the_fix_before_resume_from_auto(tmp_path):
+    """``--resume_from auto`` is refused (exit 2, before launch) for a script that nothing shows can receive a resume
+    point: the preemption line names the refusal's fix first, and suggests it plainly only where it is taken."""
+    from autotune.exports.script_scan import scan_script
+    from autotune.prepare.run_setup import resume_fix
+
+    written = RUN / "checkpoints" / "ckpt-3"
+    fix = "pass the checkpoint to your script after `--` as {resume_from}"
+    end = ending(SCRIPT, RUN, outcome(rc=1), [signal.SIGTERM], ScriptEnd(), script_checkpoint=written, resume_fix=fix)
+    assert end.code == 75 and said(end)[0].endswith(
+        "Run directory: /runs/r\nTo continue: --resume_from auto would be refused now (exit 2): nothing your script is "
+        "given is shown to reach a call that loads a checkpoint. The fix first: pass the checkpoint to your script "
+        "after `--` as {resume_from}; then run the same command with --run_dir /runs/r --resume_from auto (the newest "
+        "entry in /runs/r/checkpoints reaches your script as {resume_from} and $AUTOTUNE_RESUME_FROM)")
+    taken = ending(SCRIPT, RUN, outcome(rc=1), [signal.SIGTERM], ScriptEnd(), script_checkpoint=written)
+    assert said(taken)[0].split("\n")[-1].startswith("To continue, run the same command with --run_dir /runs/r "
+                                                     "--resume_from auto (the newest entry")
+    # which scripts the fix is for: read from their source, as the refusal reads it
+    saves = "import sys, torch\ntorch.save({}, sys.argv[1])\n"
+    loads = "import os, torch\nstate = torch.load(os.environ['AUTOTUNE_RESUME_FROM'])\n"
+    for name, text in (("saves.py", saves), ("loads.py", loads)):
+        (tmp_path / name).write_text(text)
+    never = resume_fix(str(tmp_path / "saves.py"), scan_script(tmp_path / "saves.py"), [], {}, [], tmp_path, [])
+    assert never is not None and never.startswith("pass the checkpoint to your script after `--` as {resume_from}")
+    assert resume_fix(str(tmp_path / "loads.py"), scan_script(tmp_path / "loads.py"), [], {}, [], tmp_path, []) is None
+    assert resume_fix(None, None, [], {}, [], tmp_path, []) is None  # the built-in runtime resumes its own

@@ -328,3 +328,32 @@ def test_a_quiet_timing_keeps_the_median_round_of_unequal_rounds_not_the_fastest
     assert v.under_load is None
     assert v.points == ((8, pytest.approx(0.110), pytest.approx(0.011)),
                         (16, pytest.approx(0.220), pytest.approx(0.011)))
+
+
+def test_a_timing_in_another_users_cache_says_it_is_not_cached_there(capsys):
+    """Issue 52's rule: nothing is written into a cache folder another user owns, so the timing line never says
+    "then cached in" it (rundir.cache_owner)."""
+    import os
+    import pwd
+
+    from autotune.measure import cache
+    from autotune.measure.timing import kept_path, measured_steps, request
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the cache folder to another user (chown)")
+
+    def timed(req):
+        return answer({32: 0.010, 64: 0.018}, wait=0.01, threads=2)
+
+    measured_steps(cpu="AMD EPYC", run=timed, **WHAT)
+    where = kept_path(request(**WHAT), "AMD EPYC")
+    assert f"once, then cached in {where.parent})" in capsys.readouterr().err
+    where.unlink()
+    os.chown(where.parent, pwd.getpwnam("nobody").pw_uid, -1)
+    try:
+        assert measured_steps(cpu="AMD EPYC", run=timed, **WHAT) is not None
+        err = capsys.readouterr().err
+        assert f"not cached: {where.parent} is another user's cache, never written) ..." in err
+        assert "then cached" not in err and not where.exists()
+    finally:
+        cache._NAMED.clear()
