@@ -34,12 +34,15 @@ against ZeRO-1/2/3 on an H100 (bench/gpu_truth/deepspeed).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 import weakref
 from typing import Any, Callable
 
 BLOCK = 512  # the CUDA caching allocator rounds every allocation up to a multiple of 512 bytes
-POINTS = (1, 2, 4, 8, 16, 32, 64)
+POINTS = (1, 2, 4, 8, 16, 32, 64)  # every point, where the line does not hold through LINE_POINTS
+LINE_POINTS = (1, 8, 64)  # the outer two determine the line, the middle one checks it
+CHORD_TOLERANCE = 0.005  # the middle point within 0.5 % of the line through the outer two
 
 # CUDA's autocast policy where it differs from the CPU's (torch's aten/src/ATen/autocast_mode.h)
 CUDA_FP32 = ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal",
@@ -159,6 +162,21 @@ class PeakTracker:
 
         self.mode, self.live, self.current, self.peak = _Mode(), WeakIdKeyDictionary(), current, current
         self.work = work
+        self.phase, self.segment = "forward", "start"
+        self.phase_peaks: dict[str, int] = {"forward/start": current}  # the peak within each part of the step
+
+    def enter(self, phase: str) -> None:
+        """The step moves on to ``phase`` (what it holds now counts there too)."""
+        self.phase = phase
+        self.mark("start")
+        if self.work is not None:
+            self.work.phase = phase
+
+    def mark(self, segment: str) -> None:
+        """The step moves on to ``segment`` of its phase (a block's index: ``block_trace``)."""
+        self.segment = segment
+        key = f"{self.phase}/{segment}"
+        self.phase_peaks[key] = max(self.phase_peaks.get(key, 0), self.current)
 
     def _seen(self, out: Any) -> None:
         import torch
@@ -174,6 +192,9 @@ class PeakTracker:
             self.live[st] = n
             self.current += n
             self.peak = max(self.peak, self.current)
+            key = f"{self.phase}/{self.segment}"
+            if self.current > self.phase_peaks.get(key, 0):
+                self.phase_peaks[key] = self.current
             if self.work is not None:
                 self.work.largest = max(self.work.largest, n)
             weakref.finalize(st, self._freed, n)
@@ -288,47 +309,97 @@ def to_half_weights(model) -> None:
             t.data = t.data.to(torch.bfloat16)
 
 
+@dataclasses.dataclass
+class StepRecord:
+    """One traced step: its micro-batch, peak bytes beyond the AdamW states (``state_bytes``) overall and within each
+    phase (forward, backward, optimizer), and its work (``StepWork``; None when not counted)."""
+
+    micro: int
+    peak: float
+    phases: dict
+    work: Any = None
+
+
+def step_records(model, make_batch: Callable[[int], Any], call: Callable, loss_of: Callable, *, half: bool,
+                 points: tuple[int, ...], count_work: bool = True, marks: dict | None = None) -> list[StepRecord]:
+    """One warm-up step (AdamW's state exists from there on, as in training), then one traced step at each of
+    ``points``, under the fake-tensor mode the caller holds and ``cuda_kernels()``. ``marks["tracker"]``, when
+    given, holds the step's ``PeakTracker`` while it runs (hooks mark the step's segments there)."""
+    marks = {} if marks is None else marks
+    import torch
+
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if half else contextlib.nullcontext()
+
+    def step(b: int, tr: PeakTracker) -> None:
+        marks["tracker"] = tr
+        batch = make_batch(b)
+        with cast:
+            out = call(model, batch)  # alive through backward, as in a training loop (`outputs.loss.backward()`)
+            loss = loss_of(out)
+        tr.enter("backward")
+        loss.backward()
+        tr.enter("optimizer")
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        marks.pop("tracker", None)
+
+    base = PeakTracker()
+    with base:
+        for p in model.parameters():
+            base._seen(p)
+        step(1, base)
+    states = state_bytes(model.parameters())
+    out = []
+    for b in points:
+        count = WorkCount() if count_work else None
+        tr = PeakTracker(base.current, count)
+        with tr:
+            step(b, tr)
+        out.append(StepRecord(b, float(tr.peak - states), {k: float(v - states) for k, v in tr.phase_peaks.items()},
+                              step_work(b, count) if count is not None else None))
+    return out
+
+
+def on_chord(records: list[StepRecord], tolerance: float = CHORD_TOLERANCE) -> bool:
+    """Whether the middle of three traced steps lies on the line through the outer two, overall and in each phase,
+    within ``tolerance`` of its value (plus the allocator's rounding). The peak of a step is the largest of sums of
+    live allocations, each affine in the micro-batch: a convex function of it, so a middle point on the chord
+    means the function is that line between the outer two."""
+    lo, mid, hi = sorted(records, key=lambda r: r.micro)
+    w = (mid.micro - lo.micro) / (hi.micro - lo.micro)
+
+    def holds(a: float, m: float, c: float) -> bool:
+        return abs(a + w * (c - a) - m) <= tolerance * abs(m) + 16 * BLOCK
+
+    return holds(lo.peak, mid.peak, hi.peak) and all(
+        holds(lo.phases.get(k, 0.0), v, hi.phases.get(k, 0.0)) for k, v in mid.phases.items())
+
+
+def line_records(model, make_batch: Callable[[int], Any], call: Callable, loss_of: Callable, *, half: bool,
+                 count_work: bool = True, marks: dict | None = None) -> list[StepRecord]:
+    """Steps at ``LINE_POINTS`` (the outer two determine the line, the middle one checks it: ``on_chord``); where the
+    check fails, at every one of ``POINTS`` too."""
+    got = step_records(model, make_batch, call, loss_of, half=half, points=LINE_POINTS, count_work=count_work,
+                       marks=marks)
+    if not on_chord(got):
+        rest = tuple(b for b in POINTS if b not in LINE_POINTS)
+        got += step_records(model, make_batch, call, loss_of, half=half, points=rest, count_work=count_work,
+                            marks=marks)
+    return sorted(got, key=lambda r: r.micro)
+
+
 def step_peaks(model, make_batch: Callable[[int], Any], call: Callable, loss_of: Callable, *, half: bool,
                points: tuple[int, ...] = POINTS, say: Callable[[str], None] = lambda _m: None,
                work: list | None = None) -> tuple[tuple[int, float], ...]:
     """(micro-batch, peak bytes of one full training step minus 16 bytes a parameter) at each point,
     traced under the fake-tensor mode the caller holds and ``cuda_kernels()``. ``work``, when given, receives
     one ``StepWork`` per point (the same step's FLOPs, bytes and kernels)."""
-    import torch
-
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
-    cast = torch.autocast("cpu", dtype=torch.bfloat16) if half else contextlib.nullcontext()
-
-    def step(b: int, count: WorkCount | None = None) -> None:
-        batch = make_batch(b)
-        with cast:
-            out = call(model, batch)  # alive through backward, as in a training loop (`outputs.loss.backward()`)
-            loss = loss_of(out)
-        if count is not None:
-            count.phase = "backward"
-        loss.backward()
-        if count is not None:
-            count.phase = "optimizer"
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    base = PeakTracker()
-    with base:
-        for p in model.parameters():
-            base._seen(p)
-        step(1)  # the warm-up step: AdamW's state exists from here on, as in training
-    states = state_bytes(model.parameters())
-    out = []
-    for b in points:
-        count = WorkCount() if work is not None else None
-        tr = PeakTracker(base.current, count)
-        with tr:
-            step(b, count)
-        out.append((b, float(tr.peak - states)))
-        if count is not None:
-            work.append(step_work(b, count))
-        say(f"traced a full step at micro-batch {b}")
-    return tuple(out)
+    got = step_records(model, make_batch, call, loss_of, half=half, points=points, count_work=work is not None)
+    if work is not None:
+        work.extend(r.work for r in got)
+    say(f"traced a full step at micro-batch {', '.join(str(b) for b in points)}")
+    return tuple((r.micro, r.peak) for r in got)
 
 
 def step_work(micro: int, count: WorkCount):

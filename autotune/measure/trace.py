@@ -21,6 +21,7 @@ model states only, with the reason in the plan.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import re
 import sys
@@ -197,20 +198,39 @@ def _cpu_lines(model, make_batch, modes, say, t0):
     return fp32, half, fp32_c, half_c, note, None, None, None
 
 
-def _cuda_lines(model, make_batch, modes, say, t0):
+def _planned_lines(model, modes) -> list[str]:
+    """The names of the lines ``_cuda_lines`` will trace, in order (for the progress it prints)."""
+    ckpt = callable(getattr(model, "gradient_checkpointing_enable", None))
+    names = [n for n in ("fp32", "bf16-autocast") if ("fp32" if n == "fp32" else "half") in modes]
+    names += [f"checkpointed {n}" for n in names] if ckpt else []
+    if "deepspeed" in modes:
+        names += ["checkpointed DeepSpeed bf16", "DeepSpeed bf16"] if ckpt else ["DeepSpeed bf16"]
+    return names
+
+
+def _cuda_lines(model, make_batch, modes, say, t0, rep):
     """Lines of whole steps as CUDA runs them: fp32 and bf16 autocast (single, DDP), then, when ``modes`` asks
     for "deepspeed", bf16 weights without autocast (DeepSpeed's bf16), each with checkpointing when offered; and
-    the work of the same steps (FLOPs, bytes, kernels) for the step-time model."""
-    from autotune.measure.cuda_trace import cuda_kernels, step_peaks, to_half_weights
+    the work of the same steps (FLOPs, bytes, kernels) for the step-time model. A model with a repeated block
+    (``rep``) is traced with a few of its blocks and scaled (``block_trace``); the tracer's ``why`` says how."""
+    from autotune.measure.block_trace import LineTracer
+    from autotune.measure.cuda_trace import cuda_kernels, to_half_weights
 
     work: dict[str, WorkLine] = {}
+    tracer = LineTracer(model, make_batch, _call, _loss, rep)
+    planned = _planned_lines(model, modes)
+    how = (f"{rep.depth} x {rep.block} in {rep.path}: tracing 3, 4 and 5 blocks and scaling to {rep.depth}"
+           if tracer.scaling else rep.why)
+    say(f"tracing {len(planned)} line(s) of whole steps ({', '.join(planned)}); {how}")
 
     def line(half: bool, what: str, key: str) -> LinearBytes:
-        counted: list = []
-        pts = step_peaks(model, make_batch, _call, _loss, half=half, work=counted)
-        work[key] = WorkLine(points=tuple(counted))
-        say(f"traced {what} steps as CUDA runs them ({time.monotonic() - t0:.1f} s)")
-        return LinearBytes(points=pts, interpolate=True)
+        records = tracer.line(half, what)
+        work[key] = WorkLine(points=tuple(r.work for r in records))
+        at = ", ".join(str(r.micro) for r in records)
+        n = planned.index(what) + 1 if what in planned else len(work)
+        say(f"[{n}/{len(planned)}] traced {what} steps as CUDA runs them at micro-batch {at} "
+            f"({time.monotonic() - t0:.1f} s)")
+        return LinearBytes(points=tuple((r.micro, r.peak) for r in records), interpolate=True)
 
     ds = ds_c = None
     with cuda_kernels():
@@ -230,6 +250,7 @@ def _cuda_lines(model, make_batch, modes, say, t0):
                 if enabled:
                     disable()
                 ds = line(False, "DeepSpeed bf16", "half_weights")
+    note = "; ".join(filter(None, (note, tracer.why)))
     return fp32, half, fp32_c, half_c, note, ds, ds_c, WorkModel(**work)
 
 
@@ -271,10 +292,19 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                               largest_layer_parameters=largest, **units,
                               unknown_reason="activations unknown: give training.sample_input (a per-sample shape "
                                              "such as [3,224,224] or int[512]<50257, or package.module:function)")
+        rep = small = None
+        if cuda:
+            from autotune.measure.repeated import find_repeat
+
+            rep = find_repeat(model)
+            small = _small_copies(model, rep) if "fsdp" in modes and rep.container is not None else None
         try:
             model.train()
-            lines = _cuda_lines if cuda else _cpu_lines
-            fp32, half, fp32_c, half_c, ckpt_note, ds, ds_c, work = lines(model, make_batch, modes, say, t0)
+            if cuda:
+                fp32, half, fp32_c, half_c, ckpt_note, ds, ds_c, work = _cuda_lines(model, make_batch, modes, say, t0,
+                                                                                     rep)
+            else:
+                fp32, half, fp32_c, half_c, ckpt_note, ds, ds_c, work = _cpu_lines(model, make_batch, modes, say, t0)
         except Exception as e:  # noqa: BLE001 - data-dependent shapes, custom ops, bad sample input
             return ModelFacts(source=source, num_parameters=total, trainable_parameters=trainable,
                               largest_layer_parameters=largest,
@@ -284,7 +314,7 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
         fsdp = fsdp_c = fsdp_world = None
         if cuda and "fsdp" in modes:
             fsdp, fsdp_c, fsdp_world, note = _fsdp_lines(factory, model_spec, fake_mode, make_batch, fp32 is None,
-                                                         fp32_c is not None or half_c is not None, modes, say)
+                                                         fp32_c is not None or half_c is not None, modes, say, small)
             ckpt_note = "; ".join(filter(None, (ckpt_note, note)))
     acts = ActivationModel(fp32=fp32, half=half, fp32_checkpointed=fp32_c, half_checkpointed=half_c,
                            half_weights=ds, half_weights_checkpointed=ds_c, fsdp=fsdp, fsdp_checkpointed=fsdp_c,
@@ -298,18 +328,69 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                       activations=acts, work=work, **units)
 
 
-def _fsdp_lines(factory, spec, fake_mode, make_batch, half: bool, checkpointing: bool, modes, say):
+def _small_copies(model, rep):
+    """(``rep``, {depth: a copy of ``model`` with that many of its blocks}) for FSDP2's traces, taken before any step
+    changes the model (its dtypes under DeepSpeed's bf16, its checkpointing): a copy costs nothing under fake
+    tensors, a build again of a 70 B model seconds."""
+    from autotune.measure.block_trace import CHECK_DEPTH, DEPTHS
+    from autotune.measure.repeated import reduced
+
+    copies = {}
+    for d in (*DEPTHS, CHECK_DEPTH):
+        with reduced(rep, d):
+            copies[d] = copy.deepcopy(model)
+    return rep, copies
+
+
+def _fsdp_lines(factory, spec, fake_mode, make_batch, half: bool, checkpointing: bool, modes, say, small=None):
     """FSDP2's own lines (``fsdp_trace``) at the world size ``modes`` names ("world8"), or none and why: a failure
-    here costs FSDP2 its own line, not the trace."""
+    here costs FSDP2 its own line, not the trace. ``small``: (the repeated block, {depth: a copy of the model with
+    that many blocks}): traced with 3 and 4 blocks, scaled to the model's depth and checked with 5 (``block_trace``),
+    else built again and traced whole."""
     from autotune.measure.fsdp_trace import TRACED_WORLD, fsdp_lines
 
     world = next((int(m[5:]) for m in modes if m.startswith("world") and m[5:].isdigit()), TRACED_WORLD)
+    ckpt_on = (lambda m: _enable_checkpointing(m)[0]) if checkpointing else None
+    note = None
     try:
+        if small is not None:
+            rep, copies = small
+            by_depth = {d: fsdp_lines(lambda d=d: copy.deepcopy(copies[d]), make_batch, _call, _loss, half=half,
+                                      checkpointing=ckpt_on, world=world) for d in sorted(copies)}
+            scaled, note = _fsdp_scaled(by_depth, rep)
+            if scaled is not None:
+                say(f"traced FSDP2 steps with 3, 4 and 5 blocks under a fake process group, scaled to {rep.depth}")
+                return *scaled, world, None
         plain, ckpt = fsdp_lines(lambda: build(factory, spec, fake_mode, _free_ram)[0], make_batch, _call, _loss,
-                                 half=half, checkpointing=(lambda m: _enable_checkpointing(m)[0]) if checkpointing
-                                 else None, world=world, say=say)
-        return plain, ckpt, world, None
+                                 half=half, checkpointing=ckpt_on, world=world, say=say)
+        return plain, ckpt, world, note
     except Exception as e:  # noqa: BLE001 - FSDP2's private tracker, a model fully_shard cannot wrap
         why = str(e).splitlines()[0][:120] if str(e) else ""
         return None, None, None, (f"FSDP2 not traced ({type(e).__name__}: {why}); its estimate takes the "
                                   "bf16-weights line")
+
+
+def _fsdp_scaled(by_depth: dict, rep):
+    """((plain, checkpointed) lines at the model's depth, None) from FSDP2's lines with 3, 4 and 5 blocks, or
+    (None, why not) when the extension from 3 and 4 misses the trace with 5 by more than ``depth_scale.TOLERANCE``
+    (plus 64 KiB)."""
+    from autotune.measure.block_trace import CHECK_DEPTH, DEPTHS
+    from autotune.measure.depth_scale import TOLERANCE
+
+    lo_d, hi_d = DEPTHS
+    out = []
+    for i in range(2):
+        lo, hi, check = (by_depth[d][i] for d in (lo_d, hi_d, CHECK_DEPTH))
+        if lo is None:
+            out.append(None)
+            continue
+        for (b, y1), (_, y2), (_, y3) in zip(lo.points, hi.points, check.points):
+            want = y2 + (CHECK_DEPTH - hi_d) * (y2 - y1) / (hi_d - lo_d)
+            if abs(want - y3) > TOLERANCE * abs(y3) + 2**16:
+                return None, (f"FSDP2 traced whole: with {CHECK_DEPTH} blocks at micro-batch {b} its peak beyond the "
+                              f"arithmetic is {y3 / 2**20:,.1f} MiB, scaled from {lo_d} and {hi_d} blocks "
+                              f"{want / 2**20:,.1f}")
+        w = (rep.depth - lo_d) / (hi_d - lo_d)
+        pts = tuple((b, max(0.0, y1 + w * (y2 - y1))) for (b, y1), (_, y2) in zip(lo.points, hi.points))
+        out.append(LinearBytes(points=pts, interpolate=True))
+    return tuple(out), None

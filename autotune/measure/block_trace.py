@@ -1,0 +1,130 @@
+"""A model's whole steps as CUDA runs them, traced with a few of its repeated blocks and scaled to all of them
+(``repeated`` finds them, ``depth_scale`` scales), or traced whole where it has none (imports torch, lazily).
+
+Each line (a numeric mode, with or without checkpointing) is traced at ``cuda_trace.LINE_POINTS`` micro-batches
+(more where the line does not hold) with 3 and 4 blocks and extended to the model's depth, each part of the step
+along its own line (``by_role``); then checked against a step with 5 blocks at the smallest and largest
+micro-batch: where the check fails, that line and every later one are traced whole, and ``why`` says so. A
+fake-tensor step costs by the ops it dispatches, so a step of 4 blocks of 32 costs a fraction of the whole one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+from autotune.measure.cuda_trace import LINE_POINTS, StepRecord, line_records, step_records
+from autotune.measure.depth_scale import check, scale
+from autotune.measure.repeated import Repeat, reduced
+
+DEPTHS = (3, 4)  # the line through the depth: the first four roles of a block exist from 3 blocks on (by_role)
+CHECK_DEPTH = 5
+
+
+def by_role(phases: dict[str, float], depth: int) -> dict[str, float]:
+    """The peaks of a step's segments (``phase/<block index>``, ``phase/start``, ``forward/after``) by the role a
+    block plays at ``depth`` blocks: ``first`` and ``last`` (the blocks beside what happens once), ``second`` and
+    ``penult`` (the ends of the blocks between: in a block between, the step holds what each block before it saved
+    and what each after it made, affine in its index, so their peaks are largest at those ends). Each role's peak is
+    affine in the depth; with 3 blocks the middle one is both second and penult."""
+    out: dict[str, float] = {}
+    for key, v in phases.items():
+        phase, _, seg = key.partition("/")
+        if not seg.isdigit():
+            out[key] = max(out.get(key, v), v)
+            continue
+        i = int(seg)
+        for role, at in (("first", 0), ("second", 1), ("penult", depth - 2), ("last", depth - 1)):
+            if i == at:
+                k = f"{phase}/{role}"
+                out[k] = max(out.get(k, v), v)
+    return out
+
+
+@contextlib.contextmanager
+def _marked(blocks: list, marks: dict):
+    """Hooks that mark the segment of the step each block's forward and backward run in (``PeakTracker.mark``)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    handles = []
+
+    def tracker():
+        return marks.get("tracker")
+
+    for i, block in enumerate(blocks):
+        def pre(_m, _args, i=i):
+            tr = tracker()
+            if tr is not None and tr.phase == "forward":  # not the recomputation of a checkpointed block
+                tr.mark(str(i))
+
+        def post(_m, _args, out, i=i):
+            tr = tracker()
+            if tr is None or tr.phase != "forward":
+                return
+            if i == len(blocks) - 1:
+                tr.mark("after")
+            first = next((t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad), None)
+            if first is not None:
+                def reached(_grad, i=i):
+                    t = tracker()
+                    if t is not None and t.phase == "backward":
+                        t.mark(str(i))
+                first.register_hook(reached)
+
+        handles += [block.register_forward_pre_hook(pre), block.register_forward_hook(post)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class LineTracer:
+    """Traces lines of whole steps of ``model`` at its real depth; ``why`` says how (scaled or whole, and why)."""
+
+    def __init__(self, model, make_batch: Callable[[int], Any], call: Callable, loss_of: Callable, rep: Repeat):
+        self.model, self.make_batch, self.call, self.loss_of = model, make_batch, call, loss_of
+        self.rep = rep
+        self.why = rep.why
+        self.scaled_lines = 0
+
+    @property
+    def scaling(self) -> bool:
+        return self.rep.container is not None
+
+    def _at(self, depth: int, half: bool, points: tuple[int, ...] | None = None) -> list[StepRecord]:
+        marks: dict = {}
+        with reduced(self.rep, depth), _marked(self.rep.blocks[:depth], marks):
+            if points is None:
+                got = line_records(self.model, self.make_batch, self.call, self.loss_of, half=half, marks=marks)
+            else:
+                got = step_records(self.model, self.make_batch, self.call, self.loss_of, half=half, points=points,
+                                   marks=marks)
+        for r in got:
+            r.phases = by_role(r.phases, depth)
+        return got
+
+    def line(self, half: bool, what: str) -> list[StepRecord]:
+        """The records of ``what`` (a line's name, for ``why``) at the model's depth."""
+        if not self.scaling:
+            return line_records(self.model, self.make_batch, self.call, self.loss_of, half=half)
+        lo_d, hi_d = DEPTHS
+        try:
+            lo, hi = self._at(lo_d, half), self._at(hi_d, half)
+            for recs, other, d in ((lo, hi, lo_d), (hi, lo, hi_d)):  # the same micro-batches at both depths
+                missing = tuple(sorted({r.micro for r in other} - {r.micro for r in recs}))
+                if missing:
+                    recs += self._at(d, half, missing)
+            ends = (LINE_POINTS[0], LINE_POINTS[-1])
+            why = check(scale(lo, hi, lo_d, hi_d, CHECK_DEPTH), self._at(CHECK_DEPTH, half, ends))
+        except Exception as e:  # noqa: BLE001 - a model that indexes its blocks by a fixed count: traced whole
+            why = f"fewer blocks failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+        if why is not None:
+            done = f" for its first {self.scaled_lines} line(s)" if self.scaled_lines else ""
+            self.why = (f"{self.rep.path} ({self.rep.depth} x {self.rep.block}) scaled from 3 and 4 blocks{done}; "
+                        f"traced whole from the {what} steps on: with {CHECK_DEPTH} blocks {why}")
+            self.rep = Repeat(why=self.why)
+            return line_records(self.model, self.make_batch, self.call, self.loss_of, half=half)
+        self.scaled_lines += 1
+        return scale(lo, hi, lo_d, hi_d, self.rep.depth)
