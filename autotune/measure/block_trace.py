@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable
 
-from autotune.measure.cuda_trace import LINE_POINTS, StepRecord, line_records, step_records
+from autotune.measure.cuda_trace import LINE_POINTS, Stepper, StepRecord, line_records, next_points
 from autotune.measure.depth_scale import check, scale
 from autotune.measure.repeated import Repeat, reduced
 
@@ -93,14 +93,14 @@ class LineTracer:
     def scaling(self) -> bool:
         return self.rep.container is not None
 
-    def _at(self, depth: int, half: bool, points: tuple[int, ...] | None = None) -> list[StepRecord]:
+    def _stepper(self, depth: int, half: bool) -> Stepper:
         marks: dict = {}
-        with reduced(self.rep, depth), _marked(self.rep.blocks[:depth], marks):
-            if points is None:
-                got = line_records(self.model, self.make_batch, self.call, self.loss_of, half=half, marks=marks)
-            else:
-                got = step_records(self.model, self.make_batch, self.call, self.loss_of, half=half, points=points,
-                                   marks=marks)
+        with reduced(self.rep, depth):
+            return Stepper(self.model, self.make_batch, self.call, self.loss_of, half=half, marks=marks)
+
+    def _at(self, stepper: Stepper, depth: int, points: tuple[int, ...]) -> list[StepRecord]:
+        with reduced(self.rep, depth), _marked(self.rep.blocks[:depth], stepper.marks):
+            got = stepper.records(points)
         for r in got:
             r.phases = by_role(r.phases, depth)
         return got
@@ -111,13 +111,14 @@ class LineTracer:
             return line_records(self.model, self.make_batch, self.call, self.loss_of, half=half)
         lo_d, hi_d = DEPTHS
         try:
-            lo, hi = self._at(lo_d, half), self._at(hi_d, half)
-            for recs, other, d in ((lo, hi, lo_d), (hi, lo, hi_d)):  # the same micro-batches at both depths
-                missing = tuple(sorted({r.micro for r in other} - {r.micro for r in recs}))
-                if missing:
-                    recs += self._at(d, half, missing)
-            ends = (LINE_POINTS[0], LINE_POINTS[-1])
-            why = check(scale(lo, hi, lo_d, hi_d, CHECK_DEPTH), self._at(CHECK_DEPTH, half, ends))
+            at_lo, at_hi = self._stepper(lo_d, half), self._stepper(hi_d, half)
+            lo, hi = self._at(at_lo, lo_d, LINE_POINTS), self._at(at_hi, hi_d, LINE_POINTS)
+            while more := next_points(scale(lo, hi, lo_d, hi_d, self.rep.depth)):  # the line at the real depth
+                lo, hi = lo + self._at(at_lo, lo_d, more), hi + self._at(at_hi, hi_d, more)
+            # the check: both ends on the first line, the largest micro-batch after (the same blocks)
+            ends = (LINE_POINTS[-1],) if self.scaled_lines else (LINE_POINTS[0], LINE_POINTS[-1])
+            why = check(scale(lo, hi, lo_d, hi_d, CHECK_DEPTH),
+                        self._at(self._stepper(CHECK_DEPTH, half), CHECK_DEPTH, ends))
         except Exception as e:  # noqa: BLE001 - a model that indexes its blocks by a fixed count: traced whole
             why = f"fewer blocks failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
         if why is not None:

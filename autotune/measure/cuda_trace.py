@@ -320,72 +320,96 @@ class StepRecord:
     work: Any = None
 
 
-def step_records(model, make_batch: Callable[[int], Any], call: Callable, loss_of: Callable, *, half: bool,
-                 points: tuple[int, ...], count_work: bool = True, marks: dict | None = None) -> list[StepRecord]:
-    """One warm-up step (AdamW's state exists from there on, as in training), then one traced step at each of
-    ``points``, under the fake-tensor mode the caller holds and ``cuda_kernels()``. ``marks["tracker"]``, when
-    given, holds the step's ``PeakTracker`` while it runs (hooks mark the step's segments there)."""
-    marks = {} if marks is None else marks
-    import torch
+class Stepper:
+    """Whole training steps of ``model`` traced one after another: one warm-up step first (AdamW's state exists from
+    there on, as in training), then ``records(points)`` traces one step at each point, under the fake-tensor mode the
+    caller holds and ``cuda_kernels()``. ``marks["tracker"]``, when given, holds the step's ``PeakTracker`` while it
+    runs (hooks mark the step's segments there)."""
 
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
-    cast = torch.autocast("cpu", dtype=torch.bfloat16) if half else contextlib.nullcontext()
+    def __init__(self, model, make_batch: Callable[[int], Any], call: Callable, loss_of: Callable, *, half: bool,
+                 count_work: bool = True, marks: dict | None = None):
+        import torch
 
-    def step(b: int, tr: PeakTracker) -> None:
-        marks["tracker"] = tr
-        batch = make_batch(b)
-        with cast:
-            out = call(model, batch)  # alive through backward, as in a training loop (`outputs.loss.backward()`)
-            loss = loss_of(out)
+        self.model, self.make_batch, self.call, self.loss_of = model, make_batch, call, loss_of
+        self.count_work, self.marks = count_work, ({} if marks is None else marks)
+        self.opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
+        self.cast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if half else contextlib.nullcontext
+        base = PeakTracker()
+        with base:
+            for p in model.parameters():
+                base._seen(p)
+            self._step(1, base)
+        self.base = base
+        self.states = state_bytes(model.parameters())
+
+    def _step(self, b: int, tr: PeakTracker) -> None:
+        self.marks["tracker"] = tr
+        batch = self.make_batch(b)
+        with self.cast():
+            out = self.call(self.model, batch)  # alive through backward, as in a training loop
+            loss = self.loss_of(out)
         tr.enter("backward")
         loss.backward()
         tr.enter("optimizer")
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        marks.pop("tracker", None)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.marks.pop("tracker", None)
 
-    base = PeakTracker()
-    with base:
-        for p in model.parameters():
-            base._seen(p)
-        step(1, base)
-    states = state_bytes(model.parameters())
+    def records(self, points: tuple[int, ...]) -> list[StepRecord]:
+        out = []
+        for b in points:
+            count = WorkCount() if self.count_work else None
+            tr = PeakTracker(self.base.current, count)
+            with tr:
+                self._step(b, tr)
+            states = self.states
+            out.append(StepRecord(b, float(tr.peak - states), {k: float(v - states) for k, v in tr.phase_peaks.items()},
+                                  step_work(b, count) if count is not None else None))
+        return out
+
+
+def step_records(model, make_batch: Callable[[int], Any], call: Callable, loss_of: Callable, *, half: bool,
+                 points: tuple[int, ...], count_work: bool = True, marks: dict | None = None) -> list[StepRecord]:
+    """A ``Stepper``'s records at ``points``."""
+    return Stepper(model, make_batch, call, loss_of, half=half, count_work=count_work, marks=marks).records(points)
+
+
+def next_points(records: list[StepRecord], tolerance: float = CHORD_TOLERANCE) -> tuple[int, ...]:
+    """The micro-batches of ``POINTS`` still to trace so that the line through ``records`` is the step's: between two
+    traced neighbours the line holds where a traced point beside them lies on the chord of its own neighbours
+    (``on_chord``: the peak is convex in the micro-batch, so the function is linear over both segments); a segment
+    not shown linear with points of ``POINTS`` inside gets its middle one."""
+    pts = sorted(records, key=lambda r: r.micro)
+    linear: set[int] = set()  # index i: the segment pts[i] .. pts[i + 1] holds
+    for i in range(1, len(pts) - 1):
+        if on_chord(pts[i - 1:i + 2], tolerance):
+            linear |= {i - 1, i}
     out = []
-    for b in points:
-        count = WorkCount() if count_work else None
-        tr = PeakTracker(base.current, count)
-        with tr:
-            step(b, tr)
-        out.append(StepRecord(b, float(tr.peak - states), {k: float(v - states) for k, v in tr.phase_peaks.items()},
-                              step_work(b, count) if count is not None else None))
-    return out
+    for i in range(len(pts) - 1):
+        inside = [b for b in POINTS if pts[i].micro < b < pts[i + 1].micro]
+        if i not in linear and inside:
+            out.append(inside[len(inside) // 2])
+    return tuple(out)
 
 
 def on_chord(records: list[StepRecord], tolerance: float = CHORD_TOLERANCE) -> bool:
-    """Whether the middle of three traced steps lies on the line through the outer two, overall and in each phase,
-    within ``tolerance`` of its value (plus the allocator's rounding). The peak of a step is the largest of sums of
-    live allocations, each affine in the micro-batch: a convex function of it, so a middle point on the chord
-    means the function is that line between the outer two."""
+    """Whether the peak of the middle of three traced steps lies on the line through the outer two, within
+    ``tolerance`` of its value (plus the allocator's rounding). The peak of a step is the largest of sums of live
+    allocations, each affine in the micro-batch: a convex function of it, so a middle point on the chord means the
+    function is that line between the outer two."""
     lo, mid, hi = sorted(records, key=lambda r: r.micro)
     w = (mid.micro - lo.micro) / (hi.micro - lo.micro)
-
-    def holds(a: float, m: float, c: float) -> bool:
-        return abs(a + w * (c - a) - m) <= tolerance * abs(m) + 16 * BLOCK
-
-    return holds(lo.peak, mid.peak, hi.peak) and all(
-        holds(lo.phases.get(k, 0.0), v, hi.phases.get(k, 0.0)) for k, v in mid.phases.items())
+    return abs(lo.peak + w * (hi.peak - lo.peak) - mid.peak) <= tolerance * abs(mid.peak) + 16 * BLOCK
 
 
 def line_records(model, make_batch: Callable[[int], Any], call: Callable, loss_of: Callable, *, half: bool,
-                 count_work: bool = True, marks: dict | None = None) -> list[StepRecord]:
-    """Steps at ``LINE_POINTS`` (the outer two determine the line, the middle one checks it: ``on_chord``); where the
-    check fails, at every one of ``POINTS`` too."""
-    got = step_records(model, make_batch, call, loss_of, half=half, points=LINE_POINTS, count_work=count_work,
-                       marks=marks)
-    if not on_chord(got):
-        rest = tuple(b for b in POINTS if b not in LINE_POINTS)
-        got += step_records(model, make_batch, call, loss_of, half=half, points=rest, count_work=count_work,
-                            marks=marks)
+                 count_work: bool = True) -> list[StepRecord]:
+    """Steps at ``LINE_POINTS`` (the outer two determine the line, the middle one checks it: ``on_chord``), then at
+    the points of ``POINTS`` where it does not hold (``next_points``)."""
+    stepper = Stepper(model, make_batch, call, loss_of, half=half, count_work=count_work)
+    got = stepper.records(LINE_POINTS)
+    while more := next_points(got):
+        got += stepper.records(more)
     return sorted(got, key=lambda r: r.micro)
 
 

@@ -265,10 +265,12 @@ def _free_ram() -> int | None:
 
 def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
           progress: Callable[[str], None] | None = None, modes: tuple[str, ...] = ("fp32", "half"),
-          cuda: bool = False) -> ModelFacts:
+          cuda: bool = False, scale_blocks: bool = True) -> ModelFacts:
     """Build ``model_spec`` under fake tensors, count it, and trace its activations in ``modes``
     ('fp32', 'half': bf16 autocast); the planner asks only for the numerics the plan can use.
-    ``cuda``: the plan is for GPUs: trace whole steps as CUDA runs them (``cuda_trace``), no margin."""
+    ``cuda``: the plan is for GPUs: trace whole steps as CUDA runs them (``cuda_trace``), no margin; a model with a
+    repeated block with a few of its blocks, scaled to all (``block_trace``), unless ``scale_blocks`` is off (the
+    benchmark's whole trace, to compare)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -294,9 +296,9 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                                              "such as [3,224,224] or int[512]<50257, or package.module:function)")
         rep = small = None
         if cuda:
-            from autotune.measure.repeated import find_repeat
+            from autotune.measure.repeated import Repeat, find_repeat
 
-            rep = find_repeat(model)
+            rep = find_repeat(model) if scale_blocks else Repeat(why="traced whole (block scaling off)")
             small = _small_copies(model, rep) if "fsdp" in modes and rep.container is not None else None
         try:
             model.train()
@@ -355,8 +357,13 @@ def _fsdp_lines(factory, spec, fake_mode, make_batch, half: bool, checkpointing:
     try:
         if small is not None:
             rep, copies = small
+            from autotune.measure.block_trace import CHECK_DEPTH
+            from autotune.measure.fsdp_trace import POINTS
+
             by_depth = {d: fsdp_lines(lambda d=d: copy.deepcopy(copies[d]), make_batch, _call, _loss, half=half,
-                                      checkpointing=ckpt_on, world=world) for d in sorted(copies)}
+                                      checkpointing=ckpt_on, world=world,
+                                      points=POINTS[-1:] if d == CHECK_DEPTH else POINTS)  # checked at the largest
+                        for d in sorted(copies)}
             scaled, note = _fsdp_scaled(by_depth, rep)
             if scaled is not None:
                 say(f"traced FSDP2 steps with 3, 4 and 5 blocks under a fake process group, scaled to {rep.depth}")
@@ -384,7 +391,9 @@ def _fsdp_scaled(by_depth: dict, rep):
         if lo is None:
             out.append(None)
             continue
-        for (b, y1), (_, y2), (_, y3) in zip(lo.points, hi.points, check.points):
+        at_lo, at_hi = dict(lo.points), dict(hi.points)
+        for b, y3 in check.points:
+            y1, y2 = at_lo[b], at_hi[b]
             want = y2 + (CHECK_DEPTH - hi_d) * (y2 - y1) / (hi_d - lo_d)
             if abs(want - y3) > TOLERANCE * abs(y3) + 2**16:
                 return None, (f"FSDP2 traced whole: with {CHECK_DEPTH} blocks at micro-batch {b} its peak beyond the "
