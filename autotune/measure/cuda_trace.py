@@ -88,6 +88,18 @@ class WorkCount:
         self.rows: dict[tuple[str, str, int], list] = {}
         self.unformulated: dict[str, float] = {}
         self.largest = 0  # the largest single allocation of the step, bytes (the allocator must place it whole)
+        self.optimizer_unformulated: dict[str, float] = {}  # the optimizer step's part of each (``replay``)
+        self.optimizer_largest = 0
+
+    def replay_optimizer(self, first: "WorkCount") -> None:
+        """Count the optimizer step of ``first`` (another step's count) as this step's: AdamW's work depends on the
+        parameters alone, not on the micro-batch."""
+        for key, row in first.rows.items():
+            if key[0] == "optimizer":
+                self.rows[key] = list(row)
+        for name, moved in first.optimizer_unformulated.items():
+            self.unformulated[name] = self.unformulated.get(name, 0.0) + moved
+        self.largest = max(self.largest, first.optimizer_largest)
 
     def add(self, func, args, kwargs, out) -> None:
         import math
@@ -110,6 +122,8 @@ class WorkCount:
         flops = _flops(func, name, args, kwargs, out) if kind != "memory" else 0
         if kind == "memory":
             self.unformulated[name] = self.unformulated.get(name, 0.0) + moved
+            if self.phase == "optimizer":
+                self.optimizer_unformulated[name] = self.optimizer_unformulated.get(name, 0.0) + moved
         b = -1 if not flops else min(MAX_BIN, max(0, round(math.log2(flops / max(moved, 1)))))
         row = self.rows.setdefault((self.phase, kind, b), [0.0, 0.0, 0])
         row[0] += flops
@@ -164,10 +178,12 @@ class PeakTracker:
         self.work = work
         self.phase, self.segment = "forward", "start"
         self.phase_peaks: dict[str, int] = {"forward/start": current}  # the peak within each part of the step
+        self.starts: dict[str, int] = {"forward": current}  # what the step held as each phase began
 
     def enter(self, phase: str) -> None:
         """The step moves on to ``phase`` (what it holds now counts there too)."""
         self.phase = phase
+        self.starts[phase] = self.current
         self.mark("start")
         if self.work is not None:
             self.work.phase = phase
@@ -197,6 +213,8 @@ class PeakTracker:
                 self.phase_peaks[key] = self.current
             if self.work is not None:
                 self.work.largest = max(self.work.largest, n)
+                if self.phase == "optimizer":
+                    self.work.optimizer_largest = max(self.work.optimizer_largest, n)
             weakref.finalize(st, self._freed, n)
 
     def _freed(self, n: int) -> None:
@@ -341,8 +359,9 @@ class Stepper:
             self._step(1, base)
         self.base = base
         self.states = state_bytes(model.parameters())
+        self.optimizer: tuple | None = None  # (bytes its step adds to what is held at its start, its WorkCount)
 
-    def _step(self, b: int, tr: PeakTracker) -> None:
+    def _step(self, b: int, tr: PeakTracker, optimizer: bool = True) -> None:
         self.marks["tracker"] = tr
         batch = self.make_batch(b)
         with self.cast():
@@ -351,19 +370,34 @@ class Stepper:
         tr.enter("backward")
         loss.backward()
         tr.enter("optimizer")
-        self.opt.step()
+        if optimizer:
+            self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.marks.pop("tracker", None)
 
     def records(self, points: tuple[int, ...]) -> list[StepRecord]:
+        """One record per point. The optimizer step is traced in the first only: what it adds to what the step holds
+        when it starts (its temporaries) and its work depend on the parameters alone, so the later steps stop after
+        the backward pass and take the first one's optimizer step on top of what they hold there."""
         out = []
         for b in points:
             count = WorkCount() if self.count_work else None
             tr = PeakTracker(self.base.current, count)
+            first = self.optimizer is None
             with tr:
-                self._step(b, tr)
+                self._step(b, tr, optimizer=first)
+            phases = dict(tr.phase_peaks)
+            if first:
+                start = tr.starts["optimizer"]
+                self.optimizer = (max(v for k, v in phases.items() if k.startswith("optimizer/")) - start, count)
+            else:
+                extra, first_count = self.optimizer
+                phases["optimizer/start"] = tr.starts["optimizer"] + extra
+                if count is not None and first_count is not None:
+                    count.replay_optimizer(first_count)
+            peak = max(tr.peak, phases["optimizer/start"])
             states = self.states
-            out.append(StepRecord(b, float(tr.peak - states), {k: float(v - states) for k, v in tr.phase_peaks.items()},
+            out.append(StepRecord(b, float(peak - states), {k: float(v - states) for k, v in phases.items()},
                                   step_work(b, count) if count is not None else None))
         return out
 
