@@ -73,6 +73,21 @@ KINDS = {"mm": "matmul", "addmm": "matmul", "bmm": "matmul", "baddbmm": "matmul"
 MAX_BIN = 14  # log2 of FLOPs per byte: 2^14 is far beyond any GPU's ridge point
 
 
+def tensors(tree):
+    """The tensors in an op's arguments or outputs (tuples, lists and dicts of them): ``tree_leaves``'s answer for
+    what ops take and give, without its cost on every op of a trace."""
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, (tuple, list)):
+        for x in tree:
+            yield from tensors(x)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            yield from tensors(x)
+
+
 class WorkCount:
     """FLOPs, bytes and kernels of every op a traced step dispatches, by phase, kind and arithmetic intensity.
 
@@ -104,20 +119,17 @@ class WorkCount:
     def add(self, func, args, kwargs, out) -> None:
         import math
 
-        import torch
-        from torch.utils._pytree import tree_leaves
 
         name = func.overloadpacket.__name__
         if func.is_view or name in NO_KERNEL or func.namespace == "prim":  # prim: metadata (prim.device)
             return
         seen, moved = set(), 0
-        for t in tree_leaves((args, kwargs)):
-            if isinstance(t, torch.Tensor) and id(t) not in seen:
+        for t in tensors((args, kwargs)):
+            if id(t) not in seen:
                 seen.add(id(t))
                 moved += min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                moved += t.numel() * t.element_size()
+        for t in tensors(out):
+            moved += t.numel() * t.element_size()
         kind = KINDS.get(name, "memory")
         flops = _flops(func, name, args, kwargs, out) if kind != "memory" else 0
         if kind == "memory":
@@ -195,12 +207,7 @@ class PeakTracker:
         self.phase_peaks[key] = max(self.phase_peaks.get(key, 0), self.current)
 
     def _seen(self, out: Any) -> None:
-        import torch
-        from torch.utils._pytree import tree_leaves
-
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
+        for t in tensors(out):
             st = t.untyped_storage()
             if st in self.live:
                 continue

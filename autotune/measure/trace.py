@@ -361,9 +361,9 @@ def _fsdp_lines(factory, spec, fake_mode, make_batch, half: bool, checkpointing:
             from autotune.measure.fsdp_trace import POINTS
 
             by_depth = {d: fsdp_lines(lambda d=d: copy.deepcopy(copies[d]), make_batch, _call, _loss, half=half,
-                                      checkpointing=ckpt_on, world=world,
-                                      points=POINTS[-1:] if d == CHECK_DEPTH else POINTS)  # checked at the largest
-                        for d in sorted(copies)}
+                                      checkpointing=None if d == CHECK_DEPTH else ckpt_on, world=world,
+                                      points=POINTS[-1:] if d == CHECK_DEPTH else POINTS)  # checked: the plain line
+                        for d in sorted(copies)}                                             # at the largest point
             scaled, note = _fsdp_scaled(by_depth, rep)
             if scaled is not None:
                 say(f"traced FSDP2 steps with 3, 4 and 5 blocks under a fake process group, scaled to {rep.depth}")
@@ -392,7 +392,7 @@ def _fsdp_scaled(by_depth: dict, rep):
             out.append(None)
             continue
         at_lo, at_hi = dict(lo.points), dict(hi.points)
-        for b, y3 in check.points:
+        for b, y3 in check.points if check is not None else ():
             y1, y2 = at_lo[b], at_hi[b]
             want = y2 + (CHECK_DEPTH - hi_d) * (y2 - y1) / (hi_d - lo_d)
             if abs(want - y3) > TOLERANCE * abs(y3) + 2**16:
