@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable
 
-from autotune.measure.cuda_trace import LINE_POINTS, Stepper, StepRecord, line_records, next_points
+from autotune.measure.cuda_trace import LINE_POINTS, Stepper, StepRecord, next_points
 from autotune.measure.depth_scale import check, scale
 from autotune.measure.repeated import Repeat, reduced
 
@@ -88,15 +88,22 @@ class LineTracer:
         self.rep = rep
         self.why = rep.why
         self.scaled_lines = 0
+        self.steppers: dict = {}  # one warm-up per depth and weights' dtypes, shared by the lines
 
     @property
     def scaling(self) -> bool:
         return self.rep.container is not None
 
-    def _stepper(self, depth: int, half: bool) -> Stepper:
-        marks: dict = {}
-        with reduced(self.rep, depth):
-            return Stepper(self.model, self.make_batch, self.call, self.loss_of, half=half, marks=marks)
+    def _stepper(self, depth: int | None, half: bool) -> Stepper:
+        """The steps at ``depth`` blocks (None: all, the model as it is) in ``half``: one warm-up per depth and the
+        weights' dtypes (AdamW's state), whatever the line's autocast and checkpointing."""
+        key = (depth, tuple(sorted({str(p.dtype) for p in self.model.parameters()})))
+        if key not in self.steppers:
+            with reduced(self.rep, depth) if depth else contextlib.nullcontext():
+                self.steppers[key] = Stepper(self.model, self.make_batch, self.call, self.loss_of, half=half)
+        stepper = self.steppers[key]
+        stepper.half = half
+        return stepper
 
     def _at(self, stepper: Stepper, depth: int, points: tuple[int, ...]) -> list[StepRecord]:
         with reduced(self.rep, depth), _marked(self.rep.blocks[:depth], stepper.marks):
@@ -108,7 +115,7 @@ class LineTracer:
     def line(self, half: bool, what: str) -> list[StepRecord]:
         """The records of ``what`` (a line's name, for ``why``) at the model's depth."""
         if not self.scaling:
-            return line_records(self.model, self.make_batch, self.call, self.loss_of, half=half)
+            return self._whole(half)
         lo_d, hi_d = DEPTHS
         try:
             at_lo, at_hi = self._stepper(lo_d, half), self._stepper(hi_d, half)
@@ -126,6 +133,14 @@ class LineTracer:
             self.why = (f"{self.rep.path} ({self.rep.depth} x {self.rep.block}) scaled from 3 and 4 blocks{done}; "
                         f"traced whole from the {what} steps on: with {CHECK_DEPTH} blocks {why}")
             self.rep = Repeat(why=self.why)
-            return line_records(self.model, self.make_batch, self.call, self.loss_of, half=half)
+            return self._whole(half)
         self.scaled_lines += 1
         return scale(lo, hi, lo_d, hi_d, self.rep.depth)
+
+    def _whole(self, half: bool) -> list[StepRecord]:
+        """The line traced whole: at ``LINE_POINTS``, then where it does not hold (``cuda_trace.line_records``)."""
+        stepper = self._stepper(None, half)
+        got = stepper.records(LINE_POINTS)
+        while more := next_points(got):
+            got += stepper.records(more)
+        return sorted(got, key=lambda r: r.micro)

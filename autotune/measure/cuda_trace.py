@@ -358,7 +358,7 @@ class Stepper:
         self.model, self.make_batch, self.call, self.loss_of = model, make_batch, call, loss_of
         self.count_work, self.marks = count_work, ({} if marks is None else marks)
         self.opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
-        self.cast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if half else contextlib.nullcontext
+        self.half = half  # bf16 autocast; a caller may change it between records (the same weights, another line)
         base = PeakTracker()
         with base:
             for p in model.parameters():
@@ -370,8 +370,10 @@ class Stepper:
 
     def _step(self, b: int, tr: PeakTracker, optimizer: bool = True) -> None:
         self.marks["tracker"] = tr
+        import torch
+
         batch = self.make_batch(b)
-        with self.cast():
+        with torch.autocast("cpu", dtype=torch.bfloat16) if self.half else contextlib.nullcontext():
             out = self.call(self.model, batch)  # alive through backward, as in a training loop
             loss = self.loss_of(out)
         tr.enter("backward")
