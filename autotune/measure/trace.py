@@ -362,9 +362,10 @@ def _fsdp_lines(factory, spec, fake_mode, make_batch, half: bool, checkpointing:
 
             by_depth = {d: fsdp_lines(lambda d=d: copy.deepcopy(copies[d]), make_batch, _call, _loss, half=half,
                                       checkpointing=None if d == CHECK_DEPTH else ckpt_on, world=world,
-                                      points=POINTS[-1:] if d == CHECK_DEPTH else POINTS)  # checked: the plain line
-                        for d in sorted(copies)}                                             # at the largest point
-            scaled, note = _fsdp_scaled(by_depth, rep)
+                                      points=POINTS[::len(POINTS) - 1] if d == CHECK_DEPTH else POINTS,
+                                      floor=None)  # checked: the plain line at both ends; below zero kept till scaled
+                        for d in sorted(copies)}
+            scaled, note = fsdp_scaled(by_depth, rep)
             if scaled is not None:
                 say(f"traced FSDP2 steps with 3, 4 and 5 blocks under a fake process group, scaled to {rep.depth}")
                 return *scaled, world, None
@@ -377,7 +378,7 @@ def _fsdp_lines(factory, spec, fake_mode, make_batch, half: bool, checkpointing:
                                   "bf16-weights line")
 
 
-def _fsdp_scaled(by_depth: dict, rep):
+def fsdp_scaled(by_depth: dict, rep):
     """((plain, checkpointed) lines at the model's depth, None) from FSDP2's lines with 3, 4 and 5 blocks, or
     (None, why not) when the extension from 3 and 4 misses the trace with 5 by more than ``depth_scale.TOLERANCE``
     (plus 64 KiB)."""

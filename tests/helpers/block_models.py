@@ -66,3 +66,47 @@ class Widening(nn.Module):
 
 def widening():
     return Widening()
+
+
+class _TinyBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class TinyDecoder(nn.Module):
+    """Few ops a block (a norm and an MLP), an embedding, a head and the loss on its logits, checkpointing by the
+    Hugging Face switch: cheap to trace whole, so the tests can compare the scaled trace with it."""
+
+    def __init__(self, n_layer: int, dim: int = 64):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, dim)
+        self.blocks = nn.ModuleList(_TinyBlock(dim) for _ in range(n_layer))
+        self.head = nn.Linear(dim, VOCAB, bias=False)
+        self.checkpointing = False
+
+    def gradient_checkpointing_enable(self):
+        self.checkpointing = True
+
+    def forward(self, ids, labels):
+        from torch.utils.checkpoint import checkpoint
+
+        x = self.emb(ids)
+        for b in self.blocks:
+            x = checkpoint(b, x, use_reentrant=False) if self.checkpointing else b(x)
+        return torch.nn.functional.cross_entropy(self.head(x).float().flatten(0, 1), labels.flatten())
+
+
+def tiny2():
+    return TinyDecoder(2)
+
+
+def tiny4():
+    return TinyDecoder(4)
+
+
+def tiny12():
+    return TinyDecoder(12)
