@@ -14,6 +14,10 @@ PyTorch's fake-tensor mode (tensors with shapes and dtypes but meta storage).
   checkpointing when the model offers ``gradient_checkpointing_enable()`` (Hugging Face
   models do).
 
+For a plan on GPUs (``cuda``) whole training steps are traced as CUDA runs them (``cuda_trace``): at micro-batch
+1, 8 and 64, more where the line does not hold; a model with a repeated block (``repeated``) with 3, 4 and 5 of its
+blocks, scaled to all of them (``block_trace``), the facts' source saying which path it took and why.
+
 This module imports torch; the planner never does (it receives the facts). Where tracing
 fails (data-dependent shapes, custom ops) the facts say so and the planner falls back to
 model states only, with the reason in the plan.
