@@ -1,7 +1,7 @@
 """A model's whole steps as CUDA runs them, traced with a few of its repeated blocks and scaled to all of them
 (``repeated`` finds them, ``depth_scale`` scales), or traced whole where it has none (imports torch, lazily).
 
-Each line (a numeric mode, with or without checkpointing) is traced at ``cuda_trace.LINE_POINTS`` micro-batches
+Each line (a numeric mode, with or without checkpointing) is traced at ``step_trace.LINE_POINTS`` micro-batches
 (more where the line does not hold) with 3 and 4 blocks and extended to the model's depth, each part of the step
 along its own line (``by_role``); then checked against a step with 5 blocks at the smallest and largest
 micro-batch: where the check fails, that line and every later one are traced whole, and ``why`` says so. A
@@ -11,11 +11,13 @@ fake-tensor step costs by the ops it dispatches, so a step of 4 blocks of 32 cos
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any, Callable
 
-from autotune.measure.cuda_trace import LINE_POINTS, Stepper, StepRecord, next_points
-from autotune.measure.depth_scale import check, scale
+from autotune.measure.depth_scale import TOLERANCE, check, scale
 from autotune.measure.repeated import Repeat, reduced
+from autotune.measure.step_trace import LINE_POINTS, Stepper, StepRecord, next_points
+from autotune.planner.model_facts import LinearBytes
 
 DEPTHS = (3, 4)  # the line through the depth: the first four roles of a block exist from 3 blocks on (by_role)
 CHECK_DEPTH = 5
@@ -144,3 +146,61 @@ class LineTracer:
         while more := next_points(got):
             got += stepper.records(more)
         return sorted(got, key=lambda r: r.micro)
+
+
+def small_copies(model, rep):
+    """(``rep``, {depth: a copy of ``model`` with that many of its blocks}) for FSDP2's traces, taken before any step
+    changes the model (its dtypes under DeepSpeed's bf16, its checkpointing): a copy costs nothing under fake
+    tensors, a build again of a 70 B model seconds."""
+    copies = {}
+    for d in (*DEPTHS, CHECK_DEPTH):
+        with reduced(rep, d):
+            copies[d] = copy.deepcopy(model)
+    return rep, copies
+
+
+def fsdp_scaled(by_depth: dict, rep):
+    """((plain, checkpointed) lines at the model's depth, None) from FSDP2's lines with 3, 4 and 5 blocks, or
+    (None, why not) when the extension from 3 and 4 misses the trace with 5 by more than ``depth_scale.TOLERANCE``
+    (plus 64 KiB)."""
+    lo_d, hi_d = DEPTHS
+    out = []
+    for i in range(2):
+        lo, hi, check = (by_depth[d][i] for d in (lo_d, hi_d, CHECK_DEPTH))
+        if lo is None:
+            out.append(None)
+            continue
+        at_lo, at_hi = dict(lo.points), dict(hi.points)
+        for b, y3 in check.points if check is not None else ():
+            y1, y2 = at_lo[b], at_hi[b]
+            want = y2 + (CHECK_DEPTH - hi_d) * (y2 - y1) / (hi_d - lo_d)
+            if abs(want - y3) > TOLERANCE * abs(y3) + 2**16:
+                return None, (f"FSDP2 traced whole: with {CHECK_DEPTH} blocks at micro-batch {b} its peak beyond the "
+                              f"arithmetic is {y3 / 2**20:,.1f} MiB, scaled from {lo_d} and {hi_d} blocks "
+                              f"{want / 2**20:,.1f}")
+        w = (rep.depth - lo_d) / (hi_d - lo_d)
+        pts = tuple((b, max(0.0, y1 + w * (y2 - y1))) for (b, y1), (_, y2) in zip(lo.points, hi.points))
+        out.append(LinearBytes(points=pts, interpolate=True))
+    return tuple(out), None
+
+
+def fsdp_scaled_lines(small, trace_at: Callable):
+    """FSDP2's (plain, checkpointed) lines at the model's depth and None, or None and why not (``fsdp_scaled``), from
+    ``small`` (``small_copies``): ``trace_at(rebuild, checkpointing, points)`` traces them (``fsdp_trace.fsdp_lines``)
+    on a copy with 3 and 4 blocks, and the plain one at both ends with 5."""
+    from autotune.measure.fsdp_trace import POINTS
+
+    rep, copies = small
+    by_depth = {d: trace_at(lambda d=d: copy.deepcopy(copies[d]), d != CHECK_DEPTH,
+                            POINTS[::len(POINTS) - 1] if d == CHECK_DEPTH else POINTS) for d in sorted(copies)}
+    return fsdp_scaled(by_depth, rep)
+
+
+def planned_lines(model, modes) -> list[str]:
+    """The names of the lines ``trace``'s GPU plans will trace, in order (for the progress it prints)."""
+    ckpt = callable(getattr(model, "gradient_checkpointing_enable", None))
+    names = [n for n in ("fp32", "bf16-autocast") if ("fp32" if n == "fp32" else "half") in modes]
+    names += [f"checkpointed {n}" for n in names] if ckpt else []
+    if "deepspeed" in modes:
+        names += ["checkpointed DeepSpeed bf16", "DeepSpeed bf16"] if ckpt else ["DeepSpeed bf16"]
+    return names

@@ -13,7 +13,8 @@ traced at a third depth; a model whose steps do not follow it is traced whole.
 
 from __future__ import annotations
 
-from autotune.measure.cuda_trace import BLOCK, StepRecord
+from autotune.measure.cuda_trace import BLOCK
+from autotune.measure.step_trace import StepRecord
 from autotune.planner.step_work import StepWork
 
 TOLERANCE = 0.005  # a scaled peak or FLOPs count within 0.5 % of the traced one (plus the allocator's rounding)

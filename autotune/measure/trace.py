@@ -14,9 +14,7 @@ PyTorch's fake-tensor mode (tensors with shapes and dtypes but meta storage).
   checkpointing when the model offers ``gradient_checkpointing_enable()`` (Hugging Face
   models do).
 
-For a plan on GPUs (``cuda``) whole training steps are traced as CUDA runs them (``cuda_trace``): at micro-batch
-1, 8 and 64, more where the line does not hold; a model with a repeated block (``repeated``) with 3, 4 and 5 of its
-blocks, scaled to all of them (``block_trace``), the facts' source saying which path it took and why.
+GPU plans (``cuda``): whole steps as CUDA runs them, a repeated block's few and scaled (``block_trace``).
 
 This module imports torch; the planner never does (it receives the facts). Where tracing
 fails (data-dependent shapes, custom ops) the facts say so and the planner falls back to
@@ -25,7 +23,6 @@ model states only, with the reason in the plan.
 
 from __future__ import annotations
 
-import copy
 import importlib
 import re
 import sys
@@ -202,30 +199,19 @@ def _cpu_lines(model, make_batch, modes, say, t0):
     return fp32, half, fp32_c, half_c, note, None, None, None
 
 
-def _planned_lines(model, modes) -> list[str]:
-    """The names of the lines ``_cuda_lines`` will trace, in order (for the progress it prints)."""
-    ckpt = callable(getattr(model, "gradient_checkpointing_enable", None))
-    names = [n for n in ("fp32", "bf16-autocast") if ("fp32" if n == "fp32" else "half") in modes]
-    names += [f"checkpointed {n}" for n in names] if ckpt else []
-    if "deepspeed" in modes:
-        names += ["checkpointed DeepSpeed bf16", "DeepSpeed bf16"] if ckpt else ["DeepSpeed bf16"]
-    return names
-
-
 def _cuda_lines(model, make_batch, modes, say, t0, rep):
     """Lines of whole steps as CUDA runs them: fp32 and bf16 autocast (single, DDP), then, when ``modes`` asks
     for "deepspeed", bf16 weights without autocast (DeepSpeed's bf16), each with checkpointing when offered; and
     the work of the same steps (FLOPs, bytes, kernels) for the step-time model. A model with a repeated block
     (``rep``) is traced with a few of its blocks and scaled (``block_trace``); the tracer's ``why`` says how."""
-    from autotune.measure.block_trace import LineTracer
+    from autotune.measure.block_trace import LineTracer, planned_lines
     from autotune.measure.cuda_trace import cuda_kernels, to_half_weights
 
     work: dict[str, WorkLine] = {}
     tracer = LineTracer(model, make_batch, _call, _loss, rep)
-    planned = _planned_lines(model, modes)
-    how = (f"{rep.depth} x {rep.block} in {rep.path}: tracing 3, 4 and 5 blocks and scaling to {rep.depth}"
-           if tracer.scaling else rep.why)
-    say(f"tracing {len(planned)} line(s) of whole steps ({', '.join(planned)}); {how}")
+    planned = planned_lines(model, modes)
+    how = f"{rep.depth} x {rep.block} in {rep.path}: tracing 3, 4 and 5 blocks and scaling to {rep.depth}"
+    say(f"tracing {len(planned)} line(s) of whole steps ({', '.join(planned)}); {how if tracer.scaling else rep.why}")
 
     def line(half: bool, what: str, key: str) -> LinearBytes:
         records = tracer.line(half, what)
@@ -300,10 +286,11 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                                              "such as [3,224,224] or int[512]<50257, or package.module:function)")
         rep = small = None
         if cuda:
+            from autotune.measure.block_trace import small_copies
             from autotune.measure.repeated import Repeat, find_repeat
 
             rep = find_repeat(model) if scale_blocks else Repeat(why="traced whole (block scaling off)")
-            small = _small_copies(model, rep) if "fsdp" in modes and rep.container is not None else None
+            small = small_copies(model, rep) if "fsdp" in modes and rep.container is not None else None
         try:
             model.train()
             if cuda:
@@ -334,20 +321,6 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                       activations=acts, work=work, **units)
 
 
-def _small_copies(model, rep):
-    """(``rep``, {depth: a copy of ``model`` with that many of its blocks}) for FSDP2's traces, taken before any step
-    changes the model (its dtypes under DeepSpeed's bf16, its checkpointing): a copy costs nothing under fake
-    tensors, a build again of a 70 B model seconds."""
-    from autotune.measure.block_trace import CHECK_DEPTH, DEPTHS
-    from autotune.measure.repeated import reduced
-
-    copies = {}
-    for d in (*DEPTHS, CHECK_DEPTH):
-        with reduced(rep, d):
-            copies[d] = copy.deepcopy(model)
-    return rep, copies
-
-
 def _fsdp_lines(factory, spec, fake_mode, make_batch, half: bool, checkpointing: bool, modes, say, small=None):
     """FSDP2's own lines (``fsdp_trace``) at the world size ``modes`` names ("world8"), or none and why: a failure
     here costs FSDP2 its own line, not the trace. ``small``: (the repeated block, {depth: a copy of the model with
@@ -360,18 +333,13 @@ def _fsdp_lines(factory, spec, fake_mode, make_batch, half: bool, checkpointing:
     note = None
     try:
         if small is not None:
-            rep, copies = small
-            from autotune.measure.block_trace import CHECK_DEPTH
-            from autotune.measure.fsdp_trace import POINTS
+            from autotune.measure.block_trace import fsdp_scaled_lines
 
-            by_depth = {d: fsdp_lines(lambda d=d: copy.deepcopy(copies[d]), make_batch, _call, _loss, half=half,
-                                      checkpointing=None if d == CHECK_DEPTH else ckpt_on, world=world,
-                                      points=POINTS[::len(POINTS) - 1] if d == CHECK_DEPTH else POINTS,
-                                      floor=None)  # checked: the plain line at both ends; below zero kept till scaled
-                        for d in sorted(copies)}
-            scaled, note = fsdp_scaled(by_depth, rep)
+            scaled, note = fsdp_scaled_lines(small, lambda rebuild, ckpt, points: fsdp_lines(
+                rebuild, make_batch, _call, _loss, half=half, checkpointing=ckpt_on if ckpt else None, world=world,
+                points=points, floor=None))  # below zero kept until scaled
             if scaled is not None:
-                say(f"traced FSDP2 steps with 3, 4 and 5 blocks under a fake process group, scaled to {rep.depth}")
+                say(f"traced FSDP2 steps with 3, 4 and 5 blocks under a fake process group, scaled to {small[0].depth}")
                 return *scaled, world, None
         plain, ckpt = fsdp_lines(lambda: build(factory, spec, fake_mode, _free_ram)[0], make_batch, _call, _loss,
                                  half=half, checkpointing=ckpt_on, world=world, say=say)
@@ -380,31 +348,3 @@ def _fsdp_lines(factory, spec, fake_mode, make_batch, half: bool, checkpointing:
         why = str(e).splitlines()[0][:120] if str(e) else ""
         return None, None, None, (f"FSDP2 not traced ({type(e).__name__}: {why}); its estimate takes the "
                                   "bf16-weights line")
-
-
-def fsdp_scaled(by_depth: dict, rep):
-    """((plain, checkpointed) lines at the model's depth, None) from FSDP2's lines with 3, 4 and 5 blocks, or
-    (None, why not) when the extension from 3 and 4 misses the trace with 5 by more than ``depth_scale.TOLERANCE``
-    (plus 64 KiB)."""
-    from autotune.measure.block_trace import CHECK_DEPTH, DEPTHS
-    from autotune.measure.depth_scale import TOLERANCE
-
-    lo_d, hi_d = DEPTHS
-    out = []
-    for i in range(2):
-        lo, hi, check = (by_depth[d][i] for d in (lo_d, hi_d, CHECK_DEPTH))
-        if lo is None:
-            out.append(None)
-            continue
-        at_lo, at_hi = dict(lo.points), dict(hi.points)
-        for b, y3 in check.points if check is not None else ():
-            y1, y2 = at_lo[b], at_hi[b]
-            want = y2 + (CHECK_DEPTH - hi_d) * (y2 - y1) / (hi_d - lo_d)
-            if abs(want - y3) > TOLERANCE * abs(y3) + 2**16:
-                return None, (f"FSDP2 traced whole: with {CHECK_DEPTH} blocks at micro-batch {b} its peak beyond the "
-                              f"arithmetic is {y3 / 2**20:,.1f} MiB, scaled from {lo_d} and {hi_d} blocks "
-                              f"{want / 2**20:,.1f}")
-        w = (rep.depth - lo_d) / (hi_d - lo_d)
-        pts = tuple((b, max(0.0, y1 + w * (y2 - y1))) for (b, y1), (_, y2) in zip(lo.points, hi.points))
-        out.append(LinearBytes(points=pts, interpolate=True))
-    return tuple(out), None

@@ -5,8 +5,9 @@ import pytest
 import torch
 import torch.nn as nn
 
+from autotune.measure.block_trace import fsdp_scaled
 from autotune.measure.repeated import MIN_DEPTH, find_repeat, reduced
-from autotune.measure.trace import fsdp_scaled, trace
+from autotune.measure.trace import trace
 
 
 class _Attn(nn.Module):
