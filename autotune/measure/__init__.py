@@ -4,7 +4,9 @@
                   (then real steps on GPU 0): the ``ModelFacts`` the planner plans from;
 - ``build``       the model built without its memory (fake tensors, the meta device);
 - ``trace``       the fake-tensor trace on the CPU's kernels; ``cuda_trace`` the same step as CUDA's kernels keep
-                  it; ``fsdp_trace`` FSDP2's own line under a fake process group;
+                  it (``step_trace`` step after step); ``fsdp_trace`` FSDP2's own line under a fake process group;
+- ``repeated``    the model's repeated block (or why none); ``block_trace`` GPU plans' steps traced with 3, 4 and 5 of
+                  its blocks, ``depth_scale`` extended to all of them (else traced whole);
 - ``gpu_probe``   real steps on the GPU itself, in a child process;
 - ``timing``      the model's step timed for real on this CPU, as the plan's ranks will run it (child processes);
 - ``timing_rule`` whether a plan's step is timed here, and the condition that failed when it is not;

@@ -54,7 +54,8 @@ def cache_key(model: str, sample: str | None, margin: float, modes: tuple[str, .
 
         modes = (*modes, installation_key())
     h = hashlib.sha256()
-    code = ("gpu_probe.py",) if "probe" in modes else ("trace.py", "cuda_trace.py", "fsdp_trace.py")  # what measured it
+    code = ("gpu_probe.py",) if "probe" in modes else ("trace.py", "cuda_trace.py", "fsdp_trace.py", "block_trace.py",
+                                                       "depth_scale.py", "repeated.py")  # what measured it
     for part in (model, sample or "", repr(margin), ",".join(modes), str(cuda), source_of(model), source_of(sample),
                  version("torch"), version("transformers"), *((here / c).read_text() for c in code)):
         h.update(part.encode())

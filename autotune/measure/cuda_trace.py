@@ -36,10 +36,9 @@ from __future__ import annotations
 import contextlib
 import warnings
 import weakref
-from typing import Any, Callable
+from typing import Any
 
 BLOCK = 512  # the CUDA caching allocator rounds every allocation up to a multiple of 512 bytes
-POINTS = (1, 2, 4, 8, 16, 32, 64)
 
 # CUDA's autocast policy where it differs from the CPU's (torch's aten/src/ATen/autocast_mode.h)
 CUDA_FP32 = ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal",
@@ -70,6 +69,21 @@ KINDS = {"mm": "matmul", "addmm": "matmul", "bmm": "matmul", "baddbmm": "matmul"
 MAX_BIN = 14  # log2 of FLOPs per byte: 2^14 is far beyond any GPU's ridge point
 
 
+def tensors(tree):
+    """The tensors in an op's arguments or outputs (tuples, lists and dicts of them): ``tree_leaves``'s answer for
+    what ops take and give, without its cost on every op of a trace."""
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, (tuple, list)):
+        for x in tree:
+            yield from tensors(x)
+    elif isinstance(tree, dict):
+        for x in tree.values():
+            yield from tensors(x)
+
+
 class WorkCount:
     """FLOPs, bytes and kernels of every op a traced step dispatches, by phase, kind and arithmetic intensity.
 
@@ -85,28 +99,39 @@ class WorkCount:
         self.rows: dict[tuple[str, str, int], list] = {}
         self.unformulated: dict[str, float] = {}
         self.largest = 0  # the largest single allocation of the step, bytes (the allocator must place it whole)
+        self.optimizer_unformulated: dict[str, float] = {}  # the optimizer step's part of each (``replay``)
+        self.optimizer_largest = 0
+
+    def replay_optimizer(self, first: "WorkCount") -> None:
+        """Count the optimizer step of ``first`` (another step's count) as this step's: AdamW's work depends on the
+        parameters alone, not on the micro-batch."""
+        for key, row in first.rows.items():
+            if key[0] == "optimizer":
+                self.rows[key] = list(row)
+        for name, moved in first.optimizer_unformulated.items():
+            self.unformulated[name] = self.unformulated.get(name, 0.0) + moved
+        self.largest = max(self.largest, first.optimizer_largest)
 
     def add(self, func, args, kwargs, out) -> None:
         import math
 
-        import torch
-        from torch.utils._pytree import tree_leaves
 
         name = func.overloadpacket.__name__
         if func.is_view or name in NO_KERNEL or func.namespace == "prim":  # prim: metadata (prim.device)
             return
         seen, moved = set(), 0
-        for t in tree_leaves((args, kwargs)):
-            if isinstance(t, torch.Tensor) and id(t) not in seen:
+        for t in tensors((args, kwargs)):
+            if id(t) not in seen:
                 seen.add(id(t))
                 moved += min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                moved += t.numel() * t.element_size()
+        for t in tensors(out):
+            moved += t.numel() * t.element_size()
         kind = KINDS.get(name, "memory")
         flops = _flops(func, name, args, kwargs, out) if kind != "memory" else 0
         if kind == "memory":
             self.unformulated[name] = self.unformulated.get(name, 0.0) + moved
+            if self.phase == "optimizer":
+                self.optimizer_unformulated[name] = self.optimizer_unformulated.get(name, 0.0) + moved
         b = -1 if not flops else min(MAX_BIN, max(0, round(math.log2(flops / max(moved, 1)))))
         row = self.rows.setdefault((self.phase, kind, b), [0.0, 0.0, 0])
         row[0] += flops
@@ -159,14 +184,26 @@ class PeakTracker:
 
         self.mode, self.live, self.current, self.peak = _Mode(), WeakIdKeyDictionary(), current, current
         self.work = work
+        self.phase, self.segment = "forward", "start"
+        self.phase_peaks: dict[str, int] = {"forward/start": current}  # the peak within each part of the step
+        self.starts: dict[str, int] = {"forward": current}  # what the step held as each phase began
+
+    def enter(self, phase: str) -> None:
+        """The step moves on to ``phase`` (what it holds now counts there too)."""
+        self.phase = phase
+        self.starts[phase] = self.current
+        self.mark("start")
+        if self.work is not None:
+            self.work.phase = phase
+
+    def mark(self, segment: str) -> None:
+        """The step moves on to ``segment`` of its phase (a block's index: ``block_trace``)."""
+        self.segment = segment
+        key = f"{self.phase}/{segment}"
+        self.phase_peaks[key] = max(self.phase_peaks.get(key, 0), self.current)
 
     def _seen(self, out: Any) -> None:
-        import torch
-        from torch.utils._pytree import tree_leaves
-
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
+        for t in tensors(out):
             st = t.untyped_storage()
             if st in self.live:
                 continue
@@ -174,8 +211,13 @@ class PeakTracker:
             self.live[st] = n
             self.current += n
             self.peak = max(self.peak, self.current)
+            key = f"{self.phase}/{self.segment}"
+            if self.current > self.phase_peaks.get(key, 0):
+                self.phase_peaks[key] = self.current
             if self.work is not None:
                 self.work.largest = max(self.work.largest, n)
+                if self.phase == "optimizer":
+                    self.work.optimizer_largest = max(self.work.optimizer_largest, n)
             weakref.finalize(st, self._freed, n)
 
     def _freed(self, n: int) -> None:
@@ -286,49 +328,6 @@ def to_half_weights(model) -> None:
     for t in [*model.parameters(), *model.buffers()]:
         if t.is_floating_point():
             t.data = t.data.to(torch.bfloat16)
-
-
-def step_peaks(model, make_batch: Callable[[int], Any], call: Callable, loss_of: Callable, *, half: bool,
-               points: tuple[int, ...] = POINTS, say: Callable[[str], None] = lambda _m: None,
-               work: list | None = None) -> tuple[tuple[int, float], ...]:
-    """(micro-batch, peak bytes of one full training step minus 16 bytes a parameter) at each point,
-    traced under the fake-tensor mode the caller holds and ``cuda_kernels()``. ``work``, when given, receives
-    one ``StepWork`` per point (the same step's FLOPs, bytes and kernels)."""
-    import torch
-
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=True)
-    cast = torch.autocast("cpu", dtype=torch.bfloat16) if half else contextlib.nullcontext()
-
-    def step(b: int, count: WorkCount | None = None) -> None:
-        batch = make_batch(b)
-        with cast:
-            out = call(model, batch)  # alive through backward, as in a training loop (`outputs.loss.backward()`)
-            loss = loss_of(out)
-        if count is not None:
-            count.phase = "backward"
-        loss.backward()
-        if count is not None:
-            count.phase = "optimizer"
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    base = PeakTracker()
-    with base:
-        for p in model.parameters():
-            base._seen(p)
-        step(1)  # the warm-up step: AdamW's state exists from here on, as in training
-    states = state_bytes(model.parameters())
-    out = []
-    for b in points:
-        count = WorkCount() if work is not None else None
-        tr = PeakTracker(base.current, count)
-        with tr:
-            step(b, count)
-        out.append((b, float(tr.peak - states)))
-        if count is not None:
-            work.append(step_work(b, count))
-        say(f"traced a full step at micro-batch {b}")
-    return tuple(out)
 
 
 def step_work(micro: int, count: WorkCount):

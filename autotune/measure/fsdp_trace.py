@@ -61,10 +61,11 @@ def unit_sizes(model) -> tuple[str | None, int, int]:
 
 def fsdp_lines(rebuild: Callable[[], Any], make_batch, call, loss_of, *, half: bool, checkpointing: Callable | None,
                world: int = TRACED_WORLD, points: tuple[int, ...] = POINTS,
-               say: Callable[[str], None] = lambda _m: None):
+               say: Callable[[str], None] = lambda _m: None, floor: float | None = 0.0):
     """(line, line with gradient checkpointing or None): FSDP2's traced peak beyond the planner's arithmetic at
     ``world`` ranks (the plan's), at each of POINTS (``rebuild()`` gives a fresh fake model; ``checkpointing(model)``
-    turns it on, True if it did). Needs a process group of its own: none may be running in this process."""
+    turns it on, True if it did). ``floor``: the least value kept (None: none, for lines scaled from fewer blocks
+    before they are floored). Needs a process group of its own: none may be running in this process."""
     from autotune.planner import memory
     from autotune.planner.model_facts import LinearBytes
 
@@ -76,7 +77,8 @@ def fsdp_lines(rebuild: Callable[[], Any], make_batch, call, loss_of, *, half: b
         peaks, num, unit, root = traced
         counted = (memory.model_state_bytes("fsdp", num, world).gpu_bytes
                    + memory.fsdp_buffer_bytes(memory.STRATEGIES["fsdp"], num, unit, root, half))
-        return LinearBytes(points=tuple((b, max(0.0, peak - counted)) for b, peak in peaks), interpolate=True)
+        return LinearBytes(points=tuple((b, peak - counted if floor is None else max(floor, peak - counted))
+                                        for b, peak in peaks), interpolate=True)
 
     plain = line(None)
     say("traced FSDP2 steps under a fake process group")

@@ -14,6 +14,8 @@ PyTorch's fake-tensor mode (tensors with shapes and dtypes but meta storage).
   checkpointing when the model offers ``gradient_checkpointing_enable()`` (Hugging Face
   models do).
 
+GPU plans (``cuda``): whole steps as CUDA runs them, a repeated block's few and scaled (``block_trace``).
+
 This module imports torch; the planner never does (it receives the facts). Where tracing
 fails (data-dependent shapes, custom ops) the facts say so and the planner falls back to
 model states only, with the reason in the plan.
@@ -197,20 +199,28 @@ def _cpu_lines(model, make_batch, modes, say, t0):
     return fp32, half, fp32_c, half_c, note, None, None, None
 
 
-def _cuda_lines(model, make_batch, modes, say, t0):
+def _cuda_lines(model, make_batch, modes, say, t0, rep):
     """Lines of whole steps as CUDA runs them: fp32 and bf16 autocast (single, DDP), then, when ``modes`` asks
     for "deepspeed", bf16 weights without autocast (DeepSpeed's bf16), each with checkpointing when offered; and
-    the work of the same steps (FLOPs, bytes, kernels) for the step-time model."""
-    from autotune.measure.cuda_trace import cuda_kernels, step_peaks, to_half_weights
+    the work of the same steps (FLOPs, bytes, kernels) for the step-time model. A model with a repeated block
+    (``rep``) is traced with a few of its blocks and scaled (``block_trace``); the tracer's ``why`` says how."""
+    from autotune.measure.block_trace import LineTracer, planned_lines
+    from autotune.measure.cuda_trace import cuda_kernels, to_half_weights
 
     work: dict[str, WorkLine] = {}
+    tracer = LineTracer(model, make_batch, _call, _loss, rep)
+    planned = planned_lines(model, modes)
+    how = f"{rep.depth} x {rep.block} in {rep.path}: tracing 3, 4 and 5 blocks and scaling to {rep.depth}"
+    say(f"tracing {len(planned)} line(s) of whole steps ({', '.join(planned)}); {how if tracer.scaling else rep.why}")
 
     def line(half: bool, what: str, key: str) -> LinearBytes:
-        counted: list = []
-        pts = step_peaks(model, make_batch, _call, _loss, half=half, work=counted)
-        work[key] = WorkLine(points=tuple(counted))
-        say(f"traced {what} steps as CUDA runs them ({time.monotonic() - t0:.1f} s)")
-        return LinearBytes(points=pts, interpolate=True)
+        records = tracer.line(half, what)
+        work[key] = WorkLine(points=tuple(r.work for r in records))
+        at = ", ".join(str(r.micro) for r in records)
+        n = planned.index(what) + 1 if what in planned else len(work)
+        say(f"[{n}/{len(planned)}] traced {what} steps as CUDA runs them at micro-batch {at} "
+            f"({time.monotonic() - t0:.1f} s)")
+        return LinearBytes(points=tuple((r.micro, r.peak) for r in records), interpolate=True)
 
     ds = ds_c = None
     with cuda_kernels():
@@ -230,6 +240,7 @@ def _cuda_lines(model, make_batch, modes, say, t0):
                 if enabled:
                     disable()
                 ds = line(False, "DeepSpeed bf16", "half_weights")
+    note = "; ".join(filter(None, (note, tracer.why)))
     return fp32, half, fp32_c, half_c, note, ds, ds_c, WorkModel(**work)
 
 
@@ -244,10 +255,12 @@ def _free_ram() -> int | None:
 
 def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
           progress: Callable[[str], None] | None = None, modes: tuple[str, ...] = ("fp32", "half"),
-          cuda: bool = False) -> ModelFacts:
+          cuda: bool = False, scale_blocks: bool = True) -> ModelFacts:
     """Build ``model_spec`` under fake tensors, count it, and trace its activations in ``modes``
     ('fp32', 'half': bf16 autocast); the planner asks only for the numerics the plan can use.
-    ``cuda``: the plan is for GPUs: trace whole steps as CUDA runs them (``cuda_trace``), no margin."""
+    ``cuda``: the plan is for GPUs: trace whole steps as CUDA runs them (``cuda_trace``), no margin; a model with a
+    repeated block with a few of its blocks, scaled to all (``block_trace``), unless ``scale_blocks`` is off (the
+    benchmark's whole trace, to compare)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -271,10 +284,20 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                               largest_layer_parameters=largest, **units,
                               unknown_reason="activations unknown: give training.sample_input (a per-sample shape "
                                              "such as [3,224,224] or int[512]<50257, or package.module:function)")
+        rep = small = None
+        if cuda:
+            from autotune.measure.block_trace import small_copies
+            from autotune.measure.repeated import Repeat, find_repeat
+
+            rep = find_repeat(model) if scale_blocks else Repeat(why="traced whole (block scaling off)")
+            small = small_copies(model, rep) if "fsdp" in modes and rep.container is not None else None
         try:
             model.train()
-            lines = _cuda_lines if cuda else _cpu_lines
-            fp32, half, fp32_c, half_c, ckpt_note, ds, ds_c, work = lines(model, make_batch, modes, say, t0)
+            if cuda:
+                fp32, half, fp32_c, half_c, ckpt_note, ds, ds_c, work = _cuda_lines(model, make_batch, modes, say, t0,
+                                                                                     rep)
+            else:
+                fp32, half, fp32_c, half_c, ckpt_note, ds, ds_c, work = _cpu_lines(model, make_batch, modes, say, t0)
         except Exception as e:  # noqa: BLE001 - data-dependent shapes, custom ops, bad sample input
             return ModelFacts(source=source, num_parameters=total, trainable_parameters=trainable,
                               largest_layer_parameters=largest,
@@ -284,7 +307,7 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
         fsdp = fsdp_c = fsdp_world = None
         if cuda and "fsdp" in modes:
             fsdp, fsdp_c, fsdp_world, note = _fsdp_lines(factory, model_spec, fake_mode, make_batch, fp32 is None,
-                                                         fp32_c is not None or half_c is not None, modes, say)
+                                                         fp32_c is not None or half_c is not None, modes, say, small)
             ckpt_note = "; ".join(filter(None, (ckpt_note, note)))
     acts = ActivationModel(fp32=fp32, half=half, fp32_checkpointed=fp32_c, half_checkpointed=half_c,
                            half_weights=ds, half_weights_checkpointed=ds_c, fsdp=fsdp, fsdp_checkpointed=fsdp_c,
@@ -298,17 +321,29 @@ def trace(model_spec: str, sample_spec: str | None, *, margin: float = 1.0,
                       activations=acts, work=work, **units)
 
 
-def _fsdp_lines(factory, spec, fake_mode, make_batch, half: bool, checkpointing: bool, modes, say):
+def _fsdp_lines(factory, spec, fake_mode, make_batch, half: bool, checkpointing: bool, modes, say, small=None):
     """FSDP2's own lines (``fsdp_trace``) at the world size ``modes`` names ("world8"), or none and why: a failure
-    here costs FSDP2 its own line, not the trace."""
+    here costs FSDP2 its own line, not the trace. ``small``: (the repeated block, {depth: a copy of the model with
+    that many blocks}): traced with 3 and 4 blocks, scaled to the model's depth and checked with 5 (``block_trace``),
+    else built again and traced whole."""
     from autotune.measure.fsdp_trace import TRACED_WORLD, fsdp_lines
 
     world = next((int(m[5:]) for m in modes if m.startswith("world") and m[5:].isdigit()), TRACED_WORLD)
+    ckpt_on = (lambda m: _enable_checkpointing(m)[0]) if checkpointing else None
+    note = None
     try:
+        if small is not None:
+            from autotune.measure.block_trace import fsdp_scaled_lines
+
+            scaled, note = fsdp_scaled_lines(small, lambda rebuild, ckpt, points: fsdp_lines(
+                rebuild, make_batch, _call, _loss, half=half, checkpointing=ckpt_on if ckpt else None, world=world,
+                points=points, floor=None))  # below zero kept until scaled
+            if scaled is not None:
+                say(f"traced FSDP2 steps with 3, 4 and 5 blocks under a fake process group, scaled to {small[0].depth}")
+                return *scaled, world, None
         plain, ckpt = fsdp_lines(lambda: build(factory, spec, fake_mode, _free_ram)[0], make_batch, _call, _loss,
-                                 half=half, checkpointing=(lambda m: _enable_checkpointing(m)[0]) if checkpointing
-                                 else None, world=world, say=say)
-        return plain, ckpt, world, None
+                                 half=half, checkpointing=ckpt_on, world=world, say=say)
+        return plain, ckpt, world, note
     except Exception as e:  # noqa: BLE001 - FSDP2's private tracker, a model fully_shard cannot wrap
         why = str(e).splitlines()[0][:120] if str(e) else ""
         return None, None, None, (f"FSDP2 not traced ({type(e).__name__}: {why}); its estimate takes the "
