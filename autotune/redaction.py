@@ -3,11 +3,15 @@ script arguments uses (``redact_args``: what is shown; ``secret_arguments``: wha
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import contextvars
 import functools
+import html
 import math
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -151,7 +155,7 @@ _BEARER = re.compile(r"\bbearer\s+[A-Za-z0-9._~+/=-]{16,}", re.IGNORECASE)
 # {user:alice,password:pw}: there the colon needs no space after it), the name a secret's
 _PAIR = re.compile(r"""(?:^|[?&;,\s{(])["']?([A-Za-z_][\w.-]*)["']?(?:=|:(?=[\s"']))\s*["']?[^\s"',;&})]""")
 _DICT_PAIR = re.compile(r"""[{,]\s*["']?([A-Za-z_][\w.-]*)["']?\s*:\s*["']?[^\s"',;&})\]]""")
-MAX_DECODINGS = 4  # percent-decoding rounds (%2540 -> %40 -> @): a value is judged as every round reads it
+MAX_DECODINGS = 4  # decoding rounds (%2540 -> %40 -> @; &amp;#64; -> &#64; -> @): a value is judged as each reads it
 # Long random strings: a run of at least 32 characters of the base64 / base64url alphabets that looks drawn at
 # random rather than written: letters of both cases and digits, at most 1 separator (- _ / +) in 10 characters,
 # more than 4.0 bits of entropy per character (no string of hex digits has more than 4: hashes, run ids and UUIDs
@@ -183,6 +187,8 @@ _MAGNITUDE = re.compile(r"(?<=\d)[KMBTkmbt](?=[A-Z0-9]|$)")
 _DIGEST_LABEL = re.compile(r"(?:sha(?:1|224|256|384|512)|md5|blake2[bs]?)[-:=]$", re.IGNORECASE)
 _DIGEST_LENGTHS = {24: 2, 28: 1, 40: 2, 44: 1, 64: 0, 88: 2}  # base64 of 16, 20, 28, 32, 48, 64 bytes: its = signs
 _CID_V0 = re.compile(r"Qm[1-9A-HJ-NP-Za-km-z]{44}")
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_MULTIHASH_CODES = {0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x1B}  # sha1, sha2-256/512, sha3-*, keccak-256
 
 
 def _entropy(s: str) -> float:
@@ -224,20 +230,114 @@ def _digest_or_cid(text: str, m: re.Match) -> bool:
     if label or _DIGEST_LABEL.search(before):
         return True
     padding = len(text[m.end():m.end() + 2]) - len(text[m.end():m.end() + 2].lstrip("="))
-    if _DIGEST_LENGTHS.get(len(run) + padding) == padding and not re.search(r"[-_]", run):
+    url, standard = re.search(r"[-_]", run), re.search(r"[+/]", run)
+    # base64url too when the encoder wrote the padding (a token generator strips it: secrets.token_urlsafe)
+    if _DIGEST_LENGTHS.get(len(run) + padding) == padding and not (url and (standard or not padding)):
         return True
-    return bool(_CID_V0.fullmatch(run))
+    return bool(_CID_V0.fullmatch(run)) or _is_multihash(run)
+
+
+def _b58decode(text: str) -> bytes | None:
+    n = 0
+    for c in text:
+        i = _B58.find(c)
+        if i < 0:
+            return None
+        n = n * 58 + i
+    zeros = len(text) - len(text.lstrip("1"))
+    return b"\0" * zeros + n.to_bytes((n.bit_length() + 7) // 8, "big")
+
+
+def _multihash_bytes(raw: bytes) -> bool:
+    """``raw`` is a multihash (sha1, sha2-256, sha2-512, sha3, blake2b-256: its code, then its length, then exactly
+    that many bytes), or a CIDv1 around one (version 1, a one- or two-byte codec)."""
+    for start in (0, 2, 3):
+        if start and (not raw or raw[0] != 1):
+            break
+        body = raw[start:]
+        if len(body) > 2 and body[0] in _MULTIHASH_CODES and body[1] == len(body) - 2 and body[1] >= 20:
+            return True
+    return False
+
+
+def _is_multihash(run: str) -> bool:
+    """A run that decodes (base58btc, multibase z; base64 or base64url, multibase m or u) to a multihash or a CID: a
+    content address by its structure, which random text meets about once in 2**24."""
+    if len(run) > 200:
+        return False
+    candidates = [_b58decode(run[1:] if run[0] == "z" else run)]
+    for body in (run[1:] if run[0] in "mu" else run, run):
+        try:
+            candidates.append(base64.b64decode(body.replace("-", "+").replace("_", "/") + "=" * (-len(body) % 4),
+                                               validate=True))
+        except (binascii.Error, ValueError):
+            continue
+    return any(raw is not None and _multihash_bytes(raw) for raw in candidates)
+
+
+_ESCAPE = re.compile(r"\\(?:x([0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})|/)")
+
+
+def _unescape(text: str) -> str:
+    """Backslash escapes as C, Python, JSON and shells write them (``\\x40``, ``\\u0040``, ``\\U00000040``, ``\\/``)."""
+    def char(m: re.Match) -> str:
+        code = m.group(1) or m.group(2) or m.group(3)
+        return "/" if code is None else chr(min(int(code, 16), 0x10FFFF))
+    return _ESCAPE.sub(char, text)
+
+
+def plain(text: str) -> str:
+    """``text`` as a reader sees it: compatibility forms folded (NFKC: fullwidth ＠ and ｈｆ＿ are @ and hf_),
+    invisible format characters (zero-width spaces, bidi marks) dropped, every kind of dash a hyphen."""
+    text = unicodedata.normalize("NFKC", text) if not text.isascii() else text
+    if text.isascii():
+        return text
+    return "".join("-" if unicodedata.category(c) == "Pd" else c for c in text
+                   if unicodedata.category(c) != "Cf")
+
+
+def _decoded(text: str) -> str:
+    """One round of every decoding a value may be written in: percent-encoding, HTML entities (``&#64;``,
+    ``&commat;``), backslash escapes, compatibility forms (``plain``)."""
+    if "%" in text:
+        text = unquote(text)
+    if "&" in text:
+        text = html.unescape(text)
+    if "\\" in text:
+        text = _unescape(text)
+    return plain(text)
+
+
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{8,}={0,2}")
+MIN_DECODED_TEXT = 6  # characters of text a base64 run must decode to before it is read as text
+
+
+def _base64_texts(text: str) -> Iterator[str]:
+    """Each run of ``text`` in base64 or base64url that decodes to printable text (HTTP Basic's user:password, a
+    wrapped token or config): random bytes (a digest, a key) almost never do."""
+    for m in _BASE64_RUN.finditer(text):
+        run = m.group().rstrip("=")
+        if len(run) % 4 == 1:
+            continue
+        padded = run + "=" * (-len(run) % 4)
+        try:
+            raw = base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True)
+            decoded = raw.decode("utf-8")
+        except (binascii.Error, ValueError):
+            continue
+        if len(decoded) >= MIN_DECODED_TEXT and decoded.isprintable():
+            yield decoded
 
 
 def _readings(text: str) -> Iterator[str]:
-    """``text`` as written, then as each round of percent-decoding reads it (at most MAX_DECODINGS rounds), and
-    without the quotes around it ('+db.password=pw' typed inside quotes that reached the script)."""
+    """``text`` as written, then as each round of decoding reads it (``_decoded``: percent-encoding, HTML entities,
+    backslash escapes, fullwidth and invisible characters; at most MAX_DECODINGS rounds, so a URL inside another
+    URL's query is read too), and without the quotes around it ('+db.password=pw' typed inside quotes that reached
+    the script)."""
     seen = text
     yield text
     for _ in range(MAX_DECODINGS):
-        if "%" not in seen:
-            break
-        decoded = unquote(seen)
+        decoded = _decoded(seen)
         if decoded == seen:
             break
         seen = decoded
@@ -275,6 +375,12 @@ def secret_value(text: str, by_entropy: bool = True) -> str | None:
         why = _judged(reading, by_entropy)
         if why is not None:
             return why
+    for decoded in _base64_texts(text):  # base64 of text: judged as that text, and a user:password is HTTP Basic's
+        if _USER_PASSWORD.fullmatch(decoded) and not re.fullmatch(r"[\d:.]+", decoded):
+            return "a user:password in base64"
+        why = _judged(decoded, by_entropy=False)
+        if why is not None:
+            return f"{why} in base64"
     return None
 
 
@@ -384,7 +490,7 @@ def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
     flag = None  # the flag alone just before this argument (``--hub_token``, ``-p``, ``--token:``), if any
     more = False  # this argument may be a further value of a plural secret flag (then it may not start with -)
     follows = None  # the argument before said this one is a secret ("Bearer", "X-Api-Key:"): what it is
-    for i, a in enumerate(str(a) for a in argv):
+    for i, a in enumerate(plain(str(a)) for a in argv):  # judged as a reader sees it (fullwidth, zero-width)
         before, further, flag, more = flag, more, None, False
         token, follows = follows, _next_is(a)
         if before is not None and not a.startswith("-" if further else "--"):  # its value (which may start with -)
@@ -408,6 +514,8 @@ def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
             found.append(quoted)
             continue
         alone, named = _FLAG.fullmatch(a), _FLAG_VALUE.fullmatch(a) or _OVERRIDE.fullmatch(a)
+        if named is not None and named.re is _OVERRIDE and not named.group(2).strip("="):  # base64 padding, no k=v
+            named = None
         if alone:
             flag = alone.group(1) + alone.group(2)
             why = None if says_secret(flag) or _declared(None, a) else secret_value(a)

@@ -239,3 +239,77 @@ def test_a_value_declared_no_secret_is_shown_and_a_secret_name_is_not_declarable
         assert redact_args(argv) == argv[:-1] + ["<redacted>"]
         assert redact_args([RANDOM_40.swapcase()]) == ["<redacted>"]  # a declared value is that value exactly
     assert redact_args(argv)[1] == "<redacted>"  # only while declared
+
+
+# -- audit of issue 52: other encodings -----------------------------------------------------------------------------
+_B64 = base64.b64encode(b"alice:PWxyz9").decode()
+
+
+@pytest.mark.parametrize("argv", [
+    ["--url", "https://alice&#58;PW&#64;host/x"],  # HTML entities, numeric
+    ["--url", "https://alice:PW&commat;host/x"],  # and named
+    ["--blob", "password&#61;PW"],
+    ["--url", "https://alice\\x3aPW\\x40host/x"],  # backslash escapes
+    ["--blob", "password\\u003dPW"],
+    ["--url", "https\\u003a\\/\\/alice:PW\\u0040host"],  # JSON's \/ too
+    ["--url", "https://alice：PW＠host/x"],  # fullwidth : and @
+    ["--blob", "ｈｆ＿PWaB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gH3"],  # a fullwidth token prefix
+    ["--tok\u200ben", "PW"], ["--token\u200b", "PW"],  # a zero-width character inside the name
+    ["—token", "PW"], ["－－token", "PW"], ["--ｔｏｋｅｎ", "PW"],  # an em dash, fullwidth dashes and letters
+    ["--blob", _B64], ["--header", "Authorization: Basic " + _B64],  # HTTP Basic's base64 user:password
+    ["--blob", base64.urlsafe_b64encode(b"password=PW").decode()],  # base64 of a secret's pair
+    ["--blob", base64.b64encode(b"{\"hub_token\": \"PW\"}").decode()],  # of a JSON config
+])
+def test_a_secret_is_read_through_html_entities_escapes_fullwidth_and_base64(argv):
+    shown = " ".join(redact_args(argv))
+    assert "PW" not in shown and _B64 not in shown, shown
+    assert secret_flags(argv)
+
+
+@pytest.mark.parametrize("value", [
+    "https://example.com/?a=1&amp;b=2", "caf\\u00e9", "C:\\\\x86\\\\data", "ｒｕｎ＿ｎａｍｅ",
+    base64.b64encode(b"hello world, a caption").decode(), base64.b64encode(b"12:30:00").decode(),
+    "Zm9vYmFy", "--run—name",
+])
+def test_decoded_ordinary_values_stay_ordinary(value):
+    """The nearest cases: entities, escapes, fullwidth and base64 that decode to no secret (base64 of a time is no
+    user:password) are shown as they are."""
+    assert redact_args(["--input", value]) == ["--input", value]
+
+
+def test_the_decodings_read_long_arguments_in_bounded_time():
+    import time
+
+    start = time.monotonic()
+    for arg in ("&#38;" * (25 << 10), "\\x25" * (32 << 10), "Zm9v" * (32 << 10), "＠" * (40 << 10),
+                "\u200b" * (40 << 10)):
+        assert redact_args(["--x", arg]) == ["--x", arg]
+    assert time.monotonic() - start < 5
+
+
+def _b58(data: bytes) -> str:
+    alphabet, n, out = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz", int.from_bytes(data, "big"), ""
+    while n:
+        n, r = divmod(n, 58)
+        out = alphabet[r] + out
+    return out
+
+
+def test_padded_base64url_digests_and_multihashes_are_no_secrets_but_unpadded_random_base64url_is():
+    """Digests an encoder wrote (base64url with its = padding) and content addresses by their structure (a multihash
+    or CIDv1 in base58btc, base64, base64url) pass; the nearest secret, a token_urlsafe(32) (43 characters, no
+    padding), and random base58 of a CID's length are still caught."""
+    import hashlib
+
+    rng = random.Random(520)
+    for i in range(50):
+        digest = hashlib.sha256(rng.randbytes(64)).digest()
+        for value in (base64.urlsafe_b64encode(digest).decode(), "z" + _b58(b"\x01\x55\x12\x20" + digest),
+                      "m" + base64.b64encode(b"\x01\x70\x12\x20" + digest).decode().rstrip("="),
+                      "u" + base64.urlsafe_b64encode(b"\x12\x20" + digest).decode().rstrip("=")):
+            assert secret_flags(["--input", value]) == [], value
+    b58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+    caught = sum(bool(secret_flags(["--input", value])) for value in
+                 [base64.urlsafe_b64encode(rng.randbytes(32)).decode().rstrip("=") for _ in range(100)]
+                 + ["z" + "".join(rng.choice(b58) for _ in range(48)) for _ in range(100)])
+    assert caught >= 180
