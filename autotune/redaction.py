@@ -135,26 +135,31 @@ _PREFIXED = re.compile(
     r"|(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])|xox[abposre]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}"
     r"|AIza[A-Za-z0-9_-]{35}|ya29\.[A-Za-z0-9_-]{20,}|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,}|dapi[0-9a-f]{32})")
 _JWT = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")
-# scheme://user:password@host (a password may be empty only when the user name is itself a secret's shape)
+# scheme://user:password@host, or //user:password@host without its scheme (a password may be empty only when the
+# user name is itself a secret's shape)
 # The password may hold / ? # (mongodb://admin:s3cr/et@db: clients split at the last @), up to MAX_URL_PASSWORD
 # characters, unless it reads as a port and a path (https://host:8080/@scope/pkg, an npm package's URL).
 MAX_URL_PASSWORD = 256
-_URL_CREDENTIALS = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:"
+_URL_CREDENTIALS = re.compile(r"(?<![A-Za-z0-9+.-])(?:[A-Za-z][A-Za-z0-9+.-]*:)?//[^\s/?#@:]*:"
                               rf"(?:[^\s/?#@]+|(?!\d*[/?#])[^\s@]{{1,{MAX_URL_PASSWORD}}})@")
 # user:password@host without a scheme (redis-cli's and rsync's alice:pw@redis:6379, alice:pw@host:/path): the user
-# a word, the password up to MAX_URL_PASSWORD characters without / or @, the host a host name with an optional port,
+# a word or nothing (:pw@redis:6379, redis's password alone), the password up to MAX_URL_PASSWORD characters
+# without / or @, the host a host name with an optional port,
 # then the end, a path (host:/srv, host:~/d) or a separator. Not an image's name:tag@sha256:digest (a digest is no
 # port), nor git@host:repo (no password), nor an address alone. Possessive (+): neither part can end at the
 # character that follows it, so nothing is tried twice (linear in the argument).
-_BARE_CREDENTIALS = re.compile(rf"(?<![\w.+%/:@-])[\w.+%-]{{1,256}}+:[^\s/@]{{1,{MAX_URL_PASSWORD}}}+@"
+_BARE_CREDENTIALS = re.compile(rf"(?<![\w.+%/:@-])[\w.+%-]{{0,256}}+:[^\s/@]{{1,{MAX_URL_PASSWORD}}}+@"
                                r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*(?::\d{1,5})?"
                                r"(?=$|[/\s?#,;'\"}\])]|:[/~]|:$)")
-_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----")  # PEM, OpenSSH, PGP's PRIVATE KEY BLOCK
 _BEARER = re.compile(r"\bbearer\s+[A-Za-z0-9._~+/=-]{16,}", re.IGNORECASE)
 # name=value or name: value inside a value (a URL's query, a connection string, JSON, a header, a Hydra dict
 # {user:alice,password:pw}: there the colon needs no space after it), the name a secret's
-_PAIR = re.compile(r"""(?:^|[?&;,\s{(])["']?([A-Za-z_][\w.-]*)["']?(?:=|:(?=[\s"']))\s*["']?[^\s"',;&})]""")
-_DICT_PAIR = re.compile(r"""[{,]\s*["']?([A-Za-z_][\w.-]*)["']?\s*:\s*["']?[^\s"',;&})\]]""")
+# The character before a name is looked behind, not taken, so a value that opens another ({"db": {"password": ..}})
+# leaves it for the next name; a URL's #fragment and a list's [ open names too.
+_PAIR = re.compile(r"""(?:^|(?<=[?&;,\s{(\[#]))["']?([A-Za-z_][\w.-]*)["']?(?:=|:(?=[\s"']))\s*["']?"""
+                   r"""[^\s"',;&})]""")
+_DICT_PAIR = re.compile(r"""(?<=[{,\[])\s*["']?([A-Za-z_][\w.-]*)["']?\s*:\s*["']?[^\s"',;&})\]]""")
 MAX_DECODINGS = 4  # decoding rounds (%2540 -> %40 -> @; &amp;#64; -> &#64; -> @): a value is judged as each reads it
 # Long random strings: a run of at least 32 characters of the base64 / base64url alphabets that looks drawn at
 # random rather than written: letters of both cases and digits, at most 1 separator (- _ / +) in 10 characters,

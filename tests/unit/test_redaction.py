@@ -313,3 +313,24 @@ def test_padded_base64url_digests_and_multihashes_are_no_secrets_but_unpadded_ra
                  [base64.urlsafe_b64encode(rng.randbytes(32)).decode().rstrip("=") for _ in range(100)]
                  + ["z" + "".join(rng.choice(b58) for _ in range(48)) for _ in range(100)])
     assert caught >= 180
+
+
+@pytest.mark.parametrize("argv", [
+    ["--config_json", '{"db": {"password": "PW"}}'],  # a JSON value that opens another: its names are read too
+    ["--config_json", '{"db": {"creds": {"api_key": "PW"}}}'],
+    ["+db={outer:{password:PW}}"], ["+db=[{password:PW}]"],
+    ["--url", "https://host/cb#access_token=PW"],  # an OAuth implicit grant's fragment
+    ["--url", "//alice:PW@host/"],  # scheme-relative
+    ["--redis", ":PW@redis:6379"],  # redis's password without a user
+    ["--blob", "-----BEGIN PGP PRIVATE KEY BLOCK-----\nPW"],
+])
+def test_nested_values_fragments_scheme_relative_urls_and_pgp_keys_are_read(argv):
+    assert not any("PW" in a for a in redact_args(argv)), redact_args(argv)
+
+
+@pytest.mark.parametrize("value", [
+    '{"model": {"name": "gpt2", "layers": 12}}', "https://host/docs#section=3", "//cdn.example.com/a.js",
+    ":8080", "nginx:1.25@sha256:" + "ab" * 32, "-----BEGIN PUBLIC KEY-----",
+])
+def test_the_nearest_ordinary_nested_values_urls_and_keys_pass(value):
+    assert redact_args(["--input", value]) == ["--input", value]
