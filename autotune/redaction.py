@@ -370,6 +370,27 @@ def _judged(text: str, by_entropy: bool) -> str | None:
     return None
 
 
+_IN_WORDS: contextvars.ContextVar[bool] = contextvars.ContextVar("in_words", default=False)
+
+
+def _arguments_inside(text: str) -> str | None:
+    """A value that is itself a command line or a string of arguments (``--args "--lr 1 --password pw"``,
+    ``--cmd "mysql -u root -ppw"``): its words judged as arguments, once (not again inside a word). Only what a
+    flag or key says counts (a free text's "Bearer of news" is no header); what a value is, is judged on the
+    whole."""
+    if _IN_WORDS.get() or not any(c.isspace() for c in text):
+        return None
+    words = text.split()
+    if len(words) < 2:
+        return None
+    inside = _IN_WORDS.set(True)
+    try:
+        found = [s for s in secret_arguments(words) if not s.name.startswith("argument ")]
+    finally:
+        _IN_WORDS.reset(inside)
+    return f"{found[0].name} inside it" if found else None
+
+
 def secret_value(text: str, by_entropy: bool = True) -> str | None:
     """The value rule: why ``text`` (one argument, or the value part of one) holds a secret whatever its name, or
     None. Judged as written and as every decoding reads it (``_readings``: percent-encoding, repeatedly, so a URL
@@ -377,7 +398,7 @@ def secret_value(text: str, by_entropy: bool = True) -> str | None:
     is (a name, a path, a digest: ``names_a_written_value``), so a long random-looking string in it is no secret;
     every other rule still applies."""
     for reading in _readings(text):
-        why = _judged(reading, by_entropy)
+        why = _judged(reading, by_entropy) or _arguments_inside(reading)
         if why is not None:
             return why
     for decoded in _base64_texts(text):  # base64 of text: judged as that text, and a user:password is HTTP Basic's

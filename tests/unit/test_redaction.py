@@ -334,3 +334,24 @@ def test_nested_values_fragments_scheme_relative_urls_and_pgp_keys_are_read(argv
 ])
 def test_the_nearest_ordinary_nested_values_urls_and_keys_pass(value):
     assert redact_args(["--input", value]) == ["--input", value]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--args", "--lr 1 --password PW"], ["--extra_args=--lr=1 --hub_token=PW"],
+    ["--cmd", "python train.py --hf_token PW"], ["--cmd", "mysql -u root -pPW"], ["--cmd", "curl -u alice:PW h"],
+    ["--cmd", "python train.py +db.password=PW"],
+])
+def test_a_value_that_is_itself_a_command_line_has_its_arguments_judged(argv):
+    assert not any("PW" in a for a in redact_args(argv)), redact_args(argv)
+
+
+def test_free_text_and_argument_strings_without_secrets_pass_in_bounded_time():
+    import time
+
+    for value in ("the Bearer of bad news arrived", "--lr 1 --max_tokens 512 --pad_token <pad>",
+                  "python train.py --key_column text --token_budget 4096", "What is the password policy?"):
+        assert redact_args(["--input", value]) == ["--input", value]
+    start = time.monotonic()
+    for arg in ("a " * (32 << 10), "--x " * (16 << 10), "--api_keys " * (6 << 10), "-p " * (20 << 10)):
+        redact_args(["--x", arg])
+    assert time.monotonic() - start < 5
