@@ -28,8 +28,9 @@ REDACTED = "<redacted>"
 # --bypass_cache), or sig after another word (--url_sig; --sig alone is a sigma); or holds one of _INSIDE anywhere
 # (--passwordfile, --clientsecret, --jwtfile). Not "tokens" (--max_tokens is a length) nor --tokenizer_name; not a
 # tokenizer's special tokens (--pad_token, --eos_token); not a name that ends with a count or an id
-# (--pad_token_id, --password_length, --token_limit) or starts with a quantity (--num_keys, --max_auth) or a switch
-# (--use_auth_token True): their values are not secrets, and a real token given to one is still caught by its value.
+# (--pad_token_id, --password_length, --token_limit) or a place (--token_file, --secret_name: _PLACES) or starts
+# with a quantity (--num_keys, --max_auth) or a switch (--use_auth_token True): their values are not secrets, and a
+# real token given to one is still caught by its value.
 _ENDS = re.compile(r".*(token|secrets?|passwords?|passwd|passphrase|credentials?|auth|authorization|authentication"
                    r"|cookies?)|(.*(api|access|secret|private|priv|auth|hub|wandb|hf|client|account|master|session"
                    r"|signing|sign|ssh|gpg|pgp|license|encryption|hmac|shared|service|storage))?keys?", re.IGNORECASE)
@@ -43,6 +44,11 @@ _SPECIAL_TOKENS = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", 
                    "audio", "video", "placeholder", "additional"}
 _COUNTS = {"id", "ids", "idx", "index", "count", "num", "len", "length", "limit", "budget", "size", "type", "dim",
            "max", "min"}
+# a last word that says the value is where a secret is, or what it is called, not the secret (--token_file,
+# --hf_token_path, --secret_name, --secrets_dir, --password_env: where secrets belong); the value is still judged by
+# what it is, a long random string included
+_PLACES = {"file", "files", "path", "paths", "dir", "dirs", "directory", "folder", "env", "var", "variable", "name",
+           "mount", "location"}
 _QUANTITIES = {"num", "n", "number", "max", "min", "total", "count"}  # a first word: how many (--num_keys 4)
 _SWITCHES = {"use", "enable", "disable", "no", "with", "without", "skip", "require", "allow", "ignore"}
 # before key(s): a key into data, a batch, a dict or a table (--sort_key loss, --text_key, --primary_key)
@@ -92,7 +98,7 @@ def says_secret(name: str) -> bool:
     if len(bare) > MAX_NAME:  # no flag is this long (and the words rule stays linear in what it reads)
         return False
     words = _meaning(name)
-    if not words or words[-1] in _COUNTS or (len(words) > 1 and words[0] in _QUANTITIES | _SWITCHES):
+    if not words or words[-1] in _COUNTS | _PLACES or (len(words) > 1 and words[0] in _QUANTITIES | _SWITCHES):
         return False
     for i, (before, w) in enumerate(zip([""] + words, words)):
         if w == "token" and before in _SPECIAL_TOKENS:
@@ -421,7 +427,8 @@ _WRITTEN = {"name", "names", "title", "tag", "tags", "label", "run", "exp", "exp
 def names_a_written_value(name: str) -> bool:
     """``name`` (a flag or key that does not say secret) says its value is written or computed (``_WRITTEN``)."""
     words = _meaning(name)
-    return bool(words) and words[-1] in _WRITTEN
+    # a secret's place (--token_file) is no written value: a random string given to it is judged as one
+    return bool(words) and words[-1] in _WRITTEN and not says_secret("--" + "_".join(words[:-1]) if words[:-1] else "")
 
 
 # -- what the user says is no secret ------------------------------------------------------------------------------

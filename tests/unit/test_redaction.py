@@ -355,3 +355,16 @@ def test_free_text_and_argument_strings_without_secrets_pass_in_bounded_time():
     for arg in ("a " * (32 << 10), "--x " * (16 << 10), "--api_keys " * (6 << 10), "-p " * (20 << 10)):
         redact_args(["--x", arg])
     assert time.monotonic() - start < 5
+
+
+def test_a_secrets_place_or_name_is_shown_and_a_secret_given_to_it_is_still_caught():
+    """--token_file, --password_file, --hf_token_path, --secret_name, --secrets_dir take where a secret is (what the
+    refusal recommends), so their values are shown and exports accept them; a token or a long random string given
+    to one is still caught by its value, and the one-word --passwordfile stays a secret's name."""
+    for argv in (["--token_file", "/run/secrets/hf"], ["--password_file=/run/secrets/db"],
+                 ["--hf_token_path", "~/.cache/huggingface/token"], ["--secret_name=my-k8s-secret"],
+                 ["--secrets_dir", "/run/secrets"], ["--api_key_env", "OPENAI_API_KEY"]):
+        assert redact_args(argv) == argv and secret_flags(argv) == []
+    assert secret_flags(["--token_file", "hf_" + RANDOM_40[:34]]) == ["--token_file (a token by its prefix)"]
+    assert secret_flags(["--token_path", RANDOM_40]) == ["--token_path (a long random string)"]
+    assert secret_flags(["--passwordfile", "/x"]) == ["--passwordfile"]
