@@ -445,7 +445,8 @@ def _bare(name: str) -> str:
 def declared_not_secret(names: Iterable[str]) -> Iterator[None]:
     """While inside: the values of these flags or keys (``--run_name``, ``run_name``, ``+exp.sha``), or these exact
     values (a positional argument), are no secret (``--not_secret NAME``); a flag so named still keeps the value of
-    a flag whose own name says secret (--hub_token cannot be declared)."""
+    a flag whose own name says secret (--hub_token cannot be declared), and a value that says itself what it is (a
+    token's prefix, a URL's password, a private key, a JWT: ``says_itself``) stays hidden."""
     names = [n for n in names if n]
     token, values = _NOT_SECRET.set(frozenset(_bare(n) for n in names)), _NOT_SECRET_VALUES.set(frozenset(names))
     try:
@@ -494,11 +495,27 @@ def _by_value(name: str | None, value: str) -> str | None:
     """Why ``value`` (given to ``name``, a flag or key that does not say secret, or None) is a secret by what it
     is: a login's user:password, or the value rule (``secret_value``: the long-random-string rule only where the
     name does not say the value is written: ``names_a_written_value``); None when it is not, or when the user said
-    it is not (``declared_not_secret``)."""
+    it is not (``declared_not_secret``) and it does not say itself what it is (``says_itself``)."""
     if _declared(name, value):
-        return None
+        return says_itself(value)
     login = _user_password(name, value) if name else None
     return login or secret_value(value, by_entropy=not (name and names_a_written_value(name)))
+
+
+_ITSELF = ((_PEM, "a private key"), (_URL_CREDENTIALS, "URL credentials"), (_JWT, "a JWT"),
+           (_PREFIXED, "a token by its prefix"))
+
+
+def says_itself(value: str) -> str | None:
+    """What ``value`` is by its own form, as any decoding reads it, whatever the user says of it: a private key, a
+    URL with a password, a JWT, an issuer's token prefix. ``--not_secret`` lifts the rules that judge by shape (a
+    long random string, a login's user:password, user:pw@host without a scheme) or by a name inside the value,
+    which an ordinary value can meet; not these, which no checksum or run name has."""
+    for reading in _readings(value):
+        for pattern, why in _ITSELF:
+            if pattern.search(reading):
+                return why
+    return None
 
 
 def _quoted(i: int, a: str, before: str | None) -> Secret | None:
@@ -507,7 +524,7 @@ def _quoted(i: int, a: str, before: str | None) -> Secret | None:
     if len(a) < 3 or a[0] != a[-1] or a[0] not in "'\"":
         return None
     inner = secret_arguments([a[1:-1]])
-    if not inner or (inner[0].why and _declared(before, a)):
+    if not inner or (inner[0].why and _declared(before, a) and not says_itself(a)):
         return None
     name = before or f"argument {i + 1}" if inner[0].name == "argument 1" else inner[0].name
     return Secret(i, name, inner[0].why, a[0] + inner[0].shown + a[-1])
@@ -551,7 +568,7 @@ def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
             named = None
         if alone:
             flag = alone.group(1) + alone.group(2)
-            why = None if says_secret(flag) or _declared(None, a) else secret_value(a)
+            why = None if says_secret(flag) else says_itself(a) if _declared(None, a) else secret_value(a)
         elif named:
             name, sep, value = named.group(1), named.group(2) if named.re is _FLAG_VALUE else "=", named.groups()[-1]
             if named.re is _FLAG_VALUE and not value.strip():  # "--token=" "v": its value is the next argument

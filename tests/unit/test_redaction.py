@@ -368,3 +368,16 @@ def test_a_secrets_place_or_name_is_shown_and_a_secret_given_to_it_is_still_caug
     assert secret_flags(["--token_file", "hf_" + RANDOM_40[:34]]) == ["--token_file (a token by its prefix)"]
     assert secret_flags(["--token_path", RANDOM_40]) == ["--token_path (a long random string)"]
     assert secret_flags(["--passwordfile", "/x"]) == ["--passwordfile"]
+
+
+def test_a_declaration_lifts_the_shape_rules_but_not_a_value_that_says_what_it_is():
+    """--not_secret model: a random-looking value of --model passes; an hf_ token, a URL with a password, a private
+    key or a JWT given to it stays hidden, however encoded (the declaration was for a checksum or a name)."""
+    hf = "hf_" + RANDOM_40[:34]
+    with declared_not_secret(["--model", "blob", hf]):
+        assert redact_args(["--model", RANDOM_40]) == ["--model", RANDOM_40]
+        for value in (hf, "https://alice:pw@host/x", "https%3A%2F%2Falice%3Apw%40host", "-----BEGIN PRIVATE KEY-----",
+                      "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJl"):
+            assert redact_args(["--model", value]) == ["--model", "<redacted>"], value
+            assert redact_args(["--model=" + value]) == ["--model=<redacted>"]
+        assert redact_args(["+blob=" + hf, hf]) == ["+blob=<redacted>", "<redacted>"]
