@@ -319,14 +319,15 @@ def _decoded(text: str) -> str:
     return plain(text)
 
 
-_BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{8,}={0,2}")
+# a run of either alphabet, and a run without / (a path's or URL's segment: /runs/YWxpY2U6cHc=/ckpt)
+_BASE64_RUNS = (re.compile(r"[A-Za-z0-9+/_-]{8,}={0,2}"), re.compile(r"[A-Za-z0-9+_-]{8,}={0,2}"))
 MIN_DECODED_TEXT = 6  # characters of text a base64 run must decode to before it is read as text
 
 
 def _base64_texts(text: str) -> Iterator[str]:
     """Each run of ``text`` in base64 or base64url that decodes to printable text (HTTP Basic's user:password, a
     wrapped token or config): random bytes (a digest, a key) almost never do."""
-    for m in _BASE64_RUN.finditer(text):
+    for m in (m for pattern in _BASE64_RUNS for m in pattern.finditer(text)):
         run = m.group().rstrip("=")
         if len(run) % 4 == 1:
             continue

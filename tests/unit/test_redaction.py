@@ -381,3 +381,12 @@ def test_a_declaration_lifts_the_shape_rules_but_not_a_value_that_says_what_it_i
             assert redact_args(["--model", value]) == ["--model", "<redacted>"], value
             assert redact_args(["--model=" + value]) == ["--model=<redacted>"]
         assert redact_args(["+blob=" + hf, hf]) == ["+blob=<redacted>", "<redacted>"]
+
+
+def test_base64_text_is_read_inside_a_path_or_url_segment():
+    """A run directory or URL whose segment is base64 of user:password (found in the dry run's printed environment:
+    AUTOTUNE_CHECKPOINT_DIR=/runs/YWxp...=/checkpoints); a segment that decodes to no secret stays."""
+    b64 = base64.b64encode(b"alice:PWxyz9").decode()
+    for value in (f"/tmp/runs/{b64}/checkpoints", f"https://host/a/{b64}/b"):
+        assert secret_value(value) == "a user:password in base64", value
+    assert secret_value(f"/tmp/runs/{base64.b64encode(b'llama-7b-sft').decode()}/ckpt") is None
