@@ -587,7 +587,11 @@ def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
         if why is not None:  # a positional value, or a flag that is itself a token (--ghp_...)
             found.append(Secret(i, before if before and not alone else f"argument {i + 1}", why, REDACTED))
             flag = None
-    return found
+    # an argument judged as a reader sees it (plain) is shown whole as <redacted>: its name as typed (fullwidth,
+    # zero-width) is not the name shown, and a line shows only what the script received
+    raw = [str(a) for a in argv]
+    return [s if plain(raw[s.index]) == raw[s.index] else Secret(s.index, s.name, s.why, REDACTED, s.more)
+            for s in found]
 
 
 def redact_args(argv: list[str] | tuple[str, ...]) -> list[str]:

@@ -390,3 +390,9 @@ def test_base64_text_is_read_inside_a_path_or_url_segment():
     for value in (f"/tmp/runs/{b64}/checkpoints", f"https://host/a/{b64}/b"):
         assert secret_value(value) == "a user:password in base64", value
     assert secret_value(f"/tmp/runs/{base64.b64encode(b'llama-7b-sft').decode()}/ckpt") is None
+
+
+def test_an_argument_read_through_its_compatibility_form_is_shown_whole_as_redacted():
+    """'－－ｔｏｋｅｎ=PW' is judged as --token=PW, but shown as <redacted>, not as a --token=<redacted> the
+    script never received."""
+    assert redact_args(["－－ｔｏｋｅｎ=PW", "--token=PW"]) == ["<redacted>", "--token=<redacted>"]
