@@ -577,6 +577,10 @@ def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
                 continue
             sep = " " if sep.isspace() else sep
             why = "" if says_secret(name) else _by_value(name, value)
+            itself = secret_value(name.lstrip("-+~"))  # the part before = may be the secret (a token, base64 text)
+            if itself is not None:
+                found.append(Secret(i, f"argument {i + 1}", itself, REDACTED))
+                continue
             if why is not None:
                 found.append(Secret(i, name, why, f"{name}{sep}{REDACTED}"))
                 if why == "" and named.re is _FLAG_VALUE and _PLURAL.fullmatch(_meaning(name)[-1]):

@@ -396,3 +396,13 @@ def test_an_argument_read_through_its_compatibility_form_is_shown_whole_as_redac
     """'－－ｔｏｋｅｎ=PW' is judged as --token=PW, but shown as <redacted>, not as a --token=<redacted> the
     script never received."""
     assert redact_args(["－－ｔｏｋｅｎ=PW", "--token=PW"]) == ["<redacted>", "--token=<redacted>"]
+
+
+def test_a_secret_before_an_equals_sign_is_no_name_to_show():
+    """An argument read as k=v whose k is itself a secret (base64 of user:pw with its padding, then text; a token
+    before =) is shown whole as <redacted>; before the audit the first was shown with its k, the second whole."""
+    b64 = base64.b64encode(b"alice:pw").decode()
+    token = "hf_" + RANDOM_40[:34]
+    for arg in (f"{b64} {b64}", f"{b64},x", f"{token}=1", f"--{token}=1"):
+        assert redact_args([arg]) == ["<redacted>"], arg
+    assert redact_args(["trainer.max_epochs=3", "--lr=0.1"]) == ["trainer.max_epochs=3", "--lr=0.1"]
