@@ -3,11 +3,15 @@ script arguments uses (``redact_args``: what is shown; ``secret_arguments``: wha
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import contextvars
 import functools
+import html
 import math
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -24,8 +28,9 @@ REDACTED = "<redacted>"
 # --bypass_cache), or sig after another word (--url_sig; --sig alone is a sigma); or holds one of _INSIDE anywhere
 # (--passwordfile, --clientsecret, --jwtfile). Not "tokens" (--max_tokens is a length) nor --tokenizer_name; not a
 # tokenizer's special tokens (--pad_token, --eos_token); not a name that ends with a count or an id
-# (--pad_token_id, --password_length, --token_limit) or starts with a quantity (--num_keys, --max_auth) or a switch
-# (--use_auth_token True): their values are not secrets, and a real token given to one is still caught by its value.
+# (--pad_token_id, --password_length, --token_limit) or a place (--token_file, --secret_name: _PLACES) or starts
+# with a quantity (--num_keys, --max_auth) or a switch (--use_auth_token True): their values are not secrets, and a
+# real token given to one is still caught by its value.
 _ENDS = re.compile(r".*(token|secrets?|passwords?|passwd|passphrase|credentials?|auth|authorization|authentication"
                    r"|cookies?)|(.*(api|access|secret|private|priv|auth|hub|wandb|hf|client|account|master|session"
                    r"|signing|sign|ssh|gpg|pgp|license|encryption|hmac|shared|service|storage))?keys?", re.IGNORECASE)
@@ -39,6 +44,11 @@ _SPECIAL_TOKENS = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "special", 
                    "audio", "video", "placeholder", "additional"}
 _COUNTS = {"id", "ids", "idx", "index", "count", "num", "len", "length", "limit", "budget", "size", "type", "dim",
            "max", "min"}
+# a last word that says the value is where a secret is, or what it is called, not the secret (--token_file,
+# --hf_token_path, --secret_name, --secrets_dir, --password_env: where secrets belong); the value is still judged by
+# what it is, a long random string included
+_PLACES = {"file", "files", "path", "paths", "dir", "dirs", "directory", "folder", "env", "var", "variable", "name",
+           "mount", "location"}
 _QUANTITIES = {"num", "n", "number", "max", "min", "total", "count"}  # a first word: how many (--num_keys 4)
 _SWITCHES = {"use", "enable", "disable", "no", "with", "without", "skip", "require", "allow", "ignore"}
 # before key(s): a key into data, a batch, a dict or a table (--sort_key loss, --text_key, --primary_key)
@@ -88,7 +98,7 @@ def says_secret(name: str) -> bool:
     if len(bare) > MAX_NAME:  # no flag is this long (and the words rule stays linear in what it reads)
         return False
     words = _meaning(name)
-    if not words or words[-1] in _COUNTS or (len(words) > 1 and words[0] in _QUANTITIES | _SWITCHES):
+    if not words or words[-1] in _COUNTS | _PLACES or (len(words) > 1 and words[0] in _QUANTITIES | _SWITCHES):
         return False
     for i, (before, w) in enumerate(zip([""] + words, words)):
         if w == "token" and before in _SPECIAL_TOKENS:
@@ -131,27 +141,32 @@ _PREFIXED = re.compile(
     r"|(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])|xox[abposre]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}"
     r"|AIza[A-Za-z0-9_-]{35}|ya29\.[A-Za-z0-9_-]{20,}|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,}|dapi[0-9a-f]{32})")
 _JWT = re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*")
-# scheme://user:password@host (a password may be empty only when the user name is itself a secret's shape)
+# scheme://user:password@host, or //user:password@host without its scheme (a password may be empty only when the
+# user name is itself a secret's shape)
 # The password may hold / ? # (mongodb://admin:s3cr/et@db: clients split at the last @), up to MAX_URL_PASSWORD
 # characters, unless it reads as a port and a path (https://host:8080/@scope/pkg, an npm package's URL).
 MAX_URL_PASSWORD = 256
-_URL_CREDENTIALS = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:"
+_URL_CREDENTIALS = re.compile(r"(?<![A-Za-z0-9+.-])(?:[A-Za-z][A-Za-z0-9+.-]*:)?//[^\s/?#@:]*:"
                               rf"(?:[^\s/?#@]+|(?!\d*[/?#])[^\s@]{{1,{MAX_URL_PASSWORD}}})@")
 # user:password@host without a scheme (redis-cli's and rsync's alice:pw@redis:6379, alice:pw@host:/path): the user
-# a word, the password up to MAX_URL_PASSWORD characters without / or @, the host a host name with an optional port,
+# a word or nothing (:pw@redis:6379, redis's password alone), the password up to MAX_URL_PASSWORD characters
+# without / or @, the host a host name with an optional port,
 # then the end, a path (host:/srv, host:~/d) or a separator. Not an image's name:tag@sha256:digest (a digest is no
 # port), nor git@host:repo (no password), nor an address alone. Possessive (+): neither part can end at the
 # character that follows it, so nothing is tried twice (linear in the argument).
-_BARE_CREDENTIALS = re.compile(rf"(?<![\w.+%/:@-])[\w.+%-]{{1,256}}+:[^\s/@]{{1,{MAX_URL_PASSWORD}}}+@"
+_BARE_CREDENTIALS = re.compile(rf"(?<![\w.+%/:@-])[\w.+%-]{{0,256}}+:[^\s/@]{{1,{MAX_URL_PASSWORD}}}+@"
                                r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*(?::\d{1,5})?"
                                r"(?=$|[/\s?#,;'\"}\])]|:[/~]|:$)")
-_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
+_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----")  # PEM, OpenSSH, PGP's PRIVATE KEY BLOCK
 _BEARER = re.compile(r"\bbearer\s+[A-Za-z0-9._~+/=-]{16,}", re.IGNORECASE)
 # name=value or name: value inside a value (a URL's query, a connection string, JSON, a header, a Hydra dict
 # {user:alice,password:pw}: there the colon needs no space after it), the name a secret's
-_PAIR = re.compile(r"""(?:^|[?&;,\s{(])["']?([A-Za-z_][\w.-]*)["']?(?:=|:(?=[\s"']))\s*["']?[^\s"',;&})]""")
-_DICT_PAIR = re.compile(r"""[{,]\s*["']?([A-Za-z_][\w.-]*)["']?\s*:\s*["']?[^\s"',;&})\]]""")
-MAX_DECODINGS = 4  # percent-decoding rounds (%2540 -> %40 -> @): a value is judged as every round reads it
+# The character before a name is looked behind, not taken, so a value that opens another ({"db": {"password": ..}})
+# leaves it for the next name; a URL's #fragment and a list's [ open names too.
+_PAIR = re.compile(r"""(?:^|(?<=[?&;,\s{(\[#]))["']?([A-Za-z_][\w.-]*)["']?(?:=|:(?=[\s"']))\s*["']?"""
+                   r"""[^\s"',;&})]""")
+_DICT_PAIR = re.compile(r"""(?<=[{,\[])\s*["']?([A-Za-z_][\w.-]*)["']?\s*:\s*["']?[^\s"',;&})\]]""")
+MAX_DECODINGS = 4  # decoding rounds (%2540 -> %40 -> @; &amp;#64; -> &#64; -> @): a value is judged as each reads it
 # Long random strings: a run of at least 32 characters of the base64 / base64url alphabets that looks drawn at
 # random rather than written: letters of both cases and digits, at most 1 separator (- _ / +) in 10 characters,
 # more than 4.0 bits of entropy per character (no string of hex digits has more than 4: hashes, run ids and UUIDs
@@ -183,6 +198,8 @@ _MAGNITUDE = re.compile(r"(?<=\d)[KMBTkmbt](?=[A-Z0-9]|$)")
 _DIGEST_LABEL = re.compile(r"(?:sha(?:1|224|256|384|512)|md5|blake2[bs]?)[-:=]$", re.IGNORECASE)
 _DIGEST_LENGTHS = {24: 2, 28: 1, 40: 2, 44: 1, 64: 0, 88: 2}  # base64 of 16, 20, 28, 32, 48, 64 bytes: its = signs
 _CID_V0 = re.compile(r"Qm[1-9A-HJ-NP-Za-km-z]{44}")
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_MULTIHASH_CODES = {0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x1B}  # sha1, sha2-256/512, sha3-*, keccak-256
 
 
 def _entropy(s: str) -> float:
@@ -224,20 +241,115 @@ def _digest_or_cid(text: str, m: re.Match) -> bool:
     if label or _DIGEST_LABEL.search(before):
         return True
     padding = len(text[m.end():m.end() + 2]) - len(text[m.end():m.end() + 2].lstrip("="))
-    if _DIGEST_LENGTHS.get(len(run) + padding) == padding and not re.search(r"[-_]", run):
+    url, standard = re.search(r"[-_]", run), re.search(r"[+/]", run)
+    # base64url too when the encoder wrote the padding (a token generator strips it: secrets.token_urlsafe)
+    if _DIGEST_LENGTHS.get(len(run) + padding) == padding and not (url and (standard or not padding)):
         return True
-    return bool(_CID_V0.fullmatch(run))
+    return bool(_CID_V0.fullmatch(run)) or _is_multihash(run)
+
+
+def _b58decode(text: str) -> bytes | None:
+    n = 0
+    for c in text:
+        i = _B58.find(c)
+        if i < 0:
+            return None
+        n = n * 58 + i
+    zeros = len(text) - len(text.lstrip("1"))
+    return b"\0" * zeros + n.to_bytes((n.bit_length() + 7) // 8, "big")
+
+
+def _multihash_bytes(raw: bytes) -> bool:
+    """``raw`` is a multihash (sha1, sha2-256, sha2-512, sha3, blake2b-256: its code, then its length, then exactly
+    that many bytes), or a CIDv1 around one (version 1, a one- or two-byte codec)."""
+    for start in (0, 2, 3):
+        if start and (not raw or raw[0] != 1):
+            break
+        body = raw[start:]
+        if len(body) > 2 and body[0] in _MULTIHASH_CODES and body[1] == len(body) - 2 and body[1] >= 20:
+            return True
+    return False
+
+
+def _is_multihash(run: str) -> bool:
+    """A run that decodes (base58btc, multibase z; base64 or base64url, multibase m or u) to a multihash or a CID: a
+    content address by its structure, which random text meets about once in 2**24."""
+    if len(run) > 200:
+        return False
+    candidates = [_b58decode(run[1:] if run[0] == "z" else run)]
+    for body in (run[1:] if run[0] in "mu" else run, run):
+        try:
+            candidates.append(base64.b64decode(body.replace("-", "+").replace("_", "/") + "=" * (-len(body) % 4),
+                                               validate=True))
+        except (binascii.Error, ValueError):
+            continue
+    return any(raw is not None and _multihash_bytes(raw) for raw in candidates)
+
+
+_ESCAPE = re.compile(r"\\(?:x([0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})|/)")
+
+
+def _unescape(text: str) -> str:
+    """Backslash escapes as C, Python, JSON and shells write them (``\\x40``, ``\\u0040``, ``\\U00000040``, ``\\/``)."""
+    def char(m: re.Match) -> str:
+        code = m.group(1) or m.group(2) or m.group(3)
+        return "/" if code is None else chr(min(int(code, 16), 0x10FFFF))
+    return _ESCAPE.sub(char, text)
+
+
+def plain(text: str) -> str:
+    """``text`` as a reader sees it: compatibility forms folded (NFKC: fullwidth ＠ and ｈｆ＿ are @ and hf_),
+    invisible format characters (zero-width spaces, bidi marks) dropped, every kind of dash a hyphen."""
+    text = unicodedata.normalize("NFKC", text) if not text.isascii() else text
+    if text.isascii():
+        return text
+    return "".join("-" if unicodedata.category(c) == "Pd" else c for c in text
+                   if unicodedata.category(c) != "Cf")
+
+
+def _decoded(text: str) -> str:
+    """One round of every decoding a value may be written in: percent-encoding, HTML entities (``&#64;``,
+    ``&commat;``), backslash escapes, compatibility forms (``plain``)."""
+    if "%" in text:
+        text = unquote(text)
+    if "&" in text:
+        text = html.unescape(text)
+    if "\\" in text:
+        text = _unescape(text)
+    return plain(text)
+
+
+# a run of either alphabet, and a run without / (a path's or URL's segment: /runs/YWxpY2U6cHc=/ckpt)
+_BASE64_RUNS = (re.compile(r"[A-Za-z0-9+/_-]{8,}={0,2}"), re.compile(r"[A-Za-z0-9+_-]{8,}={0,2}"))
+MIN_DECODED_TEXT = 6  # characters of text a base64 run must decode to before it is read as text
+
+
+def _base64_texts(text: str) -> Iterator[str]:
+    """Each run of ``text`` in base64 or base64url that decodes to printable text (HTTP Basic's user:password, a
+    wrapped token or config): random bytes (a digest, a key) almost never do."""
+    for m in (m for pattern in _BASE64_RUNS for m in pattern.finditer(text)):
+        run = m.group().rstrip("=")
+        if len(run) % 4 == 1:
+            continue
+        padded = run + "=" * (-len(run) % 4)
+        try:
+            raw = base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True)
+            decoded = raw.decode("utf-8")
+        except (binascii.Error, ValueError):
+            continue
+        if len(decoded) >= MIN_DECODED_TEXT and decoded.isprintable():
+            yield decoded
 
 
 def _readings(text: str) -> Iterator[str]:
-    """``text`` as written, then as each round of percent-decoding reads it (at most MAX_DECODINGS rounds), and
-    without the quotes around it ('+db.password=pw' typed inside quotes that reached the script)."""
+    """``text`` as written, then as each round of decoding reads it (``_decoded``: percent-encoding, HTML entities,
+    backslash escapes, fullwidth and invisible characters; at most MAX_DECODINGS rounds, so a URL inside another
+    URL's query is read too), and without the quotes around it ('+db.password=pw' typed inside quotes that reached
+    the script)."""
     seen = text
     yield text
     for _ in range(MAX_DECODINGS):
-        if "%" not in seen:
-            break
-        decoded = unquote(seen)
+        decoded = _decoded(seen)
         if decoded == seen:
             break
         seen = decoded
@@ -265,6 +377,27 @@ def _judged(text: str, by_entropy: bool) -> str | None:
     return None
 
 
+_IN_WORDS: contextvars.ContextVar[bool] = contextvars.ContextVar("in_words", default=False)
+
+
+def _arguments_inside(text: str) -> str | None:
+    """A value that is itself a command line or a string of arguments (``--args "--lr 1 --password pw"``,
+    ``--cmd "mysql -u root -ppw"``): its words judged as arguments, once (not again inside a word). Only what a
+    flag or key says counts (a free text's "Bearer of news" is no header); what a value is, is judged on the
+    whole."""
+    if _IN_WORDS.get() or not any(c.isspace() for c in text):
+        return None
+    words = text.split()
+    if len(words) < 2:
+        return None
+    inside = _IN_WORDS.set(True)
+    try:
+        found = [s for s in secret_arguments(words) if not s.name.startswith("argument ")]
+    finally:
+        _IN_WORDS.reset(inside)
+    return f"{found[0].name} inside it" if found else None
+
+
 def secret_value(text: str, by_entropy: bool = True) -> str | None:
     """The value rule: why ``text`` (one argument, or the value part of one) holds a secret whatever its name, or
     None. Judged as written and as every decoding reads it (``_readings``: percent-encoding, repeatedly, so a URL
@@ -272,9 +405,15 @@ def secret_value(text: str, by_entropy: bool = True) -> str | None:
     is (a name, a path, a digest: ``names_a_written_value``), so a long random-looking string in it is no secret;
     every other rule still applies."""
     for reading in _readings(text):
-        why = _judged(reading, by_entropy)
+        why = _judged(reading, by_entropy) or _arguments_inside(reading)
         if why is not None:
             return why
+    for decoded in _base64_texts(text):  # base64 of text: judged as that text, and a user:password is HTTP Basic's
+        if _USER_PASSWORD.fullmatch(decoded) and not re.fullmatch(r"[\d:.]+", decoded):
+            return "a user:password in base64"
+        why = _judged(decoded, by_entropy=False)
+        if why is not None:
+            return f"{why} in base64"
     return None
 
 
@@ -289,7 +428,8 @@ _WRITTEN = {"name", "names", "title", "tag", "tags", "label", "run", "exp", "exp
 def names_a_written_value(name: str) -> bool:
     """``name`` (a flag or key that does not say secret) says its value is written or computed (``_WRITTEN``)."""
     words = _meaning(name)
-    return bool(words) and words[-1] in _WRITTEN
+    # a secret's place (--token_file) is no written value: a random string given to it is judged as one
+    return bool(words) and words[-1] in _WRITTEN and not says_secret("--" + "_".join(words[:-1]) if words[:-1] else "")
 
 
 # -- what the user says is no secret ------------------------------------------------------------------------------
@@ -306,7 +446,8 @@ def _bare(name: str) -> str:
 def declared_not_secret(names: Iterable[str]) -> Iterator[None]:
     """While inside: the values of these flags or keys (``--run_name``, ``run_name``, ``+exp.sha``), or these exact
     values (a positional argument), are no secret (``--not_secret NAME``); a flag so named still keeps the value of
-    a flag whose own name says secret (--hub_token cannot be declared)."""
+    a flag whose own name says secret (--hub_token cannot be declared), and a value that says itself what it is (a
+    token's prefix, a URL's password, a private key, a JWT: ``says_itself``) stays hidden."""
     names = [n for n in names if n]
     token, values = _NOT_SECRET.set(frozenset(_bare(n) for n in names)), _NOT_SECRET_VALUES.set(frozenset(names))
     try:
@@ -355,11 +496,27 @@ def _by_value(name: str | None, value: str) -> str | None:
     """Why ``value`` (given to ``name``, a flag or key that does not say secret, or None) is a secret by what it
     is: a login's user:password, or the value rule (``secret_value``: the long-random-string rule only where the
     name does not say the value is written: ``names_a_written_value``); None when it is not, or when the user said
-    it is not (``declared_not_secret``)."""
+    it is not (``declared_not_secret``) and it does not say itself what it is (``says_itself``)."""
     if _declared(name, value):
-        return None
+        return says_itself(value)
     login = _user_password(name, value) if name else None
     return login or secret_value(value, by_entropy=not (name and names_a_written_value(name)))
+
+
+_ITSELF = ((_PEM, "a private key"), (_URL_CREDENTIALS, "URL credentials"), (_JWT, "a JWT"),
+           (_PREFIXED, "a token by its prefix"))
+
+
+def says_itself(value: str) -> str | None:
+    """What ``value`` is by its own form, as any decoding reads it, whatever the user says of it: a private key, a
+    URL with a password, a JWT, an issuer's token prefix. ``--not_secret`` lifts the rules that judge by shape (a
+    long random string, a login's user:password, user:pw@host without a scheme) or by a name inside the value,
+    which an ordinary value can meet; not these, which no checksum or run name has."""
+    for reading in _readings(value):
+        for pattern, why in _ITSELF:
+            if pattern.search(reading):
+                return why
+    return None
 
 
 def _quoted(i: int, a: str, before: str | None) -> Secret | None:
@@ -368,7 +525,7 @@ def _quoted(i: int, a: str, before: str | None) -> Secret | None:
     if len(a) < 3 or a[0] != a[-1] or a[0] not in "'\"":
         return None
     inner = secret_arguments([a[1:-1]])
-    if not inner or (inner[0].why and _declared(before, a)):
+    if not inner or (inner[0].why and _declared(before, a) and not says_itself(a)):
         return None
     name = before or f"argument {i + 1}" if inner[0].name == "argument 1" else inner[0].name
     return Secret(i, name, inner[0].why, a[0] + inner[0].shown + a[-1])
@@ -384,7 +541,7 @@ def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
     flag = None  # the flag alone just before this argument (``--hub_token``, ``-p``, ``--token:``), if any
     more = False  # this argument may be a further value of a plural secret flag (then it may not start with -)
     follows = None  # the argument before said this one is a secret ("Bearer", "X-Api-Key:"): what it is
-    for i, a in enumerate(str(a) for a in argv):
+    for i, a in enumerate(plain(str(a)) for a in argv):  # judged as a reader sees it (fullwidth, zero-width)
         before, further, flag, more = flag, more, None, False
         token, follows = follows, _next_is(a)
         if before is not None and not a.startswith("-" if further else "--"):  # its value (which may start with -)
@@ -408,9 +565,11 @@ def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
             found.append(quoted)
             continue
         alone, named = _FLAG.fullmatch(a), _FLAG_VALUE.fullmatch(a) or _OVERRIDE.fullmatch(a)
+        if named is not None and named.re is _OVERRIDE and not named.group(2).strip("="):  # base64 padding, no k=v
+            named = None
         if alone:
             flag = alone.group(1) + alone.group(2)
-            why = None if says_secret(flag) or _declared(None, a) else secret_value(a)
+            why = None if says_secret(flag) else says_itself(a) if _declared(None, a) else secret_value(a)
         elif named:
             name, sep, value = named.group(1), named.group(2) if named.re is _FLAG_VALUE else "=", named.groups()[-1]
             if named.re is _FLAG_VALUE and not value.strip():  # "--token=" "v": its value is the next argument
@@ -418,6 +577,10 @@ def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
                 continue
             sep = " " if sep.isspace() else sep
             why = "" if says_secret(name) else _by_value(name, value)
+            itself = secret_value(name.lstrip("-+~"))  # the part before = may be the secret (a token, base64 text)
+            if itself is not None:
+                found.append(Secret(i, f"argument {i + 1}", itself, REDACTED))
+                continue
             if why is not None:
                 found.append(Secret(i, name, why, f"{name}{sep}{REDACTED}"))
                 if why == "" and named.re is _FLAG_VALUE and _PLURAL.fullmatch(_meaning(name)[-1]):
@@ -428,7 +591,11 @@ def secret_arguments(argv: list[str] | tuple[str, ...]) -> list[Secret]:
         if why is not None:  # a positional value, or a flag that is itself a token (--ghp_...)
             found.append(Secret(i, before if before and not alone else f"argument {i + 1}", why, REDACTED))
             flag = None
-    return found
+    # an argument judged as a reader sees it (plain) is shown whole as <redacted>: its name as typed (fullwidth,
+    # zero-width) is not the name shown, and a line shows only what the script received
+    raw = [str(a) for a in argv]
+    return [s if plain(raw[s.index]) == raw[s.index] else Secret(s.index, s.name, s.why, REDACTED, s.more)
+            for s in found]
 
 
 def redact_args(argv: list[str] | tuple[str, ...]) -> list[str]:

@@ -3,7 +3,8 @@
 - Only regular files, at most ``MAX_BYTES`` (``/dev/zero`` or a named pipe would never end).
 - YAML is scanned as events before it is built: at most ``MAX_ALIASES`` aliases (a "billion
   laughs" file is a few lines that expand to gigabytes, and any message quoting it would hang)
-  and ``MAX_DEPTH`` levels of nesting (deeper files crash the parser's recursion); duplicate
+  and ``MAX_DEPTH`` levels of nesting (deeper files crash the parser's recursion), no alias inside the
+  value it names (``&a [*a]``: a value that contains itself, endless to every reader); duplicate
   keys are an error naming both lines, never "the last one silently wins".
 Every problem is a UserError (exit 2) naming the file and what to do.
 """
@@ -182,6 +183,10 @@ def _load_yaml(text: str, origin: str, parser, loader) -> Any:
             if aliases > MAX_ALIASES:
                 raise UserError(f"{origin}: more than {MAX_ALIASES} YAML aliases (*name); a config needs few: "
                                 "write the values out")
+            if any(c[0] == event.anchor for c in open_):  # inside what it names: a value that contains itself
+                raise UserError(f"{origin}: the alias *{event.anchor} (line {event.start_mark.line + 1}) is inside "
+                                f"the value &{event.anchor} it names, a value that contains itself; write the values "
+                                "out")
             add(sizes.get(event.anchor, 1), event.start_mark)
         elif isinstance(event, yaml.ScalarEvent):
             if event.anchor:

@@ -54,6 +54,26 @@ PUBLISHED = [
     "--report_to=wandb", "--lr_scheduler_type=cosine_with_restarts", "--max_tokens", "--pad_token", "<|endoftext|>",
     "--time", "12:30:00", "--nodelist", "gpu[001-016]", "1000:1000", "alice@example.com",
 ]
+# the audit of issue 52: ordinary values it tried that no list above had (class names, tokenizer and dataset names,
+# schedules, dates, revisions, digests, choices, where secrets are kept, argument strings, free text)
+AUDIT_ORDINARY = [
+    "LlamaForCausalLM", "GPTNeoXForCausalLM", "Qwen2VLForConditionalGeneration", "MistralForSequenceClassification",
+    "XLMRobertaForTokenClassification", "Wav2Vec2ForCTC", "LlavaNextForConditionalGeneration", "c4/en",
+    "allenai/c4:en", "EleutherAI/the_pile_deduplicated", "HuggingFaceH4/ultrachat_200k", "2024-05-01",
+    "2024-05-01T12:30:00Z", "2024-05-01T12:30:00+02:00", "20240501-123000", "cosine_with_min_lr", "linear:0.1:1e-5",
+    "warmup_stable_decay", "pytorch_model-00002-of-00003.bin", "tokenizer.json", "sentencepiece.bpe.model",
+    "meta-llama/Llama-2-7b-hf@6fdf2e60f86ff2481f2241aaee459f85b5b0bbb9",
+    "--revision=6fdf2e60f86ff2481f2241aaee459f85b5b0bbb9", "1.2.3-alpha.1+exp.sha.5114f85",
+    "docker.io/library/ubuntu@sha256:2b7412e6465c3c7fc5bb21d3e6f1917c167358449fecac8176c6e496e5c1f05f",
+    "--optim=adamw_torch_fused", "--precision=bf16-mixed", "--strategy=deepspeed_stage_3_offload",
+    "--token_file=/run/secrets/hf", "--password_file=/run/secrets/db", "--secret_name=my-k8s-secret",
+    "--secrets_dir=/run/secrets", "--hf_token_path=~/.cache/huggingface/token", "--api_key_env=OPENAI_API_KEY",
+    '{"lr": 0.001, "scheduler": "cosine", "tokenizer": "gpt2"}', '{"model": {"name": "gpt2", "layers": 12}}',
+    "--lr 1 --max_tokens 512 --pad_token <pad>", "python train.py --key_column text --token_budget 4096",
+    "What is the password policy for new users?", "the Bearer of bad news", "https://host/docs#section=3",
+    "//cdn.example.com/lib.js", "https://example.com/?a=1&amp;b=2", "caf\\u00e9", "ｒｕｎ＿ｎａｍｅ",
+    "aGVsbG8gd29ybGQsIGEgY2FwdGlvbg==", "-----BEGIN PUBLIC KEY-----",
+]
 WORDS = ["gpt", "llama", "resnet", "vit", "bert", "t5", "whisper", "clip", "mistral", "medium", "large", "small",
          "base", "tiny", "finetuned", "pretrain", "sft", "dpo", "lora", "qlora", "instruct", "chat", "wiki", "text",
          "image", "net", "web", "crawl", "code", "math", "warmup", "cosine", "decay", "seed", "epoch", "step", "batch",
@@ -105,7 +125,18 @@ def ordinary_args() -> list[str]:
     out += [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(40)]
     out += [_run_name(rng) for _ in range(120)]
     out += ["gpt2Medium345MFinetunedOnWikiText103v2", "resnet50v2ImageNet1kBs256Lr0p1Ep90"]  # the issue's two
-    out += MODEL_IDS + PUBLISHED
+    out += MODEL_IDS + PUBLISHED + AUDIT_ORDINARY
+    for i in range(40):  # the audit of issue 52: more digests and ids of random bytes
+        digest = hashlib.sha256(rng.randbytes(64)).digest()
+        out.append(hashlib.sha1(digest).hexdigest() if i % 2 else hashlib.sha512(digest).hexdigest())
+        out.append(base64.urlsafe_b64encode(digest).decode())  # base64url with its padding, as encoders write it
+        out.append("z" + _b58(bytes([1, 0x55 if i % 2 else 0x70, 0x12, 0x20]) + digest))  # CIDv1, base58btc
+        out.append(("m" if i % 2 else "u") + (base64.b64encode if i % 2 else base64.urlsafe_b64encode)(
+            b"\x01\x55\x12\x20" + digest).decode().rstrip("="))  # CIDv1, multibase base64 / base64url
+        out.append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8)))  # a W&B run id
+        out.append(f"model-{i + 1:05d}-of-{40:05d}.safetensors")
+        out.append(f"s3://bucket-{i}/ckpt/{hashlib.md5(digest).hexdigest()}/step_{i * 1000}/")
+        out.append(f"v{i % 4}.{i % 11}.{i}-rc.{i % 3}+build.{digest.hex()[:7]}")
     for i in range(40):
         run = f"{20260101 + i}-{rng.randint(0, 235959):06d}-{rng.getrandbits(24):06x}"
         out.append(["runs/{}/checkpoints/step_{:08d}", "/scratch/$USER/{}/ckpt-{}", "outputs/{}/epoch={}"][i % 3]
@@ -135,6 +166,16 @@ def attack_cases() -> list[tuple[list[str], str]]:
         (["--token2", "PW-y"], "PW-y"), (["--api_key2", "PW-z"], "PW-z"), (["--api-key-b", "PW-A"], "PW-A"),
         (["-ualice:PW-B"], "PW-B"), (["Bearer", "PW-C-token"], "PW-C-token"),
         (["--private_key_pem", "PW-D"], "PW-D"),
+        # the audit of issue 52: other encodings, nested values, argument strings
+        (["--url", "https://alice&#58;PW-E&#64;host/x"], "PW-E"), (["--blob", "password\\u003dPW-F"], "PW-F"),
+        (["--url", "https://alice\\x3aPW-G\\x40host/x"], "PW-G"), (["--url", "https://alice：PW-H＠host/x"], "PW-H"),
+        (["--tok\u200ben", "PW-I"], "PW-I"), (["—token", "PW-J"], "PW-J"), (["--ｔｏｋｅｎ", "PW-K"], "PW-K"),
+        (["--blob", base64.b64encode(b"alice:PW-L").decode()], base64.b64encode(b"alice:PW-L").decode()),
+        (["--config_json", '{"db": {"password": "PW-M"}}'], "PW-M"), (["+db=[{password:PW-N}]"], "PW-N"),
+        (["--url", "https://host/cb#access_token=PW-O"], "PW-O"), (["--url", "//alice:PW-P@host/"], "PW-P"),
+        (["--redis", ":PW-Q@redis:6379"], "PW-Q"), (["--blob", "-----BEGIN PGP PRIVATE KEY BLOCK-----\nPW-R"], "PW-R"),
+        (["--args", "--lr 1 --password PW-S"], "PW-S"), (["--cmd", "mysql -u root -pPW-T"], "PW-T"),
+        (["--cmd", "curl -u alice:PW-U host"], "PW-U"),
     ]
     for i in range(40):  # tokens of issuers' shapes, and long random strings under innocent names
         tokens = ["hf_" + "".join(rng.choice(b62) for _ in range(34)),

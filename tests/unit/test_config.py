@@ -370,3 +370,16 @@ def test_an_integer_of_thousands_of_digits_is_bad_input_not_a_traceback(tmp_path
         load_config(cfg)
     with pytest.raises(UserError, match=r"p.json: a value autotune cannot read \(a number of thousands of digits\)"):
         HardwareProfile.from_json('{"schema_version": 1, "num_nodes": ' + "9" * 5000 + "}", origin="p.json")
+
+
+@pytest.mark.parametrize("text", ["training:\n  epochs: &a [*a]\n", "a: &a {b: [1, {c: *a}]}\n",
+                                  "training: &t\n  script_args: [*t]\n"])
+def test_a_yaml_value_that_contains_itself_is_bad_input_naming_the_alias(tmp_path, text):
+    """An alias inside the value it names (&a [*a]) makes an endless value: before the audit of issue 52 it reached
+    the YAML-meaning check and ended in a RecursionError traceback. Its nearest good case, an alias after its
+    value, is read."""
+    with pytest.raises(UserError, match=r"alias \*[at] \(line \d+\) is inside the value &[at]"):
+        load_config(write(tmp_path, text))
+    from autotune.safe_input import load_yaml
+
+    assert load_yaml("a: &a [1]\nb: *a\n", "c.yaml") == {"a": [1], "b": [1]}

@@ -239,3 +239,170 @@ def test_a_value_declared_no_secret_is_shown_and_a_secret_name_is_not_declarable
         assert redact_args(argv) == argv[:-1] + ["<redacted>"]
         assert redact_args([RANDOM_40.swapcase()]) == ["<redacted>"]  # a declared value is that value exactly
     assert redact_args(argv)[1] == "<redacted>"  # only while declared
+
+
+# -- audit of issue 52: other encodings -----------------------------------------------------------------------------
+_B64 = base64.b64encode(b"alice:PWxyz9").decode()
+
+
+@pytest.mark.parametrize("argv", [
+    ["--url", "https://alice&#58;PW&#64;host/x"],  # HTML entities, numeric
+    ["--url", "https://alice:PW&commat;host/x"],  # and named
+    ["--blob", "password&#61;PW"],
+    ["--url", "https://alice\\x3aPW\\x40host/x"],  # backslash escapes
+    ["--blob", "password\\u003dPW"],
+    ["--url", "https\\u003a\\/\\/alice:PW\\u0040host"],  # JSON's \/ too
+    ["--url", "https://alice：PW＠host/x"],  # fullwidth : and @
+    ["--blob", "ｈｆ＿PWaB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gH3"],  # a fullwidth token prefix
+    ["--tok\u200ben", "PW"], ["--token\u200b", "PW"],  # a zero-width character inside the name
+    ["—token", "PW"], ["－－token", "PW"], ["--ｔｏｋｅｎ", "PW"],  # an em dash, fullwidth dashes and letters
+    ["--blob", _B64], ["--header", "Authorization: Basic " + _B64],  # HTTP Basic's base64 user:password
+    ["--blob", base64.urlsafe_b64encode(b"password=PW").decode()],  # base64 of a secret's pair
+    ["--blob", base64.b64encode(b"{\"hub_token\": \"PW\"}").decode()],  # of a JSON config
+])
+def test_a_secret_is_read_through_html_entities_escapes_fullwidth_and_base64(argv):
+    shown = " ".join(redact_args(argv))
+    assert "PW" not in shown and _B64 not in shown, shown
+    assert secret_flags(argv)
+
+
+@pytest.mark.parametrize("value", [
+    "https://example.com/?a=1&amp;b=2", "caf\\u00e9", "C:\\\\x86\\\\data", "ｒｕｎ＿ｎａｍｅ",
+    base64.b64encode(b"hello world, a caption").decode(), base64.b64encode(b"12:30:00").decode(),
+    "Zm9vYmFy", "--run—name",
+])
+def test_decoded_ordinary_values_stay_ordinary(value):
+    """The nearest cases: entities, escapes, fullwidth and base64 that decode to no secret (base64 of a time is no
+    user:password) are shown as they are."""
+    assert redact_args(["--input", value]) == ["--input", value]
+
+
+def test_the_decodings_read_long_arguments_in_bounded_time():
+    import time
+
+    start = time.monotonic()
+    for arg in ("&#38;" * (25 << 10), "\\x25" * (32 << 10), "Zm9v" * (32 << 10), "＠" * (40 << 10),
+                "\u200b" * (40 << 10)):
+        assert redact_args(["--x", arg]) == ["--x", arg]
+    assert time.monotonic() - start < 5
+
+
+def _b58(data: bytes) -> str:
+    alphabet, n, out = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz", int.from_bytes(data, "big"), ""
+    while n:
+        n, r = divmod(n, 58)
+        out = alphabet[r] + out
+    return out
+
+
+def test_padded_base64url_digests_and_multihashes_are_no_secrets_but_unpadded_random_base64url_is():
+    """Digests an encoder wrote (base64url with its = padding) and content addresses by their structure (a multihash
+    or CIDv1 in base58btc, base64, base64url) pass; the nearest secret, a token_urlsafe(32) (43 characters, no
+    padding), and random base58 of a CID's length are still caught."""
+    import hashlib
+
+    rng = random.Random(520)
+    for i in range(50):
+        digest = hashlib.sha256(rng.randbytes(64)).digest()
+        for value in (base64.urlsafe_b64encode(digest).decode(), "z" + _b58(b"\x01\x55\x12\x20" + digest),
+                      "m" + base64.b64encode(b"\x01\x70\x12\x20" + digest).decode().rstrip("="),
+                      "u" + base64.urlsafe_b64encode(b"\x12\x20" + digest).decode().rstrip("=")):
+            assert secret_flags(["--input", value]) == [], value
+    b58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+    caught = sum(bool(secret_flags(["--input", value])) for value in
+                 [base64.urlsafe_b64encode(rng.randbytes(32)).decode().rstrip("=") for _ in range(100)]
+                 + ["z" + "".join(rng.choice(b58) for _ in range(48)) for _ in range(100)])
+    assert caught >= 180
+
+
+@pytest.mark.parametrize("argv", [
+    ["--config_json", '{"db": {"password": "PW"}}'],  # a JSON value that opens another: its names are read too
+    ["--config_json", '{"db": {"creds": {"api_key": "PW"}}}'],
+    ["+db={outer:{password:PW}}"], ["+db=[{password:PW}]"],
+    ["--url", "https://host/cb#access_token=PW"],  # an OAuth implicit grant's fragment
+    ["--url", "//alice:PW@host/"],  # scheme-relative
+    ["--redis", ":PW@redis:6379"],  # redis's password without a user
+    ["--blob", "-----BEGIN PGP PRIVATE KEY BLOCK-----\nPW"],
+])
+def test_nested_values_fragments_scheme_relative_urls_and_pgp_keys_are_read(argv):
+    assert not any("PW" in a for a in redact_args(argv)), redact_args(argv)
+
+
+@pytest.mark.parametrize("value", [
+    '{"model": {"name": "gpt2", "layers": 12}}', "https://host/docs#section=3", "//cdn.example.com/a.js",
+    ":8080", "nginx:1.25@sha256:" + "ab" * 32, "-----BEGIN PUBLIC KEY-----",
+])
+def test_the_nearest_ordinary_nested_values_urls_and_keys_pass(value):
+    assert redact_args(["--input", value]) == ["--input", value]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--args", "--lr 1 --password PW"], ["--extra_args=--lr=1 --hub_token=PW"],
+    ["--cmd", "python train.py --hf_token PW"], ["--cmd", "mysql -u root -pPW"], ["--cmd", "curl -u alice:PW h"],
+    ["--cmd", "python train.py +db.password=PW"],
+])
+def test_a_value_that_is_itself_a_command_line_has_its_arguments_judged(argv):
+    assert not any("PW" in a for a in redact_args(argv)), redact_args(argv)
+
+
+def test_free_text_and_argument_strings_without_secrets_pass_in_bounded_time():
+    import time
+
+    for value in ("the Bearer of bad news arrived", "--lr 1 --max_tokens 512 --pad_token <pad>",
+                  "python train.py --key_column text --token_budget 4096", "What is the password policy?"):
+        assert redact_args(["--input", value]) == ["--input", value]
+    start = time.monotonic()
+    for arg in ("a " * (32 << 10), "--x " * (16 << 10), "--api_keys " * (6 << 10), "-p " * (20 << 10)):
+        redact_args(["--x", arg])
+    assert time.monotonic() - start < 5
+
+
+def test_a_secrets_place_or_name_is_shown_and_a_secret_given_to_it_is_still_caught():
+    """--token_file, --password_file, --hf_token_path, --secret_name, --secrets_dir take where a secret is (what the
+    refusal recommends), so their values are shown and exports accept them; a token or a long random string given
+    to one is still caught by its value, and the one-word --passwordfile stays a secret's name."""
+    for argv in (["--token_file", "/run/secrets/hf"], ["--password_file=/run/secrets/db"],
+                 ["--hf_token_path", "~/.cache/huggingface/token"], ["--secret_name=my-k8s-secret"],
+                 ["--secrets_dir", "/run/secrets"], ["--api_key_env", "OPENAI_API_KEY"]):
+        assert redact_args(argv) == argv and secret_flags(argv) == []
+    assert secret_flags(["--token_file", "hf_" + RANDOM_40[:34]]) == ["--token_file (a token by its prefix)"]
+    assert secret_flags(["--token_path", RANDOM_40]) == ["--token_path (a long random string)"]
+    assert secret_flags(["--passwordfile", "/x"]) == ["--passwordfile"]
+
+
+def test_a_declaration_lifts_the_shape_rules_but_not_a_value_that_says_what_it_is():
+    """--not_secret model: a random-looking value of --model passes; an hf_ token, a URL with a password, a private
+    key or a JWT given to it stays hidden, however encoded (the declaration was for a checksum or a name)."""
+    hf = "hf_" + RANDOM_40[:34]
+    with declared_not_secret(["--model", "blob", hf]):
+        assert redact_args(["--model", RANDOM_40]) == ["--model", RANDOM_40]
+        for value in (hf, "https://alice:pw@host/x", "https%3A%2F%2Falice%3Apw%40host", "-----BEGIN PRIVATE KEY-----",
+                      "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJl"):
+            assert redact_args(["--model", value]) == ["--model", "<redacted>"], value
+            assert redact_args(["--model=" + value]) == ["--model=<redacted>"]
+        assert redact_args(["+blob=" + hf, hf]) == ["+blob=<redacted>", "<redacted>"]
+
+
+def test_base64_text_is_read_inside_a_path_or_url_segment():
+    """A run directory or URL whose segment is base64 of user:password (found in the dry run's printed environment:
+    AUTOTUNE_CHECKPOINT_DIR=/runs/YWxp...=/checkpoints); a segment that decodes to no secret stays."""
+    b64 = base64.b64encode(b"alice:PWxyz9").decode()
+    for value in (f"/tmp/runs/{b64}/checkpoints", f"https://host/a/{b64}/b"):
+        assert secret_value(value) == "a user:password in base64", value
+    assert secret_value(f"/tmp/runs/{base64.b64encode(b'llama-7b-sft').decode()}/ckpt") is None
+
+
+def test_an_argument_read_through_its_compatibility_form_is_shown_whole_as_redacted():
+    """'－－ｔｏｋｅｎ=PW' is judged as --token=PW, but shown as <redacted>, not as a --token=<redacted> the
+    script never received."""
+    assert redact_args(["－－ｔｏｋｅｎ=PW", "--token=PW"]) == ["<redacted>", "--token=<redacted>"]
+
+
+def test_a_secret_before_an_equals_sign_is_no_name_to_show():
+    """An argument read as k=v whose k is itself a secret (base64 of user:pw with its padding, then text; a token
+    before =) is shown whole as <redacted>; before the audit the first was shown with its k, the second whole."""
+    b64 = base64.b64encode(b"alice:pw").decode()
+    token = "hf_" + RANDOM_40[:34]
+    for arg in (f"{b64} {b64}", f"{b64},x", f"{token}=1", f"--{token}=1"):
+        assert redact_args([arg]) == ["<redacted>"], arg
+    assert redact_args(["trainer.max_epochs=3", "--lr=0.1"]) == ["trainer.max_epochs=3", "--lr=0.1"]
