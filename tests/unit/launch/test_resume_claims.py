@@ -103,6 +103,19 @@ def test_a_resumed_launch_whose_script_continued_shows_the_step_it_resumed_at():
                                                   "state_loaded": ["model"]}, loads=[ckpt]) for r in (0, 1)])
     assert weights.resume["status"] == "resumed" and weights.resume["step"] is None and weights.wrong == []
     assert "the step it resumed at is not observable" in weights.line()
+    assert "its optimizer and schedulers start fresh" in weights.line()
+
+
+def test_a_resume_whose_step_is_unseen_never_says_the_state_it_loaded_starts_fresh():
+    """imagenet's shape: SGD (its state keeps no step counter) and a per-epoch StepLR loaded from the checkpoint at
+    its first epoch: the step is not observable, but the optimizer and scheduler were loaded, not fresh."""
+    ckpt = "/runs/r/checkpoint.pth.tar"
+    j = judge(a_plan(ckpt), [rank(r, first={"optimizer_step": None, "scheduler_epoch": 1, "state_loaded": [
+        "model", "optimizer", "scheduler"]}, loads=[ckpt]) for r in (0, 1)])
+    assert j.resume["status"] == "resumed" and j.resume["step"] is None and j.wrong == []
+    assert "start fresh" not in j.line()
+    assert ("not observable: its optimizer and scheduler were loaded, but its optimizer's state keeps no step "
+            "counter and its scheduler stood at its first step") in j.line()
 
 
 def test_a_resumed_launch_whose_script_started_over_is_wrong_never_resumed():
