@@ -95,6 +95,7 @@ def _execute(setup, lock=None, log=None) -> int:
     from autotune.launch.builds import BuildWatch
     from autotune.launch.rendezvous import rendezvous_failure
     from autotune.launch.wired_cause import wired_cause
+    from autotune.prepare.resume import script_checkpoints
 
     _announce(setup)
     started, since = time.monotonic(), time.time()
@@ -118,7 +119,9 @@ def _execute(setup, lock=None, log=None) -> int:
                  script_checkpoint=_written_after(setup.run_dir, signals.first_at) if signals and plan.run.entrypoint
                  else None, has_checkpoint=bool(signals) and _has_checkpoint(setup.run_dir),
                  master_port=setup.launch_spec.env.get("MASTER_PORT") if plan.engine.backend == "single" else None,
-                 resume_fix=setup.resume_fix, script_saved=_script_saved(setup))
+                 resume_fix=setup.resume_fix,
+                 script_saved=bool(script_checkpoints(Path(setup.run_dir))) if plan.run.entrypoint and
+                 getattr(setup.delivery, "resume", None) else None)
     for stream, text in end.lines:
         print(text, file=sys.stdout if stream == "out" else sys.stderr)
     cause = wired_cause(setup) if end.code not in (0, EXIT_UNAVAILABLE) and not signals else None
@@ -218,15 +221,6 @@ def _written_after(run_dir: Path, since: float | None) -> Path | None:
             continue
     written = {p: t for p, t in times.items() if t >= (since or 0.0)}
     return max(written, key=written.get) if written else None
-
-
-def _script_saved(setup) -> bool | None:
-    """Whether a user's script launched with --resume_from left anything in {checkpoint_dir} (None: not asked)."""
-    from autotune.prepare.resume import script_checkpoints
-
-    if not setup.plan.run.entrypoint or not getattr(setup.delivery, "resume", None):
-        return None
-    return bool(script_checkpoints(Path(setup.run_dir)))
 
 
 def _has_checkpoint(run_dir: Path) -> bool:
