@@ -228,6 +228,21 @@ def read_resume(path: str | Path) -> ResumeReading:
     return out
 
 
+def form_not_shown(reading: ResumeReading | None, names: set[str], flag: str | None, resume_path: Path | None) -> str:
+    """Where a directory is handed to a flag (its value named ``names`` in the code) whose load the source does not
+    show (timm's --resume reaches its library's resume_checkpoint, outside the script's project): said, with the
+    newest file to give if the flag loads a file; '' where the form is shown, nothing is handed, or a file is."""
+    if resume_path is None or flag is None or not resume_path.is_dir():
+        return ""
+    if reading is not None and reading.reaches(names) is not None:
+        return ""
+    files = [p for p in resume_path.rglob("*") if p.is_file() and not p.is_symlink() and not p.name.startswith(".")]
+    newest = max(files, key=lambda p: (p.stat().st_mtime, p.name)) if files else None
+    return (f"; whether {flag} loads a file or a directory is not shown from its source (no load call reached), and "
+            f"it is handed the directory {resume_path}"
+            + (f": if it loads a file, give --resume_from {newest}" if newest else ""))
+
+
 def why_no_resume(entry: str | None, script_args: list[str], wire_auto: bool) -> str | None:
     """Why a requeued job of this script would start over (None: it can resume, or the built-in training, which
     always can): a user's script resumes when it reads autotune's resume point ({resume_from} in its arguments,

@@ -295,3 +295,32 @@ def test_a_checkpoint_read_through_an_open_file_is_named_by_its_path(tmp_path):
     with open(tmp_path / "snap.pt", "rb") as f:
         assert _path_of(f) == str(tmp_path / "snap.pt")
     assert _path_of(io.BytesIO(b"x")) is None and _path_of(tmp_path) == str(tmp_path)
+
+
+def test_a_directory_handed_to_a_flag_whose_load_is_not_shown_is_said_with_the_file(tmp_path):
+    """timm's shape: --resume is documented as resume, but it reaches its library's resume_checkpoint (outside the
+    script's project), which torch.loads a file; its checkpoints lie in a folder under {checkpoint_dir}. Handing the
+    folder is said as not shown, naming the newest file to give; a flag shown to load a directory, or a file
+    handed, says nothing more."""
+    from autotune.exports.script_resume import form_not_shown
+
+    script = tmp_path / "train.py"
+    script.write_text("import argparse\nfrom somelib import resume_checkpoint\np = argparse.ArgumentParser()\n"
+                      "p.add_argument('--resume', default='', help='Resume full model and optimizer state from "
+                      "checkpoint')\nargs = p.parse_args()\nif args.resume:\n    resume_checkpoint(args.resume)\n")
+    run = tmp_path / "checkpoints" / "20261206-resnet18"
+    run.mkdir(parents=True)
+    (run / "checkpoint-0.pth.tar").write_text("a")
+    (run / "last.pth.tar").write_text("b")
+    import os
+    os.utime(run / "checkpoint-0.pth.tar", (1, 1))
+    reading = read_resume(script)
+    said = form_not_shown(reading, {"resume"}, "--resume", run)
+    assert said.startswith("; whether --resume loads a file or a directory is not shown from its source")
+    assert said.endswith(f": if it loads a file, give --resume_from {run / 'last.pth.tar'}")
+    assert form_not_shown(reading, {"resume"}, "--resume", run / "last.pth.tar") == ""  # a file handed: nothing to say
+    assert form_not_shown(reading, {"resume"}, "--resume", None) == ""
+    shown = tmp_path / "shown.py"
+    shown.write_text("import argparse, os, torch\np = argparse.ArgumentParser()\np.add_argument('--resume')\n"
+                     "args = p.parse_args()\ntorch.load(os.path.join(args.resume, 'last.pt'))\n")
+    assert form_not_shown(read_resume(shown), {"resume"}, "--resume", run) == ""  # its load is shown: handed_form's
