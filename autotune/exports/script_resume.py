@@ -243,6 +243,25 @@ def form_not_shown(reading: ResumeReading | None, names: set[str], flag: str | N
             + (f": if it loads a file, give --resume_from {newest}" if newest else ""))
 
 
+def never_told_where(facts, placeholders, wired: dict, args: list[str], run_dir: Path) -> str:
+    """Why ``--resume_from auto`` would never find a checkpoint of this script's, or '': it looks only in the run's
+    {checkpoint_dir}, and a script saves there only if it is told where that is (a {checkpoint_dir} or {run_dir}
+    placeholder, a wired checkpoint flag, an argument inside the run directory, $AUTOTUNE_CHECKPOINT_DIR or
+    $AUTOTUNE_RUN_DIR read, or autotune's Python API). imagenet's main.py saves checkpoint.pth.tar in its working
+    directory: told none of these, its resume flag is never passed anything."""
+    from autotune.rundir.layout import CHECKPOINT_DIR_ENV, RUN_DIR_ENV
+
+    if facts is None or facts.uses_autotune or {"checkpoint_dir", "run_dir"} & set(placeholders) or \
+            "checkpoint_dir" in wired or {CHECKPOINT_DIR_ENV, RUN_DIR_ENV} & set(facts.env_reads):
+        return ""
+    inside = {str(run_dir), str(Path(run_dir).absolute())}
+    if any(where in str(a) for a in args for where in inside):
+        return ""
+    return ("; but nothing tells the script where the run's {checkpoint_dir} is, the only place --resume_from auto "
+            "looks, so it finds nothing there on any launch and the script starts over each time: give its "
+            "checkpoint-path flag {checkpoint_dir} after `--` (or have it save under $" + CHECKPOINT_DIR_ENV + ")")
+
+
 def why_no_resume(entry: str | None, script_args: list[str], wire_auto: bool) -> str | None:
     """Why a requeued job of this script would start over (None: it can resume, or the built-in training, which
     always can): a user's script resumes when it reads autotune's resume point ({resume_from} in its arguments,

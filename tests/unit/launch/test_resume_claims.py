@@ -324,3 +324,25 @@ def test_a_directory_handed_to_a_flag_whose_load_is_not_shown_is_said_with_the_f
     shown.write_text("import argparse, os, torch\np = argparse.ArgumentParser()\np.add_argument('--resume')\n"
                      "args = p.parse_args()\ntorch.load(os.path.join(args.resume, 'last.pt'))\n")
     assert form_not_shown(read_resume(shown), {"resume"}, "--resume", run) == ""  # its load is shown: handed_form's
+
+
+def test_a_resume_flag_of_a_script_never_told_the_checkpoint_dir_is_said_to_find_nothing(tmp_path):
+    """imagenet's shape: --resume reaches torch.load, but the script saves checkpoint.pth.tar in its working
+    directory and is told nothing of the run directory: --resume_from auto, which looks only in {checkpoint_dir},
+    finds nothing on any launch. Said before the launch; the same script given {checkpoint_dir} is not."""
+    from autotune.prepare import prepare
+
+    script = tmp_path / "main.py"
+    script.write_text("import argparse, torch\np = argparse.ArgumentParser()\n"
+                      "p.add_argument('--resume', default='', metavar='PATH')\n"
+                      "p.add_argument('--print-freq', default=10, type=int)\n"
+                      "p.add_argument('--snap', default='checkpoint.pth.tar')\nargs = p.parse_args()\n"
+                      "if args.resume:\n    torch.load(args.resume)\ntorch.save({}, args.snap)\n")
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(script), "training.wire": "auto"})
+    s = prepare(cfg, hardware="cpu-only", run_dir=tmp_path / "r", environ={}, resume_from="auto")
+    assert s.delivery.resume.startswith("recognised --resume (nothing to resume yet")
+    assert "but nothing tells the script where the run's {checkpoint_dir} is" in s.delivery.resume
+    told = prepare(cfg, hardware="cpu-only", run_dir=tmp_path / "t", environ={}, resume_from="auto",
+                   script_args=["--snap", "{checkpoint_dir}/snap.pt"])
+    assert told.delivery.resume.startswith("recognised --resume") and "nothing tells the script" not in \
+        told.delivery.resume
