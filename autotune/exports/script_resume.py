@@ -275,10 +275,12 @@ def why_no_resume(entry: str | None, script_args: list[str], wire_auto: bool) ->
     if facts.error or facts.uses_autotune or RESUME_FROM_ENV in facts.env_reads:
         return None
     args = [str(a) for a in script_args]
-    if any("{resume_from}" in a for a in args) or any(a.split("=")[0] in FLAGS["resume_from"] for a in args):
-        return None
-    if wire_auto and any(f in facts.flags for f in FLAGS["resume_from"]):
-        return None
+    wired = {"checkpoint_dir": "wired"} if wire_auto and any(f in facts.flags for f in FLAGS["checkpoint_dir"]) else {}
+    placeholders = [k for k in ("checkpoint_dir", "run_dir") if any(f"{{{k}}}" in a for a in args)]
+    never = never_told_where(facts, placeholders, wired, [], Path("\0"))  # no run directory in a job's arguments
+    if any("{resume_from}" in a for a in args) or any(a.split("=")[0] in FLAGS["resume_from"] for a in args) or \
+            wire_auto and any(f in facts.flags for f in FLAGS["resume_from"]):
+        return f"{entry} takes a resume point,{never[1:]}" if never else None
     reading = read_resume(entry)
     for i, a in enumerate(args):  # a path it is given inside the run directory, that it loads from
         if "{checkpoint_dir}" in a or "{run_dir}" in a:
@@ -287,4 +289,4 @@ def why_no_resume(entry: str | None, script_args: list[str], wire_auto: bool) ->
                 return None
     return (f"{entry} is not shown to load any checkpoint it is given (no {{resume_from}}, no resume flag, no path "
             "inside the run directory that reaches a load call), so a requeued job would start over; "
-            f"{facts.resume_hint(RESUME_FROM_ENV)}")
+            f"{facts.resume_hint(RESUME_FROM_ENV)}" + (f"; and{never[len('; but'):]}" if never else ""))

@@ -233,7 +233,13 @@ def test_the_sbatch_script_resumes_only_a_script_that_can(tmp_path):
     p = a_plan()
     why = why_no_resume(str(SCRIPTS / "takes_path.py"), ["--checkpoint_dir", "{checkpoint_dir}"], False)
     assert why is not None and "a requeued job would start over" in why
-    assert why_no_resume(str(SCRIPTS / "loads_resume.py"), ["--resume", "{resume_from}"], False) is None
+    assert why_no_resume(str(SCRIPTS / "loads_resume.py"), ["--resume", "{resume_from}", "--checkpoint_dir",
+                                                            "{checkpoint_dir}"], False) is None
+    # imagenet's shape: it takes the resume point, but is never told where {checkpoint_dir} is (the only place a
+    # requeued job's --resume_from auto looks): said, and the fix names {checkpoint_dir}
+    never = why_no_resume(str(SCRIPTS / "loads_resume.py"), ["--resume", "{resume_from}"], False)
+    assert never is not None and "takes a resume point, but nothing tells the script where the run's " \
+        "{checkpoint_dir} is" in never
     assert why_no_resume(str(SCRIPTS / "takes_path.py"), [], True) is None  # --wire auto passes its --resume
     kw = dict(launcher="./l.sh", config="c.yaml", run_dir="runs/x", cpus_per_task=4, time_limit="1:00:00",
               partition=None, account=None, job_name="j")
@@ -346,3 +352,23 @@ def test_a_resume_flag_of_a_script_never_told_the_checkpoint_dir_is_said_to_find
                    script_args=["--snap", "{checkpoint_dir}/snap.pt"])
     assert told.delivery.resume.startswith("recognised --resume") and "nothing tells the script" not in \
         told.delivery.resume
+
+
+def test_the_sbatch_export_reads_wire_auto_from_the_config_every_node_reads(tmp_path):
+    """The config's training.wire: auto is --wire auto on every node (each node's launcher reads the same config);
+    the export said 'add --wire auto' where it was on, and dropped --resume_from auto from a job that takes it."""
+    from autotune.exports.formats import ExportRequest, export_plan
+
+    cfg_file = tmp_path / "c.yaml"
+    script = str(SCRIPTS / "takes_path.py")  # --resume declared, --checkpoint_dir declared (both wired)
+    for wire, resumes in (("auto", True), ("none", False)):
+        cfg_file.write_text(f"training:\n  entrypoint: {script}\n  wire: {wire}\n")
+        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": script, "training.wire": wire})
+        p = plan(load_profile("cpu-only"), cfg, deepspeed_installed=False)
+        req = ExportRequest(format="sbatch", script=script, script_args=(), config=str(cfg_file),
+                            config_is_default=False, run_dir=str(tmp_path / "r"))
+        text = export_plan(req, p, load_profile("cpu-only"), None).text
+        command = next(line for line in text.splitlines() if line.startswith("srun "))
+        assert ("--resume_from auto" in command) is resumes, wire
+        said = " ".join(text.replace("#", " ").split())  # the comment's lines joined again
+        assert ("add --wire auto" in said) is not resumes, wire
