@@ -126,3 +126,23 @@ def test_a_jsonargparse_apps_accumulation_from_its_global_batch_is_read(tmp_path
     derived = script_facts("lit.cli:main").derived_accumulation
     assert derived.flag == "--train.global_batch_size" and derived.default == 16 and not derived.proportional
     assert derived.statement == "accumulation_iters = train.gradient_accumulation_iters(devices)"
+
+
+def test_a_precision_switch_is_never_given_a_placeholder_and_a_dtype_flag_takes_torchs_word(tmp_path):
+    """timm declares --amp (a switch), --amp-dtype and --model-dtype (torch's dtype names): the hint told the user
+    to give them {precision} ('--amp bf16' makes the 'bf16' a stray positional; --amp-dtype bf16 is no dtype). A
+    switch is named as one; each value flag gets the placeholder its name takes."""
+    from autotune.exports.delivery import Delivery
+
+    f = tmp_path / "train.py"
+    f.write_text(TIMM_LIKE.replace('p.add_argument("-b"', 'p.add_argument("--amp-dtype", default="float16")\n'
+                                   'p.add_argument("--model-dtype", default=None)\np.add_argument("-b"'))
+    d = delivery(_fp32_plan(str(f)), scan_script(f), [], {}, [], deepspeed_json=False)
+    hint = d.advisory_hint()
+    assert "its precision flag among --amp-dtype {dtype}, --model-dtype {dtype} (--amp: a switch, no value)" in hint
+    assert "--amp {precision}" not in hint and "{precision}" not in hint
+    only = Delivery({"precision": []}, ["precision"], flags=("--amp",), switches=("--amp",)).advisory_hint()
+    assert "its precision switch --amp (it takes no value: a placeholder cannot reach it)" in only
+    # the nearest case: a value flag that is no switch still takes the placeholder
+    assert "--precision {precision} (if that is its precision)" in Delivery(
+        {"precision": []}, ["precision"], flags=("--precision",)).advisory_hint()
