@@ -13,6 +13,7 @@ from typing import Any
 from autotune.exports.flag_words import flag_form, value_of
 from autotune.exports.precision_claim import precision_claim
 from autotune.exports.script_scan import ScriptFacts
+from autotune.exports.script_world import world_read_switch
 from autotune.exports.user_values import yours_route
 from autotune.exports.withheld import withhold_accumulation
 from autotune.plan import TrainingPlan
@@ -214,7 +215,12 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
                      f"(`{facts.scaled_by_world['learning_rate']}`): {{learning_rate}} makes it train at "
                      f"{plan.schedule.learning_rate * world:g}, not the plan's {plan.schedule.learning_rate:g}; "
                      f"pass {plan.schedule.learning_rate / world:g} instead (--wire auto does)")
-    routes["world_size"].append("environment (WORLD_SIZE, RANK, LOCAL_RANK from the launcher)")
+    switch = world_read_switch(facts.path, {facts.dests.get(f) or f.lstrip("-").replace("-", "_"): f
+                                            for f in facts.flags}) if facts.path.endswith(".py") else None
+    routes["world_size"].append("environment (WORLD_SIZE, RANK, LOCAL_RANK from the launcher)" + (
+        f", read by the script only where `{switch[0]}` holds ({', '.join(switch[1])}): not known before the launch "
+        "whether it holds with the arguments given; its first steps show whether its ranks join one job"
+        if switch else ""))
     for k, name in VALUE_ENV.items():
         if name in facts.env_reads and k not in plan.run.script_defaults:  # not exported then
             routes[k].append(f"environment ({name}, read by the script)")

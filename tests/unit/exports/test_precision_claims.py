@@ -146,3 +146,34 @@ def test_a_precision_switch_is_never_given_a_placeholder_and_a_dtype_flag_takes_
     # the nearest case: a value flag that is no switch still takes the placeholder
     assert "--precision {precision} (if that is its precision)" in Delivery(
         {"precision": []}, ["precision"], flags=("--precision",)).advisory_hint()
+
+
+IMAGENET_LIKE = """\
+import argparse, os
+import torch.distributed as dist
+p = argparse.ArgumentParser()
+p.add_argument("--dist-url", default="tcp://224.66.41.62:23456")
+p.add_argument("--world-size", default=-1, type=int)
+p.add_argument("--rank", default=-1, type=int)
+args = p.parse_args()
+if args.dist_url == "env://" and args.world_size == -1:
+    args.world_size = int(os.environ["WORLD_SIZE"])
+if args.world_size > 1:
+    dist.init_process_group("gloo", init_method=args.dist_url, world_size=args.world_size, rank=args.rank)
+"""
+
+
+def test_a_world_size_read_only_behind_the_scripts_own_flags_is_not_claimed_delivered(tmp_path):
+    """imagenet's main.py reads WORLD_SIZE only where `args.dist_url == "env://"`, and its default --dist-url is a
+    tcp:// address: under torchrun without --dist-url env:// its ranks never join. The route names the test and its
+    flags as not known; a read behind the launcher's own environment (llm.c's RANK test) is said as before."""
+    f = tmp_path / "main.py"
+    f.write_text(IMAGENET_LIKE)
+    d = delivery(_fp32_plan(str(f)), scan_script(f), [], {}, [], deepspeed_json=False)
+    said = d.routes["world_size"][0]
+    assert "read by the script only where `args.dist_url == 'env://' and args.world_size == -1` holds " \
+           "(--dist-url, --world-size): not known before the launch" in said
+    f.write_text("import os\nddp = int(os.environ.get('RANK', -1)) != -1\nif ddp:\n"
+                 "    world = int(os.environ['WORLD_SIZE'])\n")
+    d = delivery(_fp32_plan(str(f)), scan_script(f), [], {}, [], deepspeed_json=False)
+    assert d.routes["world_size"] == ["environment (WORLD_SIZE, RANK, LOCAL_RANK from the launcher)"]
