@@ -372,3 +372,25 @@ def test_the_sbatch_export_reads_wire_auto_from_the_config_every_node_reads(tmp_
         assert ("--resume_from auto" in command) is resumes, wire
         said = " ".join(text.replace("#", " ").split())  # the comment's lines joined again
         assert ("add --wire auto" in said) is not resumes, wire
+
+
+def test_ranks_that_never_joined_because_the_scripts_own_test_failed_are_told_that_test():
+    """imagenet's main.py under torchrun without --dist-url env://: it reads WORLD_SIZE only behind that test, so
+    its ranks never joined. The fix names the test and its flags (said before the launch), not 'the script must
+    call init_process_group', which it does; without such a route the general fix stays."""
+    from autotune.exports.wiring import Delivery
+
+    alone = [{**rank(r, engine=None), "process_group": None} for r in (0, 1)]
+    route = ("environment (WORLD_SIZE, RANK, LOCAL_RANK from the launcher), read by the script only where "
+             "`args.dist_url == 'env://' and args.world_size == -1` holds (--dist-url, --world-size): not known before "
+             "the launch whether it holds with the arguments given; its first steps show whether its ranks join one "
+             "job")
+    j = judge(a_plan(), alone, Delivery(routes={"world_size": [route]}, advisory=[]))
+    assert j.trainings == 2
+    wrong = next(w for w in j.wrong if "independent trainings" in w)
+    assert "the script reads the launcher's WORLD_SIZE only where `args.dist_url == 'env://' and " \
+           "args.world_size == -1` holds (--dist-url, --world-size), which did not hold" in wrong
+    assert "must call torch.distributed.init_process_group" not in wrong
+    plain = judge(a_plan(), alone, Delivery(routes={"world_size": ["environment (WORLD_SIZE, RANK, LOCAL_RANK from "
+                                                                    "the launcher)"]}, advisory=[]))
+    assert "must call torch.distributed.init_process_group" in next(w for w in plain.wrong if "independent" in w)
