@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.exports.flag_words import near_flags, value_of, words_of
+from autotune.exports.flag_words import flag_form, value_of
 from autotune.exports.precision_claim import precision_claim
 from autotune.exports.script_scan import ScriptFacts
+from autotune.exports.script_world import world_read_switch
 from autotune.exports.user_values import yours_route
 from autotune.exports.withheld import withhold_accumulation
 from autotune.plan import TrainingPlan
@@ -57,6 +58,7 @@ class Delivery:
     shape: str = "argparse"  # the script's shape: argparse, configurator, hydra, lightning (for its hints' forms)
     deepspeed_condition: str | None = None  # the condition its deepspeed.initialize path is behind, as read
     flags: tuple[str, ...] = ()  # every flag the script declares (argparse), known to autotune or not
+    switches: tuple[str, ...] = ()  # those of them that take no value (store_true): never given a placeholder
     given: dict[str, str] = field(default_factory=dict)  # plan value -> your own argument after `--` that sets it
     derived: Any = None  # script_derived.DerivedAccumulation: the script computes its accumulation from its argument
     derived_given: str | None = None  # your own value of that argument after `--`, as you passed it
@@ -87,13 +89,7 @@ class Delivery:
             return f"--{part}.<its {word} argument> {{{key}}}"
         if self.shape == "configurator":
             return f"--<its {word} setting>={{{key}}}"
-        near = near_flags(key, self.flags)
-        if len(near) == 1:  # a --dtype flag takes torch's dtype name ({dtype}: bfloat16)
-            shown = "dtype" if key == "precision" and "dtype" in words_of(near[0]) else key
-            return f"{near[0]} {{{shown}}} (if that is its {word})"
-        if near:
-            return f"its {word} flag among {', '.join(near)} with {{{key}}}"
-        return ""  # it declares no flag for it: placeholder_hint says so, naming none
+        return flag_form(key, word, self.flags, self.switches)  # "": it declares none (placeholder_hint says so)
 
     def placeholder_hint(self, keys=("micro_batch_size",)) -> str:
         """How to pass ``keys`` (the values it has no recognised setting for), in the script's shape's form; for an
@@ -219,7 +215,12 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
                      f"(`{facts.scaled_by_world['learning_rate']}`): {{learning_rate}} makes it train at "
                      f"{plan.schedule.learning_rate * world:g}, not the plan's {plan.schedule.learning_rate:g}; "
                      f"pass {plan.schedule.learning_rate / world:g} instead (--wire auto does)")
-    routes["world_size"].append("environment (WORLD_SIZE, RANK, LOCAL_RANK from the launcher)")
+    switch = world_read_switch(facts.path, {facts.dests.get(f) or f.lstrip("-").replace("-", "_"): f
+                                            for f in facts.flags}) if facts.path.endswith(".py") else None
+    routes["world_size"].append("environment (WORLD_SIZE, RANK, LOCAL_RANK from the launcher)" + (
+        f", read by the script only where `{switch[0]}` holds ({', '.join(switch[1])}): not known before the launch "
+        "whether it holds with the arguments given; its first steps show whether its ranks join one job"
+        if switch else ""))
     for k, name in VALUE_ENV.items():
         if name in facts.env_reads and k not in plan.run.script_defaults:  # not exported then
             routes[k].append(f"environment ({name}, read by the script)")
@@ -282,7 +283,8 @@ def delivery(plan: TrainingPlan, facts: ScriptFacts | None, placeholders: list[s
         routes["checkpoint_dir"] = ["placeholder {checkpoint_dir}: the run directory's checkpoints folder"]
     return Delivery(routes, advisory, notes=tuple(notes), engine=plan.engine.backend, shape=shape_of(facts),
                     divides_accumulation=facts.divided_by_world.get("gradient_accumulation_steps"),
-                    deepspeed_condition=facts.deepspeed_condition, flags=tuple(facts.flags), given=given,
+                    deepspeed_condition=facts.deepspeed_condition, flags=tuple(facts.flags),
+                    switches=tuple(f for f, switch in facts.flags.items() if switch), given=given,
                     derived=facts.derived_accumulation, derived_given=value_of(
                         facts.derived_accumulation.flag, user_args) if facts.derived_accumulation else None)
 

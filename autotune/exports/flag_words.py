@@ -33,3 +33,21 @@ def value_of(flag: str, args: list[str]) -> str | None:
         elif a.startswith(flag + "="):
             found = a.split("=", 1)[1]
     return found
+
+
+def flag_form(key: str, word: str, flags, switches) -> str:
+    """How ``key``'s placeholder goes to the flags an argparse script declares near it ('' where none): a flag whose
+    name says dtype takes torch's dtype name ({dtype}: bfloat16); a switch (store_true: timm's --amp) takes no
+    value, so it is named as a switch and never given a placeholder."""
+    near = near_flags(key, flags)
+    on = [f for f in near if f in switches]
+    forms = [f"{f} {{{'dtype' if key == 'precision' and 'dtype' in words_of(f) else key}}}" for f in near
+             if f not in switches]
+    said_on = f"{' and '.join(on)}: {'a switch' if len(on) == 1 else 'switches'}, no value" if on else ""
+    if len(forms) == 1:
+        return f"{forms[0]} (if that is its {word}" + (f"; {said_on})" if on else ")")
+    if forms:
+        return f"its {word} flag among {', '.join(forms)}" + (f" ({said_on})" if on else "")
+    if on:
+        return f"its {word} switch {' or '.join(on)} (it takes no value: a placeholder cannot reach it)"
+    return ""

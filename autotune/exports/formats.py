@@ -137,13 +137,18 @@ def _sbatch(req: ExportRequest, plan: TrainingPlan, hw: HardwareProfile) -> str:
                          account=req.account, job_name=req.job_name, script_args=list(req.script_args),
                          plan_flags=list(req.plan_flags), requeues=req.job_restarts,
                          no_resume=why_no_resume(plan.run.entrypoint, [*plan.run.script_args, *req.script_args],
-                                                 _wires(req.plan_flags)))
+                                                 _wires(req.plan_flags, req)))
 
 
-def _wires(flags) -> bool:
-    """--wire auto among the plan flags (the batch script's launcher passes it to every node)."""
+def _wires(flags, req: ExportRequest) -> bool:
+    """--wire auto among the plan flags (the batch script's launcher passes it to every node), or the config's
+    training.wire: auto, which every node's launcher reads from the same config."""
+    from autotune.config import load_config
+
     flags = list(flags)
-    return "--wire=auto" in flags or any(a == "--wire" and flags[i + 1:i + 2] == ["auto"] for i, a in enumerate(flags))
+    if "--wire=auto" in flags or any(a == "--wire" and flags[i + 1:i + 2] == ["auto"] for i, a in enumerate(flags)):
+        return True
+    return bool(req.config) and load_config(req.config).training.wire == "auto"
 
 
 def clipping_note(plan: TrainingPlan) -> str:
@@ -252,7 +257,7 @@ def _kubernetes(req: ExportRequest, plan: TrainingPlan) -> Exported:
     from autotune.exports.script_resume import why_no_resume
 
     no_resume = why_no_resume(plan.run.entrypoint, [*plan.run.script_args, *req.script_args],
-                              _wires(req.pod_plan_flags))
+                              _wires(req.pod_plan_flags, req))
     command = k8s.launcher_command(config, list(req.pod_plan_flags), run_dir, list(req.script_args),
                                    resumes=no_resume is None)
     job = k8s.Job(name=name, image=req.image, command=tuple(command), run_dir=run_dir,

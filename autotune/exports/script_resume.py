@@ -228,6 +228,40 @@ def read_resume(path: str | Path) -> ResumeReading:
     return out
 
 
+def form_not_shown(reading: ResumeReading | None, names: set[str], flag: str | None, resume_path: Path | None) -> str:
+    """Where a directory is handed to a flag (its value named ``names`` in the code) whose load the source does not
+    show (timm's --resume reaches its library's resume_checkpoint, outside the script's project): said, with the
+    newest file to give if the flag loads a file; '' where the form is shown, nothing is handed, or a file is."""
+    if resume_path is None or flag is None or not resume_path.is_dir():
+        return ""
+    if reading is not None and reading.reaches(names) is not None:
+        return ""
+    files = [p for p in resume_path.rglob("*") if p.is_file() and not p.is_symlink() and not p.name.startswith(".")]
+    newest = max(files, key=lambda p: (p.stat().st_mtime, p.name)) if files else None
+    return (f"; whether {flag} loads a file or a directory is not shown from its source (no load call reached), and "
+            f"it is handed the directory {resume_path}"
+            + (f": if it loads a file, give --resume_from {newest}" if newest else ""))
+
+
+def never_told_where(facts, placeholders, wired: dict, args: list[str], run_dir: Path) -> str:
+    """Why ``--resume_from auto`` would never find a checkpoint of this script's, or '': it looks only in the run's
+    {checkpoint_dir}, and a script saves there only if it is told where that is (a {checkpoint_dir} or {run_dir}
+    placeholder, a wired checkpoint flag, an argument inside the run directory, $AUTOTUNE_CHECKPOINT_DIR or
+    $AUTOTUNE_RUN_DIR read, or autotune's Python API). imagenet's main.py saves checkpoint.pth.tar in its working
+    directory: told none of these, its resume flag is never passed anything."""
+    from autotune.rundir.layout import CHECKPOINT_DIR_ENV, RUN_DIR_ENV
+
+    if facts is None or facts.uses_autotune or {"checkpoint_dir", "run_dir"} & set(placeholders) or \
+            "checkpoint_dir" in wired or {CHECKPOINT_DIR_ENV, RUN_DIR_ENV} & set(facts.env_reads):
+        return ""
+    inside = {str(run_dir), str(Path(run_dir).absolute())}
+    if any(where in str(a) for a in args for where in inside):
+        return ""
+    return ("; but nothing tells the script where the run's {checkpoint_dir} is, the only place --resume_from auto "
+            "looks, so it finds nothing there on any launch and the script starts over each time: give its "
+            "checkpoint-path flag {checkpoint_dir} after `--` (or have it save under $" + CHECKPOINT_DIR_ENV + ")")
+
+
 def why_no_resume(entry: str | None, script_args: list[str], wire_auto: bool) -> str | None:
     """Why a requeued job of this script would start over (None: it can resume, or the built-in training, which
     always can): a user's script resumes when it reads autotune's resume point ({resume_from} in its arguments,
@@ -241,10 +275,12 @@ def why_no_resume(entry: str | None, script_args: list[str], wire_auto: bool) ->
     if facts.error or facts.uses_autotune or RESUME_FROM_ENV in facts.env_reads:
         return None
     args = [str(a) for a in script_args]
-    if any("{resume_from}" in a for a in args) or any(a.split("=")[0] in FLAGS["resume_from"] for a in args):
-        return None
-    if wire_auto and any(f in facts.flags for f in FLAGS["resume_from"]):
-        return None
+    wired = {"checkpoint_dir": "wired"} if wire_auto and any(f in facts.flags for f in FLAGS["checkpoint_dir"]) else {}
+    placeholders = [k for k in ("checkpoint_dir", "run_dir") if any(f"{{{k}}}" in a for a in args)]
+    never = never_told_where(facts, placeholders, wired, [], Path("\0"))  # no run directory in a job's arguments
+    if any("{resume_from}" in a for a in args) or any(a.split("=")[0] in FLAGS["resume_from"] for a in args) or \
+            wire_auto and any(f in facts.flags for f in FLAGS["resume_from"]):
+        return f"{entry} takes a resume point,{never[1:]}" if never else None
     reading = read_resume(entry)
     for i, a in enumerate(args):  # a path it is given inside the run directory, that it loads from
         if "{checkpoint_dir}" in a or "{run_dir}" in a:
@@ -253,4 +289,4 @@ def why_no_resume(entry: str | None, script_args: list[str], wire_auto: bool) ->
                 return None
     return (f"{entry} is not shown to load any checkpoint it is given (no {{resume_from}}, no resume flag, no path "
             "inside the run directory that reaches a load call), so a requeued job would start over; "
-            f"{facts.resume_hint(RESUME_FROM_ENV)}")
+            f"{facts.resume_hint(RESUME_FROM_ENV)}" + (f"; and{never[len('; but'):]}" if never else ""))

@@ -30,7 +30,7 @@ from typing import Sequence
 
 from autotune.errors import EXIT_PREEMPTED, EXIT_UNAVAILABLE, EXIT_USAGE
 from autotune.launch.preflight import explain_failure
-from autotune.rundir.layout import RESUME_FROM_ENV, checkpoint_dir
+from autotune.rundir.layout import CHECKPOINT_DIR_ENV, RESUME_FROM_ENV, checkpoint_dir
 
 
 @dataclass(frozen=True)
@@ -54,13 +54,16 @@ class Ending:
 
 def ending(plan, run_dir: Path, outcome, signals: Sequence[int], script: ScriptEnd | None = None, evidence=None, *,
            delivery=None, script_checkpoint: Path | None = None, has_checkpoint: bool = False,
-           elapsed_s: float = 0.0, master_port: str | None = None, resume_fix: str | None = None) -> Ending:
+           elapsed_s: float = 0.0, master_port: str | None = None, resume_fix: str | None = None,
+           script_saved: bool | None = None) -> Ending:
     """The exit code and what to say, from ``outcome`` (``rank_watch.Outcome``), the ``signals`` forwarded (the
     first first), a user's ``script`` (None: not observed) and the ``evidence`` judged of it; ``delivery`` the
     plan's routes to the script; ``script_checkpoint`` the newest entry the script wrote into {checkpoint_dir}
     after the first signal; ``has_checkpoint`` whether the run holds a checkpoint of autotune's; ``elapsed_s``
     how long the processes ran; ``master_port`` the port the launch chose for a one-process run's store;
-    ``resume_fix`` what a user's script needs before ``--resume_from auto`` is taken (None: it is taken)."""
+    ``resume_fix`` what a user's script needs before ``--resume_from auto`` is taken (None: it is taken);
+    ``script_saved`` whether a user's script launched with --resume_from left anything in {checkpoint_dir} (None:
+    not asked): the resume promised before the launch is true only if it did."""
     said: list[tuple[str, str]] = []
 
     def out(text: str) -> None:
@@ -128,6 +131,8 @@ def ending(plan, run_dir: Path, outcome, signals: Sequence[int], script: ScriptE
                 out(f"note: {note}")
             for w in evidence.wrong:
                 out(f"warning: {w}")
+        if script_saved is False:
+            out(f"warning: {nothing_saved(run_dir)}")
         return end(0, completed=True)
     if signals:
         err(f"\nInterrupted ({_signal.Signals(signals[0]).name}) before a checkpoint could be saved. "
@@ -162,6 +167,16 @@ def _trained_nothing(plan, run_dir: Path, said: list[tuple[str, str]]) -> Ending
         return Ending(EXIT_USAGE, tuple(said))
     said.append(("out", f"\nRun directory: {run_dir}\nNot trained: {what} (exit 0)"))
     return Ending(0, tuple(said))
+
+
+def nothing_saved(run_dir: Path) -> str:
+    """A user's script asked to resume that left nothing where ``--resume_from auto`` looks (it saved elsewhere, or
+    not at all): the next launch with it starts fresh too, whatever was promised before this one."""
+    where = checkpoint_dir(run_dir)
+    return (f"your script wrote nothing into {where}: --resume_from auto looks only there, so a next launch with it "
+            f"starts fresh again; have the script save its "
+            f"checkpoints there: give its checkpoint-path flag {{checkpoint_dir}}, or have it read "
+            f"${CHECKPOINT_DIR_ENV}")
 
 
 def continue_line(run_dir: Path, resume_fix: str | None, to: str, tail: str = "") -> str:

@@ -194,7 +194,7 @@ def _said(j: Judgement, plan, first: dict, delivery, engine, planned_engine) -> 
         j.wrong.append(started_over(j.resume, None if _chooses(delivery) else plan.run.resume_from,
                                     _resume_flag(delivery)))
     if j.trainings > 1 and eng.world_size > 1:  # no process group joins the ranks, or none syncs: each trains alone
-        fix = unsynced_fix(eng.world_size) if j.unsynced else trainings_fix(eng.world_size)
+        fix = unsynced_fix(eng.world_size) if j.unsynced else trainings_fix(eng.world_size, delivery)
         for key in ("world_size", "engine"):
             if j.values[key]["status"] == "different":
                 j.values[key]["fix"] = fix

@@ -4,7 +4,8 @@ optimizer step (``autotune.runtime.observe_resume``): never from the arguments i
 - continued, at step N: the optimizer's state counted N steps before the first one (its step counter reads N + 1
   after it), or a learning-rate scheduler stood at step N;
 - continued, step not observable: it read the resume point (or, for its own resume flag, a checkpoint) and loaded
-  state into its model or optimizer before its first step, while its optimizer and schedulers start fresh;
+  state into its model or optimizer before its first step, where no step counter or scheduler past its first step
+  says where (SGD keeps no counter; a per-epoch scheduler stands at 1 early on): said as what was loaded;
 - started over: none of these (its optimizer counted from 1, nothing was loaded): the checkpoints it writes from
   now on overwrite the ones it should have continued.
 """
@@ -38,7 +39,8 @@ def _one(rec: dict, resume: str | None) -> dict | None:
     if isinstance(epoch, int) and epoch > 1:
         return {"status": "resumed", "step": epoch, "loaded": read[:1], "by": "its learning-rate scheduler"}
     if read and state:
-        return {"status": "resumed", "step": None, "loaded": read[:1], "by": f"loaded into its {' and '.join(state)}"}
+        return {"status": "resumed", "step": None, "loaded": read[:1], "by": f"loaded into its {' and '.join(state)}",
+                "state_loaded": state}
     return {"status": "started over", "step": None, "loaded": read[:1], "by": None,
             "optimizer_step": counter, "state_loaded": state}
 
@@ -56,11 +58,23 @@ def resume_verdict(observed: list[dict], resume: str | None) -> dict | None:
 def resume_said(v: dict) -> str:
     """The judgement line's words on the resume."""
     if v["status"] == "resumed":
-        at = f"at step {v['step']}" if v["step"] is not None else "(the step it resumed at is not observable: its " \
-            "optimizer and schedulers start fresh)"
+        at = f"at step {v['step']}" if v["step"] is not None else \
+            f"(the step it resumed at is not observable: {_why_no_step(v.get('state_loaded') or ())})"
         where = f" from {v['loaded'][0]}" if v["loaded"] else ""
         return f"resumed{where} {at} ({v['by']})"
     return "started over (not resumed)"
+
+
+def _why_no_step(state) -> str:
+    """Why no step was seen, as true of what was loaded: an optimizer whose state keeps no step counter (SGD) and a
+    scheduler that stood at its first step are loaded, not fresh."""
+    loaded = [s for s in ("optimizer", "scheduler") if s in state]
+    if not loaded:
+        return "its optimizer and schedulers start fresh"
+    return (f"its {' and '.join(loaded)} {'were' if len(loaded) > 1 else 'was'} loaded, but "
+            + ("its optimizer's state keeps no step counter" if "optimizer" in loaded else "its optimizer starts "
+               "fresh") + (" and its scheduler stood at its first step" if "scheduler" in loaded else
+                           " and its schedulers start fresh"))
 
 
 def started_over(v: dict, resume: str | None, flag: str | None) -> str:

@@ -95,6 +95,7 @@ def _execute(setup, lock=None, log=None) -> int:
     from autotune.launch.builds import BuildWatch
     from autotune.launch.rendezvous import rendezvous_failure
     from autotune.launch.wired_cause import wired_cause
+    from autotune.prepare.resume import script_checkpoints
 
     _announce(setup)
     started, since = time.monotonic(), time.time()
@@ -118,7 +119,9 @@ def _execute(setup, lock=None, log=None) -> int:
                  script_checkpoint=_written_after(setup.run_dir, signals.first_at) if signals and plan.run.entrypoint
                  else None, has_checkpoint=bool(signals) and _has_checkpoint(setup.run_dir),
                  master_port=setup.launch_spec.env.get("MASTER_PORT") if plan.engine.backend == "single" else None,
-                 resume_fix=setup.resume_fix)
+                 resume_fix=setup.resume_fix,
+                 script_saved=bool(script_checkpoints(Path(setup.run_dir))) if plan.run.entrypoint and
+                 getattr(setup.delivery, "resume", None) else None)
     for stream, text in end.lines:
         print(text, file=sys.stdout if stream == "out" else sys.stderr)
     cause = wired_cause(setup) if end.code not in (0, EXIT_UNAVAILABLE) and not signals else None

@@ -256,7 +256,15 @@ def engine_fix(seen: str, planned: str, delivery) -> str:
     return out
 
 
-def trainings_fix(world: int) -> str:
+def trainings_fix(world: int, delivery=None) -> str:
+    """Why ranks that never joined one group did not, and the fix: where the script reads WORLD_SIZE only behind a
+    test of its own flags (imagenet's --dist-url env://, said before the launch), that test, which did not hold."""
+    route = next(iter((delivery.routes or {}).get("world_size") or [""]), "") if delivery is not None else ""
+    if " only where " in route:
+        held = route.split(" only where ", 1)[1].split(": not known", 1)[0]
+        return (f"the ranks never joined one process group, so each trains a model of its own: the script reads the "
+                f"launcher's WORLD_SIZE only where {held}, which did not hold: pass those flags after `--` so that it "
+                f"does; or plan one process (--nproc_per_node 1, not {world})")
     return ("the ranks never joined one process group, so each trains a model of its own: the script must call "
             "torch.distributed.init_process_group (it reads WORLD_SIZE and RANK, which the launch sets), or its "
             f"framework must be told to use the launcher's processes; or plan one process (--nproc_per_node 1, "

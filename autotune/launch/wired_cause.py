@@ -17,6 +17,9 @@ PLAN_IT = {"micro_batch_size": "--batch_size", "gradient_accumulation_steps": "-
            "warmup_steps": "training.warmup_steps"}
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(?:[A-Z]\w*(?:Error|Exception)|AssertionError)\b.*$")
 _FRAME = re.compile(r'^\s*File ".*", line \d+')
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:[ ]?")  # torchrun's prefix on a rank's lines
+# the launcher's own error after a rank failed: never the script's
+_LAUNCHER = re.compile(r"^torch\.distributed\.elastic\.|ChildFailedError")
 
 
 def passed_values(cmd: list[str], delivery) -> list[tuple[str, str, str]]:
@@ -39,10 +42,12 @@ def passed_values(cmd: list[str], delivery) -> list[tuple[str, str, str]]:
 
 
 def error_of(tail: str) -> tuple[str, str]:
-    """(the exception line, the source line that raised it) of the last traceback in ``tail``; ('', '') if none."""
-    lines = tail.splitlines()
+    """(the exception line, the source line that raised it) of the last traceback a script wrote in ``tail``, its
+    lines read without torchrun's ``[rankN]:`` prefix, torchrun's own ChildFailedError after it skipped; ('', '') if
+    none."""
+    lines = [_RANK_PREFIX.sub("", line) for line in tail.splitlines()]
     for i in range(len(lines) - 1, -1, -1):
-        if _EXCEPTION.match(lines[i].strip()):
+        if _EXCEPTION.match(lines[i].strip()) and not _LAUNCHER.search(lines[i].strip()):
             source = ""
             for j in range(i - 1, max(-1, i - 30), -1):
                 if _FRAME.match(lines[j]):

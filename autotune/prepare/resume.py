@@ -264,6 +264,7 @@ def resume_reaches(facts, placeholders: list[str], wired: dict[str, str], args: 
     is said from the source where it shows it; the launch observes it at the first optimizer step. A script with
     none of these cannot resume: refused before its first checkpoint exists (a job requeued under --resume_from
     auto would start over and overwrite it), with the fix."""
+    from autotune.exports.script_resume import form_not_shown, never_told_where
     from autotune.exports.script_scan import FLAGS
     from autotune.rundir.layout import CHECKPOINT_DIR_ENV, RESUME_FROM_ENV, RUN_DIR_ENV
 
@@ -271,13 +272,16 @@ def resume_reaches(facts, placeholders: list[str], wired: dict[str, str], args: 
     point = str(resume_path) if resume_path is not None else "nothing to resume yet: it starts fresh"
     if "resume_from" in placeholders:
         flag = flag_of(raw, "{resume_from}")
-        return f"placeholder {{resume_from}}{f' to {flag}' if flag else ''} ({point})" + _shown(reading, facts, flag)
+        return f"placeholder {{resume_from}}{f' to {flag}' if flag else ''} ({point})" + _shown(reading, facts, flag) \
+            + form_not_shown(reading, _names(flag, facts) if flag else set(), flag, resume_path) \
+            + (never_told_where(facts, placeholders, wired, args, run_dir) if resume_path is None else "")
     if "resume_from" in wired:
-        return f"recognised {wired['resume_from']} ({point})" + _shown(reading, facts, wired["resume_from"])
+        return f"recognised {wired['resume_from']} ({point})" + _shown(reading, facts, wired["resume_from"]) \
+            + form_not_shown(reading, _names(wired["resume_from"], facts), wired["resume_from"], resume_path)
     declared = next((f for f in FLAGS["resume_from"] if facts is not None and f in facts.flags), None)
     if wire_auto and declared and resume_path is None:  # --wire auto passes it once there is something to resume
-        return f"recognised {declared} ({point}; --wire auto passes it once there is one)" + _shown(reading, facts,
-                                                                                                    declared)
+        return f"recognised {declared} ({point}; --wire auto passes it once there is one)" + _shown(
+            reading, facts, declared) + never_told_where(facts, placeholders, wired, args, run_dir)
     at = next((i for i, a in enumerate(args) if a.split("=")[0] in FLAGS["resume_from"]), None)
     if at is not None:
         flag = args[at].split("=")[0]

@@ -28,6 +28,18 @@ def _exit_code(status) -> int:
     return 0 if status is None else status if isinstance(status, int) else 1
 
 
+def raised_as(kind, value, tb) -> str:
+    """An exception as said: its type and message, or, where it has no message (a bare ``assert``), the line that
+    raised it, so that 'AssertionError: ' names what failed."""
+    said = str(value)
+    if not said and tb is not None:
+        import traceback
+
+        frame = traceback.extract_tb(tb)[-1]
+        said = f"at {os.path.basename(frame.filename)}:{frame.lineno}" + (f": {frame.line}" if frame.line else "")
+    return f"{kind.__name__}: {said}"[:500]
+
+
 def write_note() -> None:
     """The note, written whole (a temporary file, then rename) by the process that made it; never raises."""
     folder = os.environ.get(STATUS_DIR_ENV)
@@ -74,7 +86,7 @@ def install_end_hooks(rank: int, on_end=None, record=None) -> None:
     def excepthook(kind, value, tb):
         try:
             for note in both:
-                note["raised"] = f"{kind.__name__}: {value}"[:500]
+                note["raised"] = raised_as(kind, value, tb)
             ended("raised")
         except Exception:  # noqa: BLE001
             pass

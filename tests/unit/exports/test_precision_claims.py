@@ -126,3 +126,54 @@ def test_a_jsonargparse_apps_accumulation_from_its_global_batch_is_read(tmp_path
     derived = script_facts("lit.cli:main").derived_accumulation
     assert derived.flag == "--train.global_batch_size" and derived.default == 16 and not derived.proportional
     assert derived.statement == "accumulation_iters = train.gradient_accumulation_iters(devices)"
+
+
+def test_a_precision_switch_is_never_given_a_placeholder_and_a_dtype_flag_takes_torchs_word(tmp_path):
+    """timm declares --amp (a switch), --amp-dtype and --model-dtype (torch's dtype names): the hint told the user
+    to give them {precision} ('--amp bf16' makes the 'bf16' a stray positional; --amp-dtype bf16 is no dtype). A
+    switch is named as one; each value flag gets the placeholder its name takes."""
+    from autotune.exports.delivery import Delivery
+
+    f = tmp_path / "train.py"
+    f.write_text(TIMM_LIKE.replace('p.add_argument("-b"', 'p.add_argument("--amp-dtype", default="float16")\n'
+                                   'p.add_argument("--model-dtype", default=None)\np.add_argument("-b"'))
+    d = delivery(_fp32_plan(str(f)), scan_script(f), [], {}, [], deepspeed_json=False)
+    hint = d.advisory_hint()
+    assert "its precision flag among --amp-dtype {dtype}, --model-dtype {dtype} (--amp: a switch, no value)" in hint
+    assert "--amp {precision}" not in hint and "{precision}" not in hint
+    only = Delivery({"precision": []}, ["precision"], flags=("--amp",), switches=("--amp",)).advisory_hint()
+    assert "its precision switch --amp (it takes no value: a placeholder cannot reach it)" in only
+    # the nearest case: a value flag that is no switch still takes the placeholder
+    assert "--precision {precision} (if that is its precision)" in Delivery(
+        {"precision": []}, ["precision"], flags=("--precision",)).advisory_hint()
+
+
+IMAGENET_LIKE = """\
+import argparse, os
+import torch.distributed as dist
+p = argparse.ArgumentParser()
+p.add_argument("--dist-url", default="tcp://224.66.41.62:23456")
+p.add_argument("--world-size", default=-1, type=int)
+p.add_argument("--rank", default=-1, type=int)
+args = p.parse_args()
+if args.dist_url == "env://" and args.world_size == -1:
+    args.world_size = int(os.environ["WORLD_SIZE"])
+if args.world_size > 1:
+    dist.init_process_group("gloo", init_method=args.dist_url, world_size=args.world_size, rank=args.rank)
+"""
+
+
+def test_a_world_size_read_only_behind_the_scripts_own_flags_is_not_claimed_delivered(tmp_path):
+    """imagenet's main.py reads WORLD_SIZE only where `args.dist_url == "env://"`, and its default --dist-url is a
+    tcp:// address: under torchrun without --dist-url env:// its ranks never join. The route names the test and its
+    flags as not known; a read behind the launcher's own environment (llm.c's RANK test) is said as before."""
+    f = tmp_path / "main.py"
+    f.write_text(IMAGENET_LIKE)
+    d = delivery(_fp32_plan(str(f)), scan_script(f), [], {}, [], deepspeed_json=False)
+    said = d.routes["world_size"][0]
+    assert "read by the script only where `args.dist_url == 'env://' and args.world_size == -1` holds " \
+           "(--dist-url, --world-size): not known before the launch" in said
+    f.write_text("import os\nddp = int(os.environ.get('RANK', -1)) != -1\nif ddp:\n"
+                 "    world = int(os.environ['WORLD_SIZE'])\n")
+    d = delivery(_fp32_plan(str(f)), scan_script(f), [], {}, [], deepspeed_json=False)
+    assert d.routes["world_size"] == ["environment (WORLD_SIZE, RANK, LOCAL_RANK from the launcher)"]

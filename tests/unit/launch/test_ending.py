@@ -155,3 +155,16 @@ def test_a_preempted_script_that_cannot_resume_is_told_the_fix_before_resume_fro
     assert never is not None and never.startswith("pass the checkpoint to your script after `--` as {resume_from}")
     assert resume_fix(str(tmp_path / "loads.py"), scan_script(tmp_path / "loads.py"), [], {}, [], tmp_path, []) is None
     assert resume_fix(None, None, [], {}, [], tmp_path, []) is None  # the built-in runtime resumes its own
+
+
+def test_a_script_asked_to_resume_that_saved_nothing_where_auto_looks_is_told_so():
+    """imagenet's shape: --resume loads a file, but it saves checkpoint.pth.tar in its working directory, never in
+    {checkpoint_dir}: 'passes it once there is one' would never come true. Said only when resume was asked and the
+    folder is empty; a script that saved there, or one never asked to resume, is not warned."""
+    empty = ending(SCRIPT, RUN, outcome(), [], ScriptEnd(), judged(), script_saved=False)
+    assert empty.code == 0 and empty.completed
+    warned = [t for t in said(empty, "out") if t.startswith("warning: your script wrote nothing into")]
+    assert len(warned) == 1 and "/runs/r/checkpoints" in warned[0] and "{checkpoint_dir}" in warned[0]
+    for saved in (True, None):
+        assert not any("wrote nothing" in t for t in said(ending(SCRIPT, RUN, outcome(), [], ScriptEnd(), judged(),
+                                                                 script_saved=saved)))

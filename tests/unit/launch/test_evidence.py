@@ -728,3 +728,24 @@ def test_a_ranks_newer_sealed_records_hidden_by_another_writer_are_detected_and_
     (run / "observed" / "rank-1.json").unlink()  # a record taken away altogether
     gone = ScriptWatch(a_plan(), run, io.StringIO(), launch="L1", key=key, status_dir=status)
     assert len(gone.hidden_steps(gone.observed())) == 2
+
+
+def test_an_exception_without_a_message_is_said_with_the_line_that_raised_it():
+    """llm.c's bare `assert args.total_batch_size % tokens_per_fwdbwd == 0` was said 'rank 0 raised AssertionError: '
+    with nothing after it: the raising line names what failed; a message, where there is one, is kept as it is."""
+    import linecache
+    import sys
+
+    from autotune.runtime.observe_end import raised_as
+
+    source = "total, per = 256, 512\nassert total % per == 0\n"  # compiled here: pytest's rewriting never sees it
+    linecache.cache["/tmp/train_gpt2.py"] = (len(source), None, source.splitlines(True), "/tmp/train_gpt2.py")
+    try:
+        exec(compile(source, "/tmp/train_gpt2.py", "exec"), {})
+    except AssertionError:
+        said = raised_as(*sys.exc_info())
+    assert said == "AssertionError: at train_gpt2.py:2: assert total % per == 0"
+    try:
+        raise ValueError("persistent_workers option needs num_workers > 0")
+    except ValueError:
+        assert raised_as(*sys.exc_info()) == "ValueError: persistent_workers option needs num_workers > 0"

@@ -103,6 +103,19 @@ def test_a_resumed_launch_whose_script_continued_shows_the_step_it_resumed_at():
                                                   "state_loaded": ["model"]}, loads=[ckpt]) for r in (0, 1)])
     assert weights.resume["status"] == "resumed" and weights.resume["step"] is None and weights.wrong == []
     assert "the step it resumed at is not observable" in weights.line()
+    assert "its optimizer and schedulers start fresh" in weights.line()
+
+
+def test_a_resume_whose_step_is_unseen_never_says_the_state_it_loaded_starts_fresh():
+    """imagenet's shape: SGD (its state keeps no step counter) and a per-epoch StepLR loaded from the checkpoint at
+    its first epoch: the step is not observable, but the optimizer and scheduler were loaded, not fresh."""
+    ckpt = "/runs/r/checkpoint.pth.tar"
+    j = judge(a_plan(ckpt), [rank(r, first={"optimizer_step": None, "scheduler_epoch": 1, "state_loaded": [
+        "model", "optimizer", "scheduler"]}, loads=[ckpt]) for r in (0, 1)])
+    assert j.resume["status"] == "resumed" and j.resume["step"] is None and j.wrong == []
+    assert "start fresh" not in j.line()
+    assert ("not observable: its optimizer and scheduler were loaded, but its optimizer's state keeps no step "
+            "counter and its scheduler stood at its first step") in j.line()
 
 
 def test_a_resumed_launch_whose_script_started_over_is_wrong_never_resumed():
@@ -220,7 +233,13 @@ def test_the_sbatch_script_resumes_only_a_script_that_can(tmp_path):
     p = a_plan()
     why = why_no_resume(str(SCRIPTS / "takes_path.py"), ["--checkpoint_dir", "{checkpoint_dir}"], False)
     assert why is not None and "a requeued job would start over" in why
-    assert why_no_resume(str(SCRIPTS / "loads_resume.py"), ["--resume", "{resume_from}"], False) is None
+    assert why_no_resume(str(SCRIPTS / "loads_resume.py"), ["--resume", "{resume_from}", "--checkpoint_dir",
+                                                            "{checkpoint_dir}"], False) is None
+    # imagenet's shape: it takes the resume point, but is never told where {checkpoint_dir} is (the only place a
+    # requeued job's --resume_from auto looks): said, and the fix names {checkpoint_dir}
+    never = why_no_resume(str(SCRIPTS / "loads_resume.py"), ["--resume", "{resume_from}"], False)
+    assert never is not None and "takes a resume point, but nothing tells the script where the run's " \
+        "{checkpoint_dir} is" in never
     assert why_no_resume(str(SCRIPTS / "takes_path.py"), [], True) is None  # --wire auto passes its --resume
     kw = dict(launcher="./l.sh", config="c.yaml", run_dir="runs/x", cpus_per_task=4, time_limit="1:00:00",
               partition=None, account=None, job_name="j")
@@ -282,3 +301,96 @@ def test_a_checkpoint_read_through_an_open_file_is_named_by_its_path(tmp_path):
     with open(tmp_path / "snap.pt", "rb") as f:
         assert _path_of(f) == str(tmp_path / "snap.pt")
     assert _path_of(io.BytesIO(b"x")) is None and _path_of(tmp_path) == str(tmp_path)
+
+
+def test_a_directory_handed_to_a_flag_whose_load_is_not_shown_is_said_with_the_file(tmp_path):
+    """timm's shape: --resume is documented as resume, but it reaches its library's resume_checkpoint (outside the
+    script's project), which torch.loads a file; its checkpoints lie in a folder under {checkpoint_dir}. Handing the
+    folder is said as not shown, naming the newest file to give; a flag shown to load a directory, or a file
+    handed, says nothing more."""
+    from autotune.exports.script_resume import form_not_shown
+
+    script = tmp_path / "train.py"
+    script.write_text("import argparse\nfrom somelib import resume_checkpoint\np = argparse.ArgumentParser()\n"
+                      "p.add_argument('--resume', default='', help='Resume full model and optimizer state from "
+                      "checkpoint')\nargs = p.parse_args()\nif args.resume:\n    resume_checkpoint(args.resume)\n")
+    run = tmp_path / "checkpoints" / "20261206-resnet18"
+    run.mkdir(parents=True)
+    (run / "checkpoint-0.pth.tar").write_text("a")
+    (run / "last.pth.tar").write_text("b")
+    import os
+    os.utime(run / "checkpoint-0.pth.tar", (1, 1))
+    reading = read_resume(script)
+    said = form_not_shown(reading, {"resume"}, "--resume", run)
+    assert said.startswith("; whether --resume loads a file or a directory is not shown from its source")
+    assert said.endswith(f": if it loads a file, give --resume_from {run / 'last.pth.tar'}")
+    assert form_not_shown(reading, {"resume"}, "--resume", run / "last.pth.tar") == ""  # a file handed: nothing to say
+    assert form_not_shown(reading, {"resume"}, "--resume", None) == ""
+    shown = tmp_path / "shown.py"
+    shown.write_text("import argparse, os, torch\np = argparse.ArgumentParser()\np.add_argument('--resume')\n"
+                     "args = p.parse_args()\ntorch.load(os.path.join(args.resume, 'last.pt'))\n")
+    assert form_not_shown(read_resume(shown), {"resume"}, "--resume", run) == ""  # its load is shown: handed_form's
+
+
+def test_a_resume_flag_of_a_script_never_told_the_checkpoint_dir_is_said_to_find_nothing(tmp_path):
+    """imagenet's shape: --resume reaches torch.load, but the script saves checkpoint.pth.tar in its working
+    directory and is told nothing of the run directory: --resume_from auto, which looks only in {checkpoint_dir},
+    finds nothing on any launch. Said before the launch; the same script given {checkpoint_dir} is not."""
+    from autotune.prepare import prepare
+
+    script = tmp_path / "main.py"
+    script.write_text("import argparse, torch\np = argparse.ArgumentParser()\n"
+                      "p.add_argument('--resume', default='', metavar='PATH')\n"
+                      "p.add_argument('--print-freq', default=10, type=int)\n"
+                      "p.add_argument('--snap', default='checkpoint.pth.tar')\nargs = p.parse_args()\n"
+                      "if args.resume:\n    torch.load(args.resume)\ntorch.save({}, args.snap)\n")
+    cfg = apply_overrides(TrainConfig(), {"training.entrypoint": str(script), "training.wire": "auto"})
+    s = prepare(cfg, hardware="cpu-only", run_dir=tmp_path / "r", environ={}, resume_from="auto")
+    assert s.delivery.resume.startswith("recognised --resume (nothing to resume yet")
+    assert "but nothing tells the script where the run's {checkpoint_dir} is" in s.delivery.resume
+    told = prepare(cfg, hardware="cpu-only", run_dir=tmp_path / "t", environ={}, resume_from="auto",
+                   script_args=["--snap", "{checkpoint_dir}/snap.pt"])
+    assert told.delivery.resume.startswith("recognised --resume") and "nothing tells the script" not in \
+        told.delivery.resume
+
+
+def test_the_sbatch_export_reads_wire_auto_from_the_config_every_node_reads(tmp_path):
+    """The config's training.wire: auto is --wire auto on every node (each node's launcher reads the same config);
+    the export said 'add --wire auto' where it was on, and dropped --resume_from auto from a job that takes it."""
+    from autotune.exports.formats import ExportRequest, export_plan
+
+    cfg_file = tmp_path / "c.yaml"
+    script = str(SCRIPTS / "takes_path.py")  # --resume declared, --checkpoint_dir declared (both wired)
+    for wire, resumes in (("auto", True), ("none", False)):
+        cfg_file.write_text(f"training:\n  entrypoint: {script}\n  wire: {wire}\n")
+        cfg = apply_overrides(TrainConfig(), {"training.entrypoint": script, "training.wire": wire})
+        p = plan(load_profile("cpu-only"), cfg, deepspeed_installed=False)
+        req = ExportRequest(format="sbatch", script=script, script_args=(), config=str(cfg_file),
+                            config_is_default=False, run_dir=str(tmp_path / "r"))
+        text = export_plan(req, p, load_profile("cpu-only"), None).text
+        command = next(line for line in text.splitlines() if line.startswith("srun "))
+        assert ("--resume_from auto" in command) is resumes, wire
+        said = " ".join(text.replace("#", " ").split())  # the comment's lines joined again
+        assert ("add --wire auto" in said) is not resumes, wire
+
+
+def test_ranks_that_never_joined_because_the_scripts_own_test_failed_are_told_that_test():
+    """imagenet's main.py under torchrun without --dist-url env://: it reads WORLD_SIZE only behind that test, so
+    its ranks never joined. The fix names the test and its flags (said before the launch), not 'the script must
+    call init_process_group', which it does; without such a route the general fix stays."""
+    from autotune.exports.wiring import Delivery
+
+    alone = [{**rank(r, engine=None), "process_group": None} for r in (0, 1)]
+    route = ("environment (WORLD_SIZE, RANK, LOCAL_RANK from the launcher), read by the script only where "
+             "`args.dist_url == 'env://' and args.world_size == -1` holds (--dist-url, --world-size): not known before "
+             "the launch whether it holds with the arguments given; its first steps show whether its ranks join one "
+             "job")
+    j = judge(a_plan(), alone, Delivery(routes={"world_size": [route]}, advisory=[]))
+    assert j.trainings == 2
+    wrong = next(w for w in j.wrong if "independent trainings" in w)
+    assert "the script reads the launcher's WORLD_SIZE only where `args.dist_url == 'env://' and " \
+           "args.world_size == -1` holds (--dist-url, --world-size), which did not hold" in wrong
+    assert "must call torch.distributed.init_process_group" not in wrong
+    plain = judge(a_plan(), alone, Delivery(routes={"world_size": ["environment (WORLD_SIZE, RANK, LOCAL_RANK from "
+                                                                    "the launcher)"]}, advisory=[]))
+    assert "must call torch.distributed.init_process_group" in next(w for w in plain.wrong if "independent" in w)

@@ -77,3 +77,24 @@ def test_the_launch_reads_what_it_passed_and_the_runs_stderr_log(tmp_path):
     log.parent.mkdir(parents=True)
     log.write_text("==== launch\n" + _stderr_of(tmp_path, TIMM_LIKE, "--workers", "0"))
     assert wired_cause(setup).startswith("likely cause: autotune passed --workers 0")
+
+
+def test_under_torchrun_the_ranks_prefixed_traceback_is_read_and_torchruns_own_error_skipped(tmp_path):
+    """A run's stderr.log under torchrun: each rank's lines carry `[rankN]: `, and torchrun's own traceback
+    (ChildFailedError) follows them. llm.c's shape (the wired --batch_size fails its tokens assertion) was left as
+    'AssertionError: ' with no cause named; the script's error is the rank's, never the launcher's."""
+    script = _stderr_of(tmp_path, TOKENS, "--batch_size", "3")
+    ranked = "\n".join(f"[rank{r}]: {line}" for r in (1, 0) for line in script.splitlines())
+    launcher = ("Traceback (most recent call last):\n"
+                '  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in x\n'
+                "    raise ChildFailedError(\n"
+                "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+                "============================================================\n")
+    tail = f"E1206 failed (exitcode: 1) local_rank: 0\n{ranked}\n{launcher}"
+    exception, source = error_of(tail)
+    assert (exception, source) == ("AssertionError", "assert args.total_batch_size % tokens_per_fwdbwd == 0")
+    said = likely_cause(tail, [("micro_batch_size", "--batch_size", "3")])
+    assert said is not None and said.startswith("likely cause: autotune passed --batch_size 3")
+    # the nearest case: only torchrun's own error, no rank's traceback: nothing is named
+    assert error_of(launcher) == ("", "") and likely_cause(launcher, [("micro_batch_size", "--batch_size", "3")]) \
+        is None
