@@ -123,3 +123,14 @@ def tv_vit():
 
 def tv_vit_batch(b):
     return torch.randn(b, 3, 224, 224), torch.randint(0, 1000, (b,))
+
+
+def small_convnet():
+    """A ResNet-18-shaped convnet (Hugging Face's ResNet, basic blocks 2, 2, 2, 2)."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+    return ResNetForImageClassification(ResNetConfig(layer_type="basic", depths=[2, 2, 2, 2],
+                                                     hidden_sizes=[64, 128, 256, 512], num_labels=1000))
+
+
+def small_convnet_batch(b):
+    return {"pixel_values": torch.randn(b, 3, 224, 224), "labels": torch.randint(0, 1000, (b,))}
