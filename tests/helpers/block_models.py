@@ -176,3 +176,28 @@ def sequential_head_batch(b):
 
 def encoder_lm():
     return EncoderLM()
+
+
+class _LastAware(_TinyBlock):
+    """A block that knows the model's depth: the last one (``layer_idx == depth - 1``) also applies the final norm
+    (as models that fold their final norm or an extra output into the last layer do)."""
+
+    def __init__(self, dim: int, layer_idx: int, depth: int):
+        super().__init__(dim)
+        self.layer_idx, self.cfg = layer_idx, {"depth": depth}  # the depth in an object: no plain setting differs
+
+    def forward(self, x):
+        x = super().forward(x)
+        if self.layer_idx == self.cfg["depth"] - 1:
+            x = torch.nn.functional.layer_norm(torch.cat([x, x], -1).float(), (2 * x.shape[-1],))[..., :x.shape[-1]]
+        return x
+
+
+class LastAware(TinyDecoder):
+    def __init__(self, n_layer: int = 8, dim: int = 64):
+        super().__init__(n_layer, dim)
+        self.blocks = nn.ModuleList(_LastAware(dim, i, n_layer) for i in range(n_layer))
+
+
+def last_aware():
+    return LastAware()

@@ -74,7 +74,7 @@ def test_fewer_blocks_run_the_same_block_objects_and_are_restored():
     m = _Stack([_Layer(i) for i in range(8)])
     rep = find_repeat(m)
     with reduced(rep, 3):
-        assert len(m.layers) == 3 and m.layers[2] is rep.blocks[2]
+        assert len(m.layers) == 3 and m.layers[1] is rep.blocks[1] and m.layers[2] is rep.blocks[7]  # the real last
         assert m(torch.randn(2, 16)).shape == (2, 16)
     assert m.layers is rep.container and len(m.layers) == 8
 
@@ -172,3 +172,21 @@ def test_scaled_facts_equal_the_whole_trace_for_a_sequential_of_blocks_and_an_en
             fa = a.forward.flops + a.backward.flops + a.optimizer.flops
             fb = b.forward.flops + b.backward.flops + b.optimizer.flops
             assert _close(fa, fb, 0.001), (key, fa, fb)
+
+
+def test_fewer_blocks_keep_the_real_last_block_so_a_block_special_by_its_position_is_traced():
+    """A block may act on its position against the model's depth (``layer_idx == depth - 1``: the last one folds in a
+    final norm), which no plain setting shows. The steps with fewer blocks run the real first and last blocks (and the
+    first ones between), so the scaled facts still equal the whole trace."""
+    m = _Stack([_Layer(i) for i in range(8)])
+    rep = find_repeat(m)
+    with reduced(rep, 3):
+        assert list(m.layers) == [rep.blocks[0], rep.blocks[1], rep.blocks[7]] and m.layers[2] is rep.blocks[7]
+    spec, sample = "helpers.block_models:last_aware", "helpers.block_models:batch"
+    scaled = trace(spec, sample, modes=("half",), cuda=True)
+    whole = trace(spec, sample, modes=("half",), cuda=True, scale_blocks=False)
+    assert "scaled to 8" in scaled.source, scaled.source
+    s, w = _points(scaled.activations.half), _points(whole.activations.half)
+    assert s.keys() == w.keys() and all(_close(s[b], w[b]) for b in w), (s, w)
+    for a, b in zip(scaled.work.half.points, whole.work.half.points, strict=True):
+        assert _close(a.forward.flops, b.forward.flops, 0.001), (a.forward.flops, b.forward.flops)
