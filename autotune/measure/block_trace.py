@@ -15,7 +15,7 @@ import copy
 from typing import Any, Callable
 
 from autotune.measure.depth_scale import TOLERANCE, check, scale
-from autotune.measure.repeated import Repeat, reduced
+from autotune.measure.repeated import Repeat, kept, reduced
 from autotune.measure.step_trace import LINE_POINTS, Stepper, StepRecord, next_points
 from autotune.planner.model_facts import LinearBytes
 
@@ -108,7 +108,7 @@ class LineTracer:
         return stepper
 
     def _at(self, stepper: Stepper, depth: int, points: tuple[int, ...]) -> list[StepRecord]:
-        with reduced(self.rep, depth), _marked(self.rep.blocks[:depth], stepper.marks):
+        with reduced(self.rep, depth), _marked(kept(self.rep, depth), stepper.marks):
             got = stepper.records(points)
         for r in got:
             r.phases = by_role(r.phases, depth)

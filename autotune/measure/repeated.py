@@ -9,8 +9,12 @@ same plain settings (int, float, str, bool, None attributes of every submodule) 
 (``layer_idx``: values 0, 1, 2, ... in order). Any difference (MoE layers between dense ones, varying widths, a
 sliding window on some layers) and the model is traced whole: ``Repeat.why`` says which path and why.
 
-``reduced(repeat, depth)``: the container holds its first ``depth`` blocks for a while (the same block objects, a
-shallow copy of the container), so the model runs ``depth`` blocks; restored after.
+``reduced(repeat, depth)``: the container holds ``depth`` of its blocks for a while (``kept``: the first
+``depth - 1`` and the real last one; the same block objects, a shallow copy of the container, a ModuleList's indices
+renumbered 0 .. depth - 1), so the model runs ``depth`` blocks; restored after. The real last block, not block
+``depth - 1``: a block may act on its position against the model's depth (``layer_idx == num_layers - 1``: a final norm
+folded into the last layer, an output only the last one makes), which no plain setting shows; with the real first and
+last blocks in every reduced step, what either end does is traced, and the blocks between are alike.
 """
 
 from __future__ import annotations
@@ -134,11 +138,20 @@ def find_repeat(model) -> Repeat:
                   block_parameters=n // len(blocks), blocks=blocks)
 
 
+def kept(rep: Repeat, depth: int) -> list:
+    """The blocks a step with ``depth`` blocks runs, in order: the first ``depth - 1`` and the real last one."""
+    return rep.blocks[:depth - 1] + rep.blocks[-1:]
+
+
 @contextlib.contextmanager
 def reduced(rep: Repeat, depth: int):
-    """The model with its first ``depth`` blocks only, for the duration."""
+    """The model with ``depth`` of its blocks only (``kept``), for the duration."""
+    items = list(rep.container._modules.items())
+    items = items[:depth - 1] + items[-1:]
+    if all(k.isdigit() for k, _ in items):  # a ModuleList's (or a plain Sequential's) indices: 0 .. depth - 1
+        items = [(str(i), m) for i, (_k, m) in enumerate(items)]
     small = copy.copy(rep.container)
-    small._modules = dict(list(rep.container._modules.items())[:depth])
+    small._modules = dict(items)
     rep.parent._modules[rep.name] = small
     try:
         yield

@@ -74,7 +74,7 @@ def test_fewer_blocks_run_the_same_block_objects_and_are_restored():
     m = _Stack([_Layer(i) for i in range(8)])
     rep = find_repeat(m)
     with reduced(rep, 3):
-        assert len(m.layers) == 3 and m.layers[2] is rep.blocks[2]
+        assert len(m.layers) == 3 and m.layers[1] is rep.blocks[1] and m.layers[2] is rep.blocks[7]  # the real last
         assert m(torch.randn(2, 16)).shape == (2, 16)
     assert m.layers is rep.container and len(m.layers) == 8
 
@@ -149,3 +149,44 @@ def test_a_model_without_repeated_blocks_is_traced_whole_and_the_plan_says_so():
                                  "  entrypoint: train.py\n", "test"))
     p = plan(load_profile("8xH100-80GB"), cfg, facts=facts)
     assert why in p.memory.estimate.model_source
+
+
+@pytest.mark.parametrize("spec, sample, path, lines", [
+    ("helpers.block_models:sequential_head", "helpers.block_models:sequential_head_batch", "blocks (8 x _TinyBlock)",
+     ("half", "half_checkpointed")),
+    ("helpers.block_models:encoder_lm", "helpers.block_models:batch", "encoder.layer (8 x _TinyBlock)", ("half",)),
+])
+def test_scaled_facts_equal_the_whole_trace_for_a_sequential_of_blocks_and_an_encoders_layers(spec, sample, path,
+                                                                                               lines):
+    """The layouts of the kept-back models (issue 55's audit): blocks in an ``nn.Sequential`` called whole under a
+    head whose logits dominate (GPT-2, TinyLlama: a big vocabulary), and blocks in ``encoder.layer`` (BERT, ViT).
+    Their peaks and FLOPs scaled from 3 and 4 blocks equal the whole trace's within 1 % (measured equal to the byte
+    on the full-size shapes: bench/kept_shapes.py)."""
+    scaled = trace(spec, sample, modes=("half",), cuda=True)
+    whole = trace(spec, sample, modes=("half",), cuda=True, scale_blocks=False)
+    assert f"{path}: traced with 3, 4 and 5 blocks, scaled to 8" in scaled.source, scaled.source
+    for key in lines:
+        s, w = _points(getattr(scaled.activations, key)), _points(getattr(whole.activations, key))
+        assert s.keys() == w.keys() and all(_close(s[b], w[b]) for b in w), (key, s, w)
+        for a, b in zip(getattr(scaled.work, key).points, getattr(whole.work, key).points, strict=True):
+            fa = a.forward.flops + a.backward.flops + a.optimizer.flops
+            fb = b.forward.flops + b.backward.flops + b.optimizer.flops
+            assert _close(fa, fb, 0.001), (key, fa, fb)
+
+
+def test_fewer_blocks_keep_the_real_last_block_so_a_block_special_by_its_position_is_traced():
+    """A block may act on its position against the model's depth (``layer_idx == depth - 1``: the last one folds in a
+    final norm), which no plain setting shows. The steps with fewer blocks run the real first and last blocks (and the
+    first ones between), so the scaled facts still equal the whole trace."""
+    m = _Stack([_Layer(i) for i in range(8)])
+    rep = find_repeat(m)
+    with reduced(rep, 3):
+        assert list(m.layers) == [rep.blocks[0], rep.blocks[1], rep.blocks[7]] and m.layers[2] is rep.blocks[7]
+    spec, sample = "helpers.block_models:last_aware", "helpers.block_models:batch"
+    scaled = trace(spec, sample, modes=("half",), cuda=True)
+    whole = trace(spec, sample, modes=("half",), cuda=True, scale_blocks=False)
+    assert "scaled to 8" in scaled.source, scaled.source
+    s, w = _points(scaled.activations.half), _points(whole.activations.half)
+    assert s.keys() == w.keys() and all(_close(s[b], w[b]) for b in w), (s, w)
+    for a, b in zip(scaled.work.half.points, whole.work.half.points, strict=True):
+        assert _close(a.forward.flops, b.forward.flops, 0.001), (a.forward.flops, b.forward.flops)
