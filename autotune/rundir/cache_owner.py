@@ -11,8 +11,6 @@ import os
 import stat
 from pathlib import Path
 
-from autotune.rundir.layout import CACHE_DIR_ENV
-
 
 def _who(uid: int) -> str:
     try:
@@ -26,6 +24,8 @@ def _who(uid: int) -> str:
 def folder_problem(folder: Path) -> str | None:
     """Why the cache folder ``folder`` is not used (None: it is, or it does not exist yet): another user's. A folder
     of this user's that group or others may write is made private here, as the run directory's lock is."""
+    from autotune.rundir.layout import CACHE_DIR_ENV
+
     try:
         st = os.stat(folder)
     except OSError:
